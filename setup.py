@@ -1,0 +1,34 @@
+"""pope-fast: fast POPE evaluation of vision-language models under every answer readout.
+
+The card's four folders (readout/, engine/, kernels/, bench/) install as subpackages of one
+namespace, ``pope_fast``, so they never clash with the PyPI packages called ``kernels`` or
+``bench``; ``pope_fast/`` itself only holds the small public API and the click CLI.
+"""
+from setuptools import setup
+
+SUBPACKAGES = ("readout", "engine", "kernels", "bench")
+
+setup(
+    name="pope-fast",
+    version="0.1.0",
+    description="Fast POPE evaluation of vision-language models under every answer-readout protocol",
+    python_requires=">=3.10",
+    packages=["pope_fast"] + [f"pope_fast.{name}" for name in SUBPACKAGES],
+    package_dir={"pope_fast": "pope_fast", **{f"pope_fast.{name}": name for name in SUBPACKAGES}},
+    install_requires=[
+        # torch is installed first by .ci/run and the README (a pinned CPU wheel); a bare range here
+        # then installs nothing more instead of pulling a multi-GB CUDA build.
+        "torch>=2.4",
+        "triton>=3.0",
+        "transformers>=4.45",
+        "safetensors>=0.4",
+        "bitsandbytes>=0.45",
+        "numpy>=1.24",
+        "click>=8.1",
+        "tokenizers>=0.20",
+        "pillow>=10",
+        "tqdm>=4.60",
+    ],
+    extras_require={"test": ["pytest>=8"]},
+    entry_points={"console_scripts": ["pope-fast=pope_fast.cli:main"]},
+)
