@@ -1,1 +1,23 @@
-"""placeholder"""
+"""Readout core: POPE data, readout protocols, token sets, metrics, records. Pure Python + numpy;
+importing it never imports torch."""
+from .data import DataError, Question, load_questions, split_from_name
+from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
+from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
+                        Readout, TokenSets, parse_readouts)
+from .records import Entry, RecordSet, RecordWriter, make_record, read_records, write_meta
+from .score import Unavailable, score_records
+from .report import format_audit, format_runs
+from .templates import TEMPLATES, Template, get_template
+from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info
+
+__all__ = [
+    "DataError", "Question", "load_questions", "split_from_name",
+    "bootstrap_f1_ci", "confusion", "mcnemar_exact", "summarize",
+    "DEFAULT_READOUT", "LOGIT_READOUTS", "NO", "READOUTS", "TEXT_READOUTS", "UNKNOWN", "YES",
+    "Readout", "TokenSets", "parse_readouts",
+    "Entry", "RecordSet", "RecordWriter", "make_record", "read_records", "write_meta",
+    "Unavailable", "score_records",
+    "format_audit", "format_runs",
+    "TEMPLATES", "Template", "get_template",
+    "audit_tokens", "derive_token_sets", "library_versions", "load_tokenizer", "tokenizer_info",
+]

@@ -1,0 +1,152 @@
+"""Readout protocols: the rules that turn a model's output at the answer position into yes / no / unknown.
+
+Every readout is a pure function of three things seen at the answer position: the logits of its
+candidate ids, the full-vocabulary argmax id, and the decoded continuation (when text was generated).
+Logit readouts also carry the token sets they compare; those depend on the vocabulary and the prompt
+and are derived in `tokens.py`, then stored with every run so that `score` can recompute decisions
+from the records without the model.
+
+The legacy id sets are named readouts, not constants anyone relies on: 3582/1217 are 'yes'/'no'
+(no leading space) in the LLaMA-2 vocabulary, which LLaVA-1.5 never emits after `ASSISTANT:`; under
+other vocabularies they are applied verbatim, which is the paper's "ported" protocol.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+YES, NO, UNKNOWN = "yes", "no", "unknown"
+DECISIONS = (YES, NO, UNKNOWN)
+
+# Kinds say what a readout reads: candidate logits, the argmax id, or decoded text.
+LOGIT, FIRST_TOKEN, TEXT = "logit", "first_token", "text"
+
+LEGACY_2TOK = ((3582,), (1217,))
+LEGACY_8TOK = ((3582, 8241, 4874, 3869), (1217, 3782, 694, 1939))
+
+
+@dataclass(frozen=True)
+class TokenSets:
+    """The yes and no candidate ids of one logit or first-token readout."""
+
+    yes_ids: tuple[int, ...]
+    no_ids: tuple[int, ...]
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.yes_ids) | set(self.no_ids)))
+
+    def to_json(self) -> dict:
+        return {"yes_ids": list(self.yes_ids), "no_ids": list(self.no_ids)}
+
+    @classmethod
+    def from_json(cls, obj: Mapping) -> "TokenSets":
+        return cls(tuple(int(i) for i in obj["yes_ids"]), tuple(int(i) for i in obj["no_ids"]))
+
+
+def compare_max_logits(logits: Mapping[int, float], sets: TokenSets) -> str:
+    """Yes when the best yes logit is strictly larger than the best no logit; ties are no.
+
+    An empty side (a vocabulary where no yes form is a single token) or a NaN logit gives unknown:
+    there is nothing to compare, and a silent 'no' would be scored as an answer.
+    """
+    if not sets.yes_ids or not sets.no_ids:
+        return UNKNOWN
+    best_yes = max(float(logits[i]) for i in sets.yes_ids)
+    best_no = max(float(logits[i]) for i in sets.no_ids)
+    if math.isnan(best_yes) or math.isnan(best_no):
+        return UNKNOWN
+    return YES if best_yes > best_no else NO
+
+
+def first_token_decision(first_token_id: int | None, sets: TokenSets) -> str:
+    """The greedy first token itself, read against the template-aware sets."""
+    if first_token_id is None:
+        return UNKNOWN
+    if first_token_id in sets.yes_ids:
+        return YES
+    if first_token_id in sets.no_ids:
+        return NO
+    return UNKNOWN
+
+
+_WORD = re.compile(r"\b(yes|no)\b")
+
+
+def string_parse(text: str) -> str:
+    """The ugaa-research convention: lowercase, first 64 characters, first whole word yes/no wins."""
+    found = _WORD.search(text.lower()[:64])
+    return found.group(1) if found else UNKNOWN
+
+
+def pope_official(text: str) -> str:
+    """RUCAIBox/POPE `evaluate.py`: only the text before the first '.', commas removed, split on
+    spaces; any of `No`/`not`/`no` makes it no, anything else (the empty string too) is yes."""
+    words = text.split(".")[0].replace(",", "").split(" ")
+    return NO if any(w in ("No", "not", "no") for w in words) else YES
+
+
+def exact_match(text: str) -> str:
+    """lmms-eval's POPE rule: the stripped, lowercased answer must be exactly yes or no."""
+    answer = text.lower().strip()
+    return answer if answer in (YES, NO) else UNKNOWN
+
+
+@dataclass(frozen=True)
+class Readout:
+    name: str
+    kind: str
+    summary: str
+    decide: Callable[..., str]
+
+    def __call__(self, sets: TokenSets | None, logits: Mapping[int, float] | None,
+                 first_token_id: int | None, decoded: str | None) -> str:
+        """One decision. Each kind reads only its own input; a missing input is a caller bug."""
+        if self.kind == LOGIT:
+            if sets is None or logits is None:
+                raise ValueError(f"readout {self.name} needs its token sets and candidate logits")
+            return self.decide(logits, sets)
+        if self.kind == FIRST_TOKEN:
+            if sets is None:
+                raise ValueError(f"readout {self.name} needs its token sets")
+            return self.decide(first_token_id, sets)
+        if decoded is None:
+            raise ValueError(f"readout {self.name} needs the decoded continuation")
+        return self.decide(decoded)
+
+
+# The one registry. Order is the order tables show.
+READOUTS: dict[str, Readout] = {
+    r.name: r
+    for r in (
+        Readout("legacy_2tok", LOGIT, "fixed LLaMA-2 ids 3582 'yes' vs 1217 'no'", compare_max_logits),
+        Readout("legacy_8tok", LOGIT, "fixed LLaMA-2 ids {yes,Yes,▁yes,▁Yes} vs {no,No,▁no,▁No}, max vs max",
+                compare_max_logits),
+        Readout("dynamic_single", LOGIT, "yes/Yes/ yes/ Yes vs no/No/ no/ No forms that encode to one token",
+                compare_max_logits),
+        Readout("template_aware", LOGIT, "the first answer token after the exact prompt, per form; max vs max",
+                compare_max_logits),
+        Readout("first_token", FIRST_TOKEN, "greedy first token in the template-aware yes / no set",
+                first_token_decision),
+        Readout("string_parse", TEXT, "first whole-word yes/no in the first 64 lowercased characters", string_parse),
+        Readout("pope_official", TEXT, "RUCAIBox/POPE evaluate.py: no/not/No before the first '.', else yes",
+                pope_official),
+        Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer equals yes or no", exact_match),
+    )
+}
+LOGIT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == LOGIT)
+TEXT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == TEXT)
+DEFAULT_READOUT = "template_aware"
+
+
+def parse_readouts(spec: str | None) -> list[str]:
+    """'all' (or None) → every readout; 'a,b' → those, validated, in registry order."""
+    if spec is None or spec.strip() == "all":
+        return list(READOUTS)
+    names = [s.strip() for s in spec.split(",") if s.strip()]
+    unknown = [n for n in names if n not in READOUTS]
+    if unknown:
+        raise ValueError(f"unknown readout(s) {', '.join(unknown)}; known: {', '.join(READOUTS)}")
+    return [n for n in READOUTS if n in names]

@@ -1,0 +1,88 @@
+"""Scoring records under any set of readouts, without the model.
+
+Logit readouts are recomputed from the stored candidate logits and the run's token sets; text
+readouts from the decoded continuation; imported records contribute their stored predictions. A
+readout that a record set cannot supply is reported as unavailable (with the reason), never guessed.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from itertools import combinations
+
+from .metrics import mcnemar_exact, summarize
+from .protocols import FIRST_TOKEN, LOGIT, READOUTS, UNKNOWN
+from .records import Entry, RecordSet
+
+
+class Unavailable(Exception):
+    """A readout this record set cannot supply; the message says why."""
+
+
+def _decide(entry: Entry, name: str, records: RecordSet) -> str:
+    readout = READOUTS[name]
+    if entry.error is not None:
+        return UNKNOWN
+    if records.prefer_stored and name in entry.stored:
+        return entry.stored[name]
+    sets = records.token_sets.get(name)
+    if readout.kind == LOGIT:
+        if sets is not None and entry.candidate_logits is not None:
+            missing = [i for i in sets.ids if i not in entry.candidate_logits]
+            if not missing:
+                return readout(sets, entry.candidate_logits, None, None)
+            if name not in entry.stored:
+                raise Unavailable(f"question {entry.key}: candidate logits lack ids {missing}")
+        elif name not in entry.stored:
+            raise Unavailable("no token sets (meta.json) or no candidate logits")
+    elif readout.kind == FIRST_TOKEN:
+        if sets is not None and entry.first_token_id is not None:
+            return readout(sets, None, entry.first_token_id, None)
+        if name not in entry.stored:
+            raise Unavailable("no template-aware token sets or no first token")
+    else:
+        if entry.decoded is not None:
+            return readout(None, None, None, entry.decoded)
+        if name not in entry.stored:
+            raise Unavailable("no decoded text (run with a string readout to generate it)")
+    return entry.stored[name]
+
+
+def predictions(records: RecordSet, name: str, entries: list[Entry] | None = None) -> list[str]:
+    return [_decide(e, name, records) for e in (records.entries if entries is None else entries)]
+
+
+def score_records(records: RecordSet, names: list[str], *, strict: bool = False, seed: int = 0,
+                  resamples: int = 1000) -> list[dict]:
+    """One run per split: metrics per readout, first-token counts, pairwise McNemar p-values.
+
+    With strict, a requested readout the records cannot supply is an error; otherwise it is listed
+    under `unavailable` with its reason.
+    """
+    runs = []
+    splits = list(dict.fromkeys(e.split for e in records.entries))
+    for split in splits:
+        entries = [e for e in records.entries if e.split == split]
+        labels = [e.label for e in entries]
+        decided, unavailable = {}, {}
+        for name in names:
+            try:
+                decided[name] = predictions(records, name, entries)
+            except Unavailable as why:
+                if strict:
+                    raise Unavailable(f"{records.source}: readout {name}: {why}") from None
+                unavailable[name] = str(why)
+        first_tokens = Counter(str(e.first_token_id) for e in entries if e.first_token_id is not None)
+        run = {
+            "source": records.source,
+            "split": split,
+            "n": len(entries),
+            "errors": sum(e.error is not None for e in entries),
+            "readouts": {n: summarize(labels, p, seed=seed, resamples=resamples) for n, p in decided.items()},
+            "first_token_counts": dict(first_tokens.most_common()),
+            "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
+                        for a, b in combinations(decided, 2)},
+        }
+        if unavailable:
+            run["unavailable"] = unavailable
+        runs.append(run)
+    return runs

@@ -1,0 +1,123 @@
+import json
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from pope_fast.cli import main
+from pope_fast.readout import (Question, RecordWriter, TokenSets, make_record, read_records, score_records,
+                               write_meta)
+
+FIXTURE = "fixtures/ugaa_pope_adversarial_2tok_vs_8tok_first600.json"
+
+
+def test_published_fixture_counts_from_its_records(shared):
+    path = shared / FIXTURE
+    records = read_records(path)
+    raw = json.loads(path.read_text())
+    assert records.meta["schema"] == "pairwise" and len(records.entries) == 600
+    [run] = score_records(records, ["legacy_2tok", "legacy_8tok", "first_token"])
+    assert run["split"] == "adversarial" and run["n"] == 600
+    assert "first_token" in run["unavailable"]           # no token sets in a published file
+    for ours, theirs in (("legacy_2tok", "eval_2token"), ("legacy_8tok", "eval_8token")):
+        m, s = run["readouts"][ours], raw["summary"][theirs]
+        # counted independently from the records: the joined labels and stored predictions
+        tp = sum(r["label"] == "yes" and r[f"pred_{ours[7:]}"] == "yes" for r in raw["results"])
+        assert m["tp"] == tp
+        assert m["tp"] + m["fp"] == s["yes_predictions"]
+        assert (m["f1"], m["precision"], m["recall"]) == (s["f1"], s["precision"], s["recall"])
+    assert run["first_token_counts"] == raw["summary"]["top_tokens_generated"]
+    # the paper's observation: 8-token yes exactly when the first token is ▁Yes
+    assert all((r["pred_8tok"] == "yes") == (r["top_token_id"] == 3869) for r in raw["results"])
+    assert run["mcnemar"]["legacy_2tok vs legacy_8tok"] < 1e-4
+
+
+def test_cross_model_schema_with_decoded_text(tmp_path):
+    results = [
+        {"question_id": "1", "label": "yes", "top_token_id": 5592, "top_token_str": "Yes", "pred_legacy_2tok": "no",
+         "pred_legacy_8tok": "no", "pred_dynamic_single": "yes", "pred_string_parse": "yes", "decoded_response": "Yes "},
+        {"question_id": "2", "label": "no", "top_token_id": 1770, "top_token_str": "No", "pred_legacy_2tok": "no",
+         "pred_legacy_8tok": "no", "pred_dynamic_single": "no", "pred_string_parse": "no",
+         "decoded_response": "No, there is not"},
+    ]
+    path = tmp_path / "llava16_mistral_popular_token_audit.json"
+    path.write_text(json.dumps({"summary": {"model": "x"}, "results": results}))
+    records = read_records(path)
+    assert records.meta["schema"] == "cross_model"
+    [run] = score_records(records, ["legacy_2tok", "dynamic_single", "string_parse", "pope_official", "exact_match"])
+    assert run["split"] == "popular"                     # from the file name when the summary has none
+    assert run["readouts"]["legacy_2tok"]["fn"] == 1 and run["readouts"]["dynamic_single"]["f1"] == 1.0
+    assert run["readouts"]["pope_official"]["tn"] == 1   # recomputed from decoded_response
+    assert run["readouts"]["exact_match"]["unknown"] == 1  # "No, there is not" is not exactly "no"
+
+
+def _questions():
+    return [Question(i, f"img{i // 2}.jpg", "Is there a dog?", "yes" if i % 2 else "no", "random") for i in range(6)]
+
+
+def test_rescoring_our_records_from_candidate_logits(tmp_path):
+    sets = {"legacy_2tok": TokenSets((5,), (6,)), "template_aware": TokenSets((5, 7), (6, 8)),
+            "first_token": TokenSets((5, 7), (6, 8))}
+    write_meta(tmp_path, {"token_sets": {n: s.to_json() for n, s in sets.items()}})
+    logits = [{5: 0.0, 6: 1.0, 7: 2.0, 8: 0.5}, {5: 3.0, 6: 1.0, 7: 0.0, 8: 0.0}, {5: 0.0, 6: 0.0, 7: 0.0, 8: 0.0}]
+    with RecordWriter(tmp_path) as w:
+        for q, lg in zip(_questions(), logits * 2):
+            w.write([make_record(q, "llava_plain", first_token_id=max(lg, key=lg.get), candidate_logits=lg,
+                                 decoded="yes" if lg[7] > 1 else "nope", predictions={"legacy_2tok": "yes"})])
+    [run] = score_records(read_records(tmp_path), ["legacy_2tok", "template_aware", "first_token", "string_parse"])
+    # legacy_2tok is recomputed (no, yes, no-by-tie per triple), not taken from the stale stored "yes"
+    assert run["readouts"]["legacy_2tok"]["yes_rate"] == pytest.approx(1 / 3, abs=1e-4)
+    assert run["readouts"]["template_aware"]["yes_rate"] == pytest.approx(2 / 3, abs=1e-4)
+    assert run["readouts"]["string_parse"]["unknown"] == 4
+    assert run["first_token_counts"] == {"5": 4, "7": 2}
+
+
+def test_writer_resumes_after_a_torn_line(tmp_path):
+    qs = _questions()
+    with RecordWriter(tmp_path) as w:
+        w.write([make_record(q, "t", first_token_id=1, candidate_logits={1: 0.5}) for q in qs[:3]])
+    path = tmp_path / "records.jsonl"
+    path.write_text(path.read_text() + '{"question_id": 3, "spl')    # a crash mid-line
+    w = RecordWriter(tmp_path)
+    assert w.open() == {("random", "0"), ("random", "1"), ("random", "2")}
+    w.write([make_record(qs[3], "t", error="image missing")])
+    w.close()
+    lines = path.read_text().splitlines()
+    assert len(lines) == 4 and all(json.loads(line) for line in lines)
+    [run] = score_records(read_records(tmp_path), ["first_token"], strict=False)
+    assert run["errors"] == 1
+
+
+def test_duplicate_records_are_rejected(tmp_path):
+    q = _questions()[0]
+    (tmp_path / "records.jsonl").write_text(json.dumps(make_record(q, "t", first_token_id=1)) + "\n" +
+                                            json.dumps(make_record(q, "t", first_token_id=2)) + "\n")
+    with pytest.raises(ValueError, match=r"records\.jsonl:2: duplicate record for question 0"):
+        read_records(tmp_path)
+
+
+def test_score_cli_json_shape(shared):
+    result = CliRunner().invoke(main, ["score", str(shared / FIXTURE), "--readouts", "legacy_2tok,legacy_8tok",
+                                       "--format", "json"])
+    assert result.exit_code == 0, result.output
+    [run] = json.loads(result.output)["runs"]
+    assert set(run["readouts"]["legacy_8tok"]) == {"tp", "tn", "fp", "fn", "unknown", "accuracy", "precision",
+                                                   "recall", "f1", "f1_ci95", "yes_rate"}
+    assert list(run["mcnemar"]) == ["legacy_2tok vs legacy_8tok"]
+    bad = CliRunner().invoke(main, ["score", str(shared / FIXTURE), "--readouts", "template_aware"])
+    assert bad.exit_code != 0 and "no token sets" in bad.output
+
+
+def test_audit_tokens_cli(shared):
+    result = CliRunner().invoke(main, ["audit-tokens", "--tokenizer", str(shared / "tokenizers/qwen2/qwen2-vl-7b-instruct"),
+                                       "--template", "qwen2_vl_chat", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    audit = json.loads(result.output)
+    assert 9454 in audit["readouts"]["template_aware"]["yes_ids"]
+    assert any("3582 is 'Ġtyp'" in w for w in audit["warnings"])
+
+
+def test_readout_imports_without_torch():
+    code = "import sys, pope_fast.readout, pope_fast.cli; assert 'torch' not in sys.modules, 'torch imported'"
+    subprocess.run([sys.executable, "-c", code], check=True)
