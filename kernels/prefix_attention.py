@@ -1,0 +1,212 @@
+"""Attention of a batch of question suffixes over one shared image prefix plus their own tokens.
+
+Each question b has suffix_lens[b] valid query positions i; query i attends to all P prefix keys
+(shared by the whole batch, already RoPE'd) and causally to its own suffix keys 0..i: softmax
+over the concatenation [prefix ; suffix[:i+1]], exactly SDPA over each concatenated sequence.
+
+The kernel packs the queries of every question and every query head of one KV head into the rows
+of one tile set (row = (question, head in group, position)), so the prefix K/V of a KV head is read
+once per row tile for the whole batch instead of once per question, and the online softmax then
+continues over each row's own suffix keys: the prefix and suffix parts merge by log-sum-exp in
+registers. Padded query rows (i >= suffix_lens[b]) come out as zeros; padded suffix keys and
+queries are never read, so they cannot touch valid rows.
+"""
+import math
+
+import torch
+
+from . import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
+
+INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def prefix_attention_ref(
+    q: torch.Tensor,
+    k_prefix: torch.Tensor,
+    v_prefix: torch.Tensor,
+    k_suffix: torch.Tensor,
+    v_suffix: torch.Tensor,
+    suffix_lens: torch.Tensor,
+    scale: float | None = None,
+) -> torch.Tensor:
+    """[B, Hq, S, D] in q's dtype: explicit fp32 softmax over [prefix ; causal suffix] per row."""
+    batch, q_heads, length, head_dim = q.shape
+    group = q_heads // k_prefix.shape[0]
+    scale = head_dim**-0.5 if scale is None else scale
+    lens = suffix_lens.to(q.device).long()
+    position = torch.arange(length, device=q.device)
+    valid = position[None, :] < lens[:, None]  # [B, S]: real tokens, queries and keys alike
+
+    def expand_heads(t, dim):  # GQA: query head h reads KV head h // group (transformers' repeat_kv)
+        return t.float().repeat_interleave(group, dim=dim)
+
+    k_p, v_p = expand_heads(k_prefix, 0), expand_heads(v_prefix, 0)  # [Hq, P, D]
+    zero_pads = valid[:, None, :, None]
+    k_s = torch.where(zero_pads, expand_heads(k_suffix, 1), 0.0)  # [B, Hq, S, D]
+    v_s = torch.where(zero_pads, expand_heads(v_suffix, 1), 0.0)
+    q32 = torch.where(zero_pads, q.float(), 0.0)
+    scores = torch.cat([q32 @ k_p.transpose(-1, -2), q32 @ k_s.transpose(-1, -2)], dim=-1) * scale
+    causal = position[None, :] <= position[:, None]  # [S, S]: key t visible from query i when t <= i
+    allowed = torch.cat(
+        [torch.ones(batch, length, k_prefix.shape[1], dtype=torch.bool, device=q.device),
+         causal[None] & valid[:, None, :]],
+        dim=-1,
+    )  # [B, S, P + S]
+    scores = scores.masked_fill(~allowed[:, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = probs[..., : k_prefix.shape[1]] @ v_p + probs[..., k_prefix.shape[1]:] @ v_s
+    return torch.where(zero_pads, out, 0.0).to(q.dtype)
+
+
+@triton.jit
+def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE: tl.constexpr):
+    """One key block of the flash-attention recurrence (base-2 exponentials)."""
+    s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2e
+    s = tl.where(allowed, s, float("-inf"))
+    # m_i starts finite (-1e30), so a row with every key masked keeps alpha = 1 and p = 0
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v, input_precision="ieee")
+    return m_new, l_i, acc
+
+
+@triton.jit
+def _prefix_attention_kernel(
+    q_ptr, k_prefix_ptr, v_prefix_ptr, k_suffix_ptr, v_suffix_ptr, lens_ptr, out_ptr,
+    stride_qb, stride_qh, stride_qs,
+    stride_kph, stride_kpp, stride_vph, stride_vpp,
+    stride_ksb, stride_ksh, stride_kss, stride_vsb, stride_vsh, stride_vss,
+    stride_ob, stride_oh, stride_os,
+    B, S, P, D, scale_log2e,
+    GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    kv_head = tl.program_id(1)
+    rows_per_question = GROUP * S
+    row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (question, head in group, position)
+    question = row // rows_per_question
+    head = kv_head * GROUP + (row // S) % GROUP
+    position = row % S
+    row_in = question < B
+    length = tl.load(lens_ptr + question, mask=row_in, other=0)
+    valid = row_in & (position < length)
+    d = tl.arange(0, BLOCK_D)
+    d_mask = d < D
+
+    q = tl.load(
+        q_ptr + question[:, None] * stride_qb + head[:, None] * stride_qh + position[:, None] * stride_qs + d[None, :],
+        mask=valid[:, None] & d_mask[None, :], other=0.0,
+    ).to(DOT_DTYPE)
+    m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+
+    # the shared prefix: one pass over its keys serves every question in this row tile
+    for p0 in range(0, P, BLOCK_N):
+        key = p0 + tl.arange(0, BLOCK_N)
+        kv_mask = (key < P)[:, None] & d_mask[None, :]
+        k = tl.load(k_prefix_ptr + kv_head * stride_kph + key[:, None] * stride_kpp + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_prefix_ptr + kv_head * stride_vph + key[:, None] * stride_vpp + d[None, :], mask=kv_mask, other=0.0)
+        m_i, l_i, acc = _online_softmax_step(
+            q, k.to(DOT_DTYPE), v.to(DOT_DTYPE), (key < P)[None, :], m_i, l_i, acc, scale_log2e, DOT_DTYPE
+        )
+
+    # each question's own keys, causally; a tile holds the rows of a few consecutive questions
+    first_question = (tl.program_id(0) * BLOCK_M) // rows_per_question
+    last_question = min((tl.program_id(0) * BLOCK_M + BLOCK_M - 1) // rows_per_question, B - 1)
+    for other in range(first_question, last_question + 1):
+        other_length = tl.load(lens_ptr + other)
+        for t0 in range(0, other_length, BLOCK_N):
+            key = t0 + tl.arange(0, BLOCK_N)
+            key_in = key < other_length
+            kv_mask = key_in[:, None] & d_mask[None, :]
+            k = tl.load(
+                k_suffix_ptr + other * stride_ksb + kv_head * stride_ksh + key[:, None] * stride_kss + d[None, :],
+                mask=kv_mask, other=0.0,
+            )
+            v = tl.load(
+                v_suffix_ptr + other * stride_vsb + kv_head * stride_vsh + key[:, None] * stride_vss + d[None, :],
+                mask=kv_mask, other=0.0,
+            )
+            allowed = (question == other)[:, None] & (key[None, :] <= position[:, None]) & key_in[None, :]
+            m_i, l_i, acc = _online_softmax_step(
+                q, k.to(DOT_DTYPE), v.to(DOT_DTYPE), allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE
+            )
+
+    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    out = tl.where(valid[:, None], out, 0.0)
+    tl.store(
+        out_ptr + question[:, None] * stride_ob + head[:, None] * stride_oh + position[:, None] * stride_os + d[None, :],
+        round_to(out, OUT_DTYPE), mask=row_in[:, None] & d_mask[None, :],
+    )
+
+
+def prefix_attention(
+    q: torch.Tensor,
+    k_prefix: torch.Tensor,
+    v_prefix: torch.Tensor,
+    k_suffix: torch.Tensor,
+    v_suffix: torch.Tensor,
+    suffix_lens: torch.Tensor,
+    scale: float | None = None,
+    backend: str = "auto",
+    *,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """[B, Hq, S, D] attention output in q's dtype.
+
+    q: [B, Hq, S, D] (S = longest suffix; rows past suffix_lens[b] are padding), k_prefix and
+    v_prefix: [Hkv, P, D], k_suffix and v_suffix: [B, Hkv, S, D], suffix_lens: [B] ints in
+    [0, S] (checked on the host except on CUDA, where that would sync); Hq = Hkv * g. Any D
+    works: tiles pad it to a power of two >= 16 for tl.dot.
+    """
+    if q.dim() != 4:
+        raise ValueError(f"q must be [B, Hq, S, D], got {tuple(q.shape)}")
+    batch, q_heads, length, head_dim = q.shape
+    if k_prefix.dim() != 3 or v_prefix.shape != k_prefix.shape or k_prefix.shape[2] != head_dim:
+        raise ValueError(f"k_prefix and v_prefix must both be [Hkv, P, {head_dim}]")
+    kv_heads, prefix_len = k_prefix.shape[:2]
+    if k_suffix.shape != (batch, kv_heads, length, head_dim) or v_suffix.shape != k_suffix.shape:
+        raise ValueError(f"k_suffix and v_suffix must both be [{batch}, {kv_heads}, {length}, {head_dim}]")
+    if q_heads % kv_heads:
+        raise ValueError(f"Hq = {q_heads} is not a multiple of Hkv = {kv_heads}")
+    tensors = (q, k_prefix, v_prefix, k_suffix, v_suffix)
+    if q.dtype not in INPUT_DTYPES or any(t.dtype != q.dtype for t in tensors):
+        raise TypeError("q, k and v must share one dtype among fp16, bf16, fp32")
+    if any(t.device != q.device for t in (*tensors, suffix_lens)):
+        raise ValueError(f"every input must be on {q.device}")
+    if suffix_lens.shape != (batch,) or suffix_lens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"suffix_lens must be an int32/int64 [{batch}] tensor")
+    if q.device.type != "cuda" and batch and (int(suffix_lens.min()) < 0 or int(suffix_lens.max()) > length):
+        raise ValueError(f"suffix_lens must lie in [0, {length}]")
+    if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(3) != 1):
+        raise ValueError(f"out must be a {q.dtype} tensor of q's shape with unit stride along D")
+    scale = head_dim**-0.5 if scale is None else scale
+    if resolve_backend(backend, q.device) == "torch":
+        result = prefix_attention_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale)
+        return result if out is None else out.copy_(result)
+    q, k_prefix, v_prefix, k_suffix, v_suffix = (t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
+    out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    group = q_heads // kv_heads
+    gpu = on_gpu(q.device)
+    # GPU: 64 packed rows x 64 keys per step, D up to 128 in registers (the FlashAttention-2 tile
+    # for these head sizes); the interpreter takes 16 x 16 so that small tests cross tiles.
+    block_m, block_n = (64, 64) if gpu else (16, 16)
+    block_d = max(16, triton.next_power_of_2(head_dim))
+    grid = (triton.cdiv(batch * group * length, block_m), kv_heads)
+    if grid[0]:
+        _prefix_attention_kernel[grid](
+            q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens.contiguous(), out,
+            q.stride(0), q.stride(1), q.stride(2),
+            k_prefix.stride(0), k_prefix.stride(1), v_prefix.stride(0), v_prefix.stride(1),
+            k_suffix.stride(0), k_suffix.stride(1), k_suffix.stride(2),
+            v_suffix.stride(0), v_suffix.stride(1), v_suffix.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            batch, length, prefix_len, head_dim, scale * math.log2(math.e),
+            GROUP=group, DOT_DTYPE=tl_dtype(dot_dtype(q.dtype)), OUT_DTYPE=tl_dtype(q.dtype),
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+            num_warps=4, num_stages=2 if gpu else 1, enable_fp_fusion=True,
+        )
+    return out
