@@ -158,8 +158,12 @@ def _vocab_argmax_kernel(
     tl.store(tile_index_ptr + b * n_tiles + tile, tile.to(tl.int64) * BLOCK_V + best_column, mask=b_mask)
 
 
-def _launch_args(hidden, weight, norm_weight, eps, device):
-    """Checks shared by both ops; the kernel arguments that describe hidden, weight and norm."""
+def _launch_args(hidden, weight, norm_weight, device, few_rows: bool):
+    """Checks shared by both ops; the kernel arguments that describe hidden, weight and norm.
+
+    ``few_rows`` (gather_logits): one program walks all of H for a handful of rows, so it takes
+    long K steps (per-element NF4 indexing is cheap at 16 rows); vocab_argmax streams all V rows
+    and takes whole-block NF4 tiles where K allows."""
     if hidden.dim() != 2 or hidden.stride(1) != 1:
         raise ValueError(f"hidden must be [B, H] with unit stride along H, got {tuple(hidden.shape)}")
     h = hidden.shape[1]
@@ -169,7 +173,7 @@ def _launch_args(hidden, weight, norm_weight, eps, device):
             raise ValueError(f"NF4 weight is {weight.shape}, hidden has H={h}")
         packed, absmax, code, nested_absmax, nested_code, offset = nf4_pointers(weight)
         weight_ptr, stride_wv, weight_dtype = packed, 0, weight.dtype
-        aligned = h % weight.blocksize == 0 and weight.blocksize <= 128
+        aligned = not few_rows and h % weight.blocksize == 0 and weight.blocksize <= 128
         nf4 = dict(BLOCKSIZE=weight.blocksize, NESTED=weight.nested, NESTED_BLOCKSIZE=weight.nested_blocksize)
     else:
         if weight.dim() != 2 or weight.shape[1] != h or weight.stride(1) != 1:
@@ -186,7 +190,10 @@ def _launch_args(hidden, weight, norm_weight, eps, device):
             raise ValueError(f"norm_weight must be a contiguous [{h}] tensor on {device}")
         normed_dtype = torch.promote_types(hidden.dtype, norm_weight.dtype)
     dot = dot_dtype(normed_dtype, weight_dtype)
-    block_k = weight.blocksize if aligned else (128 if on_gpu(device) else 32)
+    if aligned:
+        block_k = weight.blocksize
+    else:
+        block_k = (256 if few_rows else 128) if on_gpu(device) else 32
     args = (weight_ptr, stride_wv, absmax, code, nested_absmax, nested_code, offset,
             norm_weight if norm_weight is not None else hidden)
     constexprs = dict(
@@ -229,7 +236,7 @@ def gather_logits(
     if resolve_backend(backend, device) == "torch":
         result = gather_logits_ref(hidden, weight, ids, norm_weight, eps)
         return result if out is None else out.copy_(result)
-    args, constexprs = _launch_args(hidden, weight, norm_weight, eps, device)
+    args, constexprs = _launch_args(hidden, weight, norm_weight, device, few_rows=True)
     out = torch.empty((b, n), dtype=torch.float32, device=device) if out is None else out
     # B ~ 18 questions x n ~ 8 candidates: one tile of 16..64 x 16 covers it, so a single program
     # reads each candidate row once; a bigger n spreads over programs.
@@ -239,7 +246,7 @@ def gather_logits(
         _gather_logits_kernel[grid](
             hidden, hidden.stride(0), b, hidden.shape[1], eps, ids.contiguous(), n, n_rows, *args, out, out.stride(0),
             BLOCK_B=block_b, BLOCK_V=block_v, **constexprs,
-            num_warps=4, enable_fp_fusion=False,
+            num_warps=8 if on_gpu(device) else 4, enable_fp_fusion=False,
         )
     return out
 
@@ -264,7 +271,7 @@ def vocab_argmax(
     if resolve_backend(backend, device) == "torch":
         result = vocab_argmax_ref(hidden, weight, norm_weight, eps)
         return result if out is None else out.copy_(result)
-    args, constexprs = _launch_args(hidden, weight, norm_weight, eps, device)
+    args, constexprs = _launch_args(hidden, weight, norm_weight, device, few_rows=False)
     block_b = _block_b(b)
     block_v = 128 if on_gpu(device) else 32
     n_tiles = triton.cdiv(n_rows, block_v)

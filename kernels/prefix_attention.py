@@ -107,8 +107,8 @@ def _prefix_attention_kernel(
     for p0 in range(0, P, BLOCK_N):
         key = p0 + tl.arange(0, BLOCK_N)
         kv_mask = (key < P)[:, None] & d_mask[None, :]
-        k = tl.load(k_prefix_ptr + kv_head * stride_kph + key[:, None] * stride_kpp + d[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_prefix_ptr + kv_head * stride_vph + key[:, None] * stride_vpp + d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_prefix_ptr + kv_head * stride_kph + key[:, None] * stride_kpp + d[None, :], kv_mask, other=0.0)
+        v = tl.load(v_prefix_ptr + kv_head * stride_vph + key[:, None] * stride_vpp + d[None, :], kv_mask, other=0.0)
         m_i, l_i, acc = _online_softmax_step(
             q, k.to(DOT_DTYPE), v.to(DOT_DTYPE), (key < P)[None, :], m_i, l_i, acc, scale_log2e, DOT_DTYPE
         )
@@ -137,10 +137,8 @@ def _prefix_attention_kernel(
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     out = tl.where(valid[:, None], out, 0.0)
-    tl.store(
-        out_ptr + question[:, None] * stride_ob + head[:, None] * stride_oh + position[:, None] * stride_os + d[None, :],
-        round_to(out, OUT_DTYPE), mask=row_in[:, None] & d_mask[None, :],
-    )
+    out_row = out_ptr + question * stride_ob + head * stride_oh + position * stride_os
+    tl.store(out_row[:, None] + d[None, :], round_to(out, OUT_DTYPE), mask=row_in[:, None] & d_mask[None, :])
 
 
 def prefix_attention(
