@@ -136,9 +136,12 @@ NF4_SHAPES = {
 }
 
 
-def bnb_quantize(n_k, dtype, gen, double_quant=True):
-    weight = randn(n_k, gen, dtype, scale=0.05)
+def bnb_quantize_tensor(weight, double_quant=True):
     return bnb_functional.quantize_4bit(weight, blocksize=64, compress_statistics=double_quant, quant_type="nf4")
+
+
+def bnb_quantize(n_k, dtype, gen, double_quant=True):
+    return bnb_quantize_tensor(randn(n_k, gen, dtype, scale=0.05), double_quant)
 
 
 def bnb_dequantize(packed, quant_state) -> torch.Tensor:
@@ -221,7 +224,8 @@ def test_nf4_weight_from_params4bit(gen):
     param = bnb.nn.Params4bit(weight, requires_grad=False, quant_type="nf4", compress_statistics=True).to("cpu")
     w = NF4Weight.from_bnb(param.data, param.quant_state)
     assert w.shape == (33, 128) and w.dtype == torch.float16 and w.nested
-    assert_bit_equal(dequantize_nf4(w, backend="triton"), bnb_functional.dequantize_4bit(param.data, param.quant_state), "kernel")
+    expected = bnb_functional.dequantize_4bit(param.data, param.quant_state)
+    assert_bit_equal(dequantize_nf4(w, backend="triton"), expected, "kernel")
     assert NF4Weight.from_bnb(param).shape == (33, 128)
 
 
@@ -252,7 +256,7 @@ def make_logit_case(shape, kind, norm, gen):
     weight = randn((v, h), gen, dtype, scale=0.05)
     dense = weight
     if kind.startswith("nf4"):
-        packed, quant_state = bnb_functional.quantize_4bit(weight, blocksize=64, compress_statistics=True, quant_type="nf4")
+        packed, quant_state = bnb_quantize_tensor(weight)
         weight = NF4Weight.from_bnb(packed, quant_state)
         dense = bnb_dequantize(packed, quant_state)
     norm_weight = (1.0 + randn((h,), gen, scale=0.2)).to(dtype) if norm else None
@@ -365,9 +369,7 @@ MATMUL_SHAPES = {"N70-K128": (70, 128), "N33-K200": (33, 200), "N19-K97": (19, 9
 
 def make_matmul_case(m, n_k, dtype, gen, double_quant=True):
     x = randn((m, n_k[1]), gen, dtype)
-    packed, quant_state = bnb_functional.quantize_4bit(
-        randn(n_k, gen, dtype, scale=0.05), blocksize=64, compress_statistics=double_quant, quant_type="nf4"
-    )
+    packed, quant_state = bnb_quantize(n_k, dtype, gen, double_quant)
     return x, packed, quant_state, NF4Weight.from_bnb(packed, quant_state)
 
 

@@ -20,50 +20,57 @@ import triton, triton.language as tl
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-def module(name):
-    return importlib.import_module(f"pope_fast.kernels.{name}")
+def kernel(module, name):
+    return getattr(importlib.import_module(f"pope_fast.kernels.{module}"), name)
 
-def compile_for_sm90(kernel, pointers, constexprs, **options):
+def compile_for_sm90(fn, pointers, constexprs, **options):
     signature = {}
-    for name in kernel.arg_names:
+    for name in fn.arg_names:
         if name in constexprs:
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             signature[name] = "*" + pointers.get(name, "fp32")
-        elif name in ("eps", "scale_log2e"):
-            signature[name] = "fp32"
         else:
-            signature[name] = "i32"
-    compiled = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32), options=options)
+            signature[name] = "fp32" if name in ("eps", "scale_log2e") else "i32"
+    source = ASTSource(fn, signature, constexprs)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
-    return {"shared": compiled.metadata.shared, "fma_f32": len(re.findall(r"\bfma\.rn\.f32", ptx)),
+    return {"shared": compiled.metadata.shared,
+            "fma_f32": len(re.findall(r"\bfma\.rn\.f32", ptx)),
             "mma": len(re.findall(r"\b(wgmma\.mma_async|mma\.sync)", ptx))}
 
 nf4 = dict(BLOCKSIZE=64, NESTED=True, NESTED_BLOCKSIZE=256)
 packed = dict(packed_ptr="u8", absmax_ptr="u8")
+exact = dict(enable_fp_fusion=False)
 results = {}
 for dtype, name in ((tl.float16, "fp16"), (tl.bfloat16, "bf16")):
     results[f"dequantize-{name}"] = compile_for_sm90(
-        module("nf4")._dequantize_nf4_kernel, {**packed, "out_ptr": name},
-        dict(nf4, BLOCKS_PER_PROGRAM=32, OUT_DTYPE=dtype), num_warps=4, enable_fp_fusion=False)
+        kernel("nf4", "_dequantize_nf4_kernel"), {**packed, "out_ptr": name},
+        dict(nf4, BLOCKS_PER_PROGRAM=32, OUT_DTYPE=dtype), num_warps=4, **exact)
     for aligned in (True, False):
         results[f"nf4_matmul-{name}-{'aligned' if aligned else 'straddling'}"] = compile_for_sm90(
-            module("nf4_matmul")._nf4_matmul_kernel, {**packed, "x_ptr": name, "out_ptr": name},
-            dict(nf4, ALIGNED=aligned, X_DTYPE=dtype, DOT_DTYPE=dtype, BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
-            num_warps=8, num_stages=3 if aligned else 2, enable_fp_fusion=False)
+            kernel("nf4_matmul", "_nf4_matmul_kernel"), {**packed, "x_ptr": name, "out_ptr": name},
+            dict(nf4, ALIGNED=aligned, X_DTYPE=dtype, DOT_DTYPE=dtype,
+                 BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
+            num_warps=8, num_stages=3 if aligned else 2, **exact)
+    tensors = ("q_ptr", "k_prefix_ptr", "v_prefix_ptr", "k_suffix_ptr", "v_suffix_ptr", "out_ptr")
     results[f"prefix_attention-{name}"] = compile_for_sm90(
-        module("prefix_attention")._prefix_attention_kernel,
-        {p: name for p in ("q_ptr", "k_prefix_ptr", "v_prefix_ptr", "k_suffix_ptr", "v_suffix_ptr", "out_ptr")} | {"lens_ptr": "i64"},
-        dict(GROUP=4, DOT_DTYPE=dtype, OUT_DTYPE=dtype, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128), num_warps=4, num_stages=2)
-logits = dict(nf4, NORM=True, HIDDEN_DTYPE=tl.float16, NORMED_DTYPE=tl.float16, WEIGHT_DTYPE=tl.float16, DOT_DTYPE=tl.float16)
-gather = module("gather_logits")
-for weight, extra in (("nf4", dict(NF4=True, ALIGNED=True, BLOCK_K=64)), ("fp16", dict(NF4=False, ALIGNED=False, BLOCK_K=128))):
-    pointers = {"hidden_ptr": "fp16", "norm_ptr": "fp16", "ids_ptr": "i64", "tile_index_ptr": "i64",
-                **({"weight_ptr": "u8", "absmax_ptr": "u8"} if weight == "nf4" else {"weight_ptr": "fp16"})}
+        kernel("prefix_attention", "_prefix_attention_kernel"), {**dict.fromkeys(tensors, name), "lens_ptr": "i64"},
+        dict(GROUP=4, DOT_DTYPE=dtype, OUT_DTYPE=dtype, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128),
+        num_warps=4, num_stages=2)
+fp16 = tl.float16
+logits = dict(nf4, NORM=True, HIDDEN_DTYPE=fp16, NORMED_DTYPE=fp16, WEIGHT_DTYPE=fp16, DOT_DTYPE=fp16)
+weight_pointers = {"nf4": {"weight_ptr": "u8", "absmax_ptr": "u8"}, "fp16": {"weight_ptr": "fp16"}}
+for weight, pointers in weight_pointers.items():
+    pointers = {"hidden_ptr": "fp16", "norm_ptr": "fp16", "ids_ptr": "i64", "tile_index_ptr": "i64", **pointers}
     results[f"gather_logits-{weight}"] = compile_for_sm90(
-        gather._gather_logits_kernel, pointers, dict(logits, **extra, BLOCK_B=32, BLOCK_V=16), num_warps=4, enable_fp_fusion=False)
+        kernel("gather_logits", "_gather_logits_kernel"), pointers,
+        dict(logits, NF4=weight == "nf4", ALIGNED=False, BLOCK_B=32, BLOCK_V=16, BLOCK_K=256), num_warps=8, **exact)
     results[f"vocab_argmax-{weight}"] = compile_for_sm90(
-        gather._vocab_argmax_kernel, pointers, dict(logits, **extra, BLOCK_B=32, BLOCK_V=128), num_warps=4, enable_fp_fusion=False)
+        kernel("gather_logits", "_vocab_argmax_kernel"), pointers,
+        dict(logits, NF4=weight == "nf4", ALIGNED=weight == "nf4", BLOCK_B=32, BLOCK_V=128,
+             BLOCK_K=64 if weight == "nf4" else 128),
+        num_warps=4, **exact)
 print(json.dumps(results))
 '''
 
@@ -120,8 +127,9 @@ def test_nf4_reading_launches_switch_fp_fusion_off(monkeypatch):
     from pope_fast.kernels import dequantize_nf4, gather_logits, nf4_matmul, quantize_nf4, vocab_argmax
 
     recorders = {}
-    for module_name, kernel_name in (("nf4", "_dequantize_nf4_kernel"), ("nf4_matmul", "_nf4_matmul_kernel"),
-                                     ("gather_logits", "_gather_logits_kernel"), ("gather_logits", "_vocab_argmax_kernel")):
+    nf4_readers = (("nf4", "_dequantize_nf4_kernel"), ("nf4_matmul", "_nf4_matmul_kernel"),
+                   ("gather_logits", "_gather_logits_kernel"), ("gather_logits", "_vocab_argmax_kernel"))
+    for module_name, kernel_name in nf4_readers:
         module = sys.modules[f"pope_fast.kernels.{module_name}"]
         recorders[kernel_name] = LaunchRecorder(getattr(module, kernel_name))
         monkeypatch.setattr(module, kernel_name, recorders[kernel_name])
