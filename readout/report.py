@@ -28,8 +28,10 @@ def _markdown(header: list[str], rows: list[list[str]]) -> str:
                       *("| " + " | ".join(r) + " |" for r in rows)])
 
 
-def _significant_pairs(run: dict, alpha: float = 0.05) -> list[str]:
-    return [f"{pair}: p={p:.3g}" for pair, p in run["mcnemar"].items() if p < alpha]
+def _significant_pairs(run: dict, alpha: float = 0.05, shown: int = 4) -> list[str]:
+    pairs = sorted(((p, pair) for pair, p in run["mcnemar"].items() if p < alpha))
+    listed = [f"{pair}: p={p:.3g}" for p, pair in pairs[:shown]]
+    return listed + ([f"{len(pairs) - shown} more pairs (see --format json)"] if len(pairs) > shown else [])
 
 
 def format_runs(runs: list[dict], fmt: str = "table") -> str:

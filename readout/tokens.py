@@ -81,8 +81,13 @@ def template_aware_sets(tokenizer, template: Template, question: str = SAMPLE_QU
                      tuple(dict.fromkeys(i for i in no.values() if i is not None)))
 
 
-def derive_token_sets(tokenizer, template: Template | str, names=None) -> dict[str, TokenSets]:
-    """Token sets of every logit and first-token readout in `names` (default: all of them)."""
+def derive_token_sets(tokenizer, template: Template | str, names=None, vocab_size: int | None = None
+                      ) -> dict[str, TokenSets]:
+    """Token sets of every logit and first-token readout in `names` (default: all of them).
+
+    vocab_size is the number of logit rows (a model's embedding is often padded past its tokenizer,
+    32064 vs 32002 for LLaVA-1.5); by default the tokenizer's length.
+    """
     template = get_template(template) if isinstance(template, str) else template
     names = [n for n in (names or READOUTS) if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)]
     aware = template_aware_sets(tokenizer, template)
@@ -94,7 +99,7 @@ def derive_token_sets(tokenizer, template: Template | str, names=None) -> dict[s
         "first_token": lambda: aware,
     }
     sets = {name: builders[name]() for name in names}
-    vocab = len(tokenizer)
+    vocab = vocab_size or len(tokenizer)
     for name, s in sets.items():
         outside = [i for i in s.ids if not 0 <= i < vocab]
         if outside:

@@ -1,0 +1,171 @@
+"""Built-in models and data, so the main job and the benchmark run on a fresh machine with nothing
+downloaded: random-weight checkpoints at tiny or real (7B) dimensions in the llava-hf layout,
+deterministic synthetic images, and POPE-shaped question sets."""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..readout import Question
+
+COCO_CATEGORIES = tuple(w.replace("_", " ") for w in (
+    "person bicycle car motorcycle airplane bus train truck boat traffic_light fire_hydrant stop_sign "
+    "parking_meter bench bird cat dog horse sheep cow elephant bear zebra giraffe backpack umbrella handbag tie "
+    "suitcase frisbee skis snowboard sports_ball kite baseball_bat baseball_glove skateboard surfboard "
+    "tennis_racket bottle wine_glass cup fork knife spoon bowl banana apple sandwich orange broccoli carrot "
+    "hot_dog pizza donut cake chair couch potted_plant bed dining_table toilet tv laptop mouse remote keyboard "
+    "cell_phone microwave oven toaster sink refrigerator book clock vase scissors teddy_bear hair_drier toothbrush"
+).split())
+
+# LLaVA-1.5-7B: CLIP ViT-L/14 at 336 px (577 tokens, 576 after dropping CLS) and Vicuna-7B.
+LLAVA_DIMS = {
+    "7b": dict(vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                           image_size=336, patch_size=14, projection_dim=768),
+               text=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=32, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)),
+    # Small widths, the real image: 576 image tokens, so prefixes are as long as the real ones.
+    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             image_size=336, patch_size=14, projection_dim=64),
+                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=4, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)),
+}
+
+
+def article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def synthetic_image(seed: int, size: tuple[int, int] = (640, 480)) -> Image.Image:
+    """A deterministic RGB image with structure (gradients and noise), sized like a COCO photo."""
+    rng = np.random.default_rng(seed)
+    w, h = size
+    y, x = np.mgrid[0:h, 0:w]
+    base = np.stack([(x * (seed % 7 + 1)) % 256, (y * 3 + seed * 17) % 256, ((x + y) * 2) % 256], axis=-1)
+    noise = rng.integers(0, 60, size=(h, w, 3))
+    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
+
+
+def image_for_name(name: str) -> Image.Image:
+    """The synthetic stand-in for an image file name (e.g. a COCO name from a POPE file)."""
+    seed = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "little")
+    sizes = ((640, 480), (480, 640), (640, 427), (500, 375))
+    return synthetic_image(seed, sizes[seed % len(sizes)])
+
+
+def write_images(folder: Path, names) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in dict.fromkeys(names):
+        if not (folder / name).is_file():
+            image_for_name(name).save(folder / name, format="PNG" if name.endswith(".png") else "JPEG", quality=90)
+    return folder
+
+
+def builtin_questions(n_questions: int, split: str = "synthetic") -> list[Question]:
+    """POPE-shaped: n/6 images × 6 questions 'Is there a/an <COCO category> in the image?', alternating yes/no."""
+    questions = []
+    for i in range(n_questions):
+        image, j = divmod(i, 6)
+        category = COCO_CATEGORIES[(image * 7 + j * 13) % len(COCO_CATEGORIES)]
+        questions.append(Question(i + 1, f"synthetic_{image:05d}.jpg",
+                                  f"Is there {article(category)} {category} in the image?",
+                                  "yes" if j % 2 == 0 else "no", split))
+    return questions
+
+
+def write_question_file(path: Path, questions: list[Question]) -> Path:
+    path.write_text("".join(json.dumps({"question_id": q.question_id, "image": q.image, "text": q.text,
+                                        "label": q.label}) + "\n" for q in questions))
+    return path
+
+
+def builtin_tokenizer(folder: Path):
+    """A word-level LLaMA-like tokenizer (<unk>=0, <s>=1, </s>=2, words, then <image>, <pad>) built with
+    the `tokenizers` library, for machines without a real tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
+        "USER ASSISTANT : ? . , Answer answer yes no Yes No only or the question using a an single word phrase "
+        "Is is there There in image not A chat between curious human and artificial intelligence assistant The "
+        "gives helpful detailed polite answers to human's questions".split())
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(sorted(words))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast.add_tokens(["<image>"], special_tokens=True)
+    fast.add_special_tokens({"pad_token": "<pad>"})
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+def _tokenizer(folder: Path, tokenizer_dir: Path | None):
+    from transformers import AutoTokenizer
+
+    if tokenizer_dir is None:
+        return builtin_tokenizer(folder)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
+    tok.save_pretrained(str(folder))
+    return tok
+
+
+def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dtype, device) -> torch.Tensor:
+    if len(shape) == 1 and ("norm" in name or "layrnorm" in name) and name.endswith("weight"):
+        return torch.ones(shape, dtype=dtype, device=device)
+    if name.endswith("bias"):
+        return torch.zeros(shape, dtype=dtype, device=device)
+    return (torch.randn(shape, generator=generator, device=device) * std).to(dtype)
+
+
+def write_llava_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None, seed: int = 0,
+                           std: float = 0.02, dtype=torch.float16, device: str = "cpu",
+                           shard_bytes: int = 2 << 30) -> Path:
+    """A random-weight llava-hf checkpoint at `size` dimensions, written shard by shard so a 7B one never
+    needs the whole model in memory. Tensor names are transformers' own, which its loader and ours read."""
+    from safetensors.torch import save_file
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    if size not in LLAVA_DIMS:
+        raise ValueError(f"size must be one of {', '.join(LLAVA_DIMS)}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(folder, tokenizer_dir)
+    dims = LLAVA_DIMS[size]
+    config = LlavaConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
+                         text_config=LlamaConfig(**dims["text"], bos_token_id=1, eos_token_id=2),
+                         image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
+    with torch.device("meta"):
+        shapes = {k: tuple(v.shape) for k, v in LlavaForConditionalGeneration(config).state_dict().items()
+                  if not k.endswith("position_ids")}
+    generator = torch.Generator(device=device).manual_seed(seed)
+    shards, current, current_bytes = [], {}, 0
+    for name, shape in shapes.items():
+        current[name] = _random_tensor(name, shape, std, generator, dtype, device).cpu()
+        current_bytes += current[name].numel() * current[name].element_size()
+        if current_bytes >= shard_bytes:
+            shards.append(current)
+            current, current_bytes = {}, 0
+    if current:
+        shards.append(current)
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+        save_file(shard, str(folder / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in shard})
+    if len(shards) > 1:
+        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    config.save_pretrained(str(folder))
+    image_size = dims["vision"]["image_size"]
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
+                                           crop_size={"height": image_size, "width": image_size}),
+        tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
+        num_additional_image_tokens=1)
+    processor.save_pretrained(str(folder))
+    return folder

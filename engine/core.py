@@ -1,0 +1,277 @@
+"""The engine: load a checkpoint once, then answer yes/no questions about images under every readout.
+
+Per image: projected features (cached by content) → the shared prompt prefix prefilled once → the
+question suffixes prefilled in batches against it → candidate logits and the argmax at each answer
+position → (only for string readouts) a short greedy continuation.
+"""
+from __future__ import annotations
+
+import io
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..readout import READOUTS, Template, TokenSets, derive_token_sets, get_template, parse_readouts
+from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
+from ..readout.tokens import tokenizer_info
+from .images import LoadedImage, read_image
+from .llama import Intervention
+from .llava import LlavaModel
+from .loader import CheckpointError, read_config
+from .settings import Settings
+from .vision_cache import VisionCache, feature_key
+
+FAMILIES = {LlavaModel.family: LlavaModel}
+
+
+@dataclass
+class Answer:
+    """One question's raw outputs at the answer position, and its decisions."""
+
+    question: str
+    first_token_id: int
+    candidate_logits: dict[int, float]
+    decoded: str | None
+    predictions: dict[str, str]
+
+
+@dataclass
+class Timings:
+    """Seconds per phase, summed over calls (for the benchmark's phase table)."""
+
+    image_encode: float = 0.0
+    prefix_prefill: float = 0.0
+    question_prefill: float = 0.0
+    decode: float = 0.0
+
+    def to_json(self) -> dict:
+        return {k: round(v, 4) for k, v in vars(self).items()}
+
+
+@dataclass
+class Counts:
+    """Work done, summed over calls: what the benchmark turns into FLOPs."""
+
+    images_encoded: int = 0
+    prompts: int = 0
+    prefix_tokens: int = 0
+    suffix_tokens: int = 0
+    decode_steps: int = 0
+
+
+class _Clock:
+    """Adds elapsed wall time to one Timings field; synchronises CUDA so the phase is honest."""
+
+    def __init__(self, timings: Timings, field: str, device: torch.device):
+        self.timings, self.field, self.device = timings, field, device
+
+    def __enter__(self):
+        self._sync()
+        self.start = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self._sync()
+        setattr(self.timings, self.field, getattr(self.timings, self.field) + time.perf_counter() - self.start)
+
+    def _sync(self):
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+
+def load_model(folder: str | Path, settings: Settings):
+    """The family object for a local checkpoint folder (never the hub)."""
+    folder = Path(folder)
+    config = read_config(folder)
+    model_type = config.get("model_type")
+    if model_type not in FAMILIES:
+        raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not supported "
+                              f"(supported: {', '.join(FAMILIES)})")
+    return FAMILIES[model_type](folder, settings)
+
+
+class Engine:
+    def __init__(self, model, settings: Settings, template: Template | str | None = None,
+                 readouts: str | list[str] | None = None, cache: VisionCache | None = None):
+        self.model, self.settings = model, settings
+        self.template = get_template(template or model.default_template) if not isinstance(template, Template) \
+            else template
+        if self.template.image_marker != model.image_marker:
+            raise ValueError(f"template {self.template.name} marks the image with {self.template.image_marker!r}, "
+                             f"but {model.family} expects {model.image_marker!r}")
+        self.readouts = parse_readouts(readouts) if not isinstance(readouts, list) else parse_readouts(",".join(readouts))
+        self.cache = cache or VisionCache()
+        # Token sets of every logit readout are derived (not only the requested ones) so that the
+        # records can be re-scored under any of them later without the model.
+        self.token_sets: dict[str, TokenSets] = derive_token_sets(model.tokenizer, self.template,
+                                                                  vocab_size=model.lm.dims.vocab_size)
+        self.candidate_ids = sorted({i for n, s in self.token_sets.items() if READOUTS[n].kind == LOGIT for i in s.ids})
+        self.generate = any(READOUTS[n].kind == TEXT for n in self.readouts)
+        self.timings = Timings()
+        self.counts = Counts()
+
+    @classmethod
+    def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
+             readouts: str | list[str] | None = None, cache_dir: str | Path | None = None) -> "Engine":
+        settings = settings or Settings()
+        return cls(load_model(folder, settings), settings, template, readouts, VisionCache(cache_dir))
+
+    # -- metadata ---------------------------------------------------------------------------------
+    def meta(self) -> dict:
+        return {
+            "model": {"path": str(self.model.folder), "family": self.model.family},
+            "template": self.template.name,
+            "prompt_example": self.template.render("Is there a dog in the image?", self.model.tokenizer),
+            "readouts": self.readouts,
+            "token_sets": {n: s.to_json() for n, s in self.token_sets.items()},
+            "candidate_ids": self.candidate_ids,
+            "tokenizer": tokenizer_info(self.model.tokenizer),
+            "settings": self.settings.to_json(),
+        }
+
+    # -- images ---------------------------------------------------------------------------------
+    def _loaded(self, image: LoadedImage | Image.Image | str | Path) -> LoadedImage:
+        if isinstance(image, (str, Path)):
+            return read_image(image)
+        if isinstance(image, Image.Image):
+            buf = io.BytesIO()
+            image.save(buf, format="PNG")
+            return LoadedImage(Path("<in-memory>"), buf.getvalue())
+        return image
+
+    def prepare(self, images: list) -> list[tuple[str, LoadedImage, np.ndarray | None]]:
+        """(cache key, image, pixel values or None when cached) per image: the CPU half of the vision
+        pass, which a sweep runs in a background thread while the model works on the previous group."""
+        prepared = []
+        for image in images:
+            image = self._loaded(image)
+            key = feature_key(image.data, self.model.preprocess_settings(), self.model.feature_fingerprint)
+            prepared.append((key, image, None if self.cache.contains(key) else self.model.preprocess(image.open())))
+        return prepared
+
+    def encode(self, prepared: list[tuple[str, LoadedImage, np.ndarray | None]]) -> list[torch.Tensor]:
+        """Projected features [T, hidden] per prepared image; the uncached ones run as one vision batch."""
+        out = [self.cache.get(key, self.settings.torch_device) if pixels is None else None
+               for key, _, pixels in prepared]
+        # An entry seen as cached while preparing may have left the in-memory cache since.
+        todo = [(i, key, pixels if pixels is not None else self.model.preprocess(image.open()))
+                for i, (key, image, pixels) in enumerate(prepared) if out[i] is None]
+        if todo:
+            with _Clock(self.timings, "image_encode", self.settings.torch_device):
+                features = self.model.encode_images(torch.from_numpy(np.stack([p for _, _, p in todo])))
+            for (i, key, _), f in zip(todo, features):
+                self.cache.put(key, f)
+                out[i] = f
+            self.counts.images_encoded += len(todo)
+        return out
+
+    def features(self, image: LoadedImage | Image.Image | str | Path) -> torch.Tensor:
+        """Projected features [T, hidden] of one image, from the cache when its content was seen."""
+        return self.encode(self.prepare([image]))[0]
+
+    # -- questions --------------------------------------------------------------------------------
+    def prompt(self, question: str) -> str:
+        return self.template.render(question, self.model.tokenizer)
+
+    def decide(self, candidate_logits: dict[int, float], first_token_id: int | None,
+               decoded: str | None) -> dict[str, str]:
+        """Every requested readout's decision from one answer position's outputs."""
+        out = {}
+        for name in self.readouts:
+            readout = READOUTS[name]
+            sets = self.token_sets.get(name) if readout.kind in (LOGIT, FIRST_TOKEN) else None
+            out[name] = readout(sets, candidate_logits, first_token_id, decoded)
+        return out
+
+    def score(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
+        """Answer questions about one image (a path, a PIL image or a LoadedImage)."""
+        raw = self.run_images([(self.features(image), [self.prompt(q) for q in questions])], intervention)[0]
+        return [Answer(q, first, logits, text, self.decide(logits, first, text))
+                for q, (first, logits, text) in zip(questions, raw)]
+
+    def run_images(self, items: list[tuple[torch.Tensor, list[str]]], intervention: Intervention | None = None
+                   ) -> list[list[tuple[int, dict[int, float], str | None]]]:
+        """items: (image features [T, hidden], prompts) per image → per image, per prompt, (first token id,
+        candidate logits, decoded text or None).
+
+        Each image's prompt prefix (up to its last image token) is prefilled once, the prefixes of all
+        images in one batch per prefix length; question suffixes then run in batches of batch_size
+        rows, grouped by the prefix they continue.
+        """
+        model, lm, device = self.model, self.model.lm, self.settings.torch_device
+        results = [[None] * len(prompts) for _, prompts in items]
+        # Work rows (image, prompt, prefix ids, suffix ids), grouped by prefix length; -1 = no prefix.
+        by_length: dict[int, list[tuple[int, int, tuple[int, ...], list[int]]]] = {}
+        for it, (features, prompts) in enumerate(items):
+            for pi, prompt in enumerate(prompts):
+                ids = model.prompt_ids(prompt, features.shape[0])
+                cut = _prefix_length(ids, model.image_token_id) if self.settings.prefix_reuse else 0
+                by_length.setdefault(cut or -1, []).append((it, pi, tuple(ids[:cut]), ids[cut:]))
+        for length, rows in by_length.items():
+            prefix, slot_of = None, {}
+            if length > 0:
+                for it, _, pre, _ in rows:
+                    slot_of.setdefault((it, pre), len(slot_of))
+                with _Clock(self.timings, "prefix_prefill", device):
+                    embeds = torch.stack([model.embed(torch.tensor(pre, device=device), items[it][0])
+                                          for it, pre in slot_of])
+                    prefix = lm.prefill_prefix(embeds, intervention)
+                self.counts.prefix_tokens += length * len(slot_of)
+                rows.sort(key=lambda r: slot_of[r[0], r[2]])
+            for start in range(0, len(rows), self.settings.batch_size):
+                batch = rows[start:start + self.settings.batch_size]
+                slots = [slot_of[it, pre] for it, _, pre, _ in batch] if prefix is not None else None
+                self.counts.prompts += len(batch)
+                self.counts.suffix_tokens += sum(len(r[3]) for r in batch)
+                with _Clock(self.timings, "question_prefill", device):
+                    embeds, lengths = self._embed_suffixes([(items[it][0], suf) for it, _, _, suf in batch])
+                    last, suffix_kv = lm.prefill_suffix(prefix, slots, embeds, lengths, intervention)
+                    logits, first = lm.answer(last, self.candidate_ids)
+                    if intervention is not None:
+                        adjusted = intervention.logits(logits, self.candidate_ids)
+                        logits = logits if adjusted is None else adjusted
+                texts = [None] * len(batch)
+                if self.generate:
+                    with _Clock(self.timings, "decode", device):
+                        tokens = lm.decode(prefix, slots, suffix_kv, first, self.settings.max_new_tokens,
+                                           model.stop_ids)
+                    self.counts.decode_steps += (tokens.shape[1] - 1) * len(batch)
+                    texts = [self._text(row) for row in tokens.tolist()]
+                logits_rows, first_ids = logits.tolist(), first.tolist()
+                for j, (it, pi, _, _) in enumerate(batch):
+                    results[it][pi] = (first_ids[j], dict(zip(self.candidate_ids, logits_rows[j])), texts[j])
+        return results
+
+    def _embed_suffixes(self, suffixes: list[tuple[torch.Tensor, list[int]]]):
+        """(image features, suffix ids) per row → right-padded [B, S, hidden] embeddings and lengths [B];
+        a suffix holding the image (no prefix reuse) gets its image's features spliced in."""
+        device = self.settings.torch_device
+        width = max(len(s) for _, s in suffixes)
+        lengths = torch.tensor([len(s) for _, s in suffixes], device=device)
+        embeds = []
+        for features, s in suffixes:
+            ids = torch.tensor(s + [s[-1]] * (width - len(s)), device=device)  # padding is never read
+            if (ids[: len(s)] == self.model.image_token_id).any():
+                embeds.append(self.model.embed(ids[: len(s)], features))
+                embeds[-1] = torch.cat([embeds[-1], self.model.lm.embed(ids[len(s):])])
+            else:
+                embeds.append(self.model.lm.embed(ids))
+        return torch.stack(embeds), lengths
+
+    def _text(self, tokens: list[int]) -> str:
+        """Decode only the new tokens, up to the first stop token: decoding the prompt too is how
+        published InstructBLIP string_parse scores picked up 'yes' from 'Answer yes or no only'."""
+        cut = next((k for k, t in enumerate(tokens) if t in self.model.stop_ids), len(tokens))
+        return self.model.tokenizer.decode(tokens[:cut], skip_special_tokens=True)
+
+
+def _prefix_length(ids: list[int], image_token_id: int) -> int:
+    """Tokens up to and including the last image token (0 when the prompt holds no image), leaving
+    at least one token to read the answer from."""
+    for i in range(len(ids) - 1, -1, -1):
+        if ids[i] == image_token_id:
+            return min(i + 1, len(ids) - 1)
+    return 0

@@ -1,0 +1,105 @@
+"""Building blocks shared by the model files: a Linear whose weight is dense or NF4-packed, RMSNorm
+and rotary embeddings written to round exactly as transformers' LLaMA does."""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import NF4Weight, dequantize_nf4, nf4_matmul, quantize_nf4, resolve_backend
+
+
+class Linear(nn.Module):
+    """y = x Wᵀ + b, W dense [out, in] or NF4-packed (bitsandbytes layout).
+
+    A packed weight runs the fused NF4 GEMM where Triton runs, and elsewhere dequantizes to the
+    input dtype and calls F.linear, which is exactly what bitsandbytes' matmul_4bit does for
+    prompts of more than one token, so both paths give transformers' values.
+    """
+
+    def __init__(self, weight: torch.Tensor | NF4Weight, bias: torch.Tensor | None = None, kernels: str = "auto"):
+        super().__init__()
+        if isinstance(weight, NF4Weight):
+            self.packed = weight
+            self.register_parameter("weight", None)
+        else:
+            self.packed = None
+            self.weight = nn.Parameter(weight, requires_grad=False)
+        self.bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.kernels = kernels
+
+    @property
+    def out_features(self) -> int:
+        return self.packed.shape[0] if self.packed is not None else self.weight.shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is None:
+            return F.linear(x, self.weight, self.bias)
+        if resolve_backend(self.kernels, x.device) == "triton":
+            y = nf4_matmul(x.reshape(-1, x.shape[-1]), self.packed, backend="triton")
+            y = y.reshape(*x.shape[:-1], y.shape[-1])
+            return y if self.bias is None else y + self.bias
+        return F.linear(x, dequantize_nf4(self.packed, x.dtype, backend="torch"), self.bias)
+
+
+def make_linear(weight: torch.Tensor, bias: torch.Tensor | None, *, dtype: torch.dtype, device: torch.device,
+                quantize: bool, keep_packed: bool, kernels: str) -> Linear:
+    """A Linear from a checkpoint tensor: cast to the compute dtype first, then (optionally) NF4.
+
+    transformers casts to the compute dtype before bitsandbytes quantizes, so quantizing the cast
+    tensor reproduces its packed bytes; dequantizing once gives the weights its matmul uses.
+    """
+    weight = weight.to(device=device, dtype=dtype)
+    bias = None if bias is None else bias.to(device=device, dtype=dtype)
+    if not quantize:
+        return Linear(weight, bias, kernels)
+    packed = quantize_nf4(weight)
+    if keep_packed:
+        return Linear(packed, bias, kernels)
+    return Linear(dequantize_nf4(packed, dtype, backend=resolve_backend(kernels, device)), bias, kernels)
+
+
+def replace_linears(module: nn.Module, *, dtype: torch.dtype, device: torch.device, keep_packed: bool,
+                    kernels: str) -> int:
+    """NF4-quantize every nn.Linear inside a borrowed transformers module (the vision tower, say)."""
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, nn.Linear):
+            setattr(module, name, make_linear(child.weight.data, None if child.bias is None else child.bias.data,
+                                              dtype=dtype, device=device, quantize=True, keep_packed=keep_packed,
+                                              kernels=kernels))
+            count += 1
+        else:
+            count += replace_linears(child, dtype=dtype, device=device, keep_packed=keep_packed, kernels=kernels)
+    return count
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """LlamaRMSNorm: normalise in fp32, cast back, then scale (this order decides the rounding)."""
+    dtype = x.dtype
+    h = x.float()
+    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * h.to(dtype)
+
+
+class Rotary:
+    """Default RoPE, computed as transformers does: fp32 frequencies, cos/sin cast to the model dtype."""
+
+    def __init__(self, head_dim: int, theta: float, device: torch.device):
+        exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
+        self.inv_freq = 1.0 / (theta**exponent)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [..., S] → cos, sin [..., S, head_dim]."""
+        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, H, S, D]; cos/sin [B, S, D] (or [S, D]) broadcast over heads."""
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

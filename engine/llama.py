@@ -1,0 +1,340 @@
+"""The LLaMA-family language model (LLaMA-2 / Vicuna, Mistral), with POPE's two shortcuts built in.
+
+1. Prefix reuse: every question of an image shares the prompt up to and including the image tokens.
+   That prefix is prefilled once (`prefill_prefix`) and its KV kept; the question suffixes of the image
+   are then prefilled as one right-padded batch against it (`prefill_suffix`), each suffix attending to
+   the whole prefix and causally to itself. Right padding needs no extra mask: a valid query never
+   sees a later (padded) key under the causal rule, and rows are read only at their own last token.
+2. One step: only the answer position matters, so the final norm and the lm_head run on one hidden
+   state per question, for the candidate ids only, plus a full-vocabulary argmax at that position
+   (`answer`); no [sequence, vocabulary] logits tensor is ever formed.
+
+A greedy continuation (`decode`) exists only for string readouts.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import gather_logits, prefix_attention, resolve_backend, vocab_argmax
+from .layers import Linear, Rotary, apply_rotary, make_linear, rms_norm
+
+
+@dataclass(frozen=True)
+class LlamaDims:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    rope_theta: float
+
+    @classmethod
+    def from_config(cls, cfg) -> "LlamaDims":
+        """From a transformers text config (LlamaConfig / MistralConfig), whose defaults fill the gaps
+        that llava-hf's abbreviated `text_config` leaves."""
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+        legacy = getattr(cfg, "rope_scaling", None)
+        if rope_type != "default" or (isinstance(legacy, dict) and legacy.get("rope_type", legacy.get("type"))
+                                      not in (None, "default")):
+            raise NotImplementedError(f"rope type {rope_type or legacy} is not supported (default RoPE only)")
+        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+        heads = cfg.num_attention_heads
+        return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                   num_layers=cfg.num_hidden_layers, num_heads=heads,
+                   num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                   rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)))
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
+        h, d = self.hidden_size, self.head_dim
+        shapes = {"embed_tokens.weight": (self.vocab_size, h), "norm.weight": (h,),
+                  "lm_head.weight": (self.vocab_size, h)}
+        for i in range(self.num_layers):
+            p = f"layers.{i}."
+            shapes.update({
+                p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (self.num_heads * d, h),
+                p + "self_attn.k_proj.weight": (self.num_kv_heads * d, h),
+                p + "self_attn.v_proj.weight": (self.num_kv_heads * d, h),
+                p + "self_attn.o_proj.weight": (h, self.num_heads * d),
+                p + "mlp.gate_proj.weight": (self.intermediate_size, h),
+                p + "mlp.up_proj.weight": (self.intermediate_size, h),
+                p + "mlp.down_proj.weight": (h, self.intermediate_size),
+            })
+        return shapes
+
+
+@dataclass
+class PrefixKV:
+    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE applied."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
+
+
+@dataclass
+class SuffixKV:
+    """The question suffixes' own cache, per layer [B, Hkv, S, D], valid up to `lengths`."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor
+
+
+class Intervention:
+    """The one place an experiment adjusts the forward pass (subclass and override either method).
+
+    `hidden` sees each decoder layer's output: part "prefix" is the shared image prefix [1, P, H]
+    (computed once per image), part "suffix" the batch of questions [B, S, H]; return a tensor of
+    the same shape to replace it, or None to leave it. `logits` sees the candidate logits [B, n]
+    (fp32, columns in `ids` order) before any readout decides; return the adjusted tensor or None.
+    """
+
+    def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
+        return None
+
+    def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
+        return None
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], linear):
+        super().__init__()
+        self.dims = dims
+        self.input_norm = nn.Parameter(weights["input_layernorm.weight"], requires_grad=False)
+        self.post_norm = nn.Parameter(weights["post_attention_layernorm.weight"], requires_grad=False)
+        self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
+            linear(weights[f"self_attn.{n}_proj.weight"]) for n in "qkvo")
+        self.gate_proj, self.up_proj, self.down_proj = (
+            linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))
+
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [B, S, H] → q [B, Hq, S, D], k, v [B, Hkv, S, D] with RoPE applied to q and k."""
+        b, s, _ = x.shape
+        d = self.dims
+        h = rms_norm(x, self.input_norm, d.rms_eps)
+        q = self.q_proj(h).view(b, s, d.num_heads, d.head_dim).transpose(1, 2)
+        k = self.k_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        v = self.v_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Residual + o_proj, then the MLP block. attn [B, Hq, S, D]."""
+        b, _, s, _ = attn.shape
+        x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
+        h = rms_norm(x, self.post_norm, self.dims.rms_eps)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid):
+    """Attention over each row's prefix plus its own keys, in fp32 (the decode step).
+
+    q [B, Hq, T, D]; k/v_prefix [Hkv, P, D], shared by the rows and broadcast, never copied per row
+    (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see: the
+    new token sits after each row's padded suffix.
+    """
+    b, hq, t, d = q.shape
+    k_prefix, v_prefix = k_prefix[None], v_prefix[None]
+    hkv = k_own.shape[1]
+    g = hq // hkv
+    qf = q.float().reshape(b, hkv, g * t, d) / math.sqrt(d)
+    scores_p = qf @ k_prefix.float().transpose(-1, -2)  # [B, Hkv, gT, P]
+    scores_o = qf @ k_own.float().transpose(-1, -2)  # [B, Hkv, gT, K]
+    mask = valid[:, None, None].expand(b, 1, g, t, valid.shape[-1]).reshape(b, 1, g * t, -1)
+    scores_o = scores_o.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(torch.cat([scores_p, scores_o], dim=-1), dim=-1)
+    p = k_prefix.shape[2]
+    out = probs[..., :p] @ v_prefix.float() + probs[..., p:] @ v_own.float()
+    return out.reshape(b, hq, t, d).to(q.dtype)
+
+
+def shared_prefix_attention(q, prefix: "PrefixKV", layer: int, k, v, lengths, runs: list[tuple[int, int, int]],
+                            backend: str):
+    """Suffix rows attending to their own image's prefix. Rows come sorted by prefix; each run
+    (prefix slot, first row, end row) is one prefix_attention call, which reads that prefix's K/V
+    once for all its questions instead of expanding it per row."""
+    outs = [prefix_attention(q[a:e], prefix.keys[layer][g], prefix.values[layer][g], k[a:e], v[a:e], lengths[a:e],
+                             backend=backend) for g, a, e in runs]
+    return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+
+def prefix_runs(prefix_index: list[int]) -> list[tuple[int, int, int]]:
+    """[0, 0, 1, 1, 1] → [(0, 0, 2), (1, 2, 5)]; raises unless rows are grouped by prefix."""
+    runs: list[tuple[int, int, int]] = []
+    for row, g in enumerate(prefix_index):
+        if runs and runs[-1][0] == g:
+            runs[-1] = (g, runs[-1][1], row + 1)
+        else:
+            if any(r[0] == g for r in runs):
+                raise ValueError("suffix rows must be grouped by prefix")
+            runs.append((g, row, row + 1))
+    return runs
+
+
+class LlamaLM(nn.Module):
+    def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
+                 device: torch.device, quantize: bool, keep_packed: bool, quantize_lm_head: bool, kernels: str):
+        super().__init__()
+        self.dims, self.dtype, self.device, self.kernels = dims, dtype, device, kernels
+
+        def linear(w, quant=quantize):
+            return make_linear(w, None, dtype=dtype, device=device, quantize=quant, keep_packed=keep_packed,
+                               kernels=kernels)
+
+        def dense(name):
+            return nn.Parameter(weights.pop(name).to(device=device, dtype=dtype), requires_grad=False)
+
+        self.embed_tokens = dense("embed_tokens.weight")
+        self.norm = dense("norm.weight")
+        self.lm_head = linear(weights.pop("lm_head.weight"), quant=quantize and quantize_lm_head)
+        layers = []
+        for i in range(dims.num_layers):
+            prefix = f"layers.{i}."
+            own = {k[len(prefix):]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
+            norms = {k: v.to(device=device, dtype=dtype) for k, v in own.items() if "layernorm" in k}
+            layers.append(DecoderLayer(dims, {**own, **norms}, linear))
+        self.layers = nn.ModuleList(layers)
+        self.rotary = Rotary(dims.head_dim, dims.rope_theta, device)
+
+    # -- embeddings -------------------------------------------------------------------------------
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.embed_tokens)
+
+    # -- prefill ----------------------------------------------------------------------------------
+    @torch.inference_mode()
+    def prefill_prefix(self, embeds: torch.Tensor, intervention: Intervention | None = None) -> PrefixKV:
+        """embeds [G, P, H] (G image prefixes of one length) → their KV for every layer. The last
+        layer's attention output and MLP are never needed (no prefix position is read out), so the
+        pass stops at its K and V; prefix hooks therefore see layers 0 .. L-2."""
+        x = embeds.to(self.dtype)
+        p = x.shape[1]
+        cos, sin = self.rotary.cos_sin(torch.arange(p, device=self.device), self.dtype)
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            keys.append(k)
+            values.append(v)
+            if i == len(self.layers) - 1:
+                break
+            attn = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, q).float(), _repeat_kv(v, q).float(),
+                                                  is_causal=True).to(self.dtype)
+            x = layer.finish(x, attn)
+            x = _hook(intervention, i, x, "prefix")
+        return PrefixKV(keys, values, p)
+
+    @torch.inference_mode()
+    def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, embeds: torch.Tensor,
+                       lengths: torch.Tensor, intervention: Intervention | None = None
+                       ) -> tuple[torch.Tensor, SuffixKV]:
+        """embeds [B, S, H] right-padded question suffixes, lengths [B], row b continuing prefix
+        slot prefix_index[b] (rows grouped by slot) → the hidden state of each row's last token [B, H]
+        (before the final norm) and the suffixes' own KV.
+
+        With prefix None every row is a whole prompt (no reuse): the reference path for ablations.
+        """
+        x = embeds.to(self.dtype)
+        b, s, _ = x.shape
+        lengths = lengths.to(self.device)
+        start = prefix.length if prefix is not None else 0
+        cos, sin = self.rotary.cos_sin(start + torch.arange(s, device=self.device), self.dtype)
+        backend = resolve_backend(self.kernels, self.device)
+        runs = prefix_runs(prefix_index) if prefix is not None else []
+        keys, values = [], []
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            keys.append(k)
+            values.append(v)
+            if prefix is not None:
+                attn = shared_prefix_attention(q, prefix, i, k, v, lengths, runs, backend)
+            else:
+                attn = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, q).float(), _repeat_kv(v, q).float(),
+                                                      is_causal=True).to(self.dtype)
+            x = layer.finish(x, attn)
+            x = _hook(intervention, i, x, "suffix")
+        last = x[torch.arange(b, device=self.device), lengths - 1]
+        return last, SuffixKV(keys, values, lengths)
+
+    # -- the answer position ----------------------------------------------------------------------
+    @torch.inference_mode()
+    def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """last_hidden [B, H] → candidate logits [B, n] (fp32) and the full-vocabulary argmax [B].
+
+        The candidate logits are rounded through the model dtype, as transformers' lm_head output is,
+        so near-ties resolve as in the reference pipeline.
+        """
+        backend = resolve_backend(self.kernels, self.device)
+        h = rms_norm(last_hidden, self.norm, self.dims.rms_eps)
+        weight = self.lm_head.packed if self.lm_head.packed is not None else self.lm_head.weight
+        index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        logits = gather_logits(h, weight, index, backend=backend).to(self.dtype).float()
+        return logits, vocab_argmax(h, weight, backend=backend)
+
+    # -- greedy continuation (string readouts only) ---------------------------------------------
+    @torch.inference_mode()
+    def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
+               first: torch.Tensor, steps: int, stop_ids: set[int]) -> torch.Tensor:
+        """Greedy tokens after each row's prompt: [B, steps], starting with `first` [B] (the argmax at
+        the answer position). Rows that emitted a stop id keep going but are cut by the caller, as
+        transformers' generate pads them; the loop ends early once every row has stopped."""
+        b = first.shape[0]
+        d = self.dims
+        s = suffix.keys[0].shape[2]
+        start = prefix.length if prefix is not None else 0
+        empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
+        runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, b)]
+        # Own KV per row: the suffix slots, then one slot per generated token after them.
+        own_k = [torch.cat([k, k.new_zeros(b, d.num_kv_heads, steps, d.head_dim)], dim=2) for k in suffix.keys]
+        own_v = [torch.cat([v, v.new_zeros(b, d.num_kv_heads, steps, d.head_dim)], dim=2) for v in suffix.values]
+        slots = torch.arange(s + steps, device=self.device)
+        tokens = [first]
+        done = torch.isin(first, torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype))
+        for t in range(steps - 1):
+            if bool(done.all()):
+                break
+            x = self.embed(tokens[-1])[:, None]
+            # The new token's slot: after the padded suffix region, so rows of any length line up.
+            slot = s + t
+            positions = start + suffix.lengths + t  # [B]
+            cos, sin = self.rotary.cos_sin(positions[:, None], self.dtype)
+            valid = ((slots[None] < suffix.lengths[:, None]) | ((slots[None] >= s) & (slots[None] <= slot)))[:, None]
+            for i, layer in enumerate(self.layers):
+                q, k, v = layer.qkv(x, cos, sin)
+                own_k[i][:, :, slot] = k[:, :, 0]
+                own_v[i][:, :, slot] = v[:, :, 0]
+                attn = [masked_attention(q[a:e], prefix.keys[i][g] if g is not None else empty,
+                                         prefix.values[i][g] if g is not None else empty,
+                                         own_k[i][a:e], own_v[i][a:e], valid[a:e]) for g, a, e in runs]
+                x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
+            h = rms_norm(x[:, 0], self.norm, d.rms_eps)
+            weight = self.lm_head.packed if self.lm_head.packed is not None else self.lm_head.weight
+            nxt = vocab_argmax(h, weight, backend=resolve_backend(self.kernels, self.device))
+            tokens.append(nxt)
+            done |= torch.isin(nxt, torch.tensor(sorted(stop_ids), device=self.device, dtype=nxt.dtype))
+        return torch.stack(tokens, dim=1)
+
+
+def _repeat_kv(kv: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """[B, Hkv, S, D] → [B, Hq, S, D] for grouped-query attention."""
+    return kv.repeat_interleave(q.shape[1] // kv.shape[1], dim=1)
+
+
+def _hook(intervention: Intervention | None, layer: int, x: torch.Tensor, part: str) -> torch.Tensor:
+    if intervention is None:
+        return x
+    out = intervention.hidden(layer, x, part)
+    if out is None:
+        return x
+    if out.shape != x.shape:
+        raise ValueError(f"Intervention.hidden returned shape {tuple(out.shape)} for layer {layer} {part}, "
+                         f"expected {tuple(x.shape)}")
+    return out

@@ -1,0 +1,192 @@
+"""LLaVA-1.5 (llava-hf `model_type: llava`): CLIP vision tower, two-layer projector, LLaMA language model.
+
+The vision tower is transformers' own CLIP module (it runs once per image, and its output is cached);
+the projector and the language model are ours. Checkpoint names come in three spellings: llava-hf's
+original (`language_model.model.*`, `language_model.lm_head`, `vision_tower.vision_model.*`), the
+transformers 5 save format (`vision_tower.*` without `vision_model`), and the refactored one
+(`model.language_model.*`, `model.vision_tower.*`, `lm_head`); all map to the same parameters.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from .layers import make_linear, replace_linears
+from .llama import LlamaDims, LlamaLM
+from .loader import CheckpointError, iter_tensors, map_names, tensor_files
+from .settings import Settings
+from .vision_cache import tensor_fingerprint
+
+MODEL_TYPE = "llava"
+DEFAULT_TEMPLATE = "llava_plain"
+
+# checkpoint name → our name; first match wins.
+NAME_RULES = [
+    (r"^(?:model\.)?language_model\.lm_head\.", "lm.lm_head."),
+    (r"^lm_head\.", "lm.lm_head."),
+    (r"^(?:model\.)?language_model\.(?:model\.)?", "lm."),
+    (r"^(?:model\.)?vision_tower\.(?:vision_model\.)?", "vision."),
+    (r"^(?:model\.)?multi_modal_projector\.", "projector."),
+]
+
+
+def rename(name: str) -> str | None:
+    for pattern, target in NAME_RULES:
+        if re.match(pattern, name):
+            return re.sub(pattern, target, name, count=1)
+    return None
+
+
+def _gelu(name: str):
+    acts = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+            "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+    if name not in acts:
+        raise CheckpointError(f"projector_hidden_act {name!r} is not supported")
+    return acts[name]
+
+
+def _no_init():
+    """Skip random initialisation of the borrowed vision module: every weight is loaded right after."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers: plain init, only slower
+        from contextlib import nullcontext
+        return nullcontext()
+    return no_init_weights()
+
+
+class LlavaModel:
+    """Everything the engine needs from one LLaVA-1.5 checkpoint."""
+
+    family = MODEL_TYPE
+    default_template = DEFAULT_TEMPLATE
+    image_marker = "<image>"
+
+    def __init__(self, folder: Path, settings: Settings):
+        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, CLIPVisionModel
+
+        self.folder, self.settings = folder, settings
+        device, dtype = settings.torch_device, settings.torch_dtype
+        quantize, packed = settings.quant == "nf4", settings.nf4_weights == "packed"
+        self.config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        cfg = self.config
+        self.feature_layer = cfg.vision_feature_layer
+        self.select_strategy = cfg.vision_feature_select_strategy
+        self.image_token_id = cfg.image_token_id
+        if self.select_strategy not in ("default", "full"):
+            raise CheckpointError(f"{folder}/config.json: vision_feature_select_strategy "
+                                  f"{self.select_strategy!r} is not supported")
+
+        try:
+            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{folder}: no usable tokenizer files ({err})") from None
+        marker_ids = self.tokenizer.encode(self.image_marker, add_special_tokens=False)
+        if marker_ids != [self.image_token_id]:
+            raise CheckpointError(f"{folder}: the tokenizer has no {self.image_marker} token with id "
+                                  f"{self.image_token_id} (it encodes {self.image_marker!r} as {marker_ids})")
+        try:
+            self.image_processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{folder}: no image processor config (preprocessor_config.json or "
+                                  f"processor_config.json): {err}") from None
+
+        dims = LlamaDims.from_config(cfg.text_config)
+        with _no_init():
+            vision = CLIPVisionModel(cfg.vision_config)
+        vision_shapes = {f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()}
+        n_layers = 1 if isinstance(self.feature_layer, int) else len(self.feature_layer)
+        proj_in, h = cfg.vision_config.hidden_size * n_layers, dims.hidden_size
+        expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
+        expected.update(vision_shapes)
+        expected.update({"projector.linear_1.weight": (h, proj_in), "projector.linear_2.weight": (h, h)})
+        if cfg.multimodal_projector_bias:
+            expected.update({"projector.linear_1.bias": (h,), "projector.linear_2.bias": (h,)})
+        # position_ids-style buffers are not stored in checkpoints
+        stored_optional = {k for k in vision_shapes if k.endswith("position_ids")}
+
+        files = tensor_files(folder)
+        names = map_names(files, rename, {k: v for k, v in expected.items() if k not in stored_optional}, folder)
+        expected = {k: v for k, v in expected.items() if k in names}
+        lm_weights, vision_weights, proj = {}, {}, {}
+        for name, tensor in iter_tensors(folder, files, names, expected):
+            group, _, rest = name.partition(".")
+            {"lm": lm_weights, "vision": vision_weights, "projector": proj}[group][rest] = tensor
+        # The cached image features depend on exactly these weights (and the dtype and quantization).
+        self.feature_fingerprint = tensor_fingerprint(
+            {**{f"vision.{k}": v for k, v in vision_weights.items()}, **{f"projector.{k}": v for k, v in proj.items()}},
+            extra={"dtype": str(dtype), "quant": settings.quant, "feature_layer": self.feature_layer,
+                   "select_strategy": self.select_strategy})
+
+        missing, unexpected = vision.load_state_dict(vision_weights, strict=False)
+        missing = [m for m in missing if not m.endswith("position_ids")]
+        if missing or unexpected:
+            raise CheckpointError(f"{folder}: vision tower tensors missing {missing}, unexpected {unexpected}")
+        self.vision = vision.to(device=device, dtype=dtype).eval()
+        if quantize:  # transformers quantizes the vision tower's Linears too under load_in_4bit
+            replace_linears(self.vision, dtype=dtype, device=device, keep_packed=packed, kernels=settings.kernels)
+
+        def linear(name):
+            return make_linear(proj[f"{name}.weight"], proj.get(f"{name}.bias"), dtype=dtype, device=device,
+                               quantize=quantize, keep_packed=packed, kernels=settings.kernels)
+
+        self.projector = (linear("linear_1"), _gelu(cfg.projector_hidden_act), linear("linear_2"))
+        self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
+                          quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
+        self.stop_ids = {self.tokenizer.eos_token_id} - {None}
+
+    # -- images -----------------------------------------------------------------------------------
+    def preprocess_settings(self) -> dict:
+        """What decides the pixels, for the vision cache key."""
+        return {"processor": self.image_processor.to_dict(), "image_aspect": self.settings.image_aspect}
+
+    def preprocess(self, image: Image.Image) -> np.ndarray:
+        """One RGB image → pixel values [3, H, W] as the checkpoint's processor makes them;
+        `pad` first pads to a square with the mean colour, as original LLaVA does.
+
+        NumPy, not torch: sweeps run this in a background thread, and torch ops there would start a
+        second OpenMP team that spins against the model's threads (measured: 20× slower on 2 cores)."""
+        image = image.convert("RGB")
+        if self.settings.image_aspect == "pad":
+            mean = tuple(int(round(c * 255)) for c in self.image_processor.image_mean)
+            side = max(image.size)
+            square = Image.new("RGB", (side, side), mean)
+            square.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
+            image = square
+        return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
+
+    @torch.inference_mode()
+    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [N, 3, H, W] → projected image features [N, T, hidden] in the model dtype."""
+        out = self.vision(pixels.to(self.settings.torch_device, self.settings.torch_dtype),
+                          output_hidden_states=True)
+        layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
+        picked = [out.hidden_states[i] for i in layers]
+        if self.select_strategy == "default":  # drop CLS
+            picked = [h[:, 1:] for h in picked]
+        x = torch.cat(picked, dim=-1)
+        lin1, act, lin2 = self.projector
+        return lin2(act(lin1(x)))
+
+    # -- prompts ----------------------------------------------------------------------------------
+    def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
+        """The prompt's token ids with the image marker expanded, tokenized exactly as LlavaProcessor
+        does (the expanded text through the tokenizer, special tokens added)."""
+        if prompt.count(self.image_marker) != 1:
+            raise ValueError(f"prompt must hold exactly one {self.image_marker}: {prompt!r}")
+        text = prompt.replace(self.image_marker, self.image_marker * num_image_tokens)
+        return list(self.tokenizer(text)["input_ids"])
+
+    def embed(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """ids [L] holding T image tokens, features [T, hidden] → input embeddings [L, hidden]."""
+        x = self.lm.embed(ids)
+        mask = ids == self.image_token_id
+        if int(mask.sum()) != features.shape[0]:
+            raise ValueError(f"{int(mask.sum())} image tokens in the prompt but {features.shape[0]} image features")
+        x[mask] = features.to(x.dtype)
+        return x

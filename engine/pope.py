@@ -1,0 +1,116 @@
+"""A POPE sweep: questions from any number of split files → records, meta and summaries in one folder.
+
+Identical (image, prompt) pairs are evaluated once and recorded in every split that asks them (COCO's
+3 × 3,000 questions are ~5,127 prompts). Records are appended image by image; a run that stops
+resumes from them, skipping every question already recorded.
+"""
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from ..readout import (META_FILE, Question, RecordWriter, format_runs, make_record, read_records, score_records,
+                       write_meta)
+from .core import Engine
+from .images import ImageError, check_images, read_image
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    questions: int  # in the question files
+    recorded_before: int  # already on disk when this run started (resumed)
+    evaluated_prompts: int  # unique (image, prompt) pairs run by this call
+    error_records: int
+    runs: list[dict]
+
+
+def _check_resumable(out_dir: Path, meta: dict) -> None:
+    """Refuse to mix records of another model, template or token sets into one folder."""
+    path = out_dir / META_FILE
+    if not path.is_file():
+        return
+    old = json.loads(path.read_text(encoding="utf-8"))
+    for key in ("model", "template", "token_sets"):
+        if old.get(key) != meta.get(key):
+            raise ValueError(f"{path}: this folder holds records of a different run ({key} differs: "
+                             f"{old.get(key)!r} vs {meta.get(key)!r}); choose a new --out")
+
+
+def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, out_dir: str | Path, *,
+             skip_bad: bool = False, progress: Callable[[int], None] | None = None) -> SweepResult:
+    """Evaluate every question not yet recorded in out_dir; returns the scored runs."""
+    out_dir, images_dir = Path(out_dir), Path(images_dir)
+    seen = set()
+    for q in questions:
+        if (q.split, q.key) in seen:
+            raise ValueError(f"question {q.question_id} appears twice in split {q.split}")
+        seen.add((q.split, q.key))
+    meta = engine.meta()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _check_resumable(out_dir, meta)
+    write_meta(out_dir, meta)
+
+    with RecordWriter(out_dir) as writer:
+        done = set(writer.done)
+        todo = [q for q in questions if (q.split, q.key) not in done]
+        if progress and len(todo) < len(questions):
+            progress(len(questions) - len(todo))
+        problems = check_images(images_dir, [q.image for q in todo])
+        if problems and not skip_bad:
+            listed = "; ".join(list(problems.values())[:5])
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
+                             "fix them or pass --skip-bad to record them as errors")
+        errors = [make_record(q, engine.template.name, error=problems[q.image]) for q in todo if q.image in problems]
+        if errors:
+            writer.write(errors)
+            if progress:
+                progress(len(errors))
+
+        # image → prompt text → the questions (of any split) that ask it
+        by_image: dict[str, dict[str, list[Question]]] = {}
+        for q in todo:
+            if q.image not in problems:
+                by_image.setdefault(q.image, {}).setdefault(engine.prompt(q.text), []).append(q)
+        names = list(by_image)
+        step = engine.settings.image_batch
+        groups = [names[i:i + step] for i in range(0, len(names), step)]
+        evaluated = 0
+
+        def prepare(group):  # file reads, decoding and the processor: CPU work, overlapped with the model
+            return engine.prepare([read_image(images_dir / name, verify=False) for name in group])
+
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = pool.submit(prepare, groups[0]) if groups else None
+            for k, group in enumerate(groups):
+                prepared = pending.result()
+                pending = pool.submit(prepare, groups[k + 1]) if k + 1 < len(groups) else None
+                features = engine.encode(prepared)
+                texts = [list(by_image[name]) for name in group]
+                outputs = engine.run_images(list(zip(features, texts)))
+                records = []
+                for name, image_texts, image_outputs in zip(group, texts, outputs):
+                    for text, (first, logits, decoded) in zip(image_texts, image_outputs):
+                        predictions = engine.decide(logits, first, decoded)
+                        records += [make_record(q, engine.template.name, first_token_id=first,
+                                                candidate_logits=logits, decoded=decoded, predictions=predictions)
+                                    for q in by_image[name][text]]
+                    evaluated += len(image_texts)
+                writer.write(records)
+                if progress:
+                    progress(len(records))
+
+    runs = write_summaries(out_dir, engine.readouts)
+    return SweepResult(out_dir, len(questions), len(questions) - len(todo), evaluated, len(errors), runs)
+
+
+def write_summaries(out_dir: Path, readouts: list[str]) -> list[dict]:
+    """summary.json (the shape of `pope-fast score --format json`) and summary.md, from the records."""
+    runs = score_records(read_records(out_dir), readouts)
+    (out_dir / "summary.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
+    (out_dir / "summary.md").write_text(format_runs(runs, "markdown") + "\n", encoding="utf-8")
+    return runs

@@ -1,0 +1,61 @@
+"""Engine settings: one small validated dataclass. Model facts never live here; they come from the
+checkpoint's own config."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(frozen=True)
+class Settings:
+    device: str = "cpu"
+    dtype: str | None = None  # None: fp32 on CPU, fp16 on CUDA
+    quant: str = "none"  # none | nf4 (bitsandbytes NF4, blocksize 64, double quant, as the paper ran it)
+    quantize_lm_head: bool = False  # transformers keeps lm_head in fp16 under load_in_4bit
+    nf4_weights: str = "dequantized"  # dequantized: dequantize once at load (same values) | packed
+    batch_size: int = 32  # question suffixes per prefill batch
+    image_batch: int = 8  # images whose vision pass and prefixes run as one batch (7B: ~0.3 GB KV each)
+    max_new_tokens: int = 6  # greedy continuation, only when a string readout is requested
+    image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
+    kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
+    prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
+    readouts: tuple[str, ...] = field(default_factory=tuple)  # empty: all
+
+    def __post_init__(self):
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be cpu or cuda[:N], not {self.device!r}")
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, not {self.dtype!r}")
+        if self.quant not in ("none", "nf4"):
+            raise ValueError(f"quant must be none or nf4, not {self.quant!r}")
+        if self.nf4_weights not in ("dequantized", "packed"):
+            raise ValueError(f"nf4_weights must be dequantized or packed, not {self.nf4_weights!r}")
+        if self.image_aspect not in ("processor", "pad"):
+            raise ValueError(f"image_aspect must be processor or pad, not {self.image_aspect!r}")
+        if self.kernels not in ("auto", "triton", "torch"):
+            raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
+        if min(self.batch_size, self.image_batch, self.max_new_tokens) < 1:
+            raise ValueError("batch_size, image_batch and max_new_tokens must be at least 1")
+        if self.quant == "nf4" and self.dtype == "fp32":
+            raise ValueError("NF4 computes in fp16 or bf16 (the paper: fp16); choose --dtype fp16 or bf16")
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype is not None:
+            return DTYPES[self.dtype]
+        if self.quant == "nf4" or self.torch_device.type == "cuda":
+            return torch.float16
+        return torch.float32
+
+    def to_json(self) -> dict:
+        out = asdict(self)
+        out["readouts"] = list(self.readouts)
+        out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
+        return out

@@ -1,0 +1,335 @@
+"""The engine against transformers' LlavaForConditionalGeneration, the oracle, on tiny random checkpoints."""
+import json
+import shutil
+
+import pytest
+import torch
+from click.testing import CliRunner
+from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, write_pope_set
+
+from pope_fast.cli import main
+from pope_fast.engine import Engine, Intervention, Settings, run_pope
+from pope_fast.readout import load_questions
+
+IMAGES = [synthetic_image(i, size) for i, size in enumerate([(90, 70), (42, 42), (50, 120)])]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_llava(tmp_path_factory.mktemp("tiny_llava") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    """transformers' answer-position logits and greedy continuation for every (image, question)."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for q in QUESTIONS:
+            inputs = processor(images=image, text=f"USER: <image>\n{q}\nASSISTANT:", return_tensors="pt")
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            out[i, q] = (logits, generated.tolist())
+    return out, processor.tokenizer
+
+
+def _worst(ours: dict, theirs: torch.Tensor) -> tuple[float, int]:
+    diffs = {i: abs(v - float(theirs[i])) for i, v in ours.items()}
+    worst = max(diffs, key=diffs.get)
+    return diffs[worst], worst
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 4), (True, 16), (False, 3)],
+                         ids=["reuse-b1", "reuse-b4", "reuse-b16", "whole-b3"])
+def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    reference, _ = oracle
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse), readouts="all")
+    assert set(engine.candidate_ids) >= set(engine.token_sets["template_aware"].ids)
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS):
+            logits, generated = reference[i, answer.question]
+            diff, at = _worst(answer.candidate_logits, logits)
+            assert diff <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {diff:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+@pytest.mark.parametrize("batch_size", [4, 32])
+def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batch_size):
+    """Several images' prefixes prefilled together, suffix batches spanning images."""
+    reference, _ = oracle
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size), readouts="template_aware,string_parse")
+    features = [engine.features(image) for image in IMAGES]
+    prompts = [engine.prompt(q) for q in QUESTIONS]
+    outputs = engine.run_images([(f, prompts) for f in features])
+    ids = engine.model.prompt_ids(prompts[0], features[0].shape[0])
+    prefix_length = max(k for k, t in enumerate(ids) if t == engine.model.image_token_id) + 1
+    assert engine.counts.prefix_tokens == len(IMAGES) * prefix_length   # each image's prefix once
+    assert engine.counts.prompts == len(IMAGES) * len(QUESTIONS)
+    for i, per_image in enumerate(outputs):
+        for q, (first, logits, text) in zip(QUESTIONS, per_image):
+            ref_logits, generated = reference[i, q]
+            diff, at = _worst(logits, ref_logits)
+            assert diff <= 1e-4, f"image {i} {q!r}: id {at} differs by {diff:.2e}"
+            assert first == generated[0]
+
+
+def test_continuation_matches_generate(checkpoint, oracle):
+    reference, tokenizer = oracle
+    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=4), readouts="string_parse,exact_match")
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS):
+            generated = reference[i, answer.question][1]
+            cut = generated.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in generated else len(generated)
+            assert answer.decoded == tokenizer.decode(generated[:cut], skip_special_tokens=True)
+
+
+def test_decisions_follow_the_logits(checkpoint):
+    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    for answer in engine.score(IMAGES[0], QUESTIONS):
+        sets = engine.token_sets["template_aware"]
+        best_yes = max(answer.candidate_logits[i] for i in sets.yes_ids)
+        best_no = max(answer.candidate_logits[i] for i in sets.no_ids)
+        assert answer.predictions["template_aware"] == ("yes" if best_yes > best_no else "no")
+        assert answer.predictions["legacy_2tok"] == ("yes" if answer.candidate_logits[3582] > answer.candidate_logits[1217]
+                                                     else "no")
+
+
+class _Shift(Intervention):
+    """Adds a constant to the yes candidates: a stand-in for a logit-level mitigation."""
+
+    def __init__(self, yes_ids, amount):
+        self.yes_ids, self.amount, self.layers = set(yes_ids), amount, []
+
+    def hidden(self, layer, hidden, part):
+        self.layers.append((layer, part, tuple(hidden.shape)))
+        return None
+
+    def logits(self, logits, ids):
+        bump = torch.tensor([self.amount if i in self.yes_ids else 0.0 for i in ids])
+        return logits + bump
+
+
+def test_intervention_hook(checkpoint):
+    engine = Engine.load(checkpoint, Settings(batch_size=8), readouts="template_aware")
+    plain = engine.score(IMAGES[1], QUESTIONS)
+    shift = _Shift(engine.token_sets["template_aware"].yes_ids, 100.0)
+    shifted = engine.score(IMAGES[1], QUESTIONS, intervention=shift)
+    assert all(a.predictions["template_aware"] == "yes" for a in shifted)
+    for a, b in zip(plain, shifted):
+        for i in engine.token_sets["template_aware"].yes_ids:
+            assert b.candidate_logits[i] == pytest.approx(a.candidate_logits[i] + 100.0, abs=1e-4)
+    # prefix hooks run once per image for layers 0..L-2; suffix hooks once per batch for every layer
+    assert [(l, p) for l, p, _ in shift.layers] == [(0, "prefix"), (0, "suffix"), (1, "suffix")]
+    assert shift.layers[1][2][0] == len(QUESTIONS)
+
+
+def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
+    from PIL import Image
+
+    wide = IMAGES[2]
+    engine = Engine.load(checkpoint, Settings(image_aspect="pad"), readouts="template_aware")
+    side = max(wide.size)
+    mean = tuple(int(round(c * 255)) for c in engine.model.image_processor.image_mean)
+    square = Image.new("RGB", (side, side), mean)
+    square.paste(wide, ((side - wide.width) // 2, (side - wide.height) // 2))
+    plain = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    padded = engine.score(wide, QUESTIONS[:2])
+    manual = plain.score(square, QUESTIONS[:2])
+    unpadded = plain.score(wide, QUESTIONS[:2])
+    assert [a.candidate_logits for a in padded] == [a.candidate_logits for a in manual]
+    assert [a.candidate_logits for a in padded] != [a.candidate_logits for a in unpadded]
+
+
+# -- sweeps -------------------------------------------------------------------------------------------
+
+def _records(out):
+    rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    return sorted(rows, key=lambda r: (r["split"], r["question_id"]))
+
+
+def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope")
+    questions = [q for f in files for q in load_questions(f)]
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
+    result = run_pope(engine, questions, images, tmp_path / "out")
+    unique = {(q.image, q.text) for q in questions}
+    assert result.evaluated_prompts == len(unique) < len(questions)
+    records = _records(tmp_path / "out")
+    assert len(records) == len(questions)
+    by_prompt = {}
+    for r, q in zip(records, sorted(questions, key=lambda q: (q.split, q.question_id))):
+        by_prompt.setdefault((q.image, q.text), []).append(r["candidate_logits"])
+    assert all(all(c == group[0] for c in group) for group in by_prompt.values())
+    summary = json.loads((tmp_path / "out/summary.json").read_text())
+    assert {r["split"] for r in summary["runs"]} == {"random", "adversarial"}
+    assert (tmp_path / "out/summary.md").read_text().startswith("### ")
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    assert meta["token_sets"]["template_aware"] == engine.token_sets["template_aware"].to_json()
+    assert "transformers" in meta["tokenizer"]["library_versions"]
+
+
+def test_interrupted_sweep_resumes_to_the_same_records(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope")
+    questions = [q for f in files for q in load_questions(f)]
+    engine = Engine.load(checkpoint, Settings(image_batch=1), readouts="template_aware,string_parse")
+    run_pope(engine, questions, images, tmp_path / "whole")
+
+    class Stop(Exception):
+        pass
+
+    calls = []
+
+    def stop_after_first_image(n):
+        calls.append(n)
+        if len(calls) == 1:
+            raise Stop
+
+    with pytest.raises(Stop):
+        run_pope(engine, questions, images, tmp_path / "cut", progress=stop_after_first_image)
+    partial = _records(tmp_path / "cut")
+    assert 0 < len(partial) < len(questions)
+    seen = []
+    result = run_pope(engine, questions, images, tmp_path / "cut", progress=seen.append)
+    assert result.recorded_before == len(partial) and seen[0] == len(partial)
+    assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
+
+
+def test_same_file_name_different_images_never_share_features(checkpoint, tmp_path):
+    for k, folder in enumerate(("a", "b")):
+        (tmp_path / folder).mkdir()
+        synthetic_image(10 + k, (90, 70)).save(tmp_path / folder / "COCO_val2014_000000000001.jpg")
+    q = tmp_path / "q.json"
+    q.write_text(json.dumps({"question_id": 1, "image": "COCO_val2014_000000000001.jpg", "text": QUESTIONS[0],
+                             "label": "yes"}) + "\n")
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware", cache_dir=tmp_path / "cache")
+    questions = load_questions(q, "random")
+    run_pope(engine, questions, tmp_path / "a", tmp_path / "out_a")
+    run_pope(engine, questions, tmp_path / "b", tmp_path / "out_b")
+    assert engine.cache.misses == 2
+    assert _records(tmp_path / "out_a")[0]["candidate_logits"] != _records(tmp_path / "out_b")[0]["candidate_logits"]
+
+
+def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    questions = load_questions(files[0])
+    first = Engine.load(checkpoint, Settings(), readouts="all", cache_dir=tmp_path / "cache")
+    run_pope(first, questions, images, tmp_path / "one")
+    assert first.cache.misses == 2 and len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
+    second = Engine.load(checkpoint, Settings(), readouts="all", cache_dir=tmp_path / "cache")
+    run_pope(second, questions, images, tmp_path / "two")
+    assert second.cache.misses == 0 and second.cache.disk_hits == 2
+    assert second.timings.image_encode == 0.0
+    assert _records(tmp_path / "one") == _records(tmp_path / "two")
+    # another dtype is another model: its features are not served from this cache
+    bf16 = Engine.load(checkpoint, Settings(dtype="bf16"), readouts="all", cache_dir=tmp_path / "cache")
+    bf16.features(images / "img_0.png")
+    assert bf16.cache.misses == 1
+
+
+# -- the command line and bad input -------------------------------------------------------------------
+
+def test_eval_cli_end_to_end(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
+            "--device", "cpu", "--readouts", "template_aware,legacy_8tok,pope_official"]
+    for f in files:
+        args += ["--questions", str(f)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "unique prompts evaluated" in result.output and "template_aware" in result.output
+    score = CliRunner().invoke(main, ["score", str(tmp_path / "out"), "--format", "json"])
+    runs = json.loads(score.output)["runs"]
+    assert json.loads((tmp_path / "out/summary.json").read_text())["runs"][0]["readouts"]["template_aware"] == \
+        runs[0]["readouts"]["template_aware"]
+    again = CliRunner().invoke(main, args)   # everything recorded: resumes and evaluates nothing
+    assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output
+
+
+def test_missing_and_broken_images_stop_before_compute_or_become_error_records(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope", n_images=3)
+    (images / "img_1.png").unlink()
+    (images / "img_2.png").write_bytes(b"not a png")
+    questions = load_questions(files[0])
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    from pope_fast.engine import ImageError
+
+    with pytest.raises(ImageError, match=r"img_1\.png: image file not found.*img_2\.png: not a decodable image"):
+        run_pope(engine, questions, images, tmp_path / "out")
+    assert engine.cache.misses == 0          # nothing was computed
+    result = run_pope(engine, questions, images, tmp_path / "out", skip_bad=True)
+    records = _records(tmp_path / "out")
+    assert len(records) == len(questions) and result.error_records == 8
+    assert {r["image"] for r in records if "error" in r} == {"img_1.png", "img_2.png"}
+
+
+def _copy(checkpoint, tmp_path):
+    target = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, target)
+    return target
+
+
+def _edit_tensors(folder, edit):
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(folder / "model.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("breakage, message", [
+    ("no-folder", r"no such checkpoint folder"),
+    ("no-config", r"config\.json: missing"),
+    ("model-type", r"model_type 'mllama' is not supported \(supported: llava\)"),
+    ("missing-tensor", r"missing tensors: lm\.layers\.1\.mlp\.up_proj\.weight"),
+    ("unexpected-tensor", r"unexpected tensors: language_model\.model\.layers\.9\.extra\.weight"),
+    ("bad-shape", r"tensor multi_modal_projector\.linear_2\.weight has shape \(64, 32\)"),
+    ("no-image-token", r"the tokenizer has no <image> token"),
+    ("template", r"template mplug_owl2 marks the image with '<\|image\|>'"),
+])
+def test_bad_checkpoints_are_named(checkpoint, tmp_path, breakage, message):
+    folder = _copy(checkpoint, tmp_path)
+    template = None
+    if breakage == "no-folder":
+        folder = tmp_path / "nowhere"
+    elif breakage == "no-config":
+        (folder / "config.json").unlink()
+    elif breakage == "model-type":
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mllama"}))
+    elif breakage == "missing-tensor":
+        _edit_tensors(folder, lambda t: t.pop("language_model.model.layers.1.mlp.up_proj.weight"))
+    elif breakage == "unexpected-tensor":
+        _edit_tensors(folder, lambda t: t.update({"language_model.model.layers.9.extra.weight": torch.ones(2)}))
+    elif breakage == "bad-shape":
+        _edit_tensors(folder, lambda t: t.update({"multi_modal_projector.linear_2.weight": torch.ones(64, 32)}))
+    elif breakage == "no-image-token":
+        cfg = json.loads((folder / "config.json").read_text())
+        (folder / "config.json").write_text(json.dumps({**cfg, "image_token_index": 5}))
+    elif breakage == "template":
+        template = "mplug_owl2"
+    result = CliRunner().invoke(main, ["eval", "--model", str(folder), "--questions", str(_question_file(tmp_path)),
+                                       "--images", str(tmp_path), "--out", str(tmp_path / "out"), "--device", "cpu"]
+                                + (["--template", template] if template else []))
+    assert result.exit_code != 0
+    assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+    import re
+
+    assert re.search(message, result.output), result.output
+
+
+def _question_file(tmp_path):
+    path = tmp_path / "questions_random.json"
+    path.write_text(json.dumps({"question_id": 1, "image": "x.png", "text": QUESTIONS[0], "label": "yes"}) + "\n")
+    return path
+
+
+def test_bad_question_file_is_named(checkpoint, tmp_path):
+    path = tmp_path / "q_random.json"
+    path.write_text('{"question_id": 1, "image": "x.png", "text": "q", "label": "yes"}\n{"question_id": 1, "image"\n')
+    result = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(path), "--images",
+                                       str(tmp_path), "--out", str(tmp_path / "out"), "--device", "cpu"])
+    assert result.exit_code != 0 and "q_random.json:2: malformed JSON" in result.output

@@ -1,0 +1,88 @@
+"""Tiny random checkpoints written by transformers, and synthetic images, for the engine tests.
+
+The LLaVA tokenizer is the real LLaVA-1.5 one from ../shared when it is there; elsewhere the built-in
+word-level tokenizer of `pope_fast.bench.synthetic` stands in, so these tests run on any clone.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from pope_fast.bench.synthetic import builtin_tokenizer, synthetic_image
+
+SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
+QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
+             "Is there a dining table in the image?", "Is there a skis in the image?",
+             "Is there a traffic light in the image?"]
+
+
+def llava_tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    if SHARED_LLAVA_TOKENIZER.is_dir():
+        tok = AutoTokenizer.from_pretrained(str(SHARED_LLAVA_TOKENIZER))
+        tok.save_pretrained(str(folder))
+        return tok
+    return builtin_tokenizer(folder)
+
+
+def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers: int = 2, kv_heads: int = 2,
+                    hidden: int = 64, vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32) -> Path:
+    """A random LLaVA-1.5-shaped checkpoint saved with save_pretrained, with its processor files.
+
+    init_std is larger than transformers' 0.02 so the random model's logits spread out and yes/no
+    decisions are not coin-flips decided in the last bit.
+    """
+    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = llava_tokenizer(folder)
+    image_id = tok.convert_tokens_to_ids("<image>")
+    vocab = max(len(tok), 32064 if len(tok) > 32000 else len(tok))
+    vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
+                              num_attention_heads=4, image_size=image_size, patch_size=14, projection_dim=vision_hidden)
+    text = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=vocab,
+                       max_position_embeddings=2048, initializer_range=init_std, bos_token_id=1, eos_token_id=2)
+    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
+                         pad_token_id=tok.pad_token_id, initializer_range=init_std)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(config).eval()
+    with torch.no_grad():  # spread the lm_head rows too, so answers vary between questions
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, init_std)
+    model.to(dtype).save_pretrained(str(folder))
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
+                                           crop_size={"height": image_size, "width": image_size}),
+        tokenizer=tok, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    processor.save_pretrained(str(folder))
+    return folder
+
+
+def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50, 120)), splits=("random", "adversarial"),
+                   questions_per_image: int = 4) -> tuple[Path, list[Path]]:
+    """Synthetic images and POPE-format question files; the splits share their yes-questions, as COCO's do."""
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    for i in range(n_images):
+        synthetic_image(i, sizes[i % len(sizes)]).save(images / f"img_{i}.png")
+    files = []
+    for s, split in enumerate(splits):
+        rows, qid = [], 1
+        for i in range(n_images):
+            for j in range(questions_per_image):
+                yes = j % 2 == 0
+                text = QUESTIONS[j] if yes else QUESTIONS[(j + s + i) % len(QUESTIONS)]
+                rows.append({"question_id": qid, "image": f"img_{i}.png", "text": text,
+                             "label": "yes" if yes else "no"})
+                qid += 1
+        path = root / f"tiny_pope_{split}.json"
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        files.append(path)
+    return images, files
