@@ -53,6 +53,161 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
     click.echo(format_audit(audit, fmt))
 
 
+@main.command("eval")
+@click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
+              help="a local checkpoint folder (llava-hf layout); omit for the built-in demo (a random tiny LLaVA)")
+@click.option("--questions", "question_files", multiple=True, type=click.Path(),
+              help="POPE question file(s), repeat for several splits; demo default: a built-in POPE-shaped set")
+@click.option("--images", "images_dir", default=None, type=click.Path(),
+              help="the image folder; demo default: synthetic stand-ins named after the questions' images")
+@click.option("--demo-questions", default=60, show_default=True, help="size of the demo's built-in question set")
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="output folder: records.jsonl, meta.json, summary.json, summary.md")
+@click.option("--split", default=None, help="split name for a single question file (default: from its name)")
+@click.option("--template", default=None, type=click.Choice(list(TEMPLATES)), help="default: the model's own")
+@click.option("--readouts", default="all", show_default=True, help="all, or a comma-separated list")
+@click.option("--quant", type=click.Choice(["none", "nf4"]), default="none", show_default=True)
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
+              help="default: fp32 on CPU, fp16 on CUDA and with NF4")
+@click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
+@click.option("--batch-size", default=16, show_default=True, help="question suffixes per prefill batch")
+@click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="disk cache of image features")
+@click.option("--max-new-tokens", default=6, show_default=True, help="greedy tokens for string readouts")
+@click.option("--image-aspect", type=click.Choice(["processor", "pad"]), default="processor", show_default=True,
+              help="pad: original LLaVA's pad-to-square with the mean colour before the processor")
+@click.option("--nf4-weights", type=click.Choice(["dequantized", "packed"]), default="dequantized",
+              show_default=True, help="NF4: dequantize once at load (same values) or keep packed (less memory)")
+@click.option("--quantize-lm-head", is_flag=True, help="NF4: quantize lm_head too (transformers keeps it fp16)")
+@click.option("--kernels", type=click.Choice(["auto", "triton", "torch"]), default="auto", show_default=True,
+              help="auto: Triton kernels on CUDA, torch references elsewhere")
+@click.option("--no-prefix-reuse", is_flag=True, help="prefill every question whole (for ablations)")
+@click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
+def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, template, readouts, quant, dtype,
+             device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
+             no_prefix_reuse, skip_bad) -> None:
+    """Run a POPE sweep of one checkpoint under every readout at once.
+
+    Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
+    transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
+    """
+    from pathlib import Path
+
+    import torch
+    from tqdm import tqdm
+
+    from .engine import CheckpointError, Engine, ImageError, Settings, run_pope
+    from .readout import load_questions
+
+    if split and len(question_files) > 1:
+        _fail("--split names the split of a single question file")
+    if model_dir is not None and (not question_files or images_dir is None):
+        _fail("with --model, give --questions and --images (the demo runs without all three)")
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        if model_dir is None:
+            model_dir, questions, images_dir = _demo_inputs(Path(out_dir), question_files, images_dir,
+                                                            demo_questions, split)
+        else:
+            questions = [q for f in question_files for q in load_questions(f, split)]
+        settings = Settings(device=device, dtype=dtype, quant=quant, quantize_lm_head=quantize_lm_head,
+                            nf4_weights=nf4_weights, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse)
+        engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
+        with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:
+            result = run_pope(engine, questions, images_dir, out_dir, skip_bad=skip_bad, progress=bar.update)
+    except (DataError, CheckpointError, ImageError, ValueError, NotImplementedError) as err:
+        _fail(str(err))
+    if result.recorded_before:
+        click.echo(f"resumed: {result.recorded_before} of {result.questions} questions were already recorded")
+    click.echo(f"{result.evaluated_prompts} unique prompts evaluated for {result.questions} questions; "
+               f"{result.error_records} error records; phases (s): {engine.timings.to_json()}")
+    click.echo(format_runs(result.runs, "table"))
+    click.echo(f"records, meta and summaries in {result.out_dir}")
+
+
+def _demo_inputs(out_dir, question_files, images_dir, n_questions, split):
+    """The built-in tiny model, questions and synthetic images for a run without --model."""
+    import torch
+
+    from .bench import builtin_questions, write_images, write_llava_checkpoint
+    from .readout import load_questions
+
+    demo = out_dir / "demo"
+    model_dir = demo / "llava-tiny"
+    if not (model_dir / "config.json").is_file():
+        click.echo(f"demo: writing a random tiny LLaVA-1.5 checkpoint to {model_dir}", err=True)
+        write_llava_checkpoint(model_dir, "tiny", dtype=torch.float32)
+    questions = ([q for f in question_files for q in load_questions(f, split)] if question_files
+                 else builtin_questions(n_questions, split or "demo"))
+    if images_dir is None:
+        images_dir = write_images(demo / "images", [q.image for q in questions])
+    return model_dir, questions, images_dir
+
+
+@main.command()
+@click.option("--models", default="all", show_default=True, help="all, or a comma-separated list of families")
+@click.option("--model", "model_dirs", multiple=True, help="NAME=DIR: a real checkpoint for a family")
+@click.option("--size", type=click.Choice(["tiny", "7b"]), default=None,
+              help="random weights at tiny (real image-token count) or real 7B dims (default: 7b on CUDA, tiny on CPU)")
+@click.option("--questions", "n_questions", default=60, show_default=True,
+              help="built-in POPE-shaped questions (6 per image); with --pope, a cap (0: all)")
+@click.option("--pope", "pope_dir", default=None, type=click.Path(exists=True, file_okay=False),
+              help="a folder of POPE question files (images are synthetic stand-ins named after them)")
+@click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
+@click.option("--quant", type=click.Choice(["none", "nf4"]), default=None,
+              help="both pipelines (default: nf4 on CUDA as the paper ran it, none on CPU)")
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
+@click.option("--batch-size", default=32, show_default=True)
+@click.option("--no-reference", is_flag=True, help="skip the transformers reference pipeline")
+@click.option("--reference-sample", default=None, type=int,
+              help="questions the reference runs, extrapolated to all (default: all on CPU, 200 on CUDA)")
+@click.option("--tokenizer", "tokenizer_dir", default=None, type=click.Path(exists=True, file_okay=False),
+              help="a real tokenizer for the random checkpoints (default: the built-in word-level one)")
+@click.option("--work-dir", default=None, type=click.Path(file_okay=False), help="keep checkpoints and records here")
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype, batch_size, no_reference,
+          reference_sample, tokenizer_dir, work_dir, fmt) -> None:
+    """Throughput of pope-fast against the paper's transformers pipeline, side by side."""
+    import json
+    from pathlib import Path
+
+    import torch
+    from tqdm import tqdm
+
+    from .bench import SEED_FAMILIES, BenchConfig, format_report, run_bench
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    on_cuda = device.startswith("cuda")
+    names = list(SEED_FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
+    dirs = {}
+    for item in model_dirs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            _fail(f"--model takes NAME=DIR, got {item!r}")
+        dirs[name] = Path(path)
+    cfg = BenchConfig(models=names, size=size or ("7b" if on_cuda else "tiny"), device=device,
+                      quant=quant or ("nf4" if on_cuda else "none"), dtype=dtype, n_questions=n_questions,
+                      pope_dir=Path(pope_dir) if pope_dir else None, reference=not no_reference,
+                      reference_sample=reference_sample or (200 if on_cuda else None), batch_size=batch_size,
+                      work_dir=Path(work_dir) if work_dir else None, model_dirs=dirs,
+                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None)
+    bars: dict[str, tqdm] = {}
+
+    def progress(label: str, n: int, total: int) -> None:
+        if label not in bars:
+            bars[label] = tqdm(total=total, desc=label, unit="q", dynamic_ncols=True, leave=False)
+        bars[label].update(n)
+
+    try:
+        report = run_bench(cfg, progress)
+    except (ValueError, FileNotFoundError) as err:
+        _fail(str(err))
+    finally:
+        for bar in bars.values():
+            bar.close()
+    click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
+
+
 @main.command()
 def templates() -> None:
     """List the named prompt templates."""

@@ -1,0 +1,248 @@
+"""`pope-fast bench`: pope-fast against the pipeline the paper ran, side by side on the same questions.
+
+The reference is the transformers model itself, one question at a time,
+`generate(max_new_tokens=1, output_scores=True)` with the logits read from `scores[0]` (bitsandbytes NF4
+on CUDA, as published); pope-fast is the engine's sweep, records and summaries included. The two never
+share code beyond the readout functions that turn logits into decisions.
+"""
+from __future__ import annotations
+
+import json
+import resource
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from ..engine import FAMILIES, Engine, Settings, run_pope
+from ..readout import READOUTS, Question, load_questions
+from ..readout.protocols import FIRST_TOKEN, LOGIT
+from .synthetic import builtin_questions, write_images, write_llava_checkpoint
+
+# Every seed model family of the project; the engine supports those in engine.FAMILIES.
+SEED_FAMILIES = {
+    "llava": "LLaVA-1.5-7B",
+    "llava_next": "LLaVA-1.6-Mistral-7B",
+    "instructblip": "InstructBLIP-Vicuna-7B",
+    "mplug_owl2": "mPLUG-Owl2-LLaMA2-7B",
+    "qwen2_vl": "Qwen2-VL-7B-Instruct",
+}
+CHECKPOINT_WRITERS = {"llava": write_llava_checkpoint}
+BENCH_READOUTS = [n for n, r in READOUTS.items() if r.kind in (LOGIT, FIRST_TOKEN)]
+
+
+@dataclass
+class BenchConfig:
+    models: list[str]
+    size: str  # tiny | 7b
+    device: str
+    quant: str  # none | nf4 (both sides)
+    dtype: str | None
+    n_questions: int
+    pope_dir: Path | None = None
+    reference: bool = True
+    reference_sample: int | None = None  # questions the reference runs (None: all)
+    batch_size: int = 32
+    work_dir: Path | None = None
+    model_dirs: dict[str, Path] = field(default_factory=dict)
+    tokenizer_dir: Path | None = None
+
+
+def peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
+
+
+def measured_bf16_tflops(device: torch.device) -> float:
+    """The device's dense bf16 matmul rate, measured (8192³, best of 10)."""
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    best = float("inf")
+    for _ in range(10):
+        start = time.perf_counter()
+        a @ b
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - start)
+    return 2 * 8192**3 / best / 1e12
+
+
+def matmul_flops(engine: Engine) -> float:
+    """FLOPs of the weight matmuls the sweep could not avoid (attention scores excluded, a few %):
+    vision tower over 577 tokens per image, projector, language model over every prefix and suffix
+    token, plus the candidate rows and one argmax pass of lm_head per prompt."""
+    lm = engine.model.lm.dims
+    per_token = 2 * lm.num_layers * (lm.hidden_size * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
+                                     + 3 * lm.hidden_size * lm.intermediate_size)
+    vc = engine.model.config.vision_config
+    vision_tokens = (vc.image_size // vc.patch_size) ** 2 + 1
+    per_image = 2 * vision_tokens * vc.num_hidden_layers * (4 * vc.hidden_size**2 + 2 * vc.hidden_size
+                                                            * vc.intermediate_size)
+    per_image += 2 * (vision_tokens - 1) * (vc.hidden_size * lm.hidden_size + lm.hidden_size**2)
+    c = engine.counts
+    return (per_image * c.images_encoded + per_token * (c.prefix_tokens + c.suffix_tokens)
+            + 2 * c.prompts * lm.hidden_size * lm.vocab_size)
+
+
+def _questions(cfg: BenchConfig) -> list[Question]:
+    if cfg.pope_dir is None:
+        return builtin_questions(cfg.n_questions)
+    files = sorted(Path(cfg.pope_dir).glob("*.json"))
+    if not files:
+        raise FileNotFoundError(f"{cfg.pope_dir}: no POPE question files (*.json)")
+    questions = [q for f in files for q in load_questions(f)]
+    return questions[: cfg.n_questions] if cfg.n_questions else questions
+
+
+def _reference(checkpoint: Path, engine: Engine, questions: list[Question], images: Path, settings: Settings,
+               progress: Callable[[int], None] | None) -> tuple[dict, dict]:
+    """The paper's pipeline, one question at a time; returns its figures and its decisions."""
+    from PIL import Image
+    from transformers import AutoProcessor, BitsAndBytesConfig, LlavaForConditionalGeneration
+
+    device = settings.torch_device
+    kwargs = {"dtype": settings.torch_dtype}
+    if settings.quant == "nf4":
+        kwargs["quantization_config"] = BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=settings.torch_dtype)
+        kwargs["device_map"] = str(device)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), **kwargs).eval()
+    if settings.quant != "nf4":
+        model.to(device)
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    decisions = {}
+    start = time.perf_counter()
+    for q in questions:
+        inputs = processor(images=Image.open(images / q.image), text=engine.prompt(q.text), return_tensors="pt")
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        inputs["pixel_values"] = inputs["pixel_values"].to(settings.torch_dtype)
+        with torch.inference_mode():
+            out = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
+                                 return_dict_in_generate=True)
+        scores = out.scores[0][0].float()
+        logits = {i: float(scores[i]) for i in engine.candidate_ids}
+        first = int(out.sequences[0, -1])
+        decisions[q.split, q.key] = {n: READOUTS[n](engine.token_sets.get(n), logits, first, None)
+                                     for n in engine.readouts if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)}
+        if progress:
+            progress(1)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    figures = {"questions": len(questions), "wall_s": round(wall, 3), "questions_per_s": round(len(questions) / wall, 2),
+               "peak_memory_mb": round(peak_memory_mb(device), 1)}
+    del model
+    return figures, decisions
+
+
+def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str, int, int], None] | None = None
+                ) -> dict:
+    settings = Settings(device=cfg.device, dtype=cfg.dtype, quant=cfg.quant, batch_size=cfg.batch_size)
+    checkpoint = cfg.model_dirs.get(name)
+    if checkpoint is None:
+        checkpoint = CHECKPOINT_WRITERS[name](
+            work / f"{name}-{cfg.size}", cfg.size, tokenizer_dir=cfg.tokenizer_dir,
+            dtype=torch.float32 if settings.torch_dtype == torch.float32 else torch.float16,
+            device=cfg.device if cfg.size == "7b" else "cpu")
+    questions = _questions(cfg)
+    images = write_images(work / "images", [q.image for q in questions])
+    device = settings.torch_device
+
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    load_start = time.perf_counter()
+    # The reference pipeline reads one token (max_new_tokens=1), so both sides run the readouts that
+    # need no continuation: every logit readout and first_token.
+    engine = Engine.load(checkpoint, settings, readouts=BENCH_READOUTS)
+    load_s = time.perf_counter() - load_start
+    tick = (lambda n: progress(f"{name} pope-fast", n, len(questions))) if progress else None
+    start = time.perf_counter()
+    result = run_pope(engine, questions, images, work / f"{name}-records", progress=tick)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    wall = time.perf_counter() - start
+    ours = {"questions": len(questions), "unique_prompts": result.evaluated_prompts, "wall_s": round(wall, 3),
+            "questions_per_s": round(len(questions) / wall, 2), "load_s": round(load_s, 2),
+            "phases_s": engine.timings.to_json(), "peak_memory_mb": round(peak_memory_mb(device), 1),
+            "settings": settings.to_json()}
+    if device.type == "cuda":
+        rate = measured_bf16_tflops(device)
+        floor = matmul_flops(engine) / (rate * 1e12)
+        ours.update({"matmul_tflop": round(matmul_flops(engine) / 1e12, 2), "device_bf16_tflops": round(rate, 1),
+                     "floor_s": round(floor, 2), "ratio_to_floor": round(wall / floor, 2)})
+    entry = {"checkpoint": str(checkpoint), "size": cfg.size if name not in cfg.model_dirs else "checkpoint",
+             "pope_fast": ours}
+    if not cfg.reference:
+        return entry
+
+    sample = questions[: cfg.reference_sample] if cfg.reference_sample else questions
+    tick = (lambda n: progress(f"{name} reference", n, len(sample))) if progress else None
+    ref, ref_decisions = _reference(checkpoint, engine, sample, images, settings, tick)
+    ref["extrapolated_wall_s"] = round(ref["wall_s"] * len(questions) / len(sample), 3)
+    ref["sampled"] = len(sample) < len(questions)
+    lines = (work / f"{name}-records/records.jsonl").read_text().splitlines()
+    records = {(r["split"], str(r["question_id"])): r["predictions"] for r in map(json.loads, lines)}
+    names = list(next(iter(ref_decisions.values())))
+    agreement = {n: round(sum(records[k][n] == d[n] for k, d in ref_decisions.items()) / len(ref_decisions), 4)
+                 for n in names}
+    entry.update({"reference": ref, "speedup": round(ref["extrapolated_wall_s"] / wall, 2), "agreement": agreement})
+    return entry
+
+
+def run_bench(cfg: BenchConfig, progress: Callable[[str, int, int], None] | None = None) -> dict:
+    unknown = [m for m in cfg.models if m not in SEED_FAMILIES]
+    if unknown:
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(SEED_FAMILIES)}")
+    report = {"device": _device_name(cfg.device), "size": cfg.size, "models": {}, "unsupported": {}}
+    with tempfile.TemporaryDirectory(prefix="pope-fast-bench-") as tmp:
+        work = Path(cfg.work_dir or tmp)
+        for name in cfg.models:
+            if name not in FAMILIES:
+                report["unsupported"][name] = f"{SEED_FAMILIES[name]}: the engine has no {name} family yet"
+                continue
+            report["models"][name] = bench_model(name, cfg, work, progress)
+    return report
+
+
+def _device_name(device: str) -> str:
+    if torch.device(device).type == "cuda":
+        return torch.cuda.get_device_name(torch.device(device))
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+
+
+def format_report(report: dict) -> str:
+    """The markdown table printed at the end of a run."""
+    lines = [f"device: {report['device']}; size: {report['size']}", "",
+             "| model | questions | pope-fast q/s | pope-fast s | reference q/s | reference s | speedup | "
+             "agreement (min over readouts) | peak MB (ours / ref) | phases s (encode / prefix / questions / decode) "
+             "| floor s (ratio) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for name, e in report["models"].items():
+        ours, ref = e["pope_fast"], e.get("reference")
+        p = ours["phases_s"]
+        phases = f"{p['image_encode']:.2f} / {p['prefix_prefill']:.2f} / {p['question_prefill']:.2f} / {p['decode']:.2f}"
+        floor = f"{ours['floor_s']} ({ours['ratio_to_floor']}×)" if "floor_s" in ours else "-"
+        if ref:
+            ref_s = f"{ref['extrapolated_wall_s']}" + (f" (from {ref['questions']})" if ref["sampled"] else "")
+            worst = min(e["agreement"], key=e["agreement"].get)
+            agree = f"{e['agreement'][worst]:.4f} ({worst})"
+            cols = [f"{ref['questions_per_s']}", ref_s, f"{e['speedup']}×", agree,
+                    f"{ours['peak_memory_mb']:.0f} / {ref['peak_memory_mb']:.0f}"]
+        else:
+            cols = ["-", "-", "-", "-", f"{ours['peak_memory_mb']:.0f} / -"]
+        lines.append(f"| {name} ({e['size']}) | {ours['questions']} ({ours['unique_prompts']} prompts) | "
+                     f"{ours['questions_per_s']} | {ours['wall_s']} | " + " | ".join(cols) + f" | {phases} | {floor} |")
+    for name, why in report["unsupported"].items():
+        lines.append(f"| {name} | unsupported: {why} | | | | | | | | | |")
+    return "\n".join(lines)
