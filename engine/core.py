@@ -17,7 +17,7 @@ from PIL import Image
 
 from ..readout import READOUTS, Template, TokenSets, derive_token_sets, get_template, parse_readouts
 from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
-from ..readout.tokens import tokenizer_info
+from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .images import LoadedImage, read_image
 from .llama import Intervention
 from .llava import LlavaModel
@@ -105,9 +105,15 @@ class Engine:
         self.readouts = parse_readouts(readouts) if not isinstance(readouts, list) else parse_readouts(",".join(readouts))
         self.cache = cache or VisionCache()
         # Token sets of every logit readout are derived (not only the requested ones) so that the
-        # records can be re-scored under any of them later without the model.
-        self.token_sets: dict[str, TokenSets] = derive_token_sets(model.tokenizer, self.template,
-                                                                  vocab_size=model.lm.dims.vocab_size)
+        # records can be re-scored under any of them later without the model; one whose fixed ids
+        # this vocabulary lacks is dropped, or refused when it was asked for.
+        sets = derive_token_sets(model.tokenizer, self.template)
+        outside = outside_vocabulary(sets, model.lm.dims.vocab_size)
+        asked = [n for n in outside if n in self.readouts]
+        if asked:
+            raise ValueError("; ".join(f"readout {n}: ids {outside[n]} are outside this model's vocabulary of "
+                                       f"{model.lm.dims.vocab_size} rows" for n in asked))
+        self.token_sets: dict[str, TokenSets] = {n: s for n, s in sets.items() if n not in outside}
         self.candidate_ids = sorted({i for n, s in self.token_sets.items() if READOUTS[n].kind == LOGIT for i in s.ids})
         self.generate = any(READOUTS[n].kind == TEXT for n in self.readouts)
         self.timings = Timings()

@@ -81,13 +81,8 @@ def template_aware_sets(tokenizer, template: Template, question: str = SAMPLE_QU
                      tuple(dict.fromkeys(i for i in no.values() if i is not None)))
 
 
-def derive_token_sets(tokenizer, template: Template | str, names=None, vocab_size: int | None = None
-                      ) -> dict[str, TokenSets]:
-    """Token sets of every logit and first-token readout in `names` (default: all of them).
-
-    vocab_size is the number of logit rows (a model's embedding is often padded past its tokenizer,
-    32064 vs 32002 for LLaVA-1.5); by default the tokenizer's length.
-    """
+def derive_token_sets(tokenizer, template: Template | str, names=None) -> dict[str, TokenSets]:
+    """Token sets of every logit and first-token readout in `names` (default: all of them)."""
     template = get_template(template) if isinstance(template, str) else template
     names = [n for n in (names or READOUTS) if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)]
     aware = template_aware_sets(tokenizer, template)
@@ -98,13 +93,15 @@ def derive_token_sets(tokenizer, template: Template | str, names=None, vocab_siz
         "template_aware": lambda: aware,
         "first_token": lambda: aware,
     }
-    sets = {name: builders[name]() for name in names}
-    vocab = vocab_size or len(tokenizer)
-    for name, s in sets.items():
-        outside = [i for i in s.ids if not 0 <= i < vocab]
-        if outside:
-            raise ValueError(f"readout {name}: ids {outside} are outside this vocabulary of {vocab} tokens")
-    return sets
+    return {name: builders[name]() for name in names}
+
+
+def outside_vocabulary(sets: dict[str, TokenSets], vocab_size: int) -> dict[str, list[int]]:
+    """Readouts whose ids are not rows of a vocab_size-row lm_head (a fixed legacy id in a small
+    vocabulary), with those ids. vocab_size is the model's row count: often padded past the
+    tokenizer's length (32064 vs 32002 for LLaVA-1.5)."""
+    bad = {name: [i for i in s.ids if not 0 <= i < vocab_size] for name, s in sets.items()}
+    return {name: ids for name, ids in bad.items() if ids}
 
 
 def _answer_form(token: str) -> str | None:
@@ -117,6 +114,7 @@ def audit_tokens(tokenizer, template: Template | str) -> dict:
     """Every token readout's ids with their strings, the one-token forms, and warnings."""
     template = get_template(template) if isinstance(template, str) else template
     sets = derive_token_sets(tokenizer, template)
+    outside = outside_vocabulary(sets, len(tokenizer))
     aware = sets["template_aware"]
     forms = single_token_forms(tokenizer)
     prompt = template.render(SAMPLE_QUESTION, tokenizer)
@@ -143,6 +141,8 @@ def audit_tokens(tokenizer, template: Template | str) -> dict:
                     warnings.append(f"{name}: misses the template-aware first {side} token(s) {tokens}")
         if not s.yes_ids or not s.no_ids:
             warnings.append(f"{name}: an empty yes or no set, every answer is unknown")
+        if name in outside:
+            warnings.append(f"{name}: ids {outside[name]} lie outside this vocabulary of {len(tokenizer)} tokens")
     return {
         "template": template.name,
         "prompt": prompt,

@@ -18,10 +18,10 @@ QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", 
              "Is there a traffic light in the image?"]
 
 
-def llava_tokenizer(folder: Path):
+def llava_tokenizer(folder: Path, builtin: bool = False):
     from transformers import AutoTokenizer
 
-    if SHARED_LLAVA_TOKENIZER.is_dir():
+    if SHARED_LLAVA_TOKENIZER.is_dir() and not builtin:
         tok = AutoTokenizer.from_pretrained(str(SHARED_LLAVA_TOKENIZER))
         tok.save_pretrained(str(folder))
         return tok
@@ -29,7 +29,8 @@ def llava_tokenizer(folder: Path):
 
 
 def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers: int = 2, kv_heads: int = 2,
-                    hidden: int = 64, vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32) -> Path:
+                    hidden: int = 64, vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32,
+                    builtin_tokenizer: bool = False) -> Path:
     """A random LLaVA-1.5-shaped checkpoint saved with save_pretrained, with its processor files.
 
     init_std is larger than transformers' 0.02 so the random model's logits spread out and yes/no
@@ -40,7 +41,7 @@ def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tok = llava_tokenizer(folder)
+    tok = llava_tokenizer(folder, builtin_tokenizer)
     image_id = tok.convert_tokens_to_ids("<image>")
     vocab = max(len(tok), 32064 if len(tok) > 32000 else len(tok))
     vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,

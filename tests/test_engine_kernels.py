@@ -1,0 +1,44 @@
+"""The engine with its Triton kernels (run by the interpreter on CPU) against the engine with the
+torch references: the same switch the CUDA path takes, on a model small enough to interpret."""
+import pytest
+import torch
+from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
+
+from pope_fast.engine import Engine, Settings
+from pope_fast.kernels import interpreter_on
+
+pytestmark = pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTERPRET=1 before triton is imported")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    # The built-in word-level tokenizer keeps the vocabulary (and the interpreted argmax) small.
+    return make_tiny_llava(tmp_path_factory.mktemp("tiny_kernels") / "ckpt", vision_hidden=64, hidden=64,
+                           builtin_tokenizer=True, seed=5)
+
+
+@pytest.mark.parametrize("settings, tol", [
+    (dict(), 1e-4),
+    (dict(quant="nf4", dtype="fp16", nf4_weights="packed"), 2e-3),
+], ids=["fp32-dense", "fp16-nf4-packed"])
+def test_triton_kernels_agree_with_references(checkpoint, settings, tol):
+    image = synthetic_image(7, (70, 50))
+    readouts = "dynamic_single,template_aware,first_token,string_parse,pope_official,exact_match"
+    ours = Engine.load(checkpoint, Settings(kernels="triton", batch_size=4, **settings), readouts=readouts)
+    ref = Engine.load(checkpoint, Settings(kernels="torch", batch_size=4, **settings), readouts=readouts)
+    got, want = ours.score(image, QUESTIONS), ref.score(image, QUESTIONS)
+    for a, b in zip(got, want):
+        worst = max(abs(a.candidate_logits[i] - b.candidate_logits[i]) for i in a.candidate_logits)
+        assert worst <= tol, (a.question, worst)
+        assert a.first_token_id == b.first_token_id
+        assert a.decoded == b.decoded
+        assert a.predictions == b.predictions
+
+
+def test_fixed_ids_outside_a_small_vocabulary(checkpoint):
+    """The legacy readouts' fixed ids (3582, 1217, ...) are not rows of a 150-token model."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    assert "legacy_2tok" not in engine.token_sets and "template_aware" in engine.token_sets
+    assert max(engine.candidate_ids) < engine.model.lm.dims.vocab_size
+    with pytest.raises(ValueError, match=r"readout legacy_2tok: ids \[1217, 3582\] are outside this model's vocabulary"):
+        Engine.load(checkpoint, Settings(), readouts="legacy_2tok,template_aware")
