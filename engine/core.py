@@ -84,7 +84,7 @@ class _Clock:
 
 def load_model(folder: str | Path, settings: Settings):
     """The family object for a local checkpoint folder (never the hub)."""
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     config = read_config(folder)
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
@@ -184,10 +184,13 @@ class Engine:
 
     def decide(self, candidate_logits: dict[int, float], first_token_id: int | None,
                decoded: str | None) -> dict[str, str]:
-        """Every requested readout's decision from one answer position's outputs."""
+        """Every requested readout's decision from one answer position's outputs; text readouts are
+        left out when there is no decoded text (adjusted logits, say)."""
         out = {}
         for name in self.readouts:
             readout = READOUTS[name]
+            if readout.kind == TEXT and decoded is None:
+                continue
             sets = self.token_sets.get(name) if readout.kind in (LOGIT, FIRST_TOKEN) else None
             out[name] = readout(sets, candidate_logits, first_token_id, decoded)
         return out

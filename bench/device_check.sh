@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One prepared GPU check for a session that is lent a CUDA machine (the workplace's H200):
+# kernel benchmark, then the LLaVA-1.5 7B-dims sweep against the transformers pipeline.
+# Run from the repo root. Needs bitsandbytes on the machine (its image lacks it): carry wheels as the
+# device README says (.whl), and the three POPE files in .device-pope/ (copied from ../shared).
+#   run(command="bash bench/device_check.sh", carry=[".whl", ".device-pope"], timeout_s=540)
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+# The machine's own torch/triton/transformers; pope-fast itself needs no install beyond its sources.
+python3 -m pip install -q --no-deps --no-build-isolation -e . || { echo "pope-fast did not install"; exit 1; }
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
+date -u | tee -a "$OUT/gpu.txt"; git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
+
+timeout 240 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
+POPE=()
+[ -d .device-pope ] && POPE=(--pope .device-pope --questions 0)
+timeout 280 pope-fast bench --models llava --size 7b --reference-sample 100 "${POPE[@]}" --format json \
+  > "$OUT/bench.json" 2> "$OUT/bench.err"
+tail -5 "$OUT/bench.err"
+python3 - "$OUT/bench.json" <<'PY'
+import json, sys
+from pope_fast.bench import format_report
+print(format_report(json.load(open(sys.argv[1]))))
+PY
