@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTER
 def checkpoint(tmp_path_factory):
     # The built-in word-level tokenizer keeps the vocabulary (and the interpreted argmax) small.
     return make_tiny_llava(tmp_path_factory.mktemp("tiny_kernels") / "ckpt", vision_hidden=64, hidden=64,
-                           builtin_tokenizer=True, seed=5)
+                           builtin_tokenizer=True, vocab_size=160, seed=5)
 
 
 @pytest.mark.parametrize("settings, tol", [
@@ -36,7 +36,7 @@ def test_triton_kernels_agree_with_references(checkpoint, settings, tol):
 
 
 def test_fixed_ids_outside_a_small_vocabulary(checkpoint):
-    """The legacy readouts' fixed ids (3582, 1217, ...) are not rows of a 150-token model."""
+    """The legacy readouts' fixed ids (3582, 1217, ...) are not rows of a 160-row model."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     assert "legacy_2tok" not in engine.token_sets and "template_aware" in engine.token_sets
     assert max(engine.candidate_ids) < engine.model.lm.dims.vocab_size

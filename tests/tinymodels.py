@@ -30,9 +30,10 @@ def llava_tokenizer(folder: Path, builtin: bool = False):
 
 def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers: int = 2, kv_heads: int = 2,
                     hidden: int = 64, vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32,
-                    builtin_tokenizer: bool = False) -> Path:
+                    builtin_tokenizer: bool = False, vocab_size: int | None = None) -> Path:
     """A random LLaVA-1.5-shaped checkpoint saved with save_pretrained, with its processor files.
 
+    vocab_size: lm_head rows (default 32064, at least the tokenizer's length).
     init_std is larger than transformers' 0.02 so the random model's logits spread out and yes/no
     decisions are not coin-flips decided in the last bit.
     """
@@ -43,7 +44,9 @@ def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers
     folder.mkdir(parents=True, exist_ok=True)
     tok = llava_tokenizer(folder, builtin_tokenizer)
     image_id = tok.convert_tokens_to_ids("<image>")
-    vocab = max(len(tok), 32064 if len(tok) > 32000 else len(tok))
+    # Padded past the tokenizer as llava-hf's is (32064 rows for 32002 tokens), so the legacy readouts'
+    # fixed ids are rows here whichever tokenizer stands in; vocab_size overrides it.
+    vocab = vocab_size or max(len(tok), 32064)
     vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
                               num_attention_heads=4, image_size=image_size, patch_size=14, projection_dim=vision_hidden)
     text = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
