@@ -333,3 +333,48 @@ def test_bad_question_file_is_named(checkpoint, tmp_path):
     result = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(path), "--images",
                                        str(tmp_path), "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert result.exit_code != 0 and "q_random.json:2: malformed JSON" in result.output
+
+
+def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
+    """The issue's acceptance check: a fresh checkpoint through `pope-fast eval`, every record against
+    transformers: candidate logits within 1e-4 and the same decision under every readout."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    from pope_fast.readout import READOUTS
+    from pope_fast.readout.protocols import FIRST_TOKEN, LOGIT, TokenSets
+
+    checkpoint = make_tiny_llava(tmp_path / "unseen", seed=11, layers=3, kv_heads=4, image_size=56)
+    images, files = write_pope_set(tmp_path / "pope", n_images=3)
+    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
+            "--device", "cpu", "--batch-size", "5", "--max-new-tokens", "4"]
+    for f in files:
+        args += ["--questions", str(f)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "out/meta.json").read_text())
+    sets = {n: TokenSets.from_json(s) for n, s in meta["token_sets"].items()}
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    from PIL import Image
+
+    texts = {(q.split, q.question_id): q.text for f in files for q in load_questions(f)}
+    records = _records(tmp_path / "out")
+    assert len(records) == len(texts) == 24 and set(records[0]["predictions"]) == set(READOUTS)
+    for r in records:
+        text = texts[r["split"], r["question_id"]]
+        inputs = processor(images=Image.open(images / r["image"]), text=f"USER: <image>\n{text}\nASSISTANT:",
+                           return_tensors="pt")
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -1]
+            generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+        ours = {int(i): v for i, v in r["candidate_logits"].items()}
+        assert max(abs(v - float(logits[i])) for i, v in ours.items()) <= 1e-4
+        tokens = generated.tolist()
+        eos = processor.tokenizer.eos_token_id
+        decoded = processor.tokenizer.decode(tokens[:tokens.index(eos)] if eos in tokens else tokens,
+                                             skip_special_tokens=True)
+        theirs = {i: float(logits[i]) for i in ours}
+        for name, readout in READOUTS.items():
+            expected = readout(sets.get(name), theirs, int(logits.argmax()), decoded) \
+                if readout.kind in (LOGIT, FIRST_TOKEN) else readout(None, None, None, decoded)
+            assert r["predictions"][name] == expected, (name, r["question_id"], r["split"])

@@ -121,3 +121,23 @@ def test_audit_tokens_cli(shared):
 def test_readout_imports_without_torch():
     code = "import sys, pope_fast.readout, pope_fast.cli; assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_paper_counts_round_to_the_published_f1(tmp_path):
+    """A 3,000-record ugaa-research file with the paper's adversarial counts scores to its published
+    F1 values and first-token histogram (the full file is not in ../shared; its first 600 are)."""
+    # label → that label's predictions, in any order: yes-labels 1,500, no-labels 1,500
+    two = {"yes": ["yes"] * 1438 + ["no"] * 62, "no": ["no"] * 658 + ["yes"] * 842}
+    eight = {"yes": ["yes"] * 1174 + ["no"] * 326, "no": ["no"] * 1318 + ["yes"] * 182}
+    results = []
+    for label in ("yes", "no"):
+        for pred2, pred8 in zip(two[label], eight[label]):
+            results.append({"question_id": str(len(results) + 1), "label": label, "pred_2tok": pred2,
+                            "pred_8tok": pred8, "top_token_id": 3869 if pred8 == "yes" else 1939})
+    path = tmp_path / "pope_adversarial_2tok_vs_8tok.json"
+    path.write_text(json.dumps({"summary": {"split": "adversarial", "n": 3000}, "results": results}))
+    [run] = score_records(read_records(path), ["legacy_2tok", "legacy_8tok"])
+    two, eight = run["readouts"]["legacy_2tok"], run["readouts"]["legacy_8tok"]
+    assert (two["tp"], two["tn"], two["fp"], two["fn"], two["f1"]) == (1438, 658, 842, 62, 0.7608)
+    assert (eight["tp"], eight["tn"], eight["fp"], eight["fn"], eight["f1"]) == (1174, 1318, 182, 326, 0.8221)
+    assert run["first_token_counts"] == {"1939": 1644, "3869": 1356}
