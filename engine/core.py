@@ -125,7 +125,6 @@ class Engine:
         settings = settings or Settings()
         return cls(load_model(folder, settings), settings, template, readouts, VisionCache(cache_dir))
 
-    # -- metadata ---------------------------------------------------------------------------------
     def meta(self) -> dict:
         return {
             "model": {"path": str(self.model.folder), "family": self.model.family},
@@ -138,7 +137,6 @@ class Engine:
             "settings": self.settings.to_json(),
         }
 
-    # -- images ---------------------------------------------------------------------------------
     def _loaded(self, image: LoadedImage | Image.Image | str | Path) -> LoadedImage:
         if isinstance(image, (str, Path)):
             return read_image(image)
@@ -178,7 +176,6 @@ class Engine:
         """Projected features [T, hidden] of one image, from the cache when its content was seen."""
         return self.encode(self.prepare([image]))[0]
 
-    # -- questions --------------------------------------------------------------------------------
     def prompt(self, question: str) -> str:
         return self.template.render(question, self.model.tokenizer)
 

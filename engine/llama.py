@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import gather_logits, prefix_attention, resolve_backend, vocab_argmax
-from .layers import Linear, Rotary, apply_rotary, make_linear, rms_norm
+from .layers import Rotary, apply_rotary, make_linear, rms_norm
 
 
 @dataclass(frozen=True)
@@ -206,11 +206,9 @@ class LlamaLM(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.rotary = Rotary(dims.head_dim, dims.rope_theta, device)
 
-    # -- embeddings -------------------------------------------------------------------------------
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_tokens)
 
-    # -- prefill ----------------------------------------------------------------------------------
     @torch.inference_mode()
     def prefill_prefix(self, embeds: torch.Tensor, intervention: Intervention | None = None) -> PrefixKV:
         """embeds [G, P, H] (G image prefixes of one length) → their KV for every layer. The last
@@ -264,7 +262,6 @@ class LlamaLM(nn.Module):
         last = x[torch.arange(b, device=self.device), lengths - 1]
         return last, SuffixKV(keys, values, lengths)
 
-    # -- the answer position ----------------------------------------------------------------------
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """last_hidden [B, H] → candidate logits [B, n] (fp32) and the full-vocabulary argmax [B].
@@ -279,7 +276,6 @@ class LlamaLM(nn.Module):
         logits = gather_logits(h, weight, index, backend=backend).to(self.dtype).float()
         return logits, vocab_argmax(h, weight, backend=backend)
 
-    # -- greedy continuation (string readouts only) ---------------------------------------------
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
                first: torch.Tensor, steps: int, stop_ids: set[int]) -> torch.Tensor:

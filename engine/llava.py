@@ -141,7 +141,6 @@ class LlavaModel:
         self.stop_ids = {self.tokenizer.eos_token_id} - {None}
         self._expansion_checked: dict[tuple, bool] = {}
 
-    # -- images -----------------------------------------------------------------------------------
     def preprocess_settings(self) -> dict:
         """What decides the pixels, for the vision cache key."""
         return {"processor": self.image_processor.to_dict(), "image_aspect": self.settings.image_aspect}
@@ -174,7 +173,6 @@ class LlavaModel:
         lin1, act, lin2 = self.projector
         return lin2(act(lin1(x)))
 
-    # -- prompts ----------------------------------------------------------------------------------
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
         """The prompt's token ids with the image marker expanded, as LlavaProcessor makes them: the
         text with the marker repeated num_image_tokens times, through the tokenizer, specials added.

@@ -2,7 +2,7 @@
 checkpoint's own config."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import torch
 
@@ -22,7 +22,6 @@ class Settings:
     image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
-    readouts: tuple[str, ...] = field(default_factory=tuple)  # empty: all
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -56,6 +55,5 @@ class Settings:
 
     def to_json(self) -> dict:
         out = asdict(self)
-        out["readouts"] = list(self.readouts)
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         return out

@@ -1,7 +1,6 @@
 """The engine with its Triton kernels (run by the interpreter on CPU) against the engine with the
 torch references: the same switch the CUDA path takes, on a model small enough to interpret."""
 import pytest
-import torch
 from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
 
 from pope_fast.engine import Engine, Settings

@@ -59,9 +59,9 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
 
 @pytest.mark.parametrize("batch_size", [4, 32])
 def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batch_size):
-    """Several images' prefixes prefilled together, suffix batches spanning images."""
-    reference, _ = oracle
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size), readouts="template_aware,string_parse")
+    """Several images' prefixes prefilled together, suffix batches (and their continuations) spanning images."""
+    reference, tokenizer = oracle
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, max_new_tokens=4), readouts="template_aware,string_parse")
     features = [engine.features(image) for image in IMAGES]
     prompts = [engine.prompt(q) for q in QUESTIONS]
     outputs = engine.run_images([(f, prompts) for f in features])
@@ -75,6 +75,8 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
             diff, at = _worst(logits, ref_logits)
             assert diff <= 1e-4, f"image {i} {q!r}: id {at} differs by {diff:.2e}"
             assert first == generated[0]
+            cut = generated.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in generated else len(generated)
+            assert text == tokenizer.decode(generated[:cut], skip_special_tokens=True)
 
 
 def test_continuation_matches_generate(checkpoint, oracle):
@@ -144,7 +146,6 @@ def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
     assert [a.candidate_logits for a in padded] != [a.candidate_logits for a in unpadded]
 
 
-# -- sweeps -------------------------------------------------------------------------------------------
 
 def _records(out):
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
@@ -230,7 +231,6 @@ def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
     assert bf16.cache.misses == 1
 
 
-# -- the command line and bad input -------------------------------------------------------------------
 
 def test_eval_cli_end_to_end(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)

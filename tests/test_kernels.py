@@ -79,7 +79,7 @@ def nan_like(shape, dtype) -> torch.Tensor:
     return torch.full(shape, float("nan"), dtype=dtype)
 
 
-# ---- backend decision
+# backend decision
 
 
 def test_interpreter_is_on_in_tests():
@@ -125,7 +125,7 @@ def test_forced_triton_without_interpreter_or_cuda_raises():
     assert "refused: backend='triton' was forced for cpu tensors" in done.stdout
 
 
-# ---- NF4 dequantization
+# NF4 dequantization
 
 NF4_SHAPES = {
     "37x128": (37, 128),  # rows own whole blocks
@@ -236,7 +236,7 @@ def test_nf4_weight_rejects_a_short_packed_tensor(gen):
                   nested_code=w.nested_code, offset=w.offset)
 
 
-# ---- gather_logits and vocab_argmax
+# gather_logits and vocab_argmax
 
 LOGIT_SHAPES = {  # B, H, V, ids (with 0, V - 1 and a repeat)
     "B1-H96-n1": (1, 96, 57, [56]),
@@ -362,7 +362,7 @@ def test_vocab_argmax_ties_go_to_the_smallest_index(dtype, gen, monkeypatch):
     assert torch.equal(vocab_argmax(hidden, weight, backend="triton"), expected)
 
 
-# ---- nf4_matmul
+# nf4_matmul
 
 MATMUL_SHAPES = {"N70-K128": (70, 128), "N33-K200": (33, 200), "N19-K97": (19, 97)}
 
@@ -409,7 +409,7 @@ def test_nf4_matmul_without_double_quant(gen):
     assert_close(nf4_matmul(x, w, backend="triton"), nf4_matmul_ref(x, w), *KERNEL_TOL[torch.float16], "nf4_matmul")
 
 
-# ---- prefix_attention
+# prefix_attention
 
 ATTENTION_CASES = {  # B, Hkv, group, S, D, P, suffix_lens
     "g1-D16": (3, 2, 1, 7, 16, 19, [7, 2, 5]),
