@@ -7,8 +7,10 @@ share code beyond the readout functions that turn logits into decisions.
 """
 from __future__ import annotations
 
+import gc
 import json
 import resource
+import shutil
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -19,6 +21,7 @@ import torch
 
 from ..engine import FAMILIES, Engine, Settings, run_pope
 from ..readout import READOUTS, Question, load_questions
+from ..readout.records import json_lines
 from ..readout.protocols import FIRST_TOKEN, LOGIT
 from .synthetic import builtin_questions, write_images, write_llava_checkpoint
 
@@ -51,9 +54,28 @@ class BenchConfig:
     tokenizer_dir: Path | None = None
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start a new peak: CUDA's allocator counter, or on Linux the process's VmHWM (writing 5 to
+    /proc/self/clear_refs resets it), so each pipeline's peak is its own."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        return
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+    except OSError:
+        pass  # elsewhere the peak stays the process's lifetime peak
+
+
 def peak_memory_mb(device: torch.device) -> float:
+    """CUDA: peak allocated; CPU: peak resident set since the last reset (VmHWM)."""
     if device.type == "cuda":
         return torch.cuda.max_memory_allocated(device) / 2**20
+    try:
+        for line in Path("/proc/self/status").read_text().split("\n"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
@@ -100,7 +122,17 @@ def _questions(cfg: BenchConfig) -> list[Question]:
     return questions[: cfg.n_questions] if cfg.n_questions else questions
 
 
-def _reference(checkpoint: Path, engine: Engine, questions: list[Question], images: Path, settings: Settings,
+@dataclass
+class ReadoutSpec:
+    """What the reference needs of the engine, so the engine's weights can be freed first."""
+
+    prompts: dict[str, str]
+    candidate_ids: list[int]
+    token_sets: dict
+    readouts: list[str]
+
+
+def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], images: Path, settings: Settings,
                progress: Callable[[int], None] | None) -> tuple[dict, dict]:
     """The paper's pipeline, one question at a time; returns its figures and its decisions."""
     from PIL import Image
@@ -113,8 +145,7 @@ def _reference(checkpoint: Path, engine: Engine, questions: list[Question], imag
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=settings.torch_dtype)
         kwargs["device_map"] = str(device)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), **kwargs).eval()
     if settings.quant != "nf4":
         model.to(device)
@@ -122,17 +153,17 @@ def _reference(checkpoint: Path, engine: Engine, questions: list[Question], imag
     decisions = {}
     start = time.perf_counter()
     for q in questions:
-        inputs = processor(images=Image.open(images / q.image), text=engine.prompt(q.text), return_tensors="pt")
+        inputs = processor(images=Image.open(images / q.image), text=spec.prompts[q.text], return_tensors="pt")
         inputs = {k: v.to(device) for k, v in inputs.items()}
         inputs["pixel_values"] = inputs["pixel_values"].to(settings.torch_dtype)
         with torch.inference_mode():
             out = model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
                                  return_dict_in_generate=True)
         scores = out.scores[0][0].float()
-        logits = {i: float(scores[i]) for i in engine.candidate_ids}
+        logits = {i: float(scores[i]) for i in spec.candidate_ids}
         first = int(out.sequences[0, -1])
-        decisions[q.split, q.key] = {n: READOUTS[n](engine.token_sets.get(n), logits, first, None)
-                                     for n in engine.readouts if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)}
+        decisions[q.split, q.key] = {n: READOUTS[n](spec.token_sets.get(n), logits, first, None)
+                                     for n in spec.readouts if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)}
         if progress:
             progress(1)
     if device.type == "cuda":
@@ -157,16 +188,17 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     images = write_images(work / "images", [q.image for q in questions])
     device = settings.torch_device
 
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    reset_peak_memory(device)
     load_start = time.perf_counter()
     # The reference pipeline reads one token (max_new_tokens=1), so both sides run the readouts that
     # need no continuation: every logit readout and first_token.
     engine = Engine.load(checkpoint, settings, readouts=BENCH_READOUTS)
     load_s = time.perf_counter() - load_start
     tick = (lambda n: progress(f"{name} pope-fast", n, len(questions))) if progress else None
+    records_dir = work / f"{name}-records"
+    shutil.rmtree(records_dir, ignore_errors=True)  # a kept --work-dir must not resume an earlier run
     start = time.perf_counter()
-    result = run_pope(engine, questions, images, work / f"{name}-records", progress=tick)
+    result = run_pope(engine, questions, images, records_dir, progress=tick)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     wall = time.perf_counter() - start
@@ -185,12 +217,18 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
         return entry
 
     sample = questions[: cfg.reference_sample] if cfg.reference_sample else questions
+    spec = ReadoutSpec({q.text: engine.prompt(q.text) for q in sample}, engine.candidate_ids, engine.token_sets,
+                       engine.readouts)
+    del engine, result  # the reference's peak memory must not include our weights
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
     tick = (lambda n: progress(f"{name} reference", n, len(sample))) if progress else None
-    ref, ref_decisions = _reference(checkpoint, engine, sample, images, settings, tick)
+    ref, ref_decisions = _reference(checkpoint, spec, sample, images, settings, tick)
     ref["extrapolated_wall_s"] = round(ref["wall_s"] * len(questions) / len(sample), 3)
     ref["sampled"] = len(sample) < len(questions)
-    lines = (work / f"{name}-records/records.jsonl").read_text().splitlines()
-    records = {(r["split"], str(r["question_id"])): r["predictions"] for r in map(json.loads, lines)}
+    records = {(r["split"], str(r["question_id"])): r["predictions"]
+               for r in (json.loads(line) for _, line in json_lines((records_dir / "records.jsonl").read_text()))}
     names = list(next(iter(ref_decisions.values())))
     agreement = {n: round(sum(records[k][n] == d[n] for k, d in ref_decisions.items()) / len(ref_decisions), 4)
                  for n in names}

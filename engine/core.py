@@ -84,7 +84,7 @@ class _Clock:
 
 def load_model(folder: str | Path, settings: Settings):
     """The family object for a local checkpoint folder (never the hub)."""
-    folder = Path(folder).expanduser()
+    folder = Path(folder).expanduser().resolve()
     config = read_config(folder)
     model_type = config.get("model_type")
     if model_type not in FAMILIES:
@@ -102,18 +102,21 @@ class Engine:
         if self.template.image_marker != model.image_marker:
             raise ValueError(f"template {self.template.name} marks the image with {self.template.image_marker!r}, "
                              f"but {model.family} expects {model.image_marker!r}")
-        self.readouts = parse_readouts(readouts) if not isinstance(readouts, list) else parse_readouts(",".join(readouts))
+        spec = ",".join(readouts) if isinstance(readouts, list) else readouts
+        self.readouts = parse_readouts(spec)
+        explicit = spec is not None and spec.strip() != "all"
         self.cache = cache or VisionCache()
         # Token sets of every logit readout are derived (not only the requested ones) so that the
         # records can be re-scored under any of them later without the model; one whose fixed ids
         # this vocabulary lacks is dropped, or refused when it was asked for.
         sets = derive_token_sets(model.tokenizer, self.template)
         outside = outside_vocabulary(sets, model.lm.dims.vocab_size)
-        asked = [n for n in outside if n in self.readouts]
+        asked = [n for n in outside if n in self.readouts and explicit]
         if asked:
             raise ValueError("; ".join(f"readout {n}: ids {outside[n]} are outside this model's vocabulary of "
                                        f"{model.lm.dims.vocab_size} rows" for n in asked))
         self.token_sets: dict[str, TokenSets] = {n: s for n, s in sets.items() if n not in outside}
+        self.readouts = [n for n in self.readouts if n not in outside]  # "all" means all this model has
         self.candidate_ids = sorted({i for n, s in self.token_sets.items() if READOUTS[n].kind == LOGIT for i in s.ids})
         self.generate = any(READOUTS[n].kind == TEXT for n in self.readouts)
         self.timings = Timings()

@@ -94,10 +94,15 @@ class SuffixKV:
 class Intervention:
     """The one place an experiment adjusts the forward pass (subclass and override either method).
 
-    `hidden` sees each decoder layer's output: part "prefix" is the shared image prefix [1, P, H]
-    (computed once per image), part "suffix" the batch of questions [B, S, H]; return a tensor of
-    the same shape to replace it, or None to leave it. `logits` sees the candidate logits [B, n]
-    (fp32, columns in `ids` order) before any readout decides; return the adjusted tensor or None.
+    `hidden` sees each decoder layer's output: part "prefix" is the image prefixes [G, P, H] of the
+    images run together (computed once per image, layers 0 .. L-2, since the last layer's prefix
+    output feeds nothing), part "suffix" a batch of question suffixes [B, S, H] (right-padded; rows
+    grouped by image, and a batch may span images); return a tensor of the same shape to replace it,
+    or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
+    before the logit readouts decide; return the adjusted tensor or None. The first token and any
+    continuation come from the model's own logits (hidden-state changes reach them, logit
+    adjustments do not), so first_token and the text readouts ignore `logits`. Engine.score runs one
+    image at a time, so there G = 1 and every suffix row is that image's.
     """
 
     def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
@@ -266,15 +271,15 @@ class LlamaLM(nn.Module):
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         """last_hidden [B, H] → candidate logits [B, n] (fp32) and the full-vocabulary argmax [B].
 
-        The candidate logits are rounded through the model dtype, as transformers' lm_head output is,
-        so near-ties resolve as in the reference pipeline.
+        Both are taken from logits rounded to the model dtype, as transformers' lm_head output is, so
+        near-ties (ties, once rounded to fp16/bf16) resolve as in the reference pipeline.
         """
         backend = resolve_backend(self.kernels, self.device)
         h = rms_norm(last_hidden, self.norm, self.dims.rms_eps)
         weight = self.lm_head.packed if self.lm_head.packed is not None else self.lm_head.weight
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
         logits = gather_logits(h, weight, index, backend=backend).to(self.dtype).float()
-        return logits, vocab_argmax(h, weight, backend=backend)
+        return logits, vocab_argmax(h, weight, backend=backend, logits_dtype=self.dtype)
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
@@ -313,7 +318,8 @@ class LlamaLM(nn.Module):
                 x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
             h = rms_norm(x[:, 0], self.norm, d.rms_eps)
             weight = self.lm_head.packed if self.lm_head.packed is not None else self.lm_head.weight
-            nxt = vocab_argmax(h, weight, backend=resolve_backend(self.kernels, self.device))
+            nxt = vocab_argmax(h, weight, backend=resolve_backend(self.kernels, self.device),
+                               logits_dtype=self.dtype)
             tokens.append(nxt)
             done |= torch.isin(nxt, torch.tensor(sorted(stop_ids), device=self.device, dtype=nxt.dtype))
         return torch.stack(tokens, dim=1)

@@ -8,6 +8,7 @@ transformers 5 save format (`vision_tower.*` without `vision_model`), and the re
 """
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -58,6 +59,17 @@ def _no_init():
         from contextlib import nullcontext
         return nullcontext()
     return no_init_weights()
+
+
+def _stop_ids(folder: Path, tokenizer) -> set[int]:
+    """What ends a greedy continuation: generate() stops at generation_config's eos ids (the
+    tokenizer's eos when the checkpoint has none)."""
+    ids = {tokenizer.eos_token_id}
+    path = folder / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+        ids = set(eos) if isinstance(eos, list) else {eos} if eos is not None else ids
+    return ids - {None}
 
 
 class LlavaModel:
@@ -120,8 +132,9 @@ class LlavaModel:
         # The cached image features depend on exactly these weights (and the dtype and quantization).
         self.feature_fingerprint = tensor_fingerprint(
             {**{f"vision.{k}": v for k, v in vision_weights.items()}, **{f"projector.{k}": v for k, v in proj.items()}},
-            extra={"dtype": str(dtype), "quant": settings.quant, "feature_layer": self.feature_layer,
-                   "select_strategy": self.select_strategy})
+            extra={"dtype": str(dtype), "quant": settings.quant, "nf4_weights": settings.nf4_weights,
+                   "kernels": settings.kernels, "device": settings.torch_device.type,
+                   "feature_layer": self.feature_layer, "select_strategy": self.select_strategy})
 
         missing, unexpected = vision.load_state_dict(vision_weights, strict=False)
         missing = [m for m in missing if not m.endswith("position_ids")]
@@ -138,12 +151,14 @@ class LlavaModel:
         self.projector = (linear("linear_1"), _gelu(cfg.projector_hidden_act), linear("linear_2"))
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
-        self.stop_ids = {self.tokenizer.eos_token_id} - {None}
+        self.stop_ids = _stop_ids(folder, self.tokenizer)
         self._expansion_checked: dict[tuple, bool] = {}
 
     def preprocess_settings(self) -> dict:
         """What decides the pixels, for the vision cache key."""
-        return {"processor": self.image_processor.to_dict(), "image_aspect": self.settings.image_aspect}
+        # to_dict() names the PIL and torchvision backends alike; their pixels differ, so the class counts.
+        return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
+                "image_aspect": self.settings.image_aspect}
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
         """One RGB image → pixel values [3, H, W] as the checkpoint's processor makes them;
@@ -153,7 +168,7 @@ class LlavaModel:
         second OpenMP team that spins against the model's threads (measured: 20× slower on 2 cores)."""
         image = image.convert("RGB")
         if self.settings.image_aspect == "pad":
-            mean = tuple(int(round(c * 255)) for c in self.image_processor.image_mean)
+            mean = tuple(int(c * 255) for c in self.image_processor.image_mean)  # LLaVA's expand2square truncates
             side = max(image.size)
             square = Image.new("RGB", (side, side), mean)
             square.paste(image, ((side - image.width) // 2, (side - image.height) // 2))

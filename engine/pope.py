@@ -28,16 +28,42 @@ class SweepResult:
     runs: list[dict]
 
 
+# Settings that only change how work is batched, never a value; any other difference between the
+# run on disk and this one (dtype, quantization, image aspect, kernels, continuation length, ...)
+# would mix two runs' records in one folder.
+BATCHING_ONLY = ("batch_size", "image_batch")
+
+
+def _resume_fingerprint(meta: dict) -> dict:
+    settings = {k: v for k, v in meta.get("settings", {}).items() if k not in BATCHING_ONLY}
+    tokenizer = {k: meta.get("tokenizer", {}).get(k) for k in ("class", "vocab_size")}
+    return {"model": meta.get("model"), "template": meta.get("template"), "token_sets": meta.get("token_sets"),
+            "settings": settings, "tokenizer": tokenizer}
+
+
 def _check_resumable(out_dir: Path, meta: dict) -> None:
-    """Refuse to mix records of another model, template or token sets into one folder."""
+    """Refuse to add this run's records to a folder that holds another run's."""
     path = out_dir / META_FILE
     if not path.is_file():
         return
-    old = json.loads(path.read_text(encoding="utf-8"))
-    for key in ("model", "template", "token_sets"):
-        if old.get(key) != meta.get(key):
-            raise ValueError(f"{path}: this folder holds records of a different run ({key} differs: "
-                             f"{old.get(key)!r} vs {meta.get(key)!r}); choose a new --out")
+    old, new = (_resume_fingerprint(m) for m in (json.loads(path.read_text(encoding="utf-8")), meta))
+    for key in new:
+        if old[key] != new[key]:
+            diff = {k: (old[key].get(k), v) for k, v in new[key].items() if old[key].get(k) != v} \
+                if isinstance(new[key], dict) and isinstance(old[key], dict) else (old[key], new[key])
+            raise ValueError(f"{path}: this folder holds records of a different run ({key} differs, "
+                             f"recorded vs now: {diff}); choose a new --out")
+
+
+def _check_done(writer: RecordWriter, questions: list[Question]) -> None:
+    """A recorded question must be this question: same image and label (another question file under
+    the same split name would otherwise be taken as done)."""
+    for q in questions:
+        recorded = writer.done.get((q.split, q.key))
+        if recorded is not None and recorded != (q.image, q.label):
+            raise ValueError(f"{writer.path}: question {q.question_id} of split {q.split} was recorded for image "
+                             f"{recorded[0]} (label {recorded[1]}), but the question file has {q.image} "
+                             f"(label {q.label}); choose a new --out")
 
 
 def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, out_dir: str | Path, *,
@@ -55,8 +81,8 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
     write_meta(out_dir, meta)
 
     with RecordWriter(out_dir) as writer:
-        done = set(writer.done)
-        todo = [q for q in questions if (q.split, q.key) not in done]
+        _check_done(writer, questions)
+        todo = [q for q in questions if (q.split, q.key) not in writer.done]
         if progress and len(todo) < len(questions):
             progress(len(questions) - len(todo))
         problems = check_images(images_dir, [q.image for q in todo])

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -58,8 +60,11 @@ class VisionCache:
             self.hits += 1
             return self._memory[key]
         if self.dir is not None and self._path(key).is_file():
+            try:
+                features = load_file(str(self._path(key)))["features"].to(device)
+            except (OSError, KeyError, ValueError, RuntimeError):  # unreadable entry: recompute it
+                return None
             self.disk_hits += 1
-            features = load_file(str(self._path(key)))["features"].to(device)
             self._remember(key, features)
             return features
         return None
@@ -69,9 +74,16 @@ class VisionCache:
         self.misses += 1
         self._remember(key, features)
         if self.dir is not None:
-            tmp = self._path(key).with_suffix(".tmp")
-            save_file({"features": features.detach().cpu().contiguous()}, str(tmp))
-            tmp.replace(self._path(key))  # atomic: a crash never leaves a torn entry
+            # A private temp name, then an atomic rename: neither a crash nor a second process
+            # sharing the cache dir ever leaves or reads a torn entry.
+            fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{key}.", suffix=".tmp")
+            os.close(fd)
+            try:
+                save_file({"features": features.detach().cpu().contiguous()}, tmp)
+                os.replace(tmp, self._path(key))
+            finally:
+                if os.path.exists(tmp):
+                    os.unlink(tmp)
 
     def _remember(self, key: str, features: torch.Tensor) -> None:
         # POPE visits images in order, so a small FIFO is enough; features of a 7B model are ~4.7 MB each.

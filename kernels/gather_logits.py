@@ -40,9 +40,11 @@ def gather_logits_ref(
 
 
 def vocab_argmax_ref(
-    hidden: torch.Tensor, weight, norm_weight: torch.Tensor | None = None, eps: float = 1e-6
+    hidden: torch.Tensor, weight, norm_weight: torch.Tensor | None = None, eps: float = 1e-6,
+    logits_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """[B] int64 argmax over all V rows of the fp32 logits, the smallest index on ties."""
+    """[B] int64 argmax over all V rows of the fp32 logits (rounded to logits_dtype first when
+    given), the smallest index on ties."""
     if norm_weight is not None:
         hidden = rms_norm_ref(hidden, norm_weight, eps)
     hidden = hidden.float()
@@ -51,7 +53,10 @@ def vocab_argmax_ref(
     best_index = torch.zeros(hidden.shape[0], dtype=torch.int64, device=hidden.device)
     for start in range(0, n_rows, ARGMAX_CHUNK_ROWS):
         rows = torch.arange(start, min(start + ARGMAX_CHUNK_ROWS, n_rows), device=hidden.device)
-        chunk_max, chunk_index = (hidden @ _weight_rows_fp32(weight, rows).T).max(dim=1)
+        logits = hidden @ _weight_rows_fp32(weight, rows).T
+        if logits_dtype is not None:
+            logits = logits.to(logits_dtype).float()
+        chunk_max, chunk_index = logits.max(dim=1)
         better = chunk_max > best  # strict: an earlier chunk keeps a tie
         best = torch.where(better, chunk_max, best)
         best_index = torch.where(better, chunk_index + start, best_index)
@@ -139,6 +144,7 @@ def _vocab_argmax_kernel(
     NESTED_BLOCKSIZE: tl.constexpr, NORM: tl.constexpr,
     HIDDEN_DTYPE: tl.constexpr, NORMED_DTYPE: tl.constexpr, WEIGHT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
     BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROUND_LOGITS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,
 ):
     tile = tl.program_id(0)
     row = tile.to(tl.int64) * BLOCK_V + tl.arange(0, BLOCK_V)
@@ -151,8 +157,13 @@ def _vocab_argmax_kernel(
         NF4, ALIGNED, BLOCKSIZE, NESTED, NESTED_BLOCKSIZE, NORM,
         HIDDEN_DTYPE, NORMED_DTYPE, WEIGHT_DTYPE, DOT_DTYPE, BLOCK_B, BLOCK_V, BLOCK_K,
     )
+    if ROUND_LOGITS:  # as the model's lm_head output is: rounding makes ties, the first id wins them
+        logits = round_to(logits, LOGITS_DTYPE).to(tl.float32)
     logits = tl.where(row_mask[None, :], logits, float("-inf"))
-    best, best_column = tl.max(logits, axis=1, return_indices=True, return_indices_tie_break_left=True)
+    best = tl.max(logits, axis=1)
+    # the first column holding the maximum, written out: the interpreter ignores tie_break_left
+    column = tl.arange(0, BLOCK_V)
+    best_column = tl.min(tl.where(logits == best[:, None], column[None, :], BLOCK_V), axis=1)
     n_tiles = tl.num_programs(0)
     tl.store(tile_max_ptr + b * n_tiles + tile, best, mask=b_mask)
     tl.store(tile_index_ptr + b * n_tiles + tile, tile.to(tl.int64) * BLOCK_V + best_column, mask=b_mask)
@@ -258,20 +269,25 @@ def vocab_argmax(
     eps: float = 1e-6,
     backend: str = "auto",
     *,
+    logits_dtype: torch.dtype | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B] int64: per row of hidden [B, H], the argmax over all V rows of ``weight`` of the
-    fp32-accumulated logits of the (optionally RMS-normed) hidden in its dtype; ties go to the
-    smallest index, as torch.argmax. Logits live one [BLOCK_B, BLOCK_V] tile at a time; only the
-    per-tile maxima ([B, V / BLOCK_V]) reach memory."""
+    fp32-accumulated logits of the (optionally RMS-normed) hidden in its dtype, rounded to
+    ``logits_dtype`` first when given (transformers takes the argmax of the model-dtype lm_head
+    output, where fp16/bf16 rounding turns near-ties into ties); ties go to the smallest index, as
+    torch.argmax. Logits live one [BLOCK_B, BLOCK_V] tile at a time; only the per-tile maxima
+    ([B, V / BLOCK_V]) reach memory."""
     device = hidden.device
     b, n_rows = hidden.shape[0], weight.shape[0]
     if out is not None and (out.shape != (b,) or out.dtype != torch.int64):
         raise ValueError(f"out must be an int64 [{b}] tensor")
     if resolve_backend(backend, device) == "torch":
-        result = vocab_argmax_ref(hidden, weight, norm_weight, eps)
+        result = vocab_argmax_ref(hidden, weight, norm_weight, eps, logits_dtype)
         return result if out is None else out.copy_(result)
     args, constexprs = _launch_args(hidden, weight, norm_weight, device, few_rows=False)
+    rounding = logits_dtype is not None and logits_dtype != torch.float32
+    constexprs.update(ROUND_LOGITS=rounding, LOGITS_DTYPE=tl_dtype(logits_dtype if rounding else torch.float32))
     block_b = _block_b(b)
     block_v = 128 if on_gpu(device) else 32
     n_tiles = triton.cdiv(n_rows, block_v)

@@ -58,7 +58,7 @@ def _rows(path: Path) -> list[tuple[int, object]]:
         # An array's items have no line of their own; report their index as item N (1-based).
         return [(-(i + 1), item) for i, item in enumerate(items)]
     rows = []
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
         if not line.strip():
             continue
         try:

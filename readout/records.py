@@ -43,34 +43,43 @@ def record_key(split: str, question_id) -> tuple[str, str]:
     return split, str(question_id)
 
 
+def json_lines(text: str):
+    """(line number, line) of a JSON-lines text, split on "\n" only: str.splitlines() also breaks
+    at U+2028, U+2029 and U+0085, which json.dumps(ensure_ascii=False) writes raw inside strings
+    (a decoded continuation can hold one)."""
+    for lineno, line in enumerate(text.split("\n"), start=1):
+        if line.strip():
+            yield lineno, line
+
+
 class RecordWriter:
     """Appends records batch by batch; a run that stops resumes from what is on disk.
 
     Each batch is flushed and fsynced, so after a crash at most the last line is torn; `open`
-    drops a torn last line (it was never complete, so nothing recorded is lost) and returns the keys
-    already done.
+    drops a torn last line (it was never complete, so nothing recorded is lost) and returns the
+    questions already done: (split, question_id) → (image, label) of its record. Error records do
+    not count as done: a rerun retries them, and the new record supersedes the error.
     """
 
     def __init__(self, out_dir: str | Path):
         self.path = Path(out_dir) / RECORDS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.done: set[tuple[str, str]] = set()
+        self.done: dict[tuple[str, str], tuple[str, str]] = {}
         self._file = None
 
-    def open(self) -> set[tuple[str, str]]:
+    def open(self) -> dict[tuple[str, str], tuple[str, str]]:
         if self.path.exists():
             self._mend_last_line()
-            for lineno, line in enumerate(self.path.read_text(encoding="utf-8").splitlines(), start=1):
-                if not line.strip():
-                    continue
+            for lineno, line in json_lines(self.path.read_text(encoding="utf-8")):
                 try:
                     rec = json.loads(line)
-                    self.done.add(record_key(rec["split"], rec["question_id"]))
+                    if "error" not in rec:
+                        self.done[record_key(rec["split"], rec["question_id"])] = (rec["image"], rec["label"])
                 except (json.JSONDecodeError, KeyError) as err:
                     raise DataError(f"{self.path}:{lineno}: not a pope-fast record ({err}); "
                                     "move the file away to start over") from None
         self._file = open(self.path, "a", encoding="utf-8")
-        return set(self.done)
+        return dict(self.done)
 
     def _mend_last_line(self) -> None:
         """Complete a last line that lacks its newline, or drop it when it is torn JSON."""
@@ -93,7 +102,8 @@ class RecordWriter:
         self._file.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         self._file.flush()
         os.fsync(self._file.fileno())
-        self.done.update(record_key(r["split"], r["question_id"]) for r in records)
+        self.done.update((record_key(r["split"], r["question_id"]), (r["image"], r["label"]))
+                         for r in records if "error" not in r)
 
     def close(self) -> None:
         if self._file is not None:
@@ -147,10 +157,9 @@ def _read_ours(path: Path, text: str) -> RecordSet:
     meta_path = path.parent / META_FILE
     meta = json.loads(meta_path.read_text(encoding="utf-8")) if meta_path.exists() else {}
     token_sets = {n: TokenSets.from_json(s) for n, s in meta.get("token_sets", {}).items()}
-    entries, seen = [], set()
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
+    entries: list[Entry] = []
+    position: dict[tuple[str, str], int] = {}  # key → index in entries
+    for lineno, line in json_lines(text):
         where = f"{path}:{lineno}"
         try:
             rec = json.loads(line)
@@ -160,18 +169,22 @@ def _read_ours(path: Path, text: str) -> RecordSet:
         if missing:
             raise DataError(f"{where}: missing key(s) {', '.join(missing)}")
         key = record_key(rec["split"], rec["question_id"])
-        if key in seen:
+        if key in position and entries[position[key]].error is None:
             raise DataError(f"{where}: duplicate record for question {key[1]} of split {key[0]}")
-        seen.add(key)
         logits = rec.get("candidate_logits")
-        entries.append(Entry(
+        entry = Entry(
             key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
             first_token_id=rec.get("first_token_id"),
             candidate_logits={int(i): float(v) for i, v in logits.items()} if logits is not None else None,
             decoded=rec.get("decoded"),
             stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                     if n in READOUTS},
-            error=rec.get("error")))
+            error=rec.get("error"))
+        if key in position:  # a retried question: its new record supersedes the error record
+            entries[position[key]] = entry
+        else:
+            position[key] = len(entries)
+            entries.append(entry)
     return RecordSet(str(path), entries, token_sets, meta, prefer_stored=False)
 
 

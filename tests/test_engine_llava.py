@@ -135,7 +135,7 @@ def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
     wide = IMAGES[2]
     engine = Engine.load(checkpoint, Settings(image_aspect="pad"), readouts="template_aware")
     side = max(wide.size)
-    mean = tuple(int(round(c * 255)) for c in engine.model.image_processor.image_mean)
+    mean = (122, 116, 104)  # original LLaVA: tuple(int(x * 255) for x in CLIP's image_mean)
     square = Image.new("RGB", (side, side), mean)
     square.paste(wide, ((side - wide.width) // 2, (side - wide.height) // 2))
     plain = Engine.load(checkpoint, Settings(), readouts="template_aware")
@@ -378,3 +378,37 @@ def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
             expected = readout(sets.get(name), theirs, int(logits.argmax()), decoded) \
                 if readout.kind in (LOGIT, FIRST_TOKEN) else readout(None, None, None, decoded)
             assert r["predictions"][name] == expected, (name, r["question_id"], r["split"])
+
+
+def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    questions = load_questions(files[0])
+    kept = (images / "img_1.png").read_bytes()
+    (images / "img_1.png").unlink()
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    first = run_pope(engine, questions, images, tmp_path / "out", skip_bad=True)
+    assert first.error_records == 4
+    (images / "img_1.png").write_bytes(kept)
+    second = run_pope(engine, questions, images, tmp_path / "out")
+    retried = {q.text for q in questions if q.image == "img_1.png"}
+    assert second.evaluated_prompts == len(retried) and second.recorded_before == 4 and second.error_records == 0
+    assert all(run["errors"] == 0 for run in second.runs) and sum(run["n"] for run in second.runs) == 8
+
+
+@pytest.mark.parametrize("change, message", [
+    ("settings", r"settings differs, recorded vs now: \{'image_aspect': \('processor', 'pad'\)\}"),
+    ("questions", r"question 1 of split random was recorded for image img_0\.png"),
+])
+def test_resume_refuses_another_run(checkpoint, tmp_path, change, message):
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    questions = load_questions(files[0])
+    run_pope(Engine.load(checkpoint, Settings(), readouts="template_aware"), questions[:4], images, tmp_path / "out")
+    settings, again = Settings(), questions
+    if change == "settings":
+        settings = Settings(image_aspect="pad", batch_size=3)   # batch sizes alone would not matter
+    else:
+        again = [type(q)(q.question_id, "img_1.png", q.text, q.label, q.split) for q in questions]
+    with pytest.raises(ValueError, match=message):
+        run_pope(Engine.load(checkpoint, settings, readouts="template_aware"), again, images, tmp_path / "out")
+    run_pope(Engine.load(checkpoint, Settings(batch_size=3, image_batch=1), readouts="template_aware"),
+             questions, images, tmp_path / "out")   # another batching resumes fine

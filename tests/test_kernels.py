@@ -362,6 +362,30 @@ def test_vocab_argmax_ties_go_to_the_smallest_index(dtype, gen, monkeypatch):
     assert torch.equal(vocab_argmax(hidden, weight, backend="triton"), expected)
 
 
+
+@pytest.mark.parametrize("logits_dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_vocab_argmax_of_logits_rounded_to_the_model_dtype(logits_dtype, gen, monkeypatch):
+    """transformers takes the argmax of the model-dtype lm_head output: 2049 and 2048 both round to
+    2048 in fp16 and bf16, so the smaller id wins there while fp32 picks the 2049 row. Integer inputs
+    keep every fp32 logit exact, in any summation order."""
+    monkeypatch.setattr(sys.modules["pope_fast.kernels.gather_logits"], "ARGMAX_CHUNK_ROWS", 16)
+    hidden = torch.randint(-2, 3, (2, 40), generator=gen).float()
+    hidden[:, :2] = torch.eye(2)
+    weight = torch.randint(-2, 3, (100, 40), generator=gen).float()
+    # hidden row 0 meets rows 5 and 40 (other kernel tiles, other reference chunks), row 1 meets rows
+    # 3 and 6 (one tile): each pair scores 2048 and 2049, every other row at most 160
+    for column, (low, high) in enumerate(((5, 40), (3, 6))):
+        weight[[low, high]] = 0.0
+        weight[low, column], weight[high, column] = 2048.0, 2049.0
+    logits = hidden @ weight.T
+    assert logits.argmax(dim=1).tolist() == [40, 6]
+    rounded = logits.to(logits_dtype).float()
+    expected = rounded.argmax(dim=1)
+    assert expected.tolist() == [5, 3] and float(rounded[0, 5]) == float(rounded[0, 40])
+    assert torch.equal(vocab_argmax_ref(hidden, weight, logits_dtype=logits_dtype), expected)
+    assert torch.equal(vocab_argmax(hidden, weight, backend="triton", logits_dtype=logits_dtype), expected)
+    assert torch.equal(vocab_argmax(hidden, weight, backend="triton"), logits.argmax(dim=1))
+
 # nf4_matmul
 
 MATMUL_SHAPES = {"N70-K128": (70, 128), "N33-K200": (33, 200), "N19-K97": (19, 97)}

@@ -69,7 +69,7 @@ for weight, pointers in weight_pointers.items():
     results[f"vocab_argmax-{weight}"] = compile_for_sm90(
         kernel("gather_logits", "_vocab_argmax_kernel"), pointers,
         dict(logits, NF4=weight == "nf4", ALIGNED=weight == "nf4", BLOCK_B=32, BLOCK_V=128,
-             BLOCK_K=64 if weight == "nf4" else 128),
+             BLOCK_K=64 if weight == "nf4" else 128, ROUND_LOGITS=True, LOGITS_DTYPE=fp16),
         num_warps=4, **exact)
 print(json.dumps(results))
 '''

@@ -80,7 +80,7 @@ def test_writer_resumes_after_a_torn_line(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text(path.read_text() + '{"question_id": 3, "spl')    # a crash mid-line
     w = RecordWriter(tmp_path)
-    assert w.open() == {("random", "0"), ("random", "1"), ("random", "2")}
+    assert set(w.open()) == {("random", "0"), ("random", "1"), ("random", "2")}
     w.write([make_record(qs[3], "t", error="image missing")])
     w.close()
     lines = path.read_text().splitlines()
@@ -141,3 +141,25 @@ def test_paper_counts_round_to_the_published_f1(tmp_path):
     assert (two["tp"], two["tn"], two["fp"], two["fn"], two["f1"]) == (1438, 658, 842, 62, 0.7608)
     assert (eight["tp"], eight["tn"], eight["fp"], eight["fn"], eight["f1"]) == (1174, 1318, 182, 326, 0.8221)
     assert run["first_token_counts"] == {"1939": 1644, "3869": 1356}
+
+
+def test_error_records_are_retried_and_superseded(tmp_path):
+    qs = _questions()
+    with RecordWriter(tmp_path) as w:
+        w.write([make_record(qs[0], "t", error="image missing"), make_record(qs[1], "t", first_token_id=1)])
+    w = RecordWriter(tmp_path)
+    assert set(w.open()) == {("random", "1")}          # the error record is not done: a rerun retries it
+    w.write([make_record(qs[0], "t", first_token_id=7, candidate_logits={7: 1.0})])
+    w.close()
+    records = read_records(tmp_path)
+    assert [(e.key, e.error, e.first_token_id) for e in records.entries] == [("0", None, 7), ("1", None, 1)]
+
+
+def test_line_separators_inside_strings_keep_records_readable(tmp_path):
+    """json.dumps(ensure_ascii=False) writes U+2028 raw; str.splitlines() would cut the line there."""
+    qs = _questions()
+    with RecordWriter(tmp_path) as w:
+        w.write([make_record(q, "t", first_token_id=1, decoded=f"Yes\u2028there is\u0085{i}") for i, q in enumerate(qs[:2])])
+    assert "\u2028" in (tmp_path / "records.jsonl").read_text()
+    assert [e.decoded for e in read_records(tmp_path).entries] == ["Yes\u2028there is\u00850", "Yes\u2028there is\u00851"]
+    assert len(RecordWriter(tmp_path).open()) == 2

@@ -1,0 +1,30 @@
+"""The throughput benchmark's own logic on the CPU (its figures are reported, never asserted)."""
+from click.testing import CliRunner
+
+from pope_fast.bench import SEED_FAMILIES, BenchConfig, format_report, run_bench
+from pope_fast.bench.throughput import BENCH_READOUTS
+from pope_fast.cli import main
+
+
+def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
+    cfg = BenchConfig(models=list(SEED_FAMILIES), size="tiny", device="cpu", quant="none", dtype=None,
+                      n_questions=12, reference_sample=6, work_dir=tmp_path)
+    report = run_bench(cfg)
+    assert set(report["unsupported"]) == set(SEED_FAMILIES) - {"llava"}   # listed, never silently skipped
+    entry = report["models"]["llava"]
+    ours, ref = entry["pope_fast"], entry["reference"]
+    assert ours["questions"] == ours["unique_prompts"] == 12
+    assert ref["questions"] == 6 and ref["sampled"] and ref["extrapolated_wall_s"] > ref["wall_s"]
+    # same weights, fp32, same readout functions: every decision of the paper's pipeline is ours
+    assert set(entry["agreement"]) == set(BENCH_READOUTS) and set(entry["agreement"].values()) == {1.0}
+    assert entry["speedup"] > 0 and set(ours["phases_s"]) == {"image_encode", "prefix_prefill", "question_prefill",
+                                                              "decode"}
+    table = format_report(report)
+    assert "| llava (tiny) | 12 (12 prompts) |" in table and "qwen2_vl | unsupported" in table
+    again = run_bench(cfg)   # a kept work dir starts the sweep afresh instead of resuming it
+    assert again["models"]["llava"]["pope_fast"]["unique_prompts"] == 12
+
+
+def test_bench_cli_rejects_unknown_models():
+    result = CliRunner().invoke(main, ["bench", "--models", "llava,gpt5", "--device", "cpu"])
+    assert result.exit_code != 0 and "unknown model(s) gpt5" in result.output
