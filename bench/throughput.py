@@ -115,9 +115,9 @@ def matmul_flops(engine: Engine) -> float:
 def _questions(cfg: BenchConfig) -> list[Question]:
     if cfg.pope_dir is None:
         return builtin_questions(cfg.n_questions)
-    files = sorted(Path(cfg.pope_dir).glob("*.json"))
+    files = sorted(Path(cfg.pope_dir).glob("*pope*.json"))  # the RUCAIBox names; not PROVENANCE.json & co
     if not files:
-        raise FileNotFoundError(f"{cfg.pope_dir}: no POPE question files (*.json)")
+        raise FileNotFoundError(f"{cfg.pope_dir}: no POPE question files (*pope*.json)")
     questions = [q for f in files for q in load_questions(f)]
     return questions[: cfg.n_questions] if cfg.n_questions else questions
 

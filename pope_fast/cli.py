@@ -152,7 +152,7 @@ def _demo_inputs(out_dir, question_files, images_dir, n_questions, split):
 @click.option("--questions", "n_questions", default=60, show_default=True,
               help="built-in POPE-shaped questions (6 per image); with --pope, a cap (0: all)")
 @click.option("--pope", "pope_dir", default=None, type=click.Path(exists=True, file_okay=False),
-              help="a folder of POPE question files (images are synthetic stand-ins named after them)")
+              help="a folder of POPE question files, *pope*.json (images are synthetic stand-ins named after them)")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
 @click.option("--quant", type=click.Choice(["none", "nf4"]), default=None,
               help="both pipelines (default: nf4 on CUDA as the paper ran it, none on CPU)")
