@@ -16,6 +16,7 @@ import torch
 from PIL import Image
 
 from ..readout import READOUTS, Template, TokenSets, derive_token_sets, get_template, parse_readouts
+from ..readout.templates import SAMPLE_QUESTION
 from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .images import LoadedImage, read_image
@@ -121,6 +122,7 @@ class Engine:
         self.generate = any(READOUTS[n].kind == TEXT for n in self.readouts)
         self.timings = Timings()
         self.counts = Counts()
+        self._preprocess = model.preprocess_settings()  # part of every feature-cache key
 
     @classmethod
     def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
@@ -132,7 +134,7 @@ class Engine:
         return {
             "model": {"path": str(self.model.folder), "family": self.model.family},
             "template": self.template.name,
-            "prompt_example": self.template.render("Is there a dog in the image?", self.model.tokenizer),
+            "prompt_example": self.template.render(SAMPLE_QUESTION, self.model.tokenizer),
             "readouts": self.readouts,
             "token_sets": {n: s.to_json() for n, s in self.token_sets.items()},
             "candidate_ids": self.candidate_ids,
@@ -155,7 +157,7 @@ class Engine:
         prepared = []
         for image in images:
             image = self._loaded(image)
-            key = feature_key(image.data, self.model.preprocess_settings(), self.model.feature_fingerprint)
+            key = feature_key(image.data, self._preprocess, self.model.feature_fingerprint)
             prepared.append((key, image, None if self.cache.contains(key) else self.model.preprocess(image.open())))
         return prepared
 
@@ -260,15 +262,12 @@ class Engine:
         device = self.settings.torch_device
         width = max(len(s) for _, s in suffixes)
         lengths = torch.tensor([len(s) for _, s in suffixes], device=device)
-        embeds = []
-        for features, s in suffixes:
-            ids = torch.tensor(s + [s[-1]] * (width - len(s)), device=device)  # padding is never read
-            if (ids[: len(s)] == self.model.image_token_id).any():
-                embeds.append(self.model.embed(ids[: len(s)], features))
-                embeds[-1] = torch.cat([embeds[-1], self.model.lm.embed(ids[len(s):])])
-            else:
-                embeds.append(self.model.lm.embed(ids))
-        return torch.stack(embeds), lengths
+        padded = torch.tensor([s + [s[-1]] * (width - len(s)) for _, s in suffixes], device=device)  # pads unread
+        embeds = self.model.lm.embed(padded)
+        for row, (features, s) in enumerate(suffixes):
+            if self.model.image_token_id in s:
+                embeds[row, : len(s)] = self.model.embed(padded[row, : len(s)], features)
+        return embeds, lengths
 
     def _text(self, tokens: list[int]) -> str:
         """Decode only the new tokens, up to the first stop token: decoding the prompt too is how

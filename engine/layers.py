@@ -29,8 +29,9 @@ class Linear(nn.Module):
         self.kernels = kernels
 
     @property
-    def out_features(self) -> int:
-        return self.packed.shape[0] if self.packed is not None else self.weight.shape[0]
+    def matrix(self) -> torch.Tensor | NF4Weight:
+        """The weight as the kernels take it: the NF4 packing when there is one, else the dense tensor."""
+        return self.packed if self.packed is not None else self.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is None:

@@ -276,10 +276,9 @@ class LlamaLM(nn.Module):
         """
         backend = resolve_backend(self.kernels, self.device)
         h = rms_norm(last_hidden, self.norm, self.dims.rms_eps)
-        weight = self.lm_head.packed if self.lm_head.packed is not None else self.lm_head.weight
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        logits = gather_logits(h, weight, index, backend=backend).to(self.dtype).float()
-        return logits, vocab_argmax(h, weight, backend=backend, logits_dtype=self.dtype)
+        logits = gather_logits(h, self.lm_head.matrix, index, backend=backend).to(self.dtype).float()
+        return logits, vocab_argmax(h, self.lm_head.matrix, backend=backend, logits_dtype=self.dtype)
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
@@ -298,7 +297,9 @@ class LlamaLM(nn.Module):
         own_v = [torch.cat([v, v.new_zeros(b, d.num_kv_heads, steps, d.head_dim)], dim=2) for v in suffix.values]
         slots = torch.arange(s + steps, device=self.device)
         tokens = [first]
-        done = torch.isin(first, torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype))
+        stops = torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype)
+        backend = resolve_backend(self.kernels, self.device)
+        done = torch.isin(first, stops)
         for t in range(steps - 1):
             if bool(done.all()):
                 break
@@ -317,11 +318,9 @@ class LlamaLM(nn.Module):
                                          own_k[i][a:e], own_v[i][a:e], valid[a:e]) for g, a, e in runs]
                 x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
             h = rms_norm(x[:, 0], self.norm, d.rms_eps)
-            weight = self.lm_head.packed if self.lm_head.packed is not None else self.lm_head.weight
-            nxt = vocab_argmax(h, weight, backend=resolve_backend(self.kernels, self.device),
-                               logits_dtype=self.dtype)
+            nxt = vocab_argmax(h, self.lm_head.matrix, backend=backend, logits_dtype=self.dtype)
             tokens.append(nxt)
-            done |= torch.isin(nxt, torch.tensor(sorted(stop_ids), device=self.device, dtype=nxt.dtype))
+            done |= torch.isin(nxt, stops)
         return torch.stack(tokens, dim=1)
 
 

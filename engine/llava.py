@@ -43,7 +43,7 @@ def rename(name: str) -> str | None:
     return None
 
 
-def _gelu(name: str):
+def _activation(name: str):
     acts = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
             "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
     if name not in acts:
@@ -148,7 +148,7 @@ class LlavaModel:
             return make_linear(proj[f"{name}.weight"], proj.get(f"{name}.bias"), dtype=dtype, device=device,
                                quantize=quantize, keep_packed=packed, kernels=settings.kernels)
 
-        self.projector = (linear("linear_1"), _gelu(cfg.projector_hidden_act), linear("linear_2"))
+        self.projector = (linear("linear_1"), _activation(cfg.projector_hidden_act), linear("linear_2"))
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
         self.stop_ids = _stop_ids(folder, self.tokenizer)

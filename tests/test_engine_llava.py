@@ -48,7 +48,6 @@ def _worst(ours: dict, theirs: torch.Tensor) -> tuple[float, int]:
 def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
     reference, _ = oracle
     engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse), readouts="all")
-    assert set(engine.candidate_ids) >= set(engine.token_sets["template_aware"].ids)
     for i, image in enumerate(IMAGES):
         for answer in engine.score(image, QUESTIONS):
             logits, generated = reference[i, answer.question]
