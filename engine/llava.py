@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from .images import ClipPixels
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
 from .loader import CheckpointError, iter_tensors, map_names, tensor_files
@@ -140,6 +141,16 @@ class LlavaModel:
         missing = [m for m in missing if not m.endswith("position_ids")]
         if missing or unexpected:
             raise CheckpointError(f"{folder}: vision tower tensors missing {missing}, unexpected {unexpected}")
+        # hidden_states[0] is the embedding output, [i] the output of layer i: LLaVA reads layer -2,
+        # so the tower's last layer never reaches the model (1 of 24 layers of CLIP-L, 1 of 2 of the
+        # tiny bench model) and is dropped.
+        total = cfg.vision_config.num_hidden_layers
+        layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
+        self.feature_states = [i if i >= 0 else total + 1 + i for i in layers]
+        if not all(0 <= i <= total for i in self.feature_states):
+            raise CheckpointError(f"{folder}/config.json: vision_feature_layer {self.feature_layer} lies outside "
+                                  f"the tower's {total} layers")
+        del vision.encoder.layers[max(self.feature_states):]
         self.vision = vision.to(device=device, dtype=dtype).eval()
         if quantize:  # transformers quantizes the vision tower's Linears too under load_in_4bit
             replace_linears(self.vision, dtype=dtype, device=device, keep_packed=packed, kernels=settings.kernels)
@@ -152,27 +163,45 @@ class LlavaModel:
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
         self.stop_ids = _stop_ids(folder, self.tokenizer)
+        self._fast_pixels, self._fast_pixels_checked = ClipPixels.for_processor(self.image_processor), False
         self._expansion_checked: dict[tuple, bool] = {}
 
     def preprocess_settings(self) -> dict:
         """What decides the pixels, for the vision cache key."""
         # to_dict() names the PIL and torchvision backends alike; their pixels differ, so the class counts.
+        # Images with alpha reach the processor as they are (it composites them over white); older
+        # cache entries were made from a plain convert("RGB").
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
-                "image_aspect": self.settings.image_aspect}
+                "image_aspect": self.settings.image_aspect, "alpha": "over white"}
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
-        """One RGB image → pixel values [3, H, W] as the checkpoint's processor makes them;
-        `pad` first pads to a square with the mean colour, as original LLaVA does.
+        """One image → pixel values [3, H, W] as the checkpoint's processor makes them; `pad` first
+        converts to RGB and pads to a square with the mean colour, as original LLaVA does.
 
-        NumPy, not torch: sweeps run this in a background thread, and torch ops there would start a
+        NumPy, not torch: sweeps run this in background threads, and torch ops there would start a
         second OpenMP team that spins against the model's threads (measured: 20× slower on 2 cores)."""
-        image = image.convert("RGB")
         if self.settings.image_aspect == "pad":
+            image = image.convert("RGB")
             mean = tuple(int(c * 255) for c in self.image_processor.image_mean)  # LLaVA's expand2square truncates
             side = max(image.size)
             square = Image.new("RGB", (side, side), mean)
             square.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
             image = square
+        fast = self._fast_pixels
+        if fast is None:
+            return self._processor_pixels(image)
+        pixels = fast(image)
+        if not self._fast_pixels_checked:
+            # Checked once against the processor itself; a transformers release that computes
+            # differently turns the fast path off instead of changing a single value.
+            self._fast_pixels_checked = True
+            reference = self._processor_pixels(image)
+            if not np.array_equal(pixels, reference):
+                self._fast_pixels = None
+                return reference
+        return pixels
+
+    def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
 
     @torch.inference_mode()
@@ -180,8 +209,7 @@ class LlavaModel:
         """pixels [N, 3, H, W] → projected image features [N, T, hidden] in the model dtype."""
         out = self.vision(pixels.to(self.settings.torch_device, self.settings.torch_dtype),
                           output_hidden_states=True)
-        layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
-        picked = [out.hidden_states[i] for i in layers]
+        picked = [out.hidden_states[i] for i in self.feature_states]
         if self.select_strategy == "default":  # drop CLS
             picked = [h[:, 1:] for h in picked]
         x = torch.cat(picked, dim=-1)

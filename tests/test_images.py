@@ -1,0 +1,108 @@
+"""Image preprocessing against transformers' own processor, and the sweep's image pipeline."""
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from pope_fast.engine import Engine, Settings
+from pope_fast.engine.images import ClipPixels, to_rgb
+from pope_fast.engine.pope import group_sizes
+from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
+
+
+def _processor(**overrides):
+    from transformers import CLIPImageProcessorPil
+
+    config = dict(size={"shortest_edge": 336}, crop_size={"height": 336, "width": 336})
+    config.update(overrides)
+    return CLIPImageProcessorPil(**config)
+
+
+def _images():
+    rgb = [synthetic_image(i, size) for i, size in
+           enumerate([(640, 480), (480, 640), (640, 427), (500, 375), (337, 1001), (336, 336), (90, 70), (41, 300)])]
+    base = synthetic_image(99, (301, 203))
+    rgba = base.convert("RGBA")
+    alpha = np.asarray(rgba).copy()
+    alpha[..., 3] = np.arange(301)[None, :] % 256  # every alpha level, so compositing matters
+    palette = base.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
+    palette.info["transparency"] = 3
+    return rgb + [Image.fromarray(alpha, "RGBA"), base.convert("L"), base.convert("CMYK"), palette,
+                  base.convert("LA")]
+
+
+@pytest.mark.parametrize("config", [
+    {},
+    dict(size={"shortest_edge": 224}, crop_size={"height": 224, "width": 224}),
+    dict(size={"shortest_edge": 300}, crop_size={"height": 211, "width": 289}, resample=2),
+    dict(image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], rescale_factor=1 / 127.5),
+], ids=["llava-336", "clip-224", "odd-crop-bilinear", "other-normalization"])
+def test_fast_clip_pixels_equal_the_processor_bit_for_bit(config):
+    processor = _processor(**config)
+    fast = ClipPixels.for_processor(processor)
+    assert fast is not None
+    for image in _images():
+        expected = processor(images=image, return_tensors="np")["pixel_values"][0]
+        got = fast(image)
+        assert got.dtype == expected.dtype and got.shape == expected.shape, image
+        mismatched = np.argwhere(got != expected)
+        assert not len(mismatched), f"{image.mode} {image.size}: first mismatch at {mismatched[0]}"
+
+
+@pytest.mark.parametrize("config", [
+    dict(do_center_crop=False),
+    dict(do_normalize=False),
+    dict(size={"height": 336, "width": 336}),
+    dict(crop_size={"height": 400, "width": 400}),
+], ids=["no-crop", "no-normalize", "fixed-size", "crop-beyond-image"])
+def test_fast_clip_pixels_decline_other_processors(config):
+    assert ClipPixels.for_processor(_processor(**config)) is None
+
+
+def test_alpha_is_composited_over_white_as_transformers_does():
+    red = Image.new("RGBA", (4, 4), (255, 0, 0, 0))  # fully transparent red
+    assert to_rgb(red).getpixel((0, 0)) == (255, 255, 255)
+    assert red.convert("RGB").getpixel((0, 0)) == (255, 0, 0)  # what a plain convert would have kept
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_llava(tmp_path_factory.mktemp("tiny_llava_images") / "ckpt")
+
+
+def test_engine_matches_transformers_on_an_image_with_alpha(checkpoint):
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    image = _images()[8]
+    assert image.mode == "RGBA"
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
+    assert engine.model._fast_pixels is not None  # the tiny checkpoint's processor takes the fast path
+    answer = engine.score(image, QUESTIONS[:1])[0]
+    inputs = processor(images=image, text=f"USER: <image>\n{QUESTIONS[0]}\nASSISTANT:", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, -1]
+    worst = max(abs(v - float(logits[i])) for i, v in answer.candidate_logits.items())
+    assert worst < 1e-4
+
+
+def test_a_fast_path_that_disagrees_is_turned_off(checkpoint):
+    engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
+    model = engine.model
+    image = _images()[0]
+    expected = model._processor_pixels(image)
+
+    class Off:  # a fast path one unit in the last place off
+        def __call__(self, image):
+            return np.nextafter(expected, np.inf)
+
+    model._fast_pixels = Off()
+    assert np.array_equal(model.preprocess(image), expected)
+    assert model._fast_pixels is None and np.array_equal(model.preprocess(image), expected)
+
+
+@pytest.mark.parametrize("n, batch, expected", [
+    (10, 8, [1, 2, 4, 3]), (1, 8, [1]), (0, 8, []), (40, 8, [1, 2, 4, 8, 8, 8, 8, 1]), (5, 1, [1] * 5),
+])
+def test_model_steps_ramp_up_to_the_image_batch(n, batch, expected):
+    assert group_sizes(n, batch) == expected
