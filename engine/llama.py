@@ -229,8 +229,7 @@ class LlamaLM(nn.Module):
             values.append(v)
             if i == len(self.layers) - 1:
                 break
-            attn = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, q).float(), _repeat_kv(v, q).float(),
-                                                  is_causal=True).to(self.dtype)
+            attn = causal_attention(q, k, v)
             x = layer.finish(x, attn)
             x = _hook(intervention, i, x, "prefix")
         return PrefixKV(keys, values, p)
@@ -260,8 +259,7 @@ class LlamaLM(nn.Module):
             if prefix is not None:
                 attn = shared_prefix_attention(q, prefix, i, k, v, lengths, runs, backend)
             else:
-                attn = F.scaled_dot_product_attention(q.float(), _repeat_kv(k, q).float(), _repeat_kv(v, q).float(),
-                                                      is_causal=True).to(self.dtype)
+                attn = causal_attention(q, k, v)
             x = layer.finish(x, attn)
             x = _hook(intervention, i, x, "suffix")
         last = x[torch.arange(b, device=self.device), lengths - 1]
@@ -324,9 +322,10 @@ class LlamaLM(nn.Module):
         return torch.stack(tokens, dim=1)
 
 
-def _repeat_kv(kv: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """[B, Hkv, S, D] → [B, Hq, S, D] for grouped-query attention."""
-    return kv.repeat_interleave(q.shape[1] // kv.shape[1], dim=1)
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [B, Hq, S, D], k and v [B, Hkv, S, D] → causal SDPA in the model dtype, as transformers' sdpa
+    attention runs it; grouped heads are read in place, not repeated into copies."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
 def _hook(intervention: Intervention | None, layer: int, x: torch.Tensor, part: str) -> torch.Tensor:

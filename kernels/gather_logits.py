@@ -24,10 +24,12 @@ def rms_norm_ref(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float) ->
     return norm_weight * x.to(hidden.dtype)
 
 
-def _weight_rows_fp32(weight, rows: torch.Tensor) -> torch.Tensor:
+def _weight_rows_fp32(weight, rows: torch.Tensor | slice) -> torch.Tensor:
     if isinstance(weight, NF4Weight):
+        if isinstance(rows, slice):
+            rows = torch.arange(rows.start, rows.stop, device=weight.device)
         return dequantize_rows_ref(weight, rows).float()
-    return weight[rows].float()
+    return weight[rows].float()  # a slice of an fp32 weight is a view: no copy of the vocabulary
 
 
 def gather_logits_ref(
@@ -52,8 +54,7 @@ def vocab_argmax_ref(
     best = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device)
     best_index = torch.zeros(hidden.shape[0], dtype=torch.int64, device=hidden.device)
     for start in range(0, n_rows, ARGMAX_CHUNK_ROWS):
-        rows = torch.arange(start, min(start + ARGMAX_CHUNK_ROWS, n_rows), device=hidden.device)
-        logits = hidden @ _weight_rows_fp32(weight, rows).T
+        logits = hidden @ _weight_rows_fp32(weight, slice(start, min(start + ARGMAX_CHUNK_ROWS, n_rows))).T
         if logits_dtype is not None:
             logits = logits.to(logits_dtype).float()
         chunk_max, chunk_index = logits.max(dim=1)

@@ -38,7 +38,7 @@ def prefix_attention_ref(
     valid = position[None, :] < lens[:, None]  # [B, S]: real tokens, queries and keys alike
 
     def expand_heads(t, dim):  # GQA: query head h reads KV head h // group (transformers' repeat_kv)
-        return t.float().repeat_interleave(group, dim=dim)
+        return t.float().repeat_interleave(group, dim=dim) if group > 1 else t.float()
 
     k_p, v_p = expand_heads(k_prefix, 0), expand_heads(v_prefix, 0)  # [Hq, P, D]
     zero_pads = valid[:, None, :, None]

@@ -5,6 +5,7 @@ LLaMA token ▁Yes, 4.x as [▁, Yes]), so every run records the ids together wi
 """
 from __future__ import annotations
 
+import functools
 from importlib import metadata
 from pathlib import Path
 
@@ -25,14 +26,20 @@ def load_tokenizer(path: str | Path):
     return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
 
 
-def library_versions() -> dict[str, str]:
-    versions = {}
+@functools.cache
+def _installed_versions() -> tuple[tuple[str, str], ...]:
+    # Installed packages do not change under a running process; reading their metadata costs ~6 ms.
+    versions = []
     for name in ("transformers", "tokenizers", "torch", "bitsandbytes", "triton"):
         try:
-            versions[name] = metadata.version(name)
+            versions.append((name, metadata.version(name)))
         except metadata.PackageNotFoundError:
             continue
-    return versions
+    return tuple(versions)
+
+
+def library_versions() -> dict[str, str]:
+    return dict(_installed_versions())
 
 
 def tokenizer_info(tokenizer) -> dict:

@@ -56,6 +56,24 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
             assert answer.first_token_id == int(logits.argmax()) == generated[0]
 
 
+@pytest.mark.parametrize("feature_layer, layers_kept", [(-1, 2), ([-3, -2], 1), ([-2, -1], 2), ([0, 1], 1)],
+                         ids=["last", "embeddings-and-first", "last-two", "first-two"])
+def test_other_feature_layers_match_transformers(tmp_path, feature_layer, layers_kept):
+    """The vision tower runs only up to the deepest layer LLaVA reads; the features are the same."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    checkpoint = make_tiny_llava(tmp_path / "ckpt", feature_layer=feature_layer)
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    inputs = AutoProcessor.from_pretrained(str(checkpoint))(
+        images=IMAGES[0], text=f"USER: <image>\n{QUESTIONS[0]}\nASSISTANT:", return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, -1]
+    engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
+    assert len(engine.model.vision.encoder.layers) == layers_kept
+    diff, at = _worst(engine.score(IMAGES[0], QUESTIONS[:1])[0].candidate_logits, logits)
+    assert diff <= 1e-4, f"id {at} differs by {diff:.2e}"
+
+
 @pytest.mark.parametrize("batch_size", [4, 32])
 def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batch_size):
     """Several images' prefixes prefilled together, suffix batches (and their continuations) spanning images."""

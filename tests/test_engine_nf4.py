@@ -54,7 +54,7 @@ def test_dequantized_weights_equal_bitsandbytes(engine, oracle_model):
         "model.language_model.layers.1.mlp.down_proj": engine.model.lm.layers[1].down_proj,
         "model.language_model.layers.0.self_attn.k_proj": engine.model.lm.layers[0].k_proj,
         "model.multi_modal_projector.linear_1": engine.model.projector[0],
-        "model.vision_tower.encoder.layers.1.mlp.fc2": engine.model.vision.encoder.layers[1].mlp.fc2,
+        "model.vision_tower.encoder.layers.0.mlp.fc2": engine.model.vision.encoder.layers[0].mlp.fc2,
     }
     modules = dict(oracle_model.named_modules())
     quantized = [n for n, m in modules.items() if isinstance(m, bnb.nn.Linear4bit)]
@@ -66,6 +66,7 @@ def test_dequantized_weights_equal_bitsandbytes(engine, oracle_model):
         assert linear.weight.dtype == torch.float16
         assert torch.equal(linear.weight, expected), name
     assert engine.model.lm.lm_head.packed is None and engine.model.lm.lm_head.weight.dtype == torch.float16
+    assert len(engine.model.vision.encoder.layers) == 1  # layer -2 of 2 is read: the last is never run
 
 
 def test_candidate_logits_and_decisions_match_transformers_bnb(checkpoint, engine, oracle_model):

@@ -30,7 +30,7 @@ def llava_tokenizer(folder: Path, builtin: bool = False):
 
 def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers: int = 2, kv_heads: int = 2,
                     hidden: int = 64, vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32,
-                    builtin_tokenizer: bool = False, vocab_size: int | None = None) -> Path:
+                    builtin_tokenizer: bool = False, vocab_size: int | None = None, feature_layer=-2) -> Path:
     """A random LLaVA-1.5-shaped checkpoint saved with save_pretrained, with its processor files.
 
     vocab_size: lm_head rows (default 32064, at least the tokenizer's length).
@@ -53,7 +53,7 @@ def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers
                        num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=vocab,
                        max_position_embeddings=2048, initializer_range=init_std, bos_token_id=1, eos_token_id=2)
     config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
-                         pad_token_id=tok.pad_token_id, initializer_range=init_std)
+                         pad_token_id=tok.pad_token_id, initializer_range=init_std, vision_feature_layer=feature_layer)
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(config).eval()
     with torch.no_grad():  # spread the lm_head rows too, so answers vary between questions
