@@ -26,6 +26,7 @@ from ..kernels import (
     nf4_matmul,
     prefix_attention,
     prefix_attention_ref,
+    prefix_runs,
     vocab_argmax,
 )
 from ..kernels.gather_logits import rms_norm_ref
@@ -268,8 +269,27 @@ def bench_prefix_attention(s: Shapes, device, timer, checks: Checks) -> list[Row
     ours = timer(lambda: prefix_attention(*args, backend="triton"))
     baseline = timer(sdpa)
     shape = f"{s.questions} questions x {s.suffix} tokens, prefix {s.prefix}, {s.heads} x {s.head_dim} heads"
-    return [Row("prefix_attention fp16", shape, ours, "SDPA, prefix expanded per question", baseline,
+    rows = [Row("prefix_attention fp16", shape, ours, "SDPA, prefix expanded per question", baseline,
                 f"{baseline / ours:.1f}x faster", ">= 2x", baseline >= 2 * ours, ok)]
+
+    # A question batch that spans three images: one launch over three prefixes vs one launch per image.
+    k_prefixes, v_prefixes = randn(3, s.heads, s.prefix, s.head_dim), randn(3, s.heads, s.prefix, s.head_dim)
+    index = [3 * i // s.questions for i in range(s.questions)]
+    runs = prefix_runs(index)
+
+    def per_image():
+        return torch.cat([prefix_attention(q[a:e], k_prefixes[g], v_prefixes[g], k_suffix[a:e], v_suffix[a:e],
+                                           lens[a:e], backend="triton") for g, a, e in runs])
+
+    multi_args = (q, k_prefixes, v_prefixes, k_suffix, v_suffix, lens)
+    ours_out = prefix_attention(*multi_args, backend="triton", prefix_index=index)
+    ok = checks.close("prefix_attention, 3 prefixes, vs reference", ours_out,
+                      prefix_attention_ref(*multi_args, prefix_index=index), 2e-3, 2e-3)
+    ours = timer(lambda: prefix_attention(*multi_args, backend="triton", prefix_index=index))
+    baseline = timer(per_image)
+    rows.append(Row("prefix_attention fp16, 3 prefixes", shape.replace("prefix", "3 prefixes of"), ours,
+                    "one launch per prefix", baseline, f"{baseline / ours:.1f}x faster", "-", None, ok))
+    return rows
 
 
 def format_table(rows: list[Row], device_line: str) -> str:

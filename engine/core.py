@@ -130,6 +130,20 @@ class Engine:
         settings = settings or Settings()
         return cls(load_model(folder, settings), settings, template, readouts, VisionCache(cache_dir))
 
+    def warmup(self) -> None:
+        """One untimed image batch through every step a sweep takes (preprocessing, vision, prefixes,
+        a full question batch, and decoding when a string readout asks for it), so one-time costs land
+        here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
+        allocator growth, the fast-pixel check (on the CPU machine a cold first sweep of 60 built-in
+        questions took 0.16 s, a warm one 0.13 s). Nothing is cached; timings and counts restart."""
+        image = Image.new("RGB", (640, 480), (124, 116, 104))
+        pixels = np.stack([self.model.preprocess(image)] * self.settings.image_batch)
+        prompts = [self.prompt(SAMPLE_QUESTION)] * max(1, self.settings.batch_size // self.settings.image_batch)
+        self.run_images([(features, prompts) for features in self.model.encode_images(torch.from_numpy(pixels))])
+        if self.settings.torch_device.type == "cuda":
+            torch.cuda.synchronize(self.settings.torch_device)
+        self.timings, self.counts = Timings(), Counts()
+
     def meta(self) -> dict:
         return {
             "model": {"path": str(self.model.folder), "family": self.model.family},

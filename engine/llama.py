@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import gather_logits, prefix_attention, resolve_backend, vocab_argmax
+from ..kernels import gather_logits, prefix_attention, prefix_runs, resolve_backend, vocab_argmax
 from .layers import Rotary, apply_rotary, make_linear, rms_norm
 
 
@@ -163,29 +163,6 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid):
     return out.reshape(b, hq, t, d).to(q.dtype)
 
 
-def shared_prefix_attention(q, prefix: "PrefixKV", layer: int, k, v, lengths, runs: list[tuple[int, int, int]],
-                            backend: str):
-    """Suffix rows attending to their own image's prefix. Rows come sorted by prefix; each run
-    (prefix slot, first row, end row) is one prefix_attention call, which reads that prefix's K/V
-    once for all its questions instead of expanding it per row."""
-    outs = [prefix_attention(q[a:e], prefix.keys[layer][g], prefix.values[layer][g], k[a:e], v[a:e], lengths[a:e],
-                             backend=backend) for g, a, e in runs]
-    return outs[0] if len(outs) == 1 else torch.cat(outs)
-
-
-def prefix_runs(prefix_index: list[int]) -> list[tuple[int, int, int]]:
-    """[0, 0, 1, 1, 1] → [(0, 0, 2), (1, 2, 5)]; raises unless rows are grouped by prefix."""
-    runs: list[tuple[int, int, int]] = []
-    for row, g in enumerate(prefix_index):
-        if runs and runs[-1][0] == g:
-            runs[-1] = (g, runs[-1][1], row + 1)
-        else:
-            if any(r[0] == g for r in runs):
-                raise ValueError("suffix rows must be grouped by prefix")
-            runs.append((g, row, row + 1))
-    return runs
-
-
 class LlamaLM(nn.Module):
     def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
                  device: torch.device, quantize: bool, keep_packed: bool, quantize_lm_head: bool, kernels: str):
@@ -250,14 +227,14 @@ class LlamaLM(nn.Module):
         start = prefix.length if prefix is not None else 0
         cos, sin = self.rotary.cos_sin(start + torch.arange(s, device=self.device), self.dtype)
         backend = resolve_backend(self.kernels, self.device)
-        runs = prefix_runs(prefix_index) if prefix is not None else []
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin)
             keys.append(k)
             values.append(v)
-            if prefix is not None:
-                attn = shared_prefix_attention(q, prefix, i, k, v, lengths, runs, backend)
+            if prefix is not None:  # one call for every image's rows: each run reads its prefix once
+                attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, lengths, backend=backend,
+                                        prefix_index=prefix_index)
             else:
                 attn = causal_attention(q, k, v)
             x = layer.finish(x, attn)

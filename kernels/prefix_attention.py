@@ -1,15 +1,21 @@
-"""Attention of a batch of question suffixes over one shared image prefix plus their own tokens.
+"""Attention of a batch of question suffixes over their image's prefix plus their own tokens.
 
-Each question b has suffix_lens[b] valid query positions i; query i attends to all P prefix keys
-(shared by the whole batch, already RoPE'd) and causally to its own suffix keys 0..i: softmax
-over the concatenation [prefix ; suffix[:i+1]], exactly SDPA over each concatenated sequence.
+Each question b has suffix_lens[b] valid query positions i; query i attends to all P keys of its
+prefix (one shared by the whole batch, or prefix_index[b] of several, already RoPE'd) and causally
+to its own suffix keys 0..i: softmax over the concatenation [prefix ; suffix[:i+1]], exactly SDPA
+over each concatenated sequence. Questions come grouped by prefix (a run of rows per prefix).
 
 The kernel packs the queries of every question and every query head of one KV head into the rows
 of one tile set (row = (question, head in group, position)), so the prefix K/V of a KV head is read
 once per row tile for the whole batch instead of once per question, and the online softmax then
 continues over each row's own suffix keys: the prefix and suffix parts merge by log-sum-exp in
-registers. Padded query rows (i >= suffix_lens[b]) come out as zeros; padded suffix keys and
-queries are never read, so they cannot touch valid rows.
+registers. Several prefixes are one launch: a third grid axis walks the runs. Padded query rows
+(i >= suffix_lens[b]) come out as zeros; padded suffix keys and queries are never read, so they
+cannot touch valid rows.
+
+Without a kernel (CPU) the torch path computes the same softmax in a few batched ops for all runs
+at once (rows padded to the longest run), not one reference call per prefix: per image batch of
+the 60-question CPU benchmark that was ~20 small-op calls per layer.
 """
 import math
 
@@ -28,8 +34,32 @@ def prefix_attention_ref(
     v_suffix: torch.Tensor,
     suffix_lens: torch.Tensor,
     scale: float | None = None,
+    prefix_index: list[int] | None = None,
 ) -> torch.Tensor:
-    """[B, Hq, S, D] in q's dtype: explicit fp32 softmax over [prefix ; causal suffix] per row."""
+    """[B, Hq, S, D] in q's dtype: explicit fp32 softmax over [prefix ; causal suffix] per row;
+    with prefix_index, k/v_prefix are [G, Hkv, P, D] and each run of rows takes its own prefix."""
+    if prefix_index is not None:
+        outs = [_one_prefix_ref(q[a:e], k_prefix[g], v_prefix[g], k_suffix[a:e], v_suffix[a:e], suffix_lens[a:e],
+                                scale) for g, a, e in prefix_runs(prefix_index)]
+        return torch.cat(outs) if outs else torch.zeros_like(q)
+    return _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale)
+
+
+def prefix_runs(prefix_index: list[int]) -> list[tuple[int, int, int]]:
+    """[0, 0, 1, 1, 1] → [(0, 0, 2), (1, 2, 5)]: (prefix, first row, end row) per run; raises unless
+    rows are grouped by prefix."""
+    runs: list[tuple[int, int, int]] = []
+    for row, g in enumerate(prefix_index):
+        if runs and runs[-1][0] == g:
+            runs[-1] = (g, runs[-1][1], row + 1)
+        else:
+            if any(r[0] == g for r in runs):
+                raise ValueError("rows must be grouped by prefix (prefix_index has a prefix in two runs)")
+            runs.append((g, row, row + 1))
+    return runs
+
+
+def _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale):
     batch, q_heads, length, head_dim = q.shape
     group = q_heads // k_prefix.shape[0]
     scale = head_dim**-0.5 if scale is None else scale
@@ -58,6 +88,62 @@ def prefix_attention_ref(
     return torch.where(zero_pads, out, 0.0).to(q.dtype)
 
 
+def _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs):
+    """The reference's values in batched fp32 ops for every run at once. k/v_prefix [G, Hkv, P, D];
+    runs from prefix_runs. The prefix and suffix softmaxes are computed apart and merged by their
+    maxima and sums, so no [prefix ; suffix] score tensor is concatenated per row."""
+    batch, q_heads, length, head_dim = q.shape
+    kv_heads, prefix_len = k_prefix.shape[1:3]
+    group = q_heads // kv_heads
+    lens = suffix_lens.to(q.device).long()
+    position = torch.arange(length, device=q.device)
+    valid = position[None, :] < lens[:, None]  # [B, S]
+    qf = torch.where(valid[:, None, :, None], q.float(), 0.0) * scale  # padded rows may hold NaN
+
+    # Prefix part: rows of each run padded to the longest run, [R, Hkv, rows * group * S, D] @ [R, Hkv, D, P].
+    widest = max(e - a for _, a, e in runs)
+    slot = torch.full((len(runs) * widest,), batch, device=q.device)  # row `batch` is all zeros
+    for r, (_, a, e) in enumerate(runs):
+        slot[r * widest:r * widest + e - a] = torch.arange(a, e, device=q.device)
+    rows = torch.cat([qf, qf.new_zeros(1, q_heads, length, head_dim)])[slot]  # [R * W, Hq, S, D]
+    rows = rows.view(len(runs), widest, kv_heads, group * length, head_dim).transpose(1, 2)
+    rows = rows.reshape(len(runs), kv_heads, widest * group * length, head_dim)
+    prefixes = [g for g, _, _ in runs]
+    if prefixes == list(range(prefixes[0], prefixes[-1] + 1)):  # the usual case: views, no copies
+        k_p, v_p = k_prefix[prefixes[0]:prefixes[-1] + 1], v_prefix[prefixes[0]:prefixes[-1] + 1]
+    else:
+        k_p, v_p = k_prefix[prefixes], v_prefix[prefixes]
+    scores = rows @ k_p.float().transpose(-1, -2)  # [R, Hkv, W * g * S, P]
+    max_p = scores.amax(-1, keepdim=True)
+    weights = torch.exp(scores - max_p)
+    sum_p = weights.sum(-1, keepdim=True)
+    out_p = weights @ v_p.float()  # [R, Hkv, W * g * S, D], unnormalized
+
+    def to_rows(t):  # [R, Hkv, W * g * S, X] → [B, Hq, S, X] in row order
+        t = t.view(len(runs), kv_heads, widest, group * length, -1).transpose(1, 2)
+        t = t.reshape(len(runs) * widest, q_heads, length, -1)
+        return t[torch.cat([torch.arange(r * widest, r * widest + e - a, device=q.device)
+                            for r, (_, a, e) in enumerate(runs)])]
+
+    out_p, max_p, sum_p = to_rows(out_p), to_rows(max_p), to_rows(sum_p)
+
+    # Own part: [B, Hkv, g * S, D] @ [B, Hkv, D, S], causal and within each row's length.
+    zero_pads = valid[:, None, :, None]
+    k_s = torch.where(zero_pads, k_suffix.float(), 0.0)
+    v_s = torch.where(zero_pads, v_suffix.float(), 0.0)
+    own = qf.reshape(batch, kv_heads, group * length, head_dim) @ k_s.transpose(-1, -2)
+    own = own.view(batch, q_heads, length, length)
+    allowed = (position[None, :] <= position[:, None])[None] & valid[:, None, :]  # [B, S (query), S (key)]
+    own = own.masked_fill(~allowed[:, None], float("-inf"))
+    best = torch.maximum(max_p, own.amax(-1, keepdim=True))  # finite: every row has P >= 1 prefix keys
+    prefix_weight = torch.exp(max_p - best)
+    own_weights = torch.exp(own - best)
+    total = sum_p * prefix_weight + own_weights.sum(-1, keepdim=True)
+    own_out = (own_weights.view(batch, kv_heads, group * length, length) @ v_s).view(batch, q_heads, length, head_dim)
+    out = (out_p * prefix_weight + own_out) / total
+    return torch.where(zero_pads, out, 0.0).to(q.dtype)
+
+
 @triton.jit
 def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE: tl.constexpr):
     """One key block of the flash-attention recurrence (base-2 exponentials)."""
@@ -74,22 +160,30 @@ def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE
 
 @triton.jit
 def _prefix_attention_kernel(
-    q_ptr, k_prefix_ptr, v_prefix_ptr, k_suffix_ptr, v_suffix_ptr, lens_ptr, out_ptr,
+    q_ptr, k_prefix_ptr, v_prefix_ptr, k_suffix_ptr, v_suffix_ptr, lens_ptr, runs_ptr, out_ptr,
     stride_qb, stride_qh, stride_qs,
-    stride_kph, stride_kpp, stride_vph, stride_vpp,
+    stride_kpg, stride_kph, stride_kpp, stride_vpg, stride_vph, stride_vpp,
     stride_ksb, stride_ksh, stride_kss, stride_vsb, stride_vsh, stride_vss,
     stride_ob, stride_oh, stride_os,
-    B, S, P, D, scale_log2e,
+    S, P, D, scale_log2e,
     GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
+    # this program's run: rows [run_start, run_end) continue prefix run_prefix (runs_ptr: int32 [R, 3])
+    run_prefix = tl.load(runs_ptr + tl.program_id(2) * 3)
+    run_start = tl.load(runs_ptr + tl.program_id(2) * 3 + 1)
+    run_end = tl.load(runs_ptr + tl.program_id(2) * 3 + 2)
     rows_per_question = GROUP * S
+    if tl.program_id(0) * BLOCK_M >= (run_end - run_start) * rows_per_question:
+        return  # the grid is sized for the longest run
+    k_prefix_ptr += run_prefix.to(tl.int64) * stride_kpg
+    v_prefix_ptr += run_prefix.to(tl.int64) * stride_vpg
     row = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)  # packed (question, head in group, position)
-    question = row // rows_per_question
+    question = run_start + row // rows_per_question
     head = kv_head * GROUP + (row // S) % GROUP
     position = row % S
-    row_in = question < B
+    row_in = question < run_end
     length = tl.load(lens_ptr + question, mask=row_in, other=0)
     valid = row_in & (position < length)
     d = tl.arange(0, BLOCK_D)
@@ -114,8 +208,8 @@ def _prefix_attention_kernel(
         )
 
     # each question's own keys, causally; a tile holds the rows of a few consecutive questions
-    first_question = (tl.program_id(0) * BLOCK_M) // rows_per_question
-    last_question = min((tl.program_id(0) * BLOCK_M + BLOCK_M - 1) // rows_per_question, B - 1)
+    first_question = run_start + (tl.program_id(0) * BLOCK_M) // rows_per_question
+    last_question = min(run_start + (tl.program_id(0) * BLOCK_M + BLOCK_M - 1) // rows_per_question, run_end - 1)
     for other in range(first_question, last_question + 1):
         other_length = tl.load(lens_ptr + other)
         for t0 in range(0, other_length, BLOCK_N):
@@ -151,21 +245,33 @@ def prefix_attention(
     scale: float | None = None,
     backend: str = "auto",
     *,
+    prefix_index: list[int] | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, Hq, S, D] attention output in q's dtype.
 
-    q: [B, Hq, S, D] (S = longest suffix; rows past suffix_lens[b] are padding), k_prefix and
-    v_prefix: [Hkv, P, D], k_suffix and v_suffix: [B, Hkv, S, D], suffix_lens: [B] ints in
-    [0, S] (checked on the host except on CUDA, where that would sync); Hq = Hkv * g. Any D
-    works: tiles pad it to a power of two >= 16 for tl.dot.
+    q: [B, Hq, S, D] (S = longest suffix; rows past suffix_lens[b] are padding); k_prefix and
+    v_prefix: [Hkv, P, D] shared by every row, or [G, Hkv, P, D] with prefix_index, B host ints in
+    [0, G) naming each row's prefix, rows grouped by prefix (a list, so the runs are known without a
+    device sync); k_suffix and v_suffix: [B, Hkv, S, D]; suffix_lens: [B] ints in [0, S] (checked on
+    the host except on CUDA, where that would sync); Hq = Hkv * g. Any D works: tiles pad it to a
+    power of two >= 16 for tl.dot.
     """
     if q.dim() != 4:
         raise ValueError(f"q must be [B, Hq, S, D], got {tuple(q.shape)}")
     batch, q_heads, length, head_dim = q.shape
-    if k_prefix.dim() != 3 or v_prefix.shape != k_prefix.shape or k_prefix.shape[2] != head_dim:
-        raise ValueError(f"k_prefix and v_prefix must both be [Hkv, P, {head_dim}]")
-    kv_heads, prefix_len = k_prefix.shape[:2]
+    shared = "[Hkv, P, D]" if prefix_index is None else "[G, Hkv, P, D] (one per prefix_index value)"
+    if k_prefix.dim() != (3 if prefix_index is None else 4) or v_prefix.shape != k_prefix.shape \
+            or k_prefix.shape[-1] != head_dim:
+        raise ValueError(f"k_prefix and v_prefix must both be {shared} with D = {head_dim}, "
+                         f"got {tuple(k_prefix.shape)} and {tuple(v_prefix.shape)}")
+    if prefix_index is None:
+        k_prefix, v_prefix, runs = k_prefix[None], v_prefix[None], [(0, 0, batch)] if batch else []
+    else:
+        if len(prefix_index) != batch or any(not 0 <= g < k_prefix.shape[0] for g in prefix_index):
+            raise ValueError(f"prefix_index must hold {batch} ints in [0, {k_prefix.shape[0]})")
+        runs = prefix_runs(list(prefix_index))
+    kv_heads, prefix_len = k_prefix.shape[1:3]
     if k_suffix.shape != (batch, kv_heads, length, head_dim) or v_suffix.shape != k_suffix.shape:
         raise ValueError(f"k_suffix and v_suffix must both be [{batch}, {kv_heads}, {length}, {head_dim}]")
     if q_heads % kv_heads:
@@ -183,26 +289,36 @@ def prefix_attention(
         raise ValueError(f"out must be a {q.dtype} tensor of q's shape with unit stride along D")
     scale = head_dim**-0.5 if scale is None else scale
     if resolve_backend(backend, q.device) == "torch":
-        result = prefix_attention_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale)
+        if not runs:
+            result = torch.zeros_like(q)
+        elif prefix_len == 0:  # nothing to merge: the reference's plain softmax over the own keys
+            result = prefix_attention_ref(q, k_prefix[0], v_prefix[0], k_suffix, v_suffix, suffix_lens, scale)
+        else:
+            result = _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs)
         return result if out is None else out.copy_(result)
     q, k_prefix, v_prefix, k_suffix, v_suffix = (t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
+    if not runs:
+        return out
     group = q_heads // kv_heads
     gpu = on_gpu(q.device)
     # GPU: 64 packed rows x 64 keys per step, D up to 128 in registers (the FlashAttention-2 tile
     # for these head sizes); the interpreter takes 16 x 16 so that small tests cross tiles.
     block_m, block_n = (64, 64) if gpu else (16, 16)
     block_d = max(16, triton.next_power_of_2(head_dim))
-    grid = (triton.cdiv(batch * group * length, block_m), kv_heads)
+    widest = max(e - a for _, a, e in runs)
+    run_table = torch.tensor(runs, dtype=torch.int32).to(q.device, non_blocking=True)  # [R, 3]
+    grid = (triton.cdiv(widest * group * length, block_m), kv_heads, len(runs))
     if grid[0]:
         _prefix_attention_kernel[grid](
-            q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens.contiguous(), out,
+            q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens.contiguous(), run_table, out,
             q.stride(0), q.stride(1), q.stride(2),
-            k_prefix.stride(0), k_prefix.stride(1), v_prefix.stride(0), v_prefix.stride(1),
+            k_prefix.stride(0), k_prefix.stride(1), k_prefix.stride(2),
+            v_prefix.stride(0), v_prefix.stride(1), v_prefix.stride(2),
             k_suffix.stride(0), k_suffix.stride(1), k_suffix.stride(2),
             v_suffix.stride(0), v_suffix.stride(1), v_suffix.stride(2),
             out.stride(0), out.stride(1), out.stride(2),
-            batch, length, prefix_len, head_dim, scale * math.log2(math.e),
+            length, prefix_len, head_dim, scale * math.log2(math.e),
             GROUP=group, DOT_DTYPE=tl_dtype(dot_dtype(q.dtype)), OUT_DTYPE=tl_dtype(q.dtype),
             BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
             num_warps=4, num_stages=2 if gpu else 1, enable_fp_fusion=True,

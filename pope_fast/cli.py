@@ -113,6 +113,7 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
                             nf4_weights=nf4_weights, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse)
         engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
+        engine.warmup()
         with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:
             result = run_pope(engine, questions, images_dir, out_dir, skip_bad=skip_bad, progress=bar.update)
     except (DataError, CheckpointError, ImageError, ValueError, NotImplementedError) as err:

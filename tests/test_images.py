@@ -5,7 +5,6 @@ import torch
 from PIL import Image
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.images import ClipPixels, to_rgb
-from pope_fast.engine.pope import group_sizes
 from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
 
 
@@ -99,10 +98,3 @@ def test_a_fast_path_that_disagrees_is_turned_off(checkpoint):
     model._fast_pixels = Off()
     assert np.array_equal(model.preprocess(image), expected)
     assert model._fast_pixels is None and np.array_equal(model.preprocess(image), expected)
-
-
-@pytest.mark.parametrize("n, batch, expected", [
-    (10, 8, [1, 2, 4, 3]), (1, 8, [1]), (0, 8, []), (40, 8, [1, 2, 4, 8, 8, 8, 8, 1]), (5, 1, [1] * 5),
-])
-def test_model_steps_ramp_up_to_the_image_batch(n, batch, expected):
-    assert group_sizes(n, batch) == expected

@@ -483,6 +483,57 @@ def test_prefix_attention_kernel_matches_ref(case, dtype, gen):
     assert_close(result, expected, *KERNEL_TOL[dtype], "prefix_attention")
 
 
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("case", ATTENTION_CASES.values(), ids=ATTENTION_CASES.keys())
+def test_prefix_attention_torch_path_matches_ref(case, dtype, gen):
+    """The batched CPU path (backend torch) against the reference it stands in for."""
+    q, k_prefix, v_prefix, k_suffix, v_suffix, lens = make_attention_case(case, dtype, gen)
+    out = nan_like(q.shape, dtype)
+    result = prefix_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, backend="torch", out=out)
+    expected = prefix_attention_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, lens)
+    assert_close(result, expected, *KERNEL_TOL[dtype], "prefix_attention torch path")
+
+
+# prefix of each row, grouped: unequal runs, prefixes out of order and one prefix unused, a lone row
+MULTI_PREFIX = {
+    "runs-3-1-2": [0, 0, 0, 1, 2, 2],
+    "out-of-order": [2, 2, 0, 3, 3, 3],
+    "one-run": [1, 1, 1, 1, 1, 1],
+}
+
+
+def make_multi_prefix_case(index, dtype, gen, kv_heads=2, group=2, head_dim=24, prefix_len=21, length=7):
+    """Six questions over four prefixes; padded query rows and suffix keys/values set to NaN."""
+    lens = [7, 0, 3, 5, 1, 7]
+    q, _, _, k_suffix, v_suffix, lens = make_attention_case(
+        (len(index), kv_heads, group, length, head_dim, prefix_len, lens), dtype, gen)
+    k_prefix, v_prefix = (randn((4, kv_heads, prefix_len, head_dim), gen, dtype) for _ in range(2))
+    return q, k_prefix, v_prefix, k_suffix, v_suffix, lens
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("index", MULTI_PREFIX.values(), ids=MULTI_PREFIX.keys())
+def test_prefix_attention_over_several_prefixes_in_one_call(index, dtype, backend, gen):
+    q, k_prefix, v_prefix, k_suffix, v_suffix, lens = make_multi_prefix_case(index, dtype, gen)
+    out = nan_like(q.shape, dtype)
+    result = prefix_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, backend=backend,
+                              prefix_index=index, out=out)
+    for row, g in enumerate(index):  # each row as a single-prefix call on its own prefix
+        expected = prefix_attention_ref(q[row:row + 1], k_prefix[g], v_prefix[g], k_suffix[row:row + 1],
+                                        v_suffix[row:row + 1], lens[row:row + 1])
+        assert_close(result[row:row + 1], expected, *KERNEL_TOL[dtype], f"row {row} (prefix {g}, {backend})")
+
+
+def test_prefix_attention_refuses_rows_not_grouped_by_prefix(gen):
+    args = make_multi_prefix_case([0, 1, 0, 1, 2, 2], torch.float32, gen)
+    for backend in ("torch", "triton"):
+        with pytest.raises(ValueError, match="grouped by prefix"):
+            prefix_attention(*args, backend=backend, prefix_index=[0, 1, 0, 1, 2, 2])
+    with pytest.raises(ValueError, match="prefix_index must hold 6 ints"):
+        prefix_attention(*args, backend="torch", prefix_index=[0, 1, 4, 4, 4, 4])
+
+
 def test_prefix_attention_takes_a_scale_and_int32_lengths(gen):
     q, k_prefix, v_prefix, k_suffix, v_suffix, lens = make_attention_case(ATTENTION_CASES["g1-D16"], torch.float32, gen)
     args = (q, k_prefix, v_prefix, k_suffix, v_suffix, lens.int())

@@ -55,7 +55,8 @@ for dtype, name in ((tl.float16, "fp16"), (tl.bfloat16, "bf16")):
             num_warps=8, num_stages=3 if aligned else 2, **exact)
     tensors = ("q_ptr", "k_prefix_ptr", "v_prefix_ptr", "k_suffix_ptr", "v_suffix_ptr", "out_ptr")
     results[f"prefix_attention-{name}"] = compile_for_sm90(
-        kernel("prefix_attention", "_prefix_attention_kernel"), {**dict.fromkeys(tensors, name), "lens_ptr": "i64"},
+        kernel("prefix_attention", "_prefix_attention_kernel"),
+        {**dict.fromkeys(tensors, name), "lens_ptr": "i64", "runs_ptr": "i32"},
         dict(GROUP=4, DOT_DTYPE=dtype, OUT_DTYPE=dtype, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128),
         num_warps=4, num_stages=2)
 fp16 = tl.float16
