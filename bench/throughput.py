@@ -20,6 +20,8 @@ from typing import Callable
 import torch
 
 from ..engine import FAMILIES, Engine, Settings, run_pope
+from ..engine.core import Timings
+from ..engine.vision_cache import VisionCache
 from ..readout import READOUTS, Question, load_questions
 from ..readout.records import json_lines
 from ..readout.protocols import FIRST_TOKEN, LOGIT
@@ -48,10 +50,17 @@ class BenchConfig:
     pope_dir: Path | None = None
     reference: bool = True
     reference_sample: int | None = None  # questions the reference runs (None: all)
+    repeat: int = 1  # timed runs of each pipeline; the median counts
     batch_size: int = 32
     work_dir: Path | None = None
     model_dirs: dict[str, Path] = field(default_factory=dict)
     tokenizer_dir: Path | None = None
+
+
+def median_run(runs: list, key=None):
+    """The run in the middle (the lower of the two middle ones for an even count): a run that
+    happened, so its phases belong to its wall time."""
+    return sorted(runs, key=key)[(len(runs) - 1) // 2]
 
 
 def reset_peak_memory(device: torch.device) -> None:
@@ -133,7 +142,7 @@ class ReadoutSpec:
 
 
 def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], images: Path, settings: Settings,
-               progress: Callable[[int], None] | None) -> tuple[dict, dict]:
+               repeat: int, progress: Callable[[int], None] | None) -> tuple[dict, dict]:
     """The paper's pipeline, one question at a time; returns its figures and its decisions."""
     from PIL import Image
     from transformers import AutoProcessor, BitsAndBytesConfig, LlavaForConditionalGeneration
@@ -160,22 +169,25 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
                                   return_dict_in_generate=True)
 
     answer(questions[0])  # untimed, as pope-fast's warmup: one-time costs are not per-question costs
-    decisions = {}
-    start = time.perf_counter()
-    for q in questions:
-        out = answer(q)
-        scores = out.scores[0][0].float()
-        logits = {i: float(scores[i]) for i in spec.candidate_ids}
-        first = int(out.sequences[0, -1])
-        decisions[q.split, q.key] = {n: READOUTS[n](spec.token_sets.get(n), logits, first, None)
-                                     for n in spec.readouts if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)}
-        if progress:
-            progress(1)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall = time.perf_counter() - start
+    walls = []
+    for _ in range(repeat):
+        decisions = {}
+        start = time.perf_counter()
+        for q in questions:
+            out = answer(q)
+            scores = out.scores[0][0].float()
+            logits = {i: float(scores[i]) for i in spec.candidate_ids}
+            first = int(out.sequences[0, -1])
+            decisions[q.split, q.key] = {n: READOUTS[n](spec.token_sets.get(n), logits, first, None)
+                                         for n in spec.readouts if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)}
+            if progress:
+                progress(1)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        walls.append(time.perf_counter() - start)
+    wall = median_run(walls)
     figures = {"questions": len(questions), "wall_s": round(wall, 3), "questions_per_s": round(len(questions) / wall, 2),
-               "peak_memory_mb": round(peak_memory_mb(device), 1)}
+               "runs_s": [round(w, 3) for w in walls], "peak_memory_mb": round(peak_memory_mb(device), 1)}
     del model
     return figures, decisions
 
@@ -200,17 +212,22 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     engine = Engine.load(checkpoint, settings, readouts=BENCH_READOUTS)
     engine.warmup()
     load_s = time.perf_counter() - load_start
-    tick = (lambda n: progress(f"{name} pope-fast", n, len(questions))) if progress else None
+    tick = (lambda n: progress(f"{name} pope-fast", n, len(questions) * cfg.repeat)) if progress else None
     records_dir = work / f"{name}-records"
-    shutil.rmtree(records_dir, ignore_errors=True)  # a kept --work-dir must not resume an earlier run
-    start = time.perf_counter()
-    result = run_pope(engine, questions, images, records_dir, progress=tick)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    wall = time.perf_counter() - start
+    runs = []  # (wall, phases) per timed run
+    for _ in range(cfg.repeat):
+        # Every run starts cold: no records to resume (a kept --work-dir too), no cached image features.
+        shutil.rmtree(records_dir, ignore_errors=True)
+        engine.cache, engine.timings = VisionCache(), Timings()
+        start = time.perf_counter()
+        result = run_pope(engine, questions, images, records_dir, progress=tick)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        runs.append((time.perf_counter() - start, engine.timings.to_json()))
+    wall, phases = median_run(runs, key=lambda r: r[0])
     ours = {"questions": len(questions), "unique_prompts": result.evaluated_prompts, "wall_s": round(wall, 3),
-            "questions_per_s": round(len(questions) / wall, 2), "load_s": round(load_s, 2),
-            "phases_s": engine.timings.to_json(), "peak_memory_mb": round(peak_memory_mb(device), 1),
+            "questions_per_s": round(len(questions) / wall, 2), "runs_s": [round(w, 3) for w, _ in runs],
+            "load_s": round(load_s, 2), "phases_s": phases, "peak_memory_mb": round(peak_memory_mb(device), 1),
             "settings": settings.to_json()}
     if device.type == "cuda":
         rate = measured_bf16_tflops(device)
@@ -229,8 +246,8 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     gc.collect()
     if device.type == "cuda":
         torch.cuda.empty_cache()
-    tick = (lambda n: progress(f"{name} reference", n, len(sample))) if progress else None
-    ref, ref_decisions = _reference(checkpoint, spec, sample, images, settings, tick)
+    tick = (lambda n: progress(f"{name} reference", n, len(sample) * cfg.repeat)) if progress else None
+    ref, ref_decisions = _reference(checkpoint, spec, sample, images, settings, cfg.repeat, tick)
     ref["extrapolated_wall_s"] = round(ref["wall_s"] * len(questions) / len(sample), 3)
     ref["sampled"] = len(sample) < len(questions)
     records = {(r["split"], str(r["question_id"])): r["predictions"]

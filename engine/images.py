@@ -29,8 +29,12 @@ class LoadedImage:
 
 
 def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
-    """The file's bytes; with verify, decoded once to prove they are an image (JPEGs in draft mode:
-    every entropy-coded byte is still read, so a truncated file fails, at a quarter of the cost)."""
+    """The file's bytes; with verify, proven to be a whole image without decoding it where the format
+    allows: a JPEG that parses and ends with its end-of-image marker, a PNG whose chunks all pass
+    their CRCs. Anything else (a JPEG with bytes after the marker, other formats) is decoded once,
+    JPEGs in draft mode (every entropy-coded byte is still read, so a truncated file fails). The
+    draft decode cost ~1 ms per COCO image, a third of the CPU time the sweep spends per image
+    outside the model on the 2-core machine."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -42,8 +46,12 @@ def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
     if not verify:
         return loaded
     try:
-        loaded.open(draft=True)
-    except (UnidentifiedImageError, OSError, ValueError) as err:
+        image = Image.open(io.BytesIO(data))  # the header: size, mode, format
+        if image.format == "PNG":
+            image.verify()
+        elif not (image.format == "JPEG" and data.endswith(b"\xff\xd9")):
+            loaded.open(draft=True)
+    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
         raise ImageError(f"{path}: not a decodable image ({err})") from None
     return loaded
 

@@ -123,14 +123,17 @@ class DecoderLayer(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = (
             linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B, S, H] → q [B, Hq, S, D], k, v [B, Hkv, S, D] with RoPE applied to q and k."""
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, need_q: bool = True):
+        """x [B, S, H] → q [B, Hq, S, D] (None without need_q), k, v [B, Hkv, S, D] with RoPE applied
+        to q and k."""
         b, s, _ = x.shape
         d = self.dims
         h = rms_norm(x, self.input_norm, d.rms_eps)
-        q = self.q_proj(h).view(b, s, d.num_heads, d.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        if not need_q:
+            return None, apply_rotary(k, cos, sin), v
+        q = self.q_proj(h).view(b, s, d.num_heads, d.head_dim).transpose(1, 2)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -138,7 +141,7 @@ class DecoderLayer(nn.Module):
         b, _, s, _ = attn.shape
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
         h = rms_norm(x, self.post_norm, self.dims.rms_eps)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+        return x + self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
 
 
 def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid):
@@ -194,17 +197,18 @@ class LlamaLM(nn.Module):
     @torch.inference_mode()
     def prefill_prefix(self, embeds: torch.Tensor, intervention: Intervention | None = None) -> PrefixKV:
         """embeds [G, P, H] (G image prefixes of one length) → their KV for every layer. The last
-        layer's attention output and MLP are never needed (no prefix position is read out), so the
-        pass stops at its K and V; prefix hooks therefore see layers 0 .. L-2."""
+        layer's queries, attention output and MLP are never needed (no prefix position is read out),
+        so the pass stops at its K and V; prefix hooks therefore see layers 0 .. L-2."""
         x = embeds.to(self.dtype)
         p = x.shape[1]
         cos, sin = self.rotary.cos_sin(torch.arange(p, device=self.device), self.dtype)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(x, cos, sin)
+            last = i == len(self.layers) - 1
+            q, k, v = layer.qkv(x, cos, sin, need_q=not last)
             keys.append(k)
             values.append(v)
-            if i == len(self.layers) - 1:
+            if last:
                 break
             attn = causal_attention(q, k, v)
             x = layer.finish(x, attn)

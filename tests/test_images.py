@@ -98,3 +98,35 @@ def test_a_fast_path_that_disagrees_is_turned_off(checkpoint):
     model._fast_pixels = Off()
     assert np.array_equal(model.preprocess(image), expected)
     assert model._fast_pixels is None and np.array_equal(model.preprocess(image), expected)
+
+
+def _encoded(image, fmt):
+    import io
+
+    buf = io.BytesIO()
+    image.save(buf, format=fmt, quality=90) if fmt == "JPEG" else image.save(buf, format=fmt)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("fmt, damage, bad", [
+    ("JPEG", lambda b: b, False),
+    ("JPEG", lambda b: b + b"trailing bytes after the end marker", False),
+    ("JPEG", lambda b: b[: len(b) // 2], True),
+    ("JPEG", lambda b: b[:-2], True),  # only the end marker missing: the draft decode decides
+    ("PNG", lambda b: b, False),
+    ("PNG", lambda b: b[: len(b) // 2], True),
+    ("PNG", lambda b: b[:60] + bytes([b[60] ^ 0xFF]) + b[61:], True),  # a flipped byte fails its CRC
+    ("BMP", lambda b: b, False),
+    ("BMP", lambda b: b[: len(b) // 2], True),
+], ids=["jpeg", "jpeg-trailing-data", "jpeg-half", "jpeg-no-end-marker", "png", "png-half", "png-flipped-byte",
+        "bmp", "bmp-half"])
+def test_image_checks_catch_damaged_files_without_refusing_good_ones(tmp_path, fmt, damage, bad):
+    from pope_fast.engine.images import ImageError, read_image
+
+    path = tmp_path / f"image.{fmt.lower()}"
+    path.write_bytes(damage(_encoded(synthetic_image(5, (120, 90)), fmt)))
+    if bad:
+        with pytest.raises(ImageError, match=rf"{path.name}: not a decodable image"):
+            read_image(path)
+    else:
+        read_image(path).open()
