@@ -132,6 +132,17 @@ class _Shift(Intervention):
         return logits + bump
 
 
+def test_warmup_leaves_no_trace(checkpoint, tmp_path):
+    """Warmup runs the model but caches, counts and times nothing, and changes no answer."""
+    warm = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4), readouts="all", cache_dir=tmp_path / "cache")
+    warm.warmup()
+    assert warm.cache.misses == warm.cache.hits == 0 and not list((tmp_path / "cache").glob("*"))
+    assert all(v == 0 for v in warm.timings.to_json().values())
+    assert warm.counts == type(warm.counts)()
+    cold = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4), readouts="all")
+    assert warm.score(IMAGES[0], QUESTIONS) == cold.score(IMAGES[0], QUESTIONS)
+
+
 def test_intervention_hook(checkpoint):
     engine = Engine.load(checkpoint, Settings(batch_size=8), readouts="template_aware")
     plain = engine.score(IMAGES[1], QUESTIONS)
