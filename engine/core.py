@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from PIL import Image
 
@@ -22,11 +21,12 @@ from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .images import LoadedImage, read_image
 from .llama import Intervention
 from .llava import LlavaModel
+from .llava_next import LlavaNextModel
 from .loader import CheckpointError, read_config
 from .settings import Settings
 from .vision_cache import VisionCache, feature_key
 
-FAMILIES = {LlavaModel.family: LlavaModel}
+FAMILIES = {m.family: m for m in (LlavaModel, LlavaNextModel)}
 
 
 @dataclass
@@ -137,9 +137,9 @@ class Engine:
         allocator growth, the fast-pixel check (on the CPU machine a cold first sweep of 60 built-in
         questions took 0.16 s, a warm one 0.13 s). Nothing is cached; timings and counts restart."""
         image = Image.new("RGB", (640, 480), (124, 116, 104))
-        pixels = np.stack([self.model.preprocess(image)] * self.settings.image_batch)
+        pixels = [self.model.preprocess(image)] * self.settings.image_batch
         prompts = [self.prompt(SAMPLE_QUESTION)] * max(1, self.settings.batch_size // self.settings.image_batch)
-        self.run_images([(features, prompts) for features in self.model.encode_images(torch.from_numpy(pixels))])
+        self.run_images([(features, prompts) for features in self.model.encode_images(pixels)])
         if self.settings.torch_device.type == "cuda":
             torch.cuda.synchronize(self.settings.torch_device)
         self.timings, self.counts = Timings(), Counts()
@@ -165,9 +165,9 @@ class Engine:
             return LoadedImage(Path("<in-memory>"), buf.getvalue())
         return image
 
-    def prepare(self, images: list) -> list[tuple[str, LoadedImage, np.ndarray | None]]:
-        """(cache key, image, pixel values or None when cached) per image: the CPU half of the vision
-        pass, which a sweep runs in a background thread while the model works on the previous group."""
+    def prepare(self, images: list) -> list[tuple[str, LoadedImage, object | None]]:
+        """(cache key, image, the model's preprocess() output or None when cached) per image: the CPU
+        half of the vision pass, which a sweep runs in background threads while the model works."""
         prepared = []
         for image in images:
             image = self._loaded(image)
@@ -175,7 +175,7 @@ class Engine:
             prepared.append((key, image, None if self.cache.contains(key) else self.model.preprocess(image.open())))
         return prepared
 
-    def encode(self, prepared: list[tuple[str, LoadedImage, np.ndarray | None]]) -> list[torch.Tensor]:
+    def encode(self, prepared: list[tuple[str, LoadedImage, object | None]]) -> list[torch.Tensor]:
         """Projected features [T, hidden] per prepared image; the uncached ones run as one vision batch."""
         out = [self.cache.get(key, self.settings.torch_device) if pixels is None else None
                for key, _, pixels in prepared]
@@ -184,7 +184,7 @@ class Engine:
                 for i, (key, image, pixels) in enumerate(prepared) if out[i] is None]
         if todo:
             with _Clock(self.timings, "image_encode", self.settings.torch_device):
-                features = self.model.encode_images(torch.from_numpy(np.stack([p for _, _, p in todo])))
+                features = self.model.encode_images([p for _, _, p in todo])
             for (i, key, _), f in zip(todo, features):
                 self.cache.put(key, f)
                 out[i] = f
@@ -233,6 +233,10 @@ class Engine:
         for it, (features, prompts) in enumerate(items):
             for pi, prompt in enumerate(prompts):
                 ids = model.prompt_ids(prompt, features.shape[0])
+                window = lm.dims.sliding_window
+                if window is not None and len(ids) > window:  # shorter prompts attend exactly as without one
+                    raise NotImplementedError(f"a {len(ids)}-token prompt exceeds the model's sliding window of "
+                                              f"{window} tokens, which the engine does not implement")
                 cut = _prefix_length(ids, model.image_token_id) if self.settings.prefix_reuse else 0
                 by_length.setdefault(cut or -1, []).append((it, pi, tuple(ids[:cut]), ids[cut:]))
         for length, rows in by_length.items():

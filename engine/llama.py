@@ -35,6 +35,7 @@ class LlamaDims:
     head_dim: int
     rms_eps: float
     rope_theta: float
+    sliding_window: int | None = None  # Mistral: keys further back than this are not attended
 
     @classmethod
     def from_config(cls, cfg) -> "LlamaDims":
@@ -52,7 +53,8 @@ class LlamaDims:
                    num_layers=cfg.num_hidden_layers, num_heads=heads,
                    num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
                    head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                   rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)))
+                   rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)),
+                   sliding_window=getattr(cfg, "sliding_window", None))
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, d = self.hidden_size, self.head_dim

@@ -37,8 +37,8 @@ NAME_RULES = [
 ]
 
 
-def rename(name: str) -> str | None:
-    for pattern, target in NAME_RULES:
+def rename(name: str, rules=NAME_RULES) -> str | None:
+    for pattern, target in rules:
         if re.match(pattern, name):
             return re.sub(pattern, target, name, count=1)
     return None
@@ -79,6 +79,11 @@ class LlavaModel:
     family = MODEL_TYPE
     default_template = DEFAULT_TEMPLATE
     image_marker = "<image>"
+    name_rules = NAME_RULES
+
+    def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
+        """Tensors outside the language model, vision tower and projector (named as after renaming)."""
+        return {}
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, CLIPVisionModel
@@ -118,21 +123,24 @@ class LlavaModel:
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
         expected.update(vision_shapes)
         expected.update({"projector.linear_1.weight": (h, proj_in), "projector.linear_2.weight": (h, h)})
+        expected.update({f"extra.{k}": v for k, v in self.extra_shapes(h).items()})
         if cfg.multimodal_projector_bias:
             expected.update({"projector.linear_1.bias": (h,), "projector.linear_2.bias": (h,)})
         # position_ids-style buffers are not stored in checkpoints
         stored_optional = {k for k in vision_shapes if k.endswith("position_ids")}
 
         files = tensor_files(folder)
-        names = map_names(files, rename, {k: v for k, v in expected.items() if k not in stored_optional}, folder)
+        names = map_names(files, lambda n: rename(n, self.name_rules),
+                          {k: v for k, v in expected.items() if k not in stored_optional}, folder)
         expected = {k: v for k, v in expected.items() if k in names}
-        lm_weights, vision_weights, proj = {}, {}, {}
+        lm_weights, vision_weights, proj, extra = {}, {}, {}, {}
         for name, tensor in iter_tensors(folder, files, names, expected):
             group, _, rest = name.partition(".")
-            {"lm": lm_weights, "vision": vision_weights, "projector": proj}[group][rest] = tensor
+            {"lm": lm_weights, "vision": vision_weights, "projector": proj, "extra": extra}[group][rest] = tensor
         # The cached image features depend on exactly these weights (and the dtype and quantization).
         self.feature_fingerprint = tensor_fingerprint(
-            {**{f"vision.{k}": v for k, v in vision_weights.items()}, **{f"projector.{k}": v for k, v in proj.items()}},
+            {**{f"vision.{k}": v for k, v in vision_weights.items()}, **{f"projector.{k}": v for k, v in proj.items()},
+             **{f"extra.{k}": v for k, v in extra.items()}},
             extra={"dtype": str(dtype), "quant": settings.quant, "nf4_weights": settings.nf4_weights,
                    "kernels": settings.kernels, "device": settings.torch_device.type,
                    "feature_layer": self.feature_layer, "select_strategy": self.select_strategy})
@@ -160,6 +168,7 @@ class LlavaModel:
                                quantize=quantize, keep_packed=packed, kernels=settings.kernels)
 
         self.projector = (linear("linear_1"), _activation(cfg.projector_hidden_act), linear("linear_2"))
+        self.extra = {k: v.to(device=device, dtype=dtype) for k, v in extra.items()}
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
         self.stop_ids = _stop_ids(folder, self.tokenizer)
@@ -205,8 +214,14 @@ class LlavaModel:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
 
     @torch.inference_mode()
-    def encode_images(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [N, 3, H, W] → projected image features [N, T, hidden] in the model dtype."""
+    def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
+        """preprocess() outputs of N images → projected image features [T, hidden] per image, in the
+        model dtype; the images run as one vision batch."""
+        return list(self.project(torch.from_numpy(np.stack(pixels))))
+
+    @torch.inference_mode()
+    def project(self, pixels: torch.Tensor) -> torch.Tensor:
+        """pixels [N, 3, H, W] → the projected features of the layer(s) LLaVA reads [N, T, hidden]."""
         out = self.vision(pixels.to(self.settings.torch_device, self.settings.torch_dtype),
                           output_hidden_states=True)
         picked = [out.hidden_states[i] for i in self.feature_states]

@@ -13,16 +13,17 @@ import torch
 from pope_fast.bench.synthetic import builtin_tokenizer, synthetic_image
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
+SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/mistral/llava-v1.6-mistral-7b-hf"
 QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
              "Is there a dining table in the image?", "Is there a skis in the image?",
              "Is there a traffic light in the image?"]
 
 
-def llava_tokenizer(folder: Path, builtin: bool = False):
+def llava_tokenizer(folder: Path, builtin: bool = False, shared: Path = SHARED_LLAVA_TOKENIZER):
     from transformers import AutoTokenizer
 
-    if SHARED_LLAVA_TOKENIZER.is_dir() and not builtin:
-        tok = AutoTokenizer.from_pretrained(str(SHARED_LLAVA_TOKENIZER))
+    if shared.is_dir() and not builtin:
+        tok = AutoTokenizer.from_pretrained(str(shared))
         tok.save_pretrained(str(folder))
         return tok
     return builtin_tokenizer(folder)
@@ -64,6 +65,47 @@ def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers
     processor = LlavaProcessor(
         image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
                                            crop_size={"height": image_size, "width": image_size}),
+        tokenizer=tok, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    processor.save_pretrained(str(folder))
+    return folder
+
+
+# Crops of 28 px, 2 x 2 patches each: every grid shape and both unpad directions at test sizes.
+TINY_PINPOINTS = [[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]]
+
+
+def make_tiny_llava_next(folder: Path, *, seed: int = 0, layers: int = 2, kv_heads: int = 2, hidden: int = 64,
+                         vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32,
+                         builtin_tokenizer: bool = False) -> Path:
+    """A random LLaVA-NeXT checkpoint (CLIP tower, Mistral language model) with its processor files;
+    the tokenizer is LLaVA-1.6-Mistral's from ../shared when it is there."""
+    from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
+                              LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = llava_tokenizer(folder, builtin_tokenizer, SHARED_MISTRAL_TOKENIZER)
+    image_id = tok.convert_tokens_to_ids("<image>")
+    vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
+                              num_attention_heads=4, image_size=28, patch_size=14, projection_dim=vision_hidden)
+    text = MistralConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=max(len(tok), 32064),
+                         max_position_embeddings=2048, initializer_range=init_std, bos_token_id=1, eos_token_id=2,
+                         sliding_window=None, rope_theta=1e6)
+    config = LlavaNextConfig(vision_config=vision, text_config=text, image_token_index=image_id,
+                             image_grid_pinpoints=TINY_PINPOINTS, pad_token_id=tok.pad_token_id,
+                             initializer_range=init_std)
+    torch.manual_seed(seed)
+    model = LlavaNextForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, init_std)
+        model.model.image_newline.normal_(0.0, 0.5)
+    model.to(dtype).save_pretrained(str(folder))
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+                                                image_grid_pinpoints=TINY_PINPOINTS),
         tokenizer=tok, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)
     processor.save_pretrained(str(folder))
     return folder

@@ -1,0 +1,131 @@
+"""LLaVA-NeXT against transformers' LlavaNextForConditionalGeneration, the oracle, on a tiny random
+checkpoint whose crops are 28 px (2 x 2 patch features), so every grid shape of its pinpoints and
+both unpad directions appear at small image sizes."""
+import json
+
+import pytest
+import torch
+from tinymodels import QUESTIONS, make_tiny_llava_next, synthetic_image, write_pope_set
+
+from pope_fast.engine import Engine, Settings, run_pope
+from pope_fast.readout import load_questions
+
+# (width, height): wide (unpad rows), tall (unpad columns), square, very wide (a 1 x 3 grid), tiny
+SIZES = [(90, 40), (40, 90), (60, 60), (120, 30), (20, 18)]
+IMAGES = [synthetic_image(i + 11, size) for i, size in enumerate(SIZES)]
+PROMPT = "[INST] <image>\n{} Answer yes or no only. [/INST]"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_llava_next(tmp_path_factory.mktemp("tiny_llava_next") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    """transformers' answer-position logits, greedy continuation and image-token count per (image, question)."""
+    from transformers import AutoProcessor, LlavaNextForConditionalGeneration
+
+    model = LlavaNextForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for q in QUESTIONS[:3]:
+            inputs = processor(images=image, text=PROMPT.format(q), return_tensors="pt")
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
+            out[i, q] = (logits, generated.tolist(), tokens)
+    return out
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (True, 32), (False, 3)],
+                         ids=["reuse-b2", "reuse-b32", "whole-b3"])
+def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse), readouts="all")
+    assert engine.template.name == "mistral_inst"
+    for i, image in enumerate(IMAGES):
+        features = engine.features(image)
+        for answer in engine.score(image, QUESTIONS[:3]):
+            logits, generated, tokens = oracle[i, answer.question]
+            assert features.shape[0] == tokens, f"image {i}: {features.shape[0]} image tokens, transformers {tokens}"
+            worst = max(abs(v - float(logits[k])) for k, v in answer.candidate_logits.items())
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: candidate logits differ by {worst:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
+    """A batch whose images have different prefix lengths, and whose question rows span images."""
+    engine = Engine.load(checkpoint, Settings(batch_size=4), readouts="all")
+    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    assert len({f.shape[0] for f, _ in items}) >= 3
+    for i, answers in enumerate(engine.run_images(items)):
+        for q, (first, candidates, text) in zip(QUESTIONS[:3], answers):
+            logits, generated, _ = oracle[i, q]
+            worst = max(abs(v - float(logits[k])) for k, v in candidates.items())
+            assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"
+
+
+def test_continuation_matches_generate(checkpoint, oracle):
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
+    tokenizer = engine.model.tokenizer
+    for i, image in enumerate(IMAGES[:3]):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            _, generated, _ = oracle[i, answer.question]
+            stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
+            assert answer.decoded == tokenizer.decode(generated[:stop], skip_special_tokens=True)
+
+
+def test_sweep_through_the_cli_path(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope", n_images=3, sizes=((90, 40), (40, 90), (60, 60)))
+    questions = [q for f in files for q in load_questions(f)]
+    engine = Engine.load(checkpoint, Settings(image_batch=2), readouts="all")
+    result = run_pope(engine, questions, images, tmp_path / "out")
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == len(questions) and result.evaluated_prompts < len(questions)
+    assert all(set(r["predictions"]) >= {"legacy_2tok", "template_aware", "first_token"} for r in records)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["model"]["family"] == "llava_next" and meta["template"] == "mistral_inst"
+
+
+def test_pad_aspect_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="LLaVA-NeXT tiles every image"):
+        Engine.load(checkpoint, Settings(image_aspect="pad"))
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes LLaVA-NeXT (LM, projector and tower Linears; image_newline stays
+    fp16), against transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats)."""
+    import bitsandbytes as bnb
+    from transformers import AutoProcessor, BitsAndBytesConfig, LlavaNextForConditionalGeneration
+
+    from pope_fast.readout import LOGIT_READOUTS
+    from pope_fast.readout.protocols import compare_max_logits
+
+    checkpoint = make_tiny_llava_next(tmp_path / "ckpt", vision_hidden=64, seed=5)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                bnb_4bit_compute_dtype=torch.float16)
+    model = LlavaNextForConditionalGeneration.from_pretrained(str(checkpoint), quantization_config=config,
+                                                              dtype=torch.float16, device_map="cpu").eval()
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
+    assert torch.equal(engine.model.newline, model.model.image_newline.data)
+    ids = engine.candidate_ids
+    for image in IMAGES[:3]:
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            ours = torch.tensor([answer.candidate_logits[i] for i in ids])
+            step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
+            assert float((ours - theirs[ids]).abs().max()) <= 4 * step, answer.question
+            assert answer.first_token_id == int(theirs.argmax())
+            for name in LOGIT_READOUTS:
+                logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
+                assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), \
+                    (name, answer.question)
