@@ -36,6 +36,20 @@ LLAVA_DIMS = {
 }
 
 
+# LLaVA-1.6-Mistral-7B: LLaVA-1.5's CLIP ViT-L/14-336 over anyres crops, and Mistral-7B-Instruct-v0.2.
+LLAVA_NEXT_DIMS = {
+    "7b": dict(vision=LLAVA_DIMS["7b"]["vision"],
+               text=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=8, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
+                         rope_theta=1e6, sliding_window=None)),
+    "tiny": dict(vision=LLAVA_DIMS["tiny"]["vision"],
+                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
+                           rope_theta=1e6, sliding_window=None)),
+}
+ANYRES_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
+
+
 def article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
@@ -125,23 +139,69 @@ def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dty
 def write_llava_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None, seed: int = 0,
                            std: float = 0.02, dtype=torch.float16, device: str = "cpu",
                            shard_bytes: int = 2 << 30) -> Path:
-    """A random-weight llava-hf checkpoint at `size` dimensions, written shard by shard so a 7B one never
-    needs the whole model in memory. Tensor names are transformers' own, which its loader and ours read."""
-    from safetensors.torch import save_file
+    """A random-weight llava-hf LLaVA-1.5 checkpoint at `size` dimensions (see _write_checkpoint)."""
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
 
-    if size not in LLAVA_DIMS:
-        raise ValueError(f"size must be one of {', '.join(LLAVA_DIMS)}")
+    dims = _dims(LLAVA_DIMS, size)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tok = _tokenizer(folder, tokenizer_dir)
-    dims = LLAVA_DIMS[size]
     config = LlavaConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
                          text_config=LlamaConfig(**dims["text"], bos_token_id=1, eos_token_id=2),
                          image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
+    image_size = dims["vision"]["image_size"]
+    processor = LlavaProcessor(
+        image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
+                                           crop_size={"height": image_size, "width": image_size}),
+        tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
+        num_additional_image_tokens=1)
+    return _write_checkpoint(folder, config, LlavaForConditionalGeneration, processor, seed=seed, std=std,
+                             dtype=dtype, device=device, shard_bytes=shard_bytes)
+
+
+def write_llava_next_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None,
+                                seed: int = 0, std: float = 0.02, dtype=torch.float16, device: str = "cpu",
+                                shard_bytes: int = 2 << 30) -> Path:
+    """A random-weight llava-hf LLaVA-1.6-Mistral checkpoint: LLaVA-1.5's tower at `size`, a Mistral
+    language model, the 336-px anyres pinpoints (a 640 x 480 COCO image: 5 crops, 2,340 image tokens)."""
+    from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
+                              LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
+
+    dims = _dims(LLAVA_NEXT_DIMS, size)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(folder, tokenizer_dir)
+    config = LlavaNextConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
+                             text_config=MistralConfig(**dims["text"], bos_token_id=1, eos_token_id=2),
+                             image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
+                             image_grid_pinpoints=ANYRES_PINPOINTS)
+    image_size = dims["vision"]["image_size"]
+    processor = LlavaNextProcessor(
+        image_processor=LlavaNextImageProcessor(size={"shortest_edge": image_size},
+                                                crop_size={"height": image_size, "width": image_size},
+                                                image_grid_pinpoints=ANYRES_PINPOINTS),
+        tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
+        num_additional_image_tokens=1)
+    return _write_checkpoint(folder, config, LlavaNextForConditionalGeneration, processor, seed=seed, std=std,
+                             dtype=dtype, device=device, shard_bytes=shard_bytes)
+
+
+def _dims(table: dict, size: str) -> dict:
+    if size not in table:
+        raise ValueError(f"size must be one of {', '.join(table)}")
+    return table[size]
+
+
+def _write_checkpoint(folder: Path, config, model_class, processor, *, seed: int, std: float, dtype, device: str,
+                      shard_bytes: int) -> Path:
+    """Random weights for every tensor of model_class(config), written shard by shard so a 7B
+    checkpoint never needs the whole model in memory; tensor names are transformers' own, which its
+    loader and ours read."""
+    from safetensors.torch import save_file
+
     with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in LlavaForConditionalGeneration(config).state_dict().items()
+        shapes = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()
                   if not k.endswith("position_ids")}
     generator = torch.Generator(device=device).manual_seed(seed)
     shards, current, current_bytes = [], {}, 0
@@ -161,11 +221,5 @@ def write_llava_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: P
     if len(shards) > 1:
         (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     config.save_pretrained(str(folder))
-    image_size = dims["vision"]["image_size"]
-    processor = LlavaProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
-                                           crop_size={"height": image_size, "width": image_size}),
-        tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
-        num_additional_image_tokens=1)
     processor.save_pretrained(str(folder))
     return folder

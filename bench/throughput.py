@@ -25,7 +25,7 @@ from ..engine.vision_cache import VisionCache
 from ..readout import READOUTS, Question, load_questions
 from ..readout.records import json_lines
 from ..readout.protocols import FIRST_TOKEN, LOGIT
-from .synthetic import builtin_questions, write_images, write_llava_checkpoint
+from .synthetic import builtin_questions, write_images, write_llava_checkpoint, write_llava_next_checkpoint
 
 # Every seed model family of the project; the engine supports those in engine.FAMILIES.
 SEED_FAMILIES = {
@@ -35,7 +35,7 @@ SEED_FAMILIES = {
     "mplug_owl2": "mPLUG-Owl2-LLaMA2-7B",
     "qwen2_vl": "Qwen2-VL-7B-Instruct",
 }
-CHECKPOINT_WRITERS = {"llava": write_llava_checkpoint}
+CHECKPOINT_WRITERS = {"llava": write_llava_checkpoint, "llava_next": write_llava_next_checkpoint}
 BENCH_READOUTS = [n for n, r in READOUTS.items() if r.kind in (LOGIT, FIRST_TOKEN)]
 
 
@@ -106,18 +106,19 @@ def measured_bf16_tflops(device: torch.device) -> float:
 
 def matmul_flops(engine: Engine) -> float:
     """FLOPs of the weight matmuls the sweep could not avoid (attention scores excluded, a few %):
-    vision tower over 577 tokens per image, projector, language model over every prefix and suffix
-    token, plus the candidate rows and one argmax pass of lm_head per prompt."""
+    the vision layers run (up to the one the model reads) over 577 tokens per crop, projector,
+    language model over every prefix and suffix token, plus the candidate rows and one argmax pass of
+    lm_head per prompt."""
     lm = engine.model.lm.dims
     per_token = 2 * lm.num_layers * (lm.hidden_size * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
                                      + 3 * lm.hidden_size * lm.intermediate_size)
     vc = engine.model.config.vision_config
     vision_tokens = (vc.image_size // vc.patch_size) ** 2 + 1
-    per_image = 2 * vision_tokens * vc.num_hidden_layers * (4 * vc.hidden_size**2 + 2 * vc.hidden_size
-                                                            * vc.intermediate_size)
-    per_image += 2 * (vision_tokens - 1) * (vc.hidden_size * lm.hidden_size + lm.hidden_size**2)
+    layers_run = len(engine.model.vision.encoder.layers)
+    per_crop = 2 * vision_tokens * layers_run * (4 * vc.hidden_size**2 + 2 * vc.hidden_size * vc.intermediate_size)
+    per_crop += 2 * (vision_tokens - 1) * (vc.hidden_size * lm.hidden_size + lm.hidden_size**2)
     c = engine.counts
-    return (per_image * c.images_encoded + per_token * (c.prefix_tokens + c.suffix_tokens)
+    return (per_crop * c.crops_encoded + per_token * (c.prefix_tokens + c.suffix_tokens)
             + 2 * c.prompts * lm.hidden_size * lm.vocab_size)
 
 
@@ -145,7 +146,7 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
                repeat: int, progress: Callable[[int], None] | None) -> tuple[dict, dict]:
     """The paper's pipeline, one question at a time; returns its figures and its decisions."""
     from PIL import Image
-    from transformers import AutoProcessor, BitsAndBytesConfig, LlavaForConditionalGeneration
+    from transformers import AutoModelForImageTextToText, AutoProcessor, BitsAndBytesConfig
 
     device = settings.torch_device
     kwargs = {"dtype": settings.torch_dtype}
@@ -155,7 +156,7 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
             bnb_4bit_compute_dtype=settings.torch_dtype)
         kwargs["device_map"] = str(device)
     reset_peak_memory(device)
-    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), **kwargs).eval()
+    model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), **kwargs).eval()
     if settings.quant != "nf4":
         model.to(device)
     processor = AutoProcessor.from_pretrained(str(checkpoint))

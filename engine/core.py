@@ -58,6 +58,7 @@ class Counts:
     """Work done, summed over calls: what the benchmark turns into FLOPs."""
 
     images_encoded: int = 0
+    crops_encoded: int = 0  # vision-tower inputs: one per image for LLaVA-1.5, 1 + grid for LLaVA-NeXT
     prompts: int = 0
     prefix_tokens: int = 0
     suffix_tokens: int = 0
@@ -189,6 +190,7 @@ class Engine:
                 self.cache.put(key, f)
                 out[i] = f
             self.counts.images_encoded += len(todo)
+            self.counts.crops_encoded += sum(self.model.crops(p) for _, _, p in todo)
         return out
 
     def features(self, image: LoadedImage | Image.Image | str | Path) -> torch.Tensor:

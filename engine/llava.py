@@ -213,6 +213,10 @@ class LlavaModel:
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
 
+    def crops(self, pixels: np.ndarray) -> int:
+        """Vision-tower inputs in one preprocess() output."""
+        return 1
+
     @torch.inference_mode()
     def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
         """preprocess() outputs of N images → projected image features [T, hidden] per image, in the

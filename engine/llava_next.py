@@ -64,6 +64,9 @@ class LlavaNextModel(LlavaModel):
         best_height, best_width = select_best_resolution((height, width), self.pinpoints)
         return best_height // self.crop_size, best_width // self.crop_size
 
+    def crops(self, pixels: tuple[np.ndarray, tuple[int, int]]) -> int:
+        return pixels[0].shape[0]
+
     @torch.inference_mode()
     def encode_images(self, pixels: list[tuple[np.ndarray, tuple[int, int]]]) -> list[torch.Tensor]:
         """preprocess() outputs → packed features [T_i, hidden] per image; every crop of every image
