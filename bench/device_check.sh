@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check for a session that is lent a CUDA machine (the workplace's H200):
-# kernel benchmark, then the LLaVA-1.5 7B-dims sweep against the transformers pipeline.
+# kernel benchmark, then 7B-dims sweeps of every supported family against the transformers pipeline,
+# one bench run per family so a slow one cannot take the others' figures with it.
 # Run from the repo root. Needs bitsandbytes on the machine (its image lacks it): carry wheels as the
 # device README says (.whl), and the three POPE files in .device-pope/ (copied from ../shared).
 #   run(command="bash bench/device_check.sh", carry=[".whl", ".device-pope"], timeout_s=540)
@@ -18,14 +19,20 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 date -u | tee -a "$OUT/gpu.txt"; git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 
-timeout 240 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
+timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
 POPE=()
 [ -d .device-pope ] && POPE=(--pope .device-pope --questions 0)
-timeout 280 pope-fast bench --models llava --size 7b --reference-sample 100 "${POPE[@]}" --format json \
-  > "$OUT/bench.json" 2> "$OUT/bench.err"
-tail -5 "$OUT/bench.err"
-python3 - "$OUT/bench.json" <<'PY'
-import json, sys
+for model in ${MODELS:-llava llava_next}; do
+  timeout "${BENCH_TIMEOUT:-170}" pope-fast bench --models "$model" --size 7b --reference-sample 100 "${POPE[@]}" \
+    --format json > "$OUT/bench-$model.json" 2> "$OUT/bench-$model.err"
+  tail -3 "$OUT/bench-$model.err"
+done
+python3 - "$OUT" <<'PY'
+import json, pathlib, sys
 from pope_fast.bench import format_report
-print(format_report(json.load(open(sys.argv[1]))))
+for path in sorted(pathlib.Path(sys.argv[1]).glob("bench-*.json")):
+    try:
+        print(format_report(json.loads(path.read_text())))
+    except ValueError:
+        print(f"{path.name}: no report (timed out or failed; see {path.stem}.err)")
 PY
