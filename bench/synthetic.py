@@ -47,6 +47,19 @@ LLAVA_NEXT_DIMS = {
                            num_key_value_heads=2, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
                            rope_theta=1e6, sliding_window=None)),
 }
+# InstructBLIP-Vicuna-7B: EVA ViT-g/14 at 224 px (257 tokens), a BERT-base Q-Former with 32 queries, Vicuna-7B.
+INSTRUCTBLIP_DIMS = {
+    "7b": dict(vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39, num_attention_heads=16,
+                           image_size=224, patch_size=14),
+               qformer=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                            encoder_hidden_size=1408),
+               text=dict(LLAVA_DIMS["7b"]["text"], vocab_size=32001), queries=32),
+    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             image_size=224, patch_size=14),
+                 qformer=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              encoder_hidden_size=64),
+                 text=dict(LLAVA_DIMS["tiny"]["text"]), queries=32),
+}
 ANYRES_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
 
 
@@ -118,6 +131,27 @@ def builtin_tokenizer(folder: Path):
     return fast
 
 
+def builtin_bert_tokenizer(folder: Path):
+    """A word-level BERT-like tokenizer ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4, lowercased
+    words) for InstructBLIP's Q-Former on machines without bert-base-uncased."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = {w.lower() for c in COCO_CATEGORIES for w in c.split()} | set(
+        "question answer yes no only or the is there a an in image ? . : ,".split())
+    vocab = {"[PAD]": 0, "[UNK]": 1, "[CLS]": 2, "[SEP]": 3, "[MASK]": 4,
+             **{w: i + 5 for i, w in enumerate(sorted(words))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
+                                                                                             ("[SEP]", 3)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
+                                   unk_token="[UNK]", mask_token="[MASK]")
+    fast.save_pretrained(str(folder))
+    return fast
+
+
 def _tokenizer(folder: Path, tokenizer_dir: Path | None):
     from transformers import AutoTokenizer
 
@@ -129,7 +163,7 @@ def _tokenizer(folder: Path, tokenizer_dir: Path | None):
 
 
 def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dtype, device) -> torch.Tensor:
-    if len(shape) == 1 and ("norm" in name or "layrnorm" in name) and name.endswith("weight"):
+    if len(shape) == 1 and "norm" in name.lower() and name.endswith("weight"):  # LayerNorm, layrnorm, norm
         return torch.ones(shape, dtype=dtype, device=device)
     if name.endswith("bias"):
         return torch.zeros(shape, dtype=dtype, device=device)
@@ -184,6 +218,34 @@ def write_llava_next_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_d
         tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
         num_additional_image_tokens=1)
     return _write_checkpoint(folder, config, LlavaNextForConditionalGeneration, processor, seed=seed, std=std,
+                             dtype=dtype, device=device, shard_bytes=shard_bytes)
+
+
+def write_instructblip_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None,
+                                  seed: int = 0, std: float = 0.02, dtype=torch.float16, device: str = "cpu",
+                                  shard_bytes: int = 2 << 30) -> Path:
+    """A random-weight InstructBLIP-Vicuna checkpoint at `size` dimensions, with the built-in BERT-like
+    tokenizer for its Q-Former."""
+    from transformers import (BlipImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
+                              InstructBlipProcessor, InstructBlipQFormerConfig, InstructBlipVisionConfig,
+                              LlamaConfig)
+
+    dims = _dims(INSTRUCTBLIP_DIMS, size)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = _tokenizer(folder, tokenizer_dir)
+    qformer_tok = builtin_bert_tokenizer(folder / "qformer_tokenizer")
+    text = dict(dims["text"], vocab_size=max(dims["text"]["vocab_size"], len(tok)))
+    config = InstructBlipConfig(
+        vision_config=InstructBlipVisionConfig(**dims["vision"]).to_dict(),
+        qformer_config=InstructBlipQFormerConfig(**dims["qformer"], vocab_size=len(qformer_tok),
+                                                 pad_token_id=qformer_tok.pad_token_id).to_dict(),
+        text_config=LlamaConfig(**text, bos_token_id=1, eos_token_id=2).to_dict(),
+        num_query_tokens=dims["queries"], image_token_index=tok.convert_tokens_to_ids("<image>"))
+    side = dims["vision"]["image_size"]
+    processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": side, "width": side}),
+                                      tokenizer=tok, qformer_tokenizer=qformer_tok, num_query_tokens=dims["queries"])
+    return _write_checkpoint(folder, config, InstructBlipForConditionalGeneration, processor, seed=seed, std=std,
                              dtype=dtype, device=device, shard_bytes=shard_bytes)
 
 

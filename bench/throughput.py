@@ -25,7 +25,8 @@ from ..engine.vision_cache import VisionCache
 from ..readout import READOUTS, Question, load_questions
 from ..readout.records import json_lines
 from ..readout.protocols import FIRST_TOKEN, LOGIT
-from .synthetic import builtin_questions, write_images, write_llava_checkpoint, write_llava_next_checkpoint
+from .synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
+                        write_llava_next_checkpoint)
 
 # Every seed model family of the project; the engine supports those in engine.FAMILIES.
 SEED_FAMILIES = {
@@ -35,7 +36,8 @@ SEED_FAMILIES = {
     "mplug_owl2": "mPLUG-Owl2-LLaMA2-7B",
     "qwen2_vl": "Qwen2-VL-7B-Instruct",
 }
-CHECKPOINT_WRITERS = {"llava": write_llava_checkpoint, "llava_next": write_llava_next_checkpoint}
+CHECKPOINT_WRITERS = {"llava": write_llava_checkpoint, "llava_next": write_llava_next_checkpoint,
+                      "instructblip": write_instructblip_checkpoint}
 BENCH_READOUTS = [n for n, r in READOUTS.items() if r.kind in (LOGIT, FIRST_TOKEN)]
 
 

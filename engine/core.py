@@ -21,12 +21,13 @@ from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .images import LoadedImage, read_image
 from .llama import Intervention
 from .llava import LlavaModel
+from .instructblip import InstructBlipModel
 from .llava_next import LlavaNextModel
 from .loader import CheckpointError, read_config
 from .settings import Settings
 from .vision_cache import VisionCache, feature_key
 
-FAMILIES = {m.family: m for m in (LlavaModel, LlavaNextModel)}
+FAMILIES = {m.family: m for m in (LlavaModel, LlavaNextModel, InstructBlipModel)}
 
 
 @dataclass
@@ -228,6 +229,22 @@ class Engine:
         images in one batch per prefix length; question suffixes then run in batches of batch_size
         rows, grouped by the prefix they continue.
         """
+        if getattr(self.model, "features_per_prompt", False):
+            # InstructBLIP: each prompt's image tokens come from a Q-Former that reads the prompt, so
+            # every prompt becomes an item of its own, with its own (short) prefix.
+            with _Clock(self.timings, "image_encode", self.settings.torch_device):
+                per_prompt = self.model.prompt_features(items)
+            flat = self._run_items([(f, [p]) for (_, prompts), fs in zip(items, per_prompt)
+                                    for p, f in zip(prompts, fs)], intervention)
+            out, at = [], 0
+            for _, prompts in items:
+                out.append([row[0] for row in flat[at:at + len(prompts)]])
+                at += len(prompts)
+            return out
+        return self._run_items(items, intervention)
+
+    def _run_items(self, items: list[tuple[torch.Tensor, list[str]]], intervention: Intervention | None
+                   ) -> list[list[tuple[int, dict[int, float], str | None]]]:
         model, lm, device = self.model, self.model.lm, self.settings.torch_device
         results = [[None] * len(prompts) for _, prompts in items]
         # Work rows (image, prompt, prefix ids, suffix ids), grouped by prefix length; -1 = no prefix.

@@ -10,8 +10,9 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
     cfg = BenchConfig(models=list(SEED_FAMILIES), size="tiny", device="cpu", quant="none", dtype=None,
                       n_questions=12, reference_sample=6, work_dir=tmp_path)
     report = run_bench(cfg)
-    assert set(report["unsupported"]) == set(SEED_FAMILIES) - {"llava", "llava_next"}   # listed, never skipped
-    for name in ("llava", "llava_next"):
+    supported = {"llava", "llava_next", "instructblip"}
+    assert set(report["unsupported"]) == set(SEED_FAMILIES) - supported   # listed, never silently skipped
+    for name in supported:
         entry = report["models"][name]
         ours, ref = entry["pope_fast"], entry["reference"]
         assert ours["questions"] == ours["unique_prompts"] == 12
@@ -21,7 +22,7 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
         assert entry["speedup"] > 0 and set(ours["phases_s"]) == {"image_encode", "prefix_prefill",
                                                                   "question_prefill", "decode"}
     table = format_report(report)
-    assert "| llava (tiny) | 12 (12 prompts) |" in table and "| llava_next (tiny) | 12 (12 prompts) |" in table
+    assert all(f"| {name} (tiny) | 12 (12 prompts) |" in table for name in supported)
     assert "qwen2_vl | unsupported" in table
     again = run_bench(cfg)   # a kept work dir starts the sweep afresh instead of resuming it
     assert again["models"]["llava"]["pope_fast"]["unique_prompts"] == 12

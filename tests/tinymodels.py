@@ -13,6 +13,7 @@ import torch
 from pope_fast.bench.synthetic import builtin_tokenizer, synthetic_image
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
+SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
 SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/mistral/llava-v1.6-mistral-7b-hf"
 QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
              "Is there a dining table in the image?", "Is there a skis in the image?",
@@ -107,6 +108,50 @@ def make_tiny_llava_next(folder: Path, *, seed: int = 0, layers: int = 2, kv_hea
         image_processor=LlavaNextImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
                                                 image_grid_pinpoints=TINY_PINPOINTS),
         tokenizer=tok, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)
+    processor.save_pretrained(str(folder))
+    return folder
+
+
+def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_hidden: int = 32,
+                           qformer_hidden: int = 32, queries: int = 4, init_std: float = 0.08, dtype=torch.float32,
+                           builtin_tokenizer: bool = False) -> Path:
+    """A random InstructBLIP checkpoint (EVA-style ViT of 28 px, 2-layer Q-Former, LLaMA) with its
+    processor files; the tokenizers are Vicuna's and bert-base-uncased from ../shared when there."""
+    from transformers import (AutoTokenizer, BlipImageProcessor, InstructBlipConfig,
+                              InstructBlipForConditionalGeneration, InstructBlipProcessor, InstructBlipQFormerConfig,
+                              InstructBlipVisionConfig, LlamaConfig)
+
+    from pope_fast.bench.synthetic import builtin_bert_tokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = llava_tokenizer(folder, builtin_tokenizer)
+    if SHARED_BERT_TOKENIZER.is_dir() and not builtin_tokenizer:
+        qformer_tok = AutoTokenizer.from_pretrained(str(SHARED_BERT_TOKENIZER))
+    else:
+        qformer_tok = builtin_bert_tokenizer(folder / "qformer_tokenizer_source")
+    vision = InstructBlipVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                                      num_hidden_layers=2, num_attention_heads=4, image_size=28, patch_size=14)
+    qformer = InstructBlipQFormerConfig(vocab_size=len(qformer_tok), hidden_size=qformer_hidden,
+                                        num_hidden_layers=2, num_attention_heads=4,
+                                        intermediate_size=2 * qformer_hidden, encoder_hidden_size=vision_hidden,
+                                        pad_token_id=qformer_tok.pad_token_id)
+    text = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                       num_attention_heads=4, num_key_value_heads=4, vocab_size=max(len(tok), 32064),
+                       max_position_embeddings=2048, initializer_range=init_std, bos_token_id=1, eos_token_id=2)
+    config = InstructBlipConfig(vision_config=vision.to_dict(), qformer_config=qformer.to_dict(),
+                                text_config=text.to_dict(), num_query_tokens=queries,
+                                image_token_index=tok.convert_tokens_to_ids("<image>"), initializer_range=init_std)
+    torch.manual_seed(seed)
+    model = InstructBlipForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, init_std)
+        model.query_tokens.normal_(0.0, 0.5)
+    model.to(dtype).save_pretrained(str(folder))
+    processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": 28, "width": 28}),
+                                      tokenizer=tok, qformer_tokenizer=qformer_tok, num_query_tokens=queries)
     processor.save_pretrained(str(folder))
     return folder
 

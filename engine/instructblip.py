@@ -1,0 +1,169 @@
+"""InstructBLIP (transformers `model_type: instructblip`; InstructBLIP-Vicuna-7B).
+
+An EVA ViT-g reads the image; a Q-Former reads the ViT output *and the instruction text* through 32
+learned queries; a linear projection turns the 32 query outputs into the language model's first 32
+input embeddings, before the BOS token and the prompt. Because the Q-Former reads the question, the
+image tokens differ per question: only the ViT output is cached per image, the Q-Former runs per
+prompt (batched), and there is no per-image language-model prefix to share (each prompt's 32 image
+tokens are its own short prefix). The language model is LLaMA (Vicuna).
+
+The ViT and the Q-Former are transformers' own modules (loaded with our weights); the projection
+and the language model are ours.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .layers import make_linear, replace_linears
+from .llama import LlamaDims, LlamaLM
+from .llava import _no_init, _stop_ids, rename
+from .loader import CheckpointError, iter_tensors, map_names, tensor_files
+from .settings import Settings
+from .vision_cache import tensor_fingerprint
+
+MODEL_TYPE = "instructblip"
+
+NAME_RULES = [
+    (r"^(?:model\.)?language_model\.lm_head\.", "lm.lm_head."),
+    (r"^lm_head\.", "lm.lm_head."),
+    (r"^(?:model\.)?language_model\.(?:model\.)?", "lm."),
+    (r"^(?:model\.)?vision_model\.", "vision."),
+    (r"^(?:model\.)?qformer\.", "qformer."),
+    (r"^(?:model\.)?query_tokens$", "extra.query_tokens"),
+    (r"^(?:model\.)?language_projection\.", "projector."),
+]
+
+
+class InstructBlipModel:
+    """Everything the engine needs from one InstructBLIP checkpoint."""
+
+    family = MODEL_TYPE
+    default_template = "instructblip"
+    image_marker = ""  # the image enters through the Q-Former, ahead of the text
+    features_per_prompt = True
+
+    def __init__(self, folder: Path, settings: Settings):
+        from transformers import (AutoConfig, AutoProcessor, InstructBlipQFormerModel, InstructBlipVisionModel)
+
+        if settings.image_aspect != "processor":
+            raise ValueError("image_aspect 'pad' is LLaVA-1.5's; InstructBLIP resizes every image to a square")
+        self.folder, self.settings = folder, settings
+        device, dtype = settings.torch_device, settings.torch_dtype
+        quantize, packed = settings.quant == "nf4", settings.nf4_weights == "packed"
+        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.image_token_id = cfg.image_token_id
+        self.num_queries = cfg.num_query_tokens
+        try:
+            processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True)
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{folder}: no usable processor files (tokenizer, qformer_tokenizer/, "
+                                  f"image processor): {err}") from None
+        self.tokenizer, self.qformer_tokenizer = processor.tokenizer, processor.qformer_tokenizer
+        self.image_processor = processor.image_processor
+        if self.tokenizer.convert_tokens_to_ids("<image>") != self.image_token_id:
+            raise CheckpointError(f"{folder}: the tokenizer has no <image> token with id {self.image_token_id}")
+
+        dims = LlamaDims.from_config(cfg.text_config)
+        with _no_init():
+            vision = InstructBlipVisionModel(cfg.vision_config)
+            qformer = InstructBlipQFormerModel(cfg.qformer_config)
+        expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
+        expected.update({f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()})
+        expected.update({f"qformer.{k}": tuple(v.shape) for k, v in qformer.state_dict().items()})
+        q_hidden = cfg.qformer_config.hidden_size
+        expected.update({"extra.query_tokens": (1, self.num_queries, q_hidden),
+                         "projector.weight": (dims.hidden_size, q_hidden), "projector.bias": (dims.hidden_size,)})
+        optional = {k for k in expected if k.endswith("position_ids")}
+        files = tensor_files(folder)
+        names = map_names(files, lambda n: rename(n, NAME_RULES),
+                          {k: v for k, v in expected.items() if k not in optional}, folder)
+        expected = {k: v for k, v in expected.items() if k in names}
+        parts: dict[str, dict[str, torch.Tensor]] = {"lm": {}, "vision": {}, "qformer": {}, "extra": {},
+                                                     "projector": {}}
+        for name, tensor in iter_tensors(folder, files, names, expected):
+            group, _, rest = name.partition(".")
+            parts[group][rest] = tensor
+        # The cached ViT output depends on the tower's weights only; the Q-Former runs per prompt.
+        self.feature_fingerprint = tensor_fingerprint(
+            {f"vision.{k}": v for k, v in parts["vision"].items()},
+            extra={"dtype": str(dtype), "quant": settings.quant, "nf4_weights": settings.nf4_weights,
+                   "kernels": settings.kernels, "device": settings.torch_device.type})
+
+        for module, weights, what in ((vision, parts["vision"], "vision tower"), (qformer, parts["qformer"], "Q-Former")):
+            missing, unexpected = module.load_state_dict(weights, strict=False)
+            missing = [m for m in missing if not m.endswith("position_ids")]
+            if missing or unexpected:
+                raise CheckpointError(f"{folder}: {what} tensors missing {missing}, unexpected {unexpected}")
+        self.vision = vision.to(device=device, dtype=dtype).eval()
+        self.qformer = qformer.to(device=device, dtype=dtype).eval()
+        if quantize:  # transformers quantizes every Linear but lm_head under load_in_4bit, these included
+            for module in (self.vision, self.qformer):
+                replace_linears(module, dtype=dtype, device=device, keep_packed=packed, kernels=settings.kernels)
+        # transformers keeps query_tokens in fp32 (_keep_in_fp32_modules) and casts where it is used.
+        self.query_tokens = parts["extra"]["query_tokens"].to(device=device, dtype=torch.float32)
+        self.projector = make_linear(parts["projector"]["weight"], parts["projector"]["bias"], dtype=dtype,
+                                     device=device, quantize=quantize, keep_packed=packed, kernels=settings.kernels)
+        self.lm = LlamaLM(dims, parts["lm"], dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
+                          quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
+        self.stop_ids = _stop_ids(folder, self.tokenizer)
+
+    def preprocess_settings(self) -> dict:
+        return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}
+
+    def preprocess(self, image: Image.Image) -> np.ndarray:
+        """One image → pixel values [3, H, W] as the checkpoint's processor makes them (NumPy: see
+        LlavaModel.preprocess)."""
+        return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
+
+    def crops(self, pixels: np.ndarray) -> int:
+        return 1
+
+    @torch.inference_mode()
+    def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
+        """preprocess() outputs → the ViT's last hidden state [patches + 1, vision hidden] per image,
+        what the Q-Former cross-attends to."""
+        batch = torch.from_numpy(np.stack(pixels)).to(self.settings.torch_device, self.settings.torch_dtype)
+        return list(self.vision(pixel_values=batch).last_hidden_state)
+
+    @torch.inference_mode()
+    def prompt_features(self, items: list[tuple[torch.Tensor, list[str]]]) -> list[list[torch.Tensor]]:
+        """(ViT output, prompts) per image → per image, per prompt, the 32 projected query outputs
+        [32, hidden] that stand in the prompt's image tokens; every prompt of every image in one
+        Q-Former batch."""
+        prompts = [p for _, ps in items for p in ps]
+        if not prompts:
+            return [[] for _ in items]
+        device = self.settings.torch_device
+        text = self.qformer_tokenizer(prompts, padding=True, return_tensors="pt").to(device)
+        image = torch.stack([f for f, ps in items for _ in ps])
+        queries = self.query_tokens.expand(len(prompts), -1, -1)  # fp32, as transformers passes them
+        mask = torch.cat([torch.ones(queries.shape[:2], dtype=text["attention_mask"].dtype, device=device),
+                          text["attention_mask"]], dim=1)
+        out = self.qformer(input_ids=text["input_ids"], attention_mask=mask, query_embeds=queries,
+                           encoder_hidden_states=image,
+                           encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long, device=device))
+        query_output = out.last_hidden_state[:, : self.num_queries].to(self.settings.torch_dtype)
+        features = list(self.projector(query_output))
+        grouped, at = [], 0
+        for _, ps in items:
+            grouped.append(features[at:at + len(ps)])
+            at += len(ps)
+        return grouped
+
+    def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
+        """As InstructBlipProcessor builds them: the image tokens first, then the tokenized prompt
+        with its BOS."""
+        return [self.image_token_id] * num_image_tokens + list(self.tokenizer(prompt)["input_ids"])
+
+    def embed(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+        """ids [L] holding T image tokens, features [T, hidden] → input embeddings [L, hidden]."""
+        x = self.lm.embed(ids)
+        mask = ids == self.image_token_id
+        if int(mask.sum()) != features.shape[0]:
+            raise ValueError(f"{int(mask.sum())} image tokens in the prompt but {features.shape[0]} image features")
+        x[mask] = features.to(x.dtype)
+        return x

@@ -1,0 +1,126 @@
+"""InstructBLIP against transformers' InstructBlipForConditionalGeneration, the oracle, on a tiny random
+checkpoint (28-px ViT, 2-layer Q-Former with 4 queries, LLaMA)."""
+import json
+
+import pytest
+import torch
+from tinymodels import QUESTIONS, make_tiny_instructblip, synthetic_image, write_pope_set
+
+from pope_fast.engine import Engine, Settings, run_pope
+from pope_fast.readout import load_questions
+
+IMAGES = [synthetic_image(i + 31, size) for i, size in enumerate([(90, 40), (40, 90), (60, 60)])]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_instructblip(tmp_path_factory.mktemp("tiny_instructblip") / "ckpt")
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    """transformers' answer-position logits and greedy continuation per (image, question)."""
+    from transformers import AutoProcessor, InstructBlipForConditionalGeneration
+
+    model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for q in QUESTIONS[:4]:
+            text = f"Question: {q} Answer yes or no only. Answer:"
+            inputs = processor(images=image, text=text, return_tensors="pt")
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            out[i, q] = (logits, generated.tolist())
+    return out
+
+
+@pytest.mark.parametrize("batch_size", [1, 5, 32])
+def test_candidate_logits_match_transformers(checkpoint, oracle, batch_size):
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size), readouts="all")
+    assert engine.template.name == "instructblip"
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:4]):
+            logits, generated = oracle[i, answer.question]
+            worst = max(abs(v - float(logits[k])) for k, v in answer.candidate_logits.items())
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: candidate logits differ by {worst:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+def test_the_question_reaches_the_image_tokens(checkpoint):
+    """The Q-Former reads the prompt: one image's 4 query features differ from question to question."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    features = engine.features(IMAGES[0])
+    a, b = engine.model.prompt_features([(features, [engine.prompt(q) for q in QUESTIONS[:2]])])[0]
+    assert a.shape == b.shape == (4, engine.model.lm.dims.hidden_size) and not torch.allclose(a, b)
+
+
+def test_images_and_questions_in_one_batch(checkpoint, oracle):
+    engine = Engine.load(checkpoint, Settings(batch_size=7), readouts="all")
+    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:4]]) for image in IMAGES]
+    for i, answers in enumerate(engine.run_images(items)):
+        for q, (first, candidates, _) in zip(QUESTIONS[:4], answers):
+            logits, generated = oracle[i, q]
+            worst = max(abs(v - float(logits[k])) for k, v in candidates.items())
+            assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"
+
+
+def test_continuation_matches_generate(checkpoint, oracle):
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
+    tokenizer = engine.model.tokenizer
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:4]):
+            _, generated = oracle[i, answer.question]
+            stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
+            assert answer.decoded == tokenizer.decode(generated[:stop], skip_special_tokens=True)
+
+
+def test_sweep(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope", n_images=3)
+    questions = [q for f in files for q in load_questions(f)]
+    engine = Engine.load(checkpoint, Settings(image_batch=2), readouts="all")
+    result = run_pope(engine, questions, images, tmp_path / "out")
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == len(questions) and result.evaluated_prompts < len(questions)
+    assert engine.counts.images_encoded == 3   # the ViT once per image, the Q-Former per prompt
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["model"]["family"] == "instructblip" and meta["template"] == "instructblip"
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes InstructBLIP (every Linear but lm_head: ViT, Q-Former, projection,
+    LM; query_tokens stay fp32), against transformers + bitsandbytes on CPU (see test_engine_nf4)."""
+    import bitsandbytes as bnb
+    from transformers import AutoProcessor, BitsAndBytesConfig, InstructBlipForConditionalGeneration
+
+    from pope_fast.readout import LOGIT_READOUTS
+    from pope_fast.readout.protocols import compare_max_logits
+
+    checkpoint = make_tiny_instructblip(tmp_path / "ckpt", vision_hidden=64, qformer_hidden=64, seed=7)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                bnb_4bit_compute_dtype=torch.float16)
+    model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint), quantization_config=config,
+                                                                 dtype=torch.float16, device_map="cpu").eval()
+    quantized = {n.split(".")[0] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert quantized == {"vision_model", "qformer", "language_projection", "language_model"}
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
+    ids = engine.candidate_ids
+    for image in IMAGES[:2]:
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            ours = torch.tensor([answer.candidate_logits[i] for i in ids])
+            step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
+            assert float((ours - theirs[ids]).abs().max()) <= 4 * step, answer.question
+            assert answer.first_token_id == int(theirs.argmax())
+            for name in LOGIT_READOUTS:
+                logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
+                assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), \
+                    (name, answer.question)
