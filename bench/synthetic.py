@@ -60,6 +60,20 @@ INSTRUCTBLIP_DIMS = {
                               encoder_hidden_size=64),
                  text=dict(LLAVA_DIMS["tiny"]["text"]), queries=32),
 }
+# Qwen2-VL-7B-Instruct: a 32-block, 1280-wide native-resolution ViT merging 2 x 2 patches (a COCO
+# image: 391 tokens under the processor's default pixel budget), Qwen2-7B with M-RoPE.
+QWEN2_VL_DIMS = {
+    "7b": dict(vision=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16, mlp_ratio=4),
+               text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                         num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
+                         max_position_embeddings=32768, rope_theta=1e6,
+                         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})),
+    "tiny": dict(vision=dict(depth=2, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2),
+                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=152064, rms_norm_eps=1e-6,
+                           max_position_embeddings=32768, rope_theta=1e6,
+                           rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})),
+}
 ANYRES_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
 
 
@@ -127,6 +141,37 @@ def builtin_tokenizer(folder: Path):
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
     fast.add_tokens(["<image>"], special_tokens=True)
     fast.add_special_tokens({"pad_token": "<pad>"})
+    fast.save_pretrained(str(folder))
+    return fast
+
+
+QWEN2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>"]
+
+
+def builtin_qwen2_tokenizer(folder: Path):
+    """A word-level stand-in for Qwen2-VL's tokenizer: its special tokens, its chat template's shape,
+    no BOS, for machines without the real one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
+        "system user assistant You are a helpful . ? Answer answer yes no Yes No only or Is is there in the "
+        "image an".split())
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(words))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    fast.add_tokens(QWEN2_SPECIALS, special_tokens=True)
+    fast.pad_token, fast.eos_token = "<|endoftext|>", "<|im_end|>"
+    fast.chat_template = QWEN2_CHAT_TEMPLATE
     fast.save_pretrained(str(folder))
     return fast
 
@@ -247,6 +292,32 @@ def write_instructblip_checkpoint(folder: Path, size: str = "tiny", *, tokenizer
                                       tokenizer=tok, qformer_tokenizer=qformer_tok, num_query_tokens=dims["queries"])
     return _write_checkpoint(folder, config, InstructBlipForConditionalGeneration, processor, seed=seed, std=std,
                              dtype=dtype, device=device, shard_bytes=shard_bytes)
+
+
+def write_qwen2_vl_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None,
+                              seed: int = 0, std: float = 0.02, dtype=torch.float16, device: str = "cpu",
+                              shard_bytes: int = 2 << 30) -> Path:
+    """A random-weight Qwen2-VL checkpoint at `size` dimensions with the processor's default pixel
+    budget; the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad, else the built-in one."""
+    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
+
+    dims = _dims(QWEN2_VL_DIMS, size)
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
+    if tok is None or tok.convert_tokens_to_ids("<|image_pad|>") in (None, tok.unk_token_id):
+        tok = builtin_qwen2_tokenizer(folder)
+    special = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    text = dict(dims["text"], vocab_size=max(dims["text"]["vocab_size"], len(tok)), bos_token_id=None,
+                eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    config = Qwen2VLConfig(text_config=text, vision_config=dict(dims["vision"], patch_size=14, spatial_merge_size=2,
+                                                               temporal_patch_size=2, in_channels=3),
+                           image_token_id=special["<|image_pad|>"], vision_start_token_id=special["<|vision_start|>"],
+                           vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)
+    tok.save_pretrained(str(folder))
+    # Saved apart: Qwen2VLProcessor also wants a video processor, which needs torchvision.
+    return _write_checkpoint(folder, config, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor(), seed=seed,
+                             std=std, dtype=dtype, device=device, shard_bytes=shard_bytes)
 
 
 def _dims(table: dict, size: str) -> dict:

@@ -26,7 +26,7 @@ from ..readout import READOUTS, Question, load_questions
 from ..readout.records import json_lines
 from ..readout.protocols import FIRST_TOKEN, LOGIT
 from .synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
-                        write_llava_next_checkpoint)
+                        write_llava_next_checkpoint, write_qwen2_vl_checkpoint)
 
 # Every seed model family of the project; the engine supports those in engine.FAMILIES.
 SEED_FAMILIES = {
@@ -37,7 +37,7 @@ SEED_FAMILIES = {
     "qwen2_vl": "Qwen2-VL-7B-Instruct",
 }
 CHECKPOINT_WRITERS = {"llava": write_llava_checkpoint, "llava_next": write_llava_next_checkpoint,
-                      "instructblip": write_instructblip_checkpoint}
+                      "instructblip": write_instructblip_checkpoint, "qwen2_vl": write_qwen2_vl_checkpoint}
 BENCH_READOUTS = [n for n, r in READOUTS.items() if r.kind in (LOGIT, FIRST_TOKEN)]
 
 
@@ -144,6 +144,31 @@ class ReadoutSpec:
     readouts: list[str]
 
 
+def _reference_processor(checkpoint: Path):
+    """The checkpoint's processor. Where transformers cannot build it (Qwen2VLProcessor also builds a
+    video processor, which needs torchvision), a stand-in that does what it does for one image: the
+    image processor, the prompt's image pad repeated once per merged token, mm_token_type_ids."""
+    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    try:
+        return AutoProcessor.from_pretrained(str(checkpoint))
+    except (ImportError, AttributeError, OSError, ValueError):
+        if json.loads((checkpoint / "config.json").read_text()).get("model_type") != "qwen2_vl":
+            raise
+    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+    image_processor = AutoImageProcessor.from_pretrained(str(checkpoint))
+    pad = "<|image_pad|>"
+    pad_id = tokenizer.convert_tokens_to_ids(pad)
+
+    def process(images, text: str, return_tensors: str):
+        pixels = image_processor(images=images, return_tensors=return_tensors)
+        tokens = int(pixels["image_grid_thw"].prod()) // image_processor.merge_size**2
+        encoded = tokenizer(text.replace(pad, pad * tokens), return_tensors=return_tensors)
+        return {**encoded, **pixels, "mm_token_type_ids": (encoded["input_ids"] == pad_id).int()}
+
+    return process
+
+
 def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], images: Path, settings: Settings,
                repeat: int, progress: Callable[[int], None] | None) -> tuple[dict, dict]:
     """The paper's pipeline, one question at a time; returns its figures and its decisions."""
@@ -161,7 +186,7 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
     model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), **kwargs).eval()
     if settings.quant != "nf4":
         model.to(device)
-    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    processor = _reference_processor(checkpoint)
 
     def answer(q: Question):
         inputs = processor(images=Image.open(images / q.image), text=spec.prompts[q.text], return_tensors="pt")

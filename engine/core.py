@@ -23,11 +23,12 @@ from .llama import Intervention
 from .llava import LlavaModel
 from .instructblip import InstructBlipModel
 from .llava_next import LlavaNextModel
+from .qwen2_vl import Qwen2VLModel
 from .loader import CheckpointError, read_config
 from .settings import Settings
 from .vision_cache import VisionCache, feature_key
 
-FAMILIES = {m.family: m for m in (LlavaModel, LlavaNextModel, InstructBlipModel)}
+FAMILIES = {m.family: m for m in (LlavaModel, LlavaNextModel, InstructBlipModel, Qwen2VLModel)}
 
 
 @dataclass
@@ -249,9 +250,13 @@ class Engine:
         results = [[None] * len(prompts) for _, prompts in items]
         # Work rows (image, prompt, prefix ids, suffix ids), grouped by prefix length; -1 = no prefix.
         by_length: dict[int, list[tuple[int, int, tuple[int, ...], list[int]]]] = {}
+        mrope = lm.dims.mrope_section is not None
+        streams: dict[tuple[int, int], torch.Tensor] = {}  # M-RoPE: (image, prompt) → positions [3, L]
         for it, (features, prompts) in enumerate(items):
             for pi, prompt in enumerate(prompts):
-                ids = model.prompt_ids(prompt, features.shape[0])
+                ids = model.prompt_ids(prompt, model.image_tokens(features))
+                if mrope:
+                    streams[it, pi] = model.positions(ids, features)
                 window = lm.dims.sliding_window
                 if window is not None and len(ids) > window:  # shorter prompts attend exactly as without one
                     raise NotImplementedError(f"a {len(ids)}-token prompt exceeds the model's sliding window of "
@@ -261,12 +266,16 @@ class Engine:
         for length, rows in by_length.items():
             prefix, slot_of = None, {}
             if length > 0:
-                for it, _, pre, _ in rows:
+                first_row = {}
+                for it, pi, pre, _ in rows:
                     slot_of.setdefault((it, pre), len(slot_of))
+                    first_row.setdefault((it, pre), pi)
                 with _Clock(self.timings, "prefix_prefill", device):
                     embeds = torch.stack([model.embed(torch.tensor(pre, device=device), items[it][0])
                                           for it, pre in slot_of])
-                    prefix = lm.prefill_prefix(embeds, intervention)
+                    positions = torch.stack([streams[it, first_row[it, pre]][:, :length] for it, pre in slot_of],
+                                            dim=1) if mrope else None  # [3, G, P]
+                    prefix = lm.prefill_prefix(embeds, intervention, positions)
                 self.counts.prefix_tokens += length * len(slot_of)
                 rows.sort(key=lambda r: slot_of[r[0], r[2]])
             for start in range(0, len(rows), self.settings.batch_size):
@@ -276,7 +285,11 @@ class Engine:
                 self.counts.suffix_tokens += sum(len(r[3]) for r in batch)
                 with _Clock(self.timings, "question_prefill", device):
                     embeds, lengths = self._embed_suffixes([(items[it][0], suf) for it, _, _, suf in batch])
-                    last, suffix_kv = lm.prefill_suffix(prefix, slots, embeds, lengths, intervention)
+                    positions = None
+                    if mrope and prefix is None:  # whole prompts: their own streams, right-padded
+                        positions = torch.nn.utils.rnn.pad_sequence(
+                            [streams[it, pi].T for it, pi, _, _ in batch], batch_first=True).permute(2, 0, 1)
+                    last, suffix_kv = lm.prefill_suffix(prefix, slots, embeds, lengths, intervention, positions)
                     logits, first = lm.answer(last, self.candidate_ids)
                     if intervention is not None:
                         adjusted = intervention.logits(logits, self.candidate_ids)

@@ -119,6 +119,10 @@ class InstructBlipModel:
         LlavaModel.preprocess)."""
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
 
+    def image_tokens(self, features: torch.Tensor) -> int:
+        """Image tokens these features stand in for (one per row)."""
+        return features.shape[0]
+
     def crops(self, pixels: np.ndarray) -> int:
         return 1
 

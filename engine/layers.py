@@ -84,15 +84,30 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 class Rotary:
-    """Default RoPE, computed as transformers does: fp32 frequencies, cos/sin cast to the model dtype."""
+    """Default RoPE, computed as transformers does: fp32 frequencies, cos/sin cast to the model dtype.
+    With mrope_section (Qwen2-VL's M-RoPE), image tokens carry three position streams (temporal,
+    height, width) and each section of the frequencies takes its own stream; text tokens carry three
+    equal streams, which is plain RoPE, so only positions that hold an image need cos_sin_3d."""
 
-    def __init__(self, head_dim: int, theta: float, device: torch.device):
+    def __init__(self, head_dim: int, theta: float, device: torch.device, mrope_section: list[int] | None = None):
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
         self.inv_freq = 1.0 / (theta**exponent)
+        self.mrope_section = mrope_section
+        if mrope_section is not None and sum(mrope_section) != head_dim // 2:
+            raise ValueError(f"mrope_section {mrope_section} does not cover {head_dim // 2} frequencies")
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [..., S] → cos, sin [..., S, head_dim]."""
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def cos_sin_3d(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [3, ..., S] (M-RoPE streams) → cos, sin [..., S, head_dim]."""
+        if self.mrope_section is None:
+            raise ValueError("three position streams need an M-RoPE model (mrope_section)")
+        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [3, ..., S, D/2]
+        freqs = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(self.mrope_section, dim=-1))], dim=-1)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

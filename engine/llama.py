@@ -36,12 +36,16 @@ class LlamaDims:
     rms_eps: float
     rope_theta: float
     sliding_window: int | None = None  # Mistral: keys further back than this are not attended
+    qkv_bias: bool = False  # Qwen2 (and LLaMA configs with attention_bias)
+    mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's M-RoPE: frequencies per position stream
 
     @classmethod
     def from_config(cls, cfg) -> "LlamaDims":
         """From a transformers text config (LlamaConfig / MistralConfig), whose defaults fill the gaps
         that llava-hf's abbreviated `text_config` leaves."""
         rope = getattr(cfg, "rope_parameters", None) or {}
+        if not isinstance(rope, dict):
+            rope = {}
         rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
         legacy = getattr(cfg, "rope_scaling", None)
         if rope_type != "default" or (isinstance(legacy, dict) and legacy.get("rope_type", legacy.get("type"))
@@ -54,7 +58,10 @@ class LlamaDims:
                    num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
                    head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
                    rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)),
-                   sliding_window=getattr(cfg, "sliding_window", None))
+                   sliding_window=getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True)
+                   else None,
+                   qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type.startswith("qwen2"),
+                   mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, d = self.hidden_size, self.head_dim
@@ -72,16 +79,23 @@ class LlamaDims:
                 p + "mlp.up_proj.weight": (self.intermediate_size, h),
                 p + "mlp.down_proj.weight": (h, self.intermediate_size),
             })
+            if self.qkv_bias:
+                shapes.update({p + "self_attn.q_proj.bias": (self.num_heads * d,),
+                               p + "self_attn.k_proj.bias": (self.num_kv_heads * d,),
+                               p + "self_attn.v_proj.bias": (self.num_kv_heads * d,)})
         return shapes
 
 
 @dataclass
 class PrefixKV:
-    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE applied."""
+    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE applied,
+    and the position of the token after each prefix [G] (P, except under M-RoPE, where an image's
+    tokens advance the position by the longer side of its grid only)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int
+    next_position: torch.Tensor
 
 
 @dataclass
@@ -91,6 +105,7 @@ class SuffixKV:
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     lengths: torch.Tensor
+    next_position: torch.Tensor  # [B]: the position of each row's first generated token
 
 
 class Intervention:
@@ -121,7 +136,7 @@ class DecoderLayer(nn.Module):
         self.input_norm = nn.Parameter(weights["input_layernorm.weight"], requires_grad=False)
         self.post_norm = nn.Parameter(weights["post_attention_layernorm.weight"], requires_grad=False)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
-            linear(weights[f"self_attn.{n}_proj.weight"]) for n in "qkvo")
+            linear(weights[f"self_attn.{n}_proj.weight"], weights.get(f"self_attn.{n}_proj.bias")) for n in "qkvo")
         self.gate_proj, self.up_proj, self.down_proj = (
             linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))
 
@@ -174,8 +189,8 @@ class LlamaLM(nn.Module):
         super().__init__()
         self.dims, self.dtype, self.device, self.kernels = dims, dtype, device, kernels
 
-        def linear(w, quant=quantize):
-            return make_linear(w, None, dtype=dtype, device=device, quantize=quant, keep_packed=keep_packed,
+        def linear(w, b=None, quant=quantize):
+            return make_linear(w, b, dtype=dtype, device=device, quantize=quant, keep_packed=keep_packed,
                                kernels=kernels)
 
         def dense(name):
@@ -191,19 +206,28 @@ class LlamaLM(nn.Module):
             norms = {k: v.to(device=device, dtype=dtype) for k, v in own.items() if "layernorm" in k}
             layers.append(DecoderLayer(dims, {**own, **norms}, linear))
         self.layers = nn.ModuleList(layers)
-        self.rotary = Rotary(dims.head_dim, dims.rope_theta, device)
+        self.rotary = Rotary(dims.head_dim, dims.rope_theta, device, dims.mrope_section)
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(ids, self.embed_tokens)
 
     @torch.inference_mode()
-    def prefill_prefix(self, embeds: torch.Tensor, intervention: Intervention | None = None) -> PrefixKV:
+    def prefill_prefix(self, embeds: torch.Tensor, intervention: Intervention | None = None,
+                       positions: torch.Tensor | None = None) -> PrefixKV:
         """embeds [G, P, H] (G image prefixes of one length) → their KV for every layer. The last
         layer's queries, attention output and MLP are never needed (no prefix position is read out),
-        so the pass stops at its K and V; prefix hooks therefore see layers 0 .. L-2."""
+        so the pass stops at its K and V; prefix hooks therefore see layers 0 .. L-2.
+
+        positions: M-RoPE streams [3, G, P] (the model's), or None for 0 .. P-1."""
         x = embeds.to(self.dtype)
-        p = x.shape[1]
-        cos, sin = self.rotary.cos_sin(torch.arange(p, device=self.device), self.dtype)
+        g, p = x.shape[:2]
+        if positions is None:
+            cos, sin = self.rotary.cos_sin(torch.arange(p, device=self.device), self.dtype)
+            next_position = torch.full((g,), p, device=self.device)
+        else:
+            positions = positions.to(self.device)
+            cos, sin = self.rotary.cos_sin_3d(positions, self.dtype)  # [G, P, D]
+            next_position = positions.amax(dim=(0, 2)) + 1
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
@@ -215,23 +239,32 @@ class LlamaLM(nn.Module):
             attn = causal_attention(q, k, v)
             x = layer.finish(x, attn)
             x = _hook(intervention, i, x, "prefix")
-        return PrefixKV(keys, values, p)
+        return PrefixKV(keys, values, p, next_position)
 
     @torch.inference_mode()
     def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, embeds: torch.Tensor,
-                       lengths: torch.Tensor, intervention: Intervention | None = None
-                       ) -> tuple[torch.Tensor, SuffixKV]:
+                       lengths: torch.Tensor, intervention: Intervention | None = None,
+                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, SuffixKV]:
         """embeds [B, S, H] right-padded question suffixes, lengths [B], row b continuing prefix
         slot prefix_index[b] (rows grouped by slot) → the hidden state of each row's last token [B, H]
         (before the final norm) and the suffixes' own KV.
 
-        With prefix None every row is a whole prompt (no reuse): the reference path for ablations.
+        With prefix None every row is a whole prompt (no reuse): the reference path for ablations;
+        there an M-RoPE model passes each prompt's position streams [3, B, S].
         """
         x = embeds.to(self.dtype)
         b, s, _ = x.shape
         lengths = lengths.to(self.device)
-        start = prefix.length if prefix is not None else 0
-        cos, sin = self.rotary.cos_sin(start + torch.arange(s, device=self.device), self.dtype)
+        steps = torch.arange(s, device=self.device)
+        if positions is not None:
+            positions = positions.to(self.device)
+            cos, sin = self.rotary.cos_sin_3d(positions, self.dtype)
+            next_position = positions[0, torch.arange(b, device=self.device), lengths - 1] + 1
+        else:
+            start = prefix.next_position[torch.tensor(prefix_index, device=self.device)] if prefix is not None \
+                else torch.zeros(b, dtype=torch.long, device=self.device)
+            cos, sin = self.rotary.cos_sin(start[:, None] + steps, self.dtype)  # [B, S, D]
+            next_position = start + lengths
         backend = resolve_backend(self.kernels, self.device)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
@@ -246,7 +279,7 @@ class LlamaLM(nn.Module):
             x = layer.finish(x, attn)
             x = _hook(intervention, i, x, "suffix")
         last = x[torch.arange(b, device=self.device), lengths - 1]
-        return last, SuffixKV(keys, values, lengths)
+        return last, SuffixKV(keys, values, lengths, next_position)
 
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -270,7 +303,6 @@ class LlamaLM(nn.Module):
         b = first.shape[0]
         d = self.dims
         s = suffix.keys[0].shape[2]
-        start = prefix.length if prefix is not None else 0
         empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
         runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, b)]
         # Own KV per row: the suffix slots, then one slot per generated token after them.
@@ -287,7 +319,7 @@ class LlamaLM(nn.Module):
             x = self.embed(tokens[-1])[:, None]
             # The new token's slot: after the padded suffix region, so rows of any length line up.
             slot = s + t
-            positions = start + suffix.lengths + t  # [B]
+            positions = suffix.next_position + t  # [B]
             cos, sin = self.rotary.cos_sin(positions[:, None], self.dtype)
             valid = ((slots[None] < suffix.lengths[:, None]) | ((slots[None] >= s) & (slots[None] <= slot)))[:, None]
             for i, layer in enumerate(self.layers):

@@ -10,7 +10,7 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
     cfg = BenchConfig(models=list(SEED_FAMILIES), size="tiny", device="cpu", quant="none", dtype=None,
                       n_questions=12, reference_sample=6, work_dir=tmp_path)
     report = run_bench(cfg)
-    supported = {"llava", "llava_next", "instructblip"}
+    supported = {"llava", "llava_next", "instructblip", "qwen2_vl"}
     assert set(report["unsupported"]) == set(SEED_FAMILIES) - supported   # listed, never silently skipped
     for name in supported:
         entry = report["models"][name]
@@ -23,7 +23,7 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
                                                                   "question_prefill", "decode"}
     table = format_report(report)
     assert all(f"| {name} (tiny) | 12 (12 prompts) |" in table for name in supported)
-    assert "qwen2_vl | unsupported" in table
+    assert "mplug_owl2 | unsupported" in table
     again = run_bench(cfg)   # a kept work dir starts the sweep afresh instead of resuming it
     assert again["models"]["llava"]["pope_fast"]["unique_prompts"] == 12
 

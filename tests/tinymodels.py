@@ -14,6 +14,7 @@ from pope_fast.bench.synthetic import builtin_tokenizer, synthetic_image
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
+SHARED_QWEN2_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen2/qwen2-vl-7b-instruct"
 SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/mistral/llava-v1.6-mistral-7b-hf"
 QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
              "Is there a dining table in the image?", "Is there a skis in the image?",
@@ -153,6 +154,46 @@ def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidd
     processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": 28, "width": 28}),
                                       tokenizer=tok, qformer_tokenizer=qformer_tok, num_query_tokens=queries)
     processor.save_pretrained(str(folder))
+    return folder
+
+
+def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_dim: int = 32,
+                       init_std: float = 0.08, dtype=torch.float32, builtin_tokenizer: bool = False) -> Path:
+    """A random Qwen2-VL checkpoint (2-block native-resolution ViT, 2-layer Qwen2 with M-RoPE sections
+    [2, 3, 3] of its 8 frequencies) whose processor keeps images between 4 and 30 merged tokens; the
+    tokenizer is Qwen2-VL's from ../shared when it is there."""
+    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
+
+    from pope_fast.bench.synthetic import builtin_qwen2_tokenizer
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    if SHARED_QWEN2_TOKENIZER.is_dir() and not builtin_tokenizer:
+        tok = AutoTokenizer.from_pretrained(str(SHARED_QWEN2_TOKENIZER))
+    else:
+        tok = builtin_qwen2_tokenizer(folder / "tokenizer_source")
+    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")}
+    text = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
+                num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=4096, rope_theta=1e6,
+                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, initializer_range=init_std,
+                bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    vision = dict(depth=2, embed_dim=vision_dim, hidden_size=hidden, num_heads=4, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                           vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
+                           tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, init_std)
+    model.to(dtype).save_pretrained(str(folder))
+    # The tokenizer and image processor as the hub checkpoint ships them; Qwen2VLProcessor itself
+    # also wants a video processor, which needs torchvision.
+    Qwen2VLImageProcessor(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
+                          temporal_patch_size=2).save_pretrained(str(folder))
+    tok.save_pretrained(str(folder))
     return folder
 
 

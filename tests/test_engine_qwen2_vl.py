@@ -1,0 +1,149 @@
+"""Qwen2-VL against transformers' Qwen2VLForConditionalGeneration, the oracle, on a tiny random
+checkpoint (native-resolution ViT with 2 x 2 merging, Qwen2 with M-RoPE)."""
+import functools
+import json
+
+import pytest
+import torch
+from tinymodels import QUESTIONS, make_tiny_qwen2_vl, synthetic_image, write_pope_set
+
+from pope_fast.engine import Engine, Settings, run_pope
+from pope_fast.readout import load_questions
+
+# Merged token grids 2 x 3 and 3 x 2 (six tokens each: one prefix length, two position layouts),
+# 2 x 2, and 1 x 7 (the text after it moves on by 7, its token count; the others by their longer side).
+SIZES = [(90, 40), (40, 90), (60, 60), (200, 30)]
+IMAGES = [synthetic_image(i + 41, size) for i, size in enumerate(SIZES)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_qwen2_vl") / "ckpt")
+
+
+@functools.cache
+def _processors(checkpoint):
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
+
+
+def _inputs(checkpoint, image, prompt):
+    """What Qwen2VLProcessor makes (its image pad expanded, mm_token_type_ids), without its video half."""
+    tokenizer, image_processor = _processors(checkpoint)
+    pixels = image_processor(images=image, return_tensors="pt")
+    tokens = int(pixels["image_grid_thw"].prod()) // 4
+    text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    from transformers import Qwen2VLForConditionalGeneration
+
+    model = Qwen2VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for q in QUESTIONS[:3]:
+            inputs = _inputs(checkpoint, image, engine.prompt(q))
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            out[i, q] = (logits, generated.tolist())
+    return out
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (True, 32), (False, 3)],
+                         ids=["reuse-b2", "reuse-b32", "whole-b3"])
+def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse), readouts="all")
+    assert engine.template.name == "qwen2_vl_chat"
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            logits, generated = oracle[i, answer.question]
+            worst = max(abs(v - float(logits[k])) for k, v in answer.candidate_logits.items())
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: candidate logits differ by {worst:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+def test_same_length_prefixes_with_different_grids_share_a_batch(checkpoint, oracle):
+    """2 x 3 and 3 x 2 grids: one prefix length, different M-RoPE positions, one prefill."""
+    engine = Engine.load(checkpoint, Settings(batch_size=4), readouts="all")
+    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    assert items[0][0].shape[:2] == (2, 3) and items[1][0].shape[:2] == (3, 2)
+    for i, answers in enumerate(engine.run_images(items)):
+        for q, (first, candidates, _) in zip(QUESTIONS[:3], answers):
+            logits, generated = oracle[i, q]
+            worst = max(abs(v - float(logits[k])) for k, v in candidates.items())
+            assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"
+
+
+def test_positions_follow_the_grid(checkpoint):
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    features = engine.features(IMAGES[0])  # 2 x 3
+    ids = engine.model.prompt_ids(engine.prompt(QUESTIONS[0]), 6)
+    streams = engine.model.positions(ids, features)
+    start = ids.index(engine.model.image_token_id)
+    assert streams[:, start:start + 6].tolist() == [[start] * 6, [start + r for r in (0, 0, 0, 1, 1, 1)],
+                                                   [start + c for c in (0, 1, 2, 0, 1, 2)]]
+    assert streams[:, start + 6].tolist() == [start + 3] * 3   # on from the longer side, not the count
+
+
+def test_continuation_matches_generate(checkpoint, oracle):
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
+    tokenizer = engine.model.tokenizer
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            _, generated = oracle[i, answer.question]
+            stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
+            assert answer.decoded == tokenizer.decode(generated[:stop], skip_special_tokens=True)
+
+
+def test_sweep(checkpoint, tmp_path):
+    images, files = write_pope_set(tmp_path / "pope", n_images=3, sizes=((90, 40), (40, 90), (60, 60)))
+    questions = [q for f in files for q in load_questions(f)]
+    engine = Engine.load(checkpoint, Settings(image_batch=2), readouts="all")
+    result = run_pope(engine, questions, images, tmp_path / "out")
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == len(questions) and result.evaluated_prompts < len(questions)
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["model"]["family"] == "qwen2_vl" and meta["template"] == "qwen2_vl_chat"
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes Qwen2-VL (every Linear but lm_head, the tower's included), against
+    transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats)."""
+    import bitsandbytes as bnb
+    from transformers import BitsAndBytesConfig, Qwen2VLForConditionalGeneration
+
+    from pope_fast.readout import LOGIT_READOUTS
+    from pope_fast.readout.protocols import compare_max_logits
+
+    checkpoint = make_tiny_qwen2_vl(tmp_path / "ckpt", vision_dim=64, seed=9)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                bnb_4bit_compute_dtype=torch.float16)
+    model = Qwen2VLForConditionalGeneration.from_pretrained(str(checkpoint), quantization_config=config,
+                                                            dtype=torch.float16, device_map="cpu").eval()
+    quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert quantized == {"visual", "language_model"}
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
+    ids = engine.candidate_ids
+    for image in IMAGES[:2]:
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = _inputs(checkpoint, image, engine.prompt(answer.question))
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            ours = torch.tensor([answer.candidate_logits[i] for i in ids])
+            step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
+            assert float((ours - theirs[ids]).abs().max()) <= 4 * step, answer.question
+            assert answer.first_token_id == int(theirs.argmax())
+            for name in LOGIT_READOUTS:
+                logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
+                assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), \
+                    (name, answer.question)
