@@ -22,10 +22,16 @@ date -u | tee -a "$OUT/gpu.txt"; git rev-parse --short HEAD 2>/dev/null | tee -a
 timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
 POPE=()
 [ -d .device-pope ] && POPE=(--pope .device-pope --questions 0)
-for model in ${MODELS:-llava llava_next}; do
-  timeout "${BENCH_TIMEOUT:-170}" pope-fast bench --models "$model" --size 7b --reference-sample 100 "${POPE[@]}" \
+# Families in order of interest; each gets BENCH_TIMEOUT seconds at most, and none starts once less
+# than a minute of the BUDGET (seconds since the script started) is left.
+for model in ${MODELS:-llava qwen2_vl llava_next instructblip}; do
+  left=$(( ${BUDGET:-500} - SECONDS ))
+  [ "$left" -lt 60 ] && { echo "skipped $model: ${left}s of the budget left"; continue; }
+  limit=$(( left < ${BENCH_TIMEOUT:-170} ? left : ${BENCH_TIMEOUT:-170} ))
+  timeout "$limit" pope-fast bench --models "$model" --size 7b --reference-sample 100 "${POPE[@]}" \
     --format json > "$OUT/bench-$model.json" 2> "$OUT/bench-$model.err"
   tail -3 "$OUT/bench-$model.err"
+  rm -rf "${TMPDIR:-/tmp}"/pope-fast-bench-*  # a timed-out run leaves its ~15 GB random checkpoint behind
 done
 python3 - "$OUT" <<'PY'
 import json, pathlib, sys
