@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ..engine import FAMILIES, Engine, Settings, run_pope
-from ..engine.core import Timings
+from ..engine.core import Counts, Timings
 from ..engine.vision_cache import VisionCache
 from ..readout import READOUTS, Question, load_questions
 from ..readout.records import json_lines
@@ -106,11 +106,14 @@ def measured_bf16_tflops(device: torch.device) -> float:
     return 2 * 8192**3 / best / 1e12
 
 
-def matmul_flops(engine: Engine) -> float:
+def matmul_flops(engine: Engine, counts: Counts) -> float | None:
     """FLOPs of the weight matmuls the sweep could not avoid (attention scores excluded, a few %):
-    the vision layers run (up to the one the model reads) over 577 tokens per crop, projector,
+    the CLIP layers run (up to the one the model reads) over 577 tokens per crop, projector,
     language model over every prefix and suffix token, plus the candidate rows and one argmax pass of
-    lm_head per prompt."""
+    lm_head per prompt. None for the families whose towers this does not count (Qwen2-VL's
+    native-resolution ViT, InstructBLIP's ViT and per-question Q-Former)."""
+    if engine.model.family not in ("llava", "llava_next"):
+        return None
     lm = engine.model.lm.dims
     per_token = 2 * lm.num_layers * (lm.hidden_size * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
                                      + 3 * lm.hidden_size * lm.intermediate_size)
@@ -119,9 +122,8 @@ def matmul_flops(engine: Engine) -> float:
     layers_run = len(engine.model.vision.encoder.layers)
     per_crop = 2 * vision_tokens * layers_run * (4 * vc.hidden_size**2 + 2 * vc.hidden_size * vc.intermediate_size)
     per_crop += 2 * (vision_tokens - 1) * (vc.hidden_size * lm.hidden_size + lm.hidden_size**2)
-    c = engine.counts
-    return (per_crop * c.crops_encoded + per_token * (c.prefix_tokens + c.suffix_tokens)
-            + 2 * c.prompts * lm.hidden_size * lm.vocab_size)
+    return (per_crop * counts.crops_encoded + per_token * (counts.prefix_tokens + counts.suffix_tokens)
+            + 2 * counts.prompts * lm.hidden_size * lm.vocab_size)
 
 
 def _questions(cfg: BenchConfig) -> list[Question]:
@@ -242,25 +244,27 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     load_s = time.perf_counter() - load_start
     tick = (lambda n: progress(f"{name} pope-fast", n, len(questions) * cfg.repeat)) if progress else None
     records_dir = work / f"{name}-records"
-    runs = []  # (wall, phases) per timed run
+    runs = []  # (wall, phases, counts) per timed run
     for _ in range(cfg.repeat):
         # Every run starts cold: no records to resume (a kept --work-dir too), no cached image features.
         shutil.rmtree(records_dir, ignore_errors=True)
-        engine.cache, engine.timings = VisionCache(), Timings()
+        engine.cache, engine.timings, engine.counts = VisionCache(), Timings(), Counts()
         start = time.perf_counter()
         result = run_pope(engine, questions, images, records_dir, progress=tick)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        runs.append((time.perf_counter() - start, engine.timings.to_json()))
-    wall, phases = median_run(runs, key=lambda r: r[0])
+        runs.append((time.perf_counter() - start, engine.timings.to_json(), engine.counts))
+    wall, phases, counts = median_run(runs, key=lambda r: r[0])
     ours = {"questions": len(questions), "unique_prompts": result.evaluated_prompts, "wall_s": round(wall, 3),
-            "questions_per_s": round(len(questions) / wall, 2), "runs_s": [round(w, 3) for w, _ in runs],
-            "load_s": round(load_s, 2), "phases_s": phases, "peak_memory_mb": round(peak_memory_mb(device), 1),
+            "questions_per_s": round(len(questions) / wall, 2), "runs_s": [round(r[0], 3) for r in runs],
+            "load_s": round(load_s, 2),  # warmup included
+            "phases_s": phases, "peak_memory_mb": round(peak_memory_mb(device), 1),
             "settings": settings.to_json()}
-    if device.type == "cuda":
+    flops = matmul_flops(engine, counts)
+    if device.type == "cuda" and flops is not None:
         rate = measured_bf16_tflops(device)
-        floor = matmul_flops(engine) / (rate * 1e12)
-        ours.update({"matmul_tflop": round(matmul_flops(engine) / 1e12, 2), "device_bf16_tflops": round(rate, 1),
+        floor = flops / (rate * 1e12)
+        ours.update({"matmul_tflop": round(flops / 1e12, 2), "device_bf16_tflops": round(rate, 1),
                      "floor_s": round(floor, 2), "ratio_to_floor": round(wall / floor, 2)})
     entry = {"checkpoint": str(checkpoint), "size": cfg.size if name not in cfg.model_dirs else "checkpoint",
              "pope_fast": ours}

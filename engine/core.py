@@ -189,7 +189,7 @@ class Engine:
             with _Clock(self.timings, "image_encode", self.settings.torch_device):
                 features = self.model.encode_images([p for _, _, p in todo])
             for (i, key, _), f in zip(todo, features):
-                self.cache.put(key, f)
+                self.cache.put(key, f.clone())  # its own storage, not a view that keeps the batch alive
                 out[i] = f
             self.counts.images_encoded += len(todo)
             self.counts.crops_encoded += sum(self.model.crops(p) for _, _, p in todo)
@@ -258,8 +258,9 @@ class Engine:
                 if mrope:
                     streams[it, pi] = model.positions(ids, features)
                 window = lm.dims.sliding_window
-                if window is not None and len(ids) > window:  # shorter prompts attend exactly as without one
-                    raise NotImplementedError(f"a {len(ids)}-token prompt exceeds the model's sliding window of "
+                longest = len(ids) + (self.settings.max_new_tokens - 1 if self.generate else 0)
+                if window is not None and longest > window:  # shorter sequences attend exactly as without one
+                    raise NotImplementedError(f"a {longest}-token sequence exceeds the model's sliding window of "
                                               f"{window} tokens, which the engine does not implement")
                 cut = _prefix_length(ids, model.image_token_id) if self.settings.prefix_reuse else 0
                 by_length.setdefault(cut or -1, []).append((it, pi, tuple(ids[:cut]), ids[cut:]))

@@ -30,7 +30,7 @@ class LoadedImage:
 
 def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
     """The file's bytes; with verify, proven to be a whole image without decoding it where the format
-    allows: a JPEG that parses and ends with its end-of-image marker, a PNG whose chunks all pass
+    allows: a JPEG whose header parses and that ends with its end-of-image marker, a PNG whose chunks all pass
     their CRCs. Anything else (a JPEG with bytes after the marker, other formats) is decoded once,
     JPEGs in draft mode (every entropy-coded byte is still read, so a truncated file fails). The
     draft decode cost ~1 ms per COCO image, a third of the CPU time the sweep spends per image

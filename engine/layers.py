@@ -89,7 +89,8 @@ class Rotary:
     height, width) and each section of the frequencies takes its own stream; text tokens carry three
     equal streams, which is plain RoPE, so only positions that hold an image need cos_sin_3d."""
 
-    def __init__(self, head_dim: int, theta: float, device: torch.device, mrope_section: list[int] | None = None):
+    def __init__(self, head_dim: int, theta: float, device: torch.device,
+                 mrope_section: tuple[int, ...] | None = None):
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
         self.inv_freq = 1.0 / (theta**exponent)
         self.mrope_section = mrope_section
@@ -107,7 +108,8 @@ class Rotary:
         if self.mrope_section is None:
             raise ValueError("three position streams need an M-RoPE model (mrope_section)")
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [3, ..., S, D/2]
-        freqs = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(self.mrope_section, dim=-1))], dim=-1)
+        freqs = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(list(self.mrope_section), dim=-1))],
+                          dim=-1)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

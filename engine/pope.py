@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
+from PIL import UnidentifiedImageError
+
 from ..readout import (
     META_FILE,
     Question,
@@ -116,12 +118,22 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
         for q in todo:
             if q.image not in problems:
                 by_image.setdefault(q.image, {}).setdefault(engine.prompt(q.text), []).append(q)
-        evaluated = 0
-        for group, prepared in _prepared_groups(engine, images_dir, list(by_image), workers):
-            features = engine.encode(prepared)
-            texts = [list(by_image[name]) for name in group]
-            outputs = engine.run_images(list(zip(features, texts)))
+        evaluated = late_errors = 0
+        for step in _prepared_groups(engine, images_dir, list(by_image), workers):
+            # A file that passed the up-front check can still fail to decode (a PNG's chunks pass their
+            # CRCs, its compressed data does not): an error record under skip_bad, else the run stops.
             records = []
+            for name, failure in [(n, p) for n, p in step if isinstance(p, ImageError)]:
+                if not skip_bad:
+                    raise failure
+                records += [make_record(q, engine.template.name, error=str(failure))
+                            for qs in by_image[name].values() for q in qs]
+                late_errors += sum(len(qs) for qs in by_image[name].values())
+            step = [(n, p) for n, p in step if not isinstance(p, ImageError)]
+            group = [name for name, _ in step]
+            features = engine.encode([p for _, p in step]) if step else []
+            texts = [list(by_image[name]) for name in group]
+            outputs = engine.run_images(list(zip(features, texts))) if step else []
             for name, image_texts, image_outputs in zip(group, texts, outputs):
                 for text, (first, logits, decoded) in zip(image_texts, image_outputs):
                     predictions = engine.decide(logits, first, decoded)
@@ -134,7 +146,8 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
                 progress(len(records))
 
     runs = write_summaries(out_dir, engine.readouts)
-    return SweepResult(out_dir, len(questions), len(questions) - len(todo), evaluated, len(errors), runs)
+    return SweepResult(out_dir, len(questions), len(questions) - len(todo), evaluated, len(errors) + late_errors,
+                       runs)
 
 
 def default_workers() -> int:
@@ -142,12 +155,19 @@ def default_workers() -> int:
 
 
 def _prepared_groups(engine: Engine, images_dir: Path, names: list[str], workers: int
-                     ) -> Iterator[tuple[list[str], list]]:
-    """(image names, engine.prepare output) per model step, in order. File reads, decoding and the
-    processor are CPU work that releases the GIL: `workers` threads run them image by image, at most
-    one batch plus one image per worker ahead of the model, so memory stays bounded."""
+                     ) -> Iterator[list[tuple[str, object]]]:
+    """(image name, engine.prepare output or the ImageError that stopped it) per image, a model step's
+    images at a time, in order. File reads, decoding and the processor are CPU work that releases the
+    GIL: `workers` threads run them image by image, at most one batch plus one image per worker ahead
+    of the model, so memory stays bounded."""
     def prepare(name):
-        return engine.prepare([read_image(images_dir / name, verify=False)])[0]
+        path = images_dir / name
+        try:
+            return engine.prepare([read_image(path, verify=False)])[0]
+        except ImageError as err:
+            return err
+        except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:  # passed the check, not the decoder
+            return ImageError(f"{path}: not a decodable image ({err})")
 
     # Whole image batches, not a ramp of 1, 2, 4, ... images that would start the model sooner:
     # the small first steps cost more than the wait (60 built-in questions on 2 cores: 0.15 s vs 0.125 s).
@@ -159,8 +179,7 @@ def _prepared_groups(engine: Engine, images_dir: Path, names: list[str], workers
             size = min(step, len(names) - start)
             while len(pending) < size + step + workers and (name := next(queue, None)) is not None:
                 pending.append((name, pool.submit(prepare, name)))
-            group = [pending.popleft() for _ in range(size)]
-            yield [name for name, _ in group], [future.result() for _, future in group]
+            yield [(name, future.result()) for name, future in (pending.popleft() for _ in range(size))]
 
 
 def write_summaries(out_dir: Path, readouts: list[str]) -> list[dict]:

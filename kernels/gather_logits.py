@@ -14,7 +14,10 @@ import torch
 from . import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
 from .nf4 import NF4Weight, check_nf4, dequantize_rows_ref, nf4_pointers, nf4_row_block, nf4_values
 
-ARGMAX_CHUNK_ROWS = 32768  # rows of the weight the reference turns into logits at a time (a LLaMA vocabulary in one)
+ARGMAX_CHUNK_ROWS = 8192  # rows of the weight the reference turns into logits at a time
+# An fp32 dense weight is sliced without a copy, so a whole LLaMA vocabulary goes in one piece (the CPU
+# engine's case); fp16/bf16 rows are copied to fp32 and NF4 rows dequantized, so those stay in chunks.
+ARGMAX_CHUNK_ROWS_FP32 = 32768
 
 
 def rms_norm_ref(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -53,8 +56,10 @@ def vocab_argmax_ref(
     n_rows = weight.shape[0]
     best = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device)
     best_index = torch.zeros(hidden.shape[0], dtype=torch.int64, device=hidden.device)
-    for start in range(0, n_rows, ARGMAX_CHUNK_ROWS):
-        logits = hidden @ _weight_rows_fp32(weight, slice(start, min(start + ARGMAX_CHUNK_ROWS, n_rows))).T
+    chunk = ARGMAX_CHUNK_ROWS_FP32 if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 \
+        else ARGMAX_CHUNK_ROWS
+    for start in range(0, n_rows, chunk):
+        logits = hidden @ _weight_rows_fp32(weight, slice(start, min(start + chunk, n_rows))).T
         if logits_dtype is not None:
             logits = logits.to(logits_dtype).float()
         chunk_max, chunk_index = logits.max(dim=1)

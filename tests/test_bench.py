@@ -31,3 +31,21 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
 def test_bench_cli_rejects_unknown_models():
     result = CliRunner().invoke(main, ["bench", "--models", "llava,gpt5", "--device", "cpu"])
     assert result.exit_code != 0 and "unknown model(s) gpt5" in result.output
+
+
+def test_flop_floor_counts_only_the_towers_it_knows(tmp_path):
+    """Linear in the work counted (a --repeat run's counts must be one run's); no floor where the
+    vision tower is not a CLIP it can count (Qwen2-VL's native-resolution ViT)."""
+    from dataclasses import astuple
+    from tinymodels import make_tiny_llava, make_tiny_qwen2_vl
+
+    from pope_fast.bench.throughput import matmul_flops
+    from pope_fast.engine import Engine, Settings
+    from pope_fast.engine.core import Counts
+
+    llava = Engine.load(make_tiny_llava(tmp_path / "llava", builtin_tokenizer=True), Settings())
+    once = Counts(images_encoded=1, crops_encoded=1, prompts=3, prefix_tokens=12, suffix_tokens=9)
+    twice = Counts(*(2 * v for v in astuple(once)))
+    assert matmul_flops(llava, twice) == 2 * matmul_flops(llava, once) > 0
+    qwen = Engine.load(make_tiny_qwen2_vl(tmp_path / "qwen", builtin_tokenizer=True), Settings())
+    assert matmul_flops(qwen, once) is None

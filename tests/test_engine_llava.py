@@ -294,6 +294,39 @@ def test_missing_and_broken_images_stop_before_compute_or_become_error_records(c
     assert {r["image"] for r in records if "error" in r} == {"img_1.png", "img_2.png"}
 
 
+def _corrupt_png_data(path):
+    """Flip bytes inside the first IDAT chunk's compressed data and fix its CRC: every chunk still
+    checks out, the decoder fails."""
+    import struct
+    import zlib
+
+    data = bytearray(path.read_bytes())
+    at = data.index(b"IDAT")
+    length = struct.unpack(">I", data[at - 4:at])[0]
+    for i in range(at + 4 + length // 2, at + 4 + length // 2 + 8):
+        data[i] ^= 0xFF
+    data[at + 4 + length:at + 8 + length] = struct.pack(">I", zlib.crc32(bytes(data[at:at + 4 + length])))
+    path.write_bytes(bytes(data))
+
+
+def test_an_image_that_fails_only_in_the_decoder(checkpoint, tmp_path):
+    from pope_fast.engine import ImageError
+    from pope_fast.engine.images import check_images
+
+    images, files = write_pope_set(tmp_path / "pope", n_images=3)
+    _corrupt_png_data(images / "img_1.png")
+    assert check_images(images, ["img_1.png"]) == {}   # passes the up-front check
+    questions = load_questions(files[0])
+    engine = Engine.load(checkpoint, Settings(image_batch=1), readouts="template_aware")
+    with pytest.raises(ImageError, match=r"img_1\.png: not a decodable image"):
+        run_pope(engine, questions, images, tmp_path / "out")
+    assert {r["image"] for r in _records(tmp_path / "out")} == {"img_0.png"}   # written before the stop, kept
+    result = run_pope(engine, questions, images, tmp_path / "out", skip_bad=True)
+    records = _records(tmp_path / "out")
+    assert len(records) == len(questions) and result.error_records == 4
+    assert {r["image"] for r in records if "error" in r} == {"img_1.png"}
+
+
 def _copy(checkpoint, tmp_path):
     target = tmp_path / "ckpt"
     shutil.copytree(checkpoint, target)

@@ -86,18 +86,17 @@ def test_engine_matches_transformers_on_an_image_with_alpha(checkpoint):
 
 
 def test_a_fast_path_that_disagrees_is_turned_off(checkpoint):
+    """Checked at load on a textured probe: a fast path that a flat image would not expose (another
+    resampling filter) is refused, and one that agrees is kept."""
     engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
     model = engine.model
-    image = _images()[0]
-    expected = model._processor_pixels(image)
-
-    class Off:  # a fast path one unit in the last place off
-        def __call__(self, image):
-            return np.nextafter(expected, np.inf)
-
-    model._fast_pixels = Off()
-    assert np.array_equal(model.preprocess(image), expected)
-    assert model._fast_pixels is None and np.array_equal(model.preprocess(image), expected)
+    good = ClipPixels.for_processor(model.image_processor)
+    assert model._checked_fast_pixels(good) is good
+    wrong = ClipPixels(good.shortest_edge, good.crop, Image.Resampling.NEAREST, 1 / 255, model.image_processor.image_mean,
+                       model.image_processor.image_std)
+    flat = Image.new("RGB", (640, 480), (124, 116, 104))
+    assert np.array_equal(wrong(flat), model._processor_pixels(flat))  # a uniform image cannot tell them apart
+    assert model._checked_fast_pixels(wrong) is None
 
 
 def _encoded(image, fmt):

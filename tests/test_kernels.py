@@ -339,6 +339,7 @@ def assert_argmax(result, logits, atol, what):
 @pytest.mark.parametrize("shape", LOGIT_SHAPES.values(), ids=LOGIT_SHAPES.keys())
 def test_vocab_argmax_is_argmax_of_full_logits(shape, kind, norm, gen, monkeypatch):
     monkeypatch.setattr(sys.modules["pope_fast.kernels.gather_logits"], "ARGMAX_CHUNK_ROWS", 64)
+    monkeypatch.setattr(sys.modules["pope_fast.kernels.gather_logits"], "ARGMAX_CHUNK_ROWS_FP32", 64)
     hidden, weight, _, norm_weight, dense = make_logit_case(shape, kind, norm, gen)
     logits = independent_logits(hidden, dense, norm_weight)
     assert_argmax(vocab_argmax_ref(hidden, weight, norm_weight), logits, 1e-4, "reference")
@@ -351,6 +352,7 @@ def test_vocab_argmax_is_argmax_of_full_logits(shape, kind, norm, gen, monkeypat
 def test_vocab_argmax_ties_go_to_the_smallest_index(dtype, gen, monkeypatch):
     """Small integers make every logit exact in any summation order, so ties are real ties."""
     monkeypatch.setattr(sys.modules["pope_fast.kernels.gather_logits"], "ARGMAX_CHUNK_ROWS", 16)
+    monkeypatch.setattr(sys.modules["pope_fast.kernels.gather_logits"], "ARGMAX_CHUNK_ROWS_FP32", 16)
     hidden = torch.randint(-3, 4, (3, 40), generator=gen).to(dtype)
     weight = torch.randint(-2, 3, (100, 40), generator=gen).to(dtype)
     best_for = [2 * torch.sign(hidden[row].float()).to(dtype) for row in range(2)]  # maximal logits
@@ -369,6 +371,7 @@ def test_vocab_argmax_of_logits_rounded_to_the_model_dtype(logits_dtype, gen, mo
     2048 in fp16 and bf16, so the smaller id wins there while fp32 picks the 2049 row. Integer inputs
     keep every fp32 logit exact, in any summation order."""
     monkeypatch.setattr(sys.modules["pope_fast.kernels.gather_logits"], "ARGMAX_CHUNK_ROWS", 16)
+    monkeypatch.setattr(sys.modules["pope_fast.kernels.gather_logits"], "ARGMAX_CHUNK_ROWS_FP32", 16)
     hidden = torch.randint(-2, 3, (2, 40), generator=gen).float()
     hidden[:, :2] = torch.eye(2)
     weight = torch.randint(-2, 3, (100, 40), generator=gen).float()
