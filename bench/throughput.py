@@ -175,7 +175,7 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
                repeat: int, progress: Callable[[int], None] | None) -> tuple[dict, dict]:
     """The paper's pipeline, one question at a time; returns its figures and its decisions."""
     from PIL import Image
-    from transformers import AutoModelForImageTextToText, AutoProcessor, BitsAndBytesConfig
+    from transformers import AutoModelForImageTextToText, BitsAndBytesConfig
 
     device = settings.torch_device
     kwargs = {"dtype": settings.torch_dtype}
@@ -218,7 +218,6 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
     wall = median_run(walls)
     figures = {"questions": len(questions), "wall_s": round(wall, 3), "questions_per_s": round(len(questions) / wall, 2),
                "runs_s": [round(w, 3) for w in walls], "peak_memory_mb": round(peak_memory_mb(device), 1)}
-    del model
     return figures, decisions
 
 

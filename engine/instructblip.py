@@ -20,8 +20,7 @@ from PIL import Image
 
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
-from .llava import _no_init, _stop_ids, rename
-from .loader import CheckpointError, iter_tensors, map_names, tensor_files
+from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -47,7 +46,7 @@ class InstructBlipModel:
     features_per_prompt = True
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import (AutoConfig, AutoProcessor, InstructBlipQFormerModel, InstructBlipVisionModel)
+        from transformers import AutoConfig, AutoProcessor, InstructBlipQFormerModel, InstructBlipVisionModel
 
         if settings.image_aspect != "processor":
             raise ValueError("image_aspect 'pad' is LLaVA-1.5's; InstructBLIP resizes every image to a square")
@@ -68,7 +67,7 @@ class InstructBlipModel:
             raise CheckpointError(f"{folder}: the tokenizer has no <image> token with id {self.image_token_id}")
 
         dims = LlamaDims.from_config(cfg.text_config)
-        with _no_init():
+        with no_init():
             vision = InstructBlipVisionModel(cfg.vision_config)
             qformer = InstructBlipQFormerModel(cfg.qformer_config)
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
@@ -93,7 +92,8 @@ class InstructBlipModel:
             extra={"dtype": str(dtype), "quant": settings.quant, "nf4_weights": settings.nf4_weights,
                    "kernels": settings.kernels, "device": settings.torch_device.type})
 
-        for module, weights, what in ((vision, parts["vision"], "vision tower"), (qformer, parts["qformer"], "Q-Former")):
+        for module, weights, what in ((vision, parts["vision"], "vision tower"),
+                                      (qformer, parts["qformer"], "Q-Former")):
             missing, unexpected = module.load_state_dict(weights, strict=False)
             missing = [m for m in missing if not m.endswith("position_ids")]
             if missing or unexpected:
@@ -109,7 +109,7 @@ class InstructBlipModel:
                                      device=device, quantize=quantize, keep_packed=packed, kernels=settings.kernels)
         self.lm = LlamaLM(dims, parts["lm"], dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
-        self.stop_ids = _stop_ids(folder, self.tokenizer)
+        self.stop_ids = stop_ids(folder, self.tokenizer)
 
     def preprocess_settings(self) -> dict:
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}

@@ -115,9 +115,9 @@ class Intervention:
 
     `hidden` sees each decoder layer's output: part "prefix" is the image prefixes [G, P, H] of the
     images run together (computed once per image, or once per question for InstructBLIP; layers
-    0 .. L-2, since the last layer's prefix output feeds nothing), part "suffix" a batch of question suffixes [B, S, H] (right-padded; rows
-    grouped by image, and a batch may span images); return a tensor of the same shape to replace it,
-    or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
+    0 .. L-2, since the last layer's prefix output feeds nothing), part "suffix" a batch of question
+    suffixes [B, S, H] (right-padded; rows grouped by image, and a batch may span images); return a
+    tensor of the same shape to replace it, or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
     before the logit readouts decide; return the adjusted tensor or None. The first token and any
     continuation come from the model's own logits (hidden-state changes reach them, logit
     adjustments do not), so first_token and the text readouts ignore `logits`. Engine.score runs one

@@ -8,8 +8,6 @@ transformers 5 save format (`vision_tower.*` without `vision_model`), and the re
 """
 from __future__ import annotations
 
-import json
-import re
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +18,7 @@ from PIL import Image
 from .images import ClipPixels
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
-from .loader import CheckpointError, iter_tensors, map_names, tensor_files
+from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -37,40 +35,12 @@ NAME_RULES = [
 ]
 
 
-def rename(name: str, rules=NAME_RULES) -> str | None:
-    for pattern, target in rules:
-        if re.match(pattern, name):
-            return re.sub(pattern, target, name, count=1)
-    return None
-
-
 def _activation(name: str):
     acts = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
             "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
     if name not in acts:
         raise CheckpointError(f"projector_hidden_act {name!r} is not supported")
     return acts[name]
-
-
-def _no_init():
-    """Skip random initialisation of the borrowed vision module: every weight is loaded right after."""
-    try:
-        from transformers.initialization import no_init_weights
-    except ImportError:  # older transformers: plain init, only slower
-        from contextlib import nullcontext
-        return nullcontext()
-    return no_init_weights()
-
-
-def _stop_ids(folder: Path, tokenizer) -> set[int]:
-    """What ends a greedy continuation: generate() stops at generation_config's eos ids (the
-    tokenizer's eos when the checkpoint has none)."""
-    ids = {tokenizer.eos_token_id}
-    path = folder / "generation_config.json"
-    if path.is_file():
-        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-        ids = set(eos) if isinstance(eos, list) else {eos} if eos is not None else ids
-    return ids - {None}
 
 
 class LlavaModel:
@@ -115,7 +85,7 @@ class LlavaModel:
                                   f"processor_config.json): {err}") from None
 
         dims = LlamaDims.from_config(cfg.text_config)
-        with _no_init():
+        with no_init():
             vision = CLIPVisionModel(cfg.vision_config)
         vision_shapes = {f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()}
         n_layers = 1 if isinstance(self.feature_layer, int) else len(self.feature_layer)
@@ -172,7 +142,7 @@ class LlavaModel:
         self.extra = {k: v.to(device=device, dtype=dtype) for k, v in extra.items()}
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
-        self.stop_ids = _stop_ids(folder, self.tokenizer)
+        self.stop_ids = stop_ids(folder, self.tokenizer)
         self._fast_pixels = self._checked_fast_pixels(ClipPixels.for_processor(self.image_processor))
         self._expansion_checked: dict[tuple, bool] = {}
 

@@ -4,6 +4,7 @@ naming every missing, unexpected or misshapen tensor."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -85,3 +86,32 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
                     raise CheckpointError(f"{path}: tensor {names[ours]} has shape {tuple(tensor.shape)}, "
                                           f"the config implies {tuple(expected[ours])}")
                 yield ours, tensor
+
+
+def rename(name: str, rules: list[tuple[str, str]]) -> str | None:
+    """A checkpoint name under the first (pattern, replacement) rule that matches, or None."""
+    for pattern, target in rules:
+        if re.match(pattern, name):
+            return re.sub(pattern, target, name, count=1)
+    return None
+
+
+def no_init():
+    """Skip random initialisation of borrowed transformers modules: every weight is loaded right after."""
+    try:
+        from transformers.initialization import no_init_weights
+    except ImportError:  # older transformers: plain init, only slower
+        from contextlib import nullcontext
+        return nullcontext()
+    return no_init_weights()
+
+
+def stop_ids(folder: Path, tokenizer) -> set[int]:
+    """What ends a greedy continuation: generate() stops at generation_config's eos ids (the
+    tokenizer's eos when the checkpoint has none)."""
+    ids = {tokenizer.eos_token_id}
+    path = folder / "generation_config.json"
+    if path.is_file():
+        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
+        ids = set(eos) if isinstance(eos, list) else {eos} if eos is not None else ids
+    return ids - {None}

@@ -16,16 +16,8 @@ from typing import Callable, Iterator
 
 from PIL import UnidentifiedImageError
 
-from ..readout import (
-    META_FILE,
-    Question,
-    RecordWriter,
-    format_runs,
-    make_record,
-    read_records,
-    score_records,
-    write_meta,
-)
+from ..readout import (META_FILE, Question, RecordWriter, format_runs, make_record, read_records, score_records,
+                       write_meta)
 from .core import Engine
 from .images import ImageError, check_images, read_image
 

@@ -18,10 +18,9 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .llama import LlamaDims, LlamaLM
-from .llava import _no_init, _stop_ids, rename
 from .layers import replace_linears
-from .loader import CheckpointError, iter_tensors, map_names, tensor_files
+from .llama import LlamaDims, LlamaLM
+from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -66,7 +65,7 @@ class Qwen2VLModel:
         dims = LlamaDims.from_config(cfg.text_config)
         if dims.mrope_section is None:
             raise CheckpointError(f"{folder}/config.json: text_config has no mrope_section (M-RoPE)")
-        with _no_init():
+        with no_init():
             vision = Qwen2VisionTransformerPretrainedModel._from_config(cfg.vision_config)
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
@@ -93,7 +92,7 @@ class Qwen2VLModel:
             replace_linears(self.vision, dtype=dtype, device=device, keep_packed=packed, kernels=settings.kernels)
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
-        self.stop_ids = _stop_ids(folder, self.tokenizer)
+        self.stop_ids = stop_ids(folder, self.tokenizer)
         self._expansion_checked: dict[tuple, bool] = {}
 
     def preprocess_settings(self) -> dict:

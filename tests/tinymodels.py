@@ -174,7 +174,7 @@ def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: 
         tok = builtin_qwen2_tokenizer(folder / "tokenizer_source")
     ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")}
     text = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=4096, rope_theta=1e6,
+                num_key_value_heads=2, vocab_size=max(len(tok), 32064), max_position_embeddings=4096, rope_theta=1e6,
                 rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, initializer_range=init_std,
                 bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
     vision = dict(depth=2, embed_dim=vision_dim, hidden_size=hidden, num_heads=4, mlp_ratio=2, patch_size=14,
