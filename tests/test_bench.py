@@ -49,3 +49,12 @@ def test_flop_floor_counts_only_the_towers_it_knows(tmp_path):
     assert matmul_flops(llava, twice) == 2 * matmul_flops(llava, once) > 0
     qwen = Engine.load(make_tiny_qwen2_vl(tmp_path / "qwen", builtin_tokenizer=True), Settings())
     assert matmul_flops(qwen, once) is None
+
+
+def test_repeat_times_every_run_cold_and_reports_the_median(tmp_path):
+    cfg = BenchConfig(models=["llava"], size="tiny", device="cpu", quant="none", dtype=None, n_questions=6,
+                      reference=False, repeat=3, work_dir=tmp_path)
+    ours = run_bench(cfg)["models"]["llava"]["pope_fast"]
+    assert len(ours["runs_s"]) == 3 and ours["wall_s"] == sorted(ours["runs_s"])[1]
+    assert ours["unique_prompts"] == 6   # the third run evaluated everything again: nothing resumed
+    assert ours["phases_s"]["image_encode"] > 0   # nor served from the first run's feature cache
