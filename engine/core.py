@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import time
 from dataclasses import dataclass
+from typing import Protocol
 from pathlib import Path
 
 import torch
@@ -19,7 +20,7 @@ from ..readout.templates import SAMPLE_QUESTION
 from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .images import LoadedImage, read_image
-from .llama import Intervention
+from .llama import Intervention, LlamaLM
 from .llava import LlavaModel
 from .instructblip import InstructBlipModel
 from .llava_next import LlavaNextModel
@@ -28,7 +29,35 @@ from .loader import CheckpointError, read_config
 from .settings import Settings
 from .vision_cache import VisionCache, feature_key
 
-FAMILIES = {m.family: m for m in (LlavaModel, LlavaNextModel, InstructBlipModel, Qwen2VLModel)}
+class Family(Protocol):
+    """What the engine asks of a model family file (llava.py, llava_next.py, instructblip.py,
+    qwen2_vl.py): built from a checkpoint folder and Settings, it owns the checkpoint's tokenizer,
+    processor, vision side and language model (a LlamaLM), and turns images into the features that
+    stand in for the prompt's image tokens."""
+
+    family: str  # the checkpoint's config.json model_type
+    default_template: str
+    image_marker: str  # where the image goes in a rendered prompt ("" when it enters otherwise)
+    features_per_prompt: bool  # True when the image tokens depend on the prompt (InstructBLIP)
+    tokenizer: object
+    lm: LlamaLM
+    image_token_id: int
+    stop_ids: set[int]
+    feature_fingerprint: str  # everything besides the pixels that the cached features depend on
+
+    def preprocess_settings(self) -> dict: ...  # what decides the pixels (part of the cache key)
+    def preprocess(self, image: Image.Image) -> object: ...  # NumPy only: runs in worker threads
+    def crops(self, pixels: object) -> int: ...  # vision-tower inputs in one preprocess() output
+    def encode_images(self, pixels: list) -> list[torch.Tensor]: ...  # cached per image
+    def image_tokens(self, features: torch.Tensor) -> int: ...
+    def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]: ...
+    def embed(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor: ...
+    # Optional: prompt_features(items) when features_per_prompt; positions(ids, features) -> [3, L]
+    # when the language model uses M-RoPE (lm.dims.mrope_section).
+
+
+FAMILIES: dict[str, type[Family]] = {m.family: m for m in (LlavaModel, LlavaNextModel, InstructBlipModel,
+                                                           Qwen2VLModel)}
 
 
 @dataclass
@@ -86,7 +115,7 @@ class _Clock:
             torch.cuda.synchronize(self.device)
 
 
-def load_model(folder: str | Path, settings: Settings):
+def load_model(folder: str | Path, settings: Settings) -> Family:
     """The family object for a local checkpoint folder (never the hub)."""
     folder = Path(folder).expanduser().resolve()
     config = read_config(folder)
@@ -230,7 +259,7 @@ class Engine:
         images in one batch per prefix length; question suffixes then run in batches of batch_size
         rows, grouped by the prefix they continue.
         """
-        if getattr(self.model, "features_per_prompt", False):
+        if self.model.features_per_prompt:
             # InstructBLIP: each prompt's image tokens come from a Q-Former that reads the prompt, so
             # every prompt becomes an item of its own, with its own (short) prefix.
             with _Clock(self.timings, "image_encode", self.settings.torch_device):

@@ -50,6 +50,7 @@ class LlavaModel:
     default_template = DEFAULT_TEMPLATE
     image_marker = "<image>"
     name_rules = NAME_RULES
+    features_per_prompt = False
 
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
         """Tensors outside the language model, vision tower and projector (named as after renaming)."""

@@ -41,6 +41,7 @@ class Qwen2VLModel:
     family = MODEL_TYPE
     default_template = "qwen2_vl_chat"
     image_marker = "<|vision_start|><|image_pad|><|vision_end|>"
+    features_per_prompt = False
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
