@@ -1,0 +1,31 @@
+"""`pope-fast eval` on a checkpoint of every supported family, through the CLI: the family comes from
+config.json, the template from the family, and the run resumes to nothing when repeated."""
+import json
+
+import pytest
+from click.testing import CliRunner
+from tinymodels import make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl, write_pope_set
+
+from pope_fast.cli import main
+
+FAMILIES = {"llava": (make_tiny_llava, "llava_plain"), "llava_next": (make_tiny_llava_next, "mistral_inst"),
+            "instructblip": (make_tiny_instructblip, "instructblip"), "qwen2_vl": (make_tiny_qwen2_vl, "qwen2_vl_chat")}
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_eval_cli_runs_every_family(family, tmp_path):
+    make, template = FAMILIES[family]
+    checkpoint = make(tmp_path / "ckpt", builtin_tokenizer=True)
+    images, files = write_pope_set(tmp_path / "pope", n_images=2, sizes=((90, 40), (40, 90)))
+    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
+            "--device", "cpu", "--readouts", "all", "--max-new-tokens", "3"]
+    for f in files:
+        args += ["--questions", str(f)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["model"]["family"] == family and meta["template"] == template
+    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
+    assert len(records) == 16 and all("string_parse" in r["predictions"] and "decoded" in r for r in records)
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output
