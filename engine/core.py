@@ -261,7 +261,7 @@ class Engine:
         """
         if self.model.features_per_prompt:
             # InstructBLIP: each prompt's image tokens come from a Q-Former that reads the prompt, so
-            # every prompt becomes an item of its own, with its own (short) prefix.
+            # every prompt becomes an item of its own (and runs whole: see _run_items).
             with _Clock(self.timings, "image_encode", self.settings.torch_device):
                 per_prompt = self.model.prompt_features(items)
             flat = self._run_items([(f, [p]) for (_, prompts), fs in zip(items, per_prompt)
@@ -291,7 +291,10 @@ class Engine:
                 if window is not None and longest > window:  # shorter sequences attend exactly as without one
                     raise NotImplementedError(f"a {longest}-token sequence exceeds the model's sliding window of "
                                               f"{window} tokens, which the engine does not implement")
-                cut = _prefix_length(ids, model.image_token_id) if self.settings.prefix_reuse else 0
+                # InstructBLIP: no prefix is shared (each prompt has its own image tokens), so each prompt
+                # runs whole, in one pass instead of a prefix pass and a suffix pass.
+                reuse = self.settings.prefix_reuse and not model.features_per_prompt
+                cut = _prefix_length(ids, model.image_token_id) if reuse else 0
                 by_length.setdefault(cut or -1, []).append((it, pi, tuple(ids[:cut]), ids[cut:]))
         for length, rows in by_length.items():
             prefix, slot_of = None, {}

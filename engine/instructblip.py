@@ -4,8 +4,8 @@ An EVA ViT-g reads the image; a Q-Former reads the ViT output *and the instructi
 learned queries; a linear projection turns the 32 query outputs into the language model's first 32
 input embeddings, before the BOS token and the prompt. Because the Q-Former reads the question, the
 image tokens differ per question: only the ViT output is cached per image, the Q-Former runs per
-prompt (batched), and there is no per-image language-model prefix to share (each prompt's 32 image
-tokens are its own short prefix). The language model is LLaMA (Vicuna).
+prompt (batched), and there is no per-image language-model prefix to share: each prompt (its 32
+image tokens, BOS and the text) runs whole. The language model is LLaMA (Vicuna).
 
 The ViT and the Q-Former are transformers' own modules (loaded with our weights); the projection
 and the language model are ours.

@@ -1,8 +1,7 @@
 """The LLaMA-family language model (LLaMA-2 / Vicuna, Mistral), with POPE's two shortcuts built in.
 
 1. Prefix reuse: every question of an image shares the prompt up to and including the image tokens
-   (not so for InstructBLIP, whose image tokens depend on the question: there each prompt's prefix is
-   its own).
+   (not so for InstructBLIP, whose image tokens depend on the question: there each prompt runs whole).
    That prefix is prefilled once (`prefill_prefix`) and its KV kept; the question suffixes of the image
    are then prefilled as one right-padded batch against it (`prefill_suffix`), each suffix attending to
    the whole prefix and causally to itself. Right padding needs no extra mask: a valid query never
@@ -114,15 +113,15 @@ class Intervention:
     """The one place an experiment adjusts the forward pass (subclass and override either method).
 
     `hidden` sees each decoder layer's output: part "prefix" is the image prefixes [G, P, H] of the
-    images run together (computed once per image, or once per question for InstructBLIP; layers
-    0 .. L-2, since the last layer's prefix output feeds nothing), part "suffix" a batch of question
-    suffixes [B, S, H] (right-padded; rows grouped by image, and a batch may span images); return a
-    tensor of the same shape to replace it, or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
+    images run together (computed once per image; layers 0 .. L-2, since the last layer's prefix
+    output feeds nothing), part "suffix" a batch of question suffixes [B, S, H] (right-padded; rows
+    grouped by image, and a batch may span images; for InstructBLIP, whose image tokens depend on the
+    question, whole prompts and no "prefix" part); return a tensor of the same shape to replace it,
+    or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
     before the logit readouts decide; return the adjusted tensor or None. The first token and any
     continuation come from the model's own logits (hidden-state changes reach them, logit
     adjustments do not), so first_token and the text readouts ignore `logits`. Engine.score runs one
-    image at a time, so there every suffix row is that image's (and G = 1, except for InstructBLIP,
-    where G is the number of questions).
+    image at a time, so there G = 1 and every suffix row is that image's.
     """
 
     def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
