@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,3 +130,55 @@ class ClipPixels:
         top, left = (new_height - self.crop[0]) // 2, (new_width - self.crop[1]) // 2
         resized = resized[top:top + self.crop[0], left:left + self.crop[1]]
         return np.stack([np.take(self.table[c], resized[:, :, c]) for c in range(3)])
+
+
+class AnyresPixels:
+    """transformers' PIL-backend LLaVA-NeXT processor (the image resized to fit its best pinpoint
+    resolution and padded with zeros, cut into crops, after a base view resized to one crop) with the
+    same values in ~55% of the time (10 vs 18 ms for a 640 x 480 image, 5 crops, on the CPU machine):
+    the same PIL resizes and the same zero padding, then one table lookup per pixel as in ClipPixels,
+    instead of a processor pass per crop (whose own resize and centre crop leave a crop-sized crop
+    unchanged). LlavaNextModel checks it against the processor at load, as LlavaModel does ClipPixels."""
+
+    def __init__(self, pinpoints: list[tuple[int, int]], crop: int, resample: int, rescale_factor: float, mean, std):
+        self.pinpoints, self.crop, self.resample = pinpoints, crop, resample
+        self.lookup = ClipPixels(crop, (crop, crop), resample, rescale_factor, mean, std).table
+
+    @classmethod
+    def for_processor(cls, processor) -> "AnyresPixels | None":
+        if type(processor).__name__ != "LlavaNextImageProcessorPil":
+            return None
+        size, crop = processor.size, processor.crop_size
+        flags = (processor.do_resize, processor.do_center_crop, processor.do_rescale, processor.do_normalize,
+                 processor.do_convert_rgb)
+        # Per crop the processor resizes to the shortest edge and centre-crops: identities only when
+        # both equal the crop size.
+        if not all(flags) or not size.shortest_edge or not (crop.height == crop.width == size.shortest_edge):
+            return None
+        if len(processor.image_mean) != 3:
+            return None
+        return cls([tuple(p) for p in processor.image_grid_pinpoints], crop.height, int(processor.resample),
+                   processor.rescale_factor, processor.image_mean, processor.image_std)
+
+    def __call__(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
+        """An image → (crops [1 + rows * cols, 3, crop, crop] float32, base view first; (height, width))."""
+        from transformers.image_processing_utils import select_best_resolution
+
+        image = to_rgb(image)
+        width, height = image.size
+        best_height, best_width = select_best_resolution((height, width), self.pinpoints)
+        # The processor's fit: the side that limits scales to the target, the other rounds up.
+        scale_width, scale_height = best_width / width, best_height / height
+        if scale_width < scale_height:
+            new_width, new_height = best_width, min(math.ceil(height * scale_width), best_height)
+        else:
+            new_height, new_width = best_height, min(math.ceil(width * scale_height), best_width)
+        fitted = np.asarray(image.resize((new_width, new_height), resample=self.resample))
+        top, left = (best_height - new_height) // 2, (best_width - new_width) // 2
+        canvas = np.zeros((best_height, best_width, 3), dtype=np.uint8)
+        canvas[top:top + new_height, left:left + new_width] = fitted
+        views = [np.asarray(image.resize((self.crop, self.crop), resample=self.resample))]
+        views += [canvas[y:y + self.crop, x:x + self.crop] for y in range(0, best_height, self.crop)
+                  for x in range(0, best_width, self.crop)]
+        crops = np.stack([np.stack([np.take(self.lookup[c], v[:, :, c]) for c in range(3)]) for v in views])
+        return crops, (height, width)

@@ -43,6 +43,17 @@ def _activation(name: str):
     return acts[name]
 
 
+def _same_pixels(a, b) -> bool:
+    """Bit-equal preprocess() outputs: arrays of one dtype and shape, or tuples of them (and sizes)."""
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
+            all(_same_pixels(x, y) for x, y in zip(a, b))
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and \
+            np.array_equal(a, b)
+    return a == b
+
+
 class LlavaModel:
     """Everything the engine needs from one LLaVA-1.5 checkpoint."""
 
@@ -144,7 +155,7 @@ class LlavaModel:
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
         self.stop_ids = stop_ids(folder, self.tokenizer)
-        self._fast_pixels = self._checked_fast_pixels(ClipPixels.for_processor(self.image_processor))
+        self._fast_pixels = self._checked_fast_pixels(self._fast_pixel_path())
         self._expansion_checked: dict[tuple, bool] = {}
 
     def preprocess_settings(self) -> dict:
@@ -172,7 +183,10 @@ class LlavaModel:
             return self._processor_pixels(image)
         return self._fast_pixels(image)
 
-    def _checked_fast_pixels(self, fast: ClipPixels | None) -> ClipPixels | None:
+    def _fast_pixel_path(self):
+        return ClipPixels.for_processor(self.image_processor)
+
+    def _checked_fast_pixels(self, fast):
         """The fast path, if it gives the processor's values bit for bit on a textured image of an
         odd size (checked once, at load, before any worker thread runs; a transformers release that
         computes differently turns it off instead of changing a single value)."""
@@ -182,7 +196,7 @@ class LlavaModel:
         y, x = np.mgrid[0:377, 0:503]
         probe = Image.fromarray(np.clip(np.stack([x % 256, (y * 3) % 256, (x + y) % 256], axis=-1)
                                         + rng.integers(0, 60, (377, 503, 3)), 0, 255).astype(np.uint8))
-        return fast if np.array_equal(fast(probe), self._processor_pixels(probe)) else None
+        return fast if _same_pixels(fast(probe), self._processor_pixels(probe)) else None
 
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])

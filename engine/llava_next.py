@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .images import AnyresPixels
 from .llava import NAME_RULES, LlavaModel
 from .loader import CheckpointError
 from .settings import Settings
@@ -48,14 +49,21 @@ class LlavaNextModel(LlavaModel):
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
         return {"image_newline": (hidden_size,)}
 
+    def _fast_pixel_path(self):
+        return AnyresPixels.for_processor(self.image_processor)
+
     def preprocess(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
         """One image → (its crops [1 + rows * cols, 3, S, S], base view first, as the checkpoint's
         processor makes them; the image's (height, width))."""
+        if self._fast_pixels is not None:
+            return self._fast_pixels(image)
+        return self._processor_pixels(image)
+
+    def _processor_pixels(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
         out = self.image_processor(images=image, return_tensors="np")
         height, width = (int(v) for v in out["image_sizes"][0])
-        rows, cols = self._grid(height, width)
-        # The processor pads a batch to its most crops; one image carries exactly its own.
-        return np.asarray(out["pixel_values"][0][:1 + rows * cols]), (height, width)
+        # The processor pads a batch to its most crops; a batch of one image holds exactly its own.
+        return np.asarray(out["pixel_values"][0]), (height, width)
 
     def _grid(self, height: int, width: int) -> tuple[int, int]:
         """Crops (rows, columns) of an image of this size: those of its best pinpoint resolution."""

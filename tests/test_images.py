@@ -129,3 +129,37 @@ def test_image_checks_catch_damaged_files_without_refusing_good_ones(tmp_path, f
             read_image(path)
     else:
         read_image(path).open()
+
+
+@pytest.mark.parametrize("pinpoints, side", [
+    ([[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]], 336),
+    ([[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]], 28),
+], ids=["llava-1.6", "tiny"])
+def test_fast_anyres_pixels_equal_the_processor_bit_for_bit(pinpoints, side):
+    from transformers import LlavaNextImageProcessorPil
+
+    from pope_fast.engine.images import AnyresPixels
+
+    processor = LlavaNextImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side},
+                                           image_grid_pinpoints=pinpoints)
+    fast = AnyresPixels.for_processor(processor)
+    assert fast is not None
+    for image in _images():
+        out = processor(images=image, return_tensors="np")
+        crops, size = fast(image)
+        assert size == tuple(int(v) for v in out["image_sizes"][0]), image.size
+        expected = out["pixel_values"][0]
+        assert crops.dtype == expected.dtype and crops.shape == expected.shape, (image.mode, image.size)
+        mismatched = np.argwhere(crops != expected)
+        assert not len(mismatched), f"{image.mode} {image.size}: first mismatch at {mismatched[0]}"
+
+
+def test_llava_next_takes_the_fast_path_and_matches_its_processor(tmp_path):
+    from tinymodels import make_tiny_llava_next
+
+    engine = Engine.load(make_tiny_llava_next(tmp_path / "ckpt", builtin_tokenizer=True), Settings())
+    model = engine.model
+    assert model._fast_pixels is not None
+    for image in _images()[:4]:
+        (crops, size), (expected, expected_size) = model.preprocess(image), model._processor_pixels(image)
+        assert size == expected_size and np.array_equal(crops, expected)
