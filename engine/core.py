@@ -19,7 +19,7 @@ from ..readout import READOUTS, Template, TokenSets, derive_token_sets, get_temp
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
-from .images import LoadedImage, read_image
+from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image
 from .llama import Intervention, LlamaLM
 from .llava import LlavaModel
 from .instructblip import InstructBlipModel
@@ -36,6 +36,7 @@ class Family(Protocol):
     stand in for the prompt's image tokens."""
 
     family: str  # the checkpoint's config.json model_type
+    folder: Path
     default_template: str
     image_marker: str  # where the image goes in a rendered prompt ("" when it enters otherwise)
     features_per_prompt: bool  # True when the image tokens depend on the prompt (InstructBLIP)
@@ -166,8 +167,8 @@ class Engine:
         """One untimed image batch through every step a sweep takes (preprocessing, vision, prefixes,
         a full question batch, and decoding when a string readout asks for it), so one-time costs land
         here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
-        allocator growth, the fast-pixel check (on the CPU machine a cold first sweep of 60 built-in
-        questions took 0.16 s, a warm one 0.13 s). Nothing is cached; timings and counts restart."""
+        allocator growth (on the CPU machine a cold first sweep of 60 built-in questions took 0.16 s, a
+        warm one 0.13 s). Nothing is cached; timings and counts restart."""
         image = Image.new("RGB", (640, 480), (124, 116, 104))
         pixels = [self.model.preprocess(image)] * self.settings.image_batch
         prompts = [self.prompt(SAMPLE_QUESTION)] * max(1, self.settings.batch_size // self.settings.image_batch)
@@ -204,7 +205,14 @@ class Engine:
         for image in images:
             image = self._loaded(image)
             key = feature_key(image.data, self._preprocess, self.model.feature_fingerprint)
-            prepared.append((key, image, None if self.cache.contains(key) else self.model.preprocess(image.open())))
+            pixels = None
+            if not self.cache.contains(key):
+                try:
+                    decoded = image.open()
+                except DECODE_ERRORS as err:  # a file that passed the check, not the decoder
+                    raise ImageError(f"{image.path}: not a decodable image ({err})") from None
+                pixels = self.model.preprocess(decoded)
+            prepared.append((key, image, pixels))
         return prepared
 
     def encode(self, prepared: list[tuple[str, LoadedImage, object | None]]) -> list[torch.Tensor]:
@@ -280,6 +288,9 @@ class Engine:
         # Work rows (image, prompt, prefix ids, suffix ids), grouped by prefix length; -1 = no prefix.
         by_length: dict[int, list[tuple[int, int, tuple[int, ...], list[int]]]] = {}
         mrope = lm.dims.mrope_section is not None
+        # InstructBLIP: no prefix is shared (each prompt has its own image tokens), so each prompt runs
+        # whole, in one pass instead of a prefix pass and a suffix pass.
+        reuse = self.settings.prefix_reuse and not model.features_per_prompt
         streams: dict[tuple[int, int], torch.Tensor] = {}  # M-RoPE: (image, prompt) → positions [3, L]
         for it, (features, prompts) in enumerate(items):
             for pi, prompt in enumerate(prompts):
@@ -291,9 +302,6 @@ class Engine:
                 if window is not None and longest > window:  # shorter sequences attend exactly as without one
                     raise NotImplementedError(f"a {longest}-token sequence exceeds the model's sliding window of "
                                               f"{window} tokens, which the engine does not implement")
-                # InstructBLIP: no prefix is shared (each prompt has its own image tokens), so each prompt
-                # runs whole, in one pass instead of a prefix pass and a suffix pass.
-                reuse = self.settings.prefix_reuse and not model.features_per_prompt
                 cut = _prefix_length(ids, model.image_token_id) if reuse else 0
                 by_length.setdefault(cut or -1, []).append((it, pi, tuple(ids[:cut]), ids[cut:]))
         for length, rows in by_length.items():

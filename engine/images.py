@@ -10,10 +10,15 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
+from transformers.image_processing_utils import select_best_resolution
 
 
 class ImageError(ValueError):
     """A missing or undecodable image; the message names the path."""
+
+
+# What PIL raises for a file it cannot decode (a decompression bomb is not an OSError).
+DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 
 @dataclass(frozen=True)
@@ -52,7 +57,7 @@ def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
             image.verify()
         elif not (image.format == "JPEG" and data.endswith(b"\xff\xd9")):
             loaded.open(draft=True)
-    except (UnidentifiedImageError, OSError, ValueError, SyntaxError) as err:
+    except DECODE_ERRORS as err:
         raise ImageError(f"{path}: not a decodable image ({err})") from None
     return loaded
 
@@ -80,9 +85,10 @@ def check_images(folder: str | Path, names: list[str], workers: int = 1) -> dict
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB as transformers' processors make it: images with an alpha band or a transparency key are
     composited over white first (a plain convert('RGB') would drop the alpha and keep what lies under it)."""
-    if image.mode == "RGB":
+    keyed = image.info.get("transparency") is not None
+    if image.mode == "RGB" and not keyed:
         return image
-    if "A" in image.getbands() or image.info.get("transparency") is not None:
+    if "A" in image.getbands() or keyed:
         white = Image.new("RGBA", image.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, image.convert("RGBA")).convert("RGB")
     return image.convert("RGB")
@@ -113,7 +119,7 @@ class ClipPixels:
                  processor.do_convert_rgb)
         if not all(flags) or not size.shortest_edge or size.longest_edge or not (crop.height and crop.width):
             return None
-        if max(crop.height, crop.width) > size.shortest_edge or len(processor.image_mean) != 3:
+        if max(crop.height, crop.width) > size.shortest_edge or np.size(processor.image_mean) != 3:
             return None
         return cls(size.shortest_edge, (crop.height, crop.width), int(processor.resample),
                    processor.rescale_factor, processor.image_mean, processor.image_std)
@@ -155,15 +161,15 @@ class AnyresPixels:
         # both equal the crop size.
         if not all(flags) or not size.shortest_edge or not (crop.height == crop.width == size.shortest_edge):
             return None
-        if len(processor.image_mean) != 3:
+        # transformers keeps only whole crops of a pinpoint that is not a multiple of the crop size
+        if np.size(processor.image_mean) != 3 or any(h % crop.height or w % crop.height
+                                                     for h, w in processor.image_grid_pinpoints):
             return None
         return cls([tuple(p) for p in processor.image_grid_pinpoints], crop.height, int(processor.resample),
                    processor.rescale_factor, processor.image_mean, processor.image_std)
 
     def __call__(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
         """An image → (crops [1 + rows * cols, 3, crop, crop] float32, base view first; (height, width))."""
-        from transformers.image_processing_utils import select_best_resolution
-
         image = to_rgb(image)
         width, height = image.size
         best_height, best_width = select_best_resolution((height, width), self.pinpoints)

@@ -194,9 +194,14 @@ class LlavaModel:
             return None
         rng = np.random.default_rng(0)
         y, x = np.mgrid[0:377, 0:503]
-        probe = Image.fromarray(np.clip(np.stack([x % 256, (y * 3) % 256, (x + y) % 256], axis=-1)
-                                        + rng.integers(0, 60, (377, 503, 3)), 0, 255).astype(np.uint8))
-        return fast if _same_pixels(fast(probe), self._processor_pixels(probe)) else None
+        landscape = Image.fromarray(np.clip(np.stack([x % 256, (y * 3) % 256, (x + y) % 256], axis=-1)
+                                            + rng.integers(0, 60, (377, 503, 3)), 0, 255).astype(np.uint8))
+        try:  # a landscape and a portrait probe: both of the processors' fitting branches
+            same = all(_same_pixels(fast(probe), self._processor_pixels(probe))
+                       for probe in (landscape, landscape.transpose(Image.Transpose.TRANSPOSE)))
+        except Exception:  # a fast path that cannot even run on the probe is not this processor's
+            return None
+        return fast if same else None
 
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import Image
+from transformers.image_processing_utils import select_best_resolution
 
 from .images import AnyresPixels
 from .llava import NAME_RULES, LlavaModel
@@ -62,13 +63,15 @@ class LlavaNextModel(LlavaModel):
     def _processor_pixels(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
         out = self.image_processor(images=image, return_tensors="np")
         height, width = (int(v) for v in out["image_sizes"][0])
-        # The processor pads a batch to its most crops; a batch of one image holds exactly its own.
-        return np.asarray(out["pixel_values"][0]), (height, width)
+        # The model reads 1 + rows * cols crops (the processor also cuts partial ones where a pinpoint
+        # is not a multiple of the crop size); the processor's own pinpoints, as this runs at load.
+        crop = self.image_processor.crop_size.height
+        best_height, best_width = select_best_resolution((height, width),
+                                                         [tuple(p) for p in self.image_processor.image_grid_pinpoints])
+        return np.asarray(out["pixel_values"][0][:1 + (best_height // crop) * (best_width // crop)]), (height, width)
 
     def _grid(self, height: int, width: int) -> tuple[int, int]:
         """Crops (rows, columns) of an image of this size: those of its best pinpoint resolution."""
-        from transformers.image_processing_utils import select_best_resolution
-
         best_height, best_width = select_best_resolution((height, width), self.pinpoints)
         return best_height // self.crop_size, best_width // self.crop_size
 

@@ -25,8 +25,10 @@ def _images():
     alpha[..., 3] = np.arange(301)[None, :] % 256  # every alpha level, so compositing matters
     palette = base.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
     palette.info["transparency"] = 3
+    keyed = base.copy()  # an RGB PNG with a transparency key: transformers composites that colour too
+    keyed.info["transparency"] = tuple(int(v) for v in np.asarray(base)[5, 7])
     return rgb + [Image.fromarray(alpha, "RGBA"), base.convert("L"), base.convert("CMYK"), palette,
-                  base.convert("LA")]
+                  base.convert("LA"), keyed]
 
 
 @pytest.mark.parametrize("config", [
@@ -163,3 +165,26 @@ def test_llava_next_takes_the_fast_path_and_matches_its_processor(tmp_path):
     for image in _images()[:4]:
         (crops, size), (expected, expected_size) = model.preprocess(image), model._processor_pixels(image)
         assert size == expected_size and np.array_equal(crops, expected)
+
+
+def test_a_llava_next_fast_path_that_disagrees_is_turned_off(tmp_path):
+    from tinymodels import make_tiny_llava_next
+
+    from pope_fast.engine.images import AnyresPixels
+
+    model = Engine.load(make_tiny_llava_next(tmp_path / "ckpt", builtin_tokenizer=True), Settings()).model
+    good = model._fast_pixels
+    assert isinstance(good, AnyresPixels) and model._checked_fast_pixels(good) is good
+    wrong = AnyresPixels(good.pinpoints, good.crop, Image.Resampling.NEAREST, 1 / 255,
+                         model.image_processor.image_mean, model.image_processor.image_std)
+    assert model._checked_fast_pixels(wrong) is None
+
+
+def test_pinpoints_off_the_crop_grid_keep_the_processor():
+    from transformers import LlavaNextImageProcessorPil
+
+    from pope_fast.engine.images import AnyresPixels
+
+    processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+                                           image_grid_pinpoints=[[28, 56], [40, 70]])
+    assert AnyresPixels.for_processor(processor) is None
