@@ -106,24 +106,34 @@ def measured_bf16_tflops(device: torch.device) -> float:
     return 2 * 8192**3 / best / 1e12
 
 
-def matmul_flops(engine: Engine, counts: Counts) -> float | None:
+def matmul_flops(engine: Engine, counts: Counts) -> float:
     """FLOPs of the weight matmuls the sweep could not avoid (attention scores excluded, a few %):
-    the CLIP layers run (up to the one the model reads) over 577 tokens per crop, projector,
-    language model over every prefix and suffix token, plus the candidate rows and one argmax pass of
-    lm_head per prompt. None for the families whose towers this does not count (Qwen2-VL's
-    native-resolution ViT, InstructBLIP's ViT and per-question Q-Former)."""
-    if engine.model.family not in ("llava", "llava_next"):
-        return None
+    the vision tower's layers that run, over every token it reads; what turns its output into
+    language-model tokens; the language model over every prefix and suffix token; the candidate rows
+    and one argmax pass of lm_head per prompt. InstructBLIP's Q-Former is left out (~2% at 7B dims)."""
     lm = engine.model.lm.dims
-    per_token = 2 * lm.num_layers * (lm.hidden_size * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
-                                     + 3 * lm.hidden_size * lm.intermediate_size)
-    vc = engine.model.config.vision_config
-    vision_tokens = (vc.image_size // vc.patch_size) ** 2 + 1
-    layers_run = len(engine.model.vision.encoder.layers)
-    per_crop = 2 * vision_tokens * layers_run * (4 * vc.hidden_size**2 + 2 * vc.hidden_size * vc.intermediate_size)
-    per_crop += 2 * (vision_tokens - 1) * (vc.hidden_size * lm.hidden_size + lm.hidden_size**2)
-    return (per_crop * counts.crops_encoded + per_token * (counts.prefix_tokens + counts.suffix_tokens)
-            + 2 * counts.prompts * lm.hidden_size * lm.vocab_size)
+    h = lm.hidden_size
+    per_token = 2 * lm.num_layers * (h * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
+                                     + 3 * h * lm.intermediate_size)
+    return (vision_flops(engine, counts) + per_token * (counts.prefix_tokens + counts.suffix_tokens)
+            + 2 * counts.prompts * h * lm.vocab_size)
+
+
+def vision_flops(engine: Engine, counts: Counts) -> float:
+    """The vision side's weight-matmul FLOPs, per family (patch embedding, layers, projection)."""
+    model, h = engine.model, engine.model.lm.dims.hidden_size
+    vc = model.config.vision_config
+    if model.family == "qwen2_vl":  # per patch: 14 x 14 x 2 frames x 3 channels in; 4 patches per merged token
+        d, merged = vc.embed_dim, vc.spatial_merge_size**2
+        per_patch = 2 * vc.depth * (4 * d * d + 2 * d * vc.mlp_ratio * d) + 2 * 3 * vc.temporal_patch_size \
+            * vc.patch_size**2 * d + 2 * ((merged * d) ** 2 + merged * d * h) / merged
+        return per_patch * counts.vision_tokens
+    d, layers = vc.hidden_size, len(model.vision.encoder.layers)
+    per_token = 2 * layers * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.patch_size**2 * d
+    if model.family == "instructblip":  # 32 projected queries per prompt
+        return per_token * counts.vision_tokens + 2 * counts.prompts * model.num_queries \
+            * model.config.qformer_config.hidden_size * h
+    return (per_token + 2 * (d * h + h * h)) * counts.vision_tokens  # LLaVA's two-layer projector
 
 
 def _questions(cfg: BenchConfig) -> list[Question]:
@@ -260,7 +270,7 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
             "phases_s": phases, "peak_memory_mb": round(peak_memory_mb(device), 1),
             "settings": settings.to_json()}
     flops = matmul_flops(engine, counts)
-    if device.type == "cuda" and flops is not None:
+    if device.type == "cuda":
         rate = measured_bf16_tflops(device)
         floor = flops / (rate * 1e12)
         ours.update({"matmul_tflop": round(flops / 1e12, 2), "device_bf16_tflops": round(rate, 1),

@@ -48,7 +48,7 @@ class Family(Protocol):
 
     def preprocess_settings(self) -> dict: ...  # what decides the pixels (part of the cache key)
     def preprocess(self, image: Image.Image) -> object: ...  # NumPy only: runs in worker threads
-    def crops(self, pixels: object) -> int: ...  # vision-tower inputs in one preprocess() output
+    def vision_tokens(self, pixels: object) -> int: ...  # tokens through the tower, for FLOP counts
     def encode_images(self, pixels: list) -> list[torch.Tensor]: ...  # cached per image
     def image_tokens(self, features: torch.Tensor) -> int: ...
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]: ...
@@ -90,7 +90,7 @@ class Counts:
     """Work done, summed over calls: what the benchmark turns into FLOPs."""
 
     images_encoded: int = 0
-    crops_encoded: int = 0  # vision-tower inputs: one per image for LLaVA-1.5, 1 + grid for LLaVA-NeXT
+    vision_tokens: int = 0  # tokens through the vision tower (LLaVA: 577 per crop; Qwen2-VL: patches)
     prompts: int = 0
     prefix_tokens: int = 0
     suffix_tokens: int = 0
@@ -229,7 +229,7 @@ class Engine:
                 self.cache.put(key, f.clone())  # its own storage, not a view that keeps the batch alive
                 out[i] = f
             self.counts.images_encoded += len(todo)
-            self.counts.crops_encoded += sum(self.model.crops(p) for _, _, p in todo)
+            self.counts.vision_tokens += sum(self.model.vision_tokens(p) for _, _, p in todo)
         return out
 
     def features(self, image: LoadedImage | Image.Image | str | Path) -> torch.Tensor:

@@ -123,8 +123,9 @@ class InstructBlipModel:
         """Image tokens these features stand in for (one per row)."""
         return features.shape[0]
 
-    def crops(self, pixels: np.ndarray) -> int:
-        return 1
+    def vision_tokens(self, pixels: np.ndarray) -> int:
+        vision = self.config.vision_config
+        return (vision.image_size // vision.patch_size) ** 2 + 1
 
     @torch.inference_mode()
     def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:

@@ -210,8 +210,12 @@ class LlavaModel:
         """Image tokens these features stand in for (one per row)."""
         return features.shape[0]
 
-    def crops(self, pixels: np.ndarray) -> int:
-        """Vision-tower inputs in one preprocess() output."""
+    def vision_tokens(self, pixels) -> int:
+        """Tokens one preprocess() output sends through the vision tower (patches + CLS per crop)."""
+        vision = self.config.vision_config
+        return self.crops(pixels) * ((vision.image_size // vision.patch_size) ** 2 + 1)
+
+    def crops(self, pixels) -> int:
         return 1
 
     @torch.inference_mode()

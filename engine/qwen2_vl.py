@@ -108,8 +108,9 @@ class Qwen2VLModel:
             raise ValueError(f"an image became {t} frames; only still images are supported")
         return np.asarray(out["pixel_values"]), (t, h, w)
 
-    def crops(self, pixels) -> int:
-        return 1
+    def vision_tokens(self, pixels: tuple[np.ndarray, tuple[int, int, int]]) -> int:
+        t, h, w = pixels[1]
+        return t * h * w  # patches; the merger turns four into one language-model token
 
     def image_tokens(self, features: torch.Tensor) -> int:
         return features.shape[0] * features.shape[1]

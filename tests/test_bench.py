@@ -33,22 +33,24 @@ def test_bench_cli_rejects_unknown_models():
     assert result.exit_code != 0 and "unknown model(s) gpt5" in result.output
 
 
-def test_flop_floor_counts_only_the_towers_it_knows(tmp_path):
-    """Linear in the work counted (a --repeat run's counts must be one run's); no floor where the
-    vision tower is not a CLIP it can count (Qwen2-VL's native-resolution ViT)."""
+def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
+    """Linear in the work counted (a --repeat run's counts must be one run's), and for every family
+    the vision side is a real share: the tower's layers and patch embedding per token it reads."""
     from dataclasses import astuple
-    from tinymodels import make_tiny_llava, make_tiny_qwen2_vl
 
-    from pope_fast.bench.throughput import matmul_flops
+    from tinymodels import make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl
+
+    from pope_fast.bench.throughput import matmul_flops, vision_flops
     from pope_fast.engine import Engine, Settings
     from pope_fast.engine.core import Counts
 
-    llava = Engine.load(make_tiny_llava(tmp_path / "llava", builtin_tokenizer=True), Settings())
-    once = Counts(images_encoded=1, crops_encoded=1, prompts=3, prefix_tokens=12, suffix_tokens=9)
+    once = Counts(images_encoded=1, vision_tokens=577, prompts=3, prefix_tokens=12, suffix_tokens=9)
     twice = Counts(*(2 * v for v in astuple(once)))
-    assert matmul_flops(llava, twice) == 2 * matmul_flops(llava, once) > 0
-    qwen = Engine.load(make_tiny_qwen2_vl(tmp_path / "qwen", builtin_tokenizer=True), Settings())
-    assert matmul_flops(qwen, once) is None
+    for make in (make_tiny_llava, make_tiny_llava_next, make_tiny_instructblip, make_tiny_qwen2_vl):
+        engine = Engine.load(make(tmp_path / make.__name__, builtin_tokenizer=True), Settings())
+        assert matmul_flops(engine, twice) == 2 * matmul_flops(engine, once) > vision_flops(engine, once) > 0
+        image_only = Counts(vision_tokens=577)
+        assert matmul_flops(engine, image_only) == vision_flops(engine, image_only) > 0, make.__name__
 
 
 def test_repeat_times_every_run_cold_and_reports_the_median(tmp_path):
