@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .images import ClipPixels
+from .images import ClipPixels, checked_fast_path
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
 from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
@@ -41,17 +41,6 @@ def _activation(name: str):
     if name not in acts:
         raise CheckpointError(f"projector_hidden_act {name!r} is not supported")
     return acts[name]
-
-
-def _same_pixels(a, b) -> bool:
-    """Bit-equal preprocess() outputs: arrays of one dtype and shape, or tuples of them (and sizes)."""
-    if isinstance(a, tuple) or isinstance(b, tuple):
-        return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
-            all(_same_pixels(x, y) for x, y in zip(a, b))
-    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
-        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.dtype == b.dtype and \
-            np.array_equal(a, b)
-    return a == b
 
 
 class LlavaModel:
@@ -187,21 +176,8 @@ class LlavaModel:
         return ClipPixels.for_processor(self.image_processor)
 
     def _checked_fast_pixels(self, fast):
-        """The fast path, if it gives the processor's values bit for bit on a textured image of an
-        odd size (checked once, at load, before any worker thread runs; a transformers release that
-        computes differently turns it off instead of changing a single value)."""
-        if fast is None:
-            return None
-        rng = np.random.default_rng(0)
-        y, x = np.mgrid[0:377, 0:503]
-        landscape = Image.fromarray(np.clip(np.stack([x % 256, (y * 3) % 256, (x + y) % 256], axis=-1)
-                                            + rng.integers(0, 60, (377, 503, 3)), 0, 255).astype(np.uint8))
-        try:  # a landscape and a portrait probe: both of the processors' fitting branches
-            same = all(_same_pixels(fast(probe), self._processor_pixels(probe))
-                       for probe in (landscape, landscape.transpose(Image.Transpose.TRANSPOSE)))
-        except Exception:  # a fast path that cannot even run on the probe is not this processor's
-            return None
-        return fast if same else None
+        """The fast path if it gives the processor's values bit for bit (checked once, at load)."""
+        return checked_fast_path(fast, self._processor_pixels)
 
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from .images import NativePixels, checked_fast_path
 from .layers import replace_linears
 from .llama import LlamaDims, LlamaLM
 from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
@@ -95,6 +96,7 @@ class Qwen2VLModel:
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
         self.stop_ids = stop_ids(folder, self.tokenizer)
         self._expansion_checked: dict[tuple, bool] = {}
+        self._fast_pixels = checked_fast_path(NativePixels.for_processor(self.image_processor), self._processor_pixels)
 
     def preprocess_settings(self) -> dict:
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}
@@ -102,6 +104,11 @@ class Qwen2VLModel:
     def preprocess(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
         """One image → (its flattened patches [t * h * w, C * 2 * 14 * 14], its patch grid (t, h, w)),
         as the checkpoint's processor makes them (NumPy: see LlavaModel.preprocess)."""
+        if self._fast_pixels is not None:
+            return self._fast_pixels(image)
+        return self._processor_pixels(image)
+
+    def _processor_pixels(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
         out = self.image_processor(images=image, return_tensors="np")
         t, h, w = (int(v) for v in out["image_grid_thw"][0])
         if t != 1:

@@ -188,3 +188,34 @@ def test_pinpoints_off_the_crop_grid_keep_the_processor():
     processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
                                            image_grid_pinpoints=[[28, 56], [40, 70]])
     assert AnyresPixels.for_processor(processor) is None
+
+
+@pytest.mark.parametrize("config", [{}, dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28), dict(resample=2)],
+                         ids=["default-budget", "tiny-budget", "bilinear"])
+def test_fast_native_pixels_equal_the_processor_bit_for_bit(config):
+    from transformers import Qwen2VLImageProcessorPil
+
+    from pope_fast.engine.images import NativePixels
+
+    processor = Qwen2VLImageProcessorPil(**config)
+    fast = NativePixels.for_processor(processor)
+    assert fast is not None
+    for image in _images():
+        out = processor(images=image, return_tensors="np")
+        patches, grid = fast(image)
+        assert grid == tuple(int(v) for v in out["image_grid_thw"][0]), image.size
+        expected = out["pixel_values"]
+        assert patches.dtype == expected.dtype and patches.shape == expected.shape, (image.mode, image.size)
+        assert np.array_equal(patches, expected), (image.mode, image.size)
+
+
+def test_qwen2_vl_takes_the_fast_path(tmp_path):
+    from tinymodels import make_tiny_qwen2_vl
+
+    from pope_fast.engine.images import NativePixels
+
+    model = Engine.load(make_tiny_qwen2_vl(tmp_path / "ckpt", builtin_tokenizer=True), Settings()).model
+    assert isinstance(model._fast_pixels, NativePixels)
+    for image in _images()[:4]:
+        (patches, grid), (expected, expected_grid) = model.preprocess(image), model._processor_pixels(image)
+        assert grid == expected_grid and np.array_equal(patches, expected)
