@@ -1,5 +1,10 @@
-"""Image files: found, read and decoded before any compute, so a bad file stops a run up front
-(or, with skip-bad, becomes an error record) instead of failing hours in."""
+"""Image files and pixels.
+
+Files are found, read and proven whole before any compute, so a bad file stops a run up front (or,
+with skip-bad, becomes an error record) instead of failing hours in. Pixels: exact fast paths for the
+processors of three families (CLIP resize-and-crop, LLaVA-NeXT anyres, Qwen2-VL native resolution),
+each the same PIL resize followed by one table lookup per pixel, each checked bit for bit against
+the checkpoint's own processor at load (`checked_fast_path`) and dropped where it differs."""
 from __future__ import annotations
 
 import io
