@@ -52,7 +52,6 @@ class Family(Protocol):
     def encode_images(self, pixels: list) -> list[torch.Tensor]: ...  # cached per image
     def image_tokens(self, features: torch.Tensor) -> int: ...
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]: ...
-    def embed(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor: ...
     # Optional: prompt_features(items) when features_per_prompt; positions(ids, features) -> [3, L]
     # when the language model uses M-RoPE (lm.dims.mrope_section).
 
@@ -312,8 +311,8 @@ class Engine:
                     slot_of.setdefault((it, pre), len(slot_of))
                     first_row.setdefault((it, pre), pi)
                 with _Clock(self.timings, "prefix_prefill", device):
-                    embeds = torch.stack([model.embed(torch.tensor(pre, device=device), items[it][0])
-                                          for it, pre in slot_of])
+                    embeds = torch.stack([lm.embed(torch.tensor(pre, device=device), model.image_token_id,
+                                                   items[it][0]) for it, pre in slot_of])
                     positions = torch.stack([streams[it, first_row[it, pre]][:, :length] for it, pre in slot_of],
                                             dim=1) if mrope else None  # [3, G, P]
                     prefix = lm.prefill_prefix(embeds, intervention, positions)
@@ -354,10 +353,11 @@ class Engine:
         width = max(len(s) for _, s in suffixes)
         lengths = torch.tensor([len(s) for _, s in suffixes], device=device)
         padded = torch.tensor([s + [s[-1]] * (width - len(s)) for _, s in suffixes], device=device)  # pads unread
-        embeds = self.model.lm.embed(padded)
+        lm, image_token = self.model.lm, self.model.image_token_id
+        embeds = lm.embed(padded)
         for row, (features, s) in enumerate(suffixes):
-            if self.model.image_token_id in s:
-                embeds[row, : len(s)] = self.model.embed(padded[row, : len(s)], features)
+            if image_token in s:
+                embeds[row, : len(s)] = lm.embed(padded[row, : len(s)], image_token, features)
         return embeds, lengths
 
     def _text(self, tokens: list[int]) -> str:

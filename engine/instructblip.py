@@ -20,7 +20,7 @@ from PIL import Image
 
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
-from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
+from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -77,27 +77,12 @@ class InstructBlipModel:
         expected.update({"extra.query_tokens": (1, self.num_queries, q_hidden),
                          "projector.weight": (dims.hidden_size, q_hidden), "projector.bias": (dims.hidden_size,)})
         optional = {k for k in expected if k.endswith("position_ids")}
-        files = tensor_files(folder)
-        names = map_names(files, lambda n: rename(n, NAME_RULES),
-                          {k: v for k, v in expected.items() if k not in optional}, folder)
-        expected = {k: v for k, v in expected.items() if k in names}
-        parts: dict[str, dict[str, torch.Tensor]] = {"lm": {}, "vision": {}, "qformer": {}, "extra": {},
-                                                     "projector": {}}
-        for name, tensor in iter_tensors(folder, files, names, expected):
-            group, _, rest = name.partition(".")
-            parts[group][rest] = tensor
+        parts = load_grouped(folder, NAME_RULES, expected, optional)
         # The cached ViT output depends on the tower's weights only; the Q-Former runs per prompt.
-        self.feature_fingerprint = tensor_fingerprint(
-            {f"vision.{k}": v for k, v in parts["vision"].items()},
-            extra={"dtype": str(dtype), "quant": settings.quant, "nf4_weights": settings.nf4_weights,
-                   "kernels": settings.kernels, "device": settings.torch_device.type})
-
-        for module, weights, what in ((vision, parts["vision"], "vision tower"),
-                                      (qformer, parts["qformer"], "Q-Former")):
-            missing, unexpected = module.load_state_dict(weights, strict=False)
-            missing = [m for m in missing if not m.endswith("position_ids")]
-            if missing or unexpected:
-                raise CheckpointError(f"{folder}: {what} tensors missing {missing}, unexpected {unexpected}")
+        self.feature_fingerprint = tensor_fingerprint({f"vision.{k}": v for k, v in parts["vision"].items()},
+                                                      extra=settings.feature_settings())
+        load_module(vision, parts["vision"], folder, "vision tower")
+        load_module(qformer, parts["qformer"], folder, "Q-Former")
         self.vision = vision.to(device=device, dtype=dtype).eval()
         self.qformer = qformer.to(device=device, dtype=dtype).eval()
         if quantize:  # transformers quantizes every Linear but lm_head under load_in_4bit, these included
@@ -163,12 +148,3 @@ class InstructBlipModel:
         """As InstructBlipProcessor builds them: the image tokens first, then the tokenized prompt
         with its BOS."""
         return [self.image_token_id] * num_image_tokens + list(self.tokenizer(prompt)["input_ids"])
-
-    def embed(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """ids [L] holding T image tokens, features [T, hidden] → input embeddings [L, hidden]."""
-        x = self.lm.embed(ids)
-        mask = ids == self.image_token_id
-        if int(mask.sum()) != features.shape[0]:
-            raise ValueError(f"{int(mask.sum())} image tokens in the prompt but {features.shape[0]} image features")
-        x[mask] = features.to(x.dtype)
-        return x

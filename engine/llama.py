@@ -210,8 +210,19 @@ class LlamaLM(nn.Module):
         self.layers = nn.ModuleList(layers)
         self.rotary = Rotary(dims.head_dim, dims.rope_theta, device, dims.mrope_section)
 
-    def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.embed_tokens)
+    def embed(self, ids: torch.Tensor, image_token_id: int | None = None,
+              features: torch.Tensor | None = None) -> torch.Tensor:
+        """ids [L] → input embeddings [L, H]; with features (any shape [..., H], one row per image
+        token in order), the rows at image_token_id are the image's features instead."""
+        x = F.embedding(ids, self.embed_tokens)
+        if features is None:
+            return x
+        mask = ids == image_token_id
+        flat = features.reshape(-1, features.shape[-1])
+        if int(mask.sum()) != flat.shape[0]:
+            raise ValueError(f"{int(mask.sum())} image tokens in the prompt but {flat.shape[0]} image features")
+        x[mask] = flat.to(x.dtype)
+        return x
 
     @torch.inference_mode()
     def prefill_prefix(self, embeds: torch.Tensor, intervention: Intervention | None = None,

@@ -18,7 +18,8 @@ from PIL import Image
 from .images import ClipPixels, checked_fast_path
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
-from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
+from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
+from .prompts import ExpandedPromptIds
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -100,27 +101,17 @@ class LlavaModel:
         # position_ids-style buffers are not stored in checkpoints
         stored_optional = {k for k in vision_shapes if k.endswith("position_ids")}
 
-        files = tensor_files(folder)
-        names = map_names(files, lambda n: rename(n, self.name_rules),
-                          {k: v for k, v in expected.items() if k not in stored_optional}, folder)
-        expected = {k: v for k, v in expected.items() if k in names}
-        lm_weights, vision_weights, proj, extra = {}, {}, {}, {}
-        for name, tensor in iter_tensors(folder, files, names, expected):
-            group, _, rest = name.partition(".")
-            {"lm": lm_weights, "vision": vision_weights, "projector": proj, "extra": extra}[group][rest] = tensor
+        parts = load_grouped(folder, self.name_rules, expected, stored_optional)
+        lm_weights, vision_weights, proj, extra = (parts.get(g, {}) for g in ("lm", "vision", "projector", "extra"))
         # The cached image features depend on exactly these weights (and the dtype and quantization).
         self.feature_fingerprint = tensor_fingerprint(
             {**{f"vision.{k}": v for k, v in vision_weights.items()}, **{f"projector.{k}": v for k, v in proj.items()},
              **{f"extra.{k}": v for k, v in extra.items()}},
-            extra={"dtype": str(dtype), "quant": settings.quant, "nf4_weights": settings.nf4_weights,
-                   "kernels": settings.kernels, "device": settings.torch_device.type,
+            extra={**settings.feature_settings(),
                    "feature_layer": self.feature_layer, "select_strategy": self.select_strategy,
                    "grid_pinpoints": getattr(cfg, "image_grid_pinpoints", None)})  # LLaVA-NeXT's packing
 
-        missing, unexpected = vision.load_state_dict(vision_weights, strict=False)
-        missing = [m for m in missing if not m.endswith("position_ids")]
-        if missing or unexpected:
-            raise CheckpointError(f"{folder}: vision tower tensors missing {missing}, unexpected {unexpected}")
+        load_module(vision, vision_weights, folder, "vision tower")
         # hidden_states[0] is the embedding output, [i] the output of layer i: LLaVA reads layer -2,
         # so the tower's last layer never reaches the model (1 of 24 layers of CLIP-L, 1 of 2 of the
         # tiny bench model) and is dropped.
@@ -145,7 +136,7 @@ class LlavaModel:
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
         self.stop_ids = stop_ids(folder, self.tokenizer)
         self._fast_pixels = self._checked_fast_pixels(self._fast_pixel_path())
-        self._expansion_checked: dict[tuple, bool] = {}
+        self._expand = ExpandedPromptIds(self.tokenizer, self.image_marker, self.image_token_id)
 
     def preprocess_settings(self) -> dict:
         """What decides the pixels, for the vision cache key."""
@@ -213,34 +204,5 @@ class LlavaModel:
         return lin2(act(lin1(x)))
 
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
-        """The prompt's token ids with the image marker expanded, as LlavaProcessor makes them: the
-        text with the marker repeated num_image_tokens times, through the tokenizer, specials added.
-
-        That string is ~4 KB of markers and costs ~0.35 ms per prompt to tokenize; tokenizing the
-        prompt with one marker and repeating its id gives the same ids (the marker is a special token,
-        split out before anything else sees the text). Whether it does is checked against the full
-        tokenization once per template tail, and the full path is kept where it does not."""
-        if prompt.count(self.image_marker) != 1:
-            raise ValueError(f"prompt must hold exactly one {self.image_marker}: {prompt!r}")
-        ids = list(self.tokenizer(prompt)["input_ids"])
-        if ids.count(self.image_token_id) != 1:
-            return self._full_prompt_ids(prompt, num_image_tokens)
-        at = ids.index(self.image_token_id)
-        fast = ids[:at] + [self.image_token_id] * num_image_tokens + ids[at + 1:]
-        context = (prompt.split(self.image_marker)[0], prompt.split(self.image_marker)[1][:1], num_image_tokens)
-        if context not in self._expansion_checked:
-            self._expansion_checked[context] = fast == self._full_prompt_ids(prompt, num_image_tokens)
-        return fast if self._expansion_checked[context] else self._full_prompt_ids(prompt, num_image_tokens)
-
-    def _full_prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
-        text = prompt.replace(self.image_marker, self.image_marker * num_image_tokens)
-        return list(self.tokenizer(text)["input_ids"])
-
-    def embed(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """ids [L] holding T image tokens, features [T, hidden] → input embeddings [L, hidden]."""
-        x = self.lm.embed(ids)
-        mask = ids == self.image_token_id
-        if int(mask.sum()) != features.shape[0]:
-            raise ValueError(f"{int(mask.sum())} image tokens in the prompt but {features.shape[0]} image features")
-        x[mask] = features.to(x.dtype)
-        return x
+        """The prompt's token ids with the image marker expanded, as LlavaProcessor makes them."""
+        return self._expand(prompt, num_image_tokens)

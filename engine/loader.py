@@ -88,6 +88,28 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
                 yield ours, tensor
 
 
+def load_grouped(folder: Path, rules: list[tuple[str, str]], expected: dict[str, tuple[int, ...]],
+                 optional: set[str] = frozenset()) -> dict[str, dict[str, torch.Tensor]]:
+    """Every expected tensor, named ours ("group.rest") by the first matching rule, read, shape-checked
+    and grouped by the first part of its name; names in `optional` may be absent."""
+    files = tensor_files(folder)
+    names = map_names(files, lambda n: rename(n, rules),
+                      {k: v for k, v in expected.items() if k not in optional}, folder)
+    groups: dict[str, dict[str, torch.Tensor]] = {}
+    for name, tensor in iter_tensors(folder, files, names, {k: v for k, v in expected.items() if k in names}):
+        group, _, rest = name.partition(".")
+        groups.setdefault(group, {})[rest] = tensor
+    return groups
+
+
+def load_module(module: torch.nn.Module, weights: dict[str, torch.Tensor], folder: Path, what: str) -> None:
+    """A borrowed transformers module gets its tensors; position_ids buffers are never stored."""
+    missing, unexpected = module.load_state_dict(weights, strict=False)
+    missing = [m for m in missing if not m.endswith("position_ids")]
+    if missing or unexpected:
+        raise CheckpointError(f"{folder}: {what} tensors missing {missing}, unexpected {unexpected}")
+
+
 def rename(name: str, rules: list[tuple[str, str]]) -> str | None:
     """A checkpoint name under the first (pattern, replacement) rule that matches, or None."""
     for pattern, target in rules:

@@ -21,7 +21,8 @@ from PIL import Image
 from .images import NativePixels, checked_fast_path
 from .layers import replace_linears
 from .llama import LlamaDims, LlamaLM
-from .loader import CheckpointError, iter_tensors, map_names, no_init, rename, stop_ids, tensor_files
+from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
+from .prompts import ExpandedPromptIds
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -74,28 +75,20 @@ class Qwen2VLModel:
         if tied:  # the 2B model reads its logits off the embedding matrix
             expected.pop("lm.lm_head.weight")
         expected.update({f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()})
-        files = tensor_files(folder)
-        names = map_names(files, lambda n: rename(n, NAME_RULES), expected, folder)
-        lm_weights, vision_weights = {}, {}
-        for name, tensor in iter_tensors(folder, files, names, expected):
-            group, _, rest = name.partition(".")
-            (lm_weights if group == "lm" else vision_weights)[rest] = tensor
+        parts = load_grouped(folder, NAME_RULES, expected)
+        lm_weights, vision_weights = parts["lm"], parts["vision"]
         if tied:
             lm_weights["lm_head.weight"] = lm_weights["embed_tokens.weight"]
-        self.feature_fingerprint = tensor_fingerprint(
-            {f"vision.{k}": v for k, v in vision_weights.items()},
-            extra={"dtype": str(dtype), "quant": settings.quant, "nf4_weights": settings.nf4_weights,
-                   "kernels": settings.kernels, "device": settings.torch_device.type})
-        missing, unexpected = vision.load_state_dict(vision_weights, strict=False)
-        if missing or unexpected:
-            raise CheckpointError(f"{folder}: vision tower tensors missing {missing}, unexpected {unexpected}")
+        self.feature_fingerprint = tensor_fingerprint({f"vision.{k}": v for k, v in vision_weights.items()},
+                                                      extra=settings.feature_settings())
+        load_module(vision, vision_weights, folder, "vision tower")
         self.vision = vision.to(device=device, dtype=dtype).eval()
         if quantize:  # transformers quantizes every Linear but lm_head under load_in_4bit, the tower's too
             replace_linears(self.vision, dtype=dtype, device=device, keep_packed=packed, kernels=settings.kernels)
         self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
                           quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
         self.stop_ids = stop_ids(folder, self.tokenizer)
-        self._expansion_checked: dict[tuple, bool] = {}
+        self._expand = ExpandedPromptIds(self.tokenizer, IMAGE_PAD, self.image_token_id)
         self._fast_pixels = checked_fast_path(NativePixels.for_processor(self.image_processor), self._processor_pixels)
 
     def preprocess_settings(self) -> dict:
@@ -136,20 +129,8 @@ class Qwen2VLModel:
 
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
         """The prompt's ids with its one image pad repeated num_image_tokens times, as the processor
-        expands it (checked once per template context against tokenizing the expanded text)."""
-        if prompt.count(IMAGE_PAD) != 1:
-            raise ValueError(f"prompt must hold exactly one {IMAGE_PAD}: {prompt!r}")
-        ids = list(self.tokenizer(prompt)["input_ids"])
-        at = ids.index(self.image_token_id)
-        fast = ids[:at] + [self.image_token_id] * num_image_tokens + ids[at + 1:]
-        before, after = prompt.split(IMAGE_PAD)
-        context = (before, after[:1], num_image_tokens)
-        if context not in self._expansion_checked:
-            full = list(self.tokenizer(prompt.replace(IMAGE_PAD, IMAGE_PAD * num_image_tokens))["input_ids"])
-            self._expansion_checked[context] = fast == full
-        if not self._expansion_checked[context]:
-            return list(self.tokenizer(prompt.replace(IMAGE_PAD, IMAGE_PAD * num_image_tokens))["input_ids"])
-        return fast
+        expands it."""
+        return self._expand(prompt, num_image_tokens)
 
     def positions(self, ids: list[int], features: torch.Tensor) -> torch.Tensor:
         """M-RoPE position streams [3, len(ids)] of a prompt holding one image: text before it counts
@@ -165,13 +146,3 @@ class Qwen2VLModel:
         image = torch.stack([torch.zeros(rows * cols, dtype=torch.long), row.flatten(), col.flatten()]) + start
         after = torch.arange(len(ids) - start - rows * cols).expand(3, -1) + start + max(rows, cols)
         return torch.cat([before, image, after], dim=1)
-
-    def embed(self, ids: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
-        """ids [L] holding the image's tokens, features [rows, cols, hidden] → embeddings [L, hidden]."""
-        x = self.lm.embed(ids)
-        mask = ids == self.image_token_id
-        flat = features.reshape(-1, features.shape[-1])
-        if int(mask.sum()) != flat.shape[0]:
-            raise ValueError(f"{int(mask.sum())} image tokens in the prompt but {flat.shape[0]} image features")
-        x[mask] = flat.to(x.dtype)
-        return x

@@ -53,6 +53,11 @@ class Settings:
             return torch.float16
         return torch.float32
 
+    def feature_settings(self) -> dict:
+        """The settings, besides the weights, that decide cached vision features (part of their key)."""
+        return {"dtype": str(self.torch_dtype), "quant": self.quant, "nf4_weights": self.nf4_weights,
+                "kernels": self.kernels, "device": self.torch_device.type}
+
     def to_json(self) -> dict:
         out = asdict(self)
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
