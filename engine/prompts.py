@@ -16,11 +16,17 @@ class ExpandedPromptIds:
     def __init__(self, tokenizer, placeholder: str, token_id: int):
         self.tokenizer, self.placeholder, self.token_id = tokenizer, placeholder, token_id
         self._checked: dict[tuple, bool] = {}
+        # POPE asks ~160 distinct questions of 500 images: tokenize each prompt text once, not per image.
+        self._ids: dict[str, list[int]] = {}
 
     def __call__(self, prompt: str, num_image_tokens: int) -> list[int]:
         if prompt.count(self.placeholder) != 1:
             raise ValueError(f"prompt must hold exactly one {self.placeholder}: {prompt!r}")
-        ids = list(self.tokenizer(prompt)["input_ids"])
+        if prompt not in self._ids:
+            if len(self._ids) >= 4096:
+                self._ids.clear()
+            self._ids[prompt] = list(self.tokenizer(prompt)["input_ids"])
+        ids = self._ids[prompt]
         if ids.count(self.token_id) != 1:
             return self._full(prompt, num_image_tokens)
         at = ids.index(self.token_id)
