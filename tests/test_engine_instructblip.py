@@ -4,7 +4,8 @@ import json
 
 import pytest
 import torch
-from tinymodels import QUESTIONS, make_tiny_instructblip, synthetic_image, write_pope_set
+from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_instructblip,
+                        synthetic_image, worst_difference, write_pope_set)
 
 from pope_fast.engine import Engine, Settings, run_pope
 from pope_fast.readout import load_questions
@@ -43,8 +44,8 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, batch_size):
     for i, image in enumerate(IMAGES):
         for answer in engine.score(image, QUESTIONS[:4]):
             logits, generated = oracle[i, answer.question]
-            worst = max(abs(v - float(logits[k])) for k, v in answer.candidate_logits.items())
-            assert worst <= 1e-4, f"image {i} {answer.question!r}: candidate logits differ by {worst:.2e}"
+            worst, at = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
             assert answer.first_token_id == int(logits.argmax()) == generated[0]
 
 
@@ -62,18 +63,16 @@ def test_images_and_questions_in_one_batch(checkpoint, oracle):
     for i, answers in enumerate(engine.run_images(items)):
         for q, (first, candidates, _) in zip(QUESTIONS[:4], answers):
             logits, generated = oracle[i, q]
-            worst = max(abs(v - float(logits[k])) for k, v in candidates.items())
+            worst, _ = worst_difference(candidates, logits)
             assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"
 
 
 def test_continuation_matches_generate(checkpoint, oracle):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
-    tokenizer = engine.model.tokenizer
     for i, image in enumerate(IMAGES):
         for answer in engine.score(image, QUESTIONS[:4]):
             _, generated = oracle[i, answer.question]
-            stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
-            assert answer.decoded == tokenizer.decode(generated[:stop], skip_special_tokens=True)
+            assert answer.decoded == generated_text(engine, generated)
 
 
 def test_sweep(checkpoint, tmp_path):
@@ -92,35 +91,18 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     """NF4 as transformers quantizes InstructBLIP (every Linear but lm_head: ViT, Q-Former, projection,
     LM; query_tokens stay fp32), against transformers + bitsandbytes on CPU (see test_engine_nf4)."""
     import bitsandbytes as bnb
-    from transformers import AutoProcessor, BitsAndBytesConfig, InstructBlipForConditionalGeneration
-
-    from pope_fast.readout import LOGIT_READOUTS
-    from pope_fast.readout.protocols import compare_max_logits
+    from transformers import AutoProcessor, InstructBlipForConditionalGeneration
 
     checkpoint = make_tiny_instructblip(tmp_path / "ckpt", vision_hidden=64, qformer_hidden=64, seed=7)
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                bnb_4bit_compute_dtype=torch.float16)
-    model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint), quantization_config=config,
-                                                                 dtype=torch.float16, device_map="cpu").eval()
+    model = bnb_nf4_oracle(InstructBlipForConditionalGeneration, checkpoint)
     quantized = {n.split(".")[0] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
     assert quantized == {"vision_model", "qformer", "language_projection", "language_model"}
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            module.support_avx512bf16_for_cpu = False
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
-    ids = engine.candidate_ids
     for image in IMAGES[:2]:
         for answer in engine.score(image, QUESTIONS[:3]):
             inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
             inputs["pixel_values"] = inputs["pixel_values"].half()
             with torch.no_grad():
                 theirs = model(**inputs).logits[0, -1].float()
-            ours = torch.tensor([answer.candidate_logits[i] for i in ids])
-            step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
-            assert float((ours - theirs[ids]).abs().max()) <= 4 * step, answer.question
-            assert answer.first_token_id == int(theirs.argmax())
-            for name in LOGIT_READOUTS:
-                logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
-                assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), \
-                    (name, answer.question)
+            assert_matches_nf4_oracle(engine, answer, theirs)

@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
-from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, write_pope_set
+from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, worst_difference, write_pope_set
 
 from pope_fast.cli import main
 from pope_fast.engine import Engine, Intervention, Settings, run_pope
@@ -37,12 +37,6 @@ def oracle(checkpoint):
     return out, processor.tokenizer
 
 
-def _worst(ours: dict, theirs: torch.Tensor) -> tuple[float, int]:
-    diffs = {i: abs(v - float(theirs[i])) for i, v in ours.items()}
-    worst = max(diffs, key=diffs.get)
-    return diffs[worst], worst
-
-
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 4), (True, 16), (False, 3)],
                          ids=["reuse-b1", "reuse-b4", "reuse-b16", "whole-b3"])
 def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
@@ -51,7 +45,7 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
     for i, image in enumerate(IMAGES):
         for answer in engine.score(image, QUESTIONS):
             logits, generated = reference[i, answer.question]
-            diff, at = _worst(answer.candidate_logits, logits)
+            diff, at = worst_difference(answer.candidate_logits, logits)
             assert diff <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {diff:.2e}"
             assert answer.first_token_id == int(logits.argmax()) == generated[0]
 
@@ -70,7 +64,7 @@ def test_other_feature_layers_match_transformers(tmp_path, feature_layer, layers
         logits = model(**inputs).logits[0, -1]
     engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
     assert len(engine.model.vision.encoder.layers) == layers_kept
-    diff, at = _worst(engine.score(IMAGES[0], QUESTIONS[:1])[0].candidate_logits, logits)
+    diff, at = worst_difference(engine.score(IMAGES[0], QUESTIONS[:1])[0].candidate_logits, logits)
     assert diff <= 1e-4, f"id {at} differs by {diff:.2e}"
 
 
@@ -89,7 +83,7 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
     for i, per_image in enumerate(outputs):
         for q, (first, logits, text) in zip(QUESTIONS, per_image):
             ref_logits, generated = reference[i, q]
-            diff, at = _worst(logits, ref_logits)
+            diff, at = worst_difference(logits, ref_logits)
             assert diff <= 1e-4, f"image {i} {q!r}: id {at} differs by {diff:.2e}"
             assert first == generated[0]
             cut = generated.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in generated else len(generated)

@@ -5,7 +5,8 @@ import json
 
 import pytest
 import torch
-from tinymodels import QUESTIONS, make_tiny_llava_next, synthetic_image, write_pope_set
+from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_llava_next,
+                        synthetic_image, worst_difference, write_pope_set)
 
 from pope_fast.engine import Engine, Settings, run_pope
 from pope_fast.readout import load_questions
@@ -50,8 +51,8 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
         for answer in engine.score(image, QUESTIONS[:3]):
             logits, generated, tokens = oracle[i, answer.question]
             assert features.shape[0] == tokens, f"image {i}: {features.shape[0]} image tokens, transformers {tokens}"
-            worst = max(abs(v - float(logits[k])) for k, v in answer.candidate_logits.items())
-            assert worst <= 1e-4, f"image {i} {answer.question!r}: candidate logits differ by {worst:.2e}"
+            worst, at = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
             assert answer.first_token_id == int(logits.argmax()) == generated[0]
 
 
@@ -63,18 +64,16 @@ def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
     for i, answers in enumerate(engine.run_images(items)):
         for q, (first, candidates, text) in zip(QUESTIONS[:3], answers):
             logits, generated, _ = oracle[i, q]
-            worst = max(abs(v - float(logits[k])) for k, v in candidates.items())
+            worst, _ = worst_difference(candidates, logits)
             assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"
 
 
 def test_continuation_matches_generate(checkpoint, oracle):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
-    tokenizer = engine.model.tokenizer
     for i, image in enumerate(IMAGES[:3]):
         for answer in engine.score(image, QUESTIONS[:3]):
             _, generated, _ = oracle[i, answer.question]
-            stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
-            assert answer.decoded == tokenizer.decode(generated[:stop], skip_special_tokens=True)
+            assert answer.decoded == generated_text(engine, generated)
 
 
 def test_sweep_through_the_cli_path(checkpoint, tmp_path):
@@ -97,35 +96,17 @@ def test_pad_aspect_is_refused(checkpoint):
 def test_nf4_decisions_match_transformers_bnb(tmp_path):
     """NF4 as transformers quantizes LLaVA-NeXT (LM, projector and tower Linears; image_newline stays
     fp16), against transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats)."""
-    import bitsandbytes as bnb
-    from transformers import AutoProcessor, BitsAndBytesConfig, LlavaNextForConditionalGeneration
-
-    from pope_fast.readout import LOGIT_READOUTS
-    from pope_fast.readout.protocols import compare_max_logits
+    from transformers import AutoProcessor, LlavaNextForConditionalGeneration
 
     checkpoint = make_tiny_llava_next(tmp_path / "ckpt", vision_hidden=64, seed=5)
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                bnb_4bit_compute_dtype=torch.float16)
-    model = LlavaNextForConditionalGeneration.from_pretrained(str(checkpoint), quantization_config=config,
-                                                              dtype=torch.float16, device_map="cpu").eval()
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            module.support_avx512bf16_for_cpu = False
+    model = bnb_nf4_oracle(LlavaNextForConditionalGeneration, checkpoint)
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
     assert torch.equal(engine.model.newline, model.model.image_newline.data)
-    ids = engine.candidate_ids
     for image in IMAGES[:3]:
         for answer in engine.score(image, QUESTIONS[:3]):
             inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
             inputs["pixel_values"] = inputs["pixel_values"].half()
             with torch.no_grad():
                 theirs = model(**inputs).logits[0, -1].float()
-            ours = torch.tensor([answer.candidate_logits[i] for i in ids])
-            step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
-            assert float((ours - theirs[ids]).abs().max()) <= 4 * step, answer.question
-            assert answer.first_token_id == int(theirs.argmax())
-            for name in LOGIT_READOUTS:
-                logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
-                assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), \
-                    (name, answer.question)
+            assert_matches_nf4_oracle(engine, answer, theirs)

@@ -11,11 +11,9 @@ Two facts about bitsandbytes 0.50 on CPU shape this file (both checked here):
 """
 import pytest
 import torch
-from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
+from tinymodels import QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, make_tiny_llava, synthetic_image
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.readout import LOGIT_READOUTS
-from pope_fast.readout.protocols import compare_max_logits
 
 IMAGES = [synthetic_image(20 + i, size) for i, size in enumerate([(80, 60), (60, 90)])]
 NF4 = dict(quant="nf4", dtype="fp16")
@@ -28,17 +26,9 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oracle_model(checkpoint):
-    import bitsandbytes as bnb
-    from transformers import BitsAndBytesConfig, LlavaForConditionalGeneration
+    from transformers import LlavaForConditionalGeneration
 
-    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                                bnb_4bit_compute_dtype=torch.float16)
-    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), quantization_config=config,
-                                                          dtype=torch.float16, device_map="cpu").eval()
-    for module in model.modules():
-        if isinstance(module, bnb.nn.Linear4bit):
-            module.support_avx512bf16_for_cpu = False
-    return model
+    return bnb_nf4_oracle(LlavaForConditionalGeneration, checkpoint)
 
 
 @pytest.fixture(scope="module")
@@ -73,24 +63,13 @@ def test_candidate_logits_and_decisions_match_transformers_bnb(checkpoint, engin
     from transformers import AutoProcessor
 
     processor = AutoProcessor.from_pretrained(str(checkpoint))
-    ids = engine.candidate_ids
     for image in IMAGES:
         for answer in engine.score(image, QUESTIONS):
             inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
             inputs["pixel_values"] = inputs["pixel_values"].half()
             with torch.no_grad():
                 theirs = oracle_model(**inputs).logits[0, -1].float()
-            ours = torch.tensor([answer.candidate_logits[i] for i in ids])
-            # Both round logits to fp16; attention and norms accumulate in a different order, so allow
-            # a few fp16 steps at the logits' magnitude.
-            step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
-            diff = (ours - theirs[ids]).abs()
-            assert float(diff.max()) <= 4 * step, f"{answer.question}: id {ids[int(diff.argmax())]} off by {diff.max()}"
-            assert answer.first_token_id == int(theirs.argmax())
-            for name in LOGIT_READOUTS:   # identical decisions, near-ties included (5e-3 is the closest here)
-                logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
-                assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), \
-                    (name, answer.question)
+            assert_matches_nf4_oracle(engine, answer, theirs)
 
 
 def test_packed_weights_give_the_same_answers(checkpoint, engine):

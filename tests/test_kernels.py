@@ -476,25 +476,16 @@ def test_prefix_attention_ref_is_sdpa_over_each_concatenated_sequence(case, dtyp
         assert bool((result[b, :, length:] == 0).all()), f"question {b}: padded rows are not zero"
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"], ids=["kernel", "torch-path"])
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
 @pytest.mark.parametrize("case", ATTENTION_CASES.values(), ids=ATTENTION_CASES.keys())
-def test_prefix_attention_kernel_matches_ref(case, dtype, gen):
+def test_prefix_attention_matches_ref(case, dtype, backend, gen):
+    """The Triton kernel, and the batched CPU path (backend torch) that stands in for it without one."""
     q, k_prefix, v_prefix, k_suffix, v_suffix, lens = make_attention_case(case, dtype, gen)
     out = nan_like(q.shape, dtype)
-    result = prefix_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, backend="triton", out=out)
+    result = prefix_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, backend=backend, out=out)
     expected = prefix_attention_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, lens)
-    assert_close(result, expected, *KERNEL_TOL[dtype], "prefix_attention")
-
-
-@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
-@pytest.mark.parametrize("case", ATTENTION_CASES.values(), ids=ATTENTION_CASES.keys())
-def test_prefix_attention_torch_path_matches_ref(case, dtype, gen):
-    """The batched CPU path (backend torch) against the reference it stands in for."""
-    q, k_prefix, v_prefix, k_suffix, v_suffix, lens = make_attention_case(case, dtype, gen)
-    out = nan_like(q.shape, dtype)
-    result = prefix_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, backend="torch", out=out)
-    expected = prefix_attention_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, lens)
-    assert_close(result, expected, *KERNEL_TOL[dtype], "prefix_attention torch path")
+    assert_close(result, expected, *KERNEL_TOL[dtype], f"prefix_attention ({backend})")
 
 
 # prefix of each row, grouped: unequal runs, prefixes out of order and one prefix unused, a lone row

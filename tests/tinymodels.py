@@ -218,3 +218,52 @@ def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
         files.append(path)
     return images, files
+
+
+def worst_difference(ours: dict[int, float], theirs: torch.Tensor) -> tuple[float, int]:
+    """The largest |ours - theirs| over our candidate ids, and the id where it is."""
+    diffs = {i: abs(v - float(theirs[i])) for i, v in ours.items()}
+    worst = max(diffs, key=diffs.get)
+    return diffs[worst], worst
+
+
+def generated_text(engine, generated: list[int]) -> str:
+    """What the engine's text readouts must see of transformers' generate output: the new tokens up
+    to the first stop id, decoded without specials."""
+    stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
+    return engine.model.tokenizer.decode(generated[:stop], skip_special_tokens=True)
+
+
+def bnb_nf4_oracle(model_class, checkpoint: Path):
+    """transformers + bitsandbytes NF4 as the paper ran it (double quant, fp16 compute), on CPU, with
+    bitsandbytes' CPU-only bf16-scale repack switched off so it computes the GPU path's numerics
+    (see test_engine_nf4)."""
+    import bitsandbytes as bnb
+    from transformers import BitsAndBytesConfig
+
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                bnb_4bit_compute_dtype=torch.float16)
+    model = model_class.from_pretrained(str(checkpoint), quantization_config=config, dtype=torch.float16,
+                                        device_map="cpu").eval()
+    for module in model.modules():
+        if isinstance(module, bnb.nn.Linear4bit):
+            module.support_avx512bf16_for_cpu = False
+    return model
+
+
+def assert_matches_nf4_oracle(engine, answer, theirs: torch.Tensor) -> None:
+    """An NF4 answer against the oracle's answer-position logits: candidate logits within a few fp16
+    steps (both round to fp16; attention and norms accumulate in another order), the same first
+    token, and identical decisions under every logit readout, near-ties included."""
+    from pope_fast.readout import LOGIT_READOUTS
+    from pope_fast.readout.protocols import compare_max_logits
+
+    ids = engine.candidate_ids
+    ours = torch.tensor([answer.candidate_logits[i] for i in ids])
+    step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
+    diff = (ours - theirs[ids]).abs()
+    assert float(diff.max()) <= 4 * step, f"{answer.question}: id {ids[int(diff.argmax())]} off by {diff.max()}"
+    assert answer.first_token_id == int(theirs.argmax())
+    for name in LOGIT_READOUTS:
+        logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
+        assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), (name, answer.question)
