@@ -1,12 +1,14 @@
 """`pope-fast eval` on a checkpoint of every supported family, through the CLI: the family comes from
 config.json, the template from the family, and the run resumes to nothing when repeated."""
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
 from tinymodels import make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl, write_pope_set
 
 from pope_fast.cli import main
+from pope_fast.readout import load_questions
 
 FAMILIES = {"llava": (make_tiny_llava, "llava_plain"), "llava_next": (make_tiny_llava_next, "mistral_inst"),
             "instructblip": (make_tiny_instructblip, "instructblip"), "qwen2_vl": (make_tiny_qwen2_vl, "qwen2_vl_chat")}
@@ -27,5 +29,10 @@ def test_eval_cli_runs_every_family(family, tmp_path):
     assert meta["model"]["family"] == family and meta["template"] == template
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 16 and all("string_parse" in r["predictions"] and "decoded" in r for r in records)
+    assert all(set(r["predictions"]) >= {"legacy_2tok", "template_aware", "first_token"} for r in records)
+    counts = re.search(r"(\d+) unique prompts evaluated for (\d+) questions", result.output)
+    prompts, questions = map(int, counts.groups())
+    asked = [q for f in files for q in load_questions(f)]
+    assert questions == 16 and prompts == len({(q.image, q.text) for q in asked}) < 16   # shared questions asked once
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output

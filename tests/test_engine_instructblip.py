@@ -1,6 +1,5 @@
 """InstructBLIP against transformers' InstructBlipForConditionalGeneration, the oracle, on a tiny random
 checkpoint (28-px ViT, 2-layer Q-Former with 4 queries, LLaMA)."""
-import json
 
 import pytest
 import torch
@@ -75,16 +74,14 @@ def test_continuation_matches_generate(checkpoint, oracle):
             assert answer.decoded == generated_text(engine, generated)
 
 
-def test_sweep(checkpoint, tmp_path):
+def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
+    """(The CLI sweep of every family is tests/test_cli_families.py.)"""
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     questions = [q for f in files for q in load_questions(f)]
     engine = Engine.load(checkpoint, Settings(image_batch=2), readouts="all")
     result = run_pope(engine, questions, images, tmp_path / "out")
-    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
-    assert len(records) == len(questions) and result.evaluated_prompts < len(questions)
+    assert result.evaluated_prompts < len(questions)
     assert engine.counts.images_encoded == 3   # the ViT once per image, the Q-Former per prompt
-    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["model"]["family"] == "instructblip" and meta["template"] == "instructblip"
 
 
 def test_nf4_decisions_match_transformers_bnb(tmp_path):

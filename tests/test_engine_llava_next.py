@@ -1,15 +1,13 @@
 """LLaVA-NeXT against transformers' LlavaNextForConditionalGeneration, the oracle, on a tiny random
 checkpoint whose crops are 28 px (2 x 2 patch features), so every grid shape of its pinpoints and
 both unpad directions appear at small image sizes."""
-import json
 
 import pytest
 import torch
 from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_llava_next,
-                        synthetic_image, worst_difference, write_pope_set)
+                        synthetic_image, worst_difference)
 
-from pope_fast.engine import Engine, Settings, run_pope
-from pope_fast.readout import load_questions
+from pope_fast.engine import Engine, Settings
 
 # (width, height): wide (unpad rows), tall (unpad columns), square, very wide (a 1 x 3 grid), tiny
 SIZES = [(90, 40), (40, 90), (60, 60), (120, 30), (20, 18)]
@@ -74,18 +72,6 @@ def test_continuation_matches_generate(checkpoint, oracle):
         for answer in engine.score(image, QUESTIONS[:3]):
             _, generated, _ = oracle[i, answer.question]
             assert answer.decoded == generated_text(engine, generated)
-
-
-def test_sweep_through_the_cli_path(checkpoint, tmp_path):
-    images, files = write_pope_set(tmp_path / "pope", n_images=3, sizes=((90, 40), (40, 90), (60, 60)))
-    questions = [q for f in files for q in load_questions(f)]
-    engine = Engine.load(checkpoint, Settings(image_batch=2), readouts="all")
-    result = run_pope(engine, questions, images, tmp_path / "out")
-    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
-    assert len(records) == len(questions) and result.evaluated_prompts < len(questions)
-    assert all(set(r["predictions"]) >= {"legacy_2tok", "template_aware", "first_token"} for r in records)
-    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["model"]["family"] == "llava_next" and meta["template"] == "mistral_inst"
 
 
 def test_pad_aspect_is_refused(checkpoint):

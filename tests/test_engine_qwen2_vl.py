@@ -1,15 +1,13 @@
 """Qwen2-VL against transformers' Qwen2VLForConditionalGeneration, the oracle, on a tiny random
 checkpoint (native-resolution ViT with 2 x 2 merging, Qwen2 with M-RoPE)."""
 import functools
-import json
 
 import pytest
 import torch
 from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_qwen2_vl,
-                        synthetic_image, worst_difference, write_pope_set)
+                        synthetic_image, worst_difference)
 
-from pope_fast.engine import Engine, Settings, run_pope
-from pope_fast.readout import load_questions
+from pope_fast.engine import Engine, Settings
 
 # Merged token grids 2 x 3 and 3 x 2 (six tokens each: one prefix length, two position layouts),
 # 2 x 2, and 1 x 7 (the text after it moves on by 7, its token count; the others by their longer side).
@@ -98,17 +96,6 @@ def test_continuation_matches_generate(checkpoint, oracle):
         for answer in engine.score(image, QUESTIONS[:3]):
             _, generated = oracle[i, answer.question]
             assert answer.decoded == generated_text(engine, generated)
-
-
-def test_sweep(checkpoint, tmp_path):
-    images, files = write_pope_set(tmp_path / "pope", n_images=3, sizes=((90, 40), (40, 90), (60, 60)))
-    questions = [q for f in files for q in load_questions(f)]
-    engine = Engine.load(checkpoint, Settings(image_batch=2), readouts="all")
-    result = run_pope(engine, questions, images, tmp_path / "out")
-    records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
-    assert len(records) == len(questions) and result.evaluated_prompts < len(questions)
-    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["model"]["family"] == "qwen2_vl" and meta["template"] == "qwen2_vl_chat"
 
 
 def test_nf4_decisions_match_transformers_bnb(tmp_path):

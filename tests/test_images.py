@@ -16,6 +16,12 @@ def _processor(**overrides):
     return CLIPImageProcessorPil(**config)
 
 
+def assert_same_pixels(got, expected, image):
+    assert got.dtype == expected.dtype and got.shape == expected.shape, (image.mode, image.size)
+    mismatched = np.argwhere(got != expected)
+    assert not len(mismatched), f"{image.mode} {image.size}: first mismatch at {mismatched[0]}"
+
+
 def _images():
     rgb = [synthetic_image(i, size) for i, size in
            enumerate([(640, 480), (480, 640), (640, 427), (500, 375), (337, 1001), (336, 336), (90, 70), (41, 300)])]
@@ -43,10 +49,7 @@ def test_fast_clip_pixels_equal_the_processor_bit_for_bit(config):
     assert fast is not None
     for image in _images():
         expected = processor(images=image, return_tensors="np")["pixel_values"][0]
-        got = fast(image)
-        assert got.dtype == expected.dtype and got.shape == expected.shape, image
-        mismatched = np.argwhere(got != expected)
-        assert not len(mismatched), f"{image.mode} {image.size}: first mismatch at {mismatched[0]}"
+        assert_same_pixels(fast(image), expected, image)
 
 
 @pytest.mark.parametrize("config", [
@@ -150,10 +153,7 @@ def test_fast_anyres_pixels_equal_the_processor_bit_for_bit(pinpoints, side):
         out = processor(images=image, return_tensors="np")
         crops, size = fast(image)
         assert size == tuple(int(v) for v in out["image_sizes"][0]), image.size
-        expected = out["pixel_values"][0]
-        assert crops.dtype == expected.dtype and crops.shape == expected.shape, (image.mode, image.size)
-        mismatched = np.argwhere(crops != expected)
-        assert not len(mismatched), f"{image.mode} {image.size}: first mismatch at {mismatched[0]}"
+        assert_same_pixels(crops, out["pixel_values"][0], image)
 
 
 def test_llava_next_takes_the_fast_path_and_matches_its_processor(tmp_path):
@@ -204,9 +204,7 @@ def test_fast_native_pixels_equal_the_processor_bit_for_bit(config):
         out = processor(images=image, return_tensors="np")
         patches, grid = fast(image)
         assert grid == tuple(int(v) for v in out["image_grid_thw"][0]), image.size
-        expected = out["pixel_values"]
-        assert patches.dtype == expected.dtype and patches.shape == expected.shape, (image.mode, image.size)
-        assert np.array_equal(patches, expected), (image.mode, image.size)
+        assert_same_pixels(patches, out["pixel_values"], image)
 
 
 def test_qwen2_vl_takes_the_fast_path(tmp_path):
