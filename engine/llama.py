@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import gather_logits, prefix_attention, prefix_runs, resolve_backend, vocab_argmax
+from ..kernels import PrefixRuns, gather_logits, prefix_attention, prefix_runs, resolve_backend, vocab_argmax
 from .layers import Rotary, apply_rotary, make_linear, rms_norm
 
 
@@ -37,7 +37,7 @@ class LlamaDims:
     rms_eps: float
     rope_theta: float
     sliding_window: int | None = None  # Mistral: keys further back than this are not attended
-    qkv_bias: bool = False  # Qwen2 (and LLaMA configs with attention_bias)
+    qkv_bias: bool = False  # LLaMA configs with attention_bias; Qwen2 always (its family sets it)
     mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's M-RoPE: frequencies per position stream
 
     @classmethod
@@ -61,7 +61,7 @@ class LlamaDims:
                    rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)),
                    sliding_window=getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True)
                    else None,
-                   qkv_bias=bool(getattr(cfg, "attention_bias", False)) or cfg.model_type.startswith("qwen2"),
+                   qkv_bias=bool(getattr(cfg, "attention_bias", False)),
                    mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -279,6 +279,7 @@ class LlamaLM(nn.Module):
             cos, sin = self.rotary.cos_sin(start[:, None] + steps, self.dtype)  # [B, S, D]
             next_position = start + lengths
         backend = resolve_backend(self.kernels, self.device)
+        grouped = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin)
@@ -286,7 +287,7 @@ class LlamaLM(nn.Module):
             values.append(v)
             if prefix is not None:  # one call for every image's rows: each run reads its prefix once
                 attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, lengths, backend=backend,
-                                        prefix_index=prefix_index)
+                                        prefix_index=grouped)
             else:
                 attn = causal_attention(q, k, v)
             x = layer.finish(x, attn)

@@ -12,6 +12,7 @@ Features are kept as the token grid [rows, cols, hidden], since the positions ne
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +66,7 @@ class Qwen2VLModel:
         if self.tokenizer.convert_tokens_to_ids(IMAGE_PAD) != self.image_token_id:
             raise CheckpointError(f"{folder}: the tokenizer has no {IMAGE_PAD} token with id {self.image_token_id}")
 
-        dims = LlamaDims.from_config(cfg.text_config)
+        dims = replace(LlamaDims.from_config(cfg.text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
         if dims.mrope_section is None:
             raise CheckpointError(f"{folder}/config.json: text_config has no mrope_section (M-RoPE)")
         with no_init():

@@ -116,10 +116,11 @@ def round_to(x, DTYPE: tl.constexpr):
 from .nf4 import NF4Weight, dequantize_nf4, dequantize_nf4_ref, quantize_nf4  # noqa: E402
 from .gather_logits import gather_logits, gather_logits_ref, vocab_argmax, vocab_argmax_ref  # noqa: E402
 from .nf4_matmul import nf4_matmul, nf4_matmul_ref  # noqa: E402
-from .prefix_attention import prefix_attention, prefix_attention_ref, prefix_runs  # noqa: E402
+from .prefix_attention import PrefixRuns, prefix_attention, prefix_attention_ref, prefix_runs  # noqa: E402
 
 __all__ = [
     "NF4Weight",
+    "PrefixRuns",
     "dequantize_nf4",
     "dequantize_nf4_ref",
     "gather_logits",

@@ -59,6 +59,23 @@ def prefix_runs(prefix_index: list[int]) -> list[tuple[int, int, int]]:
     return runs
 
 
+class PrefixRuns:
+    """A batch's rows grouped by prefix, worked out once for all its layers: the (prefix, first row,
+    end row) runs, and (on first use) their int32 table on the device for the kernel, instead of a
+    Python pass over the rows and a host-to-device copy in every layer's call."""
+
+    def __init__(self, prefix_index: list[int], device: torch.device | str):
+        self.index = list(prefix_index)
+        self.runs = prefix_runs(self.index)
+        self.device = torch.device(device)
+        self._table: torch.Tensor | None = None
+
+    def table(self) -> torch.Tensor:
+        if self._table is None:
+            self._table = torch.tensor(self.runs, dtype=torch.int32).to(self.device, non_blocking=True)  # [R, 3]
+        return self._table
+
+
 def _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale):
     batch, q_heads, length, head_dim = q.shape
     group = q_heads // k_prefix.shape[0]
@@ -245,7 +262,7 @@ def prefix_attention(
     scale: float | None = None,
     backend: str = "auto",
     *,
-    prefix_index: list[int] | None = None,
+    prefix_index: "list[int] | PrefixRuns | None" = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """[B, Hq, S, D] attention output in q's dtype.
@@ -253,7 +270,7 @@ def prefix_attention(
     q: [B, Hq, S, D] (S = longest suffix; rows past suffix_lens[b] are padding); k_prefix and
     v_prefix: [Hkv, P, D] shared by every row, or [G, Hkv, P, D] with prefix_index, B host ints in
     [0, G) naming each row's prefix, rows grouped by prefix (a list, so the runs are known without a
-    device sync); k_suffix and v_suffix: [B, Hkv, S, D]; suffix_lens: [B] ints in [0, S] (checked on
+    device sync; or a PrefixRuns of it, built once for every layer of a batch); k_suffix and v_suffix: [B, Hkv, S, D]; suffix_lens: [B] ints in [0, S] (checked on
     the host except on CUDA, where that would sync); Hq = Hkv * g. Any D works: tiles pad it to a
     power of two >= 16 for tl.dot.
     """
@@ -268,9 +285,10 @@ def prefix_attention(
     if prefix_index is None:
         k_prefix, v_prefix, runs = k_prefix[None], v_prefix[None], [(0, 0, batch)] if batch else []
     else:
-        if len(prefix_index) != batch or any(not 0 <= g < k_prefix.shape[0] for g in prefix_index):
+        grouped = prefix_index if isinstance(prefix_index, PrefixRuns) else PrefixRuns(prefix_index, q.device)
+        if len(grouped.index) != batch or any(not 0 <= g < k_prefix.shape[0] for g in grouped.index):
             raise ValueError(f"prefix_index must hold {batch} ints in [0, {k_prefix.shape[0]})")
-        runs = prefix_runs(list(prefix_index))
+        runs = grouped.runs
     kv_heads, prefix_len = k_prefix.shape[1:3]
     if k_suffix.shape != (batch, kv_heads, length, head_dim) or v_suffix.shape != k_suffix.shape:
         raise ValueError(f"k_suffix and v_suffix must both be [{batch}, {kv_heads}, {length}, {head_dim}]")
@@ -307,7 +325,8 @@ def prefix_attention(
     block_m, block_n = (64, 64) if gpu else (16, 16)
     block_d = max(16, triton.next_power_of_2(head_dim))
     widest = max(e - a for _, a, e in runs)
-    run_table = torch.tensor(runs, dtype=torch.int32).to(q.device, non_blocking=True)  # [R, 3]
+    run_table = grouped.table() if prefix_index is not None else \
+        torch.tensor(runs, dtype=torch.int32).to(q.device, non_blocking=True)  # [R, 3]
     grid = (triton.cdiv(widest * group * length, block_m), kv_heads, len(runs))
     if grid[0]:
         _prefix_attention_kernel[grid](
