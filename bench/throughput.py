@@ -19,9 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..engine import FAMILIES, Engine, Settings, run_pope
-from ..engine.core import Counts, Timings
-from ..engine.vision_cache import VisionCache
+from ..engine import FAMILIES, Counts, Engine, Settings, run_pope
 from ..readout import READOUTS, Question, load_questions
 from ..readout.records import json_lines
 from ..readout.protocols import FIRST_TOKEN, LOGIT
@@ -257,7 +255,7 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     for _ in range(cfg.repeat):
         # Every run starts cold: no records to resume (a kept --work-dir too), no cached image features.
         shutil.rmtree(records_dir, ignore_errors=True)
-        engine.cache, engine.timings, engine.counts = VisionCache(), Timings(), Counts()
+        engine.reset(clear_cache=True)
         start = time.perf_counter()
         result = run_pope(engine, questions, images, records_dir, progress=tick)
         if device.type == "cuda":

@@ -21,6 +21,7 @@ from PIL import Image
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
 from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
+from .plan import PromptLayout
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -148,3 +149,8 @@ class InstructBlipModel:
         """As InstructBlipProcessor builds them: the image tokens first, then the tokenized prompt
         with its BOS."""
         return [self.image_token_id] * num_image_tokens + list(self.tokenizer(prompt)["input_ids"])
+
+    def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
+        """The image tokens read the question, so no two prompts share a prefix: each runs whole."""
+        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), self.image_token_id,
+                               share_prefix=False)

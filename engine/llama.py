@@ -23,6 +23,7 @@ from torch import nn
 
 from ..kernels import PrefixRuns, gather_logits, prefix_attention, prefix_runs, resolve_backend, vocab_argmax
 from .layers import Rotary, apply_rotary, make_linear, rms_norm
+from .plan import TokenBatch
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,13 @@ class LlamaDims:
 
 @dataclass
 class PrefixKV:
-    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE applied,
-    and the position of the token after each prefix [G] (P, except under M-RoPE, where an image's
-    tokens advance the position by the longer side of its grid only)."""
+    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE
+    applied, and each prefix's image-token spans."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int
-    next_position: torch.Tensor
+    image_spans: list[tuple[tuple[int, int], ...]]
 
 
 @dataclass
@@ -116,8 +116,8 @@ class Intervention:
     images run together (computed once per image; layers 0 .. L-2, since the last layer's prefix
     output feeds nothing), part "suffix" a batch of question suffixes [B, S, H] (right-padded; rows
     grouped by image, and a batch may span images; for InstructBLIP, whose image tokens depend on the
-    question, whole prompts and no "prefix" part); return a tensor of the same shape to replace it,
-    or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
+    question, whole prompts and no "prefix" part), part "decode" one generated token per row [B, 1, H]
+    (string readouts only); return a tensor of the same shape to replace it, or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
     before the logit readouts decide; return the adjusted tensor or None. The first token and any
     continuation come from the model's own logits (hidden-state changes reach them, logit
     adjustments do not), so first_token and the text readouts ignore `logits`. Engine.score runs one
@@ -142,9 +142,11 @@ class DecoderLayer(nn.Module):
         self.gate_proj, self.up_proj, self.down_proj = (
             linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))
 
-    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, need_q: bool = True):
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, need_q: bool = True,
+            image: torch.Tensor | None = None):
         """x [B, S, H] → q [B, Hq, S, D] (None without need_q), k, v [B, Hkv, S, D] with RoPE applied
-        to q and k."""
+        to q and k. image [B, S] marks image positions, for layers that treat them apart (mPLUG-Owl2's);
+        a plain LLaMA layer does not."""
         b, s, _ = x.shape
         d = self.dims
         h = rms_norm(x, self.input_norm, d.rms_eps)
@@ -155,7 +157,7 @@ class DecoderLayer(nn.Module):
         q = self.q_proj(h).view(b, s, d.num_heads, d.head_dim).transpose(1, 2)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         """Residual + o_proj, then the MLP block. attn [B, Hq, S, D]."""
         b, _, s, _ = attn.shape
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
@@ -187,7 +189,8 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid):
 
 class LlamaLM(nn.Module):
     def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
-                 device: torch.device, quantize: bool, keep_packed: bool, quantize_lm_head: bool, kernels: str):
+                 device: torch.device, quantize: bool, keep_packed: bool, quantize_lm_head: bool, kernels: str,
+                 layer_class: type[DecoderLayer] = DecoderLayer):
         super().__init__()
         self.dims, self.dtype, self.device, self.kernels = dims, dtype, device, kernels
 
@@ -206,94 +209,73 @@ class LlamaLM(nn.Module):
             prefix = f"layers.{i}."
             own = {k[len(prefix):]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
             norms = {k: v.to(device=device, dtype=dtype) for k, v in own.items() if "layernorm" in k}
-            layers.append(DecoderLayer(dims, {**own, **norms}, linear))
+            layers.append(layer_class(dims, {**own, **norms}, linear))
         self.layers = nn.ModuleList(layers)
         self.rotary = Rotary(dims.head_dim, dims.rope_theta, device, dims.mrope_section)
 
-    def embed(self, ids: torch.Tensor, image_token_id: int | None = None,
+    def embed(self, ids: torch.Tensor, image_mask: torch.Tensor | None = None,
               features: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [L] → input embeddings [L, H]; with features (any shape [..., H], one row per image
-        token in order), the rows at image_token_id are the image's features instead."""
+        """ids [...] → input embeddings [..., H]; where image_mask is True the rows of features
+        [N, H] (one per image slot, in order) stand instead."""
         x = F.embedding(ids, self.embed_tokens)
-        if features is None:
+        if image_mask is None:
             return x
-        mask = ids == image_token_id
-        flat = features.reshape(-1, features.shape[-1])
-        if int(mask.sum()) != flat.shape[0]:
-            raise ValueError(f"{int(mask.sum())} image tokens in the prompt but {flat.shape[0]} image features")
-        x[mask] = flat.to(x.dtype)
+        if int(image_mask.sum()) != features.shape[0]:
+            raise ValueError(f"{int(image_mask.sum())} image tokens in the prompt but {features.shape[0]} image features")
+        x[image_mask] = features.to(x.dtype)
         return x
 
-    @torch.inference_mode()
-    def prefill_prefix(self, embeds: torch.Tensor, intervention: Intervention | None = None,
-                       positions: torch.Tensor | None = None) -> PrefixKV:
-        """embeds [G, P, H] (G image prefixes of one length) → their KV for every layer. The last
-        layer's queries, attention output and MLP are never needed (no prefix position is read out),
-        so the pass stops at its K and V; prefix hooks therefore see layers 0 .. L-2.
+    def rotary_of(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [S, D] (positions shared by every row) or [B, S, D]."""
+        if batch.positions.dim() == 3:
+            return self.rotary.cos_sin_3d(batch.positions, self.dtype)
+        return self.rotary.cos_sin(batch.positions, self.dtype)
 
-        positions: M-RoPE streams [3, G, P] (the model's), or None for 0 .. P-1."""
-        x = embeds.to(self.dtype)
-        g, p = x.shape[:2]
-        if positions is None:
-            cos, sin = self.rotary.cos_sin(torch.arange(p, device=self.device), self.dtype)
-            next_position = torch.full((g,), p, device=self.device)
-        else:
-            positions = positions.to(self.device)
-            cos, sin = self.rotary.cos_sin_3d(positions, self.dtype)  # [G, P, D]
-            next_position = positions.amax(dim=(0, 2)) + 1
+    @torch.inference_mode()
+    def prefill_prefix(self, batch: TokenBatch, intervention: Intervention | None = None) -> PrefixKV:
+        """G image prefixes of one length P → their KV for every layer. The last layer's queries,
+        attention output and MLP are never needed (no prefix position is read out), so the pass stops
+        at its K and V; prefix hooks therefore see layers 0 .. L-2."""
+        x = self.embed(batch.ids, batch.image_mask, batch.features)
+        cos, sin = self.rotary_of(batch)
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
-            q, k, v = layer.qkv(x, cos, sin, need_q=not last)
+            q, k, v = layer.qkv(x, cos, sin, need_q=not last, image=batch.image_mask)
             keys.append(k)
             values.append(v)
             if last:
                 break
-            attn = causal_attention(q, k, v)
-            x = layer.finish(x, attn)
+            x = layer.finish(x, causal_attention(q, k, v), image=batch.image_mask)
             x = _hook(intervention, i, x, "prefix")
-        return PrefixKV(keys, values, p, next_position)
+        return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans)
 
     @torch.inference_mode()
-    def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, embeds: torch.Tensor,
-                       lengths: torch.Tensor, intervention: Intervention | None = None,
-                       positions: torch.Tensor | None = None) -> tuple[torch.Tensor, SuffixKV]:
-        """embeds [B, S, H] right-padded question suffixes, lengths [B], row b continuing prefix
-        slot prefix_index[b] (rows grouped by slot) → the hidden state of each row's last token [B, H]
-        (before the final norm) and the suffixes' own KV.
-
-        With prefix None every row is a whole prompt (no reuse): the reference path for ablations;
-        there an M-RoPE model passes each prompt's position streams [3, B, S].
-        """
-        x = embeds.to(self.dtype)
-        b, s, _ = x.shape
-        lengths = lengths.to(self.device)
-        steps = torch.arange(s, device=self.device)
-        if positions is not None:
-            positions = positions.to(self.device)
-            cos, sin = self.rotary.cos_sin_3d(positions, self.dtype)
-            next_position = positions[0, torch.arange(b, device=self.device), lengths - 1] + 1
-        else:
-            start = prefix.next_position[torch.tensor(prefix_index, device=self.device)] if prefix is not None \
-                else torch.zeros(b, dtype=torch.long, device=self.device)
-            cos, sin = self.rotary.cos_sin(start[:, None] + steps, self.dtype)  # [B, S, D]
-            next_position = start + lengths
+    def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, batch: TokenBatch,
+                       intervention: Intervention | None = None) -> tuple[torch.Tensor, SuffixKV]:
+        """Right-padded question suffixes, row b continuing prefix slot prefix_index[b] (rows grouped
+        by slot) → the hidden state of each row's last token [B, H] (before the final norm) and the
+        suffixes' own KV. With prefix None every row is a whole prompt (InstructBLIP's, or the
+        no-reuse reference path)."""
+        x = self.embed(batch.ids, batch.image_mask, batch.features)
+        b = x.shape[0]
+        cos, sin = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
         grouped = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         keys, values = [], []
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(x, cos, sin)
+            q, k, v = layer.qkv(x, cos, sin, image=batch.image_mask)
             keys.append(k)
             values.append(v)
             if prefix is not None:  # one call for every image's rows: each run reads its prefix once
-                attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, lengths, backend=backend,
+                attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, batch.lengths, backend=backend,
                                         prefix_index=grouped)
             else:
                 attn = causal_attention(q, k, v)
-            x = layer.finish(x, attn)
+            x = layer.finish(x, attn, image=batch.image_mask)
             x = _hook(intervention, i, x, "suffix")
-        last = x[torch.arange(b, device=self.device), lengths - 1]
-        return last, SuffixKV(keys, values, lengths, next_position)
+        last = x[torch.arange(b, device=self.device), batch.lengths - 1]
+        return last, SuffixKV(keys, values, batch.lengths, batch.next_position)
 
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -303,14 +285,15 @@ class LlamaLM(nn.Module):
         near-ties (ties, once rounded to fp16/bf16) resolve as in the reference pipeline.
         """
         backend = resolve_backend(self.kernels, self.device)
-        h = rms_norm(last_hidden, self.norm, self.dims.rms_eps)
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        logits = gather_logits(h, self.lm_head.matrix, index, backend=backend).to(self.dtype).float()
-        return logits, vocab_argmax(h, self.lm_head.matrix, backend=backend, logits_dtype=self.dtype)
+        norm = dict(norm_weight=self.norm, eps=self.dims.rms_eps, backend=backend)  # the final norm, fused
+        logits = gather_logits(last_hidden, self.lm_head.matrix, index, **norm).to(self.dtype).float()
+        return logits, vocab_argmax(last_hidden, self.lm_head.matrix, **norm, logits_dtype=self.dtype)
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
-               first: torch.Tensor, steps: int, stop_ids: set[int]) -> torch.Tensor:
+               first: torch.Tensor, steps: int, stop_ids: set[int],
+               intervention: Intervention | None = None) -> torch.Tensor:
         """Greedy tokens after each row's prompt: [B, steps], starting with `first` [B] (the argmax at
         the answer position). Rows that emitted a stop id keep going but are cut by the caller, as
         transformers' generate pads them; the loop ends early once every row has stopped."""
@@ -344,8 +327,9 @@ class LlamaLM(nn.Module):
                                          prefix.values[i][g] if g is not None else empty,
                                          own_k[i][a:e], own_v[i][a:e], valid[a:e]) for g, a, e in runs]
                 x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
-            h = rms_norm(x[:, 0], self.norm, d.rms_eps)
-            nxt = vocab_argmax(h, self.lm_head.matrix, backend=backend, logits_dtype=self.dtype)
+                x = _hook(intervention, i, x, "decode")
+            nxt = vocab_argmax(x[:, 0], self.lm_head.matrix, self.norm, d.rms_eps, backend=backend,
+                               logits_dtype=self.dtype)
             tokens.append(nxt)
             done |= torch.isin(nxt, stops)
         return torch.stack(tokens, dim=1)

@@ -19,6 +19,7 @@ from .images import ClipPixels, checked_fast_path
 from .layers import make_linear, replace_linears
 from .llama import LlamaDims, LlamaLM
 from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
+from .plan import PromptLayout
 from .prompts import ExpandedPromptIds
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
@@ -206,3 +207,7 @@ class LlavaModel:
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
         """The prompt's token ids with the image marker expanded, as LlavaProcessor makes them."""
         return self._expand(prompt, num_image_tokens)
+
+    def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
+        """Every prompt of an image shares the tokens up to its last image token."""
+        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), self.image_token_id)

@@ -125,10 +125,11 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
             texts = [list(by_image[name]) for name in group]
             outputs = engine.run_images(list(zip(features, texts))) if step else []
             for name, image_texts, image_outputs in zip(group, texts, outputs):
-                for text, (first, logits, decoded) in zip(image_texts, image_outputs):
-                    predictions = engine.decide(logits, first, decoded)
-                    records += [make_record(q, engine.template.name, first_token_id=first,
-                                            candidate_logits=logits, decoded=decoded, predictions=predictions)
+                for text, result in zip(image_texts, image_outputs):
+                    predictions = engine.decide(result)
+                    records += [make_record(q, engine.template.name, first_token_id=result.first_token_id,
+                                            candidate_logits=result.candidate_logits, decoded=result.decoded,
+                                            predictions=predictions)
                                 for q in by_image[name][text]]
                 evaluated += len(image_texts)
             writer.write(records)

@@ -23,6 +23,7 @@ from .images import NativePixels, checked_fast_path
 from .layers import replace_linears
 from .llama import LlamaDims, LlamaLM
 from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
+from .plan import PromptLayout
 from .prompts import ExpandedPromptIds
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
@@ -132,6 +133,11 @@ class Qwen2VLModel:
         """The prompt's ids with its one image pad repeated num_image_tokens times, as the processor
         expands it."""
         return self._expand(prompt, num_image_tokens)
+
+    def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
+        """Prefix shared up to the last image token, as for LLaVA; positions are M-RoPE streams."""
+        ids = self.prompt_ids(prompt, self.image_tokens(features))
+        return PromptLayout.of(ids, self.image_token_id, positions=self.positions(ids, features))
 
     def positions(self, ids: list[int], features: torch.Tensor) -> torch.Tensor:
         """M-RoPE position streams [3, len(ids)] of a prompt holding one image: text before it counts
