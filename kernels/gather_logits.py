@@ -11,7 +11,7 @@ them to fp16/bf16 as well; these stay fp32.
 """
 import torch
 
-from . import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
+from .common import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
 from .nf4 import NF4Weight, check_nf4, dequantize_rows_ref, nf4_pointers, nf4_row_block, nf4_values
 
 ARGMAX_CHUNK_ROWS = 8192  # rows of the weight the reference turns into logits at a time

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from . import on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
+from .common import on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
 
 OUTPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

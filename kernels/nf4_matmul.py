@@ -9,7 +9,7 @@ the fp32 sums differs from cuBLAS.
 """
 import torch
 
-from . import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
+from .common import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
 from .nf4 import NF4Weight, check_nf4, dequantize_nf4_ref, nf4_pointers, nf4_row_block, nf4_values
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)

@@ -14,14 +14,13 @@ registers. Several prefixes are one launch: a third grid axis walks the runs. Pa
 cannot touch valid rows.
 
 Without a kernel (CPU) the torch path computes the same softmax in a few batched ops for all runs
-at once (rows padded to the longest run), not one reference call per prefix: per image batch of
-the 60-question CPU benchmark that was ~20 small-op calls per layer.
+at once (rows padded to the longest run), not one reference call per prefix.
 """
 import math
 
 import torch
 
-from . import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
+from .common import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 

@@ -103,7 +103,7 @@ def test_unknown_backend_is_refused():
 
 
 def test_auto_backend_is_triton_on_cuda_when_compiled(monkeypatch):
-    monkeypatch.setattr(kernels, "_INTERPRETED", False)
+    monkeypatch.setattr(kernels.common, "_INTERPRETED", False)
     assert resolve_backend("auto", torch.device("cuda")) == "triton"
     assert resolve_backend("auto", torch.device("cpu")) == "torch"
 
