@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 from transformers.image_processing_utils import select_best_resolution
-from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
 
 class ImageError(ValueError):
@@ -44,9 +43,7 @@ def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
     """The file's bytes; with verify, proven to be a whole image without decoding it where the format
     allows: a JPEG whose header parses and that ends with its end-of-image marker, a PNG whose chunks all pass
     their CRCs. Anything else (a JPEG with bytes after the marker, other formats) is decoded once,
-    JPEGs in draft mode (every entropy-coded byte is still read, so a truncated file fails). The
-    draft decode cost ~1 ms per COCO image, a third of the CPU time the sweep spends per image
-    outside the model on the 2-core machine."""
+    JPEGs in draft mode (every entropy-coded byte is still read, so a truncated file fails)."""
     path = Path(path)
     try:
         data = path.read_bytes()
@@ -111,8 +108,7 @@ def normalize_table(rescale_factor: float, mean, std) -> np.ndarray:
 
 class ClipPixels:
     """transformers' PIL-backend CLIP processor (shortest edge resized with PIL, centre crop, rescale,
-    normalize) with the same values in ~60% of the time (2.7 vs 4.2 ms per COCO-sized image on the CPU
-    machine): the same PIL resize, then one lookup per pixel into a table that maps each uint8 value to
+    normalize) with the same values, faster (bench/RESULTS.md): the same PIL resize, then one lookup per pixel into a table that maps each uint8 value to
     its normalized float32, computed as the processor computes it (float64 rescale, float32 cast, float32
     (x - mean) / std), instead of three full-image float passes."""
 
@@ -154,8 +150,7 @@ class ClipPixels:
 class AnyresPixels:
     """transformers' PIL-backend LLaVA-NeXT processor (the image resized to fit its best pinpoint
     resolution and padded with zeros, cut into crops, after a base view resized to one crop) with the
-    same values in ~55% of the time (10 vs 18 ms for a 640 x 480 image, 5 crops, on the CPU machine):
-    the same PIL resizes and the same zero padding, then one table lookup per pixel as in ClipPixels,
+    same values, faster (bench/RESULTS.md): the same PIL resizes and the same zero padding, then one table lookup per pixel as in ClipPixels,
     instead of a processor pass per crop (whose own resize and centre crop leave a crop-sized crop
     unchanged). LlavaNextModel checks it against the processor at load, as LlavaModel does ClipPixels."""
 
@@ -206,13 +201,15 @@ class AnyresPixels:
 class NativePixels:
     """transformers' PIL-backend Qwen2-VL processor (resized to multiples of patch x merge within its
     pixel budget, rescaled, normalized, cut into flattened patches of two identical frames) with the
-    same values in under half the time (~5 vs ~12 ms for 640 x 480 on the CPU machine): the same PIL
-    resize, then the uint8 pixels laid out in the processor's patch order (merge groups of patches,
+    same values, faster (bench/RESULTS.md): the same PIL resize, then the uint8 pixels laid out in the processor's patch order (merge groups of patches,
     channel, frame, row, column) and one table lookup per value written straight into that layout,
     instead of float passes over the image and a float copy per layout step."""
 
     def __init__(self, processor):
-        self.processor = processor
+        # A private transformers module: imported where a Qwen2-VL processor is in use, not by every family.
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        self.processor, self.smart_resize = processor, smart_resize
         self.lookup = normalize_table(processor.rescale_factor, processor.image_mean, processor.image_std)
 
     @classmethod
@@ -229,7 +226,7 @@ class NativePixels:
         p = self.processor
         size, merge, frames = p.patch_size, p.merge_size, p.temporal_patch_size
         image = to_rgb(image)
-        height, width = smart_resize(image.height, image.width, factor=size * merge,
+        height, width = self.smart_resize(image.height, image.width, factor=size * merge,
                                      min_pixels=p.size.shortest_edge, max_pixels=p.size.longest_edge)
         pixels = np.asarray(image.resize((width, height), resample=int(p.resample))).transpose(2, 0, 1)
         rows, cols = height // size, width // size

@@ -152,7 +152,7 @@ class LlavaModel:
         converts to RGB and pads to a square with the mean colour, as original LLaVA does.
 
         NumPy, not torch: sweeps run this in background threads, and torch ops there would start a
-        second OpenMP team that spins against the model's threads (measured: 20× slower on 2 cores)."""
+        second OpenMP team that spins against the model's threads."""
         if self.settings.image_aspect == "pad":
             image = image.convert("RGB")
             mean = tuple(int(c * 255) for c in self.image_processor.image_mean)  # LLaVA's expand2square truncates

@@ -7,7 +7,7 @@ class ExpandedPromptIds:
     """The prompt's token ids with its one image placeholder repeated num_image_tokens times, as the
     processors make them: the expanded text through the tokenizer, specials added.
 
-    That text is kilobytes of placeholders (~0.35 ms per LLaVA prompt to tokenize); tokenizing the
+    That text is kilobytes of placeholders, slow to tokenize once per prompt; tokenizing the
     prompt with one placeholder and repeating its id gives the same ids (the placeholder is a special
     token, split out before anything else sees the text). Whether it does is checked against the full
     tokenization once per template context and token count, and the full path is kept where it does
