@@ -47,6 +47,11 @@ def _decide(entry: Entry, name: str, records: RecordSet) -> str:
     return entry.stored[name]
 
 
+def question_order(entry: Entry) -> tuple:
+    """Numeric question ids in numeric order, then any others by their text."""
+    return (0, int(entry.key), "") if entry.key.isdigit() else (1, 0, entry.key)
+
+
 def predictions(records: RecordSet, name: str, entries: list[Entry] | None = None) -> list[str]:
     return [_decide(e, name, records) for e in (records.entries if entries is None else entries)]
 
@@ -61,7 +66,9 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
     runs = []
     splits = list(dict.fromkeys(e.split for e in records.entries))
     for split in splits:
-        entries = [e for e in records.entries if e.split == split]
+        # In question order, not file order: the bootstrap draws question indices, so a shuffled,
+        # resumed or merged record file must give the same interval.
+        entries = sorted((e for e in records.entries if e.split == split), key=question_order)
         labels = [e.label for e in entries]
         decided, unavailable = {}, {}
         for name in names:

@@ -163,3 +163,28 @@ def test_line_separators_inside_strings_keep_records_readable(tmp_path):
     assert "\u2028" in (tmp_path / "records.jsonl").read_text()
     assert [e.decoded for e in read_records(tmp_path).entries] == ["Yes\u2028there is\u00850", "Yes\u2028there is\u00851"]
     assert len(RecordWriter(tmp_path).open()) == 2
+
+
+def test_bootstrap_interval_does_not_depend_on_record_order(tmp_path):
+    """The same records in another order (a resumed or merged run writes them so) give the same
+    interval: resampling draws question indices, so the entries are put in question order first."""
+    import random
+
+    sets = {"legacy_2tok": TokenSets((5,), (6,))}
+    rng = random.Random(3)
+    records = []
+    for i in range(1, 41):
+        logits = {5: rng.gauss(0, 1), 6: rng.gauss(0, 1)}
+        q = Question(i, f"img{i // 6}.jpg", "Is there a dog?", "yes" if i % 2 else "no", "random")
+        records.append(make_record(q, "llava_plain", first_token_id=5, candidate_logits=logits))
+    intervals = []
+    for name, order in (("sorted", records), ("shuffled", rng.sample(records, len(records)))):
+        folder = tmp_path / name
+        folder.mkdir()
+        write_meta(folder, {"token_sets": {n: s.to_json() for n, s in sets.items()}})
+        with RecordWriter(folder) as w:
+            w.write(order)
+        [run] = score_records(read_records(folder), ["legacy_2tok"], seed=7, resamples=200)
+        intervals.append(run["readouts"]["legacy_2tok"]["f1_ci95"])
+    assert intervals[0] == intervals[1]
+    assert intervals[0][0] < intervals[0][1]  # a real interval, not a degenerate one that any order gives
