@@ -1,8 +1,6 @@
-"""Benchmarks and the built-in synthetic models and data they (and the demo) run on."""
-from .synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
-                        write_llava_next_checkpoint, write_qwen2_vl_checkpoint, write_question_file)
+"""Benchmarks: pope-fast against the paper's transformers pipeline (`throughput`) and the kernels
+against their baselines (`kernels`). The built-in checkpoints and data they run on live in
+`pope_fast.engine.synthetic`, shared with the demo and the tests."""
 from .throughput import SEED_FAMILIES, BenchConfig, format_report, run_bench
 
-__all__ = ["builtin_questions", "write_images", "write_instructblip_checkpoint", "write_llava_checkpoint",
-           "write_llava_next_checkpoint", "write_qwen2_vl_checkpoint", "write_question_file", "SEED_FAMILIES",
-           "BenchConfig", "format_report", "run_bench"]
+__all__ = ["SEED_FAMILIES", "BenchConfig", "format_report", "run_bench"]

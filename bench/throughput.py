@@ -23,7 +23,7 @@ from ..engine import FAMILIES, Counts, Engine, Settings, run_pope
 from ..readout import READOUTS, Question, load_questions
 from ..readout.records import json_lines
 from ..readout.protocols import FIRST_TOKEN, LOGIT
-from .synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
+from ..engine.synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
                         write_llava_next_checkpoint, write_qwen2_vl_checkpoint)
 
 # Every seed model family of the project; the engine supports those in engine.FAMILIES.

@@ -130,7 +130,7 @@ def _demo_inputs(out_dir, question_files, images_dir, n_questions, split):
     """The built-in tiny model, questions and synthetic images for a run without --model."""
     import torch
 
-    from .bench import builtin_questions, write_images, write_llava_checkpoint
+    from .engine.synthetic import builtin_questions, write_images, write_llava_checkpoint
     from .readout import load_questions
 
     demo = out_dir / "demo"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pope_fast.bench.synthetic import builtin_questions, synthetic_image, write_llava_checkpoint
+from pope_fast.engine.synthetic import builtin_questions, synthetic_image, write_llava_checkpoint
 from pope_fast.engine import Engine, Settings
 
 QUESTIONS = [q.text for q in builtin_questions(4)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from pope_fast.bench.synthetic import builtin_tokenizer, synthetic_image
+from pope_fast.engine.synthetic import builtin_tokenizer, synthetic_image
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
@@ -122,7 +122,7 @@ def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidd
                               InstructBlipForConditionalGeneration, InstructBlipProcessor, InstructBlipQFormerConfig,
                               InstructBlipVisionConfig, LlamaConfig)
 
-    from pope_fast.bench.synthetic import builtin_bert_tokenizer
+    from pope_fast.engine.synthetic import builtin_bert_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -164,7 +164,7 @@ def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: 
     tokenizer is Qwen2-VL's from ../shared when it is there."""
     from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
 
-    from pope_fast.bench.synthetic import builtin_qwen2_tokenizer
+    from pope_fast.engine.synthetic import builtin_qwen2_tokenizer
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
