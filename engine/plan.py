@@ -57,6 +57,13 @@ class PromptLayout:
 
 def image_runs(ids: list[int] | tuple[int, ...], image_token_id: int) -> tuple[tuple[int, int], ...]:
     """[start, end) of each maximal run of image_token_id in ids."""
+    ids = tuple(ids)
+    count = ids.count(image_token_id)
+    if not count:
+        return ()
+    first = ids.index(image_token_id)
+    if ids[first:first + count] == (image_token_id,) * count:  # one run, as every family lays it out: no loop
+        return ((first, first + count),)
     runs, start = [], None
     for i, t in enumerate(ids):
         if t == image_token_id and start is None:
