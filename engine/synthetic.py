@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -197,11 +198,11 @@ def builtin_bert_tokenizer(folder: Path):
     return fast
 
 
-def _tokenizer(folder: Path, tokenizer_dir: Path | None):
+def _tokenizer(folder: Path, tokenizer_dir: Path | None, builtin=builtin_tokenizer):
     from transformers import AutoTokenizer
 
     if tokenizer_dir is None:
-        return builtin_tokenizer(folder)
+        return builtin(folder)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True)
     tok.save_pretrained(str(folder))
     return tok
@@ -215,115 +216,156 @@ def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dty
     return (torch.randn(shape, generator=generator, device=device) * std).to(dtype)
 
 
-def write_llava_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None, seed: int = 0,
-                           std: float = 0.02, dtype=torch.float16, device: str = "cpu",
-                           shard_bytes: int = 2 << 30) -> Path:
-    """A random-weight llava-hf LLaVA-1.5 checkpoint at `size` dimensions (see _write_checkpoint)."""
+@dataclass
+class Weights:
+    """How a builder fills a checkpoint. "stream" (the demo and bench): random tensors written shard by
+    shard, so a 7B checkpoint never sits in memory; norms one, biases zero, the rest N(0, std).
+    "model" (the tests): the transformers class built under `seed`, then every parameter whose rank is
+    in `spread_ranks` drawn from N(0, std), then `extra` parameters from N(0, their std); saved with
+    save_pretrained (generation_config included)."""
+
+    init: str = "stream"
+    seed: int = 0
+    std: float = 0.02
+    dtype: torch.dtype = torch.float16
+    device: str = "cpu"
+    shard_bytes: int = 2 << 30
+    spread_ranks: tuple[int, ...] = (2,)
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def write_llava_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                           weights: Weights | None = None, **stream) -> Path:
+    """A random-weight llava-hf LLaVA-1.5 checkpoint. dims: a LLAVA_DIMS name or a dict of its shape
+    (vision, text, and optional top-level `config` kwargs); keyword arguments are Weights fields."""
     from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
 
-    dims = _dims(LLAVA_DIMS, size)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    dims, folder = _dims(LLAVA_DIMS, dims), _folder(folder)
     tok = _tokenizer(folder, tokenizer_dir)
     config = LlavaConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
-                         text_config=LlamaConfig(**dims["text"], bos_token_id=1, eos_token_id=2),
-                         image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
+                         text_config=LlamaConfig(**_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2),
+                         image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
+                         **dims.get("config", {}))
     image_size = dims["vision"]["image_size"]
     processor = LlavaProcessor(
         image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
                                            crop_size={"height": image_size, "width": image_size}),
         tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
         num_additional_image_tokens=1)
-    return _write_checkpoint(folder, config, LlavaForConditionalGeneration, processor, seed=seed, std=std,
-                             dtype=dtype, device=device, shard_bytes=shard_bytes)
+    return _write(folder, config, LlavaForConditionalGeneration, processor, weights or Weights(**stream))
 
 
-def write_llava_next_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None,
-                                seed: int = 0, std: float = 0.02, dtype=torch.float16, device: str = "cpu",
-                                shard_bytes: int = 2 << 30) -> Path:
-    """A random-weight llava-hf LLaVA-1.6-Mistral checkpoint: LLaVA-1.5's tower at `size`, a Mistral
-    language model, the 336-px anyres pinpoints (a 640 x 480 COCO image: 5 crops, 2,340 image tokens)."""
+def write_llava_next_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                                weights: Weights | None = None, **stream) -> Path:
+    """A random-weight llava-hf LLaVA-1.6-Mistral checkpoint: LLaVA-1.5's tower, a Mistral language
+    model and anyres pinpoints (`tiny`/`7b`: the 336-px ones, a 640 x 480 COCO image is 5 crops,
+    2,340 image tokens)."""
     from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
                               LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
 
-    dims = _dims(LLAVA_NEXT_DIMS, size)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    dims, folder = _dims(LLAVA_NEXT_DIMS, dims), _folder(folder)
     tok = _tokenizer(folder, tokenizer_dir)
+    pinpoints = dims.get("pinpoints", ANYRES_PINPOINTS)
     config = LlavaNextConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
-                             text_config=MistralConfig(**dims["text"], bos_token_id=1, eos_token_id=2),
+                             text_config=MistralConfig(**_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2),
                              image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
-                             image_grid_pinpoints=ANYRES_PINPOINTS)
+                             image_grid_pinpoints=pinpoints, **dims.get("config", {}))
     image_size = dims["vision"]["image_size"]
     processor = LlavaNextProcessor(
         image_processor=LlavaNextImageProcessor(size={"shortest_edge": image_size},
                                                 crop_size={"height": image_size, "width": image_size},
-                                                image_grid_pinpoints=ANYRES_PINPOINTS),
+                                                image_grid_pinpoints=pinpoints),
         tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
         num_additional_image_tokens=1)
-    return _write_checkpoint(folder, config, LlavaNextForConditionalGeneration, processor, seed=seed, std=std,
-                             dtype=dtype, device=device, shard_bytes=shard_bytes)
+    return _write(folder, config, LlavaNextForConditionalGeneration, processor, weights or Weights(**stream))
 
 
-def write_instructblip_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None,
-                                  seed: int = 0, std: float = 0.02, dtype=torch.float16, device: str = "cpu",
-                                  shard_bytes: int = 2 << 30) -> Path:
-    """A random-weight InstructBLIP-Vicuna checkpoint at `size` dimensions, with the built-in BERT-like
-    tokenizer for its Q-Former."""
+def write_instructblip_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                                  qformer_tokenizer_dir: Path | None = None, weights: Weights | None = None,
+                                  **stream) -> Path:
+    """A random-weight InstructBLIP-Vicuna checkpoint; the Q-Former's tokenizer is qformer_tokenizer_dir's
+    (bert-base-uncased) or the built-in BERT-like one."""
     from transformers import (BlipImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
                               InstructBlipProcessor, InstructBlipQFormerConfig, InstructBlipVisionConfig,
                               LlamaConfig)
 
-    dims = _dims(INSTRUCTBLIP_DIMS, size)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    dims, folder = _dims(INSTRUCTBLIP_DIMS, dims), _folder(folder)
     tok = _tokenizer(folder, tokenizer_dir)
-    qformer_tok = builtin_bert_tokenizer(folder / "qformer_tokenizer")
-    text = dict(dims["text"], vocab_size=max(dims["text"]["vocab_size"], len(tok)))
+    qformer_tok = _tokenizer(folder / "qformer_tokenizer", qformer_tokenizer_dir, builtin_bert_tokenizer)
     config = InstructBlipConfig(
         vision_config=InstructBlipVisionConfig(**dims["vision"]).to_dict(),
         qformer_config=InstructBlipQFormerConfig(**dims["qformer"], vocab_size=len(qformer_tok),
                                                  pad_token_id=qformer_tok.pad_token_id).to_dict(),
-        text_config=LlamaConfig(**text, bos_token_id=1, eos_token_id=2).to_dict(),
-        num_query_tokens=dims["queries"], image_token_index=tok.convert_tokens_to_ids("<image>"))
+        text_config=LlamaConfig(**_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2).to_dict(),
+        num_query_tokens=dims["queries"], image_token_index=tok.convert_tokens_to_ids("<image>"),
+        **dims.get("config", {}))
     side = dims["vision"]["image_size"]
     processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": side, "width": side}),
                                       tokenizer=tok, qformer_tokenizer=qformer_tok, num_query_tokens=dims["queries"])
-    return _write_checkpoint(folder, config, InstructBlipForConditionalGeneration, processor, seed=seed, std=std,
-                             dtype=dtype, device=device, shard_bytes=shard_bytes)
+    return _write(folder, config, InstructBlipForConditionalGeneration, processor, weights or Weights(**stream))
 
 
-def write_qwen2_vl_checkpoint(folder: Path, size: str = "tiny", *, tokenizer_dir: Path | None = None,
-                              seed: int = 0, std: float = 0.02, dtype=torch.float16, device: str = "cpu",
-                              shard_bytes: int = 2 << 30) -> Path:
-    """A random-weight Qwen2-VL checkpoint at `size` dimensions with the processor's default pixel
-    budget; the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad, else the built-in one."""
+def write_qwen2_vl_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                              weights: Weights | None = None, **stream) -> Path:
+    """A random-weight Qwen2-VL checkpoint (the processor's default pixel budget unless dims'
+    `processor` says otherwise); the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad,
+    else the built-in one."""
     from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
 
-    dims = _dims(QWEN2_VL_DIMS, size)
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
+    dims, folder = _dims(QWEN2_VL_DIMS, dims), _folder(folder)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
     if tok is None or tok.convert_tokens_to_ids("<|image_pad|>") in (None, tok.unk_token_id):
         tok = builtin_qwen2_tokenizer(folder)
     special = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    text = dict(dims["text"], vocab_size=max(dims["text"]["vocab_size"], len(tok)), bos_token_id=None,
-                eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+    text = dict(_vocab(dims["text"], tok), bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
     config = Qwen2VLConfig(text_config=text, vision_config=dict(dims["vision"], patch_size=14, spatial_merge_size=2,
                                                                temporal_patch_size=2, in_channels=3),
                            image_token_id=special["<|image_pad|>"], vision_start_token_id=special["<|vision_start|>"],
                            vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)
     tok.save_pretrained(str(folder))
     # Saved apart: Qwen2VLProcessor also wants a video processor, which needs torchvision.
-    return _write_checkpoint(folder, config, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor(), seed=seed,
-                             std=std, dtype=dtype, device=device, shard_bytes=shard_bytes)
+    processor = Qwen2VLImageProcessor(**dims.get("processor", {}))
+    return _write(folder, config, Qwen2VLForConditionalGeneration, processor, weights or Weights(**stream))
 
 
-def _dims(table: dict, size: str) -> dict:
-    if size not in table:
+def _dims(table: dict, dims: str | dict) -> dict:
+    if isinstance(dims, dict):
+        return dims
+    if dims not in table:
         raise ValueError(f"size must be one of {', '.join(table)}")
-    return table[size]
+    return table[dims]
+
+
+def _folder(folder: Path) -> Path:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def _vocab(text: dict, tok) -> dict:
+    """The text config with at least one lm_head row per token (the tables pad LLaMA's to 32,064, as
+    llava-hf does, so the legacy readouts' fixed ids are rows whichever tokenizer stands in)."""
+    return dict(text, vocab_size=max(text["vocab_size"], len(tok)))
+
+
+def _write(folder: Path, config, model_class, processor, weights: Weights) -> Path:
+    if weights.init == "stream":
+        return _write_checkpoint(folder, config, model_class, processor, seed=weights.seed, std=weights.std,
+                                 dtype=weights.dtype, device=weights.device, shard_bytes=weights.shard_bytes)
+    if weights.init != "model":
+        raise ValueError(f"init must be stream or model, not {weights.init!r}")
+    torch.manual_seed(weights.seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() in weights.spread_ranks:
+                p.normal_(0.0, weights.std)
+        for name, std in weights.extra.items():
+            model.get_parameter(name).normal_(0.0, std)
+    model.to(weights.dtype).save_pretrained(str(folder))
+    processor.save_pretrained(str(folder))
+    return folder
 
 
 def _write_checkpoint(folder: Path, config, model_class, processor, *, seed: int, std: float, dtype, device: str,

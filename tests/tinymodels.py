@@ -1,7 +1,8 @@
-"""Tiny random checkpoints written by transformers, and synthetic images, for the engine tests.
+"""The engine tests' tiny random checkpoints (the shared builders of `pope_fast.engine.synthetic` at
+test dimensions, weights through the transformers class), synthetic POPE sets and oracle helpers.
 
-The LLaVA tokenizer is the real LLaVA-1.5 one from ../shared when it is there; elsewhere the built-in
-word-level tokenizer of `pope_fast.bench.synthetic` stands in, so these tests run on any clone.
+The tokenizers are the real ones from ../shared when they are there; elsewhere the built-in
+word-level ones stand in, so these tests run on any clone.
 """
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from pathlib import Path
 
 import torch
 
-from pope_fast.engine.synthetic import builtin_tokenizer, synthetic_image
+from pope_fast.engine.synthetic import (Weights, synthetic_image, write_instructblip_checkpoint,
+                                       write_llava_checkpoint, write_llava_next_checkpoint, write_qwen2_vl_checkpoint)
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
@@ -21,14 +23,8 @@ QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", 
              "Is there a traffic light in the image?"]
 
 
-def llava_tokenizer(folder: Path, builtin: bool = False, shared: Path = SHARED_LLAVA_TOKENIZER):
-    from transformers import AutoTokenizer
-
-    if shared.is_dir() and not builtin:
-        tok = AutoTokenizer.from_pretrained(str(shared))
-        tok.save_pretrained(str(folder))
-        return tok
-    return builtin_tokenizer(folder)
+def _shared(folder: Path, builtin: bool) -> Path | None:
+    return folder if folder.is_dir() and not builtin else None
 
 
 def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers: int = 2, kv_heads: int = 2,
@@ -38,38 +34,17 @@ def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers
 
     vocab_size: lm_head rows (default 32064, at least the tokenizer's length).
     init_std is larger than transformers' 0.02 so the random model's logits spread out and yes/no
-    decisions are not coin-flips decided in the last bit.
+    decisions are not coin-flips decided in the last bit (the lm_head rows too, so answers vary
+    between questions).
     """
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor)
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = llava_tokenizer(folder, builtin_tokenizer)
-    image_id = tok.convert_tokens_to_ids("<image>")
-    # Padded past the tokenizer as llava-hf's is (32064 rows for 32002 tokens), so the legacy readouts'
-    # fixed ids are rows here whichever tokenizer stands in; vocab_size overrides it.
-    vocab = vocab_size or max(len(tok), 32064)
-    vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
-                              num_attention_heads=4, image_size=image_size, patch_size=14, projection_dim=vision_hidden)
-    text = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=vocab,
-                       max_position_embeddings=2048, initializer_range=init_std, bos_token_id=1, eos_token_id=2)
-    config = LlavaConfig(vision_config=vision, text_config=text, image_token_index=image_id,
-                         pad_token_id=tok.pad_token_id, initializer_range=init_std, vision_feature_layer=feature_layer)
-    torch.manual_seed(seed)
-    model = LlavaForConditionalGeneration(config).eval()
-    with torch.no_grad():  # spread the lm_head rows too, so answers vary between questions
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, init_std)
-    model.to(dtype).save_pretrained(str(folder))
-    processor = LlavaProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
-                                           crop_size={"height": image_size, "width": image_size}),
-        tokenizer=tok, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)
-    processor.save_pretrained(str(folder))
-    return folder
+    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
+                            num_attention_heads=4, image_size=image_size, patch_size=14, projection_dim=vision_hidden),
+                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=vocab_size or 32064,
+                          max_position_embeddings=2048, initializer_range=init_std),
+                config=dict(initializer_range=init_std, vision_feature_layer=feature_layer))
+    return write_llava_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
+                                  weights=Weights("model", seed=seed, std=init_std, dtype=dtype))
 
 
 # Crops of 28 px, 2 x 2 patches each: every grid shape and both unpad directions at test sizes.
@@ -81,36 +56,16 @@ def make_tiny_llava_next(folder: Path, *, seed: int = 0, layers: int = 2, kv_hea
                          builtin_tokenizer: bool = False) -> Path:
     """A random LLaVA-NeXT checkpoint (CLIP tower, Mistral language model) with its processor files;
     the tokenizer is LLaVA-1.6-Mistral's from ../shared when it is there."""
-    from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
-                              LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = llava_tokenizer(folder, builtin_tokenizer, SHARED_MISTRAL_TOKENIZER)
-    image_id = tok.convert_tokens_to_ids("<image>")
-    vision = CLIPVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
-                              num_attention_heads=4, image_size=28, patch_size=14, projection_dim=vision_hidden)
-    text = MistralConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                         num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=max(len(tok), 32064),
-                         max_position_embeddings=2048, initializer_range=init_std, bos_token_id=1, eos_token_id=2,
-                         sliding_window=None, rope_theta=1e6)
-    config = LlavaNextConfig(vision_config=vision, text_config=text, image_token_index=image_id,
-                             image_grid_pinpoints=TINY_PINPOINTS, pad_token_id=tok.pad_token_id,
-                             initializer_range=init_std)
-    torch.manual_seed(seed)
-    model = LlavaNextForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() == 2:
-                p.normal_(0.0, init_std)
-        model.model.image_newline.normal_(0.0, 0.5)
-    model.to(dtype).save_pretrained(str(folder))
-    processor = LlavaNextProcessor(
-        image_processor=LlavaNextImageProcessor(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
-                                                image_grid_pinpoints=TINY_PINPOINTS),
-        tokenizer=tok, patch_size=14, vision_feature_select_strategy="default", num_additional_image_tokens=1)
-    processor.save_pretrained(str(folder))
-    return folder
+    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
+                            num_attention_heads=4, image_size=28, patch_size=14, projection_dim=vision_hidden),
+                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=32064,
+                          max_position_embeddings=2048, initializer_range=init_std, sliding_window=None,
+                          rope_theta=1e6),
+                pinpoints=TINY_PINPOINTS, config=dict(initializer_range=init_std))
+    return write_llava_next_checkpoint(
+        folder, dims, tokenizer_dir=_shared(SHARED_MISTRAL_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, extra={"model.image_newline": 0.5}))
 
 
 def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_hidden: int = 32,
@@ -118,43 +73,19 @@ def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidd
                            builtin_tokenizer: bool = False) -> Path:
     """A random InstructBLIP checkpoint (EVA-style ViT of 28 px, 2-layer Q-Former, LLaMA) with its
     processor files; the tokenizers are Vicuna's and bert-base-uncased from ../shared when there."""
-    from transformers import (AutoTokenizer, BlipImageProcessor, InstructBlipConfig,
-                              InstructBlipForConditionalGeneration, InstructBlipProcessor, InstructBlipQFormerConfig,
-                              InstructBlipVisionConfig, LlamaConfig)
-
-    from pope_fast.engine.synthetic import builtin_bert_tokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = llava_tokenizer(folder, builtin_tokenizer)
-    if SHARED_BERT_TOKENIZER.is_dir() and not builtin_tokenizer:
-        qformer_tok = AutoTokenizer.from_pretrained(str(SHARED_BERT_TOKENIZER))
-    else:
-        qformer_tok = builtin_bert_tokenizer(folder / "qformer_tokenizer_source")
-    vision = InstructBlipVisionConfig(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
-                                      num_hidden_layers=2, num_attention_heads=4, image_size=28, patch_size=14)
-    qformer = InstructBlipQFormerConfig(vocab_size=len(qformer_tok), hidden_size=qformer_hidden,
-                                        num_hidden_layers=2, num_attention_heads=4,
-                                        intermediate_size=2 * qformer_hidden, encoder_hidden_size=vision_hidden,
-                                        pad_token_id=qformer_tok.pad_token_id)
-    text = LlamaConfig(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                       num_attention_heads=4, num_key_value_heads=4, vocab_size=max(len(tok), 32064),
-                       max_position_embeddings=2048, initializer_range=init_std, bos_token_id=1, eos_token_id=2)
-    config = InstructBlipConfig(vision_config=vision.to_dict(), qformer_config=qformer.to_dict(),
-                                text_config=text.to_dict(), num_query_tokens=queries,
-                                image_token_index=tok.convert_tokens_to_ids("<image>"), initializer_range=init_std)
-    torch.manual_seed(seed)
-    model = InstructBlipForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, init_std)
-        model.query_tokens.normal_(0.0, 0.5)
-    model.to(dtype).save_pretrained(str(folder))
-    processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": 28, "width": 28}),
-                                      tokenizer=tok, qformer_tokenizer=qformer_tok, num_query_tokens=queries)
-    processor.save_pretrained(str(folder))
-    return folder
+    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
+                            num_attention_heads=4, image_size=28, patch_size=14),
+                qformer=dict(hidden_size=qformer_hidden, num_hidden_layers=2, num_attention_heads=4,
+                             intermediate_size=2 * qformer_hidden, encoder_hidden_size=vision_hidden),
+                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=4, vocab_size=32064,
+                          max_position_embeddings=2048, initializer_range=init_std),
+                queries=queries, config=dict(initializer_range=init_std))
+    return write_instructblip_checkpoint(
+        folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
+        qformer_tokenizer_dir=_shared(SHARED_BERT_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
+                        extra={"query_tokens": 0.5}))
 
 
 def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_dim: int = 32,
@@ -162,39 +93,16 @@ def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: 
     """A random Qwen2-VL checkpoint (2-block native-resolution ViT, 2-layer Qwen2 with M-RoPE sections
     [2, 3, 3] of its 8 frequencies) whose processor keeps images between 4 and 30 merged tokens; the
     tokenizer is Qwen2-VL's from ../shared when it is there."""
-    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
-
-    from pope_fast.engine.synthetic import builtin_qwen2_tokenizer
-
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    if SHARED_QWEN2_TOKENIZER.is_dir() and not builtin_tokenizer:
-        tok = AutoTokenizer.from_pretrained(str(SHARED_QWEN2_TOKENIZER))
-    else:
-        tok = builtin_qwen2_tokenizer(folder / "tokenizer_source")
-    ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    text = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers, num_attention_heads=4,
-                num_key_value_heads=2, vocab_size=max(len(tok), 32064), max_position_embeddings=4096, rope_theta=1e6,
-                rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]}, initializer_range=init_std,
-                bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-    vision = dict(depth=2, embed_dim=vision_dim, hidden_size=hidden, num_heads=4, mlp_ratio=2, patch_size=14,
-                  spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
-    config = Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
-                           vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"],
-                           tie_word_embeddings=False)
-    torch.manual_seed(seed)
-    model = Qwen2VLForConditionalGeneration(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.normal_(0.0, init_std)
-    model.to(dtype).save_pretrained(str(folder))
-    # The tokenizer and image processor as the hub checkpoint ships them; Qwen2VLProcessor itself
-    # also wants a video processor, which needs torchvision.
-    Qwen2VLImageProcessor(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
-                          temporal_patch_size=2).save_pretrained(str(folder))
-    tok.save_pretrained(str(folder))
-    return folder
+    dims = dict(vision=dict(depth=2, embed_dim=vision_dim, hidden_size=hidden, num_heads=4, mlp_ratio=2),
+                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096,
+                          rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                          initializer_range=init_std),
+                processor=dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
+                               temporal_patch_size=2))
+    return write_qwen2_vl_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer),
+                                     weights=Weights("model", seed=seed, std=init_std, dtype=dtype,
+                                                     spread_ranks=(2, 3, 4, 5)))
 
 
 def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50, 120)), splits=("random", "adversarial"),
