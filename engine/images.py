@@ -108,9 +108,10 @@ def normalize_table(rescale_factor: float, mean, std) -> np.ndarray:
 
 class ClipPixels:
     """transformers' PIL-backend CLIP processor (shortest edge resized with PIL, centre crop, rescale,
-    normalize) with the same values, faster (bench/RESULTS.md): the same PIL resize, then one lookup per pixel into a table that maps each uint8 value to
-    its normalized float32, computed as the processor computes it (float64 rescale, float32 cast, float32
-    (x - mean) / std), instead of three full-image float passes."""
+    normalize) with the same values, faster (bench/RESULTS.md): the same PIL resize, then one lookup per
+    pixel into a table that maps each uint8 value to its normalized float32, computed as the processor
+    computes it (float64 rescale, float32 cast, float32 (x - mean) / std), instead of three full-image float
+    passes."""
 
     def __init__(self, shortest_edge: int, crop: tuple[int, int], resample: int, rescale_factor: float,
                  mean, std):
@@ -148,11 +149,12 @@ class ClipPixels:
 
 
 class AnyresPixels:
-    """transformers' PIL-backend LLaVA-NeXT processor (the image resized to fit its best pinpoint
-    resolution and padded with zeros, cut into crops, after a base view resized to one crop) with the
-    same values, faster (bench/RESULTS.md): the same PIL resizes and the same zero padding, then one table lookup per pixel as in ClipPixels,
-    instead of a processor pass per crop (whose own resize and centre crop leave a crop-sized crop
-    unchanged). LlavaNextModel checks it against the processor at load, as LlavaModel does ClipPixels."""
+    """transformers' PIL-backend LLaVA-NeXT processor (the image resized to fit its best pinpoint resolution
+    and padded with zeros, cut into crops, after a base view resized to one crop) with the same values,
+    faster (bench/RESULTS.md): the same PIL resizes and the same zero padding, then one table lookup per
+    pixel as in ClipPixels, instead of a processor pass per crop (whose own resize and centre crop leave a
+    crop-sized crop unchanged). LlavaNextModel checks it against the processor at load, as LlavaModel does
+    ClipPixels."""
 
     def __init__(self, pinpoints: list[tuple[int, int]], crop: int, resample: int, rescale_factor: float, mean, std):
         self.pinpoints, self.crop, self.resample = pinpoints, crop, resample
@@ -199,11 +201,11 @@ class AnyresPixels:
 
 
 class NativePixels:
-    """transformers' PIL-backend Qwen2-VL processor (resized to multiples of patch x merge within its
-    pixel budget, rescaled, normalized, cut into flattened patches of two identical frames) with the
-    same values, faster (bench/RESULTS.md): the same PIL resize, then the uint8 pixels laid out in the processor's patch order (merge groups of patches,
-    channel, frame, row, column) and one table lookup per value written straight into that layout,
-    instead of float passes over the image and a float copy per layout step."""
+    """transformers' PIL-backend Qwen2-VL processor (resized to multiples of patch x merge within its pixel
+    budget, rescaled, normalized, cut into flattened patches of two identical frames) with the same values,
+    faster (bench/RESULTS.md): the same PIL resize, then the uint8 pixels laid out in the processor's patch
+    order (merge groups of patches, channel, frame, row, column) and one table lookup per value written
+    straight into that layout, instead of float passes over the image and a float copy per layout step."""
 
     def __init__(self, processor):
         # A private transformers module: imported where a Qwen2-VL processor is in use, not by every family.

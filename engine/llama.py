@@ -117,8 +117,9 @@ class Intervention:
     output feeds nothing), part "suffix" a batch of question suffixes [B, S, H] (right-padded; rows
     grouped by image, and a batch may span images; for InstructBLIP, whose image tokens depend on the
     question, whole prompts and no "prefix" part), part "decode" one generated token per row [B, 1, H]
-    (string readouts only); return a tensor of the same shape to replace it, or None to leave it. `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order)
-    before the logit readouts decide; return the adjusted tensor or None. The first token and any
+    (string readouts only); return a tensor of the same shape to replace it, or None to leave it.
+    `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order) before the logit readouts
+    decide; return the adjusted tensor or None. The first token and any
     continuation come from the model's own logits (hidden-state changes reach them, logit
     adjustments do not), so first_token and the text readouts ignore `logits`. Engine.score runs one
     image at a time, so there G = 1 and every suffix row is that image's.
@@ -221,7 +222,8 @@ class LlamaLM(nn.Module):
         if image_mask is None:
             return x
         if int(image_mask.sum()) != features.shape[0]:
-            raise ValueError(f"{int(image_mask.sum())} image tokens in the prompt but {features.shape[0]} image features")
+            raise ValueError(f"{int(image_mask.sum())} image tokens in the prompt but {features.shape[0]} "
+                             "image features")
         x[image_mask] = features.to(x.dtype)
         return x
 

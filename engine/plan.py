@@ -12,7 +12,8 @@ From image to record:
         together) and the SuffixBatches that continue it (or whole-prompt batches where nothing is shared)
     PrefixGroup / SuffixBatch ──TokenBatch.of──▶ ids, features, positions, image mask and spans
         ──LlamaLM.prefill_prefix / prefill_suffix──▶ the hidden state at each answer position
-    ──LlamaLM.answer (+ decode for string readouts)──▶ PromptResult ──Engine.decide──▶ predictions ──▶ record
+    ──LlamaLM.answer (+ decode for string readouts)──▶ PromptResult
+    ──Engine.decide──▶ predictions ──▶ record
 """
 from __future__ import annotations
 
@@ -136,8 +137,8 @@ def make_plan(rows: list[Row], batch_size: int, prefix_reuse: bool) -> list[Stag
                 firsts.append(row)
         slots = [slot_of[row.item, row.layout.ids[:length]] for row in group]
         order = sorted(range(len(group)), key=slots.__getitem__)
-        batches = [SuffixBatch([group[i] for i in order[a:a + batch_size]], [slots[i] for i in order[a:a + batch_size]])
-                   for a in range(0, len(order), batch_size)]
+        cuts = [order[a:a + batch_size] for a in range(0, len(order), batch_size)]
+        batches = [SuffixBatch([group[i] for i in cut], [slots[i] for i in cut]) for cut in cuts]
         stages.append(Stage(PrefixGroup(length, firsts), batches))
     return stages
 
