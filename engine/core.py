@@ -39,6 +39,7 @@ class Answer:
     candidate_logits: dict[int, float]
     decoded: str | None
     predictions: dict[str, str]
+    probe: dict | None = None
 
 
 class Engine:
@@ -173,7 +174,7 @@ class Engine:
     def score(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
         """Answer questions about one image (a path, a PIL image or a LoadedImage)."""
         results = self.run_images([(self.features(image), [self.prompt(q) for q in questions])], intervention)[0]
-        return [Answer(q, r.first_token_id, r.candidate_logits, r.decoded, self.decide(r))
+        return [Answer(q, r.first_token_id, r.candidate_logits, r.decoded, self.decide(r), r.probe)
                 for q, r in zip(questions, results)]
 
     def run_images(self, items: list[tuple[torch.Tensor, list[str]]], intervention: Intervention | None = None
@@ -230,7 +231,8 @@ class Engine:
         lm, device = self.model.lm, self.settings.torch_device
         with Clock(self.timings, "question_prefill", device):
             tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
-            last, suffix_kv = lm.prefill_suffix(prefix, batch.slots, tokens, intervention)
+            probe = self.settings.probe == "image-attention"
+            last, suffix_kv, image_attention = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, probe)
             logits, first = lm.answer(last, self.candidate_ids)
             if intervention is not None:
                 adjusted = intervention.logits(logits, self.candidate_ids)
@@ -244,8 +246,11 @@ class Engine:
                                       self.model.stop_ids, intervention)
             self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
             texts = [self._text(row) for row in generated.tolist()]
-        return [PromptResult(f, dict(zip(self.candidate_ids, row)), text)
-                for f, row, text in zip(first.tolist(), logits.tolist(), texts)]
+        probes = [None] * len(batch.rows) if image_attention is None else \
+            [{"image_attention": layers, "image_attention_heads": heads}  # per layer: heads averaged, and each head
+             for layers, heads in zip(image_attention.mean(dim=-1).tolist(), image_attention.tolist())]
+        return [PromptResult(f, dict(zip(self.candidate_ids, row)), text, probe)
+                for f, row, text, probe in zip(first.tolist(), logits.tolist(), texts, probes)]
 
     def _text(self, tokens: list[int]) -> str:
         """Decode only the new tokens, up to the first stop token: decoding the prompt too is how

@@ -24,6 +24,7 @@ from torch import nn
 from ..kernels import PrefixRuns, gather_logits, prefix_attention, prefix_runs, resolve_backend, vocab_argmax
 from .layers import Rotary, apply_rotary, make_linear, rms_norm
 from .plan import TokenBatch
+from .probe import answer_image_attention
 
 
 @dataclass(frozen=True)
@@ -91,12 +92,13 @@ class LlamaDims:
 @dataclass
 class PrefixKV:
     """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE
-    applied, and each prefix's image-token spans."""
+    applied, and where each prefix's image tokens are (spans, and a [G, P] mask; None without any)."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     length: int
     image_spans: list[tuple[tuple[int, int], ...]]
+    image_mask: torch.Tensor | None
 
 
 @dataclass
@@ -250,25 +252,29 @@ class LlamaLM(nn.Module):
                 break
             x = layer.finish(x, causal_attention(q, k, v), image=batch.image_mask)
             x = _hook(intervention, i, x, "prefix")
-        return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans)
+        return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans, batch.image_mask)
 
     @torch.inference_mode()
     def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, batch: TokenBatch,
-                       intervention: Intervention | None = None) -> tuple[torch.Tensor, SuffixKV]:
+                       intervention: Intervention | None = None, probe: bool = False
+                       ) -> tuple[torch.Tensor, SuffixKV, torch.Tensor | None]:
         """Right-padded question suffixes, row b continuing prefix slot prefix_index[b] (rows grouped
-        by slot) → the hidden state of each row's last token [B, H] (before the final norm) and the
-        suffixes' own KV. With prefix None every row is a whole prompt (InstructBLIP's, or the
+        by slot) → the hidden state of each row's last token [B, H] (before the final norm), the
+        suffixes' own KV, and with probe the attention mass on image tokens at that token [B, L, Hq]
+        (fp32; see engine.probe). With prefix None every row is a whole prompt (InstructBLIP's, or the
         no-reuse reference path)."""
         x = self.embed(batch.ids, batch.image_mask, batch.features)
         b = x.shape[0]
         cos, sin = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
         grouped = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
-        keys, values = [], []
+        keys, values, probes = [], [], []
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin, image=batch.image_mask)
             keys.append(k)
             values.append(v)
+            if probe:
+                probes.append(self._image_attention(q, k, batch, prefix, grouped, i))
             if prefix is not None:  # one call for every image's rows: each run reads its prefix once
                 attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, batch.lengths, backend=backend,
                                         prefix_index=grouped)
@@ -277,7 +283,16 @@ class LlamaLM(nn.Module):
             x = layer.finish(x, attn, image=batch.image_mask)
             x = _hook(intervention, i, x, "suffix")
         last = x[torch.arange(b, device=self.device), batch.lengths - 1]
-        return last, SuffixKV(keys, values, batch.lengths, batch.next_position)
+        return last, SuffixKV(keys, values, batch.lengths, batch.next_position), \
+            torch.stack(probes, dim=1) if probe else None
+
+    def _image_attention(self, q, k, batch: TokenBatch, prefix: PrefixKV | None, grouped: PrefixRuns | None,
+                         layer: int) -> torch.Tensor:
+        if prefix is None:
+            return answer_image_attention(q, batch.lengths, k, batch.image_mask)
+        image = prefix.image_mask if prefix.image_mask is not None else \
+            torch.zeros(prefix.keys[layer].shape[0], prefix.length, dtype=torch.bool, device=self.device)
+        return answer_image_attention(q, batch.lengths, k, batch.image_mask, prefix.keys[layer], image, grouped.runs)
 
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:

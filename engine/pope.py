@@ -129,7 +129,8 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
                     predictions = engine.decide(result)
                     records += [make_record(q, engine.template.name, first_token_id=result.first_token_id,
                                             candidate_logits=result.candidate_logits, decoded=result.decoded,
-                                            predictions=predictions)
+                                            predictions=predictions,
+                                            probe=_recorded(result.probe))
                                 for q in by_image[name][text]]
                 evaluated += len(image_texts)
             writer.write(records)
@@ -139,6 +140,11 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
     runs = write_summaries(out_dir, engine.readouts)
     return SweepResult(out_dir, len(questions), len(questions) - len(todo), evaluated, len(errors) + late_errors,
                        runs)
+
+
+def _recorded(probe: dict | None) -> dict | None:
+    """What a record keeps of a probe: one float per layer (every head's values stay in the API's results)."""
+    return None if probe is None else {"image_attention": probe["image_attention"]}
 
 
 def default_workers() -> int:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+PROBES = ("none", "image-attention")
 
 
 @dataclass(frozen=True)
@@ -22,6 +23,7 @@ class Settings:
     image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
+    probe: str = "none"  # none | image-attention: per layer, the answer position's attention mass on image tokens
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -38,6 +40,8 @@ class Settings:
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
         if min(self.batch_size, self.image_batch, self.max_new_tokens) < 1:
             raise ValueError("batch_size, image_batch and max_new_tokens must be at least 1")
+        if self.probe not in PROBES:
+            raise ValueError(f"probe must be one of {', '.join(PROBES)}, not {self.probe!r}")
         if self.quant == "nf4" and self.dtype == "fp32":
             raise ValueError("NF4 computes in fp16 or bf16 (the paper: fp16); choose --dtype fp16 or bf16")
 

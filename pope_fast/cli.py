@@ -81,10 +81,12 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--kernels", type=click.Choice(["auto", "triton", "torch"]), default="auto", show_default=True,
               help="auto: Triton kernels on CUDA, torch references elsewhere")
 @click.option("--no-prefix-reuse", is_flag=True, help="prefill every question whole (for ablations)")
+@click.option("--probe", type=click.Choice(["none", "image-attention"]), default="none", show_default=True,
+              help="image-attention: record, per layer, the answer position's attention mass on the image tokens")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, template, readouts, quant, dtype,
              device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
-             no_prefix_reuse, skip_bad) -> None:
+             no_prefix_reuse, probe, skip_bad) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
@@ -111,7 +113,8 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
             questions = [q for f in question_files for q in load_questions(f, split)]
         settings = Settings(device=device, dtype=dtype, quant=quant, quantize_lm_head=quantize_lm_head,
                             nf4_weights=nf4_weights, batch_size=batch_size, max_new_tokens=max_new_tokens,
-                            image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse)
+                            image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse,
+                            probe=probe)
         engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
         engine.warmup()
         with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:

@@ -25,7 +25,8 @@ UGAA_CROSS_MODEL = {"pred_legacy_2tok": "legacy_2tok", "pred_legacy_8tok": "lega
 
 def make_record(question: Question, template: str, *, first_token_id: int | None = None,
                 candidate_logits: dict[int, float] | None = None, decoded: str | None = None,
-                predictions: dict[str, str] | None = None, error: str | None = None) -> dict:
+                predictions: dict[str, str] | None = None, error: str | None = None,
+                probe: dict | None = None) -> dict:
     record = {"question_id": question.question_id, "split": question.split, "image": question.image,
               "label": question.label, "template": template}
     if error is not None:
@@ -36,6 +37,7 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     if decoded is not None:
         record["decoded"] = decoded
     record["predictions"] = dict(predictions or {})
+    record.update(probe or {})  # e.g. image_attention: one float per decoder layer
     return record
 
 

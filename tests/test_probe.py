@@ -1,0 +1,97 @@
+"""The image-attention probe against transformers' eager attention (output_attentions=True): at the
+answer position, per layer and head, the attention mass on the image tokens, for every family, with
+and without prefix reuse and at several batch sizes."""
+import json
+
+import pytest
+import torch
+from tinymodels import (QUESTIONS, make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl,
+                        synthetic_image)
+
+from pope_fast.engine import Engine, Settings
+
+IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate([(90, 40), (60, 60)])]
+MAKERS = {"llava": make_tiny_llava, "llava_next": make_tiny_llava_next, "instructblip": make_tiny_instructblip,
+          "qwen2_vl": make_tiny_qwen2_vl}
+
+
+def _model_and_inputs(family, checkpoint):
+    """transformers' eager model and a function making its inputs for (image, prompt)."""
+    from transformers import (AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer)
+
+    model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
+    if family != "qwen2_vl":
+        processor = AutoProcessor.from_pretrained(str(checkpoint))
+        return model, lambda image, prompt: processor(images=image, text=prompt, return_tensors="pt")
+    tokenizer, image_processor = (AutoTokenizer.from_pretrained(str(checkpoint)),
+                                  AutoImageProcessor.from_pretrained(str(checkpoint)))
+
+    def inputs(image, prompt):  # Qwen2VLProcessor's work, without its video half (torchvision)
+        pixels = image_processor(images=image, return_tensors="pt")
+        tokens = int(pixels["image_grid_thw"].prod()) // 4
+        text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
+        return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == model.config.image_token_id).int())
+
+    return model, inputs
+
+
+@pytest.fixture(scope="module", params=list(MAKERS))
+def family_oracle(request, tmp_path_factory):
+    """(family, checkpoint, {(image, question): eager image attention [layers, heads]})."""
+    family = request.param
+    checkpoint = MAKERS[family](tmp_path_factory.mktemp(f"probe_{family}") / "ckpt")
+    model, make_inputs = _model_and_inputs(family, checkpoint)
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    image_id = model.config.image_token_id
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for q in QUESTIONS[:3]:
+            inputs = make_inputs(image, engine.prompt(q))
+            with torch.no_grad():
+                result = model(**inputs, output_attentions=True)
+            attentions = result.attentions if getattr(result, "attentions", None) is not None \
+                else result.language_model_outputs.attentions
+            image_keys = inputs["input_ids"][0] == image_id
+            assert int(image_keys.sum()) > 0
+            out[i, q] = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [L, H]
+    return family, checkpoint, out
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 5), (False, 2)],
+                         ids=["reuse-b1", "reuse-b5", "whole-b2"])
+def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_reuse, batch_size):
+    family, checkpoint, oracle = family_oracle
+    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
+                                              batch_size=batch_size), readouts="template_aware")
+    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    for i, results in enumerate(engine.run_images(items)):
+        for q, result in zip(QUESTIONS[:3], results):
+            ours = torch.tensor(result.probe["image_attention_heads"])
+            theirs = oracle[i, q]
+            assert ours.shape == theirs.shape
+            worst = float((ours - theirs).abs().max())
+            assert worst <= 1e-5, f"{family} image {i} {q!r}: off by {worst:.2e}"
+            assert result.probe["image_attention"] == pytest.approx(theirs.mean(-1).tolist(), abs=1e-5)
+            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0  # neither all nor none: a real check
+
+
+def test_probe_reaches_the_records(tmp_path):
+    from pope_fast.engine import run_pope
+    from tinymodels import write_pope_set
+
+    from pope_fast.readout import load_questions
+
+    checkpoint = make_tiny_llava(tmp_path / "ckpt")
+    images, files = write_pope_set(tmp_path / "pope", n_images=2, splits=("random",))
+    engine = Engine.load(checkpoint, Settings(probe="image-attention"), readouts="all")
+    run_pope(engine, load_questions(files[0]), images, tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert records and all(len(r["image_attention"]) == engine.model.lm.dims.num_layers for r in records)
+    assert len({tuple(r["image_attention"]) for r in records}) > 1  # the questions attend differently
+    plain = Engine.load(checkpoint, Settings(), readouts="all")
+    run_pope(plain, load_questions(files[0]), images, tmp_path / "plain")
+    without = [json.loads(line) for line in (tmp_path / "plain" / "records.jsonl").read_text().splitlines()]
+    assert all("image_attention" not in r for r in without)
+    # the probe reads the attention, it does not change it
+    assert [r["candidate_logits"] for r in records] == [r["candidate_logits"] for r in without]
