@@ -197,7 +197,8 @@ def test_bin_holding_other_objects_is_refused(tiny_bin, tmp_path):
 
 @pytest.mark.parametrize("index_text, expected", [
     ('{"metadata": {}}', r"pytorch_model\.bin\.index\.json: no weight_map object"),
-    ('{"weight_map": {"lm_head.weight": "pytorch_model-00001-of-00003.bin",\n}', r"pytorch_model\.bin\.index\.json:2: malformed JSON"),
+    ('{"weight_map": {"lm_head.weight": "pytorch_model-00001-of-00003.bin",\n}',
+     r"pytorch_model\.bin\.index\.json:2: malformed JSON"),
     ('[1, 2]', r"pytorch_model\.bin\.index\.json: expected a JSON object"),
 ])
 def test_bad_index_is_named(tiny_bin, tmp_path, index_text, expected):

@@ -1,0 +1,140 @@
+"""mPLUG-Owl2 against its upstream implementation: the fixture in ../shared/fixtures/mplug_owl2_tiny
+holds a tiny random checkpoint in the real layout and what X-PLUG's code (transformers 4.31) computes
+on it. The engine's language-model path is tested against the same oracle once it runs this family;
+here a plain full-sequence forward (`scaffold_logits`) checks the tokenizer, the preprocessing, the
+vision side and the modality-adaptive layer."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from safetensors.torch import load_file
+
+from pope_fast.engine import Settings
+from pope_fast.engine.layers import Rotary, make_linear, rms_norm
+from pope_fast.engine.llama import DecoderLayer, causal_attention
+from pope_fast.engine.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model, MultiwayDecoderLayer, lm_expected_shapes
+
+
+@pytest.fixture(scope="module")
+def fixture(shared):
+    root = shared / "fixtures/mplug_owl2_tiny"
+    expected = json.loads((root / "expected.json").read_text())
+    return root, expected["cases"], load_file(str(root / "expected_logits.safetensors"))["logits"]
+
+
+@pytest.fixture(scope="module")
+def owl(fixture):
+    return MplugOwl2Model(fixture[0] / "checkpoint", Settings())
+
+
+@pytest.fixture(scope="module")
+def features(owl, fixture):
+    root, cases, _ = fixture
+    names = sorted({c["image"] for c in cases})
+    pixels = [owl.preprocess(Image.open(root / "images" / n)) for n in names]
+    return dict(zip(names, owl.encode_images(pixels)))
+
+
+def _linear(w, b=None):
+    return make_linear(w, b, dtype=torch.float32, device=torch.device("cpu"), quantize=False, keep_packed=False,
+                       kernels="torch")
+
+
+def decoder_layers(owl, cls=MultiwayDecoderLayer):
+    weights = owl.lm_weights
+    layers = []
+    for i in range(owl.dims.num_layers):
+        prefix = f"layers.{i}."
+        layers.append(cls(owl.dims, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}, _linear))
+    return layers
+
+
+def scaffold_logits(owl, layers, ids: list[int], features: torch.Tensor) -> torch.Tensor:
+    """Scaffold, not the engine: one whole-sequence forward → the last position's logits [vocab].
+    The image features replace the sentinel positions; those positions take multiway.1."""
+    w, dims = owl.lm_weights, owl.dims
+    ids = torch.tensor(ids)
+    image = ids == IMAGE_TOKEN_INDEX
+    x = F.embedding(ids.clamp(min=0), w["embed_tokens.weight"])
+    x[image] = features
+    x, image = x[None], image[None]
+    cos, sin = Rotary(dims.head_dim, dims.rope_theta, torch.device("cpu")).cos_sin(torch.arange(len(ids)),
+                                                                                  torch.float32)
+    for layer in layers:
+        q, k, v = layer.qkv(x, cos, sin, image=image)
+        x = layer.finish(x, causal_attention(q, k, v), image=image)
+    return rms_norm(x[0, -1], w["norm.weight"], dims.rms_eps) @ w["lm_head.weight"].T
+
+
+def test_input_ids_equal_upstreams(owl, fixture):
+    _, cases, _ = fixture
+    for case in cases:
+        ids = owl.prompt_ids(case["prompt"], 65)
+        at = case["input_ids"].index(IMAGE_TOKEN_INDEX)
+        assert ids == case["input_ids"][:at] + [IMAGE_TOKEN_INDEX] * 65 + case["input_ids"][at + 1:]
+    assert owl.prompt_ids(cases[0]["prompt"], 1)[3:6] == [29901, 29871, IMAGE_TOKEN_INDEX]  # "USER: " ends in ▁
+
+
+def test_pixels_equal_upstreams(owl, fixture):
+    root, cases, _ = fixture
+    for case in cases[::4]:  # one case per image
+        pixels = owl.preprocess(Image.open(root / "images" / case["image"]))
+        assert [1, *pixels.shape] == case["pixel_shape"]
+        assert float(pixels.astype("float64").sum()) == case["pixel_sum"]
+    assert owl._fast_pixels is not None  # the exact fast path passed its load-time check
+
+
+def test_logits_argmax_and_greedy_equal_upstreams(owl, fixture, features):
+    _, cases, expected = fixture
+    layers = decoder_layers(owl)
+    for i, case in enumerate(cases):
+        image = features[case["image"]]
+        assert image.shape == (65, owl.dims.hidden_size)
+        ids = owl.prompt_ids(case["prompt"], image.shape[0])
+        logits = scaffold_logits(owl, layers, ids, image)
+        worst = (logits - expected[i]).abs().max().item()
+        assert worst <= 1e-4, (case["question_id"], worst)
+        assert int(logits.argmax()) == case["argmax"]
+        greedy = [case["argmax"]]  # generated tokens are text: multiway.0, as upstream's decode step
+        while len(greedy) < len(case["greedy_ids"]) and greedy[-1] not in owl.stop_ids:
+            greedy.append(int(scaffold_logits(owl, layers, ids + greedy, image).argmax()))
+        assert greedy == case["greedy_ids"]
+
+
+def test_multiway_routes_each_position(owl):
+    """No mask is all text; an all-image mask is the plain layer built from multiway.1; a mixed mask
+    takes each row from its own modality's layer."""
+    multi = decoder_layers(owl)[0]
+    weights = {k[len("layers.0."):]: v for k, v in owl.lm_weights.items() if k.startswith("layers.0.")}
+    as_text, as_image = ({k.replace(f".multiway.{w}", ""): v for k, v in weights.items() if ".multiway." not in k
+                          or f".multiway.{w}." in k} for w in (0, 1))
+    text_layer, image_layer = DecoderLayer(owl.dims, as_text, _linear), DecoderLayer(owl.dims, as_image, _linear)
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, owl.dims.hidden_size)
+    cos, sin = Rotary(owl.dims.head_dim, owl.dims.rope_theta, torch.device("cpu")).cos_sin(torch.arange(9),
+                                                                                        torch.float32)
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[0, 2:6] = True
+    mask[1, 7:] = True
+
+    def run(layer, **kw):
+        q, k, v = layer.qkv(x, cos, sin, **kw)
+        return layer.finish(x, causal_attention(q, k, v), **kw), k, v
+
+    text, image, mixed = run(text_layer), run(image_layer), run(multi, image=mask)
+    assert torch.equal(run(multi)[0], text[0])
+    for ours, t, i in zip(mixed[1:], text[1:], image[1:]):  # K, V per row: the row's own projection
+        torch.testing.assert_close(ours, torch.where(mask[:, None, :, None], i, t), rtol=0, atol=1e-6)
+    assert not torch.allclose(text[1], image[1], atol=1e-3)  # the two copies differ, so routing shows
+    all_image = run(multi, image=torch.ones(2, 9, dtype=torch.bool))
+    torch.testing.assert_close(all_image[0], image[0], rtol=0, atol=1e-5)
+
+
+def test_lm_expected_shapes_name_the_multiway_copies(owl):
+    shapes = lm_expected_shapes(owl.dims)
+    assert "layers.1.self_attn.k_proj.multiway.1.weight" in shapes
+    assert "layers.0.input_layernorm.multiway.0.weight" in shapes
+    assert "layers.0.self_attn.k_proj.weight" not in shapes and "layers.0.self_attn.q_proj.weight" in shapes
+    assert set(shapes) == set(owl.lm_weights)
