@@ -138,3 +138,34 @@ def test_lm_expected_shapes_name_the_multiway_copies(owl):
     assert "layers.0.input_layernorm.multiway.0.weight" in shapes
     assert "layers.0.self_attn.k_proj.weight" not in shapes and "layers.0.self_attn.q_proj.weight" in shapes
     assert set(shapes) == set(owl.lm_weights)
+
+
+@pytest.mark.slow
+def test_nf4_quantizes_every_vision_linear_and_packed_equals_dequantized(fixture):
+    """load_in_4bit quantizes every nn.Linear but lm_head: here the ViT's four per layer and the
+    abstractor's seven per layer plus visual_fc (the patch convolution and the norms stay dense).
+    Kept packed, the features equal those of the weights dequantized once at load."""
+    from pope_fast.kernels import dequantize_nf4, quantize_nf4
+
+    root, cases, _ = fixture
+    stored = load_file(str(root / "checkpoint/model.safetensors"))
+    nf4 = MplugOwl2Model(root / "checkpoint", Settings(quant="nf4", dtype="fp16"))
+    packed = MplugOwl2Model(root / "checkpoint", Settings(quant="nf4", dtype="fp16", nf4_weights="packed"))
+    linears = {f"model.vision_model.encoder.layers.{i}.{n}": m for i, layer in enumerate(nf4.vision.layers)
+               for n, m in layer.items()}
+    linears.update({f"model.visual_abstractor.encoder.layers.{i}.crossattention.{n}": m
+                    for i, layer in enumerate(nf4.abstractor.layers) for n, m in layer.items()})
+    linears["model.visual_abstractor.visual_fc"] = nf4.abstractor.visual_fc
+    assert len(linears) == len(list(nf4.vision._linears) + list(nf4.abstractor._linears)) == 4 * 2 + 7 * 2 + 1
+    for name, linear in linears.items():
+        weight = stored[f"{name}.weight"].half()
+        assert torch.equal(linear.weight, dequantize_nf4(quantize_nf4(weight), torch.float16, backend="torch"))
+        assert not torch.equal(linear.weight, weight)
+        assert torch.equal(linear.bias, stored[f"{name}.bias"].half())
+    assert all(m.packed is not None for m in packed.vision._linears)
+    assert torch.equal(nf4.vision.dense["embeddings.patch_embed.weight"],
+                       stored["model.vision_model.embeddings.patch_embed.weight"].half())
+    pixels = [nf4.preprocess(Image.open(root / "images" / cases[0]["image"]))]
+    ours = nf4.encode_images(pixels)[0]
+    assert torch.equal(ours, packed.encode_images(pixels)[0])
+    assert ours.shape == (65, nf4.dims.hidden_size) and ours.dtype == torch.float16 and torch.isfinite(ours).all()
