@@ -77,6 +77,33 @@ def test_input_ids_equal_upstreams(owl, fixture):
     assert owl.prompt_ids(cases[0]["prompt"], 1)[3:6] == [29901, 29871, IMAGE_TOKEN_INDEX]  # "USER: " ends in ▁
 
 
+def test_prompt_ids_follow_tokenizer_image_token(owl):
+    """The upstream conversation template's prompt; and a prompt opening with the image, where
+    upstream keeps the BOS of the text after it (its first chunk is empty, so nothing is dropped)."""
+    ids = owl.prompt_ids("USER: <|image|>Is there a dog in the image? ASSISTANT:", 2)
+    assert ids == [1, 3148, 1001, 29901, 29871, IMAGE_TOKEN_INDEX, IMAGE_TOKEN_INDEX,
+                   1317, 727, 263, 11203, 297, 278, 1967, 29973, 319, 1799, 9047, 13566, 29901]
+    assert owl.prompt_ids("<|image|>\nIs there a dog?", 1) == [IMAGE_TOKEN_INDEX, 1, 29871, 13, 3624, 727, 263,
+                                                                11203, 29973]
+    with pytest.raises(ValueError, match="exactly one"):
+        owl.prompt_ids("USER: <|image|><|image|>", 1)
+
+
+def test_tokenizer_encodes_as_sentencepiece(owl, shared):
+    """The 46 llama.cpp golden cases (ids of the real LLaMA-2 tokenizer, sentencepiece semantics):
+    all equal; transformers 5's own LlamaTokenizer misses those that open with a space."""
+    from transformers import AutoTokenizer
+
+    golden = shared / "tokenizers/golden/ggml-vocab-llama-spm.gguf"
+    texts = golden.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    expected = [[int(i) for i in line.split()] for line in golden.with_suffix(".gguf.out").read_text().splitlines()]
+    pairs = list(zip(texts, expected))
+    assert len(pairs) == 46
+    assert [owl.tokenizer.encode(t, add_special_tokens=False) for t, _ in pairs] == [ids for _, ids in pairs]
+    plain = AutoTokenizer.from_pretrained(str(owl.folder))
+    assert sum(plain.encode(t, add_special_tokens=False) != ids for t, ids in pairs) > 0
+
+
 def test_pixels_equal_upstreams(owl, fixture):
     root, cases, _ = fixture
     for case in cases[::4]:  # one case per image
