@@ -188,7 +188,7 @@ class VisionTower(nn.Module):
             p = f"encoder.layers.{i}."
             self.layers.append({n: linear(weights[f"{p}{n}.weight"], weights[f"{p}{n}.bias"])
                                 for n in ("self_attn.query_key_value", "self_attn.dense", "mlp.fc1", "mlp.fc2")})
-        self._linears = nn.ModuleList(m for layer in self.layers for m in layer.values())  # for .to() and counting
+        self.linears = nn.ModuleList(m for layer in self.layers for m in layer.values())  # registered: the module lists its Linears
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         d, w = self.dims, self.dense
@@ -231,7 +231,7 @@ class VisualAbstractor(nn.Module):
             p = f"encoder.layers.{i}.crossattention."
             self.layers.append({n: linear(weights[f"{p}{n}.weight"], weights[f"{p}{n}.bias"]) for n in names})
         self.visual_fc = linear(weights["visual_fc.weight"], weights["visual_fc.bias"])
-        self._linears = nn.ModuleList([m for layer in self.layers for m in layer.values()] + [self.visual_fc])
+        self.linears = nn.ModuleList([m for layer in self.layers for m in layer.values()] + [self.visual_fc])
 
     def forward(self, vit: torch.Tensor) -> torch.Tensor:
         d, w = self.dims, self.dense

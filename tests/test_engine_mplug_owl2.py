@@ -183,16 +183,72 @@ def test_nf4_quantizes_every_vision_linear_and_packed_equals_dequantized(fixture
     linears.update({f"model.visual_abstractor.encoder.layers.{i}.crossattention.{n}": m
                     for i, layer in enumerate(nf4.abstractor.layers) for n, m in layer.items()})
     linears["model.visual_abstractor.visual_fc"] = nf4.abstractor.visual_fc
-    assert len(linears) == len(list(nf4.vision._linears) + list(nf4.abstractor._linears)) == 4 * 2 + 7 * 2 + 1
+    assert len(linears) == len(list(nf4.vision.linears) + list(nf4.abstractor.linears)) == 4 * 2 + 7 * 2 + 1
     for name, linear in linears.items():
         weight = stored[f"{name}.weight"].half()
         assert torch.equal(linear.weight, dequantize_nf4(quantize_nf4(weight), torch.float16, backend="torch"))
         assert not torch.equal(linear.weight, weight)
         assert torch.equal(linear.bias, stored[f"{name}.bias"].half())
-    assert all(m.packed is not None for m in packed.vision._linears)
+    assert all(m.packed is not None for m in packed.vision.linears)
     assert torch.equal(nf4.vision.dense["embeddings.patch_embed.weight"],
                        stored["model.vision_model.embeddings.patch_embed.weight"].half())
     pixels = [nf4.preprocess(Image.open(root / "images" / cases[0]["image"]))]
     ours = nf4.encode_images(pixels)[0]
     assert torch.equal(ours, packed.encode_images(pixels)[0])
     assert ours.shape == (65, nf4.dims.hidden_size) and ours.dtype == torch.float16 and torch.isfinite(ours).all()
+
+
+def test_sharded_bin_copy_loads_to_the_same_model(owl, fixture, features, tmp_path):
+    """Real checkpoints of this model ship as sharded pytorch_model-*.bin with an index."""
+    root, cases, _ = fixture
+    tensors = load_file(str(root / "checkpoint/model.safetensors"))
+    assert any(k.endswith("rotary_emb.inv_freq") for k in tensors)  # stored by upstream, skipped here
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for f in (root / "checkpoint").iterdir():
+        if f.suffix != ".safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    names, weight_map = sorted(tensors), {}
+    for i in range(2):
+        fname = f"pytorch_model-0000{i + 1}-of-00002.bin"
+        torch.save({n: tensors[n] for n in names[i::2]}, folder / fname)
+        weight_map.update({n: fname for n in names[i::2]})
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    copy = MplugOwl2Model(folder, Settings())
+    assert set(copy.lm_weights) == set(owl.lm_weights)
+    assert all(torch.equal(copy.lm_weights[k], owl.lm_weights[k]) for k in owl.lm_weights)
+    pixels = [copy.preprocess(Image.open(root / "images" / cases[0]["image"]))]
+    assert torch.equal(copy.encode_images(pixels)[0], features[cases[0]["image"]])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "llava"}, r"model_type 'llava' is not 'mplug_owl2'"),
+    ({"visual_config": {"visual_model": {"hidden_act": "swish"}}}, r"hidden_act 'swish' is not supported"),
+    ({"visual_config": {"visual_model": {"image_size": 224}}}, r"grid_size 32 does not cover the ViT's 256 patches"),
+    ({"visual_config": {"visual_abstractor": {"encoder_hidden_size": 48}}}, r"encoder_hidden_size 48 differs"),
+])
+def test_bad_config_is_named(fixture, tmp_path, change, message):
+    from pope_fast.engine import CheckpointError
+    from pope_fast.engine.mplug_owl2 import parse_config
+
+    config = json.loads((fixture[0] / "checkpoint/config.json").read_text())
+    for key, value in change.items():
+        if isinstance(value, dict):
+            for part, fields in value.items():
+                config[key][part].update(fields)
+        else:
+            config[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"{tmp_path}/config.json.*{message}"):
+        parse_config(tmp_path)
+
+
+def test_default_visual_config_is_the_7b_model(fixture, tmp_path):
+    from pope_fast.engine.mplug_owl2 import parse_config
+
+    config = json.loads((fixture[0] / "checkpoint/config.json").read_text())
+    del config["visual_config"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _, _, vision, abstractor = parse_config(tmp_path)
+    assert (vision.hidden_size, vision.num_hidden_layers, vision.tokens) == (1024, 24, 1025)
+    assert (abstractor.num_hidden_layers, abstractor.intermediate_size, abstractor.num_learnable_queries) == (6, 2816, 64)
