@@ -188,7 +188,7 @@ class VisionTower(nn.Module):
             p = f"encoder.layers.{i}."
             self.layers.append({n: linear(weights[f"{p}{n}.weight"], weights[f"{p}{n}.bias"])
                                 for n in ("self_attn.query_key_value", "self_attn.dense", "mlp.fc1", "mlp.fc2")})
-        self.linears = nn.ModuleList(m for layer in self.layers for m in layer.values())  # registered: the module lists its Linears
+        self.linears = nn.ModuleList(m for layer in self.layers for m in layer.values())  # registered Linears
 
     def forward(self, pixels: torch.Tensor) -> torch.Tensor:
         d, w = self.dims, self.dense

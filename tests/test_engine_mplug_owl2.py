@@ -251,4 +251,5 @@ def test_default_visual_config_is_the_7b_model(fixture, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     _, _, vision, abstractor = parse_config(tmp_path)
     assert (vision.hidden_size, vision.num_hidden_layers, vision.tokens) == (1024, 24, 1025)
-    assert (abstractor.num_hidden_layers, abstractor.intermediate_size, abstractor.num_learnable_queries) == (6, 2816, 64)
+    assert (abstractor.num_hidden_layers, abstractor.intermediate_size,
+            abstractor.num_learnable_queries) == (6, 2816, 64)
