@@ -1,15 +1,19 @@
-"""One generic safetensors loader. A model family declares how checkpoint names map to its own
-parameter names and which names and shapes it expects; this file does the rest and fails loudly,
-naming every missing, unexpected or misshapen tensor."""
+"""One generic checkpoint loader (safetensors, or PyTorch `.bin` read safely). A model family declares
+how checkpoint names map to its own parameter names and which names and shapes it expects; this file
+does the rest and fails loudly, naming every missing, unexpected or misshapen tensor and every file
+that cannot be read."""
 from __future__ import annotations
 
 import json
+import pickle
 import re
+import zipfile
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 
 class CheckpointError(ValueError):
@@ -22,30 +26,98 @@ def read_config(folder: Path) -> dict:
         raise CheckpointError(f"{folder}: no such checkpoint folder")
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (a checkpoint folder needs its config.json)")
+    return _read_json(path)
+
+
+def _read_json(path: Path) -> dict:
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
         raise CheckpointError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{path}: not UTF-8 text ({err.reason})") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
+
+
+# Index file → the weight format it indexes; safetensors first, as transformers prefers them.
+INDEXES = (("model.safetensors.index.json", "*.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model*.bin"))
 
 
 def tensor_files(folder: Path) -> dict[str, Path]:
-    """Checkpoint tensor name → the safetensors file holding it (sharded with an index, or not)."""
-    index = folder / "model.safetensors.index.json"
-    if index.is_file():
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        files = {name: folder / fname for name, fname in weight_map.items()}
-        absent = sorted({str(p) for p in files.values() if not p.is_file()})
-        if absent:
-            raise CheckpointError(f"{index} lists shard(s) that are missing: {', '.join(absent)}")
-        return files
-    shards = sorted(folder.glob("*.safetensors"))
-    if not shards:
-        raise CheckpointError(f"{folder}: no *.safetensors weights (and no model.safetensors.index.json)")
-    files = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            files.update({name: shard for name in f.keys()})
+    """Checkpoint tensor name → the file holding it: sharded safetensors with an index, unindexed
+    safetensors, then the same for PyTorch `pytorch_model*.bin` files."""
+    for index_name, pattern in INDEXES:
+        index = folder / index_name
+        if index.is_file():
+            return _indexed_files(folder, index)
+        shards = sorted(folder.glob(pattern))
+        if shards:
+            files: dict[str, Path] = {}
+            for shard in shards:
+                with open_shard(shard) as f:
+                    files.update({name: shard for name in f.keys()})
+            return files
+    raise CheckpointError(f"{folder}: no weights (*.safetensors or pytorch_model*.bin, with or without an index)")
+
+
+def _indexed_files(folder: Path, index: Path) -> dict[str, Path]:
+    weight_map = _read_json(index).get("weight_map")
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        raise CheckpointError(f"{index}: no weight_map object (tensor name → shard file)")
+    files = {name: folder / fname for name, fname in weight_map.items()}
+    absent = sorted({str(p) for p in files.values() if not p.is_file()})
+    if absent:
+        raise CheckpointError(f"{index} lists shard(s) that are missing: {', '.join(absent)}")
     return files
+
+
+class _BinShard:
+    """A `.bin` state dict loaded with weights_only=True (no code runs) and memory-mapped."""
+
+    def __init__(self, tensors: dict):
+        self.tensors = tensors
+
+    def keys(self):
+        return self.tensors.keys()
+
+    def get_tensor(self, name: str) -> torch.Tensor:
+        return self.tensors[name]
+
+
+@contextmanager
+def open_shard(path: Path):
+    """An open weight file with keys() and get_tensor(name); a file that cannot be read (truncated,
+    not a checkpoint, unsafe pickle) is a CheckpointError naming it."""
+    if path.suffix == ".safetensors":
+        try:
+            handle = safe_open(str(path), framework="pt")
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{path}: unreadable safetensors file ({err})") from None
+        with handle as f:
+            yield f
+        return
+    mmap = zipfile.is_zipfile(path)  # a legacy (pre-1.6, non-zip) file cannot be memory-mapped
+    try:
+        tensors = torch.load(str(path), map_location="cpu", weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{path}: holds objects other than tensors (refused: only weights are "
+                              f"loaded, no pickled code runs)") from None
+    except (RuntimeError, OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+        if not mmap and _head(path) == b"PK\x03\x04":  # a zip that lost its central directory
+            reason = "a zip archive cut short"
+        raise CheckpointError(f"{path}: unreadable PyTorch weights file, truncated or not a checkpoint "
+                              f"({reason})") from None
+    if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
+        raise CheckpointError(f"{path}: not a state dict of tensors")
+    yield _BinShard(tensors)
+
+
+def _head(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(4)
 
 
 def map_names(files: dict[str, Path], rename: Callable[[str], str | None],
@@ -79,7 +151,11 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
     for ours, theirs in names.items():
         by_file.setdefault(files[theirs], []).append(ours)
     for path, ours_list in by_file.items():
-        with safe_open(str(path), framework="pt") as f:
+        with open_shard(path) as f:
+            stored = set(f.keys())
+            absent = [names[ours] for ours in ours_list if names[ours] not in stored]
+            if absent:
+                raise CheckpointError(f"{path}: tensor(s) the index places here are missing: {', '.join(absent[:20])}")
             for ours in ours_list:
                 tensor = f.get_tensor(names[ours])
                 if tuple(tensor.shape) != tuple(expected[ours]):
@@ -89,10 +165,11 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
 
 
 def load_grouped(folder: Path, rules: list[tuple[str, str]], expected: dict[str, tuple[int, ...]],
-                 optional: set[str] = frozenset()) -> dict[str, dict[str, torch.Tensor]]:
+                 optional: set[str] = frozenset(), ignore: tuple[str, ...] = ()) -> dict[str, dict[str, torch.Tensor]]:
     """Every expected tensor, named ours ("group.rest") by the first matching rule, read, shape-checked
-    and grouped by the first part of its name; names in `optional` may be absent."""
-    files = tensor_files(folder)
+    and grouped by the first part of its name; names in `optional` may be absent, and checkpoint names
+    matching an `ignore` pattern (stored buffers the model recomputes) are skipped."""
+    files = {k: v for k, v in tensor_files(folder).items() if not any(re.match(p, k) for p in ignore)}
     names = map_names(files, lambda n: rename(n, rules),
                       {k: v for k, v in expected.items() if k not in optional}, folder)
     groups: dict[str, dict[str, torch.Tensor]] = {}

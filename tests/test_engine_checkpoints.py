@@ -1,6 +1,8 @@
 """Checkpoint layouts the loader must read: sharded with an index, the three spellings of llava-hf
 tensor names, and the built-in word-level tokenizer a fresh clone falls back to."""
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -81,3 +83,125 @@ def test_missing_shard_is_named(sharded, tmp_path):
 
     with pytest.raises(CheckpointError, match=rf"lists shard\(s\) that are missing: .*{victim.name}"):
         Engine.load(target, Settings())
+
+
+# PyTorch .bin checkpoints (older hub checkpoints ship only these) and unreadable weight files.
+
+def resave_as_bin(source, target, shards: int):
+    """The same tensors as torch.save'd pytorch_model*.bin files: `shards` files with an index, or
+    one pytorch_model.bin without."""
+    tensors = {}
+    for f in sorted(source.glob("*.safetensors")):
+        tensors.update(load_file(str(f)))
+    target.mkdir()
+    for f in source.iterdir():
+        if not f.name.startswith("model") or ".safetensors" not in f.name:
+            (target / f.name).write_bytes(f.read_bytes())
+    if shards == 1:
+        torch.save(tensors, target / "pytorch_model.bin")
+        return target
+    names = sorted(tensors)
+    weight_map = {}
+    for i in range(shards):
+        fname = f"pytorch_model-{i + 1:05d}-of-{shards:05d}.bin"
+        part = names[i::shards]
+        torch.save({n: tensors[n] for n in part}, target / fname)
+        weight_map.update({n: fname for n in part})
+    (target / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return target
+
+
+@pytest.fixture(scope="module")
+def tiny_llava(tmp_path_factory):
+    from tinymodels import make_tiny_llava
+
+    return make_tiny_llava(tmp_path_factory.mktemp("tiny") / "safetensors")
+
+
+@pytest.fixture(scope="module")
+def tiny_bin(tiny_llava, tmp_path_factory):
+    return resave_as_bin(tiny_llava, tmp_path_factory.mktemp("bin") / "sharded", shards=3)
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_bin_checkpoint_loads_to_identical_answers(tiny_llava, tmp_path, shards):
+    folder = resave_as_bin(tiny_llava, tmp_path / "bin", shards)
+    assert not list(folder.glob("*.safetensors")) and len(list(folder.glob("*.bin"))) == shards
+    a = Engine.load(tiny_llava, Settings(), readouts="all").score(IMAGES[0], QUESTIONS)
+    b = Engine.load(folder, Settings(), readouts="all").score(IMAGES[0], QUESTIONS)
+    assert [x.candidate_logits for x in a] == [y.candidate_logits for y in b]
+    assert [x.first_token_id for x in a] == [y.first_token_id for y in b]
+    assert len({round(v, 3) for x in a for v in x.candidate_logits.values()}) > 4  # real, varied values
+
+
+def broken_copy(source, target):
+    target.mkdir()
+    for f in source.iterdir():
+        (target / f.name).write_bytes(f.read_bytes())
+    return target
+
+
+def load_error(folder) -> str:
+    from pope_fast.engine import CheckpointError
+
+    with pytest.raises(CheckpointError) as err:
+        Engine.load(folder, Settings())
+    message = str(err.value)
+    assert "\n" not in message
+    return message
+
+
+def test_missing_bin_shard_is_named(tiny_bin, tmp_path):
+    folder = broken_copy(tiny_bin, tmp_path / "broken")
+    (folder / "pytorch_model-00002-of-00003.bin").unlink()
+    assert re.search(r"pytorch_model\.bin\.index\.json lists shard\(s\) that are missing: .*"
+                     r"pytorch_model-00002-of-00003\.bin", load_error(folder))
+
+
+def test_tensor_missing_from_its_shard_is_named(tiny_bin, tmp_path):
+    folder = broken_copy(tiny_bin, tmp_path / "broken")
+    shard = folder / "pytorch_model-00001-of-00003.bin"
+    tensors = torch.load(shard, weights_only=True)
+    victim = sorted(tensors)[1]
+    del tensors[victim]
+    torch.save(tensors, shard)
+    message = load_error(folder)
+    assert str(shard) in message and victim in message and "missing" in message
+
+
+def test_tensor_missing_from_the_checkpoint_is_named(tiny_bin, tmp_path):
+    folder = broken_copy(tiny_bin, tmp_path / "broken")
+    index = json.loads((folder / "pytorch_model.bin.index.json").read_text())
+    del index["weight_map"]["language_model.lm_head.weight"]
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps(index))
+    assert re.search(r"missing tensors: lm\.lm_head\.weight", load_error(folder))
+
+
+@pytest.mark.parametrize("layout", ["bin", "safetensors"])
+def test_truncated_shard_is_named(tiny_bin, tiny_llava, tmp_path, layout):
+    folder = broken_copy(tiny_bin if layout == "bin" else tiny_llava, tmp_path / "broken")
+    shard = sorted(folder.glob("*.bin" if layout == "bin" else "*.safetensors"))[-1]
+    data = shard.read_bytes()
+    shard.write_bytes(data[: len(data) * 2 // 3])
+    message = load_error(folder)
+    assert message.startswith(f"{shard}: unreadable") and ("cut short" in message or layout == "safetensors")
+
+
+def test_bin_holding_other_objects_is_refused(tiny_bin, tmp_path):
+    folder = broken_copy(tiny_bin, tmp_path / "broken")
+    shard = folder / "pytorch_model-00003-of-00003.bin"
+    tensors = torch.load(shard, weights_only=True)
+    torch.save({**tensors, "extra": Path("/")}, shard)  # not a tensor: unpickling it would run a constructor
+    assert load_error(folder).startswith(f"{shard}: holds objects other than tensors")
+
+
+@pytest.mark.parametrize("index_text, expected", [
+    ('{"metadata": {}}', r"pytorch_model\.bin\.index\.json: no weight_map object"),
+    ('{"weight_map": {"lm_head.weight": "pytorch_model-00001-of-00003.bin",\n}',
+     r"pytorch_model\.bin\.index\.json:2: malformed JSON"),
+    ('[1, 2]', r"pytorch_model\.bin\.index\.json: expected a JSON object"),
+])
+def test_bad_index_is_named(tiny_bin, tmp_path, index_text, expected):
+    folder = broken_copy(tiny_bin, tmp_path / "broken")
+    (folder / "pytorch_model.bin.index.json").write_text(index_text)
+    assert re.search(expected, load_error(folder))

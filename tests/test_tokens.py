@@ -1,5 +1,9 @@
-import pytest
+import json
 
+import pytest
+from click.testing import CliRunner
+
+from pope_fast.cli import main
 from pope_fast.readout import audit_tokens, derive_token_sets, get_template, load_tokenizer
 
 LEGACY_IDS = [3582, 8241, 4874, 3869, 1217, 3782, 694, 1939]
@@ -58,3 +62,27 @@ def test_audit_warns_about_ported_ids(tokenizers):
     assert sum("legacy_8tok: fixed" in w for w in mistral["warnings"]) == 8
     assert mistral["readouts"]["template_aware"]["yes_tokens"][-1] == {"id": 5592, "token": "▁Yes"}
     assert mistral["forms"][" Yes"] == {"ids": [5592], "single_token": True, "first_after_prompt": 5592}
+
+
+def test_mplug_owl2_template_is_the_oracles_prompt(shared):
+    cases = json.loads((shared / "fixtures/mplug_owl2_tiny/expected.json").read_text())["cases"]
+    questions = {json.loads(line)["question_id"]: json.loads(line)["text"]
+                 for line in (shared / "fixtures/mplug_owl2_tiny/questions.jsonl").read_text().splitlines()}
+    for case in cases:
+        assert get_template("mplug_owl2").render(questions[case["question_id"]]) == case["prompt"]
+    assert get_template("mplug_owl2_conv").render("Is there a dog in the image?") == \
+        "USER: <|image|>Is there a dog in the image? ASSISTANT:"
+
+
+@pytest.mark.parametrize("template", ["mplug_owl2", "mplug_owl2_conv"])
+def test_audit_tokens_cli_on_both_mplug_owl2_templates(shared, template):
+    result = CliRunner().invoke(main, ["audit-tokens", "--tokenizer", str(shared / "tokenizers/llama2/vicuna-7b-v1.5"),
+                                       "--template", template, "--format", "json"])
+    assert result.exit_code == 0, result.output
+    audit = json.loads(result.output)
+    assert audit["template"] == template and audit["prompt"].endswith(
+        "Is there a dog in the image?" + (" Answer yes or no only.\nASSISTANT:" if template == "mplug_owl2"
+                                          else " ASSISTANT:"))
+    aware = audit["readouts"]["template_aware"]
+    assert 3869 in aware["yes_ids"] and 1939 in aware["no_ids"]  # ▁Yes / ▁No after "ASSISTANT:"
+    assert not [w for w in audit["warnings"] if "not a yes form" in w or "not a no form" in w]

@@ -1,0 +1,255 @@
+"""mPLUG-Owl2 against its upstream implementation: the fixture in ../shared/fixtures/mplug_owl2_tiny
+holds a tiny random checkpoint in the real layout and what X-PLUG's code (transformers 4.31) computes
+on it. The engine's language-model path is tested against the same oracle once it runs this family;
+here a plain full-sequence forward (`scaffold_logits`) checks the tokenizer, the preprocessing, the
+vision side and the modality-adaptive layer."""
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from PIL import Image
+from safetensors.torch import load_file
+
+from pope_fast.engine import Settings
+from pope_fast.engine.layers import Rotary, make_linear, rms_norm
+from pope_fast.engine.llama import DecoderLayer, causal_attention
+from pope_fast.engine.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model, MultiwayDecoderLayer, lm_expected_shapes
+
+
+@pytest.fixture(scope="module")
+def fixture(shared):
+    root = shared / "fixtures/mplug_owl2_tiny"
+    expected = json.loads((root / "expected.json").read_text())
+    return root, expected["cases"], load_file(str(root / "expected_logits.safetensors"))["logits"]
+
+
+@pytest.fixture(scope="module")
+def owl(fixture):
+    return MplugOwl2Model(fixture[0] / "checkpoint", Settings())
+
+
+@pytest.fixture(scope="module")
+def features(owl, fixture):
+    root, cases, _ = fixture
+    names = sorted({c["image"] for c in cases})
+    pixels = [owl.preprocess(Image.open(root / "images" / n)) for n in names]
+    return dict(zip(names, owl.encode_images(pixels)))
+
+
+def _linear(w, b=None):
+    return make_linear(w, b, dtype=torch.float32, device=torch.device("cpu"), quantize=False, keep_packed=False,
+                       kernels="torch")
+
+
+def decoder_layers(owl, cls=MultiwayDecoderLayer):
+    weights = owl.lm_weights
+    layers = []
+    for i in range(owl.dims.num_layers):
+        prefix = f"layers.{i}."
+        layers.append(cls(owl.dims, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}, _linear))
+    return layers
+
+
+def scaffold_logits(owl, layers, ids: list[int], features: torch.Tensor) -> torch.Tensor:
+    """Scaffold, not the engine: one whole-sequence forward → the last position's logits [vocab].
+    The image features replace the sentinel positions; those positions take multiway.1."""
+    w, dims = owl.lm_weights, owl.dims
+    ids = torch.tensor(ids)
+    image = ids == IMAGE_TOKEN_INDEX
+    x = F.embedding(ids.clamp(min=0), w["embed_tokens.weight"])
+    x[image] = features
+    x, image = x[None], image[None]
+    cos, sin = Rotary(dims.head_dim, dims.rope_theta, torch.device("cpu")).cos_sin(torch.arange(len(ids)),
+                                                                                  torch.float32)
+    for layer in layers:
+        q, k, v = layer.qkv(x, cos, sin, image=image)
+        x = layer.finish(x, causal_attention(q, k, v), image=image)
+    return rms_norm(x[0, -1], w["norm.weight"], dims.rms_eps) @ w["lm_head.weight"].T
+
+
+def test_input_ids_equal_upstreams(owl, fixture):
+    _, cases, _ = fixture
+    for case in cases:
+        ids = owl.prompt_ids(case["prompt"], 65)
+        at = case["input_ids"].index(IMAGE_TOKEN_INDEX)
+        assert ids == case["input_ids"][:at] + [IMAGE_TOKEN_INDEX] * 65 + case["input_ids"][at + 1:]
+    assert owl.prompt_ids(cases[0]["prompt"], 1)[3:6] == [29901, 29871, IMAGE_TOKEN_INDEX]  # "USER: " ends in ▁
+
+
+def test_prompt_ids_follow_tokenizer_image_token(owl):
+    """The upstream conversation template's prompt; and a prompt opening with the image, where
+    upstream keeps the BOS of the text after it (its first chunk is empty, so nothing is dropped)."""
+    ids = owl.prompt_ids("USER: <|image|>Is there a dog in the image? ASSISTANT:", 2)
+    assert ids == [1, 3148, 1001, 29901, 29871, IMAGE_TOKEN_INDEX, IMAGE_TOKEN_INDEX,
+                   1317, 727, 263, 11203, 297, 278, 1967, 29973, 319, 1799, 9047, 13566, 29901]
+    assert owl.prompt_ids("<|image|>\nIs there a dog?", 1) == [IMAGE_TOKEN_INDEX, 1, 29871, 13, 3624, 727, 263,
+                                                                11203, 29973]
+    with pytest.raises(ValueError, match="exactly one"):
+        owl.prompt_ids("USER: <|image|><|image|>", 1)
+
+
+def test_tokenizer_encodes_as_sentencepiece(owl, shared):
+    """The 46 llama.cpp golden cases (ids of the real LLaMA-2 tokenizer, sentencepiece semantics):
+    all equal; transformers 5's own LlamaTokenizer misses those that open with a space."""
+    from transformers import AutoTokenizer
+
+    golden = shared / "tokenizers/golden/ggml-vocab-llama-spm.gguf"
+    texts = golden.with_suffix(".gguf.inp").read_text(encoding="utf-8").split("\n__ggml_vocab_test__\n")
+    expected = [[int(i) for i in line.split()] for line in golden.with_suffix(".gguf.out").read_text().splitlines()]
+    pairs = list(zip(texts, expected))
+    assert len(pairs) == 46
+    assert [owl.tokenizer.encode(t, add_special_tokens=False) for t, _ in pairs] == [ids for _, ids in pairs]
+    plain = AutoTokenizer.from_pretrained(str(owl.folder))
+    assert sum(plain.encode(t, add_special_tokens=False) != ids for t, ids in pairs) > 0
+
+
+def test_pixels_equal_upstreams(owl, fixture):
+    root, cases, _ = fixture
+    for case in cases[::4]:  # one case per image
+        pixels = owl.preprocess(Image.open(root / "images" / case["image"]))
+        assert [1, *pixels.shape] == case["pixel_shape"]
+        assert float(pixels.astype("float64").sum()) == case["pixel_sum"]
+    assert owl._fast_pixels is not None  # the exact fast path passed its load-time check
+
+
+def test_logits_argmax_and_greedy_equal_upstreams(owl, fixture, features):
+    _, cases, expected = fixture
+    layers = decoder_layers(owl)
+    for i, case in enumerate(cases):
+        image = features[case["image"]]
+        assert image.shape == (65, owl.dims.hidden_size)
+        ids = owl.prompt_ids(case["prompt"], image.shape[0])
+        logits = scaffold_logits(owl, layers, ids, image)
+        worst = (logits - expected[i]).abs().max().item()
+        assert worst <= 1e-4, (case["question_id"], worst)
+        assert int(logits.argmax()) == case["argmax"]
+        greedy = [case["argmax"]]  # generated tokens are text: multiway.0, as upstream's decode step
+        while len(greedy) < len(case["greedy_ids"]) and greedy[-1] not in owl.stop_ids:
+            greedy.append(int(scaffold_logits(owl, layers, ids + greedy, image).argmax()))
+        assert greedy == case["greedy_ids"]
+
+
+def test_multiway_routes_each_position(owl):
+    """No mask is all text; an all-image mask is the plain layer built from multiway.1; a mixed mask
+    takes each row from its own modality's layer."""
+    multi = decoder_layers(owl)[0]
+    weights = {k[len("layers.0."):]: v for k, v in owl.lm_weights.items() if k.startswith("layers.0.")}
+    as_text, as_image = ({k.replace(f".multiway.{w}", ""): v for k, v in weights.items() if ".multiway." not in k
+                          or f".multiway.{w}." in k} for w in (0, 1))
+    text_layer, image_layer = DecoderLayer(owl.dims, as_text, _linear), DecoderLayer(owl.dims, as_image, _linear)
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, owl.dims.hidden_size)
+    cos, sin = Rotary(owl.dims.head_dim, owl.dims.rope_theta, torch.device("cpu")).cos_sin(torch.arange(9),
+                                                                                        torch.float32)
+    mask = torch.zeros(2, 9, dtype=torch.bool)
+    mask[0, 2:6] = True
+    mask[1, 7:] = True
+
+    def run(layer, **kw):
+        q, k, v = layer.qkv(x, cos, sin, **kw)
+        return layer.finish(x, causal_attention(q, k, v), **kw), k, v
+
+    text, image, mixed = run(text_layer), run(image_layer), run(multi, image=mask)
+    assert torch.equal(run(multi)[0], text[0])
+    for ours, t, i in zip(mixed[1:], text[1:], image[1:]):  # K, V per row: the row's own projection
+        torch.testing.assert_close(ours, torch.where(mask[:, None, :, None], i, t), rtol=0, atol=1e-6)
+    assert not torch.allclose(text[1], image[1], atol=1e-3)  # the two copies differ, so routing shows
+    all_image = run(multi, image=torch.ones(2, 9, dtype=torch.bool))
+    torch.testing.assert_close(all_image[0], image[0], rtol=0, atol=1e-5)
+
+
+def test_lm_expected_shapes_name_the_multiway_copies(owl):
+    shapes = lm_expected_shapes(owl.dims)
+    assert "layers.1.self_attn.k_proj.multiway.1.weight" in shapes
+    assert "layers.0.input_layernorm.multiway.0.weight" in shapes
+    assert "layers.0.self_attn.k_proj.weight" not in shapes and "layers.0.self_attn.q_proj.weight" in shapes
+    assert set(shapes) == set(owl.lm_weights)
+
+
+@pytest.mark.slow
+def test_nf4_quantizes_every_vision_linear_and_packed_equals_dequantized(fixture):
+    """load_in_4bit quantizes every nn.Linear but lm_head: here the ViT's four per layer and the
+    abstractor's seven per layer plus visual_fc (the patch convolution and the norms stay dense).
+    Kept packed, the features equal those of the weights dequantized once at load."""
+    from pope_fast.kernels import dequantize_nf4, quantize_nf4
+
+    root, cases, _ = fixture
+    stored = load_file(str(root / "checkpoint/model.safetensors"))
+    nf4 = MplugOwl2Model(root / "checkpoint", Settings(quant="nf4", dtype="fp16"))
+    packed = MplugOwl2Model(root / "checkpoint", Settings(quant="nf4", dtype="fp16", nf4_weights="packed"))
+    linears = {f"model.vision_model.encoder.layers.{i}.{n}": m for i, layer in enumerate(nf4.vision.layers)
+               for n, m in layer.items()}
+    linears.update({f"model.visual_abstractor.encoder.layers.{i}.crossattention.{n}": m
+                    for i, layer in enumerate(nf4.abstractor.layers) for n, m in layer.items()})
+    linears["model.visual_abstractor.visual_fc"] = nf4.abstractor.visual_fc
+    assert len(linears) == len(list(nf4.vision.linears) + list(nf4.abstractor.linears)) == 4 * 2 + 7 * 2 + 1
+    for name, linear in linears.items():
+        weight = stored[f"{name}.weight"].half()
+        assert torch.equal(linear.weight, dequantize_nf4(quantize_nf4(weight), torch.float16, backend="torch"))
+        assert not torch.equal(linear.weight, weight)
+        assert torch.equal(linear.bias, stored[f"{name}.bias"].half())
+    assert all(m.packed is not None for m in packed.vision.linears)
+    assert torch.equal(nf4.vision.dense["embeddings.patch_embed.weight"],
+                       stored["model.vision_model.embeddings.patch_embed.weight"].half())
+    pixels = [nf4.preprocess(Image.open(root / "images" / cases[0]["image"]))]
+    ours = nf4.encode_images(pixels)[0]
+    assert torch.equal(ours, packed.encode_images(pixels)[0])
+    assert ours.shape == (65, nf4.dims.hidden_size) and ours.dtype == torch.float16 and torch.isfinite(ours).all()
+
+
+def test_sharded_bin_copy_loads_to_the_same_model(owl, fixture, features, tmp_path):
+    """Real checkpoints of this model ship as sharded pytorch_model-*.bin with an index."""
+    root, cases, _ = fixture
+    tensors = load_file(str(root / "checkpoint/model.safetensors"))
+    assert any(k.endswith("rotary_emb.inv_freq") for k in tensors)  # stored by upstream, skipped here
+    folder = tmp_path / "bin"
+    folder.mkdir()
+    for f in (root / "checkpoint").iterdir():
+        if f.suffix != ".safetensors":
+            (folder / f.name).write_bytes(f.read_bytes())
+    names, weight_map = sorted(tensors), {}
+    for i in range(2):
+        fname = f"pytorch_model-0000{i + 1}-of-00002.bin"
+        torch.save({n: tensors[n] for n in names[i::2]}, folder / fname)
+        weight_map.update({n: fname for n in names[i::2]})
+    (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    copy = MplugOwl2Model(folder, Settings())
+    assert set(copy.lm_weights) == set(owl.lm_weights)
+    assert all(torch.equal(copy.lm_weights[k], owl.lm_weights[k]) for k in owl.lm_weights)
+    pixels = [copy.preprocess(Image.open(root / "images" / cases[0]["image"]))]
+    assert torch.equal(copy.encode_images(pixels)[0], features[cases[0]["image"]])
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"model_type": "llava"}, r"model_type 'llava' is not 'mplug_owl2'"),
+    ({"visual_config": {"visual_model": {"hidden_act": "swish"}}}, r"hidden_act 'swish' is not supported"),
+    ({"visual_config": {"visual_model": {"image_size": 224}}}, r"grid_size 32 does not cover the ViT's 256 patches"),
+    ({"visual_config": {"visual_abstractor": {"encoder_hidden_size": 48}}}, r"encoder_hidden_size 48 differs"),
+])
+def test_bad_config_is_named(fixture, tmp_path, change, message):
+    from pope_fast.engine import CheckpointError
+    from pope_fast.engine.mplug_owl2 import parse_config
+
+    config = json.loads((fixture[0] / "checkpoint/config.json").read_text())
+    for key, value in change.items():
+        if isinstance(value, dict):
+            for part, fields in value.items():
+                config[key][part].update(fields)
+        else:
+            config[key] = value
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=rf"{tmp_path}/config.json.*{message}"):
+        parse_config(tmp_path)
+
+
+def test_default_visual_config_is_the_7b_model(fixture, tmp_path):
+    from pope_fast.engine.mplug_owl2 import parse_config
+
+    config = json.loads((fixture[0] / "checkpoint/config.json").read_text())
+    del config["visual_config"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    _, _, vision, abstractor = parse_config(tmp_path)
+    assert (vision.hidden_size, vision.num_hidden_layers, vision.tokens) == (1024, 24, 1025)
+    assert (abstractor.num_hidden_layers, abstractor.intermediate_size,
+            abstractor.num_learnable_queries) == (6, 2816, 64)
