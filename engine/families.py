@@ -21,12 +21,13 @@ FAMILIES: dict[str, str] = {
     "llava_next": "llava_next:LlavaNextModel",
     "instructblip": "instructblip:InstructBlipModel",
     "qwen2_vl": "qwen2_vl:Qwen2VLModel",
+    "mplug_owl2": "mplug_owl2:MplugOwl2Model",
 }
 
 
 class Family(Protocol):
     """What the engine asks of a model family file (llava.py, llava_next.py, instructblip.py,
-    qwen2_vl.py): built from a checkpoint folder and Settings, it owns the checkpoint's tokenizer,
+    qwen2_vl.py, mplug_owl2.py): built from a checkpoint folder and Settings, it owns the checkpoint's tokenizer,
     processor, vision side and language model (a LlamaLM), turns images into the features that stand
     in for the prompt's image tokens, and lays a prompt out for the language model."""
 

@@ -26,8 +26,9 @@ from torch import nn
 
 from .images import ClipPixels, checked_fast_path
 from .layers import apply_rotary, make_linear, rms_norm
-from .llama import DecoderLayer, LlamaDims
+from .llama import DecoderLayer, LlamaDims, LlamaLM
 from .loader import CheckpointError, load_grouped, read_config, stop_ids
+from .plan import PromptLayout
 from .settings import Settings
 from .vision_cache import tensor_fingerprint
 
@@ -354,17 +355,14 @@ def tokenizer_image_token(tokenizer, prompt: str) -> list[int]:
 
 
 class MplugOwl2Model:
-    """Everything the engine needs from one mPLUG-Owl2 checkpoint.
-
-    The language model's tensors are kept in `lm_weights` (LlamaLM's names, multiway ones included)
-    for a LlamaLM built of `layer_class` layers, which get the image mask of each prompt."""
+    """Everything the engine needs from one mPLUG-Owl2 checkpoint: its language model is a LlamaLM of
+    MultiwayDecoderLayers, which route each position by the image mask of the prompt's layout."""
 
     family = MODEL_TYPE
     default_template = "mplug_owl2"
     image_marker = IMAGE_MARKER
     features_per_prompt = False
     image_token_id = IMAGE_TOKEN_INDEX
-    layer_class = MultiwayDecoderLayer
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoImageProcessor, AutoTokenizer
@@ -394,7 +392,9 @@ class MplugOwl2Model:
 
         self.vision = VisionTower(vision_dims, parts["vision"], linear, dtype, device).eval()
         self.abstractor = VisualAbstractor(abstractor_dims, parts["abstractor"], linear, dtype, device).eval()
-        self.lm_weights = parts["lm"]
+        self.lm = LlamaLM(self.dims, parts["lm"], dtype=dtype, device=device, quantize=settings.quant == "nf4",
+                          keep_packed=settings.nf4_weights == "packed", quantize_lm_head=settings.quantize_lm_head,
+                          kernels=settings.kernels, layer_class=MultiwayDecoderLayer)
         self.stop_ids = stop_ids(folder, self.tokenizer)
         self._ids: dict[str, list[int]] = {}
         self._fast_pixels = checked_fast_path(ClipPixels.for_processor(self.image_processor), self._processor_pixels)
@@ -440,3 +440,7 @@ class MplugOwl2Model:
         ids = self._ids[prompt]
         at = ids.index(IMAGE_TOKEN_INDEX)
         return ids[:at] + [IMAGE_TOKEN_INDEX] * num_image_tokens + ids[at + 1:]
+
+    def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
+        """The image's 65 features are the same for every question: the prefix up to them is shared."""
+        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), IMAGE_TOKEN_INDEX)

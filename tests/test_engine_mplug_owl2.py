@@ -1,8 +1,6 @@
 """mPLUG-Owl2 against its upstream implementation: the fixture in ../shared/fixtures/mplug_owl2_tiny
 holds a tiny random checkpoint in the real layout and what X-PLUG's code (transformers 4.31) computes
-on it. The engine's language-model path is tested against the same oracle once it runs this family;
-here a plain full-sequence forward (`scaffold_logits`) checks the tokenizer, the preprocessing, the
-vision side and the modality-adaptive layer."""
+on it: the engine's ids, pixels, candidate logits, argmax and greedy continuations must be upstream's."""
 import json
 
 import pytest
@@ -11,8 +9,12 @@ import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file
 
-from pope_fast.engine import Settings
-from pope_fast.engine.layers import Rotary, make_linear, rms_norm
+from click.testing import CliRunner
+from tinymodels import generated_text, worst_difference
+
+from pope_fast.cli import main
+from pope_fast.engine import Engine, Settings
+from pope_fast.engine.layers import Rotary, make_linear
 from pope_fast.engine.llama import DecoderLayer, causal_attention
 from pope_fast.engine.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model, MultiwayDecoderLayer, lm_expected_shapes
 
@@ -42,30 +44,12 @@ def _linear(w, b=None):
                        kernels="torch")
 
 
-def decoder_layers(owl, cls=MultiwayDecoderLayer):
-    weights = owl.lm_weights
-    layers = []
-    for i in range(owl.dims.num_layers):
-        prefix = f"layers.{i}."
-        layers.append(cls(owl.dims, {k[len(prefix):]: v for k, v in weights.items() if k.startswith(prefix)}, _linear))
-    return layers
-
-
-def scaffold_logits(owl, layers, ids: list[int], features: torch.Tensor) -> torch.Tensor:
-    """Scaffold, not the engine: one whole-sequence forward → the last position's logits [vocab].
-    The image features replace the sentinel positions; those positions take multiway.1."""
-    w, dims = owl.lm_weights, owl.dims
-    ids = torch.tensor(ids)
-    image = ids == IMAGE_TOKEN_INDEX
-    x = F.embedding(ids.clamp(min=0), w["embed_tokens.weight"])
-    x[image] = features
-    x, image = x[None], image[None]
-    cos, sin = Rotary(dims.head_dim, dims.rope_theta, torch.device("cpu")).cos_sin(torch.arange(len(ids)),
-                                                                                  torch.float32)
-    for layer in layers:
-        q, k, v = layer.qkv(x, cos, sin, image=image)
-        x = layer.finish(x, causal_attention(q, k, v), image=image)
-    return rms_norm(x[0, -1], w["norm.weight"], dims.rms_eps) @ w["lm_head.weight"].T
+def _stored_lm(root) -> dict[str, torch.Tensor]:
+    """The checkpoint's language-model tensors under LlamaLM's names."""
+    stored = load_file(str(root / "checkpoint/model.safetensors"))
+    lm = {k[len("model."):]: v for k, v in stored.items() if k.startswith("model.")
+          and not k.startswith(("model.vision_model.", "model.visual_abstractor.")) and "rotary_emb" not in k}
+    return {**lm, "lm_head.weight": stored["lm_head.weight"]}
 
 
 def test_input_ids_equal_upstreams(owl, fixture):
@@ -113,28 +97,56 @@ def test_pixels_equal_upstreams(owl, fixture):
     assert owl._fast_pixels is not None  # the exact fast path passed its load-time check
 
 
-def test_logits_argmax_and_greedy_equal_upstreams(owl, fixture, features):
-    _, cases, expected = fixture
-    layers = decoder_layers(owl)
-    for i, case in enumerate(cases):
-        image = features[case["image"]]
-        assert image.shape == (65, owl.dims.hidden_size)
-        ids = owl.prompt_ids(case["prompt"], image.shape[0])
-        logits = scaffold_logits(owl, layers, ids, image)
-        worst = (logits - expected[i]).abs().max().item()
-        assert worst <= 1e-4, (case["question_id"], worst)
-        assert int(logits.argmax()) == case["argmax"]
-        greedy = [case["argmax"]]  # generated tokens are text: multiway.0, as upstream's decode step
-        while len(greedy) < len(case["greedy_ids"]) and greedy[-1] not in owl.stop_ids:
-            greedy.append(int(scaffold_logits(owl, layers, ids + greedy, image).argmax()))
-        assert greedy == case["greedy_ids"]
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 7), (False, 1), (False, 7)],
+                         ids=["reuse-b1", "reuse-b7", "whole-b1", "whole-b7"])
+def test_engine_equals_upstream(fixture, prefix_reuse, batch_size):
+    """Candidate logits of every readout's ids within 1e-4 (fp32), the argmax as first token, and the
+    greedy continuation, for all 12 questions of the 3 images in one call (batches span images)."""
+    root, cases, expected = fixture
+    engine = Engine.load(root / "checkpoint", Settings(prefix_reuse=prefix_reuse, batch_size=batch_size,
+                                                       max_new_tokens=8), readouts="all")
+    assert engine.template.name == "mplug_owl2"
+    names = list(dict.fromkeys(c["image"] for c in cases))
+    items = [(engine.features(root / "images" / n), [c["prompt"] for c in cases if c["image"] == n]) for n in names]
+    results = [r for per_image in engine.run_images(items) for r in per_image]
+    by_prompt = [c for n in names for c in cases if c["image"] == n]
+    before = by_prompt[0]["input_ids"].index(IMAGE_TOKEN_INDEX)  # one prefix per image: its text, then 65 slots
+    assert engine.counts.prefix_tokens == (len(names) * (before + 65) if prefix_reuse else 0)
+    for case, result in zip(by_prompt, results):
+        theirs = expected[cases.index(case)]
+        worst, at = worst_difference(result.candidate_logits, theirs)
+        assert worst <= 1e-4, f"question {case['question_id']}: id {at} off by {worst:.2e}"
+        assert result.first_token_id == case["argmax"]
+        assert result.decoded == generated_text(engine, case["greedy_ids"])
+    assert set(engine.candidate_ids) >= {3582, 8241, 4874, 3869, 1217, 3782, 694, 1939}
+
+
+def test_eval_cli_on_the_fixture(fixture, tmp_path):
+    """pope-fast eval: the family from config.json, its template, every readout, and a rerun resumes."""
+    root, cases, _ = fixture
+    args = ["eval", "--model", str(root / "checkpoint"), "--questions", str(root / "questions.jsonl"),
+            "--images", str(root / "images"), "--out", str(tmp_path / "out"), "--device", "cpu",
+            "--readouts", "all", "--dtype", "fp32", "--max-new-tokens", "8"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "out" / "meta.json").read_text())
+    assert meta["model"]["family"] == "mplug_owl2" and meta["template"] == "mplug_owl2"
+    records = {r["question_id"]: r for r in map(json.loads, (tmp_path / "out/records.jsonl").read_text().splitlines())}
+    assert len(records) == len(cases)
+    for case in cases:
+        record = records[case["question_id"]]
+        assert record["first_token_id"] == case["argmax"]
+        for i, v in case["legacy_logits"].items():
+            assert abs(record["candidate_logits"][i] - v) <= 1e-4
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output
 
 
 def test_multiway_routes_each_position(owl):
     """No mask is all text; an all-image mask is the plain layer built from multiway.1; a mixed mask
     takes each row from its own modality's layer."""
-    multi = decoder_layers(owl)[0]
-    weights = {k[len("layers.0."):]: v for k, v in owl.lm_weights.items() if k.startswith("layers.0.")}
+    multi = owl.lm.layers[0]
+    weights = {k[len("layers.0."):]: v for k, v in _stored_lm(owl.folder.parent).items() if k.startswith("layers.0.")}
     as_text, as_image = ({k.replace(f".multiway.{w}", ""): v for k, v in weights.items() if ".multiway." not in k
                           or f".multiway.{w}." in k} for w in (0, 1))
     text_layer, image_layer = DecoderLayer(owl.dims, as_text, _linear), DecoderLayer(owl.dims, as_image, _linear)
@@ -164,7 +176,8 @@ def test_lm_expected_shapes_name_the_multiway_copies(owl):
     assert "layers.1.self_attn.k_proj.multiway.1.weight" in shapes
     assert "layers.0.input_layernorm.multiway.0.weight" in shapes
     assert "layers.0.self_attn.k_proj.weight" not in shapes and "layers.0.self_attn.q_proj.weight" in shapes
-    assert set(shapes) == set(owl.lm_weights)
+    stored = _stored_lm(owl.folder.parent)
+    assert set(shapes) == set(stored) and all(tuple(stored[k].shape) == shape for k, shape in shapes.items())
 
 
 @pytest.mark.slow
@@ -215,8 +228,8 @@ def test_sharded_bin_copy_loads_to_the_same_model(owl, fixture, features, tmp_pa
         weight_map.update({n: fname for n in names[i::2]})
     (folder / "pytorch_model.bin.index.json").write_text(json.dumps({"weight_map": weight_map}))
     copy = MplugOwl2Model(folder, Settings())
-    assert set(copy.lm_weights) == set(owl.lm_weights)
-    assert all(torch.equal(copy.lm_weights[k], owl.lm_weights[k]) for k in owl.lm_weights)
+    ours, theirs = copy.lm.state_dict(), owl.lm.state_dict()
+    assert set(ours) == set(theirs) and all(torch.equal(ours[k], theirs[k]) for k in theirs)
     pixels = [copy.preprocess(Image.open(root / "images" / cases[0]["image"]))]
     assert torch.equal(copy.encode_images(pixels)[0], features[cases[0]["image"]])
 
