@@ -14,6 +14,7 @@ the image sits at the sentinel id -200, which is not a vocabulary id.
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -334,6 +335,8 @@ def legacy_llama_tokenizer(tokenizer):
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
         raise CheckpointError(f"tokenizer {type(tokenizer).__name__} has no tokenizers backend to rebuild")
+    if json.loads(backend.to_str())["model"]["type"] != "BPE":  # not sentencepiece's (a built-in word-level one)
+        return tokenizer
     backend = Tokenizer.from_str(backend.to_str())
     backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
     backend.pre_tokenizer = None

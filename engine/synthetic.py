@@ -76,6 +76,22 @@ QWEN2_VL_DIMS = {
                            rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})),
 }
 ANYRES_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
+# mPLUG-Owl2-LLaMA2-7B: a ViT-L/14 at 448 px (1,025 tokens), a 6-layer visual abstractor of 64 queries,
+# LLaMA-2-7B with multiway k/v projections and norms; 65 image tokens either way.
+MPLUG_OWL2_DIMS = {
+    "7b": dict(vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                           image_size=448, patch_size=14),
+               abstractor=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=16,
+                               encoder_hidden_size=1024, grid_size=32, num_learnable_queries=64),
+               text=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                         num_key_value_heads=32, vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096)),
+    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             image_size=448, patch_size=14),
+                 abstractor=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                                 encoder_hidden_size=64, grid_size=32, num_learnable_queries=64),
+                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=4, vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096)),
+}
 
 
 def article(word: str) -> str:
@@ -209,7 +225,8 @@ def _tokenizer(folder: Path, tokenizer_dir: Path | None, builtin=builtin_tokeniz
 
 
 def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dtype, device) -> torch.Tensor:
-    if len(shape) == 1 and "norm" in name.lower() and name.endswith("weight"):  # LayerNorm, layrnorm, norm
+    norm = "norm" in name.lower() or name.endswith("_ln.weight")  # LayerNorm, layrnorm, norm, ffn_ln
+    if len(shape) == 1 and norm and name.endswith("weight"):
         return torch.ones(shape, dtype=dtype, device=device)
     if name.endswith("bias"):
         return torch.zeros(shape, dtype=dtype, device=device)
@@ -329,6 +346,43 @@ def write_qwen2_vl_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokeni
     return _write(folder, config, Qwen2VLForConditionalGeneration, processor, weights or Weights(**stream))
 
 
+TOP_LEVEL = ("visual_config", "model_type", "architectures")  # mPLUG-Owl2 config keys that are not LLaMA's
+
+
+def write_mplug_owl2_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                                weights: Weights | None = None, **stream) -> Path:
+    """A random-weight checkpoint in upstream mPLUG-Owl2's layout (config.json with visual_config,
+    upstream's tensor names, a CLIP processor at the ViT's size); transformers has no class for it,
+    so the tensors are streamed from the family's own shape tables ("stream" weights only)."""
+    from transformers import CLIPImageProcessor, LlamaConfig
+
+    from .llama import LlamaDims
+    from .mplug_owl2 import AbstractorDims, VisionDims, lm_expected_shapes
+
+    dims, folder = _dims(MPLUG_OWL2_DIMS, dims), _folder(folder)
+    weights = weights or Weights(**stream)
+    if weights.init != "stream":
+        raise ValueError("mPLUG-Owl2 checkpoints are written as streamed random tensors only")
+    tok = _tokenizer(folder, tokenizer_dir)
+    text = _vocab(dims["text"], tok)
+    raw = {"architectures": ["MPLUGOwl2LlamaForCausalLM"], "model_type": "mplug_owl2", **text,
+           "num_key_value_heads": text.get("num_key_value_heads", text["num_attention_heads"]),
+           "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0,
+           "tie_word_embeddings": False,
+           "visual_config": {"visual_model": dims["vision"], "visual_abstractor": dims["abstractor"]}}
+    lm = LlamaDims.from_config(LlamaConfig(**{k: v for k, v in raw.items() if k not in TOP_LEVEL}))
+    shapes = {(k if k == "lm_head.weight" else f"model.{k}"): v for k, v in lm_expected_shapes(lm).items()}
+    shapes.update({f"model.vision_model.{k}": v for k, v in VisionDims(**dims["vision"]).expected_shapes().items()})
+    shapes.update({f"model.visual_abstractor.{k}": v
+                   for k, v in AbstractorDims(**dims["abstractor"]).expected_shapes(lm.hidden_size).items()})
+    side = dims["vision"]["image_size"]
+    processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
+    _write_tensors(folder, shapes, weights)
+    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
+    processor.save_pretrained(str(folder))
+    return folder
+
+
 def _dims(table: dict, dims: str | dict) -> dict:
     if isinstance(dims, dict):
         return dims
@@ -350,40 +404,38 @@ def _vocab(text: dict, tok) -> dict:
 
 
 def _write(folder: Path, config, model_class, processor, weights: Weights) -> Path:
-    if weights.init == "stream":
-        return _write_checkpoint(folder, config, model_class, processor, seed=weights.seed, std=weights.std,
-                                 dtype=weights.dtype, device=weights.device, shard_bytes=weights.shard_bytes)
-    if weights.init != "model":
+    if weights.init == "stream":  # transformers' own tensor names, shard by shard: a 7B model never sits in memory
+        with torch.device("meta"):
+            shapes = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()
+                      if not k.endswith("position_ids")}
+        _write_tensors(folder, shapes, weights)
+        config.save_pretrained(str(folder))
+    elif weights.init == "model":
+        torch.manual_seed(weights.seed)
+        model = model_class(config).eval()
+        with torch.no_grad():
+            for p in model.parameters():
+                if p.dim() in weights.spread_ranks:
+                    p.normal_(0.0, weights.std)
+            for name, std in weights.extra.items():
+                model.get_parameter(name).normal_(0.0, std)
+        model.to(weights.dtype).save_pretrained(str(folder))
+    else:
         raise ValueError(f"init must be stream or model, not {weights.init!r}")
-    torch.manual_seed(weights.seed)
-    model = model_class(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() in weights.spread_ranks:
-                p.normal_(0.0, weights.std)
-        for name, std in weights.extra.items():
-            model.get_parameter(name).normal_(0.0, std)
-    model.to(weights.dtype).save_pretrained(str(folder))
     processor.save_pretrained(str(folder))
     return folder
 
 
-def _write_checkpoint(folder: Path, config, model_class, processor, *, seed: int, std: float, dtype, device: str,
-                      shard_bytes: int) -> Path:
-    """Random weights for every tensor of model_class(config), written shard by shard so a 7B
-    checkpoint never needs the whole model in memory; tensor names are transformers' own, which its
-    loader and ours read."""
+def _write_tensors(folder: Path, shapes: dict[str, tuple[int, ...]], weights: Weights) -> None:
+    """Random tensors of these names and shapes as safetensors shards (with an index when more than one)."""
     from safetensors.torch import save_file
 
-    with torch.device("meta"):
-        shapes = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()
-                  if not k.endswith("position_ids")}
-    generator = torch.Generator(device=device).manual_seed(seed)
+    generator = torch.Generator(device=weights.device).manual_seed(weights.seed)
     shards, current, current_bytes = [], {}, 0
     for name, shape in shapes.items():
-        current[name] = _random_tensor(name, shape, std, generator, dtype, device).cpu()
+        current[name] = _random_tensor(name, shape, weights.std, generator, weights.dtype, weights.device).cpu()
         current_bytes += current[name].numel() * current[name].element_size()
-        if current_bytes >= shard_bytes:
+        if current_bytes >= weights.shard_bytes:
             shards.append(current)
             current, current_bytes = {}, 0
     if current:
@@ -395,6 +447,3 @@ def _write_checkpoint(folder: Path, config, model_class, processor, *, seed: int
         weight_map.update({name: fname for name in shard})
     if len(shards) > 1:
         (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    config.save_pretrained(str(folder))
-    processor.save_pretrained(str(folder))
-    return folder
