@@ -266,3 +266,33 @@ def test_default_visual_config_is_the_7b_model(fixture, tmp_path):
     assert (vision.hidden_size, vision.num_hidden_layers, vision.tokens) == (1024, 24, 1025)
     assert (abstractor.num_hidden_layers, abstractor.intermediate_size,
             abstractor.num_learnable_queries) == (6, 2816, 64)
+
+
+def test_nf4_decisions_equal_the_engine_on_the_dequantized_weights(fixture, tmp_path):
+    """load_in_4bit as the paper ran it quantizes every Linear but lm_head (both multiway copies, the
+    ViT, the abstractor); the NF4 engine (fp16) decides as the fp32 engine does on a copy of the
+    checkpoint whose Linear weights are those NF4 values, dequantized bit for bit as bitsandbytes does."""
+    from safetensors.torch import save_file
+
+    from pope_fast.kernels import dequantize_nf4, quantize_nf4
+    from pope_fast.readout import LOGIT_READOUTS
+
+    root, cases, _ = fixture
+    stored = load_file(str(root / "checkpoint/model.safetensors"))
+    linear = [k for k, v in stored.items() if v.dim() == 2 and k.endswith(".weight")
+              and not k.endswith(("embed_tokens.weight", "lm_head.weight"))]
+    assert sum(".multiway." in k for k in linear) == 2 * 2 * 2  # k/v_proj, both copies, two layers
+    copy = tmp_path / "dequantized"
+    copy.mkdir()
+    for f in (root / "checkpoint").iterdir():
+        if f.suffix != ".safetensors":
+            (copy / f.name).write_bytes(f.read_bytes())
+    save_file({k: dequantize_nf4(quantize_nf4(v.half()), torch.float16, backend="torch").float() if k in linear else v
+               for k, v in stored.items()}, str(copy / "model.safetensors"))
+    prompts = {n: [c["prompt"] for c in cases if c["image"] == n] for n in dict.fromkeys(c["image"] for c in cases)}
+    decisions = []
+    for folder, settings in ((root / "checkpoint", Settings(quant="nf4", dtype="fp16")), (copy, Settings())):
+        engine = Engine.load(folder, settings, readouts=",".join(LOGIT_READOUTS))
+        items = [(engine.features(root / "images" / n), ps) for n, ps in prompts.items()]
+        decisions.append([(r.first_token_id, engine.decide(r)) for rs in engine.run_images(items) for r in rs])
+    assert len(decisions[0]) == len(cases) and decisions[0] == decisions[1]
