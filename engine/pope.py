@@ -10,12 +10,13 @@ import json
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ..readout import (META_FILE, Question, RecordWriter, format_runs, make_record, read_records, score_records,
                        write_meta)
+from ..readout.records import record_key
 from .core import Engine
 from .images import ImageError, check_images, read_image
 
@@ -61,7 +62,7 @@ def _check_done(writer: RecordWriter, questions: list[Question]) -> None:
     """A recorded question must be this question: same image and label (another question file under
     the same split name would otherwise be taken as done)."""
     for q in questions:
-        recorded = writer.done.get((q.split, q.key))
+        recorded = writer.done.get(record_key(q.split, q.key, q.dataset))
         if recorded is not None and recorded != (q.image, q.label):
             raise ValueError(f"{writer.path}: question {q.question_id} of split {q.split} was recorded for image "
                              f"{recorded[0]} (label {recorded[1]}), but the question file has {q.image} "
@@ -77,9 +78,11 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
     out_dir, images_dir = Path(out_dir), Path(images_dir)
     seen = set()
     for q in questions:
-        if (q.split, q.key) in seen:
-            raise ValueError(f"question {q.question_id} appears twice in split {q.split}")
-        seen.add((q.split, q.key))
+        key = record_key(q.split, q.key, q.dataset)
+        if key in seen:
+            raise ValueError(f"question {q.question_id} appears twice in split {q.split}"
+                             + (f" of {q.dataset}" if q.dataset else ""))
+        seen.add(key)
     workers = workers or default_workers()
     meta = engine.meta()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,8 +90,11 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
     write_meta(out_dir, meta)
 
     with RecordWriter(out_dir) as writer:
+        if writer.done and not any(dataset for dataset, _, _ in writer.done):
+            # A folder begun before records named their dataset goes on without it, as the one run it is.
+            questions = [replace(q, dataset="") for q in questions]
         _check_done(writer, questions)
-        todo = [q for q in questions if (q.split, q.key) not in writer.done]
+        todo = [q for q in questions if record_key(q.split, q.key, q.dataset) not in writer.done]
         if progress and len(todo) < len(questions):
             progress(len(questions) - len(todo))
         problems = check_images(images_dir, [q.image for q in todo], workers)

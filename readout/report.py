@@ -41,7 +41,7 @@ def format_runs(runs: list[dict], fmt: str = "table") -> str:
     render = _markdown if fmt == "markdown" else _aligned
     blocks = []
     for run in runs:
-        title = f"{run['source']} — split {run['split']}, n={run['n']}"
+        title = f"{run['source']} — {run['dataset'] + ' ' if run.get('dataset') else ''}split {run['split']}, n={run['n']}"
         if run.get("errors"):
             title += f", {run['errors']} error records (unknown under every readout)"
         parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run))]
