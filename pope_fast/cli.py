@@ -22,8 +22,9 @@ def main() -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--readouts", default="all", show_default=True, help="all, or a comma-separated list")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "models", "latex"]), default="table",
+              show_default=True, help="models: one F1 table per split, models (files) as rows and readouts as "
+                                      "columns, best per row in bold, in markdown; latex: the same in LaTeX (booktabs)")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
 def score(files, readouts, fmt, seed, resamples) -> None:
@@ -37,6 +38,22 @@ def score(files, readouts, fmt, seed, resamples) -> None:
     except (DataError, Unavailable, ValueError) as err:
         _fail(str(err))
     click.echo(format_runs(runs, fmt))
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="folder for the report")
+@click.option("--seed", default=0, show_default=True, help="bootstrap seed")
+@click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
+def report(runs, out_dir, seed, resamples) -> None:
+    """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs or record files."""
+    from .readout.figures import write_report
+
+    try:
+        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples)
+    except (DataError, ValueError) as err:
+        _fail(str(err))
+    click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
 
 
 @main.command("audit-tokens")
