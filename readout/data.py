@@ -119,12 +119,15 @@ def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]
             data = image.get("bytes") if isinstance(image, dict) else None
             if not data:
                 raise DataError(f"{path} item {index}: image has no embedded bytes")
-            digest = hashlib.sha256(data).digest()
-            data = by_content.setdefault(digest, data)
             name = row.pop("image_source", None) or Path(image.get("path") or "").name \
-                or f"sha256-{digest.hex()[:16]}"
-            if images.setdefault(name, data) is not data:
+                or f"sha256-{hashlib.sha256(data).hexdigest()[:16]}"
+            known = images.get(name)
+            if known is None:
+                images[name] = data = by_content.setdefault(hashlib.sha256(data).digest(), data)
+            elif known != data:
                 raise DataError(f"{path} item {index}: image {name!r} differs from an earlier image of that name")
+            else:
+                data = known
             rows.append((-index, {"question_id": row["question_id"], "image": name, "text": row["question"],
                                   "label": row["answer"], "category": row.get("category"), "image_data": data}))
     return rows
