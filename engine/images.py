@@ -41,9 +41,10 @@ class LoadedImage:
 
 
 def read_image(path: str | Path, verify: bool = True, data: bytes | None = None) -> LoadedImage:
-    """The file's bytes (or `data`, an image embedded in the question file, named by path); with verify, proven to be a whole image without decoding it where the format
-    allows: a JPEG whose header parses and that ends with its end-of-image marker, a PNG whose chunks all pass
-    their CRCs. Anything else (a JPEG with bytes after the marker, other formats) is decoded once,
+    """The file's bytes (or `data`: an image embedded in a question file, `path` naming it in messages);
+    with verify, proven to be a whole image without decoding it where the format allows: a JPEG whose
+    header parses and that ends with its end-of-image marker, a PNG whose chunks all pass their CRCs.
+    Anything else (a JPEG with bytes after the marker, other formats) is decoded once,
     JPEGs in draft mode (every entropy-coded byte is still read, so a truncated file fails). The
     draft decode cost ~1 ms per COCO image, a third of the CPU time the sweep spends per image
     outside the model on the 2-core machine."""

@@ -155,7 +155,8 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
     path = Path(path)
     if dataset is None:
         dataset = dataset_from_name(path)
-    if path.suffix == ".parquet":
+    parquet = path.suffix == ".parquet"
+    if parquet:
         if not path.is_file():
             raise DataError(f"{path}: no such question file")
         rows = _parquet_rows(path, {} if images is None else images)
@@ -181,7 +182,7 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
             raise DataError(f"{where}: duplicate question_id {qid!r} (first at {_where(path, seen[row_split, str(qid)])})")
         seen[row_split, str(qid)] = lineno
         questions.append(Question(qid, str(row["image"]), str(row["text"]), label, str(row_split), dataset,
-                                  row.get("image_data")))
+                                  row["image_data"] if parquet else None))
     if not questions:
         raise DataError(f"{path}: no questions")
     return questions
