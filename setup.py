@@ -32,6 +32,11 @@ setup(
         # benchmark's reference pipeline and the NF4 tests do.
         "accelerate>=1.0",
     ],
-    extras_require={"test": ["pytest>=8"]},
+    extras_require={
+        "parquet": ["pyarrow>=14"],  # lmms-lab/POPE parquet question files with embedded images
+        "report": ["matplotlib>=3.7"],  # pope-fast report's figures
+        # the tests exercise both extras: without them the parquet and report tests would skip
+        "test": ["pytest>=8", "pyarrow>=14", "matplotlib>=3.7"],
+    },
     entry_points={"console_scripts": ["pope-fast=pope_fast.cli:main"]},
 )

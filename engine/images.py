@@ -39,14 +39,15 @@ class LoadedImage:
         return image
 
 
-def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
-    """The file's bytes; with verify, proven to be a whole image without decoding it where the format
-    allows: a JPEG whose header parses and that ends with its end-of-image marker, a PNG whose chunks all pass
-    their CRCs. Anything else (a JPEG with bytes after the marker, other formats) is decoded once,
-    JPEGs in draft mode (every entropy-coded byte is still read, so a truncated file fails)."""
+def read_image(path: str | Path, verify: bool = True, data: bytes | None = None) -> LoadedImage:
+    """The file's bytes (or `data`: an image embedded in a question file, `path` naming it in messages);
+    with verify, proven to be a whole image without decoding it where the format allows: a JPEG whose
+    header parses and that ends with its end-of-image marker, a PNG whose chunks all pass their CRCs.
+    Anything else (a JPEG with bytes after the marker, other formats) is decoded once, JPEGs in draft
+    mode (every entropy-coded byte is still read, so a truncated file fails)."""
     path = Path(path)
     try:
-        data = path.read_bytes()
+        data = path.read_bytes() if data is None else data
     except FileNotFoundError:
         raise ImageError(f"{path}: image file not found") from None
     except OSError as err:
@@ -65,16 +66,26 @@ def read_image(path: str | Path, verify: bool = True) -> LoadedImage:
     return loaded
 
 
-def check_images(folder: str | Path, names: list[str], workers: int = 1) -> dict[str, str]:
+def embedded_path(name: str) -> Path:
+    """What an embedded image is called in messages."""
+    return Path(f"{name} (embedded)")
+
+
+def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
+                 embedded: dict[str, bytes] | None = None) -> dict[str, str]:
     """Problems by image name ({} when every file is present and decodes); reads each file once, in
-    `workers` threads (decoding releases the GIL)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise ImageError(f"{folder}: image folder not found")
+    `workers` threads (decoding releases the GIL). Names in `embedded` are checked from those bytes."""
+    embedded = embedded or {}
+    folder = None if folder is None else Path(folder)
+    if any(name not in embedded for name in names) and (folder is None or not folder.is_dir()):
+        raise ImageError(f"{folder}: image folder not found" if folder else "no image folder given for image files")
 
     def problem(name: str) -> str | None:
         try:
-            read_image(folder / name)
+            if name in embedded:
+                read_image(embedded_path(name), data=embedded[name])
+            else:
+                read_image(folder / name)
         except ImageError as err:
             return str(err)
         return None

@@ -10,14 +10,15 @@ import json
 import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ..readout import (META_FILE, Question, RecordWriter, format_runs, make_record, read_records, score_records,
                        write_meta)
+from ..readout.records import record_key
 from .core import Engine
-from .images import ImageError, check_images, read_image
+from .images import ImageError, check_images, embedded_path, read_image
 
 
 @dataclass
@@ -61,25 +62,27 @@ def _check_done(writer: RecordWriter, questions: list[Question]) -> None:
     """A recorded question must be this question: same image and label (another question file under
     the same split name would otherwise be taken as done)."""
     for q in questions:
-        recorded = writer.done.get((q.split, q.key))
+        recorded = writer.done.get(record_key(q.split, q.key, q.dataset))
         if recorded is not None and recorded != (q.image, q.label):
             raise ValueError(f"{writer.path}: question {q.question_id} of split {q.split} was recorded for image "
                              f"{recorded[0]} (label {recorded[1]}), but the question file has {q.image} "
                              f"(label {q.label}); choose a new --out")
 
 
-def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, out_dir: str | Path, *,
+def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
              skip_bad: bool = False, progress: Callable[[int], None] | None = None,
              workers: int | None = None) -> SweepResult:
     """Evaluate every question not yet recorded in out_dir; returns the scored runs. `workers`
     threads (default: one per CPU core, at most 8) check, read, decode and preprocess images ahead of
-    the model."""
-    out_dir, images_dir = Path(out_dir), Path(images_dir)
+    the model. Images embedded in the questions (parquet) are read from there, the others from images_dir."""
+    out_dir, images_dir = Path(out_dir), None if images_dir is None else Path(images_dir)
     seen = set()
     for q in questions:
-        if (q.split, q.key) in seen:
-            raise ValueError(f"question {q.question_id} appears twice in split {q.split}")
-        seen.add((q.split, q.key))
+        key = record_key(q.split, q.key, q.dataset)
+        if key in seen:
+            raise ValueError(f"question {q.question_id} appears twice in split {q.split}"
+                             + (f" of {q.dataset}" if q.dataset else ""))
+        seen.add(key)
     workers = workers or default_workers()
     meta = engine.meta()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -87,11 +90,15 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
     write_meta(out_dir, meta)
 
     with RecordWriter(out_dir) as writer:
+        if writer.done and not any(dataset for dataset, _, _ in writer.done):
+            # A folder begun before records named their dataset goes on without it, as the one run it is.
+            questions = [replace(q, dataset="") for q in questions]
         _check_done(writer, questions)
-        todo = [q for q in questions if (q.split, q.key) not in writer.done]
+        todo = [q for q in questions if record_key(q.split, q.key, q.dataset) not in writer.done]
         if progress and len(todo) < len(questions):
             progress(len(questions) - len(todo))
-        problems = check_images(images_dir, [q.image for q in todo], workers)
+        embedded = _embedded_images(todo)
+        problems = check_images(images_dir, [q.image for q in todo], workers, embedded)
         if problems and not skip_bad:
             listed = "; ".join(list(problems.values())[:5])
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
@@ -109,7 +116,7 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
             if q.image not in problems:
                 by_image.setdefault(q.image, {}).setdefault(engine.prompt(q.text), []).append(q)
         evaluated = late_errors = 0
-        for step in _prepared_groups(engine, images_dir, list(by_image), workers):
+        for step in _prepared_groups(engine, images_dir, list(by_image), workers, embedded):
             # A file that passed the up-front check can still fail to decode (a PNG's chunks pass their
             # CRCs, its compressed data does not): an error record under skip_bad, else the run stops.
             records = []
@@ -151,16 +158,27 @@ def default_workers() -> int:
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
-def _prepared_groups(engine: Engine, images_dir: Path, names: list[str], workers: int
-                     ) -> Iterator[list[tuple[str, object]]]:
+def _embedded_images(questions: list[Question]) -> dict[str, bytes]:
+    """Image name → the bytes the questions embed; a name cannot be both embedded and a file."""
+    embedded = {q.image: q.image_data for q in questions if q.image_data is not None}
+    named = {q.image for q in questions if q.image_data is None} & set(embedded)
+    if named:
+        raise ValueError(f"image {sorted(named)[0]} is embedded in one question file and a file name in another; "
+                         "evaluate the two sources in separate runs")
+    return embedded
+
+
+def _prepared_groups(engine: Engine, images_dir: Path | None, names: list[str], workers: int,
+                     embedded: dict[str, bytes]) -> Iterator[list[tuple[str, object]]]:
     """(image name, engine.prepare output or the ImageError that stopped it) per image, a model step's
     images at a time, in order. File reads, decoding and the processor are CPU work that releases the
     GIL: `workers` threads run them image by image, at most one batch plus one image per worker ahead
     of the model, so memory stays bounded."""
     def prepare(name):
-        path = images_dir / name
+        data = embedded.get(name)
+        path = images_dir / name if data is None else embedded_path(name)
         try:
-            return engine.prepare([read_image(path, verify=False)])[0]
+            return engine.prepare([read_image(path, verify=False, data=data)])[0]
         except ImageError as err:  # missing since the check, or passed it but not the decoder
             return err
         except Exception as err:  # a preprocessing failure is not the file's fault: stop, naming it

@@ -22,8 +22,9 @@ def main() -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--readouts", default="all", show_default=True, help="all, or a comma-separated list")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
-              show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "models", "latex"]), default="table",
+              show_default=True, help="models: one F1 table per split, models (files) as rows and readouts as "
+                                      "columns, best per row in bold, in markdown; latex: the same in LaTeX (booktabs)")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
 def score(files, readouts, fmt, seed, resamples) -> None:
@@ -37,6 +38,22 @@ def score(files, readouts, fmt, seed, resamples) -> None:
     except (DataError, Unavailable, ValueError) as err:
         _fail(str(err))
     click.echo(format_runs(runs, fmt))
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="folder for the report")
+@click.option("--seed", default=0, show_default=True, help="bootstrap seed")
+@click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
+def report(runs, out_dir, seed, resamples) -> None:
+    """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs or record files."""
+    from .readout.figures import write_report
+
+    try:
+        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples)
+    except (DataError, ValueError) as err:
+        _fail(str(err))
+    click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
 
 
 @main.command("audit-tokens")
@@ -57,13 +74,18 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
               help="a local checkpoint folder (llava-hf layout); omit for the built-in demo (a random tiny LLaVA)")
 @click.option("--questions", "question_files", multiple=True, type=click.Path(),
-              help="POPE question file(s), repeat for several splits; demo default: a built-in POPE-shaped set")
+              help="a POPE question file (JSON, JSON lines, lmms-lab parquet) or a folder of them; repeatable; "
+                   "demo default: a built-in POPE-shaped set")
 @click.option("--images", "images_dir", default=None, type=click.Path(),
-              help="the image folder; demo default: synthetic stand-ins named after the questions' images")
+              help="the image folder (not needed for parquet, whose images are embedded); "
+                   "demo default: synthetic stand-ins named after the questions' images")
 @click.option("--demo-questions", default=60, show_default=True, help="size of the demo's built-in question set")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="output folder: records.jsonl, meta.json, summary.json, summary.md")
-@click.option("--split", default=None, help="split name for a single question file (default: from its name)")
+@click.option("--split", default=None,
+              help="split name for a single question file (default: its category column, else its name)")
+@click.option("--dataset", default=None,
+              help="dataset name for the question files (default: from their names: coco, aokvqa, gqa; lmms-lab for parquet)")
 @click.option("--template", default=None, type=click.Choice(list(TEMPLATES)), help="default: the model's own")
 @click.option("--readouts", default="all", show_default=True, help="all, or a comma-separated list")
 @click.option("--quant", type=click.Choice(["none", "nf4"]), default="none", show_default=True)
@@ -84,8 +106,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--probe", type=click.Choice(["none", "image-attention"]), default="none", show_default=True,
               help="image-attention: record, per layer, the answer position's attention mass on the image tokens")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
-def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, template, readouts, quant, dtype,
-             device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
+def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, dataset, template, readouts, quant,
+             dtype, device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
              no_prefix_reuse, probe, skip_bad) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
@@ -98,19 +120,17 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     from tqdm import tqdm
 
     from .engine import CheckpointError, Engine, ImageError, Settings, run_pope
-    from .readout import load_questions
 
-    if split and len(question_files) > 1:
-        _fail("--split names the split of a single question file")
-    if model_dir is not None and (not question_files or images_dir is None):
-        _fail("with --model, give --questions and --images (the demo runs without all three)")
+    if model_dir is not None and not question_files:
+        _fail("with --model, give --questions (and --images unless the questions embed them)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
+        questions = _questions(question_files, split, dataset)
         if model_dir is None:
-            model_dir, questions, images_dir = _demo_inputs(Path(out_dir), question_files, images_dir,
+            model_dir, questions, images_dir = _demo_inputs(Path(out_dir), questions, images_dir,
                                                             demo_questions, split)
-        else:
-            questions = [q for f in question_files for q in load_questions(f, split)]
+        elif images_dir is None and any(q.image_data is None for q in questions):
+            _fail("the question files name image files: give --images (parquet files embed their images)")
         settings = Settings(device=device, dtype=dtype, quant=quant, quantize_lm_head=quantize_lm_head,
                             nf4_weights=nf4_weights, batch_size=batch_size, max_new_tokens=max_new_tokens,
                             image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse,
@@ -129,22 +149,30 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     click.echo(f"records, meta and summaries in {result.out_dir}")
 
 
-def _demo_inputs(out_dir, question_files, images_dir, n_questions, split):
+def _questions(sources, split, dataset) -> list:
+    """Every question of the --questions files and folders (none: an empty list)."""
+    from .readout import find_question_files, load_question_sources
+
+    if split and sum(len(find_question_files(s)) for s in sources) > 1:
+        _fail("--split names the split of a single question file")
+    return load_question_sources(sources, split, dataset)
+
+
+def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
     """The built-in tiny model, questions and synthetic images for a run without --model."""
     import torch
 
     from .engine.synthetic import builtin_questions, write_images, write_llava_checkpoint
-    from .readout import load_questions
 
     demo = out_dir / "demo"
     model_dir = demo / "llava-tiny"
     if not (model_dir / "config.json").is_file():
         click.echo(f"demo: writing a random tiny LLaVA-1.5 checkpoint to {model_dir}", err=True)
         write_llava_checkpoint(model_dir, "tiny", dtype=torch.float32)
-    questions = ([q for f in question_files for q in load_questions(f, split)] if question_files
-                 else builtin_questions(n_questions, split or "demo"))
-    if images_dir is None:
-        images_dir = write_images(demo / "images", [q.image for q in questions])
+    questions = questions or builtin_questions(n_questions, split or "demo")
+    named = [q.image for q in questions if q.image_data is None]
+    if images_dir is None and named:
+        images_dir = write_images(demo / "images", named)
     return model_dir, questions, images_dir
 
 

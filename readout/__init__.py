@@ -1,6 +1,7 @@
 """Readout core: POPE data, readout protocols, token sets, metrics, records. Pure Python + numpy;
 importing it never imports torch."""
-from .data import DataError, Question, load_questions, split_from_name
+from .data import (DataError, Question, dataset_from_name, find_question_files, load_question_sources, load_questions,
+                   split_from_name)
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
 from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
                         Readout, TokenSets, parse_readouts)
@@ -11,7 +12,8 @@ from .templates import TEMPLATES, Template, get_template
 from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info
 
 __all__ = [
-    "DataError", "Question", "load_questions", "split_from_name",
+    "DataError", "Question", "dataset_from_name", "find_question_files", "load_question_sources", "load_questions",
+    "split_from_name",
     "bootstrap_f1_ci", "confusion", "mcnemar_exact", "summarize",
     "DEFAULT_READOUT", "LOGIT_READOUTS", "NO", "READOUTS", "TEXT_READOUTS", "UNKNOWN", "YES",
     "Readout", "TokenSets", "parse_readouts",

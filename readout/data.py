@@ -1,20 +1,28 @@
 """POPE question files.
 
-Two layouts exist in the wild with the same keys (`question_id`, `image`, `text`, `label`): JSON lines
-(RUCAIBox/POPE `output/coco/coco_pope_*.json`) and JSON arrays (their AOKVQA/GQA files). Labels are
-always joined on `question_id`, never on line order: the official `evaluate.py` joins by position,
-which silently mis-scores any answer file that was filtered, resumed or reordered.
+Three layouts exist in the wild. JSON lines (RUCAIBox/POPE `output/coco/coco_pope_*.json`) and JSON
+arrays (their A-OKVQA and GQA files) share the keys `question_id`, `image`, `text`, `label`; the
+lmms-lab/POPE parquet files (`Full/{split}-*.parquet`, or one test split with a `category` column)
+hold `question_id`, `question`, `answer`, `category`, `image_source` and the image itself as a
+`{bytes, path}` struct. Labels are always joined on `question_id`, never on line order: the official
+`evaluate.py` joins by position, which silently mis-scores any answer file that was filtered, resumed
+or reordered.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 LABELS = ("yes", "no")
 REQUIRED_KEYS = ("question_id", "image", "text", "label")
 KNOWN_SPLITS = ("adversarial", "popular", "random")
+KNOWN_DATASETS = ("coco", "aokvqa", "gqa")
+PARQUET_DATASET = "lmms-lab"  # its images are COCO val2014's, embedded
+QUESTION_SUFFIXES = (".json", ".jsonl", ".parquet")
+PARQUET_COLUMNS = ("question_id", "question", "answer", "image")  # category, image_source: optional
 
 
 class DataError(ValueError):
@@ -28,6 +36,8 @@ class Question:
     text: str
     label: str
     split: str
+    dataset: str = ""  # coco, aokvqa, gqa, lmms-lab; "" where the source does not say
+    image_data: bytes | None = field(default=None, compare=False, repr=False)  # embedded (parquet)
 
     @property
     def key(self) -> str:
@@ -35,11 +45,22 @@ class Question:
         return str(self.question_id)
 
 
+def _named(path: str | Path, names: tuple[str, ...]) -> str | None:
+    stem = Path(path).stem.lower()
+    found = [n for n in names if re.search(rf"(^|[^a-z]){n}([^a-z]|$)", stem)]
+    return found[0] if len(found) == 1 else None
+
+
 def split_from_name(path: str | Path) -> str:
     """`coco_pope_adversarial.json` → `adversarial`; a name with no known split gives its stem."""
-    stem = Path(path).stem
-    found = [s for s in KNOWN_SPLITS if re.search(rf"(^|[^a-z]){s}([^a-z]|$)", stem.lower())]
-    return found[0] if len(found) == 1 else stem
+    return _named(path, KNOWN_SPLITS) or Path(path).stem
+
+
+def dataset_from_name(path: str | Path) -> str:
+    """`gqa_pope_seem_random.json` → `gqa`; parquet files are lmms-lab's; otherwise ""."""
+    if Path(path).suffix == ".parquet":
+        return PARQUET_DATASET
+    return _named(path, KNOWN_DATASETS) or ""
 
 
 def _rows(path: Path) -> list[tuple[int, object]]:
@@ -72,13 +93,78 @@ def _where(path: Path, lineno: int) -> str:
     return f"{path}:{lineno}" if lineno > 0 else f"{path} item {-lineno}"
 
 
-def load_questions(path: str | Path, split: str | None = None) -> list[Question]:
-    """Read one POPE question file; every problem raises DataError naming the file and line."""
+def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]]:
+    """(-(row + 1), row as a POPE dict) per parquet row, its image bytes registered in `images` by
+    name: the first copy of each distinct content is kept and shared, so the 3 × 3,000 rows of the
+    lmms-lab files (each holding its own copy of one of 500 images) hold 500 images in memory."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise DataError(f'{path}: reading parquet needs pyarrow: pip install "pope-fast[parquet]"') from None
+    try:
+        table = pq.ParquetFile(path)
+    except (OSError, ValueError) as err:
+        raise DataError(f"{path}: not a readable parquet file ({err})") from None
+    names = table.schema_arrow.names
+    missing = [c for c in PARQUET_COLUMNS if c not in names]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)}")
+    columns = list(PARQUET_COLUMNS) + [c for c in ("category", "image_source") if c in names]
+    by_content: dict[bytes, bytes] = {}  # sha256 → the one kept copy
+    rows, index = [], 0
+    for batch in table.iter_batches(batch_size=64, columns=columns):
+        for row in batch.to_pylist():
+            index += 1
+            image = row.pop("image") or {}
+            data = image.get("bytes") if isinstance(image, dict) else None
+            if not data:
+                raise DataError(f"{path} item {index}: image has no embedded bytes")
+            name = row.pop("image_source", None) or Path(image.get("path") or "").name \
+                or f"sha256-{hashlib.sha256(data).hexdigest()[:16]}"
+            known = images.get(name)
+            if known is None:
+                images[name] = data = by_content.setdefault(hashlib.sha256(data).digest(), data)
+            elif known != data:
+                raise DataError(f"{path} item {index}: image {name!r} differs from an earlier image of that name")
+            else:
+                data = known
+            rows.append((-index, {"question_id": row["question_id"], "image": name, "text": row["question"],
+                                  "label": row["answer"], "category": row.get("category"), "image_data": data}))
+    return rows
+
+
+def find_question_files(path: str | Path) -> list[Path]:
+    """A question file, or every POPE file (*.json, *.jsonl, *.parquet) directly in a folder."""
     path = Path(path)
-    split = split or split_from_name(path)
+    if not path.is_dir():
+        return [path]
+    files = sorted(p for p in path.iterdir() if p.suffix in QUESTION_SUFFIXES and p.is_file())
+    if not files:
+        raise DataError(f"{path}: no question files ({', '.join('*' + s for s in QUESTION_SUFFIXES)}) in this "
+                        "folder (the lmms-lab/POPE download keeps them in Full/ or data/)")
+    return files
+
+
+def load_questions(path: str | Path, split: str | None = None, dataset: str | None = None,
+                   images: dict[str, bytes] | None = None) -> list[Question]:
+    """Read one POPE question file; every problem raises DataError naming the file and line.
+
+    The split is `split`, else the row's `category` (lmms-lab), else the file's name; the dataset is
+    `dataset`, else the file's name. `images` collects a parquet file's embedded images by name
+    (shared across files, so a name cannot stand for two images)."""
+    path = Path(path)
+    if dataset is None:
+        dataset = dataset_from_name(path)
+    parquet = path.suffix == ".parquet"
+    if parquet:
+        if not path.is_file():
+            raise DataError(f"{path}: no such question file")
+        rows = _parquet_rows(path, {} if images is None else images)
+    else:
+        rows = _rows(path)
     questions: list[Question] = []
-    seen: dict[str, int] = {}
-    for lineno, row in _rows(path):
+    seen: dict[tuple[str, str], int] = {}
+    for lineno, row in rows:
         where = _where(path, lineno)
         if not isinstance(row, dict):
             raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
@@ -91,10 +177,20 @@ def load_questions(path: str | Path, split: str | None = None) -> list[Question]
         qid = row["question_id"]
         if not isinstance(qid, (int, str)) or isinstance(qid, bool):
             raise DataError(f"{where}: question_id {qid!r} is not an int or string")
-        if str(qid) in seen:
-            raise DataError(f"{where}: duplicate question_id {qid!r} (first at {_where(path, seen[str(qid)])})")
-        seen[str(qid)] = lineno
-        questions.append(Question(qid, str(row["image"]), str(row["text"]), label, split))
+        row_split = split or row.get("category") or split_from_name(path)
+        if (row_split, str(qid)) in seen:
+            raise DataError(f"{where}: duplicate question_id {qid!r} (first at {_where(path, seen[row_split, str(qid)])})")
+        seen[row_split, str(qid)] = lineno
+        questions.append(Question(qid, str(row["image"]), str(row["text"]), label, str(row_split), dataset,
+                                  row["image_data"] if parquet else None))
     if not questions:
         raise DataError(f"{path}: no questions")
     return questions
+
+
+def load_question_sources(paths: list[str | Path], split: str | None = None,
+                          dataset: str | None = None) -> list[Question]:
+    """Every question of the given files and folders (`find_question_files`), in order."""
+    images: dict[str, bytes] = {}
+    return [q for source in paths for path in find_question_files(source)
+            for q in load_questions(path, split, dataset, images)]

@@ -29,6 +29,8 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
                 probe: dict | None = None) -> dict:
     record = {"question_id": question.question_id, "split": question.split, "image": question.image,
               "label": question.label, "template": template}
+    if question.dataset:  # absent in records written before datasets were named: read back as ""
+        record["dataset"] = question.dataset
     if error is not None:
         record["error"] = error
         return record
@@ -41,8 +43,9 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     return record
 
 
-def record_key(split: str, question_id) -> tuple[str, str]:
-    return split, str(question_id)
+def record_key(split: str, question_id, dataset: str = "") -> tuple[str, str, str]:
+    """One question of one run: POPE's datasets reuse the question ids 1..3,000 in every split."""
+    return dataset, split, str(question_id)
 
 
 def json_lines(text: str):
@@ -59,24 +62,25 @@ class RecordWriter:
 
     Each batch is flushed and fsynced, so after a crash at most the last line is torn; `open`
     drops a torn last line (it was never complete, so nothing recorded is lost) and returns the
-    questions already done: (split, question_id) → (image, label) of its record. Error records do
+    questions already done: `record_key` → (image, label) of its record. Error records do
     not count as done: a rerun retries them, and the new record supersedes the error.
     """
 
     def __init__(self, out_dir: str | Path):
         self.path = Path(out_dir) / RECORDS_FILE
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.done: dict[tuple[str, str], tuple[str, str]] = {}
+        self.done: dict[tuple[str, str, str], tuple[str, str]] = {}
         self._file = None
 
-    def open(self) -> dict[tuple[str, str], tuple[str, str]]:
+    def open(self) -> dict[tuple[str, str, str], tuple[str, str]]:
         if self.path.exists():
             self._mend_last_line()
             for lineno, line in json_lines(self.path.read_text(encoding="utf-8")):
                 try:
                     rec = json.loads(line)
                     if "error" not in rec:
-                        self.done[record_key(rec["split"], rec["question_id"])] = (rec["image"], rec["label"])
+                        key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
+                        self.done[key] = (rec["image"], rec["label"])
                 except (json.JSONDecodeError, KeyError) as err:
                     raise DataError(f"{self.path}:{lineno}: not a pope-fast record ({err}); "
                                     "move the file away to start over") from None
@@ -104,7 +108,7 @@ class RecordWriter:
         self._file.write("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
         self._file.flush()
         os.fsync(self._file.fileno())
-        self.done.update((record_key(r["split"], r["question_id"]), (r["image"], r["label"]))
+        self.done.update((record_key(r["split"], r["question_id"], r.get("dataset", "")), (r["image"], r["label"]))
                          for r in records if "error" not in r)
 
     def close(self) -> None:
@@ -134,6 +138,7 @@ class Entry:
     split: str
     label: str
     first_token_id: int | None = None
+    dataset: str = ""
     candidate_logits: dict[int, float] | None = None
     decoded: str | None = None
     stored: dict[str, str] = field(default_factory=dict)
@@ -170,13 +175,13 @@ def _read_ours(path: Path, text: str) -> RecordSet:
         missing = [k for k in ("question_id", "split", "label") if k not in rec]
         if missing:
             raise DataError(f"{where}: missing key(s) {', '.join(missing)}")
-        key = record_key(rec["split"], rec["question_id"])
+        key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
         if key in position and entries[position[key]].error is None:
-            raise DataError(f"{where}: duplicate record for question {key[1]} of split {key[0]}")
+            raise DataError(f"{where}: duplicate record for question {key[2]} of split {key[1]}")
         logits = rec.get("candidate_logits")
         entry = Entry(
             key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
-            first_token_id=rec.get("first_token_id"),
+            first_token_id=rec.get("first_token_id"), dataset=rec.get("dataset", ""),
             candidate_logits={int(i): float(v) for i, v in logits.items()} if logits is not None else None,
             decoded=rec.get("decoded"),
             stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
+
+from .records import RECORDS_FILE
 
 COLUMNS = (("readout", "{}"), ("TP", "{}"), ("TN", "{}"), ("FP", "{}"), ("FN", "{}"), ("unk", "{}"),
            ("acc", "{:.4f}"), ("prec", "{:.4f}"), ("rec", "{:.4f}"), ("F1", "{:.4f}"), ("F1 95% CI", "{}"),
@@ -37,11 +40,13 @@ def _significant_pairs(run: dict, alpha: float = 0.05, shown: int = 4) -> list[s
 def format_runs(runs: list[dict], fmt: str = "table") -> str:
     if fmt == "json":
         return json.dumps({"runs": runs}, indent=2)
+    if fmt in ("latex", "models"):
+        return format_f1_tables(runs, "latex" if fmt == "latex" else "markdown")
     header = [c for c, _ in COLUMNS]
     render = _markdown if fmt == "markdown" else _aligned
     blocks = []
     for run in runs:
-        title = f"{run['source']} — split {run['split']}, n={run['n']}"
+        title = f"{run['source']} — {run['dataset'] + ' ' if run.get('dataset') else ''}split {run['split']}, n={run['n']}"
         if run.get("errors"):
             title += f", {run['errors']} error records (unknown under every readout)"
         parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run))]
@@ -57,6 +62,77 @@ def format_runs(runs: list[dict], fmt: str = "table") -> str:
         parts += [f"unavailable: {', '.join(names)} ({why})" for why, names in by_reason.items()]
         blocks.append("\n".join(parts))
     return "\n\n".join(blocks)
+
+
+def group_name(run: dict) -> str:
+    """`coco adversarial`; records without a dataset: the split alone."""
+    return f"{run['dataset']} {run['split']}" if run.get("dataset") else run["split"]
+
+
+def model_labels(sources: list[str]) -> dict[str, str]:
+    """A short row name per record source: the run folder's name (or a published file's stem), made
+    unique with a counter where two sources share one."""
+    labels: dict[str, str] = {}
+    for source in dict.fromkeys(sources):
+        path = Path(source)
+        base = path.parent.name if path.name == RECORDS_FILE else path.stem
+        label, k = base, 2
+        while label in labels.values():
+            label, k = f"{base} ({k})", k + 1
+        labels[source] = label
+    return labels
+
+
+def f1_tables(runs: list[dict]) -> list[dict]:
+    """The models x readouts F1 table of each dataset and split (the paper's multi-model table):
+    {"group", "readouts", "rows": [{"model", "n", "cells", "best"}]}; a cell is F1 to 4 places, "-"
+    where that model's records cannot supply the readout; best marks each row's highest F1."""
+    labels = model_labels([r["source"] for r in runs])
+    tables: dict[str, dict] = {}
+    for run in runs:
+        table = tables.setdefault(group_name(run), {"group": group_name(run), "readouts": [], "rows": []})
+        table["readouts"] += [n for n in run["readouts"] if n not in table["readouts"]]
+    for run in runs:
+        table = tables[group_name(run)]
+        f1 = {n: m["f1"] for n, m in run["readouts"].items()}
+        top = max(f1.values(), default=None)
+        table["rows"].append({"model": labels[run["source"]], "n": run["n"],
+                              "cells": [f"{f1[n]:.4f}" if n in f1 else "-" for n in table["readouts"]],
+                              "best": [n in f1 and f1[n] == top for n in table["readouts"]]})
+    return list(tables.values())
+
+
+LATEX_SPECIAL = {"\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
+                 "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}"}
+
+
+def latex_escape(text: str) -> str:
+    return "".join(LATEX_SPECIAL.get(c, c) for c in text)
+
+
+def _latex_table(table: dict) -> str:
+    header = ["Model", "$n$"] + [latex_escape(n) for n in table["readouts"]]
+    lines = [r"\begin{table}[ht]", r"\centering",
+             rf"\caption{{F1 by readout, {latex_escape(table['group'])} (best per model in bold)}}",
+             rf"\begin{{tabular}}{{lr{'r' * len(table['readouts'])}}}", r"\toprule", " & ".join(header) + r" \\",
+             r"\midrule"]
+    for row in table["rows"]:
+        cells = [rf"\textbf{{{c}}}" if best else c for c, best in zip(row["cells"], row["best"])]
+        lines.append(" & ".join([latex_escape(row["model"]), str(row["n"])] + cells) + r" \\")
+    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}", r"\end{table}"])
+
+
+def _markdown_f1_table(table: dict) -> str:
+    rows = [[row["model"], str(row["n"])] + [f"**{c}**" if best else c for c, best in zip(row["cells"], row["best"])]
+            for row in table["rows"]]
+    return f"### F1 by readout, {table['group']} (best per model in bold)\n\n" + \
+        _markdown(["model", "n"] + table["readouts"], rows)
+
+
+def format_f1_tables(runs: list[dict], fmt: str = "markdown") -> str:
+    """One models x readouts F1 table per dataset and split, in markdown or LaTeX (booktabs)."""
+    render = _latex_table if fmt == "latex" else _markdown_f1_table
+    return "\n\n".join(render(t) for t in f1_tables(runs))
 
 
 def format_audit(audit: dict, fmt: str = "table") -> str:

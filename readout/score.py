@@ -58,17 +58,17 @@ def predictions(records: RecordSet, name: str, entries: list[Entry] | None = Non
 
 def score_records(records: RecordSet, names: list[str], *, strict: bool = False, seed: int = 0,
                   resamples: int = 1000) -> list[dict]:
-    """One run per split: metrics per readout, first-token counts, pairwise McNemar p-values.
+    """One run per dataset and split: metrics per readout, first-token counts, pairwise McNemar p-values.
 
     With strict, a requested readout the records cannot supply is an error; otherwise it is listed
     under `unavailable` with its reason.
     """
     runs = []
-    splits = list(dict.fromkeys(e.split for e in records.entries))
-    for split in splits:
+    groups = list(dict.fromkeys((e.dataset, e.split) for e in records.entries))
+    for dataset, split in groups:
         # In question order, not file order: the bootstrap draws question indices, so a shuffled,
         # resumed or merged record file must give the same interval.
-        entries = sorted((e for e in records.entries if e.split == split), key=question_order)
+        entries = sorted((e for e in records.entries if (e.dataset, e.split) == (dataset, split)), key=question_order)
         labels = [e.label for e in entries]
         decided, unavailable = {}, {}
         for name in names:
@@ -81,6 +81,7 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
         first_tokens = Counter(str(e.first_token_id) for e in entries if e.first_token_id is not None)
         run = {
             "source": records.source,
+            **({"dataset": dataset} if dataset else {}),  # records before datasets were named: no key
             "split": split,
             "n": len(entries),
             "errors": sum(e.error is not None for e in entries),

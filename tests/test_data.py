@@ -1,8 +1,11 @@
 import json
+import re
+from collections import Counter
 
 import pytest
 
-from pope_fast.readout import DataError, load_questions, split_from_name
+from pope_fast.readout import (DataError, dataset_from_name, find_question_files, load_question_sources,
+                               load_questions, split_from_name)
 
 
 def test_official_coco_files(shared):
@@ -45,3 +48,48 @@ def test_bad_files_name_file_and_line(tmp_path, lines, message):
     path.write_text("\n".join(lines) + "\n")
     with pytest.raises(DataError, match=message):
         load_questions(path)
+
+
+def test_official_aokvqa_and_gqa_files(shared):
+    """The six SEEM files of RUCAIBox/POPE, loaded as one folder: dataset and split from each name,
+    the COCO files' structure, and the cross-split (image, question) dedup the engine relies on."""
+    questions = load_question_sources([shared / "data/pope/seem"])
+    assert len(questions) == 6 * 3000
+    by_file = {}
+    for q in questions:
+        by_file.setdefault((q.dataset, q.split), []).append(q)
+    assert set(by_file) == {(d, s) for d in ("aokvqa", "gqa") for s in ("adversarial", "popular", "random")}
+    for dataset, expected_unique in (("aokvqa", 5145), ("gqa", 5171)):
+        splits = [by_file[dataset, s] for s in ("adversarial", "popular", "random")]
+        assert all(len(qs) == 3000 and sum(q.label == "yes" for q in qs) == 1500 for qs in splits)
+        images = [list(dict.fromkeys(q.image for q in qs)) for qs in splits]
+        assert len(images[0]) == 500 and images[0] == images[1] == images[2]
+        unique = {(q.image, q.text): q.label for qs in splits for q in qs}
+        assert len(unique) == expected_unique   # one label per pair: no pair is asked with two answers
+        assert all(unique[q.image, q.text] == q.label for qs in splits for q in qs)
+        # each adversarial file asks one (image, question) pair twice, under two question ids
+        twice = [p for p, n in Counter((q.image, q.text) for q in splits[0]).items() if n > 1]
+        assert len(twice) == 1
+    assert all(re.fullmatch(r"\d+\.jpg", q.image) for q in by_file["gqa", "random"])   # GQA's own image ids
+    assert all(q.image.startswith("COCO_val2014_") for q in by_file["aokvqa", "random"])
+
+
+def test_folders_and_overrides(tmp_path):
+    rows = [{"question_id": i, "image": f"{i}.jpg", "text": "Is there a cat?", "label": "yes"} for i in (1, 2)]
+    for name in ("coco_pope_random.json", "gqa_pope_seem_random.json", "notes.txt"):
+        (tmp_path / name).write_text(json.dumps(rows))
+    qs = load_question_sources([tmp_path])
+    assert [(q.dataset, q.split, q.question_id) for q in qs] == [
+        ("coco", "random", 1), ("coco", "random", 2), ("gqa", "random", 1), ("gqa", "random", 2)]
+    assert {q.dataset for q in load_question_sources([tmp_path], dataset="mine")} == {"mine"}
+    assert dataset_from_name("questions.jsonl") == "" and dataset_from_name("Full/random-00000-of-00001.parquet") == "lmms-lab"
+    # a category column splits one file; ids repeat across its splits, not within one
+    both = tmp_path / "both" / "pope_test.json"
+    both.parent.mkdir()
+    both.write_text(json.dumps([dict(rows[0], category=c) for c in ("random", "popular")]))
+    assert [q.split for q in load_questions(both)] == ["random", "popular"]
+    with pytest.raises(DataError, match=r"pope_test\.json item 2: duplicate question_id 1"):
+        load_questions(both, split="mine")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match=r"empty: no question files"):
+        find_question_files(tmp_path / "empty")

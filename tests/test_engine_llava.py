@@ -271,6 +271,37 @@ def test_eval_cli_end_to_end(checkpoint, tmp_path):
     assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output
 
 
+def test_two_datasets_in_one_run_and_an_old_folder_resumes(checkpoint, tmp_path):
+    """COCO and GQA files reuse split names and question ids: one run keeps both (a question folder
+    given once). A folder begun before records named their dataset resumes to nothing, unchanged."""
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    both = tmp_path / "both"
+    both.mkdir()
+    for dataset in ("coco", "gqa"):
+        for f in files:
+            shutil.copy(f, both / f.name.replace("tiny", dataset))
+    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--questions", str(both),
+            "--out", str(tmp_path / "out"), "--device", "cpu", "--readouts", "template_aware"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    records = _records(tmp_path / "out")
+    questions = [q for f in files for q in load_questions(f)]
+    assert len(records) == 2 * len(questions) and {r["dataset"] for r in records} == {"coco", "gqa"}
+    unique = len({(q.image, q.text) for q in questions})   # asked by both datasets, evaluated once
+    assert f"{unique} unique prompts evaluated for {2 * len(questions)} questions" in result.output
+    runs = json.loads((tmp_path / "out/summary.json").read_text())["runs"]
+    assert sorted((r["dataset"], r["split"]) for r in runs) == [
+        ("coco", "adversarial"), ("coco", "random"), ("gqa", "adversarial"), ("gqa", "random")]
+
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    old = [q for f in files for q in load_questions(f, dataset="")]
+    run_pope(engine, old, images, tmp_path / "old")
+    before = (tmp_path / "old/records.jsonl").read_text()
+    assert '"dataset"' not in before
+    again = run_pope(engine, [q for f in files for q in load_questions(f, dataset="coco")], images, tmp_path / "old")
+    assert again.evaluated_prompts == 0 and (tmp_path / "old/records.jsonl").read_text() == before
+
+
 def test_missing_and_broken_images_stop_before_compute_or_become_error_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     (images / "img_1.png").unlink()

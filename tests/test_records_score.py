@@ -80,7 +80,7 @@ def test_writer_resumes_after_a_torn_line(tmp_path):
     path = tmp_path / "records.jsonl"
     path.write_text(path.read_text() + '{"question_id": 3, "spl')    # a crash mid-line
     w = RecordWriter(tmp_path)
-    assert set(w.open()) == {("random", "0"), ("random", "1"), ("random", "2")}
+    assert set(w.open()) == {("", "random", "0"), ("", "random", "1"), ("", "random", "2")}
     w.write([make_record(qs[3], "t", error="image missing")])
     w.close()
     lines = path.read_text().splitlines()
@@ -148,7 +148,7 @@ def test_error_records_are_retried_and_superseded(tmp_path):
     with RecordWriter(tmp_path) as w:
         w.write([make_record(qs[0], "t", error="image missing"), make_record(qs[1], "t", first_token_id=1)])
     w = RecordWriter(tmp_path)
-    assert set(w.open()) == {("random", "1")}          # the error record is not done: a rerun retries it
+    assert set(w.open()) == {("", "random", "1")}      # the error record is not done: a rerun retries it
     w.write([make_record(qs[0], "t", first_token_id=7, candidate_logits={7: 1.0})])
     w.close()
     records = read_records(tmp_path)
@@ -188,3 +188,32 @@ def test_bootstrap_interval_does_not_depend_on_record_order(tmp_path):
         intervals.append(run["readouts"]["legacy_2tok"]["f1_ci95"])
     assert intervals[0] == intervals[1]
     assert intervals[0][0] < intervals[0][1]  # a real interval, not a degenerate one that any order gives
+
+
+def test_datasets_score_apart_and_old_records_score_as_before(tmp_path):
+    """Two datasets reuse the same split and question ids: two runs, never one mixed. Records written
+    before datasets were named (no `dataset` key) read back and score exactly as they did."""
+    (tmp_path / "new").mkdir(), (tmp_path / "old").mkdir()
+    write_meta(tmp_path / "new", {"token_sets": {"legacy_2tok": TokenSets((5,), (6,)).to_json()}})
+    write_meta(tmp_path / "old", {"token_sets": {"legacy_2tok": TokenSets((5,), (6,)).to_json()}})
+    coco = [Question(q.question_id, q.image, q.text, q.label, q.split, "coco") for q in _questions()]
+    gqa = [Question(q.question_id, q.image, q.text, "no", q.split, "gqa") for q in _questions()]
+    logits = {5: 1.0, 6: 0.0}
+    with RecordWriter(tmp_path / "new") as w:
+        w.write([make_record(q, "t", first_token_id=5, candidate_logits=logits) for q in coco + gqa])
+    with RecordWriter(tmp_path / "new") as w:
+        assert len(w.done) == 12                     # resumes with both datasets' questions done
+    with RecordWriter(tmp_path / "old") as w:
+        records = [make_record(q, "t", first_token_id=5, candidate_logits=logits) for q in _questions()]
+        assert all("dataset" not in r for r in records)
+        w.write(records)
+    new = score_records(read_records(tmp_path / "new"), ["legacy_2tok"])
+    assert [(r["dataset"], r["split"], r["n"]) for r in new] == [("coco", "random", 6), ("gqa", "random", 6)]
+    assert new[0]["readouts"]["legacy_2tok"]["tp"] == 3 and new[1]["readouts"]["legacy_2tok"]["fp"] == 6
+    [old] = score_records(read_records(tmp_path / "old"), ["legacy_2tok"])
+    assert "dataset" not in old and old["readouts"] == new[0]["readouts"]
+    assert {k: v for k, v in new[0].items() if k not in ("source", "dataset")} == \
+        {k: v for k, v in old.items() if k != "source"}
+    table = CliRunner().invoke(main, ["score", str(tmp_path / "old"), str(tmp_path / "new")]).output
+    assert f"{tmp_path / 'old' / 'records.jsonl'} — split random, n=6" in table
+    assert f"{tmp_path / 'new' / 'records.jsonl'} — gqa split random, n=6" in table
