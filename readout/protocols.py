@@ -72,13 +72,18 @@ def first_token_decision(first_token_id: int | None, sets: TokenSets) -> str:
     return UNKNOWN
 
 
-_WORD = re.compile(r"\b(yes|no)\b")
+# re.I as the reference has it: besides case, it lets 'ſ' (U+017F, which lower() keeps) match 's'.
+_WORD = re.compile(r"\b(yes|no)\b", re.I)
 
 
 def string_parse(text: str) -> str:
-    """The ugaa-research convention: lowercase, first 64 characters, first whole word yes/no wins."""
-    found = _WORD.search(text.lower()[:64])
-    return found.group(1) if found else UNKNOWN
+    """ugaa-research `run_multi_model_audit.py`: strip, lowercase, then the first 64 characters; the
+    first whole word yes/no in them wins (case-insensitively). Stripping before the cut matters:
+    leading whitespace would otherwise push the answer out of the window."""
+    found = _WORD.search(text.strip().lower()[:64])
+    if not found:
+        return UNKNOWN
+    return YES if found.group(1)[0] == "y" else NO  # the word may be 'yeſ'
 
 
 def pope_official(text: str) -> str:
@@ -130,7 +135,8 @@ READOUTS: dict[str, Readout] = {
                 compare_max_logits),
         Readout("first_token", FIRST_TOKEN, "greedy first token in the template-aware yes / no set",
                 first_token_decision),
-        Readout("string_parse", TEXT, "first whole-word yes/no in the first 64 lowercased characters", string_parse),
+        Readout("string_parse", TEXT, "ugaa-research: first whole-word yes/no in the first 64 characters, stripped",
+                string_parse),
         Readout("pope_official", TEXT, "RUCAIBox/POPE evaluate.py: no/not/No before the first '.', else yes",
                 pope_official),
         Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer equals yes or no", exact_match),
