@@ -203,6 +203,10 @@ def _read_ugaa(path: Path, obj: dict) -> RecordSet:
         if str(rec["question_id"]) in seen:
             raise DataError(f"{where}: duplicate question_id {rec['question_id']!r}")
         seen.add(str(rec["question_id"]))
+        if "error" in rec:  # a question whose generate failed: the paper's code drops it from every count
+            entries.append(Entry(key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
+                                 error=str(rec["error"])))
+            continue
         entries.append(Entry(
             key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
             first_token_id=rec.get("top_token_id"), decoded=rec.get("decoded_response"),

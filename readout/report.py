@@ -43,7 +43,7 @@ def format_runs(runs: list[dict], fmt: str = "table") -> str:
     for run in runs:
         title = f"{run['source']} — split {run['split']}, n={run['n']}"
         if run.get("errors"):
-            title += f", {run['errors']} error records (unknown under every readout)"
+            title += f", {run['errors']} error records (left out of every metric)"
         parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run))]
         if run["first_token_counts"]:
             top = ", ".join(f"{i}: {c}" for i, c in list(run["first_token_counts"].items())[:8])

@@ -55,13 +55,16 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
                   resamples: int = 1000) -> list[dict]:
     """One run per split: metrics per readout, first-token counts, pairwise McNemar p-values.
 
-    With strict, a requested readout the records cannot supply is an error; otherwise it is listed
-    under `unavailable` with its reason.
+    Error records (a question that got no answer: an unreadable image, a failed generate) are counted
+    in `errors` and left out of every metric, as the paper's code drops them. With strict, a requested
+    readout the records cannot supply is an error; otherwise it is listed under `unavailable` with its
+    reason.
     """
     runs = []
     splits = list(dict.fromkeys(e.split for e in records.entries))
     for split in splits:
-        entries = [e for e in records.entries if e.split == split]
+        everything = [e for e in records.entries if e.split == split]
+        entries = [e for e in everything if e.error is None]
         labels = [e.label for e in entries]
         decided, unavailable = {}, {}
         for name in names:
@@ -75,8 +78,8 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
         run = {
             "source": records.source,
             "split": split,
-            "n": len(entries),
-            "errors": sum(e.error is not None for e in entries),
+            "n": len(everything),
+            "errors": len(everything) - len(entries),
             "readouts": {n: summarize(labels, p, seed=seed, resamples=resamples) for n, p in decided.items()},
             "first_token_counts": dict(first_tokens.most_common()),
             "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
