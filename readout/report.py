@@ -5,14 +5,15 @@ import json
 
 COLUMNS = (("readout", "{}"), ("TP", "{}"), ("TN", "{}"), ("FP", "{}"), ("FN", "{}"), ("unk", "{}"),
            ("acc", "{:.4f}"), ("prec", "{:.4f}"), ("rec", "{:.4f}"), ("F1", "{:.4f}"), ("F1 95% CI", "{}"),
-           ("yes-rate", "{:.4f}"))
+           ("yes-rate", "{:.4f}"), ("yes/all", "{:.4f}"))
 
 
 def _rows(run: dict) -> list[list[str]]:
     rows = []
     for name, m in run["readouts"].items():
         values = (name, m["tp"], m["tn"], m["fp"], m["fn"], m["unknown"], m["accuracy"], m["precision"],
-                  m["recall"], m["f1"], f"{m['f1_ci95'][0]:.4f}-{m['f1_ci95'][1]:.4f}", m["yes_rate"])
+                  m["recall"], m["f1"], f"{m['f1_ci95'][0]:.4f}-{m['f1_ci95'][1]:.4f}", m["yes_rate"],
+                  m["yes_rate_all"])
         rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)])
     return rows
 

@@ -51,6 +51,14 @@ def predictions(records: RecordSet, name: str, entries: list[Entry] | None = Non
     return [_decide(e, name, records) for e in (records.entries if entries is None else entries)]
 
 
+def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int) -> dict:
+    """summarize()'s metrics plus `yes_rate_all`: yes answers over every scored question, unknowns
+    included, as run_multi_model_audit.py divides (`yes_rate` divides by the answered ones)."""
+    m = summarize(labels, decided, seed=seed, resamples=resamples)
+    m["yes_rate_all"] = round((m["tp"] + m["fp"]) / len(labels), 4) if labels else 0.0
+    return m
+
+
 def score_records(records: RecordSet, names: list[str], *, strict: bool = False, seed: int = 0,
                   resamples: int = 1000) -> list[dict]:
     """One run per split: metrics per readout, first-token counts, pairwise McNemar p-values.
@@ -80,7 +88,7 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
             "split": split,
             "n": len(everything),
             "errors": len(everything) - len(entries),
-            "readouts": {n: summarize(labels, p, seed=seed, resamples=resamples) for n, p in decided.items()},
+            "readouts": {n: _metrics(labels, p, seed, resamples) for n, p in decided.items()},
             "first_token_counts": dict(first_tokens.most_common()),
             "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
                         for a, b in combinations(decided, 2)},

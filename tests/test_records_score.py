@@ -93,7 +93,20 @@ def test_our_error_records_are_left_out_too(tmp_path):
                  make_record(qs[2], "t", first_token_id=1, decoded="No")])
     [run] = score_records(read_records(tmp_path), ["string_parse"])
     m = run["readouts"]["string_parse"]
-    assert (run["n"], run["errors"], m["unknown"], m["accuracy"]) == (3, 1, 0, 1.0)
+    assert (run["n"], run["errors"], m["unknown"], m["accuracy"], m["yes_rate_all"]) == (3, 1, 0, 1.0, 0.5)
+
+
+def test_both_yes_rates_and_the_one_the_paper_reports(tmp_path):
+    """yes_rate: yes over answered questions; yes_rate_all: yes over every scored question, unknowns
+    included, which is what the imported file's own summary reports."""
+    path, block = _audit_file(tmp_path)
+    [run] = score_records(read_records(path), ["string_parse"])
+    m = run["readouts"]["string_parse"]
+    assert m["yes_rate_all"] == block["yes_rate"] == 0.5
+    assert m["yes_rate"] == pytest.approx(2 / 3, abs=1e-4)
+    table = CliRunner().invoke(main, ["score", str(path), "--readouts", "string_parse"]).output
+    header, _, row = table.splitlines()[1:4]
+    assert header.split()[-2:] == ["yes-rate", "yes/all"] and row.split()[-2:] == ["0.6667", "0.5000"]
 
 
 def _questions():
@@ -147,7 +160,7 @@ def test_score_cli_json_shape(shared):
     assert result.exit_code == 0, result.output
     [run] = json.loads(result.output)["runs"]
     assert set(run["readouts"]["legacy_8tok"]) == {"tp", "tn", "fp", "fn", "unknown", "accuracy", "precision",
-                                                   "recall", "f1", "f1_ci95", "yes_rate"}
+                                                   "recall", "f1", "f1_ci95", "yes_rate", "yes_rate_all"}
     assert list(run["mcnemar"]) == ["legacy_2tok vs legacy_8tok"]
     bad = CliRunner().invoke(main, ["score", str(shared / FIXTURE), "--readouts", "template_aware"])
     assert bad.exit_code != 0 and "no token sets" in bad.output
