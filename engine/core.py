@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import io
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 from typing import Protocol
 from pathlib import Path
 
@@ -17,7 +18,8 @@ from PIL import Image
 
 from ..readout import READOUTS, Template, TokenSets, derive_token_sets, get_template, parse_readouts
 from ..readout.templates import SAMPLE_QUESTION
-from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
+from ..readout.continuation import Continuation, cut, generation_plan
+from ..readout.protocols import FIRST_TOKEN, GENERATING, LOGIT, SEQUENCE, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image
 from .llama import Intervention, LlamaLM
@@ -155,6 +157,14 @@ class Engine:
         self.timings = Timings()
         self.counts = Counts()
         self._preprocess = model.preprocess_settings()  # part of every feature-cache key
+        # Each text readout generates as its reference does (or --max-new-tokens for all); one shared
+        # continuation runs to the longest of them, and each readout reads its own prefix (_text).
+        self.generate = any(READOUTS[n].kind in GENERATING for n in self.readouts)
+        # An until-the-end continuation stops at the language model's positions limit.
+        positions_limit = model.config.get_text_config().max_position_embeddings
+        self.generation = generation_plan(self.readouts, settings.max_new_tokens, positions_limit)
+        if self.generate:  # the decode loop reads its length from the settings
+            self.settings = replace(settings, max_new_tokens=max(g.new_tokens for g in self.generation.values()))
 
     @classmethod
     def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
@@ -239,16 +249,23 @@ class Engine:
         return self.template.render(question, self.model.tokenizer)
 
     def decide(self, candidate_logits: dict[int, float], first_token_id: int | None,
-               decoded: str | None) -> dict[str, str]:
-        """Every requested readout's decision from one answer position's outputs; text readouts are
-        left out when there is no decoded text (adjusted logits, say)."""
+               decoded: Continuation | str | None, sequence: str | None = None) -> dict[str, str]:
+        """Every requested readout's decision from one answer position's outputs. Each text readout
+        reads its own prefix of a Continuation (all of them the same text when given a str);
+        string_parse_with_prompt reads `sequence`, the prompt and continuation decoded as one. A
+        readout whose text is not given is left out (adjusted logits, say)."""
         out = {}
         for name in self.readouts:
             readout = READOUTS[name]
-            if readout.kind == TEXT and decoded is None:
+            text = None
+            if readout.kind == SEQUENCE:
+                text = sequence
+            elif readout.kind == TEXT:
+                text = decoded.texts[name] if isinstance(decoded, Continuation) else decoded
+            if readout.kind in GENERATING and text is None:
                 continue
             sets = self.token_sets.get(name) if readout.kind in (LOGIT, FIRST_TOKEN) else None
-            out[name] = readout(sets, candidate_logits, first_token_id, decoded)
+            out[name] = readout(sets, candidate_logits, first_token_id, text)
         return out
 
     def score(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
@@ -360,11 +377,12 @@ class Engine:
                 embeds[row, : len(s)] = lm.embed(padded[row, : len(s)], image_token, features)
         return embeds, lengths
 
-    def _text(self, tokens: list[int]) -> str:
-        """Decode only the new tokens, up to the first stop token: decoding the prompt too is how
-        published InstructBLIP string_parse scores picked up 'yes' from 'Answer yes or no only'."""
-        cut = next((k for k, t in enumerate(tokens) if t in self.model.stop_ids), len(tokens))
-        return self.model.tokenizer.decode(tokens[:cut], skip_special_tokens=True)
+    def _text(self, tokens: list[int]) -> Continuation:
+        """The new tokens up to the first stop token, and each text readout's own prefix of them, decoded
+        (only the new tokens: decoding the prompt too is how published InstructBLIP string_parse scores
+        picked up 'yes' from 'Answer yes or no only'; string_parse_with_prompt does that on purpose)."""
+        decode = partial(self.model.tokenizer.decode, skip_special_tokens=True)
+        return cut(tokens, self.model.stop_ids, self.generation, decode)
 
 
 def _prefix_length(ids: list[int], image_token_id: int) -> int:

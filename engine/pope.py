@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 from ..readout import (META_FILE, Question, RecordWriter, format_runs, make_record, read_records, score_records,
                        write_meta)
+from ..readout.continuation import Continuation, whole_sequence
 from .core import Engine
 from .images import ImageError, check_images, read_image
 
@@ -34,13 +35,14 @@ class SweepResult:
 # run on disk and this one (dtype, quantization, image aspect, kernels, continuation length, ...)
 # would mix two runs' records in one folder.
 BATCHING_ONLY = ("batch_size", "image_batch")
+WHOLE_SEQUENCE = "string_parse_with_prompt"
 
 
 def _resume_fingerprint(meta: dict) -> dict:
     settings = {k: v for k, v in meta.get("settings", {}).items() if k not in BATCHING_ONLY}
     tokenizer = {k: meta.get("tokenizer", {}).get(k) for k in ("class", "vocab_size")}
     return {"model": meta.get("model"), "template": meta.get("template"), "token_sets": meta.get("token_sets"),
-            "settings": settings, "tokenizer": tokenizer}
+            "settings": settings, "tokenizer": tokenizer, "generation": meta.get("generation", {})}
 
 
 def _check_resumable(out_dir: Path, meta: dict) -> None:
@@ -82,6 +84,7 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
         seen.add((q.split, q.key))
     workers = workers or default_workers()
     meta = engine.meta()
+    meta["generation"] = {name: g.to_json() for name, g in engine.generation.items()}
     out_dir.mkdir(parents=True, exist_ok=True)
     _check_resumable(out_dir, meta)
     write_meta(out_dir, meta)
@@ -126,9 +129,12 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
             outputs = engine.run_images(list(zip(features, texts))) if step else []
             for name, image_texts, image_outputs in zip(group, texts, outputs):
                 for text, (first, logits, decoded) in zip(image_texts, image_outputs):
-                    predictions = engine.decide(logits, first, decoded)
+                    sequence = _sequence(engine, text, decoded)
+                    predictions = engine.decide(logits, first, decoded, sequence)
                     records += [make_record(q, engine.template.name, first_token_id=first,
-                                            candidate_logits=logits, decoded=decoded, predictions=predictions)
+                                            candidate_logits=logits, decoded=decoded and decoded.text,
+                                            texts=decoded and decoded.texts, decoded_sequence=sequence,
+                                            predictions=predictions)
                                 for q in by_image[name][text]]
                 evaluated += len(image_texts)
             writer.write(records)
@@ -138,6 +144,13 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path, 
     runs = write_summaries(out_dir, engine.readouts)
     return SweepResult(out_dir, len(questions), len(questions) - len(todo), evaluated, len(errors) + late_errors,
                        runs)
+
+
+def _sequence(engine: Engine, prompt: str, decoded: Continuation | None) -> str | None:
+    """The prompt and string_parse_with_prompt's prefix of the continuation, decoded as one sequence."""
+    if decoded is None or WHOLE_SEQUENCE not in decoded.ends:
+        return None
+    return whole_sequence(engine.model.tokenizer, prompt, decoded.ids[:decoded.ends[WHOLE_SEQUENCE]])
 
 
 def default_workers() -> int:

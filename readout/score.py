@@ -10,7 +10,7 @@ from collections import Counter
 from itertools import combinations
 
 from .metrics import mcnemar_exact, summarize
-from .protocols import FIRST_TOKEN, LOGIT, READOUTS, UNKNOWN
+from .protocols import FIRST_TOKEN, LOGIT, READOUTS, SEQUENCE, UNKNOWN
 from .records import Entry, RecordSet
 
 
@@ -39,9 +39,15 @@ def _decide(entry: Entry, name: str, records: RecordSet) -> str:
             return readout(sets, None, entry.first_token_id, None)
         if name not in entry.stored:
             raise Unavailable("no template-aware token sets or no first token")
+    elif readout.kind == SEQUENCE:
+        if entry.decoded_sequence is not None:
+            return readout(None, None, None, entry.decoded_sequence)
+        if name not in entry.stored:
+            raise Unavailable("no decoded whole sequence (run with string_parse_with_prompt to record it)")
     else:
-        if entry.decoded is not None:
-            return readout(None, None, None, entry.decoded)
+        text = entry.text_for(name)
+        if text is not None:
+            return readout(None, None, None, text)
         if name not in entry.stored:
             raise Unavailable("no decoded text (run with a string readout to generate it)")
     return entry.stored[name]

@@ -65,7 +65,7 @@ def _audit_file(tmp_path):
     block = {"tp": 1, "tn": 1, "fp": 1, "fn": 0, "unknown": 1, "f1": 0.6667, "precision": 0.5, "recall": 1.0,
              "yes_predictions": 2, "yes_rate": 0.5}
     summary = {"split": "adversarial", "n_total": 6, "n_valid": 4, "n_errors": 2, "eval_string_parse": block}
-    path = tmp_path / "instructblip_pope_adversarial_6q_paper_template_token_audit.json"
+    path = tmp_path / "llava15_pope_adversarial_6q_paper_template_token_audit.json"
     path.write_text(json.dumps({"summary": summary, "results": results}))
     return path, block
 
