@@ -9,7 +9,8 @@ prompt, and its decisions from `Engine.decide`.
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -17,7 +18,8 @@ from PIL import Image
 
 from ..readout import READOUTS, Template, TokenSets, derive_token_sets, get_template, parse_readouts
 from ..readout.templates import SAMPLE_QUESTION
-from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
+from ..readout.continuation import all_finished, cut, generation_plan
+from ..readout.protocols import FIRST_TOKEN, GENERATING, LOGIT, SEQUENCE, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .families import FAMILIES, Family, load_model
 from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image
@@ -31,15 +33,11 @@ __all__ = ["FAMILIES", "Answer", "Counts", "Engine", "Family", "Timings", "load_
 
 
 @dataclass
-class Answer:
-    """One question's raw outputs at the answer position, and its decisions."""
+class Answer(PromptResult):
+    """One question's raw outputs at the answer position (a PromptResult), the question, and its decisions."""
 
-    question: str
-    first_token_id: int
-    candidate_logits: dict[int, float]
-    decoded: str | None
-    predictions: dict[str, str]
-    probe: dict | None = None
+    question: str = ""
+    predictions: dict[str, str] = field(default_factory=dict)
 
 
 class Engine:
@@ -67,9 +65,16 @@ class Engine:
         self.token_sets: dict[str, TokenSets] = {n: s for n, s in sets.items() if n not in outside}
         self.readouts = [n for n in self.readouts if n not in outside]  # "all" means all this model has
         self.candidate_ids = sorted({i for n, s in self.token_sets.items() if READOUTS[n].kind == LOGIT for i in s.ids})
-        self.generate = any(READOUTS[n].kind == TEXT for n in self.readouts)
         self.timings, self.counts = Timings(), Counts()
         self._preprocess = model.preprocess_settings()  # part of every feature-cache key
+        # Each text readout generates as its reference does (or settings.max_new_tokens, all alike): one
+        # continuation runs to the longest of them, and each readout reads its own prefix of it (_text).
+        self.generate = any(READOUTS[n].kind in GENERATING for n in self.readouts)
+        self.generation = generation_plan(self.readouts, settings.max_new_tokens, model.lm.dims.max_positions)
+        self.new_tokens = max((g.new_tokens for g in self.generation.values()), default=0)
+        decode = partial(model.tokenizer.decode, skip_special_tokens=True)
+        self._finished = partial(all_finished, stop_ids=model.stop_ids, plan=self.generation, decode=decode) \
+            if any(g.first_sentence for g in self.generation.values()) else None  # else the length alone ends it
 
     @classmethod
     def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
@@ -107,6 +112,7 @@ class Engine:
             "candidate_ids": self.candidate_ids,
             "tokenizer": tokenizer_info(self.model.tokenizer),
             "settings": self.settings.to_json(),
+            "generation": {name: g.to_json() for name, g in self.generation.items()},  # each text readout's length
         }
 
     def _loaded(self, image: LoadedImage | Image.Image | str | Path) -> LoadedImage:
@@ -160,22 +166,28 @@ class Engine:
         return self.template.render(question, self.model.tokenizer)
 
     def decide(self, result: PromptResult) -> dict[str, str]:
-        """Every requested readout's decision from one answer position's outputs; text readouts are
-        left out when there is no decoded text (adjusted logits, say)."""
+        """Every requested readout's decision from one answer position's outputs. Each text readout
+        reads its own prefix of the continuation (result.texts, else the whole of result.decoded);
+        string_parse_with_prompt reads result.sequence, the prompt and continuation decoded as one. A
+        readout whose text is not there is left out (adjusted logits, say)."""
         out = {}
         for name in self.readouts:
             readout = READOUTS[name]
-            if readout.kind == TEXT and result.decoded is None:
+            text = None
+            if readout.kind == SEQUENCE:
+                text = result.sequence
+            elif readout.kind == TEXT:
+                text = (result.texts or {}).get(name, result.decoded)
+            if readout.kind in GENERATING and text is None:
                 continue
             sets = self.token_sets.get(name) if readout.kind in (LOGIT, FIRST_TOKEN) else None
-            out[name] = readout(sets, result.candidate_logits, result.first_token_id, result.decoded)
+            out[name] = readout(sets, result.candidate_logits, result.first_token_id, text)
         return out
 
     def score(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
         """Answer questions about one image (a path, a PIL image or a LoadedImage)."""
         results = self.run_images([(self.features(image), [self.prompt(q) for q in questions])], intervention)[0]
-        return [Answer(q, r.first_token_id, r.candidate_logits, r.decoded, self.decide(r), r.probe)
-                for q, r in zip(questions, results)]
+        return [Answer(**vars(r), question=q, predictions=self.decide(r)) for q, r in zip(questions, results)]
 
     def run_images(self, items: list[tuple[torch.Tensor, list[str]]], intervention: Intervention | None = None
                    ) -> list[list[PromptResult]]:
@@ -208,11 +220,15 @@ class Engine:
 
     def _checked(self, layout):
         window = self.model.lm.dims.sliding_window
-        longest = len(layout) + (self.settings.max_new_tokens - 1 if self.generate else 0)
+        longest = len(layout) + (self._steps(len(layout)) - 1 if self.generate else 0)
         if window is not None and longest > window:  # shorter sequences attend exactly as without one
             raise NotImplementedError(f"a {longest}-token sequence exceeds the model's sliding window of "
                                       f"{window} tokens, which the engine does not implement")
         return layout
+
+    def _steps(self, prompt_length: int) -> int:
+        """Greedy tokens a prompt of this length may take: the longest a readout asks, within the model's positions."""
+        return max(1, min(self.new_tokens, self.model.lm.dims.max_positions - prompt_length))
 
     def _tokens(self, rows: list[Row], start: int, end: int | None) -> TokenBatch:
         return TokenBatch.of(rows, start, end, self.settings.torch_device,
@@ -241,21 +257,29 @@ class Engine:
         self.counts.suffix_tokens += int(tokens.lengths.sum())
         texts = [None] * len(batch.rows)
         if self.generate:
+            steps = self._steps(max(len(row.layout) for row in batch.rows))
             with Clock(self.timings, "decode", device):
-                generated = lm.decode(prefix, batch.slots, suffix_kv, first, self.settings.max_new_tokens,
-                                      self.model.stop_ids, intervention)
+                generated = lm.decode(prefix, batch.slots, suffix_kv, first, steps, self.model.stop_ids, intervention,
+                                      self._finished)
             self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
-            texts = [self._text(row) for row in generated.tolist()]
+            texts = [self._text(row, tokens) for row, tokens in zip(batch.rows, generated.tolist())]
         probes = [None] * len(batch.rows) if image_attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads}  # per layer: heads averaged, and each head
              for layers, heads in zip(image_attention.mean(dim=-1).tolist(), image_attention.tolist())]
-        return [PromptResult(f, dict(zip(self.candidate_ids, row)), text, probe)
+        return [PromptResult(f, dict(zip(self.candidate_ids, row)), *(text or (None, None, None)), probe)
                 for f, row, text, probe in zip(first.tolist(), logits.tolist(), texts, probes)]
 
-    def _text(self, tokens: list[int]) -> str:
-        """Decode only the new tokens, up to the first stop token: decoding the prompt too is how
-        published InstructBLIP string_parse scores picked up 'yes' from 'Answer yes or no only'."""
-        cut = next((k for k, t in enumerate(tokens) if t in self.model.stop_ids), len(tokens))
-        return self.model.tokenizer.decode(tokens[:cut], skip_special_tokens=True)
-
-
+    def _text(self, row: Row, tokens: list[int]) -> tuple[str, dict[str, str], str | None]:
+        """(the new tokens up to the first stop token decoded, each text readout's own prefix of them
+        decoded, and for string_parse_with_prompt the prompt and its prefix decoded as one sequence).
+        Only the new tokens make the text readouts' texts: decoding the prompt too is how published
+        InstructBLIP string_parse scores picked up 'yes' from 'Answer yes or no only', which
+        string_parse_with_prompt reproduces on purpose."""
+        decode = partial(self.model.tokenizer.decode, skip_special_tokens=True)
+        continuation = cut(tokens, self.model.stop_ids, self.generation, decode)
+        whole = [n for n in self.generation if READOUTS[n].kind == SEQUENCE]
+        sequence = None
+        if whole:  # the prompt's own ids (image slots are special tokens, skipped when decoded anyway)
+            prompt = [t for t in row.layout.ids if t != row.layout.image_token_id]
+            sequence = decode(prompt + list(continuation.ids[:continuation.ends[whole[0]]]))
+        return continuation.text, continuation.texts, sequence

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -41,6 +42,7 @@ class LlamaDims:
     sliding_window: int | None = None  # Mistral: keys further back than this are not attended
     qkv_bias: bool = False  # LLaMA configs with attention_bias; Qwen2 always (its family sets it)
     mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's M-RoPE: frequencies per position stream
+    max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
 
     @classmethod
     def from_config(cls, cfg) -> "LlamaDims":
@@ -64,7 +66,8 @@ class LlamaDims:
                    sliding_window=getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True)
                    else None,
                    qkv_bias=bool(getattr(cfg, "attention_bias", False)),
-                   mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None)
+                   mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None,
+                   max_positions=getattr(cfg, "max_position_embeddings", None) or 4096)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, d = self.hidden_size, self.head_dim
@@ -309,30 +312,36 @@ class LlamaLM(nn.Module):
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
-               first: torch.Tensor, steps: int, stop_ids: set[int],
-               intervention: Intervention | None = None) -> torch.Tensor:
-        """Greedy tokens after each row's prompt: [B, steps], starting with `first` [B] (the argmax at
+               first: torch.Tensor, steps: int, stop_ids: set[int], intervention: Intervention | None = None,
+               finished: Callable[[list[list[int]]], bool] | None = None, chunk: int = 64) -> torch.Tensor:
+        """Greedy tokens after each row's prompt: [B, <= steps], starting with `first` [B] (the argmax at
         the answer position). Rows that emitted a stop id keep going but are cut by the caller, as
-        transformers' generate pads them; the loop ends early once every row has stopped."""
+        transformers' generate pads them; the loop ends early once every row has stopped, or once
+        `finished` says the tokens so far are all any reader needs. The rows' own KV grows `chunk`
+        slots at a time, so a long allowance costs only what is generated."""
         b = first.shape[0]
         d = self.dims
         s = suffix.keys[0].shape[2]
         empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
         runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, b)]
-        # Own KV per row: the suffix slots, then one slot per generated token after them.
-        own_k = [torch.cat([k, k.new_zeros(b, d.num_kv_heads, steps, d.head_dim)], dim=2) for k in suffix.keys]
-        own_v = [torch.cat([v, v.new_zeros(b, d.num_kv_heads, steps, d.head_dim)], dim=2) for v in suffix.values]
-        slots = torch.arange(s + steps, device=self.device)
+
+        def grow(x):  # [B, Hkv, slots, D]: the suffix slots, then slots for generated tokens
+            return torch.cat([x, x.new_zeros(b, d.num_kv_heads, min(chunk, steps), d.head_dim)], dim=2)
+
+        own_k, own_v = [grow(k) for k in suffix.keys], [grow(v) for v in suffix.values]
         tokens = [first]
         stops = torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype)
         backend = resolve_backend(self.kernels, self.device)
         done = torch.isin(first, stops)
         for t in range(steps - 1):
-            if bool(done.all()):
+            if bool(done.all()) or (finished is not None and finished(torch.stack(tokens, dim=1).tolist())):
                 break
             x = self.embed(tokens[-1])[:, None]
             # The new token's slot: after the padded suffix region, so rows of any length line up.
             slot = s + t
+            if slot >= own_k[0].shape[2]:
+                own_k, own_v = [grow(k) for k in own_k], [grow(v) for v in own_v]
+            slots = torch.arange(own_k[0].shape[2], device=self.device)
             positions = suffix.next_position + t  # [B]
             cos, sin = self.rotary.cos_sin(positions[:, None], self.dtype)
             valid = ((slots[None] < suffix.lengths[:, None]) | ((slots[None] >= s) & (slots[None] <= slot)))[:, None]

@@ -208,12 +208,15 @@ def _positions(rows: list[Row], start: int, width: int, lengths: list[int], mrop
 @dataclass
 class PromptResult:
     """What one prompt's answer position gives: the argmax token, the candidate logits (fp32, keyed by
-    token id), the greedy continuation when a string readout asked for one, and room for the
-    attention probe."""
+    token id), the greedy continuation when a text readout asked for one (decoded whole, each text
+    readout's own prefix of it in `texts`, and the prompt with the continuation decoded as one
+    `sequence` for string_parse_with_prompt), and the attention probe's values when it ran."""
 
     first_token_id: int
     candidate_logits: dict[int, float]
     decoded: str | None = None
+    texts: dict[str, str] | None = None
+    sequence: str | None = None
     probe: dict | None = None
 
     def __iter__(self):

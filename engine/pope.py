@@ -41,7 +41,7 @@ def _resume_fingerprint(meta: dict) -> dict:
     settings = {k: v for k, v in meta.get("settings", {}).items() if k not in BATCHING_ONLY}
     tokenizer = {k: meta.get("tokenizer", {}).get(k) for k in ("class", "vocab_size")}
     return {"model": meta.get("model"), "template": meta.get("template"), "token_sets": meta.get("token_sets"),
-            "settings": settings, "tokenizer": tokenizer}
+            "settings": settings, "tokenizer": tokenizer, "generation": meta.get("generation", {})}
 
 
 def _check_resumable(out_dir: Path, meta: dict) -> None:
@@ -136,8 +136,8 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
                     predictions = engine.decide(result)
                     records += [make_record(q, engine.template.name, first_token_id=result.first_token_id,
                                             candidate_logits=result.candidate_logits, decoded=result.decoded,
-                                            predictions=predictions,
-                                            probe=_recorded(result.probe))
+                                            texts=result.texts, decoded_sequence=result.sequence,
+                                            predictions=predictions, probe=_recorded(result.probe))
                                 for q in by_image[name][text]]
                 evaluated += len(image_texts)
             writer.write(records)

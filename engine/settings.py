@@ -19,7 +19,7 @@ class Settings:
     nf4_weights: str = "dequantized"  # dequantized: dequantize once at load (same values) | packed
     batch_size: int = 32  # question suffixes per prefill batch
     image_batch: int = 8  # images whose vision pass and prefixes run as one batch (7B: ~0.3 GB KV each)
-    max_new_tokens: int = 6  # greedy continuation, only when a string readout is requested
+    max_new_tokens: int | None = None  # None: each text readout's reference length; N: every one N tokens
     image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
@@ -38,7 +38,7 @@ class Settings:
             raise ValueError(f"image_aspect must be processor or pad, not {self.image_aspect!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
-        if min(self.batch_size, self.image_batch, self.max_new_tokens) < 1:
+        if min(self.batch_size, self.image_batch, 1 if self.max_new_tokens is None else self.max_new_tokens) < 1:
             raise ValueError("batch_size, image_batch and max_new_tokens must be at least 1")
         if self.probe not in PROBES:
             raise ValueError(f"probe must be one of {', '.join(PROBES)}, not {self.probe!r}")

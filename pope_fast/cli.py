@@ -94,7 +94,9 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
 @click.option("--batch-size", default=16, show_default=True, help="question suffixes per prefill batch")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="disk cache of image features")
-@click.option("--max-new-tokens", default=6, show_default=True, help="greedy tokens for string readouts")
+@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
+              help="greedy tokens for every string readout (default: each as its reference runs it: string_parse "
+                   "6, exact_match 128, pope_official until the end; the demo: 6)")
 @click.option("--image-aspect", type=click.Choice(["processor", "pad"]), default="processor", show_default=True,
               help="pad: original LLaVA's pad-to-square with the mean colour before the processor")
 @click.option("--nf4-weights", type=click.Choice(["dequantized", "packed"]), default="dequantized",
@@ -129,6 +131,7 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
         if model_dir is None:
             model_dir, questions, images_dir = _demo_inputs(Path(out_dir), questions, images_dir,
                                                             demo_questions, split)
+            max_new_tokens = max_new_tokens or 6  # a random model never ends its sentence
         elif images_dir is None and any(q.image_data is None for q in questions):
             _fail("the question files name image files: give --images (parquet files embed their images)")
         settings = Settings(device=device, dtype=dtype, quant=quant, quantize_lm_head=quantize_lm_head,

@@ -20,8 +20,10 @@ from typing import Callable, Mapping
 YES, NO, UNKNOWN = "yes", "no", "unknown"
 DECISIONS = (YES, NO, UNKNOWN)
 
-# Kinds say what a readout reads: candidate logits, the argmax id, or decoded text.
-LOGIT, FIRST_TOKEN, TEXT = "logit", "first_token", "text"
+# Kinds say what a readout reads: candidate logits, the argmax id, decoded new tokens, or the decoded
+# whole sequence (prompt included).
+LOGIT, FIRST_TOKEN, TEXT, SEQUENCE = "logit", "first_token", "text", "sequence"
+GENERATING = (TEXT, SEQUENCE)
 
 LEGACY_2TOK = ((3582,), (1217,))
 LEGACY_8TOK = ((3582, 8241, 4874, 3869), (1217, 3782, 694, 1939))
@@ -72,13 +74,18 @@ def first_token_decision(first_token_id: int | None, sets: TokenSets) -> str:
     return UNKNOWN
 
 
-_WORD = re.compile(r"\b(yes|no)\b")
+# re.I as the reference has it: besides case, it lets 'ſ' (U+017F, which lower() keeps) match 's'.
+_WORD = re.compile(r"\b(yes|no)\b", re.I)
 
 
 def string_parse(text: str) -> str:
-    """The ugaa-research convention: lowercase, first 64 characters, first whole word yes/no wins."""
-    found = _WORD.search(text.lower()[:64])
-    return found.group(1) if found else UNKNOWN
+    """ugaa-research `run_multi_model_audit.py`: strip, lowercase, then the first 64 characters; the
+    first whole word yes/no in them wins (case-insensitively). Stripping before the cut matters:
+    leading whitespace would otherwise push the answer out of the window."""
+    found = _WORD.search(text.strip().lower()[:64])
+    if not found:
+        return UNKNOWN
+    return YES if found.group(1)[0] == "y" else NO  # the word may be 'yeſ'
 
 
 def pope_official(text: str) -> str:
@@ -94,12 +101,29 @@ def exact_match(text: str) -> str:
     return answer if answer in (YES, NO) else UNKNOWN
 
 
+UNTIL_END = None
+
+
+@dataclass(frozen=True)
+class Generation:
+    """How a text readout's reference generates: at most `new_tokens` greedy tokens (UNTIL_END: until a
+    stop token, capped by the model's positions limit); with `first_sentence`, its text is complete at
+    the first '.' too, since it reads nothing after it."""
+
+    new_tokens: int | None
+    first_sentence: bool = False
+
+    def to_json(self) -> dict:
+        return {"max_new_tokens": self.new_tokens, "first_sentence": self.first_sentence}
+
+
 @dataclass(frozen=True)
 class Readout:
     name: str
     kind: str
     summary: str
     decide: Callable[..., str]
+    generation: Generation | None = None  # text and sequence readouts only
 
     def __call__(self, sets: TokenSets | None, logits: Mapping[int, float] | None,
                  first_token_id: int | None, decoded: str | None) -> str:
@@ -113,7 +137,8 @@ class Readout:
                 raise ValueError(f"readout {self.name} needs its token sets")
             return self.decide(first_token_id, sets)
         if decoded is None:
-            raise ValueError(f"readout {self.name} needs the decoded continuation")
+            what = "the decoded whole sequence" if self.kind == SEQUENCE else "the decoded continuation"
+            raise ValueError(f"readout {self.name} needs {what}")
         return self.decide(decoded)
 
 
@@ -130,14 +155,24 @@ READOUTS: dict[str, Readout] = {
                 compare_max_logits),
         Readout("first_token", FIRST_TOKEN, "greedy first token in the template-aware yes / no set",
                 first_token_decision),
-        Readout("string_parse", TEXT, "first whole-word yes/no in the first 64 lowercased characters", string_parse),
+        # The paper's run_multi_model_audit.py (--parse-max-new-tokens 6).
+        Readout("string_parse", TEXT, "ugaa-research: first whole-word yes/no in the first 64 characters, stripped",
+                string_parse, Generation(6)),
+        # Its InstructBLIP and mPLUG-Owl2 adapters decoded generate's whole output, prompt included, so the
+        # prompt's own "yes" decided (the all-yes row). Reproduces that published row; not a recommendation.
+        Readout("string_parse_with_prompt", SEQUENCE,
+                "string_parse of the decoded whole sequence, prompt included (the paper's InstructBLIP and "
+                "mPLUG-Owl2 rows; not a recommended readout)", string_parse, Generation(6)),
+        # The POPE authors generated until the end; evaluate.py reads the first sentence only.
         Readout("pope_official", TEXT, "RUCAIBox/POPE evaluate.py: no/not/No before the first '.', else yes",
-                pope_official),
-        Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer equals yes or no", exact_match),
+                pope_official, Generation(UNTIL_END, first_sentence=True)),
+        # lmms-eval's pope.yaml: max_new_tokens 128.
+        Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer equals yes or no", exact_match,
+                Generation(128)),
     )
 }
 LOGIT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == LOGIT)
-TEXT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == TEXT)
+TEXT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind in GENERATING)
 DEFAULT_READOUT = "template_aware"
 
 

@@ -21,12 +21,20 @@ FORMAT = "pope-fast/records-v1"
 UGAA_PAIRWISE = {"pred_2tok": "legacy_2tok", "pred_8tok": "legacy_8tok"}
 UGAA_CROSS_MODEL = {"pred_legacy_2tok": "legacy_2tok", "pred_legacy_8tok": "legacy_8tok",
                     "pred_dynamic_single": "dynamic_single", "pred_string_parse": "string_parse"}
+# run_multi_model_audit.py adapters whose decoded_response is generate's whole output, prompt included:
+# their pred_string_parse is our string_parse_with_prompt.
+UGAA_WHOLE_SEQUENCE = ("instructblip", "mplug_owl2")
 
 
 def make_record(question: Question, template: str, *, first_token_id: int | None = None,
                 candidate_logits: dict[int, float] | None = None, decoded: str | None = None,
+                texts: dict[str, str] | None = None, decoded_sequence: str | None = None,
                 predictions: dict[str, str] | None = None, error: str | None = None,
                 probe: dict | None = None) -> dict:
+    """One record. `decoded` is the whole greedy continuation; `texts` the text readouts whose own
+    prefix of it differs (read `decoded` for the others); `decoded_sequence` the prompt and the
+    continuation decoded as one sequence (for string_parse_with_prompt); `probe` extra fields (the
+    image-attention probe's one float per decoder layer)."""
     record = {"question_id": question.question_id, "split": question.split, "image": question.image,
               "label": question.label, "template": template}
     if question.dataset:  # absent in records written before datasets were named: read back as ""
@@ -38,6 +46,11 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     record["candidate_logits"] = {str(i): float(v) for i, v in (candidate_logits or {}).items()}
     if decoded is not None:
         record["decoded"] = decoded
+        differing = {n: t for n, t in (texts or {}).items() if t != decoded}
+        if differing:
+            record["texts"] = differing
+    if decoded_sequence is not None:
+        record["decoded_sequence"] = decoded_sequence
     record["predictions"] = dict(predictions or {})
     record.update(probe or {})  # e.g. image_attention: one float per decoder layer
     return record
@@ -143,6 +156,11 @@ class Entry:
     decoded: str | None = None
     stored: dict[str, str] = field(default_factory=dict)
     error: str | None = None
+    texts: dict[str, str] = field(default_factory=dict)  # text readouts whose prefix differs from decoded
+    decoded_sequence: str | None = None
+
+    def text_for(self, name: str) -> str | None:
+        return self.texts.get(name, self.decoded)
 
 
 @dataclass
@@ -183,7 +201,8 @@ def _read_ours(path: Path, text: str) -> RecordSet:
             key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
             first_token_id=rec.get("first_token_id"), dataset=rec.get("dataset", ""),
             candidate_logits={int(i): float(v) for i, v in logits.items()} if logits is not None else None,
-            decoded=rec.get("decoded"),
+            decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
+            decoded_sequence=rec.get("decoded_sequence"),
             stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                     if n in READOUTS},
             error=rec.get("error"))
@@ -201,6 +220,10 @@ def _read_ugaa(path: Path, obj: dict) -> RecordSet:
     split = summary.get("split") or split_from_name(path)
     keys = set().union(*(r.keys() for r in results)) if results else set()
     mapping = UGAA_CROSS_MODEL if "pred_legacy_2tok" in keys else UGAA_PAIRWISE
+    adapter = str(summary.get("model") or path.name.split("_pope_")[0])
+    whole = mapping is UGAA_CROSS_MODEL and adapter in UGAA_WHOLE_SEQUENCE
+    if whole:
+        mapping = {**mapping, "pred_string_parse": "string_parse_with_prompt"}
     entries, seen = [], set()
     for i, rec in enumerate(results, start=1):
         where = f"{path} results[{i - 1}]"
@@ -210,13 +233,19 @@ def _read_ugaa(path: Path, obj: dict) -> RecordSet:
         if str(rec["question_id"]) in seen:
             raise DataError(f"{where}: duplicate question_id {rec['question_id']!r}")
         seen.add(str(rec["question_id"]))
+        if "error" in rec:  # a question whose generate failed: the paper's code drops it from every count
+            entries.append(Entry(key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
+                                 error=str(rec["error"])))
+            continue
         entries.append(Entry(
             key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
-            first_token_id=rec.get("top_token_id"), decoded=rec.get("decoded_response"),
+            first_token_id=rec.get("top_token_id"),
+            decoded=None if whole else rec.get("decoded_response"),
+            decoded_sequence=rec.get("decoded_response") if whole else None,
             stored={ours: _check_decision(str(rec[theirs]).lower(), where, theirs)
                     for theirs, ours in mapping.items() if theirs in rec}))
-    meta = {"imported_from": "ugaa-research", "schema": "cross_model" if mapping is UGAA_CROSS_MODEL
-            else "pairwise", "summary": summary}
+    meta = {"imported_from": "ugaa-research", "schema": "pairwise" if mapping is UGAA_PAIRWISE
+            else "cross_model", "whole_sequence": whole, "summary": summary}
     return RecordSet(str(path), entries, {}, meta, prefer_stored=True)
 
 

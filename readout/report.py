@@ -8,14 +8,15 @@ from .records import RECORDS_FILE
 
 COLUMNS = (("readout", "{}"), ("TP", "{}"), ("TN", "{}"), ("FP", "{}"), ("FN", "{}"), ("unk", "{}"),
            ("acc", "{:.4f}"), ("prec", "{:.4f}"), ("rec", "{:.4f}"), ("F1", "{:.4f}"), ("F1 95% CI", "{}"),
-           ("yes-rate", "{:.4f}"))
+           ("yes-rate", "{:.4f}"), ("yes/all", "{:.4f}"))
 
 
 def _rows(run: dict) -> list[list[str]]:
     rows = []
     for name, m in run["readouts"].items():
         values = (name, m["tp"], m["tn"], m["fp"], m["fn"], m["unknown"], m["accuracy"], m["precision"],
-                  m["recall"], m["f1"], f"{m['f1_ci95'][0]:.4f}-{m['f1_ci95'][1]:.4f}", m["yes_rate"])
+                  m["recall"], m["f1"], f"{m['f1_ci95'][0]:.4f}-{m['f1_ci95'][1]:.4f}", m["yes_rate"],
+                  m["yes_rate_all"])
         rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)])
     return rows
 
@@ -48,7 +49,7 @@ def format_runs(runs: list[dict], fmt: str = "table") -> str:
     for run in runs:
         title = f"{run['source']} — {run['dataset'] + ' ' if run.get('dataset') else ''}split {run['split']}, n={run['n']}"
         if run.get("errors"):
-            title += f", {run['errors']} error records (unknown under every readout)"
+            title += f", {run['errors']} error records (left out of every metric)"
         parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run))]
         if run["first_token_counts"]:
             top = ", ".join(f"{i}: {c}" for i, c in list(run["first_token_counts"].items())[:8])

@@ -10,7 +10,7 @@ from collections import Counter
 from itertools import combinations
 
 from .metrics import mcnemar_exact, summarize
-from .protocols import FIRST_TOKEN, LOGIT, READOUTS, UNKNOWN
+from .protocols import FIRST_TOKEN, LOGIT, READOUTS, SEQUENCE, UNKNOWN
 from .records import Entry, RecordSet
 
 
@@ -39,9 +39,15 @@ def _decide(entry: Entry, name: str, records: RecordSet) -> str:
             return readout(sets, None, entry.first_token_id, None)
         if name not in entry.stored:
             raise Unavailable("no template-aware token sets or no first token")
+    elif readout.kind == SEQUENCE:
+        if entry.decoded_sequence is not None:
+            return readout(None, None, None, entry.decoded_sequence)
+        if name not in entry.stored:
+            raise Unavailable("no decoded whole sequence (run with string_parse_with_prompt to record it)")
     else:
-        if entry.decoded is not None:
-            return readout(None, None, None, entry.decoded)
+        text = entry.text_for(name)
+        if text is not None:
+            return readout(None, None, None, text)
         if name not in entry.stored:
             raise Unavailable("no decoded text (run with a string readout to generate it)")
     return entry.stored[name]
@@ -56,19 +62,31 @@ def predictions(records: RecordSet, name: str, entries: list[Entry] | None = Non
     return [_decide(e, name, records) for e in (records.entries if entries is None else entries)]
 
 
+def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int) -> dict:
+    """summarize()'s metrics plus `yes_rate_all`: yes answers over every scored question, unknowns
+    included, as run_multi_model_audit.py divides (`yes_rate` divides by the answered ones)."""
+    m = summarize(labels, decided, seed=seed, resamples=resamples)
+    m["yes_rate_all"] = round((m["tp"] + m["fp"]) / len(labels), 4) if labels else 0.0
+    return m
+
+
 def score_records(records: RecordSet, names: list[str], *, strict: bool = False, seed: int = 0,
                   resamples: int = 1000) -> list[dict]:
     """One run per dataset and split: metrics per readout, first-token counts, pairwise McNemar p-values.
 
-    With strict, a requested readout the records cannot supply is an error; otherwise it is listed
-    under `unavailable` with its reason.
+    Error records (a question that got no answer: an unreadable image, a failed generate) are counted
+    in `errors` and left out of every metric, as the paper's code drops them. With strict, a requested
+    readout the records cannot supply is an error; otherwise it is listed under `unavailable` with its
+    reason.
     """
     runs = []
     groups = list(dict.fromkeys((e.dataset, e.split) for e in records.entries))
     for dataset, split in groups:
         # In question order, not file order: the bootstrap draws question indices, so a shuffled,
         # resumed or merged record file must give the same interval.
-        entries = sorted((e for e in records.entries if (e.dataset, e.split) == (dataset, split)), key=question_order)
+        everything = sorted((e for e in records.entries if (e.dataset, e.split) == (dataset, split)),
+                            key=question_order)
+        entries = [e for e in everything if e.error is None]
         labels = [e.label for e in entries]
         decided, unavailable = {}, {}
         for name in names:
@@ -83,9 +101,9 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
             "source": records.source,
             **({"dataset": dataset} if dataset else {}),  # records before datasets were named: no key
             "split": split,
-            "n": len(entries),
-            "errors": sum(e.error is not None for e in entries),
-            "readouts": {n: summarize(labels, p, seed=seed, resamples=resamples) for n, p in decided.items()},
+            "n": len(everything),
+            "errors": len(everything) - len(entries),
+            "readouts": {n: _metrics(labels, p, seed, resamples) for n, p in decided.items()},
             "first_token_counts": dict(first_tokens.most_common()),
             "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
                         for a, b in combinations(decided, 2)},

@@ -38,7 +38,7 @@ def oracle(checkpoint):
 
 @pytest.mark.parametrize("batch_size", [1, 5, 32])
 def test_candidate_logits_match_transformers(checkpoint, oracle, batch_size):
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size), readouts="all")
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, max_new_tokens=6), readouts="all")
     assert engine.template.name == "instructblip"
     for i, image in enumerate(IMAGES):
         for answer in engine.score(image, QUESTIONS[:4]):
@@ -57,7 +57,7 @@ def test_the_question_reaches_the_image_tokens(checkpoint):
 
 
 def test_images_and_questions_in_one_batch(checkpoint, oracle):
-    engine = Engine.load(checkpoint, Settings(batch_size=7), readouts="all")
+    engine = Engine.load(checkpoint, Settings(batch_size=7, max_new_tokens=6), readouts="all")
     items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:4]]) for image in IMAGES]
     for i, answers in enumerate(engine.run_images(items)):
         for q, (first, candidates, _) in zip(QUESTIONS[:4], answers):
@@ -78,10 +78,40 @@ def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
     """(The CLI sweep of every family is tests/test_cli_families.py.)"""
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     questions = [q for f in files for q in load_questions(f)]
-    engine = Engine.load(checkpoint, Settings(image_batch=2), readouts="all")
+    engine = Engine.load(checkpoint, Settings(image_batch=2, max_new_tokens=6), readouts="all")
     result = run_pope(engine, questions, images, tmp_path / "out")
     assert result.evaluated_prompts < len(questions)
     assert engine.counts.images_encoded == 3   # the ViT once per image, the Q-Former per prompt
+
+
+def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoint, tmp_path):
+    """string_parse_with_prompt reads what the paper's InstructBLIP adapter parsed: generate's whole
+    output, prompt included, decoded (6 new tokens); the prompt's 'yes' decides every question, so it
+    scores the all-yes floor (F1 0.6667 on a balanced split), the published row."""
+    import json
+
+    from PIL import Image
+    from transformers import AutoProcessor, InstructBlipForConditionalGeneration
+
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    questions = {q.question_id: q for q in load_questions(files[0])}
+    engine = Engine.load(checkpoint, Settings(), readouts="string_parse,string_parse_with_prompt")
+    [run] = run_pope(engine, list(questions.values()), images, tmp_path / "out").runs
+    model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    for line in (tmp_path / "out/records.jsonl").read_text().splitlines():
+        r = json.loads(line)
+        text = f"Question: {questions[r['question_id']].text} Answer yes or no only. Answer:"
+        inputs = processor(images=Image.open(images / r["image"]), text=text, return_tensors="pt")
+        with torch.no_grad():
+            sequence = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0]
+        assert r["decoded_sequence"] == processor.tokenizer.decode(sequence, skip_special_tokens=True)
+        assert r["predictions"]["string_parse_with_prompt"] == "yes"
+    m = run["readouts"]["string_parse_with_prompt"]
+    assert (m["tp"], m["fp"], m["tn"], m["fn"], m["f1"]) == (len(questions) // 2, len(questions) // 2, 0, 0, 0.6667)
+    assert json.loads((tmp_path / "out/meta.json").read_text())["generation"] == {
+        "string_parse": {"max_new_tokens": 6, "first_sentence": False},
+        "string_parse_with_prompt": {"max_new_tokens": 6, "first_sentence": False}}
 
 
 def test_nf4_decisions_match_transformers_bnb(tmp_path):
@@ -95,7 +125,7 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     quantized = {n.split(".")[0] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
     assert quantized == {"vision_model", "qformer", "language_projection", "language_model"}
     processor = AutoProcessor.from_pretrained(str(checkpoint))
-    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
     for image in IMAGES[:2]:
         for answer in engine.score(image, QUESTIONS[:3]):
             inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")

@@ -23,8 +23,8 @@ def checkpoint(tmp_path_factory):
 def test_triton_kernels_agree_with_references(checkpoint, settings, tol):
     image = synthetic_image(7, (70, 50))
     readouts = "dynamic_single,template_aware,first_token,string_parse,pope_official,exact_match"
-    ours = Engine.load(checkpoint, Settings(kernels="triton", batch_size=4, **settings), readouts=readouts)
-    ref = Engine.load(checkpoint, Settings(kernels="torch", batch_size=4, **settings), readouts=readouts)
+    ours = Engine.load(checkpoint, Settings(kernels="triton", batch_size=4, max_new_tokens=6, **settings), readouts=readouts)
+    ref = Engine.load(checkpoint, Settings(kernels="torch", batch_size=4, max_new_tokens=6, **settings), readouts=readouts)
     got, want = ours.score(image, QUESTIONS), ref.score(image, QUESTIONS)
     for a, b in zip(got, want):
         worst = max(abs(a.candidate_logits[i] - b.candidate_logits[i]) for i in a.candidate_logits)
@@ -36,7 +36,7 @@ def test_triton_kernels_agree_with_references(checkpoint, settings, tol):
 
 def test_fixed_ids_outside_a_small_vocabulary(checkpoint):
     """The legacy readouts' fixed ids (3582, 1217, ...) are not rows of a 160-row model."""
-    engine = Engine.load(checkpoint, Settings(), readouts="all")   # all: every readout this model has
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all")   # all: every readout this model has
     assert "legacy_2tok" not in engine.token_sets and "template_aware" in engine.token_sets
     assert "legacy_2tok" not in engine.readouts and "string_parse" in engine.readouts
     assert max(engine.candidate_ids) < engine.model.lm.dims.vocab_size

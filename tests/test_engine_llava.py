@@ -9,7 +9,7 @@ from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, worst_differ
 
 from pope_fast.cli import main
 from pope_fast.engine import Engine, Intervention, Settings, run_pope
-from pope_fast.readout import load_questions
+from pope_fast.readout import READOUTS, load_questions
 
 IMAGES = [synthetic_image(i, size) for i, size in enumerate([(90, 70), (42, 42), (50, 120)])]
 
@@ -41,7 +41,7 @@ def oracle(checkpoint):
                          ids=["reuse-b1", "reuse-b4", "reuse-b16", "whole-b3"])
 def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
     reference, _ = oracle
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse), readouts="all")
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6), readouts="all")
     for i, image in enumerate(IMAGES):
         for answer in engine.score(image, QUESTIONS):
             logits, generated = reference[i, answer.question]
@@ -100,8 +100,30 @@ def test_continuation_matches_generate(checkpoint, oracle):
             assert answer.decoded == tokenizer.decode(generated[:cut], skip_special_tokens=True)
 
 
+def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkpoint):
+    """By default string_parse reads 6 new tokens (the paper) and exact_match 128 (lmms-eval), both cut
+    from one continuation: each text equals what generate gives at that readout's max_new_tokens."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    engine = Engine.load(checkpoint, Settings(batch_size=2), readouts="string_parse,exact_match")
+    assert engine.new_tokens == 128   # the loop runs to the longest
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    tokenizer = processor.tokenizer
+    for answer in engine.score(IMAGES[1], QUESTIONS[:2]):
+        inputs = processor(images=IMAGES[1], text=f"USER: <image>\n{answer.question}\nASSISTANT:", return_tensors="pt")
+        for name, length in (("string_parse", 6), ("exact_match", 128)):
+            with torch.no_grad():
+                generated = model.generate(**inputs, max_new_tokens=length, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            tokens = generated.tolist()
+            cut = tokens.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in tokens else len(tokens)
+            assert answer.texts[name] == tokenizer.decode(tokens[:cut], skip_special_tokens=True), name
+            assert answer.predictions[name] == READOUTS[name](None, None, None, answer.texts[name])
+        assert answer.decoded == answer.texts["exact_match"] != answer.texts["string_parse"]
+
+
 def test_decisions_follow_the_logits(checkpoint):
-    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all")
     for answer in engine.score(IMAGES[0], QUESTIONS):
         sets = engine.token_sets["template_aware"]
         best_yes = max(answer.candidate_logits[i] for i in sets.yes_ids)
@@ -128,12 +150,12 @@ class _Shift(Intervention):
 
 def test_warmup_leaves_no_trace(checkpoint, tmp_path):
     """Warmup runs the model but caches, counts and times nothing, and changes no answer."""
-    warm = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4), readouts="all", cache_dir=tmp_path / "cache")
+    warm = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4, max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
     warm.warmup()
     assert warm.cache.misses == warm.cache.hits == 0 and not list((tmp_path / "cache").glob("*"))
     assert all(v == 0 for v in warm.timings.to_json().values())
     assert warm.counts == type(warm.counts)()
-    cold = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4), readouts="all")
+    cold = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4, max_new_tokens=6), readouts="all")
     assert warm.score(IMAGES[0], QUESTIONS) == cold.score(IMAGES[0], QUESTIONS)
 
 
@@ -239,16 +261,16 @@ def test_same_file_name_different_images_never_share_features(checkpoint, tmp_pa
 def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = load_questions(files[0])
-    first = Engine.load(checkpoint, Settings(), readouts="all", cache_dir=tmp_path / "cache")
+    first = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
     run_pope(first, questions, images, tmp_path / "one")
     assert first.cache.misses == 2 and len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
-    second = Engine.load(checkpoint, Settings(), readouts="all", cache_dir=tmp_path / "cache")
+    second = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
     run_pope(second, questions, images, tmp_path / "two")
     assert second.cache.misses == 0 and second.cache.disk_hits == 2
     assert second.timings.image_encode == 0.0
     assert _records(tmp_path / "one") == _records(tmp_path / "two")
     # another dtype is another model: its features are not served from this cache
-    bf16 = Engine.load(checkpoint, Settings(dtype="bf16"), readouts="all", cache_dir=tmp_path / "cache")
+    bf16 = Engine.load(checkpoint, Settings(dtype="bf16", max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
     bf16.features(images / "img_0.png")
     assert bf16.cache.misses == 1
 
@@ -257,7 +279,7 @@ def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
 def test_eval_cli_end_to_end(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
-            "--device", "cpu", "--readouts", "template_aware,legacy_8tok,pope_official"]
+            "--device", "cpu", "--readouts", "template_aware,legacy_8tok,pope_official", "--max-new-tokens", "6"]
     for f in files:
         args += ["--questions", str(f)]
     result = CliRunner().invoke(main, args)
@@ -426,8 +448,7 @@ def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
     transformers: candidate logits within 1e-4 and the same decision under every readout."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from pope_fast.readout import READOUTS
-    from pope_fast.readout.protocols import FIRST_TOKEN, LOGIT, TokenSets
+    from pope_fast.readout.protocols import FIRST_TOKEN, LOGIT, SEQUENCE, TokenSets
 
     checkpoint = make_tiny_llava(tmp_path / "unseen", seed=11, layers=3, kv_heads=4, image_size=56)
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
@@ -452,17 +473,21 @@ def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
                            return_tensors="pt")
         with torch.no_grad():
             logits = model(**inputs).logits[0, -1]
-            generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            sequence = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0]
         ours = {int(i): v for i, v in r["candidate_logits"].items()}
         assert max(abs(v - float(logits[i])) for i, v in ours.items()) <= 1e-4
-        tokens = generated.tolist()
+        tokens = sequence[inputs["input_ids"].shape[1]:].tolist()
         eos = processor.tokenizer.eos_token_id
-        decoded = processor.tokenizer.decode(tokens[:tokens.index(eos)] if eos in tokens else tokens,
-                                             skip_special_tokens=True)
+        cut = tokens.index(eos) if eos in tokens else len(tokens)
+        decoded = processor.tokenizer.decode(tokens[:cut], skip_special_tokens=True)
+        # string_parse_with_prompt: generate's whole output decoded, as the paper's InstructBLIP adapter did
+        whole = processor.tokenizer.decode(sequence[:inputs["input_ids"].shape[1] + cut], skip_special_tokens=True)
+        assert r["decoded_sequence"] == whole
         theirs = {i: float(logits[i]) for i in ours}
         for name, readout in READOUTS.items():
-            expected = readout(sets.get(name), theirs, int(logits.argmax()), decoded) \
-                if readout.kind in (LOGIT, FIRST_TOKEN) else readout(None, None, None, decoded)
+            text = whole if readout.kind == SEQUENCE else decoded
+            expected = readout(sets.get(name), theirs, int(logits.argmax()), text) \
+                if readout.kind in (LOGIT, FIRST_TOKEN) else readout(None, None, None, text)
             assert r["predictions"][name] == expected, (name, r["question_id"], r["split"])
 
 

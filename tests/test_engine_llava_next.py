@@ -42,7 +42,7 @@ def oracle(checkpoint):
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (True, 32), (False, 3)],
                          ids=["reuse-b2", "reuse-b32", "whole-b3"])
 def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse), readouts="all")
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6), readouts="all")
     assert engine.template.name == "mistral_inst"
     for i, image in enumerate(IMAGES):
         features = engine.features(image)
@@ -56,7 +56,7 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
 
 def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
     """A batch whose images have different prefix lengths, and whose question rows span images."""
-    engine = Engine.load(checkpoint, Settings(batch_size=4), readouts="all")
+    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=6), readouts="all")
     items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
     assert len({f.shape[0] for f, _ in items}) >= 3
     for i, answers in enumerate(engine.run_images(items)):
@@ -87,7 +87,7 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     checkpoint = make_tiny_llava_next(tmp_path / "ckpt", vision_hidden=64, seed=5)
     model = bnb_nf4_oracle(LlavaNextForConditionalGeneration, checkpoint)
     processor = AutoProcessor.from_pretrained(str(checkpoint))
-    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
     assert torch.equal(engine.model.newline, model.model.image_newline.data)
     for image in IMAGES[:3]:
         for answer in engine.score(image, QUESTIONS[:3]):

@@ -33,7 +33,7 @@ def oracle_model(checkpoint):
 
 @pytest.fixture(scope="module")
 def engine(checkpoint):
-    return Engine.load(checkpoint, Settings(**NF4), readouts="all")
+    return Engine.load(checkpoint, Settings(**NF4, max_new_tokens=6), readouts="all")
 
 
 def test_dequantized_weights_equal_bitsandbytes(engine, oracle_model):
@@ -73,7 +73,7 @@ def test_candidate_logits_and_decisions_match_transformers_bnb(checkpoint, engin
 
 
 def test_packed_weights_give_the_same_answers(checkpoint, engine):
-    packed = Engine.load(checkpoint, Settings(**NF4, nf4_weights="packed"), readouts="all")
+    packed = Engine.load(checkpoint, Settings(**NF4, nf4_weights="packed", max_new_tokens=6), readouts="all")
     assert packed.model.lm.layers[0].q_proj.packed is not None
     assert engine.model.lm.layers[0].q_proj.packed is None
     for image in IMAGES[:1]:

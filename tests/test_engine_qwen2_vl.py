@@ -57,7 +57,7 @@ def oracle(checkpoint):
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (True, 32), (False, 3)],
                          ids=["reuse-b2", "reuse-b32", "whole-b3"])
 def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse), readouts="all")
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6), readouts="all")
     assert engine.template.name == "qwen2_vl_chat"
     for i, image in enumerate(IMAGES):
         for answer in engine.score(image, QUESTIONS[:3]):
@@ -69,7 +69,7 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
 
 def test_same_length_prefixes_with_different_grids_share_a_batch(checkpoint, oracle):
     """2 x 3 and 3 x 2 grids: one prefix length, different M-RoPE positions, one prefill."""
-    engine = Engine.load(checkpoint, Settings(batch_size=4), readouts="all")
+    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=6), readouts="all")
     items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
     assert items[0][0].shape[:2] == (2, 3) and items[1][0].shape[:2] == (3, 2)
     for i, answers in enumerate(engine.run_images(items)):
@@ -108,7 +108,7 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     model = bnb_nf4_oracle(Qwen2VLForConditionalGeneration, checkpoint)
     quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
     assert quantized == {"visual", "language_model"}
-    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16"), readouts="all")
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
     for image in IMAGES[:2]:
         for answer in engine.score(image, QUESTIONS[:3]):
             inputs = _inputs(checkpoint, image, engine.prompt(answer.question))

@@ -84,12 +84,12 @@ def test_probe_reaches_the_records(tmp_path):
 
     checkpoint = make_tiny_llava(tmp_path / "ckpt")
     images, files = write_pope_set(tmp_path / "pope", n_images=2, splits=("random",))
-    engine = Engine.load(checkpoint, Settings(probe="image-attention"), readouts="all")
+    engine = Engine.load(checkpoint, Settings(probe="image-attention"), readouts="template_aware,legacy_2tok")
     run_pope(engine, load_questions(files[0]), images, tmp_path / "run")
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     assert records and all(len(r["image_attention"]) == engine.model.lm.dims.num_layers for r in records)
     assert len({tuple(r["image_attention"]) for r in records}) > 1  # the questions attend differently
-    plain = Engine.load(checkpoint, Settings(), readouts="all")
+    plain = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
     run_pope(plain, load_questions(files[0]), images, tmp_path / "plain")
     without = [json.loads(line) for line in (tmp_path / "plain" / "records.jsonl").read_text().splitlines()]
     assert all("image_attention" not in r for r in without)

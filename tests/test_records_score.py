@@ -52,6 +52,63 @@ def test_cross_model_schema_with_decoded_text(tmp_path):
     assert run["readouts"]["exact_match"]["unknown"] == 1  # "No, there is not" is not exactly "no"
 
 
+def _audit_file(tmp_path):
+    """A run_multi_model_audit.py file with two failed questions and one unknown answer; its summary
+    block typed in as that script computes it (errors dropped, yes_rate over the 4 valid records)."""
+    def rec(qid, label, pred, decoded):
+        return {"question_id": qid, "label": label, "top_token_id": 3869, "pred_legacy_2tok": pred,
+                "pred_legacy_8tok": pred, "pred_dynamic_single": pred, "pred_string_parse": pred,
+                "decoded_response": decoded}
+    results = [rec("1", "yes", "yes", "Yes"), rec("2", "no", "no", "No"), rec("3", "yes", "unknown", "I cannot"),
+               {"question_id": "4", "label": "yes", "error": "CUDA out of memory"},
+               rec("5", "no", "yes", "Yes"), {"question_id": "6", "label": None, "error": "cannot identify image"}]
+    block = {"tp": 1, "tn": 1, "fp": 1, "fn": 0, "unknown": 1, "f1": 0.6667, "precision": 0.5, "recall": 1.0,
+             "yes_predictions": 2, "yes_rate": 0.5}
+    summary = {"split": "adversarial", "n_total": 6, "n_valid": 4, "n_errors": 2, "eval_string_parse": block}
+    path = tmp_path / "llava15_pope_adversarial_6q_paper_template_token_audit.json"
+    path.write_text(json.dumps({"summary": summary, "results": results}))
+    return path, block
+
+
+def test_imported_failed_questions_are_error_records_left_out_of_every_metric(tmp_path):
+    path, block = _audit_file(tmp_path)
+    records = read_records(path)
+    assert [e.error for e in records.entries if e.error] == ["CUDA out of memory", "cannot identify image"]
+    [run] = score_records(records, ["legacy_2tok", "string_parse", "pope_official"], strict=True)
+    assert (run["n"], run["errors"]) == (6, 2)
+    m = run["readouts"]["string_parse"]
+    assert {k: m[k] for k in ("tp", "tn", "fp", "fn", "unknown", "f1", "precision", "recall")} == \
+           {k: block[k] for k in ("tp", "tn", "fp", "fn", "unknown", "f1", "precision", "recall")}
+    assert m["accuracy"] == 0.5                          # 2 right of the 4 answered or unknown, errors apart
+    assert run["readouts"]["pope_official"]["tp"] + run["readouts"]["pope_official"]["fn"] == 2
+    result = CliRunner().invoke(main, ["score", str(path), "--readouts", "string_parse,legacy_2tok"])
+    assert result.exit_code == 0, result.output
+    assert "n=6, 2 error records (left out of every metric)" in result.output
+
+
+def test_our_error_records_are_left_out_too(tmp_path):
+    qs = _questions()
+    with RecordWriter(tmp_path) as w:
+        w.write([make_record(qs[0], "t", error="image missing"), make_record(qs[1], "t", first_token_id=1, decoded="Yes"),
+                 make_record(qs[2], "t", first_token_id=1, decoded="No")])
+    [run] = score_records(read_records(tmp_path), ["string_parse"])
+    m = run["readouts"]["string_parse"]
+    assert (run["n"], run["errors"], m["unknown"], m["accuracy"], m["yes_rate_all"]) == (3, 1, 0, 1.0, 0.5)
+
+
+def test_both_yes_rates_and_the_one_the_paper_reports(tmp_path):
+    """yes_rate: yes over answered questions; yes_rate_all: yes over every scored question, unknowns
+    included, which is what the imported file's own summary reports."""
+    path, block = _audit_file(tmp_path)
+    [run] = score_records(read_records(path), ["string_parse"])
+    m = run["readouts"]["string_parse"]
+    assert m["yes_rate_all"] == block["yes_rate"] == 0.5
+    assert m["yes_rate"] == pytest.approx(2 / 3, abs=1e-4)
+    table = CliRunner().invoke(main, ["score", str(path), "--readouts", "string_parse"]).output
+    header, _, row = table.splitlines()[1:4]
+    assert header.split()[-2:] == ["yes-rate", "yes/all"] and row.split()[-2:] == ["0.6667", "0.5000"]
+
+
 def _questions():
     return [Question(i, f"img{i // 2}.jpg", "Is there a dog?", "yes" if i % 2 else "no", "random") for i in range(6)]
 
@@ -103,7 +160,7 @@ def test_score_cli_json_shape(shared):
     assert result.exit_code == 0, result.output
     [run] = json.loads(result.output)["runs"]
     assert set(run["readouts"]["legacy_8tok"]) == {"tp", "tn", "fp", "fn", "unknown", "accuracy", "precision",
-                                                   "recall", "f1", "f1_ci95", "yes_rate"}
+                                                   "recall", "f1", "f1_ci95", "yes_rate", "yes_rate_all"}
     assert list(run["mcnemar"]) == ["legacy_2tok vs legacy_8tok"]
     bad = CliRunner().invoke(main, ["score", str(shared / FIXTURE), "--readouts", "template_aware"])
     assert bad.exit_code != 0 and "no token sets" in bad.output

@@ -1,0 +1,85 @@
+"""One greedy continuation shared by every text readout, each reading its own prefix of it.
+
+Each text readout generates as its reference does (`Generation` in protocols.py): the engine decodes
+once, to the longest length any requested readout needs, and stops early once every row is complete
+for every readout (a stop token, or the readout's own end: its length, or the first sentence). Each
+readout's text is then cut from the shared tokens, so it is exactly what a separate run of that length
+would have decoded.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+from .protocols import GENERATING, READOUTS, Generation
+
+Decode = Callable[[Sequence[int]], str]  # token ids → text (the tokenizer's decode, special tokens skipped)
+
+
+def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_limit: int) -> dict[str, Generation]:
+    """The resolved generation of each requested text readout: its reference's length, until-the-end
+    capped at the model's positions limit; `max_new_tokens` overrides every length (and the
+    first-sentence end, so that an override reproduces a fixed-length run exactly)."""
+    plan = {}
+    for name in names:
+        readout = READOUTS[name]
+        if readout.kind not in GENERATING:
+            continue
+        if max_new_tokens is not None:
+            plan[name] = Generation(max_new_tokens)
+        else:
+            g = readout.generation
+            plan[name] = Generation(min(g.new_tokens or positions_limit, positions_limit), g.first_sentence)
+    return plan
+
+
+def _stop_index(ids: Sequence[int], stop_ids: set[int]) -> int:
+    return next((k for k, t in enumerate(ids) if t in stop_ids), len(ids))
+
+
+def text_end(ids: Sequence[int], stop_ids: set[int], generation: Generation, decode: Decode) -> int:
+    """How many of the shared new tokens one readout reads: up to its length and the first stop id
+    (excluded), and with first_sentence up to the token that brings the first '.'."""
+    end = min(_stop_index(ids, stop_ids), generation.new_tokens)
+    if generation.first_sentence and "." in decode(ids[:end]):
+        end = next(k for k in range(1, end + 1) if "." in decode(ids[:k]))
+    return end
+
+
+def finished(ids: Sequence[int], stop_ids: set[int], generation: Generation, decode: Decode) -> bool:
+    """True once more tokens cannot change this readout's text (the loop may stop for this row)."""
+    if _stop_index(ids, stop_ids) < len(ids) or len(ids) >= generation.new_tokens:
+        return True
+    return generation.first_sentence and "." in decode(ids)
+
+
+def all_finished(rows: Sequence[Sequence[int]], stop_ids: set[int], plan: Mapping[str, Generation],
+                 decode: Decode) -> bool:
+    """The decode loop's early stop: every row is finished for every requested readout."""
+    return all(finished(ids, stop_ids, g, decode) for ids in rows for g in plan.values())
+
+
+@dataclass(frozen=True)
+class Continuation:
+    """One row's greedy new tokens and what each text readout reads of them."""
+
+    ids: tuple[int, ...]  # the new tokens up to (not including) the first stop id
+    text: str  # all of them decoded
+    ends: dict[str, int]  # readout → how many of `ids` it reads
+    texts: dict[str, str]  # readout → its own prefix decoded
+
+
+def cut(tokens: Sequence[int], stop_ids: set[int], plan: Mapping[str, Generation], decode: Decode) -> Continuation:
+    """Each readout's prefix of one row's shared continuation, decoded."""
+    ids = tuple(tokens[:_stop_index(tokens, stop_ids)])
+    text = decode(ids)
+    ends = {name: text_end(ids, stop_ids, g, decode) for name, g in plan.items()}
+    texts = {name: text if end == len(ids) else decode(ids[:end]) for name, end in ends.items()}
+    return Continuation(ids, text, ends, texts)
+
+
+def whole_sequence(tokenizer, prompt: str, new_ids: Sequence[int]) -> str:
+    """What the paper's InstructBLIP and mPLUG-Owl2 adapters parsed: generate's whole output (the
+    prompt's ids, then the new ones) decoded with special tokens skipped (BOS and image tokens vanish)."""
+    prompt_ids = list(tokenizer(prompt)["input_ids"])
+    return tokenizer.decode(prompt_ids + list(new_ids), skip_special_tokens=True)
