@@ -93,8 +93,11 @@ def load_questions(path: str | Path, split: str | None = None) -> list[Question]
             raise DataError(f"{where}: question_id {qid!r} is not an int or string")
         if str(qid) in seen:
             raise DataError(f"{where}: duplicate question_id {qid!r} (first at {_where(path, seen[str(qid)])})")
+        for key in ("image", "text"):  # null would become the string "None"
+            if not isinstance(row[key], str) or not row[key].strip():
+                raise DataError(f"{where}: {key} {row[key]!r} is not a non-empty string")
         seen[str(qid)] = lineno
-        questions.append(Question(qid, str(row["image"]), str(row["text"]), label, split))
+        questions.append(Question(qid, row["image"], row["text"], label, split))
     if not questions:
         raise DataError(f"{path}: no questions")
     return questions
