@@ -19,7 +19,8 @@ from ..readout import READOUTS, Template, TokenSets, derive_token_sets, get_temp
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.protocols import FIRST_TOKEN, LOGIT, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
-from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image
+from .fingerprint import checkpoint_digests
+from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image, to_rgb
 from .llama import Intervention, LlamaLM
 from .llava import LlavaModel
 from .instructblip import InstructBlipModel
@@ -55,6 +56,10 @@ class Family(Protocol):
     # Optional: prompt_features(items) when features_per_prompt; positions(ids, features) -> [3, L]
     # when the language model uses M-RoPE (lm.dims.mrope_section).
 
+
+# Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
+# converts it when the same image comes from a file.
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
 
 FAMILIES: dict[str, type[Family]] = {m.family: m for m in (LlavaModel, LlavaNextModel, InstructBlipModel,
                                                            Qwen2VLModel)}
@@ -155,6 +160,10 @@ class Engine:
         self.timings = Timings()
         self.counts = Counts()
         self._preprocess = model.preprocess_settings()  # part of every feature-cache key
+        positions = getattr(getattr(getattr(model, "config", None), "text_config", None), "max_position_embeddings", None)
+        if self.generate and positions and settings.max_new_tokens >= positions:
+            raise ValueError(f"max_new_tokens {settings.max_new_tokens} leaves no room for a prompt in the model's "
+                             f"{positions} positions (max_position_embeddings)")
 
     @classmethod
     def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
@@ -177,8 +186,10 @@ class Engine:
         self.timings, self.counts = Timings(), Counts()
 
     def meta(self) -> dict:
+        if getattr(self, "_file_digests", None) is None:  # hashed once per engine, not per call
+            self._file_digests = checkpoint_digests(self.model.folder)
         return {
-            "model": {"path": str(self.model.folder), "family": self.model.family},
+            "model": {"path": str(self.model.folder), "family": self.model.family, "files": self._file_digests},
             "template": self.template.name,
             "prompt_example": self.template.render(SAMPLE_QUESTION, self.model.tokenizer),
             "readouts": self.readouts,
@@ -192,6 +203,8 @@ class Engine:
         if isinstance(image, (str, Path)):
             return read_image(image)
         if isinstance(image, Image.Image):
+            if image.mode not in PNG_MODES:  # CMYK, I, F, YCbCr, HSV, ...: the file path's conversion
+                image = to_rgb(image)
             buf = io.BytesIO()
             image.save(buf, format="PNG")
             return LoadedImage(Path("<in-memory>"), buf.getvalue())
