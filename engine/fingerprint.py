@@ -2,9 +2,8 @@
 
 A checkpoint is fingerprinted by the sha256 of every file a load can read (weights, config,
 tokenizer and processor files), all of their bytes: sampling blocks would let an in-place edit of the
-weights through. sha256 runs at ~0.9 GiB/s per core here (OpenSSL with SHA-NI; blake2b 0.6), files in
-parallel threads, so a 7B fp16 checkpoint (13.5 GB, usually still in the page cache from the load)
-costs ~8-15 s once per run: small beside the run it protects.
+weights through. sha256, not blake2b: OpenSSL's runs on the CPU's SHA extensions and was the faster of
+the two here (README: the cost per run).
 """
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from safetensors.torch import load_file, save
 
 def tensor_fingerprint(tensors: dict[str, torch.Tensor], extra: dict | None = None) -> str:
     """A digest of every byte of every tensor (and their names, shapes, dtypes and `extra`): an edit
-    anywhere in the vision weights changes the key of every cached feature. Each tensor is hashed
-    in a thread of its own (hashlib releases the GIL), at about 1.3 GB/s per core."""
+    anywhere in the vision weights changes the key of every cached feature. Tensors are hashed in
+    parallel threads (hashlib releases the GIL)."""
     names = sorted(tensors)
 
     def digest(name: str) -> bytes:
