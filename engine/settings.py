@@ -36,8 +36,9 @@ class Settings:
             raise ValueError(f"image_aspect must be processor or pad, not {self.image_aspect!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
-        if min(self.batch_size, self.image_batch, self.max_new_tokens) < 1:
-            raise ValueError("batch_size, image_batch and max_new_tokens must be at least 1")
+        for name in ("batch_size", "image_batch", "max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if self.quant == "nf4" and self.dtype == "fp32":
             raise ValueError("NF4 computes in fp16 or bf16 (the paper: fp16); choose --dtype fp16 or bf16")
         self._check_runnable()

@@ -111,8 +111,8 @@ class RecordWriter:
                 try:
                     rec = checked_record(json.loads(line), where)
                 except json.JSONDecodeError as err:
-                    raise DataError(f"{where}: not a pope-fast record ({err.msg}); "
-                                    "move the file away to start over") from None
+                    raise DataError(f"{where}: not a pope-fast record ({err.msg}); `pope-fast repair "
+                                    f"{self.path.parent}` drops such lines") from None
                 key = record_key(rec["split"], rec["question_id"])
                 self.recorded.add(key)
                 if "error" not in rec:
@@ -195,9 +195,13 @@ class RunLock:
             os.close(fd)
             raise FolderBusy(f"{self.dir}: another pope-fast run is writing here ({holder}); "
                              "wait for it to finish or choose another --out") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as err:
+            self.__exit__()
+            raise OSError(err.errno, err.strerror, str(path)) from None
         return self
 
     def __exit__(self, *exc) -> None:
@@ -240,6 +244,9 @@ def atomic_write(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as err:  # a full disk, say: name the file, not the temporary one
+        os.unlink(tmp)
+        raise OSError(err.errno, err.strerror, str(path)) from None
     except BaseException:
         os.unlink(tmp)
         raise
@@ -256,6 +263,14 @@ def read_meta(path: Path) -> dict:
                         "or restore the file") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path}: expected a JSON object, got {type(meta).__name__}")
+    for key in ("model", "settings", "tokenizer", "token_sets"):
+        if not isinstance(meta.get(key, {}), dict):
+            raise DataError(f"{path}: {key} is not a JSON object")
+    try:
+        for sets in meta.get("token_sets", {}).values():
+            TokenSets.from_json(sets)
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise DataError(f"{path}: token_sets must map readouts to yes_ids and no_ids lists of ints") from None
     return meta
 
 
