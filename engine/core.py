@@ -160,7 +160,8 @@ class Engine:
         self.timings = Timings()
         self.counts = Counts()
         self._preprocess = model.preprocess_settings()  # part of every feature-cache key
-        positions = getattr(getattr(getattr(model, "config", None), "text_config", None), "max_position_embeddings", None)
+        text_config = getattr(getattr(model, "config", None), "text_config", None)
+        positions = getattr(text_config, "max_position_embeddings", None)
         if self.generate and positions and settings.max_new_tokens >= positions:
             raise ValueError(f"max_new_tokens {settings.max_new_tokens} leaves no room for a prompt in the model's "
                              f"{positions} positions (max_position_embeddings)")

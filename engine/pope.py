@@ -2,7 +2,9 @@
 
 Identical (image, prompt) pairs are evaluated once and recorded in every split that asks them (COCO's
 3 × 3,000 questions are ~5,127 prompts). Records are appended image by image; a run that stops
-resumes from them, skipping every question already recorded.
+resumes from them, skipping every question already recorded, once it has proven that the folder holds
+this run's records (the same checkpoint bytes, settings, questions and image bytes). One process
+writes a folder at a time (RunLock).
 """
 from __future__ import annotations
 
@@ -78,13 +80,7 @@ def _check_done(writer: RecordWriter, questions: list[Question], images_dir: Pat
     """A recorded question must be this question, asked of these bytes: the same image name, label
     and text (another question file under the same split name, or an edited one, would otherwise be
     taken as done), and its image file must still hold the bytes it was answered from."""
-    asked = {(q.split, q.key) for q in questions}
-    splits = {q.split for q in questions}
-    strays = sorted(k for k in writer.recorded if k[0] in splits and k not in asked)
-    if strays:  # the split's summary would count them: another question file under this split name
-        raise ValueError(f"{writer.path}: question {strays[0][1]} of split {strays[0][0]} is recorded here but "
-                         f"not in this run's question file ({len(strays)} such); choose a new --out, or --split "
-                         "for another name")
+    _check_strays(writer, questions)
     recorded = [(q, writer.done[q.split, q.key]) for q in questions if (q.split, q.key) in writer.done]
     for q, rec in recorded:
         where = f"{writer.path}: question {q.question_id} of split {q.split}"
@@ -104,6 +100,18 @@ def _check_done(writer: RecordWriter, questions: list[Question], images_dir: Pat
             raise ValueError(f"{images_dir / q.image}: question {q.question_id} of split {q.split} was answered "
                              f"from other bytes (sha256 {rec['image_sha256'][:12]} recorded, {now}); "
                              "choose a new --out")
+
+
+def _check_strays(writer: RecordWriter, questions: list[Question]) -> None:
+    """Records of this run's splits that its question files lack would be counted in their summaries
+    (another question file under the same split name): refused."""
+    asked = {(q.split, q.key) for q in questions}
+    splits = {q.split for q in questions}
+    strays = sorted(k for k in writer.recorded if k[0] in splits and k not in asked)
+    if strays:
+        raise ValueError(f"{writer.path}: question {strays[0][1]} of split {strays[0][0]} is recorded here but "
+                         f"not in this run's question file ({len(strays)} such); choose a new --out, or --split "
+                         "for another name")
 
 
 def _image_sha256(path: Path) -> str | None:

@@ -29,7 +29,7 @@ from .vision_cache import tensor_fingerprint
 
 MODEL_TYPE = "qwen2_vl"
 IMAGE_PAD = "<|image_pad|>"
-MAX_ASPECT = 200  # transformers' smart_resize: longer side / shorter side must stay below this
+MAX_ASPECT = 200  # transformers' smart_resize refuses a longer side over 200 times the shorter
 
 NAME_RULES = [
     (r"^lm_head\.", "lm.lm_head."),
