@@ -104,23 +104,31 @@ class RecordWriter:
         self._fd: int | None = None
 
     def open(self) -> dict[tuple[str, str], dict]:
-        if self.path.exists():
-            self._mend_last_line()
-            for lineno, line in json_lines(self.path.read_text(encoding="utf-8")):
-                where = f"{self.path}:{lineno}"
-                try:
-                    rec = checked_record(json.loads(line), where)
-                except json.JSONDecodeError as err:
-                    raise DataError(f"{where}: not a pope-fast record ({err.msg}); `pope-fast repair "
-                                    f"{self.path.parent}` drops such lines") from None
-                key = record_key(rec["split"], rec["question_id"])
-                self.recorded.add(key)
-                if "error" not in rec:
-                    if key in self.done:
-                        raise DataError(duplicate_message(where, key, self.path.parent))
-                    self.done[key] = rec
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            if self.path.exists():
+                self._mend_last_line()
+                self._read(self.path.read_text(encoding="utf-8"))
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(self.path)) from None
+        except UnicodeDecodeError as err:
+            raise DataError(f"{self.path}: not UTF-8 text ({err})") from None
         return dict(self.done)
+
+    def _read(self, text: str) -> None:
+        for lineno, line in json_lines(text):
+            where = f"{self.path}:{lineno}"
+            try:
+                rec = checked_record(json.loads(line), where)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not a pope-fast record ({err.msg}); `pope-fast repair "
+                                f"{self.path.parent}` drops such lines") from None
+            key = record_key(rec["split"], rec["question_id"])
+            self.recorded.add(key)
+            if "error" not in rec:
+                if key in self.done:
+                    raise DataError(duplicate_message(where, key, self.path.parent))
+                self.done[key] = rec
 
     def _mend_last_line(self) -> None:
         """Complete a last line that lacks its newline, or drop it when it is torn JSON."""
@@ -219,10 +227,13 @@ def repair_records(run_dir: str | Path) -> tuple[int, int]:
         raise DataError(f"{path}: no such records file")
     kept: dict[tuple[str, str], str] = {}
     dropped = 0
-    for lineno, line in json_lines(path.read_text(encoding="utf-8")):
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
         try:
+            line = raw.decode("utf-8")
             rec = checked_record(json.loads(line), f"{path}:{lineno}")
-        except (json.JSONDecodeError, DataError):
+        except (UnicodeDecodeError, json.JSONDecodeError, DataError):
             dropped += 1
             continue
         key = record_key(rec["split"], rec["question_id"])
@@ -319,6 +330,8 @@ def _read_ours(path: Path, text: str) -> RecordSet:
         try:
             rec = checked_record(json.loads(line), where)
         except json.JSONDecodeError as err:
+            if not text.endswith("\n") and lineno == text.count("\n") + 1:
+                break  # a last line still being written (or torn by a crash): not a record yet
             raise DataError(f"{where}: malformed JSON: {err.msg}") from None
         key = record_key(rec["split"], rec["question_id"])
         if key in position and entries[position[key]].error is None:

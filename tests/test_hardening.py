@@ -191,6 +191,18 @@ def test_score_names_a_bad_record_line(clean, tmp_path, line, message):
     refused(["score", tmp_path / "run"], message)
 
 
+def test_score_reads_a_run_whose_last_line_is_still_being_written(clean, tmp_path):
+    shutil.copytree(clean, tmp_path / "run")
+    path = tmp_path / "run" / "records.jsonl"
+    whole = path.read_text()
+    path.write_text(whole + whole.split("\n")[0][:25])   # a batch half-appended by a running eval
+    result = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert sum(run["n"] for run in json.loads(result.output)["runs"]) == 96
+    path.write_text(whole.replace("\n", "\n" + whole.split("\n")[0][:25] + "\n", 1))   # torn mid-file: named
+    refused(["score", tmp_path / "run"], r"records\.jsonl:2: malformed JSON")
+
+
 def test_resamples_zero_and_a_torn_meta(checkpoint, pope, clean, tmp_path):
     refused(["score", clean, "--resamples", "0"], r"--resamples", code=2)
     shutil.copytree(clean, tmp_path / "run")
