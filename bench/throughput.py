@@ -267,6 +267,7 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     # need no continuation: every logit readout and first_token.
     engine = Engine.load(checkpoint, settings, readouts=BENCH_READOUTS)
     engine.warmup()
+    engine.meta()  # hashes the checkpoint's files once (what a resume is proven by), outside the timed runs
     load_s = time.perf_counter() - load_start
     tick = (lambda n: progress(f"{name} pope-fast", n, len(questions) * cfg.repeat)) if progress else None
     records_dir = work / f"{name}-records"

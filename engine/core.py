@@ -22,7 +22,8 @@ from ..readout.continuation import all_finished, cut, generation_plan
 from ..readout.protocols import FIRST_TOKEN, GENERATING, LOGIT, SEQUENCE, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .families import FAMILIES, Family, load_model
-from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image
+from .fingerprint import checkpoint_digests
+from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image, to_rgb
 from .llama import Intervention, PrefixKV
 from .plan import PrefixGroup, PromptResult, Row, SuffixBatch, TokenBatch, make_plan
 from .settings import Settings
@@ -30,6 +31,10 @@ from .stats import Clock, Counts, Timings
 from .vision_cache import VisionCache, feature_key
 
 __all__ = ["FAMILIES", "Answer", "Counts", "Engine", "Family", "Timings", "load_model"]
+
+# Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
+# converts it when the same image comes from a file.
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
 
 
 @dataclass
@@ -75,6 +80,10 @@ class Engine:
         decode = partial(model.tokenizer.decode, skip_special_tokens=True)
         self._finished = partial(all_finished, stop_ids=model.stop_ids, plan=self.generation, decode=decode) \
             if any(g.first_sentence for g in self.generation.values()) else None  # else the length alone ends it
+        if settings.max_new_tokens is not None and self.generate and \
+                settings.max_new_tokens >= model.lm.dims.max_positions:
+            raise ValueError(f"max_new_tokens {settings.max_new_tokens} leaves no room for a prompt in the model's "
+                             f"{model.lm.dims.max_positions} positions (max_position_embeddings)")
 
     @classmethod
     def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
@@ -103,8 +112,10 @@ class Engine:
             self.cache = VisionCache()
 
     def meta(self) -> dict:
+        if getattr(self, "_file_digests", None) is None:  # hashed once per engine, not per call
+            self._file_digests = checkpoint_digests(self.model.folder)
         return {
-            "model": {"path": str(self.model.folder), "family": self.model.family},
+            "model": {"path": str(self.model.folder), "family": self.model.family, "files": self._file_digests},
             "template": self.template.name,
             "prompt_example": self.template.render(SAMPLE_QUESTION, self.model.tokenizer),
             "readouts": self.readouts,
@@ -119,6 +130,8 @@ class Engine:
         if isinstance(image, (str, Path)):
             return read_image(image)
         if isinstance(image, Image.Image):
+            if image.mode not in PNG_MODES:  # CMYK, I, F, YCbCr, HSV, ...: the file path's conversion
+                image = to_rgb(image)
             buf = io.BytesIO()
             image.save(buf, format="PNG")
             return LoadedImage(Path("<in-memory>"), buf.getvalue())

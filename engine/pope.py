@@ -2,21 +2,25 @@
 
 Identical (image, prompt) pairs are evaluated once and recorded in every split that asks them (COCO's
 3 × 3,000 questions are ~5,127 prompts). Records are appended image by image; a run that stops
-resumes from them, skipping every question already recorded.
+resumes from them, skipping every question already recorded, once it has proven that the folder holds
+this run's records (the same checkpoint bytes, settings, questions and image bytes). One process
+writes a folder at a time (RunLock).
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from collections import deque
+from contextlib import nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..readout import (META_FILE, Question, RecordWriter, format_runs, make_record, read_records, score_records,
-                       write_meta)
-from ..readout.records import record_key
+from ..readout import (META_FILE, Question, RecordWriter, RunLock, format_runs, make_record, read_meta, read_records,
+                       score_records, write_meta)
+from ..readout.records import atomic_write, record_key
 from .core import Engine
 from .images import ImageError, check_images, embedded_path, read_image
 
@@ -38,43 +42,102 @@ BATCHING_ONLY = ("batch_size", "image_batch")
 
 
 def _resume_fingerprint(meta: dict) -> dict:
+    """What must be equal for two runs' records to share a folder: the checkpoint's files by content
+    (not its path), the template, token sets, settings and tokenizer."""
     settings = {k: v for k, v in meta.get("settings", {}).items() if k not in BATCHING_ONLY}
     tokenizer = {k: meta.get("tokenizer", {}).get(k) for k in ("class", "vocab_size")}
-    return {"model": meta.get("model"), "template": meta.get("template"), "token_sets": meta.get("token_sets"),
-            "settings": settings, "tokenizer": tokenizer, "generation": meta.get("generation", {})}
+    model = meta.get("model") or {}
+    return {"model": {"family": model.get("family"), "files": model.get("files") or {}},
+            "template": meta.get("template"), "token_sets": meta.get("token_sets"), "settings": settings,
+            "tokenizer": tokenizer, "generation": meta.get("generation") or {}}
 
 
-def _check_resumable(out_dir: Path, meta: dict) -> None:
-    """Refuse to add this run's records to a folder that holds another run's."""
-    path = out_dir / META_FILE
-    if not path.is_file():
+def _differences(old, new, name: str = "") -> list[str]:
+    """'name: old recorded, new now' for every leaf that differs."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [d for k in sorted(set(old) | set(new), key=str)
+                for d in _differences(old.get(k), new.get(k), f"{name}.{k}" if name else str(k))]
+    return [] if old == new else [f"{name}: {_short(old)} recorded, {_short(new)} now"]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _check_resumable(out_dir: Path, old: dict, meta: dict) -> None:
+    """Refuse to add this run's records to a folder that holds another run's, naming what differs."""
+    if not old:
         return
-    old, new = (_resume_fingerprint(m) for m in (json.loads(path.read_text(encoding="utf-8")), meta))
-    for key in new:
-        if old[key] != new[key]:
-            diff = {k: (old[key].get(k), v) for k, v in new[key].items() if old[key].get(k) != v} \
-                if isinstance(new[key], dict) and isinstance(old[key], dict) else (old[key], new[key])
-            raise ValueError(f"{path}: this folder holds records of a different run ({key} differs, "
-                             f"recorded vs now: {diff}); choose a new --out")
+    diffs = _differences(_resume_fingerprint(old), _resume_fingerprint(meta))
+    if diffs:
+        more = f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else ""
+        raise ValueError(f"{out_dir / META_FILE}: this folder holds records of a different run "
+                         f"({'; '.join(diffs[:4])}{more}); choose a new --out")
 
 
-def _check_done(writer: RecordWriter, questions: list[Question]) -> None:
-    """A recorded question must be this question: same image and label (another question file under
-    the same split name would otherwise be taken as done)."""
-    for q in questions:
-        recorded = writer.done.get(record_key(q.split, q.key, q.dataset))
-        if recorded is not None and recorded != (q.image, q.label):
-            raise ValueError(f"{writer.path}: question {q.question_id} of split {q.split} was recorded for image "
-                             f"{recorded[0]} (label {recorded[1]}), but the question file has {q.image} "
-                             f"(label {q.label}); choose a new --out")
+def _check_done(writer: RecordWriter, questions: list[Question], images_dir: Path | None, embedded: dict[str, bytes],
+                workers: int) -> None:
+    """A recorded question must be this question, asked of these bytes: the same image name, label
+    and text (another question file under the same split name, or an edited one, would otherwise be
+    taken as done), and its image (a file, or the bytes a parquet row embeds) must still be the bytes
+    it was answered from."""
+    _check_strays(writer, questions)
+    keys = {q: record_key(q.split, q.key, q.dataset) for q in questions}
+    recorded = [(q, writer.done[keys[q]]) for q in questions if keys[q] in writer.done]
+    for q, rec in recorded:
+        where = f"{writer.path}: question {q.question_id} of split {q.split}"
+        if "text" not in rec or "image_sha256" not in rec:
+            raise ValueError(f"{where} was recorded without its question text or image hash (an older "
+                             "pope-fast), so resuming cannot prove it is this question; choose a new --out")
+        for field, now in (("image", q.image), ("label", q.label), ("text", q.text)):
+            if rec.get(field) != now:
+                raise ValueError(f"{where} was recorded with {field} {rec.get(field)!r}, but the question file "
+                                 f"has {now!r}; choose a new --out")
+    names = list(dict.fromkeys(q.image for q, _ in recorded))
+
+    def digest(name):
+        if name in embedded:
+            return hashlib.sha256(embedded[name]).hexdigest()
+        return _image_sha256(images_dir / name) if images_dir is not None else None
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        digests = dict(zip(names, pool.map(digest, names)))
+    for q, rec in recorded:
+        if digests[q.image] != rec["image_sha256"]:
+            now = "missing now" if digests[q.image] is None else f"sha256 {digests[q.image][:12]} now"
+            source = embedded_path(q.image) if q.image in embedded else (images_dir or Path(".")) / q.image
+            raise ValueError(f"{source}: question {q.question_id} of split {q.split} was answered "
+                             f"from other bytes (sha256 {rec['image_sha256'][:12]} recorded, {now}); "
+                             "choose a new --out")
+
+
+def _check_strays(writer: RecordWriter, questions: list[Question]) -> None:
+    """Records of this run's splits that its question files lack would be counted in their summaries
+    (another question file under the same split name): refused."""
+    asked = {record_key(q.split, q.key, q.dataset) for q in questions}
+    splits = {(q.dataset, q.split) for q in questions}
+    strays = sorted(k for k in writer.recorded if k[:2] in splits and k not in asked)
+    if strays:
+        raise ValueError(f"{writer.path}: question {strays[0][2]} of split {strays[0][1]} is recorded here but "
+                         f"not in this run's question file ({len(strays)} such); choose a new --out, or --split "
+                         "for another name")
+
+
+def _image_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
              skip_bad: bool = False, progress: Callable[[int], None] | None = None,
-             workers: int | None = None) -> SweepResult:
+             workers: int | None = None, lock: RunLock | None = None) -> SweepResult:
     """Evaluate every question not yet recorded in out_dir; returns the scored runs. `workers`
     threads (default: one per CPU core, at most 8) check, read, decode and preprocess images ahead of
-    the model. Images embedded in the questions (parquet) are read from there, the others from images_dir."""
+    the model. Images embedded in the questions (parquet) are read from there, the others from
+    images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it (`lock`)."""
     out_dir, images_dir = Path(out_dir), None if images_dir is None else Path(images_dir)
     seen = set()
     for q in questions:
@@ -83,21 +146,25 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
             raise ValueError(f"question {q.question_id} appears twice in split {q.split}"
                              + (f" of {q.dataset}" if q.dataset else ""))
         seen.add(key)
-    workers = workers or default_workers()
-    meta = engine.meta()
     out_dir.mkdir(parents=True, exist_ok=True)
-    _check_resumable(out_dir, meta)
-    write_meta(out_dir, meta)
+    with nullcontext() if lock is not None else RunLock(out_dir):
+        return _sweep(engine, questions, images_dir, out_dir, skip_bad, progress, workers or default_workers())
 
+
+def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, out_dir: Path, skip_bad: bool,
+           progress: Callable[[int], None] | None, workers: int) -> SweepResult:
+    meta = engine.meta()
+    _check_resumable(out_dir, read_meta(out_dir / META_FILE), meta)
     with RecordWriter(out_dir) as writer:
         if writer.done and not any(dataset for dataset, _, _ in writer.done):
             # A folder begun before records named their dataset goes on without it, as the one run it is.
             questions = [replace(q, dataset="") for q in questions]
-        _check_done(writer, questions)
+        embedded = _embedded_images(questions)
+        _check_done(writer, questions, images_dir, embedded, workers)
+        write_meta(out_dir, meta)
         todo = [q for q in questions if record_key(q.split, q.key, q.dataset) not in writer.done]
         if progress and len(todo) < len(questions):
             progress(len(questions) - len(todo))
-        embedded = _embedded_images(todo)
         problems = check_images(images_dir, [q.image for q in todo], workers, embedded)
         if problems and not skip_bad:
             listed = "; ".join(list(problems.values())[:5])
@@ -118,7 +185,8 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
         evaluated = late_errors = 0
         for step in _prepared_groups(engine, images_dir, list(by_image), workers, embedded):
             # A file that passed the up-front check can still fail to decode (a PNG's chunks pass their
-            # CRCs, its compressed data does not): an error record under skip_bad, else the run stops.
+            # CRCs, its compressed data does not) or be refused by the model (Qwen2-VL: an aspect ratio
+            # over 200): an error record under skip_bad, else the run stops.
             records = []
             for name, failure in [(n, p) for n, p in step if isinstance(p, ImageError)]:
                 if not skip_bad:
@@ -128,6 +196,7 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
                 late_errors += sum(len(qs) for qs in by_image[name].values())
             step = [(n, p) for n, p in step if not isinstance(p, ImageError)]
             group = [name for name, _ in step]
+            digests = {name: hashlib.sha256(prepared[1].data).hexdigest() for name, prepared in step}
             features = engine.encode([p for _, p in step]) if step else []
             texts = [list(by_image[name]) for name in group]
             outputs = engine.run_images(list(zip(features, texts))) if step else []
@@ -137,7 +206,8 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
                     records += [make_record(q, engine.template.name, first_token_id=result.first_token_id,
                                             candidate_logits=result.candidate_logits, decoded=result.decoded,
                                             texts=result.texts, decoded_sequence=result.sequence,
-                                            predictions=predictions, probe=_recorded(result.probe))
+                                            predictions=predictions, probe=_recorded(result.probe),
+                                            image_sha256=digests[name])
                                 for q in by_image[name][text]]
                 evaluated += len(image_texts)
             writer.write(records)
@@ -179,10 +249,10 @@ def _prepared_groups(engine: Engine, images_dir: Path | None, names: list[str], 
         path = images_dir / name if data is None else embedded_path(name)
         try:
             return engine.prepare([read_image(path, verify=False, data=data)])[0]
-        except ImageError as err:  # missing since the check, or passed it but not the decoder
-            return err
+        except ImageError as err:  # missing since the check, passed it but not the decoder, refused by the model
+            return err if str(err).startswith(str(path)) else ImageError(f"{path}: {err}")
         except Exception as err:  # a preprocessing failure is not the file's fault: stop, naming it
-            raise RuntimeError(f"{path}: preprocessing failed ({err!r})") from err
+            raise ValueError(f"{path}: preprocessing failed ({err!r})") from err
 
     # Whole image batches, not a ramp of 1, 2, 4, ... images that would start the model sooner:
     # the small first steps cost more than the wait (60 built-in questions on 2 cores: 0.15 s vs 0.125 s).
@@ -200,6 +270,6 @@ def _prepared_groups(engine: Engine, images_dir: Path | None, names: list[str], 
 def write_summaries(out_dir: Path, readouts: list[str]) -> list[dict]:
     """summary.json (the shape of `pope-fast score --format json`) and summary.md, from the records."""
     runs = score_records(read_records(out_dir), readouts)
-    (out_dir / "summary.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
-    (out_dir / "summary.md").write_text(format_runs(runs, "markdown") + "\n", encoding="utf-8")
+    atomic_write(out_dir / "summary.json", json.dumps({"runs": runs}, indent=2) + "\n")
+    atomic_write(out_dir / "summary.md", format_runs(runs, "markdown") + "\n")
     return runs

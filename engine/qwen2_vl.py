@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .images import NativePixels, checked_fast_path
+from .images import ImageError, NativePixels, checked_fast_path
 from .layers import replace_linears
 from .llama import LlamaDims, LlamaLM
 from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
@@ -30,6 +30,7 @@ from .vision_cache import tensor_fingerprint
 
 MODEL_TYPE = "qwen2_vl"
 IMAGE_PAD = "<|image_pad|>"
+MAX_ASPECT = 200  # transformers' smart_resize refuses a longer side over 200 times the shorter
 
 NAME_RULES = [
     (r"^lm_head\.", "lm.lm_head."),
@@ -99,6 +100,9 @@ class Qwen2VLModel:
     def preprocess(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
         """One image → (its flattened patches [t * h * w, C * 2 * 14 * 14], its patch grid (t, h, w)),
         as the checkpoint's processor makes them (NumPy: see LlavaModel.preprocess)."""
+        if max(image.size) > MAX_ASPECT * min(image.size):  # the processor's smart_resize refuses these
+            raise ImageError(f"{image.width} x {image.height} pixels: an aspect ratio of "
+                             f"{max(image.size) / min(image.size):.0f}:1 is over Qwen2-VL's limit of {MAX_ASPECT}:1")
         if self._fast_pixels is not None:
             return self._fast_pixels(image)
         return self._processor_pixels(image)

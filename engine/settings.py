@@ -38,12 +38,35 @@ class Settings:
             raise ValueError(f"image_aspect must be processor or pad, not {self.image_aspect!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
-        if min(self.batch_size, self.image_batch, 1 if self.max_new_tokens is None else self.max_new_tokens) < 1:
-            raise ValueError("batch_size, image_batch and max_new_tokens must be at least 1")
+        for name in ("batch_size", "image_batch", "max_new_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, not {value}")
         if self.probe not in PROBES:
             raise ValueError(f"probe must be one of {', '.join(PROBES)}, not {self.probe!r}")
         if self.quant == "nf4" and self.dtype == "fp32":
             raise ValueError("NF4 computes in fp16 or bf16 (the paper: fp16); choose --dtype fp16 or bf16")
+        self._check_runnable()
+
+    def _check_runnable(self) -> None:
+        """Refuse, up front, a device or kernel choice this machine cannot run (not deep in a load)."""
+        try:
+            device = torch.device(self.device)
+        except RuntimeError:
+            raise ValueError(f"device must be cpu or cuda[:N], not {self.device!r}") from None
+        if device.type == "cuda":
+            if not torch.cuda.is_available():
+                raise ValueError(f"device {self.device!r}: torch sees no CUDA device here (torch {torch.__version__}, "
+                                 f"built for CUDA {torch.version.cuda or 'none'}); use --device cpu")
+            if device.index is not None and device.index >= torch.cuda.device_count():
+                raise ValueError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
+        if self.kernels == "triton":
+            from ..kernels import resolve_backend
+
+            try:
+                resolve_backend("triton", device)
+            except RuntimeError as err:
+                raise ValueError(f"kernels 'triton': {err}; use --kernels auto or torch") from None
 
     @property
     def torch_device(self) -> torch.device:

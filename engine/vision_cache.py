@@ -6,28 +6,33 @@ skips the vision tower. In memory always; on disk (one safetensors file per key)
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
-
-# Sampling every element of a 300M-parameter tower would cost seconds per load; a strided sample
-# plus both ends of every tensor tells different fine-tunes apart, which differ almost everywhere.
-_SAMPLE_STRIDE = 4099
-_EDGE = 2048
-
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save
 
 def tensor_fingerprint(tensors: dict[str, torch.Tensor], extra: dict | None = None) -> str:
+    """A digest of every byte of every tensor (and their names, shapes, dtypes and `extra`): an edit
+    anywhere in the vision weights changes the key of every cached feature. Tensors are hashed in
+    parallel threads (hashlib releases the GIL)."""
+    names = sorted(tensors)
+
+    def digest(name: str) -> bytes:
+        t = tensors[name].detach().cpu().contiguous().reshape(-1)
+        return hashlib.sha256(memoryview(t.view(torch.uint8).numpy())).digest()
+
     h = hashlib.blake2b(digest_size=16)
-    for name in sorted(tensors):
-        t = tensors[name].detach().reshape(-1)
-        h.update(f"{name}:{tuple(tensors[name].shape)}:{t.dtype}".encode())
-        sample = torch.cat([t[:_EDGE], t[_EDGE:-_EDGE:_SAMPLE_STRIDE], t[-_EDGE:]]) if t.numel() > 2 * _EDGE else t
-        h.update(sample.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    with ThreadPoolExecutor(max_workers=min(4, os.cpu_count() or 1)) as pool:
+        for name, d in zip(names, pool.map(digest, names)):
+            h.update(f"{name}:{tuple(tensors[name].shape)}:{tensors[name].dtype}".encode())
+            h.update(d)
     h.update(json.dumps(extra or {}, sort_keys=True, default=str).encode())
     return h.hexdigest()
 
@@ -62,7 +67,10 @@ class VisionCache:
         if self.dir is not None and self._path(key).is_file():
             try:
                 features = load_file(str(self._path(key)))["features"].to(device)
-            except (OSError, KeyError, ValueError, RuntimeError):  # unreadable entry: recompute it
+            except (OSError, KeyError, ValueError, RuntimeError, SafetensorError):
+                # a truncated or garbled entry (a disk that filled, a copy cut short): drop it, recompute
+                with contextlib.suppress(OSError):
+                    self._path(key).unlink()
                 return None
             self.disk_hits += 1
             self._remember(key, features)
@@ -77,10 +85,12 @@ class VisionCache:
             # A private temp name, then an atomic rename: neither a crash nor a second process
             # sharing the cache dir ever leaves or reads a torn entry.
             fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=f".{key}.", suffix=".tmp")
-            os.close(fd)
             try:
-                save_file({"features": features.detach().cpu().contiguous()}, tmp)
+                with os.fdopen(fd, "wb") as f:
+                    f.write(save({"features": features.detach().cpu().contiguous()}))
                 os.replace(tmp, self._path(key))
+            except OSError as err:  # a full disk, say: name the cache file
+                raise OSError(err.errno, err.strerror, str(self._path(key))) from None
             finally:
                 if os.path.exists(tmp):
                     os.unlink(tmp)

@@ -2,16 +2,38 @@
 commands that need them, so `score` and `audit-tokens` run without torch."""
 from __future__ import annotations
 
+import errno
 import sys
+import tempfile
+from pathlib import Path
 
 import click
 
-from .readout import (DataError, TEMPLATES, Unavailable, audit_tokens, format_audit, format_runs,
-                      get_template, load_tokenizer, parse_readouts, read_records, score_records)
+from .readout import (DataError, TEMPLATES, RunLock, Unavailable, audit_tokens, format_audit, format_runs,
+                      get_template, load_tokenizer, parse_readouts, read_records, repair_records, score_records)
 
 
 def _fail(message: str) -> None:
     raise click.ClickException(message)
+
+
+def _os_message(err: OSError) -> str:
+    """One line naming the file an OSError is about, and what to do after a full disk."""
+    where = f"{err.filename}: " if err.filename else ""
+    hint = ("; free some space and run the same command again: it resumes from the records written so far"
+            if err.errno in (errno.ENOSPC, errno.EDQUOT) else "")
+    return f"{where}{err.strerror or err}{hint}"
+
+
+def _writable_dir(path: str, option: str) -> Path:
+    """The folder an option names, created and proven writable before any work starts."""
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        _fail(f"{option} {path}: not a writable folder ({err.strerror or err})")
+    return folder
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -26,7 +48,7 @@ def main() -> None:
               show_default=True, help="models: one F1 table per split, models (files) as rows and readouts as "
                                       "columns, best per row in bold, in markdown; latex: the same in LaTeX (booktabs)")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
-@click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
+@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
 def score(files, readouts, fmt, seed, resamples) -> None:
     """Score pope-fast records or published ugaa-research record files, without the model."""
     try:
@@ -34,9 +56,14 @@ def score(files, readouts, fmt, seed, resamples) -> None:
         explicit = readouts.strip() != "all"
         runs = []
         for path in files:
-            runs += score_records(read_records(path), names, strict=explicit, seed=seed, resamples=resamples)
+            scored = score_records(read_records(path), names, strict=explicit, seed=seed, resamples=resamples)
+            if not scored:
+                raise DataError(f"{path}: no records to score")
+            runs += scored
     except (DataError, Unavailable, ValueError) as err:
         _fail(str(err))
+    except OSError as err:
+        _fail(_os_message(err))
     click.echo(format_runs(runs, fmt))
 
 
@@ -54,6 +81,22 @@ def report(runs, out_dir, seed, resamples) -> None:
     except (DataError, ValueError) as err:
         _fail(str(err))
     click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
+
+
+@main.command()
+@click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
+def repair(run_dir) -> None:
+    """Keep the last complete record of each question in a run folder (one left with duplicates by
+    two runs that wrote to it at once, before runs locked their folder); drop torn lines."""
+    try:
+        with RunLock(run_dir):
+            kept, dropped = repair_records(run_dir)
+    except (DataError, ValueError) as err:
+        _fail(str(err))
+    except OSError as err:
+        _fail(_os_message(err))
+    click.echo(f"{run_dir}: kept {kept} records, dropped {dropped} line(s); run the same eval again to "
+               "resume and rewrite its summaries")
 
 
 @main.command("audit-tokens")
@@ -79,7 +122,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--images", "images_dir", default=None, type=click.Path(),
               help="the image folder (not needed for parquet, whose images are embedded); "
                    "demo default: synthetic stand-ins named after the questions' images")
-@click.option("--demo-questions", default=60, show_default=True, help="size of the demo's built-in question set")
+@click.option("--demo-questions", default=60, show_default=True, type=click.IntRange(min=1),
+              help="size of the demo's built-in question set")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="output folder: records.jsonl, meta.json, summary.json, summary.md")
 @click.option("--split", default=None,
@@ -116,8 +160,6 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
     transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
     """
-    from pathlib import Path
-
     import torch
     from tqdm import tqdm
 
@@ -126,24 +168,32 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     if model_dir is not None and not question_files:
         _fail("with --model, give --questions (and --images unless the questions embed them)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = _writable_dir(out_dir, "--out")
+    if cache_dir is not None:
+        _writable_dir(cache_dir, "--cache-dir")
     try:
-        questions = _questions(question_files, split, dataset)
-        if model_dir is None:
-            model_dir, questions, images_dir = _demo_inputs(Path(out_dir), questions, images_dir,
-                                                            demo_questions, split)
-            max_new_tokens = max_new_tokens or 6  # a random model never ends its sentence
-        elif images_dir is None and any(q.image_data is None for q in questions):
-            _fail("the question files name image files: give --images (parquet files embed their images)")
         settings = Settings(device=device, dtype=dtype, quant=quant, quantize_lm_head=quantize_lm_head,
-                            nf4_weights=nf4_weights, batch_size=batch_size, max_new_tokens=max_new_tokens,
+                            nf4_weights=nf4_weights, batch_size=batch_size,
+                            # the demo's random model never ends a sentence: it reads 6 tokens
+                            max_new_tokens=max_new_tokens or (6 if model_dir is None else None),
                             image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse,
                             probe=probe)
-        engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
-        engine.warmup()
-        with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:
-            result = run_pope(engine, questions, images_dir, out_dir, skip_bad=skip_bad, progress=bar.update)
+        parse_readouts(readouts)
+        with RunLock(out) as lock:  # before the load: a second run into this folder is refused at once
+            questions = _questions(question_files, split, dataset)
+            if model_dir is None:
+                model_dir, questions, images_dir = _demo_inputs(out, questions, images_dir, demo_questions, split)
+            elif images_dir is None and any(q.image_data is None for q in questions):
+                _fail("the question files name image files: give --images (parquet files embed their images)")
+            engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
+            engine.warmup()
+            with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:
+                result = run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=bar.update,
+                                  lock=lock)
     except (DataError, CheckpointError, ImageError, ValueError, NotImplementedError) as err:
         _fail(str(err))
+    except OSError as err:
+        _fail(_os_message(err))
     if result.recorded_before:
         click.echo(f"resumed: {result.recorded_before} of {result.questions} questions were already recorded")
     click.echo(f"{result.evaluated_prompts} unique prompts evaluated for {result.questions} questions; "
@@ -184,7 +234,7 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
 @click.option("--model", "model_dirs", multiple=True, help="NAME=DIR: a real checkpoint for a family")
 @click.option("--size", type=click.Choice(["tiny", "7b"]), default=None,
               help="random weights at tiny (real image-token count) or real 7B dims (default: 7b on CUDA, tiny on CPU)")
-@click.option("--questions", "n_questions", default=60, show_default=True,
+@click.option("--questions", "n_questions", default=60, show_default=True, type=click.IntRange(min=0),
               help="built-in POPE-shaped questions (6 per image); with --pope, a cap (0: all)")
 @click.option("--pope", "pope_dir", default=None, type=click.Path(exists=True, file_okay=False),
               help="a folder of POPE question files, *pope*.json (images are synthetic stand-ins named after them)")
@@ -207,13 +257,14 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
           reference_sample, tokenizer_dir, work_dir, fmt) -> None:
     """Throughput of pope-fast against the paper's transformers pipeline, side by side."""
     import json
-    from pathlib import Path
 
     import torch
     from tqdm import tqdm
 
     from .bench import SEED_FAMILIES, BenchConfig, format_report, run_bench
 
+    if n_questions == 0 and pope_dir is None:
+        _fail("--questions 0 means all of --pope's questions; without --pope give a number of built-in questions")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = device.startswith("cuda")
     names = list(SEED_FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
@@ -239,8 +290,10 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
 
     try:
         report = run_bench(cfg, progress)
-    except (ValueError, FileNotFoundError) as err:
+    except ValueError as err:
         _fail(str(err))
+    except OSError as err:
+        _fail(_os_message(err))
     finally:
         for bar in bars.values():
             bar.close()

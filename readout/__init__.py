@@ -5,7 +5,8 @@ from .data import (DataError, Question, dataset_from_name, find_question_files, 
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
 from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
                         Readout, TokenSets, parse_readouts)
-from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, RecordWriter, make_record, read_records, write_meta
+from .records import (META_FILE, RECORDS_FILE, Entry, FolderBusy, RecordSet, RecordWriter, RunLock, make_record,
+                      read_meta, read_records, repair_records, write_meta)
 from .score import Unavailable, score_records
 from .report import format_audit, format_runs
 from .templates import TEMPLATES, Template, get_template
@@ -17,7 +18,8 @@ __all__ = [
     "bootstrap_f1_ci", "confusion", "mcnemar_exact", "summarize",
     "DEFAULT_READOUT", "LOGIT_READOUTS", "NO", "READOUTS", "TEXT_READOUTS", "UNKNOWN", "YES",
     "Readout", "TokenSets", "parse_readouts",
-    "META_FILE", "RECORDS_FILE", "Entry", "RecordSet", "RecordWriter", "make_record", "read_records", "write_meta",
+    "META_FILE", "RECORDS_FILE", "Entry", "FolderBusy", "RecordSet", "RecordWriter", "RunLock", "make_record",
+    "read_meta", "read_records", "repair_records", "write_meta",
     "Unavailable", "score_records",
     "format_audit", "format_runs",
     "TEMPLATES", "Template", "get_template",

@@ -180,8 +180,11 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
         row_split = split or row.get("category") or split_from_name(path)
         if (row_split, str(qid)) in seen:
             raise DataError(f"{where}: duplicate question_id {qid!r} (first at {_where(path, seen[row_split, str(qid)])})")
+        for key in ("image", "text"):  # null would become the string "None"
+            if not isinstance(row[key], str) or not row[key].strip():
+                raise DataError(f"{where}: {key} {row[key]!r} is not a non-empty string")
         seen[row_split, str(qid)] = lineno
-        questions.append(Question(qid, str(row["image"]), str(row["text"]), label, str(row_split), dataset,
+        questions.append(Question(qid, row["image"], row["text"], label, str(row_split), dataset,
                                   row["image_data"] if parquet else None))
     if not questions:
         raise DataError(f"{path}: no questions")

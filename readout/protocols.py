@@ -181,6 +181,8 @@ def parse_readouts(spec: str | None) -> list[str]:
     if spec is None or spec.strip() == "all":
         return list(READOUTS)
     names = [s.strip() for s in spec.split(",") if s.strip()]
+    if not names:
+        raise ValueError(f"no readout named in {spec!r}; known: {', '.join(READOUTS)}")
     unknown = [n for n in names if n not in READOUTS]
     if unknown:
         raise ValueError(f"unknown readout(s) {', '.join(unknown)}; known: {', '.join(READOUTS)}")

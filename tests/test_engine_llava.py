@@ -507,8 +507,10 @@ def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ("settings", r"settings differs, recorded vs now: \{'image_aspect': \('processor', 'pad'\)\}"),
-    ("questions", r"question 1 of split random was recorded for image img_0\.png"),
+    ("settings", r"meta\.json: this folder holds records of a different run \(settings\.image_aspect: 'processor' "
+                 r"recorded, 'pad' now\)"),
+    ("questions", r"question 1 of split random was recorded with image 'img_0\.png', but the question file has "
+                  r"'img_1\.png'"),
 ])
 def test_resume_refuses_another_run(checkpoint, tmp_path, change, message):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)

@@ -1,0 +1,359 @@
+"""Faults a new user meets, one test per class: each ends in a one-line error naming the file, line,
+tensor or setting (never a traceback), or is handled (a corrupt cache entry recomputed), and never
+leaves records lost or mixed: they are compared with a clean run."""
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from PIL import Image
+from tinymodels import make_tiny_llava, make_tiny_qwen2_vl, synthetic_image, write_pope_set
+
+from pope_fast.cli import main
+from pope_fast.engine import Engine, Settings
+from pope_fast.engine.vision_cache import tensor_fingerprint
+
+READOUTS = "template_aware,legacy_2tok,string_parse"
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_llava(tmp_path_factory.mktemp("hardening") / "ckpt", builtin_tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def pope(tmp_path_factory):
+    """12 images (two image batches of 8 and 4), two splits of 48 questions."""
+    return write_pope_set(tmp_path_factory.mktemp("pope"), n_images=12)
+
+
+def _eval_args(checkpoint, pope, out, *extra):
+    images, files = pope
+    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(out), "--device", "cpu",
+            "--readouts", READOUTS, "--max-new-tokens", "2", *map(str, extra)]
+    for f in files:
+        args += ["--questions", str(f)]
+    return args
+
+
+@pytest.fixture(scope="module")
+def clean(checkpoint, pope, tmp_path_factory):
+    """A clean run's folder, the reference every faulty run is compared with."""
+    out = tmp_path_factory.mktemp("clean") / "out"
+    result = CliRunner().invoke(main, _eval_args(checkpoint, pope, out))
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def records(out) -> dict:
+    lines = (Path(out) / "records.jsonl").read_text().split("\n")
+    assert lines[-1] == "", "a torn last line"
+    rows = [json.loads(line) for line in lines[:-1]]
+    by_key = {(r["split"], r["question_id"]): r for r in rows}
+    assert len(by_key) == len(rows), "duplicate records"
+    return by_key
+
+
+def refused(args, *patterns, code=1):
+    """Run the CLI; it must end in one click error line matching every pattern, no traceback."""
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == code, result.output
+    assert isinstance(result.exception, SystemExit), repr(result.exception)   # a click error, not a crash
+    assert "Traceback" not in result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+    for pattern in patterns:
+        assert re.search(pattern, line), line
+    return line
+
+
+# 1. tracebacks that must be one-line errors ---------------------------------------------------------
+
+def test_corrupt_cache_entries_are_dropped_and_recomputed(checkpoint, pope, clean, tmp_path):
+    cache = tmp_path / "cache"
+    first = CliRunner().invoke(main, _eval_args(checkpoint, pope, tmp_path / "one", "--cache-dir", cache))
+    assert first.exit_code == 0, first.output
+    entries = sorted(cache.glob("*.safetensors"))
+    assert len(entries) == 12
+    entries[0].write_bytes(entries[0].read_bytes()[:50])            # truncated
+    entries[1].write_bytes(b"\x08\x00\x00\x00\x00\x00\x00\x00{garbage")   # a header that is not JSON
+    again = CliRunner().invoke(main, _eval_args(checkpoint, pope, tmp_path / "two", "--cache-dir", cache))
+    assert again.exit_code == 0 and "Traceback" not in again.output, again.output
+    assert records(tmp_path / "two") == records(clean)
+    from safetensors.torch import load_file
+    assert all(load_file(str(e))["features"].numel() > 0 for e in entries[:2])   # rewritten whole
+
+
+def test_device_and_kernels_this_machine_lacks_are_refused_up_front(tmp_path, monkeypatch):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: --device cuda is valid here")
+    refused(["eval", "--out", tmp_path / "out", "--device", "cuda"], r"device 'cuda': torch sees no CUDA device")
+    # --kernels triton on CPU needs the interpreter, which conftest switches on: as a process without it
+    import pope_fast.kernels
+    monkeypatch.setattr(pope_fast.kernels.common, "_INTERPRETED", False)
+    refused(["eval", "--out", tmp_path / "out", "--device", "cpu", "--kernels", "triton"],
+            r"kernels 'triton': .*Triton kernels run on CUDA.*; use --kernels auto or torch")
+    assert list((tmp_path / "out").iterdir()) == []   # refused before anything was written
+
+
+def test_out_and_cache_dir_that_cannot_be_folders(checkpoint, pope, tmp_path):
+    (tmp_path / "file").write_text("a regular file")
+    refused(_eval_args(checkpoint, pope, tmp_path / "file" / "out"), r"--out .*file/out: not a writable folder")
+    refused(_eval_args(checkpoint, pope, tmp_path / "out", "--cache-dir", tmp_path / "file" / "cache"),
+            r"--cache-dir .*file/cache: not a writable folder \(Not a directory\)")
+    assert not (tmp_path / "out" / "records.jsonl").exists()
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A small tmpfs mounted for this test (we run as root), or a skip with the reason."""
+    point = tmp_path / "tmpfs"
+    point.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(point)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip() or mounted.returncode}")
+    yield point
+    subprocess.run(["umount", "-l", str(point)], check=False)
+
+
+def test_a_full_disk_mid_run_leaves_whole_records_and_resumes(checkpoint, pope, clean, tmpfs):
+    out = tmpfs / "out"
+    page = os.statvfs(tmpfs).f_frsize
+    pages = lambda n: -(-n // page) * page
+    # Room for the lock, meta.json and the first image batch's records (8 of 12 images), not the second.
+    meta = (clean / "meta.json").stat().st_size
+    first_batch = sum(len(json.dumps(r, ensure_ascii=False)) + 1 for r in records(clean).values()
+                      if int(r["image"][4:-4]) < 8)
+    free = os.statvfs(tmpfs).f_bavail * page
+    (tmpfs / "filler").write_bytes(b"\0" * (free - page - pages(meta) - pages(first_batch)))
+    line = refused(_eval_args(checkpoint, pope, out), r"records\.jsonl: No space left on device",
+                   r"run the same command again")
+    assert line
+    partial = records(out)   # every line whole
+    assert 0 < len(partial) < len(records(clean))
+    assert all(partial[k] == records(clean)[k] for k in partial)
+    (tmpfs / "filler").unlink()
+    again = CliRunner().invoke(main, _eval_args(checkpoint, pope, out))
+    assert again.exit_code == 0, again.output
+    assert f"resumed: {len(partial)} of 96" in again.output
+    assert records(out) == records(clean)
+
+
+def test_read_only_out_folder(checkpoint, pope, tmpfs):
+    subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    refused(_eval_args(checkpoint, pope, tmpfs / "out"), r"--out .*tmpfs/out: not a writable folder "
+                                                          r"\(Read-only file system\)")
+
+
+def test_qwen2_vl_aspect_over_200_is_an_image_error(tmp_path):
+    checkpoint = make_tiny_qwen2_vl(tmp_path / "ckpt", builtin_tokenizer=True)
+    images, files = write_pope_set(tmp_path / "pope", n_images=2, sizes=((60, 40),))
+    Image.new("RGB", (4020, 20), (120, 30, 200)).save(images / "img_1.png")   # 201:1
+    args = ["eval", "--model", checkpoint, "--images", images, "--questions", files[0], "--out", tmp_path / "out",
+            "--device", "cpu", "--readouts", "template_aware"]
+    refused(args, r"img_1\.png: 4020 x 20 pixels: an aspect ratio of 201:1 is over Qwen2-VL's limit of 200:1")
+    result = CliRunner().invoke(main, [str(a) for a in args] + ["--skip-bad"])
+    assert result.exit_code == 0 and "4 error records" in result.output, result.output
+    got = records(tmp_path / "out")
+    assert {r["image"] for r in got.values() if "error" in r} == {"img_1.png"}
+    # the good image's records are those of a run that never saw the bad one
+    (tmp_path / "good").mkdir()
+    shutil.copy(images / "img_0.png", tmp_path / "good")
+    lines = [line for line in files[0].read_text().splitlines() if "img_0.png" in line]
+    (tmp_path / "good.json").write_text("\n".join(lines) + "\n")
+    ok = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--images", str(tmp_path / "good"),
+                                   "--questions", str(tmp_path / "good.json"), "--split", "random", "--out",
+                                   str(tmp_path / "ref"), "--device", "cpu", "--readouts", "template_aware"])
+    assert ok.exit_code == 0, ok.output
+    assert {k: r for k, r in got.items() if "error" not in r} == records(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("line, message", [
+    ("null", r"records\.jsonl:2: expected a JSON object, got NoneType"),
+    ("7", r"records\.jsonl:2: expected a JSON object, got int"),
+    ('{"question_id": 9, "split": ["random"], "label": "yes"}', r"records\.jsonl:2: split \['random'\] is not"),
+    ('{"question_id": 9, "split": "random", "label": "yes", "candidate_logits": {"5": "x"}}',
+     r"records\.jsonl:2: candidate_logits must map token ids to numbers"),
+], ids=["null", "number", "list-split", "string-logit"])
+def test_score_names_a_bad_record_line(clean, tmp_path, line, message):
+    shutil.copytree(clean, tmp_path / "run")
+    path = tmp_path / "run" / "records.jsonl"
+    first, rest = path.read_text().split("\n", 1)
+    path.write_text(first + "\n" + line + "\n" + rest)
+    refused(["score", tmp_path / "run"], message)
+
+
+def test_score_reads_a_run_whose_last_line_is_still_being_written(clean, tmp_path):
+    shutil.copytree(clean, tmp_path / "run")
+    path = tmp_path / "run" / "records.jsonl"
+    whole = path.read_text()
+    path.write_text(whole + whole.split("\n")[0][:25])   # a batch half-appended by a running eval
+    result = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    assert sum(run["n"] for run in json.loads(result.output)["runs"]) == 96
+    path.write_text(whole.replace("\n", "\n" + whole.split("\n")[0][:25] + "\n", 1))   # torn mid-file: named
+    refused(["score", tmp_path / "run"], r"records\.jsonl:2: malformed JSON")
+
+
+def test_resamples_zero_and_a_torn_meta(checkpoint, pope, clean, tmp_path):
+    refused(["score", clean, "--resamples", "0"], r"--resamples", code=2)
+    shutil.copytree(clean, tmp_path / "run")
+    meta = tmp_path / "run" / "meta.json"
+    meta.write_text(meta.read_text()[:200])
+    refused(["score", tmp_path / "run"], r"run/meta\.json: not valid JSON")
+    before = (tmp_path / "run" / "records.jsonl").read_bytes()
+    refused(_eval_args(checkpoint, pope, tmp_path / "run"), r"run/meta\.json: not valid JSON")
+    assert (tmp_path / "run" / "records.jsonl").read_bytes() == before
+
+
+# 2. resume refuses what it cannot prove is the same run -----------------------------------------------
+
+def test_resume_refuses_other_weights_images_or_questions(checkpoint, pope, clean, tmp_path):
+    images, files = pope
+    # weights replaced in place: same folder, same file name, other values
+    ckpt = shutil.copytree(checkpoint, tmp_path / "ckpt")
+    run = shutil.copytree(clean, tmp_path / "run")
+    meta = json.loads((run / "meta.json").read_text())
+    meta["model"]["path"] = str(ckpt)
+    (run / "meta.json").write_text(json.dumps(meta))
+    before = (run / "records.jsonl").read_bytes()
+    other = make_tiny_llava(tmp_path / "other", seed=1, builtin_tokenizer=True)
+    shutil.copy(other / "model.safetensors", ckpt / "model.safetensors")
+    refused(_eval_args(ckpt, pope, run), r"different run \(model\.files\.model\.safetensors: '[0-9a-f]+\.\.\. "
+                                         r"recorded, '[0-9a-f]+\.\.\. now\)")
+    # an image's bytes replaced under the same name
+    moved = shutil.copytree(images, tmp_path / "images")
+    synthetic_image(99, (90, 70)).save(moved / "img_3.png")
+    refused(_eval_args(checkpoint, (moved, files), run), r"img_3\.png: question \d+ of split \w+ was answered from "
+                                                         r"other bytes")
+    # a question's text edited under the same id
+    edited = tmp_path / files[0].name
+    rows = [json.loads(line) for line in files[0].read_text().splitlines()]
+    rows[5]["text"] = "Is there a zebra in the image?"
+    edited.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refused(_eval_args(checkpoint, (images, [edited, files[1]]), run),
+            r"question 6 of split random was recorded with text 'Is there .*', but the question file has "
+            r"'Is there a zebra in the image\?'")
+    # another question file under the same split name
+    fewer = tmp_path / "fewer_random.json"
+    fewer.write_text("".join(json.dumps(r) + "\n" for r in rows[:6] if r["question_id"] != 6))
+    refused(_eval_args(checkpoint, (images, [fewer]), run, "--split", "random"),
+            r"question \d+ of split random is recorded here but not in this run's question file \(43 such\)")
+    assert (run / "records.jsonl").read_bytes() == before
+    assert records(run) == records(clean)
+
+
+# 3. one writer per run folder ----------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_second_run_into_a_busy_folder_is_refused_at_once(checkpoint, pope, clean, tmp_path):
+    out = tmp_path / "out"
+    first = subprocess.Popen([sys.executable, "-m", "pope_fast.cli", *_eval_args(checkpoint, pope, out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        lock = out / ".lock"
+        deadline = time.monotonic() + 120
+        while not (lock.exists() and f"pid {first.pid} " in lock.read_text()):
+            assert first.poll() is None and time.monotonic() < deadline, first.communicate()
+            time.sleep(0.01)
+        os.kill(first.pid, signal.SIGSTOP)   # hold it there, lock taken
+        start = time.monotonic()
+        refused(_eval_args(checkpoint, pope, out), rf"out: another pope-fast run is writing here \(pid {first.pid} on ")
+        assert time.monotonic() - start < 10   # at once, not after loading the model
+        refused(["repair", out], rf"pid {first.pid}")
+    finally:
+        os.kill(first.pid, signal.SIGCONT)
+    stdout, stderr = first.communicate(timeout=300)
+    assert first.returncode == 0, stderr
+    assert records(out) == records(clean)
+
+
+def test_a_folder_with_duplicate_records_is_named_and_repaired(checkpoint, pope, clean, tmp_path):
+    run = shutil.copytree(clean, tmp_path / "run")
+    path = run / "records.jsonl"
+    lines = path.read_text().splitlines()
+    # two writers of old: the same records twice, an error record after a complete one, a torn line
+    error = dict(json.loads(lines[0]), error="image missing")
+    path.write_text("\n".join(lines + lines[:10] + [json.dumps(error), lines[3][:30]]) + "\n")
+    refused(["score", run], r"records\.jsonl:\d+: duplicate record for question \d+ of split \w+ .*"
+                            rf"`pope-fast repair {re.escape(str(run))}`")
+    refused(_eval_args(checkpoint, pope, run), r"duplicate record .*pope-fast repair")
+    result = CliRunner().invoke(main, ["repair", str(run)])
+    assert result.exit_code == 0 and "kept 96 records, dropped 12 line(s)" in result.output, result.output
+    assert path.read_text().splitlines() == lines
+    again = CliRunner().invoke(main, _eval_args(checkpoint, pope, run))
+    assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output, again.output
+
+
+# 4. inputs that must be refused ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, message", [
+    ({"text": None}, r"bad_random\.json:3: text None is not a non-empty string"),
+    ({"text": "  "}, r"bad_random\.json:3: text '  ' is not a non-empty string"),
+    ({"image": None}, r"bad_random\.json:3: image None is not a non-empty string"),
+], ids=["text-null", "text-blank", "image-null"])
+def test_question_lines_without_text_or_image(checkpoint, pope, tmp_path, change, message):
+    images, files = pope
+    rows = [json.loads(line) for line in files[0].read_text().splitlines()]
+    rows[2].update(change)
+    bad = tmp_path / "bad_random.json"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    refused(_eval_args(checkpoint, (images, [bad]), tmp_path / "out"), message)
+
+
+def test_settings_that_cannot_work_are_refused_at_once(checkpoint, pope, tmp_path, shared):
+    start = time.monotonic()
+    refused(_eval_args(checkpoint, pope, tmp_path / "out", "--max-new-tokens", 100000),
+            r"max_new_tokens 100000 leaves no room for a prompt in the model's 2048 positions")
+    assert time.monotonic() - start < 60   # not a warmup decoding 100,000 tokens
+    refused(["eval", "--out", tmp_path / "demo", "--demo-questions", "0"], r"--demo-questions", code=2)
+    refused(["bench", "--questions", "0"], r"--questions 0 means all of --pope's questions")
+    refused(_eval_args(checkpoint, pope, tmp_path / "out", "--readouts", ","), r"no readout named in ','")
+    refused(["score", clean_fixture(shared), "--readouts", ","], r"no readout named")
+    empty = tmp_path / "pope_adversarial_empty.json"
+    empty.write_text(json.dumps({"summary": {"split": "adversarial"}, "results": []}))
+    refused(["score", empty], r"pope_adversarial_empty\.json: a ugaa-research record file with no results")
+    assert not (tmp_path / "out" / "records.jsonl").exists()
+
+
+def clean_fixture(shared):
+    return shared / "fixtures/ugaa_pope_adversarial_2tok_vs_8tok_first600.json"
+
+
+# 5. in-memory images in any mode ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["CMYK", "I", "F", "YCbCr", "HSV"])
+def test_score_takes_an_in_memory_image_in_any_mode(checkpoint, tmp_path, mode):
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    image = synthetic_image(3, (60, 50))
+    image = image.convert("L").convert(mode) if mode in ("I", "F") else image.convert(mode)
+    if mode in ("CMYK", "I", "F"):   # a file PIL writes losslessly in this mode: the path route
+        image.save(tmp_path / "image.tiff")
+        reference = Image.open(tmp_path / "image.tiff")
+        assert reference.mode == mode
+        expected = engine.score(tmp_path / "image.tiff", ["Is there a dog in the image?"])
+    else:                             # no file format holds it: what a file's decoder would hand over
+        expected = engine.score(image.convert("RGB"), ["Is there a dog in the image?"])
+    [answer] = engine.score(image, ["Is there a dog in the image?"])
+    assert answer.candidate_logits == expected[0].candidate_logits
+
+
+# 7. the cached-feature fingerprint reads every byte --------------------------------------------------
+
+def test_vision_fingerprint_sees_an_edit_anywhere():
+    tensors = {"a.weight": torch.randn(300, 41), "b.bias": torch.randn(7)}
+    base = tensor_fingerprint(tensors)
+    for index in (0, 5000, 12299):   # the old sample (both 2048-element ends, every 4099th) missed 5000
+        edited = {k: v.clone() for k, v in tensors.items()}
+        edited["a.weight"].view(-1)[index] += 1e-3
+        assert tensor_fingerprint(edited) != base
+    assert tensor_fingerprint({k: v.clone() for k, v in tensors.items()}) == base
+    assert tensor_fingerprint(tensors, extra={"dtype": "bf16"}) != base
