@@ -49,14 +49,19 @@ def main() -> None:
                                       "columns, best per row in bold, in markdown; latex: the same in LaTeX (booktabs)")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
-def score(files, readouts, fmt, seed, resamples) -> None:
+@click.option("--layers", default=None, metavar="FIRST-LAST",
+              help="image-attention probe: the decoder layers averaged (inclusive; default: 14-19 on 32-layer "
+                   "models, as the paper, else the middle fifth)")
+def score(files, readouts, fmt, seed, resamples, layers) -> None:
     """Score pope-fast records or published ugaa-research record files, without the model."""
     try:
         names = parse_readouts(readouts)
         explicit = readouts.strip() != "all"
+        span = _layer_range(layers)
         runs = []
         for path in files:
-            scored = score_records(read_records(path), names, strict=explicit, seed=seed, resamples=resamples)
+            scored = score_records(read_records(path), names, strict=explicit, seed=seed, resamples=resamples,
+                                   layers=span)
             if not scored:
                 raise DataError(f"{path}: no records to score")
             runs += scored
@@ -65,6 +70,15 @@ def score(files, readouts, fmt, seed, resamples) -> None:
     except OSError as err:
         _fail(_os_message(err))
     click.echo(format_runs(runs, fmt))
+
+
+def _layer_range(text: str | None) -> tuple[int, int] | None:
+    if text is None:
+        return None
+    first, sep, last = text.partition("-")
+    if not (sep and first.strip().isdigit() and last.strip().isdigit()) or int(first) > int(last):
+        raise ValueError(f"--layers takes FIRST-LAST (e.g. 14-19), not {text!r}")
+    return int(first), int(last)
 
 
 @main.command()

@@ -13,10 +13,11 @@ import math
 import re
 from pathlib import Path
 
-from .protocols import READOUTS
+from .attention import layer_mean
+from .protocols import NO, READOUTS, YES
 from .records import RecordSet, read_records
 from .report import f1_tables, format_f1_tables, group_name, model_labels
-from .score import score_records
+from .score import predictions, question_order, score_records
 
 DPI = 100
 TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
@@ -135,6 +136,50 @@ def _f1_heatmap(table: dict, f1: list[list[float | None]]):
     return fig
 
 
+def _attention_plot(title: str, data: dict):
+    """Per readout, the image attention of right and wrong answers (box plots, side by side)."""
+    names = list(data["readouts"])
+    fig = _figure(800, 110 + 56 * len(names))
+    ax = fig.add_axes((0.2, 60 / fig.bbox.height, 0.62, 1 - 100 / fig.bbox.height))
+    for y, name in enumerate(names):
+        groups = data["readouts"][name]
+        for offset, (group, color) in enumerate((("correct", "C0"), ("wrong", "C3"))):
+            if groups[group]:
+                ax.boxplot(groups[group], positions=[y + (offset - 0.5) * 0.36], widths=0.3, vert=False,
+                           patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6}, showfliers=False)
+        d, p = groups["cohens_d"], groups["mann_whitney_p"]
+        fig.text(0.84, ax.transData.transform((0, y))[1] / fig.bbox.height,
+                 f"d {'-' if d is None else f'{d:.2f}'}, p {'-' if p is None else f'{p:.2g}'}", fontsize=7,
+                 va="center")
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(len(names) - 0.5, -0.5)
+    first, last = data["layers"]
+    ax.set_xlabel(f"image attention at the answer position, layers {first}-{last} (blue: right, red: wrong)",
+                  fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
+def _attention_data(run: dict, records: RecordSet) -> dict:
+    """Each readout's right and wrong answers' image attention (the run's layer mean per question),
+    with the d and p that score reports."""
+    table = run["image_attention"]
+    layers = tuple(table["layers"])
+    group = (run.get("dataset", ""), run["split"])
+    entries = sorted((e for e in records.entries if (e.dataset, e.split) == group and e.error is None),
+                     key=question_order)
+    values = [layer_mean(e.image_attention, layers) for e in entries]
+    readouts = {}
+    for name, stats in table["readouts"].items():
+        decided = predictions(records, name, entries)
+        answered = [(v, p == e.label) for v, p, e in zip(values, decided, entries) if p in (YES, NO)]
+        readouts[name] = {"correct": [v for v, right in answered if right],
+                          "wrong": [v for v, right in answered if not right],
+                          **{k: stats["correct_vs_wrong"][k] for k in ("mean_difference", "cohens_d",
+                                                                        "mann_whitney_p")}}
+    return {"layers": list(layers), "num_layers": table["num_layers"], "readouts": readouts}
+
+
 def _token_data(run: dict, records: RecordSet) -> dict:
     """The most frequent first tokens and every readout's ids, each with the readouts that count it."""
     counts = {int(i): c for i, c in run["first_token_counts"].items()}
@@ -179,6 +224,10 @@ def _run_figures(run: dict, records: RecordSet, model: str, out: Path) -> list[t
                ("yes-rate against the labels", _write(_yes_rates(title, yes), yes, folder / "yes_rate"))]
     if tokens["tokens"]:
         figures.append(("first tokens", _write(_first_tokens(title, tokens), tokens, folder / "first_tokens")))
+    if "image_attention" in run:
+        attention = {**base, **_attention_data(run, records)}
+        figures.append(("image attention, right vs wrong answers",
+                        _write(_attention_plot(title, attention), attention, folder / "image_attention")))
     return figures
 
 

@@ -61,8 +61,30 @@ def format_runs(runs: list[dict], fmt: str = "table") -> str:
         for name, why in run.get("unavailable", {}).items():
             by_reason.setdefault(why, []).append(name)
         parts += [f"unavailable: {', '.join(names)} ({why})" for why, names in by_reason.items()]
+        if "image_attention" in run:
+            parts.append(_attention_block(run["image_attention"], render))
         blocks.append("\n".join(parts))
     return "\n\n".join(blocks)
+
+
+def _attention_block(table: dict, render) -> str:
+    """Image attention at the answer position, correct vs wrong answers, one row per readout."""
+    first, last = table["layers"]
+    header = ["readout", "n right / wrong", "mean right", "mean wrong", "difference [95% CI]", "Cohen's d",
+              "Mann-Whitney p"]
+    rows = []
+    for name, groups in table["readouts"].items():
+        g = groups["correct_vs_wrong"]
+        ci = g["mean_difference_ci95"]
+        rows.append([name, f"{g['a']['n']} / {g['b']['n']}", _num(g["a"]["mean"]), _num(g["b"]["mean"]),
+                     f"{_num(g['mean_difference'])} [{_num(ci[0]) if ci else '-'}, {_num(ci[1]) if ci else '-'}]",
+                     _num(g["cohens_d"]), _num(g["mann_whitney_p"])])
+    return (f"image attention, layers {first}-{last} of {table['num_layers']} (right - wrong; p: normal "
+            f"approximation, tie-corrected):\n" + render(header, rows))
+
+
+def _num(value) -> str:
+    return "-" if value is None else f"{value:.4g}"
 
 
 def group_name(run: dict) -> str:

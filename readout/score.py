@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import Counter
 from itertools import combinations
 
+from .attention import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
 from .protocols import FIRST_TOKEN, LOGIT, READOUTS, SEQUENCE, UNKNOWN
 from .records import Entry, RecordSet
@@ -71,8 +72,10 @@ def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int) -
 
 
 def score_records(records: RecordSet, names: list[str], *, strict: bool = False, seed: int = 0,
-                  resamples: int = 1000) -> list[dict]:
-    """One run per dataset and split: metrics per readout, first-token counts, pairwise McNemar p-values.
+                  resamples: int = 1000, layers: tuple[int, int] | None = None) -> list[dict]:
+    """One run per dataset and split: metrics per readout, first-token counts, pairwise McNemar p-values,
+    and where the records hold the image-attention probe, its statistics per readout over `layers`
+    (inclusive; default: the paper's 14-19 on 32-layer models, else the middle fifth).
 
     Error records (a question that got no answer: an unreadable image, a failed generate) are counted
     in `errors` and left out of every metric, as the paper's code drops them. With strict, a requested
@@ -108,7 +111,20 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
             "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
                         for a, b in combinations(decided, 2)},
         }
+        if entries and all(e.image_attention is not None for e in entries):
+            run["image_attention"] = _attention(entries, labels, decided, layers, seed, resamples)
         if unavailable:
             run["unavailable"] = unavailable
         runs.append(run)
     return runs
+
+
+def _attention(entries: list[Entry], labels: list[str], decided: dict[str, list[str]],
+               layers: tuple[int, int] | None, seed: int, resamples: int) -> dict:
+    """Per readout, image attention (averaged over `layers`) of correct vs wrong, TP vs FP, TN vs FN."""
+    depth = len(entries[0].image_attention)
+    layers = layers or default_layers(depth)
+    values = [layer_mean(e.image_attention, layers) for e in entries]
+    return {"layers": list(layers), "num_layers": depth,
+            "readouts": {n: attention_by_outcome(values, labels, p, seed=seed, resamples=resamples)
+                         for n, p in decided.items()}}

@@ -52,3 +52,50 @@ def test_layer_ranges():
     assert layer_mean([0.0, 1.0, 2.0, 3.0], (1, 2)) == 1.5
     with pytest.raises(ValueError, match="outside"):
         layer_mean([0.1, 0.2], (1, 2))
+
+
+def test_score_reports_the_probe_by_outcome(tmp_path):
+    """Records with image_attention: score's image_attention section equals the direct computation on
+    the per-question layer means, per readout; the CLI prints the right-vs-wrong table and takes --layers."""
+    import json
+
+    from click.testing import CliRunner
+
+    from pope_fast.cli import main
+    from pope_fast.readout import Question, RecordWriter, TokenSets, make_record, read_records, score_records, write_meta
+
+    rng = np.random.default_rng(5)
+    sets = {"legacy_2tok": TokenSets((5,), (6,))}
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_meta(folder, {"token_sets": {n: s.to_json() for n, s in sets.items()}})
+    records, layers = [], []
+    for i in range(1, 41):
+        q = Question(i, f"img{i // 6}.jpg", "Is there a dog?", "yes" if i % 2 else "no", "adversarial")
+        attention = rng.uniform(0, 0.5, size=6).tolist()
+        logits = {5: float(rng.normal()), 6: float(rng.normal())}
+        records.append(make_record(q, "llava_plain", first_token_id=5, candidate_logits=logits,
+                                   probe={"image_attention": attention}))
+        layers.append(attention)
+    with RecordWriter(folder) as w:
+        w.write(records)
+    [run] = score_records(read_records(folder), ["legacy_2tok"], seed=3, resamples=300, layers=(2, 4))
+    table = run["image_attention"]
+    assert table["layers"] == [2, 4] and table["num_layers"] == 6
+    labels = [r["label"] for r in records]
+    predictions = ["yes" if r["candidate_logits"]["5"] > r["candidate_logits"]["6"] else "no" for r in records]
+    expected = attention_by_outcome([float(np.mean(a[2:5])) for a in layers], labels, predictions, seed=3,
+                                    resamples=300)
+    assert table["readouts"]["legacy_2tok"] == expected
+    assert expected["correct_vs_wrong"]["a"]["n"] + expected["correct_vs_wrong"]["b"]["n"] == 40
+    [default] = score_records(read_records(folder), ["legacy_2tok"])
+    assert default["image_attention"]["layers"] == [2, 2]  # the middle fifth of 6 layers: one layer
+    out = CliRunner().invoke(main, ["score", str(folder), "--layers", "2-4", "--readouts", "legacy_2tok"])
+    assert out.exit_code == 0, out.output
+    assert "image attention, layers 2-4 of 6" in out.output and "legacy_2tok" in out.output
+    bad = CliRunner().invoke(main, ["score", str(folder), "--layers", "4-2"])
+    assert bad.exit_code != 0 and "--layers takes FIRST-LAST" in bad.output
+    as_json = json.loads(CliRunner().invoke(main, ["score", str(folder), "--format", "json", "--layers", "2-4",
+                                                   "--readouts", "legacy_2tok", "--seed", "3",
+                                                   "--resamples", "300"]).output)
+    assert as_json["runs"][0]["image_attention"]["readouts"]["legacy_2tok"] == expected

@@ -166,3 +166,38 @@ def test_readout_and_cli_import_no_plotting_or_parquet_library():
     code = ("import sys, pope_fast.readout, pope_fast.cli, pope_fast.readout.figures; "
             "assert not {'matplotlib', 'pyarrow'} & set(sys.modules), 'imported at import time'")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_report_draws_the_probe_by_outcome(tmp_path):
+    """A run with the image-attention probe gets its right-vs-wrong figure; the numbers beside it are the
+    per-question layer means split by each readout's decision, with score's d and p."""
+    import numpy as np
+
+    folder = tmp_path / "probed"
+    folder.mkdir()
+    write_meta(folder, {"token_sets": {n: s.to_json() for n, s in SETS.items()}})
+    rng = np.random.default_rng(11)
+    records, attention = [], []
+    for i in range(30):
+        q = Question(i + 1, f"img{i // 6}.jpg", "Is there a dog?", "yes" if i % 2 == 0 else "no", "adversarial", "coco")
+        layers = rng.uniform(0, 1, 10).tolist()
+        logits = {t: float(rng.normal()) for t in IDS}
+        records.append(make_record(q, "llava_plain", first_token_id=3869, candidate_logits=logits,
+                                   probe={"image_attention": layers}))
+        attention.append(float(np.mean(layers[4:6])))  # the middle fifth of 10 layers: 4-5
+    with RecordWriter(folder) as w:
+        w.write(records)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["report", str(folder), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    [run] = json.loads(CliRunner().invoke(main, ["score", str(folder), "--format", "json"]).output)["runs"]
+    data = json.loads((out / "probed" / "coco-adversarial" / "image_attention.json").read_text())
+    assert data["layers"] == run["image_attention"]["layers"] == [4, 5]
+    for name, groups in data["readouts"].items():
+        stats = run["image_attention"]["readouts"][name]["correct_vs_wrong"]
+        assert len(groups["correct"]) == stats["a"]["n"] and len(groups["wrong"]) == stats["b"]["n"]
+        assert groups["cohens_d"] == stats["cohens_d"] and groups["mann_whitney_p"] == stats["mann_whitney_p"]
+        assert sorted(groups["correct"] + groups["wrong"]) == pytest.approx(sorted(attention))  # every one answered
+        assert sum(groups["correct"]) / len(groups["correct"]) == pytest.approx(stats["a"]["mean"], abs=1e-6)
+    assert _png_size(out / "probed" / "coco-adversarial" / "image_attention.png")[0] == 800
+    assert "image attention, right vs wrong answers" in (out / "report.html").read_text()
