@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One prepared GPU check for a session that is lent a CUDA machine (the workplace's H200):
-# kernel benchmark, then 7B-dims sweeps of every supported family against the transformers pipeline,
+# kernel benchmark, then 7B-dims sweeps of every supported family against the transformers pipeline
+# (mPLUG-Owl2: pope-fast alone, transformers has no class for it),
 # one bench run per family so a slow one cannot take the others' figures with it.
 # Run from the repo root. Needs bitsandbytes on the machine (its image lacks it): carry wheels as the
 # device README says (.whl), and the three POPE files in .device-pope/ (copied from ../shared).
@@ -24,7 +25,7 @@ POPE=()
 [ -d .device-pope ] && POPE=(--pope .device-pope --questions 0)
 # Families in order of interest; each gets BENCH_TIMEOUT seconds at most, and none starts once less
 # than a minute of the BUDGET (seconds since the script started) is left.
-for model in ${MODELS:-llava qwen2_vl llava_next instructblip}; do
+for model in ${MODELS:-llava qwen2_vl llava_next instructblip mplug_owl2}; do
   left=$(( ${BUDGET:-500} - SECONDS ))
   [ "$left" -lt 60 ] && { echo "skipped $model: ${left}s of the budget left"; continue; }
   limit=$(( left < ${BENCH_TIMEOUT:-170} ? left : ${BENCH_TIMEOUT:-170} ))

@@ -56,6 +56,7 @@ class BenchConfig:
     reference_sample: int | None = None  # questions the reference runs (None: all)
     repeat: int = 1  # timed runs of each pipeline; the median counts
     batch_size: int = 32
+    probe: str = "none"  # image-attention: pope-fast records the probe too (what it costs shows in the wall time)
     work_dir: Path | None = None
     model_dirs: dict[str, Path] = field(default_factory=dict)
     tokenizer_dir: Path | None = None
@@ -250,7 +251,8 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
 
 def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str, int, int], None] | None = None
                 ) -> dict:
-    settings = Settings(device=cfg.device, dtype=cfg.dtype, quant=cfg.quant, batch_size=cfg.batch_size)
+    settings = Settings(device=cfg.device, dtype=cfg.dtype, quant=cfg.quant, batch_size=cfg.batch_size,
+                        probe=cfg.probe)
     checkpoint = cfg.model_dirs.get(name)
     if checkpoint is None:
         checkpoint = CHECKPOINT_WRITERS[name](

@@ -257,6 +257,8 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
               help="both pipelines (default: nf4 on CUDA as the paper ran it, none on CPU)")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
 @click.option("--batch-size", default=32, show_default=True)
+@click.option("--probe", type=click.Choice(["none", "image-attention"]), default="none", show_default=True,
+              help="pope-fast also records the image-attention probe (its cost shows in the wall time)")
 @click.option("--no-reference", is_flag=True, help="skip the transformers reference pipeline")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
               help="timed runs of each pipeline (each pope-fast run cold: no records, no cached features); "
@@ -267,7 +269,7 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
               help="a real tokenizer for the random checkpoints (default: the built-in word-level one)")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False), help="keep checkpoints and records here")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
-def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype, batch_size, no_reference, repeat,
+def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype, batch_size, probe, no_reference, repeat,
           reference_sample, tokenizer_dir, work_dir, fmt) -> None:
     """Throughput of pope-fast against the paper's transformers pipeline, side by side."""
     import json
@@ -292,7 +294,7 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
                       quant=quant or ("nf4" if on_cuda else "none"), dtype=dtype, n_questions=n_questions,
                       pope_dir=Path(pope_dir) if pope_dir else None, reference=not no_reference,
                       reference_sample=reference_sample or (200 if on_cuda else None), repeat=repeat,
-                      batch_size=batch_size,
+                      batch_size=batch_size, probe=probe,
                       work_dir=Path(work_dir) if work_dir else None, model_dirs=dirs,
                       tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None)
     bars: dict[str, tqdm] = {}
