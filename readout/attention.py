@@ -76,7 +76,9 @@ def bootstrap_difference(a: np.ndarray, b: np.ndarray, *, seed: int, resamples: 
     if not len(a) or not len(b) or resamples < 1:
         return None
     rng = np.random.default_rng(seed)
-    diffs = a[rng.integers(0, len(a), (resamples, len(a)))].mean(1) - b[rng.integers(0, len(b), (resamples, len(b)))].mean(1)
+    draws_a = rng.integers(0, len(a), (resamples, len(a)))
+    draws_b = rng.integers(0, len(b), (resamples, len(b)))
+    diffs = a[draws_a].mean(1) - b[draws_b].mean(1)
     low, high = np.quantile(diffs, [0.025, 0.975])
     return [round(float(low), 6), round(float(high), 6)]
 

@@ -179,7 +179,8 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
             raise DataError(f"{where}: question_id {qid!r} is not an int or string")
         row_split = split or row.get("category") or split_from_name(path)
         if (row_split, str(qid)) in seen:
-            raise DataError(f"{where}: duplicate question_id {qid!r} (first at {_where(path, seen[row_split, str(qid)])})")
+            first = _where(path, seen[row_split, str(qid)])
+            raise DataError(f"{where}: duplicate question_id {qid!r} (first at {first})")
         for key in ("image", "text"):  # null would become the string "None"
             if not isinstance(row[key], str) or not row[key].strip():
                 raise DataError(f"{where}: {key} {row[key]!r} is not a non-empty string")
