@@ -7,6 +7,7 @@
 from .core import Answer, Engine
 from .families import FAMILIES, Family, load_model
 from .images import ImageError, LoadedImage, check_images, read_image
+from .interventions import ImageAttentionAmplification, ImageAttentionTemperature
 from .llama import Intervention
 from .plan import PromptLayout, PromptResult
 from .loader import CheckpointError
@@ -16,5 +17,5 @@ from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
 __all__ = ["Answer", "Engine", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
-           "read_image", "Intervention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope",
+           "read_image", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope",
            "write_summaries", "Settings", "Counts", "Timings", "VisionCache"]

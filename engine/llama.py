@@ -112,6 +112,7 @@ class SuffixKV:
     values: list[torch.Tensor]
     lengths: torch.Tensor
     next_position: torch.Tensor  # [B]: the position of each row's first generated token
+    image_mask: torch.Tensor | None = None  # [B, S]: own keys that hold image tokens (whole prompts)
 
 
 class Intervention:
@@ -123,6 +124,7 @@ class Intervention:
     grouped by image, and a batch may span images; for InstructBLIP, whose image tokens depend on the
     question, whole prompts and no "prefix" part), part "decode" one generated token per row [B, 1, H]
     (string readouts only); return a tensor of the same shape to replace it, or None to leave it.
+    `image_attention` edits the attention logits of the image keys per layer and head (see there).
     `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order) before the logit readouts
     decide; return the adjusted tensor or None. The first token and any
     continuation come from the model's own logits (hidden-state changes reach them, logit
@@ -134,6 +136,15 @@ class Intervention:
         return None
 
     def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
+        return None
+
+    def image_attention(self, layer: int) -> tuple[float | torch.Tensor, float | torch.Tensor] | None:
+        """(scale, bias), each a number or one per query head [Hq]: in this layer the attention logit s
+        (q.k / sqrt(d)) of every image key becomes scale * s + bias, as seen from the question and
+        answer positions (every query after the image, generated tokens included); the image's own
+        positions attend as before. bias log(alpha) multiplies the image's attention weights by alpha
+        before the softmax renormalizes (PAI), scale 1/T is a temperature on them (AdaptVis), bias -inf
+        masks them. None (the default) leaves the layer alone."""
         return None
 
 
@@ -171,12 +182,13 @@ class DecoderLayer(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
 
 
-def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid):
+def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit=None):
     """Attention over each row's prefix plus its own keys, in fp32 (the decode step).
 
     q [B, Hq, T, D]; k/v_prefix [Hkv, P, D], shared by the rows and broadcast, never copied per row
     (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see: the
-    new token sits after each row's padded suffix.
+    new token sits after each row's padded suffix. edit (prefix image keys [P], own image keys [B, K],
+    scale [Hq], bias [Hq]): scale * logit + bias on those keys (Intervention.image_attention).
     """
     b, hq, t, d = q.shape
     k_prefix, v_prefix = k_prefix[None], v_prefix[None]
@@ -185,6 +197,11 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid):
     qf = q.float().reshape(b, hkv, g * t, d) / math.sqrt(d)
     scores_p = qf @ k_prefix.float().transpose(-1, -2)  # [B, Hkv, gT, P]
     scores_o = qf @ k_own.float().transpose(-1, -2)  # [B, Hkv, gT, K]
+    if edit is not None:
+        prefix_image, own_image, scale, bias = edit
+        scale, bias = (x.view(hkv, g, 1).expand(hkv, g, t).reshape(1, hkv, g * t, 1) for x in (scale, bias))
+        scores_p = torch.where(prefix_image[None, None, None], scores_p * scale + bias, scores_p)
+        scores_o = torch.where(own_image[:, None, None], scores_o * scale + bias, scores_o)
     mask = valid[:, None, None].expand(b, 1, g, t, valid.shape[-1]).reshape(b, 1, g * t, -1)
     scores_o = scores_o.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(torch.cat([scores_p, scores_o], dim=-1), dim=-1)
@@ -276,26 +293,43 @@ class LlamaLM(nn.Module):
             q, k, v = layer.qkv(x, cos, sin, image=batch.image_mask)
             keys.append(k)
             values.append(v)
+            edit = self._edit(intervention, i)
             if probe:
-                probes.append(self._image_attention(q, k, batch, prefix, grouped, i))
+                probes.append(self._image_attention(q, k, batch, prefix, grouped, i, edit))
             if prefix is not None:  # one call for every image's rows: each run reads its prefix once
+                key_edit = None if edit is None or prefix.image_mask is None else (prefix.image_mask, *edit)
                 attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, batch.lengths, backend=backend,
-                                        prefix_index=grouped)
+                                        prefix_index=grouped, key_edit=key_edit)
+            elif edit is not None and batch.image_mask is not None:
+                attn = edited_causal_attention(q, k, v, batch.image_mask, *edit)
             else:
                 attn = causal_attention(q, k, v)
             x = layer.finish(x, attn, image=batch.image_mask)
             x = _hook(intervention, i, x, "suffix")
         last = x[torch.arange(b, device=self.device), batch.lengths - 1]
-        return last, SuffixKV(keys, values, batch.lengths, batch.next_position), \
+        return last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask), \
             torch.stack(probes, dim=1) if probe else None
 
+    def _edit(self, intervention: Intervention | None, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The intervention's (scale, bias) of this layer's image-key logits as fp32 [Hq] tensors."""
+        edit = None if intervention is None else intervention.image_attention(layer)
+        if edit is None:
+            return None
+        heads = self.dims.num_heads
+        scale, bias = (torch.as_tensor(t, dtype=torch.float32, device=self.device).expand(heads).contiguous()
+                       for t in edit)
+        if bool((scale == 1).all()) and bool((bias == 0).all()):  # the identity: the unedited path, bit for bit
+            return None
+        return scale, bias
+
     def _image_attention(self, q, k, batch: TokenBatch, prefix: PrefixKV | None, grouped: PrefixRuns | None,
-                         layer: int) -> torch.Tensor:
+                         layer: int, edit: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         if prefix is None:
-            return answer_image_attention(q, batch.lengths, k, batch.image_mask)
+            return answer_image_attention(q, batch.lengths, k, batch.image_mask, edit=edit)
         image = prefix.image_mask if prefix.image_mask is not None else \
             torch.zeros(prefix.keys[layer].shape[0], prefix.length, dtype=torch.bool, device=self.device)
-        return answer_image_attention(q, batch.lengths, k, batch.image_mask, prefix.keys[layer], image, grouped.runs)
+        return answer_image_attention(q, batch.lengths, k, batch.image_mask, prefix.keys[layer], image, grouped.runs,
+                                      edit=edit)
 
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -329,6 +363,12 @@ class LlamaLM(nn.Module):
             return torch.cat([x, x.new_zeros(b, d.num_kv_heads, min(chunk, steps), d.head_dim)], dim=2)
 
         own_k, own_v = [grow(k) for k in suffix.keys], [grow(v) for v in suffix.values]
+
+        def prefix_image(g):  # [P] image keys of prefix g (none for whole prompts)
+            if g is None or prefix.image_mask is None:
+                return torch.zeros(0 if g is None else prefix.length, dtype=torch.bool, device=self.device)
+            return prefix.image_mask[g]
+
         tokens = [first]
         stops = torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype)
         backend = resolve_backend(self.kernels, self.device)
@@ -342,6 +382,9 @@ class LlamaLM(nn.Module):
             if slot >= own_k[0].shape[2]:
                 own_k, own_v = [grow(k) for k in own_k], [grow(v) for v in own_v]
             slots = torch.arange(own_k[0].shape[2], device=self.device)
+            own_image = torch.zeros(b, own_k[0].shape[2], dtype=torch.bool, device=self.device)
+            if suffix.image_mask is not None:  # whole prompts: the image sits in the rows' own keys
+                own_image[:, :s] = suffix.image_mask
             positions = suffix.next_position + t  # [B]
             cos, sin = self.rotary.cos_sin(positions[:, None], self.dtype)
             valid = ((slots[None] < suffix.lengths[:, None]) | ((slots[None] >= s) & (slots[None] <= slot)))[:, None]
@@ -349,9 +392,12 @@ class LlamaLM(nn.Module):
                 q, k, v = layer.qkv(x, cos, sin)
                 own_k[i][:, :, slot] = k[:, :, 0]
                 own_v[i][:, :, slot] = v[:, :, 0]
+                edit = self._edit(intervention, i)
                 attn = [masked_attention(q[a:e], prefix.keys[i][g] if g is not None else empty,
                                          prefix.values[i][g] if g is not None else empty,
-                                         own_k[i][a:e], own_v[i][a:e], valid[a:e]) for g, a, e in runs]
+                                         own_k[i][a:e], own_v[i][a:e], valid[a:e],
+                                         None if edit is None else (prefix_image(g), own_image[a:e], *edit))
+                        for g, a, e in runs]
                 x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
                 x = _hook(intervention, i, x, "decode")
             nxt = vocab_argmax(x[:, 0], self.lm_head.matrix, self.norm, d.rms_eps, backend=backend,
@@ -365,6 +411,25 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     """q [B, Hq, S, D], k and v [B, Hkv, S, D] → causal SDPA in the model dtype, as transformers' sdpa
     attention runs it; grouped heads are read in place, not repeated into copies."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor,
+                            scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Causal attention of whole prompts with the image keys' logits edited (scale * s + bias, per
+    query head) as seen from every query after the row's last image token; explicit, in fp32 (the
+    softmax's dtype in transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]."""
+    b, hq, length, d = q.shape
+    group = hq // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.float() @ kf.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, S, S]
+    columns = torch.arange(length, device=q.device)
+    last_image = torch.where(image, columns, -1).amax(dim=1)  # [B]
+    after = (columns[None] > last_image[:, None])[:, None, :, None]  # queries after the image
+    edited = scores * scale.view(1, hq, 1, 1) + bias.view(1, hq, 1, 1)
+    scores = torch.where(after & image[:, None, None, :], edited, scores)
+    causal = columns[None, :] <= columns[:, None]
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 
 def _hook(intervention: Intervention | None, layer: int, x: torch.Tensor, part: str) -> torch.Tensor:

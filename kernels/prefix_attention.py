@@ -104,7 +104,7 @@ def _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scal
     return torch.where(zero_pads, out, 0.0).to(q.dtype)
 
 
-def _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs):
+def _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs, key_edit=None):
     """The reference's values in batched fp32 ops for every run at once. k/v_prefix [G, Hkv, P, D];
     runs from prefix_runs. The prefix and suffix softmaxes are computed apart and merged by their
     maxima and sums, so no [prefix ; suffix] score tensor is concatenated per row."""
@@ -130,6 +130,12 @@ def _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_le
     else:
         k_p, v_p = k_prefix[prefixes], v_prefix[prefixes]
     scores = rows @ k_p.float().transpose(-1, -2)  # [R, Hkv, W * g * S, P]
+    if key_edit is not None:  # scale * s + bias on the marked prefix keys, per query head
+        marked, head_scale, head_bias = key_edit
+        view = scores.view(len(runs), kv_heads, widest, group, length, prefix_len)
+        hs, hb = (t.float().view(1, kv_heads, 1, group, 1, 1) for t in (head_scale, head_bias))
+        keys = marked[prefixes].view(len(runs), 1, 1, 1, 1, prefix_len)
+        scores = torch.where(keys, view * hs + hb, view).view_as(scores)
     max_p = scores.amax(-1, keepdim=True)
     weights = torch.exp(scores - max_p)
     sum_p = weights.sum(-1, keepdim=True)
@@ -263,8 +269,13 @@ def prefix_attention(
     *,
     prefix_index: "list[int] | PrefixRuns | None" = None,
     out: torch.Tensor | None = None,
+    key_edit: "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None" = None,
 ) -> torch.Tensor:
     """[B, Hq, S, D] attention output in q's dtype.
+
+    key_edit (marked [G, P] bool, scale [Hq], bias [Hq]): the scaled logits of the marked prefix keys
+    become scale * logit + bias for every query (an attention intervention on image keys); the torch
+    path only, so far.
 
     q: [B, Hq, S, D] (S = longest suffix; rows past suffix_lens[b] are padding); k_prefix and
     v_prefix: [Hkv, P, D] shared by every row, or [G, Hkv, P, D] with prefix_index, B host ints in
@@ -311,8 +322,11 @@ def prefix_attention(
         elif prefix_len == 0:  # nothing to merge: the reference's plain softmax over the own keys
             result = prefix_attention_ref(q, k_prefix[0], v_prefix[0], k_suffix, v_suffix, suffix_lens, scale)
         else:
-            result = _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs)
+            result = _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs,
+                                             key_edit)
         return result if out is None else out.copy_(result)
+    if key_edit is not None:
+        raise NotImplementedError("attention edits run on the torch path only so far (--kernels torch)")
     q, k_prefix, v_prefix, k_suffix, v_suffix = (t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     if not runs:

@@ -1,0 +1,125 @@
+"""Attention interventions (Intervention.image_attention) against transformers' eager attention with
+the same edit added to its scores, through transformers' attention interface."""
+import math
+
+import pytest
+import torch
+from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, worst_difference
+
+from pope_fast.engine import (Engine, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
+                              Settings)
+
+IMAGES = [synthetic_image(i + 61, size) for i, size in enumerate([(90, 40), (60, 60)])]
+
+
+class PerHead(Intervention):
+    """A different (scale, bias) per head in layer 1 only, to catch head and layer mix-ups."""
+
+    def image_attention(self, layer):
+        if layer != 1:
+            return None
+        return torch.tensor([1.0, 0.5, 2.0, 1.0]), torch.tensor([0.7, 0.0, -0.3, -math.inf])
+
+
+EDITS = {"amplify": ImageAttentionAmplification(2.5, (0, 1)), "temperature": ImageAttentionTemperature(0.5, (1, 1)),
+         "per-head": PerHead()}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_llava(tmp_path_factory.mktemp("edit_llava") / "ckpt")
+
+
+def _oracle(checkpoint, intervention, prompts):
+    """transformers' LLaVA, eager attention with the edit applied to the image keys' scores of every
+    query after the image: answer-position logits and image attention [L, H] per (image, prompt)."""
+    from transformers import AttentionInterface, AutoProcessor, LlavaForConditionalGeneration
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    state = {}
+
+    def edited(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        groups = getattr(module, "num_key_value_groups", 1)
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        language = type(module).__name__ == "LlamaAttention"  # the vision tower's attention is left alone
+        edit = intervention.image_attention(module.layer_idx) if language else None
+        if edit is not None:
+            heads = query.shape[1]
+            scale, bias = (torch.as_tensor(t, dtype=torch.float32).expand(heads).view(1, heads, 1, 1) for t in edit)
+            image = state["image"]  # [S] image key positions
+            after = torch.arange(query.shape[2]) > int(torch.nonzero(image).max())
+            where = after[None, None, :, None] & image[None, None, None, :]
+            scores = torch.where(where, scores * scale + bias, scores)
+        # A registered attention function may get a boolean mask, or none and causality left to it (as sdpa).
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        elif attention_mask is not None:
+            scores = scores + attention_mask
+        elif getattr(module, "is_causal", False):
+            q_len, k_len = scores.shape[-2:]
+            scores = scores.masked_fill(~torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len), float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    AttentionInterface.register("pope_fast_edit", edited)
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                          attn_implementation="pope_fast_edit").eval()
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for prompt in prompts:
+            inputs = processor(images=image, text=prompt, return_tensors="pt")
+            state["image"] = inputs["input_ids"][0] == model.config.image_token_id
+            with torch.no_grad():
+                result = model(**inputs, output_attentions=True)
+            attention = torch.stack([a[0, :, -1, state["image"]].sum(-1) for a in result.attentions])
+            out[i, prompt] = (result.logits[0, -1], attention)
+    return out
+
+
+@pytest.mark.parametrize("name", list(EDITS))
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (False, 3)], ids=["reuse-b2", "whole-b3"])
+def test_edit_matches_transformers_with_the_same_edit(checkpoint, name, prefix_reuse, batch_size):
+    intervention = EDITS[name]
+    engine = Engine.load(checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size,
+                                              probe="image-attention"), readouts="template_aware,legacy_2tok")
+    prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
+    oracle = _oracle(checkpoint, intervention, prompts)
+    plain = engine.run_images([(engine.features(image), prompts) for image in IMAGES])
+    edited = engine.run_images([(engine.features(image), prompts) for image in IMAGES], intervention)
+    moved = 0.0
+    for i in range(len(IMAGES)):
+        for prompt, ours, before in zip(prompts, edited[i], plain[i]):
+            logits, attention = oracle[i, prompt]
+            worst, at = worst_difference(ours.candidate_logits, logits)
+            assert worst <= 1e-4, f"{name} image {i}: id {at} off by {worst:.2e}"
+            assert ours.first_token_id == int(logits.argmax())
+            probe = torch.tensor(ours.probe["image_attention_heads"])
+            assert float((probe - attention).abs().max()) <= 1e-5, name  # the probe sees the edited attention
+            moved = max(moved, max(abs(ours.candidate_logits[k] - v) for k, v in before.candidate_logits.items()))
+    assert moved > 1e-3  # the edit changes the answer logits: a real check, not a no-op compared with itself
+
+
+def test_identity_edit_is_a_no_op_bit_for_bit(checkpoint):
+    engine = Engine.load(checkpoint, Settings(batch_size=3, max_new_tokens=3), readouts="all")
+    prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
+    items = [(engine.features(image), prompts) for image in IMAGES]
+    plain = engine.run_images(items)
+    for identity in (ImageAttentionAmplification(1.0, (0, 1)), ImageAttentionTemperature(1.0, (0, 1))):
+        assert engine.run_images(items, identity) == plain
+
+
+def test_masking_every_image_key_makes_the_answer_independent_of_the_image(checkpoint):
+    class Blind(Intervention):
+        def image_attention(self, layer):
+            return 1.0, -math.inf
+
+    for reuse in (True, False):
+        engine = Engine.load(checkpoint, Settings(prefix_reuse=reuse, max_new_tokens=3), readouts="all")
+        prompts = [engine.prompt(q) for q in QUESTIONS[:2]]
+        first, second = (engine.run_images([(engine.features(image), prompts)], Blind())[0] for image in IMAGES)
+        seen = [engine.run_images([(engine.features(image), prompts)])[0] for image in IMAGES]
+        for a, b in zip(first, second):
+            assert a.candidate_logits == pytest.approx(b.candidate_logits, abs=1e-5) and a.decoded == b.decoded
+        assert seen[0][0].candidate_logits != pytest.approx(seen[1][0].candidate_logits, abs=1e-5)  # unmasked: they differ
