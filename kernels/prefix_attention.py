@@ -34,14 +34,17 @@ def prefix_attention_ref(
     suffix_lens: torch.Tensor,
     scale: float | None = None,
     prefix_index: list[int] | None = None,
+    key_edit: "tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None" = None,
 ) -> torch.Tensor:
     """[B, Hq, S, D] in q's dtype: explicit fp32 softmax over [prefix ; causal suffix] per row;
-    with prefix_index, k/v_prefix are [G, Hkv, P, D] and each run of rows takes its own prefix."""
+    with prefix_index, k/v_prefix are [G, Hkv, P, D] and each run of rows takes its own prefix;
+    key_edit as prefix_attention's (marked [G, P], or [P] without prefix_index)."""
     if prefix_index is not None:
         outs = [_one_prefix_ref(q[a:e], k_prefix[g], v_prefix[g], k_suffix[a:e], v_suffix[a:e], suffix_lens[a:e],
-                                scale) for g, a, e in prefix_runs(prefix_index)]
+                                scale, None if key_edit is None else (key_edit[0][g], *key_edit[1:]))
+                for g, a, e in prefix_runs(prefix_index)]
         return torch.cat(outs) if outs else torch.zeros_like(q)
-    return _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale)
+    return _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, key_edit)
 
 
 def prefix_runs(prefix_index: list[int]) -> list[tuple[int, int, int]]:
@@ -75,7 +78,7 @@ class PrefixRuns:
         return self._table
 
 
-def _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale):
+def _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, key_edit=None):
     batch, q_heads, length, head_dim = q.shape
     group = q_heads // k_prefix.shape[0]
     scale = head_dim**-0.5 if scale is None else scale
@@ -91,7 +94,12 @@ def _one_prefix_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scal
     k_s = torch.where(zero_pads, expand_heads(k_suffix, 1), 0.0)  # [B, Hq, S, D]
     v_s = torch.where(zero_pads, expand_heads(v_suffix, 1), 0.0)
     q32 = torch.where(zero_pads, q.float(), 0.0)
-    scores = torch.cat([q32 @ k_p.transpose(-1, -2), q32 @ k_s.transpose(-1, -2)], dim=-1) * scale
+    scores_p = q32 @ k_p.transpose(-1, -2) * scale
+    if key_edit is not None:  # [P] marked keys: scale * logit + bias per query head
+        marked, head_scale, head_bias = key_edit
+        edited = scores_p * head_scale.float().view(1, -1, 1, 1) + head_bias.float().view(1, -1, 1, 1)
+        scores_p = torch.where(marked.view(1, 1, 1, -1), edited, scores_p)
+    scores = torch.cat([scores_p, q32 @ k_s.transpose(-1, -2) * scale], dim=-1)
     causal = position[None, :] <= position[:, None]  # [S, S]: key t visible from query i when t <= i
     allowed = torch.cat(
         [torch.ones(batch, length, k_prefix.shape[1], dtype=torch.bool, device=q.device),
@@ -167,9 +175,13 @@ def _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_le
 
 
 @triton.jit
-def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE: tl.constexpr):
-    """One key block of the flash-attention recurrence (base-2 exponentials)."""
+def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE: tl.constexpr,
+                         marked, row_scale, row_bias, EDIT: tl.constexpr):
+    """One key block of the flash-attention recurrence (base-2 exponentials); with EDIT the marked
+    keys' logits become row_scale * s + row_bias (row_bias in base-2 units)."""
     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale_log2e
+    if EDIT:
+        s = tl.where(marked[None, :], s * row_scale[:, None] + row_bias[:, None], s)
     s = tl.where(allowed, s, float("-inf"))
     # m_i starts finite (-1e30), so a row with every key masked keeps alpha = 1 and p = 0
     m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -183,13 +195,14 @@ def _online_softmax_step(q, k, v, allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE
 @triton.jit
 def _prefix_attention_kernel(
     q_ptr, k_prefix_ptr, v_prefix_ptr, k_suffix_ptr, v_suffix_ptr, lens_ptr, runs_ptr, out_ptr,
+    marked_ptr, head_scale_ptr, head_bias_ptr,
     stride_qb, stride_qh, stride_qs,
     stride_kpg, stride_kph, stride_kpp, stride_vpg, stride_vph, stride_vpp,
     stride_ksb, stride_ksh, stride_kss, stride_vsb, stride_vsh, stride_vss,
     stride_ob, stride_oh, stride_os,
     S, P, D, scale_log2e,
     GROUP: tl.constexpr, DOT_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, EDIT: tl.constexpr,
 ):
     kv_head = tl.program_id(1)
     # this program's run: rows [run_start, run_end) continue prefix run_prefix (runs_ptr: int32 [R, 3])
@@ -218,6 +231,11 @@ def _prefix_attention_kernel(
     m_i = tl.full((BLOCK_M,), -1.0e30, dtype=tl.float32)
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    row_scale = tl.full((BLOCK_M,), 1.0, dtype=tl.float32)
+    row_bias = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    if EDIT:  # each row's head's edit of the marked keys' logits; the bias in base-2 units
+        row_scale = tl.load(head_scale_ptr + head, mask=row_in, other=1.0)
+        row_bias = tl.load(head_bias_ptr + head, mask=row_in, other=0.0) * 1.4426950408889634
 
     # the shared prefix: one pass over its keys serves every question in this row tile
     for p0 in range(0, P, BLOCK_N):
@@ -225,8 +243,12 @@ def _prefix_attention_kernel(
         kv_mask = (key < P)[:, None] & d_mask[None, :]
         k = tl.load(k_prefix_ptr + kv_head * stride_kph + key[:, None] * stride_kpp + d[None, :], kv_mask, other=0.0)
         v = tl.load(v_prefix_ptr + kv_head * stride_vph + key[:, None] * stride_vpp + d[None, :], kv_mask, other=0.0)
+        marked = key < 0
+        if EDIT:
+            marked = tl.load(marked_ptr + run_prefix.to(tl.int64) * P + key, mask=key < P, other=0) != 0
         m_i, l_i, acc = _online_softmax_step(
-            q, k.to(DOT_DTYPE), v.to(DOT_DTYPE), (key < P)[None, :], m_i, l_i, acc, scale_log2e, DOT_DTYPE
+            q, k.to(DOT_DTYPE), v.to(DOT_DTYPE), (key < P)[None, :], m_i, l_i, acc, scale_log2e, DOT_DTYPE,
+            marked, row_scale, row_bias, EDIT
         )
 
     # each question's own keys, causally; a tile holds the rows of a few consecutive questions
@@ -248,7 +270,8 @@ def _prefix_attention_kernel(
             )
             allowed = (question == other)[:, None] & (key[None, :] <= position[:, None]) & key_in[None, :]
             m_i, l_i, acc = _online_softmax_step(
-                q, k.to(DOT_DTYPE), v.to(DOT_DTYPE), allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE
+                q, k.to(DOT_DTYPE), v.to(DOT_DTYPE), allowed, m_i, l_i, acc, scale_log2e, DOT_DTYPE,
+                key < 0, row_scale, row_bias, False
             )
 
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
@@ -274,8 +297,7 @@ def prefix_attention(
     """[B, Hq, S, D] attention output in q's dtype.
 
     key_edit (marked [G, P] bool, scale [Hq], bias [Hq]): the scaled logits of the marked prefix keys
-    become scale * logit + bias for every query (an attention intervention on image keys); the torch
-    path only, so far.
+    become scale * logit + bias for every query (an attention intervention on image keys).
 
     q: [B, Hq, S, D] (S = longest suffix; rows past suffix_lens[b] are padding); k_prefix and
     v_prefix: [Hkv, P, D] shared by every row, or [G, Hkv, P, D] with prefix_index, B host ints in
@@ -325,8 +347,6 @@ def prefix_attention(
             result = _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs,
                                              key_edit)
         return result if out is None else out.copy_(result)
-    if key_edit is not None:
-        raise NotImplementedError("attention edits run on the torch path only so far (--kernels torch)")
     q, k_prefix, v_prefix, k_suffix, v_suffix = (t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     if not runs:
@@ -342,8 +362,11 @@ def prefix_attention(
         torch.tensor(runs, dtype=torch.int32).to(q.device, non_blocking=True)  # [R, 3]
     grid = (triton.cdiv(widest * group * length, block_m), kv_heads, len(runs))
     if grid[0]:
+        marked, head_scale, head_bias = (key_edit[0].to(torch.int8).contiguous(), key_edit[1].float().contiguous(),
+                                         key_edit[2].float().contiguous()) if key_edit is not None else (out,) * 3
         _prefix_attention_kernel[grid](
             q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens.contiguous(), run_table, out,
+            marked, head_scale, head_bias,
             q.stride(0), q.stride(1), q.stride(2),
             k_prefix.stride(0), k_prefix.stride(1), k_prefix.stride(2),
             v_prefix.stride(0), v_prefix.stride(1), v_prefix.stride(2),
@@ -352,7 +375,7 @@ def prefix_attention(
             out.stride(0), out.stride(1), out.stride(2),
             length, prefix_len, head_dim, scale * math.log2(math.e),
             GROUP=group, DOT_DTYPE=tl_dtype(dot_dtype(q.dtype)), OUT_DTYPE=tl_dtype(q.dtype),
-            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d,
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, EDIT=key_edit is not None,
             num_warps=4, num_stages=2 if gpu else 1, enable_fp_fusion=True,
         )
     return out

@@ -122,4 +122,5 @@ def test_masking_every_image_key_makes_the_answer_independent_of_the_image(check
         seen = [engine.run_images([(engine.features(image), prompts)])[0] for image in IMAGES]
         for a, b in zip(first, second):
             assert a.candidate_logits == pytest.approx(b.candidate_logits, abs=1e-5) and a.decoded == b.decoded
-        assert seen[0][0].candidate_logits != pytest.approx(seen[1][0].candidate_logits, abs=1e-5)  # unmasked: they differ
+        # unmasked, the two images give different answers: the masking is what makes them equal
+        assert seen[0][0].candidate_logits != pytest.approx(seen[1][0].candidate_logits, abs=1e-5)

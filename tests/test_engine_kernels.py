@@ -42,3 +42,23 @@ def test_fixed_ids_outside_a_small_vocabulary(checkpoint):
     assert max(engine.candidate_ids) < engine.model.lm.dims.vocab_size
     with pytest.raises(ValueError, match=r"readout legacy_2tok: ids \[1217, 3582\] are outside this model's vocabulary"):
         Engine.load(checkpoint, Settings(), readouts="legacy_2tok,template_aware")
+
+
+def test_kernels_agree_with_references_under_an_attention_edit(checkpoint):
+    """An amplification of the image attention and its probe: the prefix kernel's edit against the
+    torch path's (the rows continue their image's prefix in both)."""
+    from pope_fast.engine import ImageAttentionAmplification
+
+    image = synthetic_image(9, (60, 60))
+    edit = ImageAttentionAmplification(3.0, (0, 1))
+    results = []
+    for kernels in ("triton", "torch"):
+        engine = Engine.load(checkpoint, Settings(kernels=kernels, batch_size=4, probe="image-attention"),
+                             readouts="dynamic_single,template_aware,first_token")
+        results.append((engine.score(image, QUESTIONS, intervention=edit), engine.score(image, QUESTIONS)))
+    (kernel, kernel_plain), (torch_path, _) = results
+    for a, b, plain in zip(kernel, torch_path, kernel_plain):
+        assert max(abs(a.candidate_logits[i] - b.candidate_logits[i]) for i in a.candidate_logits) <= 1e-4
+        assert a.first_token_id == b.first_token_id and a.predictions == b.predictions
+        assert a.probe["image_attention"] == pytest.approx(b.probe["image_attention"], abs=1e-5)
+        assert a.probe["image_attention"][1] > plain.probe["image_attention"][1]  # amplified, as asked

@@ -519,6 +519,49 @@ def test_prefix_attention_over_several_prefixes_in_one_call(index, dtype, backen
         assert_close(result[row:row + 1], expected, *KERNEL_TOL[dtype], f"row {row} (prefix {g}, {backend})")
 
 
+def make_key_edit(gen, groups=4, prefix_len=21, heads=4):
+    """Marked keys (a run in the middle of each prefix, a different one per prefix), and per-head
+    scale and bias with one head masked off (-inf)."""
+    marked = torch.zeros(groups, prefix_len, dtype=torch.bool)
+    for g in range(groups):
+        marked[g, 3 + g:11 + 2 * g] = True
+    scale = 0.5 + torch.rand(heads, generator=gen)
+    bias = torch.randn(heads, generator=gen)
+    bias[heads - 1] = float("-inf")
+    return marked, scale, bias
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("index", MULTI_PREFIX.values(), ids=MULTI_PREFIX.keys())
+def test_prefix_attention_key_edit_matches_ref(index, dtype, backend, gen):
+    """Edited image-key logits (Intervention.image_attention) in the kernel and the batched torch path,
+    against the reference, which is itself checked against SDPA with the edit as an explicit score."""
+    q, k_prefix, v_prefix, k_suffix, v_suffix, lens = make_multi_prefix_case(index, dtype, gen)
+    edit = make_key_edit(gen)
+    out = nan_like(q.shape, dtype)
+    result = prefix_attention(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, backend=backend,
+                              prefix_index=index, out=out, key_edit=edit)
+    expected = prefix_attention_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, prefix_index=index,
+                                    key_edit=edit)
+    assert_close(result, expected, *KERNEL_TOL[dtype], f"edited prefix_attention ({backend})")
+    plain = prefix_attention_ref(q, k_prefix, v_prefix, k_suffix, v_suffix, lens, prefix_index=index)
+    assert not torch.allclose(expected.float().nan_to_num(), plain.float().nan_to_num(), atol=1e-3)
+    row = next(r for r, n in enumerate(lens.tolist()) if n)  # one row by hand: softmax of edited scores
+    g, n, group = index[row], int(lens[row]), q.shape[1] // k_prefix.shape[1]
+    marked, scale, bias = edit
+    keys = torch.cat([k_prefix[g], k_suffix[row, :, :n]], dim=1).float().repeat_interleave(group, dim=0)
+    values = torch.cat([v_prefix[g], v_suffix[row, :, :n]], dim=1).float().repeat_interleave(group, dim=0)
+    scores = q[row, :, :n].float() @ keys.transpose(-1, -2) / q.shape[-1] ** 0.5  # [Hq, n, P + n]
+    p_len = k_prefix.shape[2]
+    scores[:, :, :p_len] = torch.where(marked[g], scores[:, :, :p_len] * scale[:, None, None] + bias[:, None, None],
+                                       scores[:, :, :p_len])
+    causal = torch.ones(n, n, dtype=torch.bool).tril()
+    scores[:, :, p_len:] = scores[:, :, p_len:].masked_fill(~causal, float("-inf"))
+    by_hand = (torch.softmax(scores, dim=-1) @ values).to(dtype)
+    assert_close(expected[row, :, :n], by_hand, *KERNEL_TOL[dtype], "reference against the edit by hand")
+
+
 def test_prefix_attention_refuses_rows_not_grouped_by_prefix(gen):
     args = make_multi_prefix_case([0, 1, 0, 1, 2, 2], torch.float32, gen)
     for backend in ("torch", "triton"):

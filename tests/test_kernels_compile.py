@@ -54,11 +54,12 @@ for dtype, name in ((tl.float16, "fp16"), (tl.bfloat16, "bf16")):
                  BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
             num_warps=8, num_stages=3 if aligned else 2, **exact)
     tensors = ("q_ptr", "k_prefix_ptr", "v_prefix_ptr", "k_suffix_ptr", "v_suffix_ptr", "out_ptr")
-    results[f"prefix_attention-{name}"] = compile_for_sm90(
-        kernel("prefix_attention", "_prefix_attention_kernel"),
-        {**dict.fromkeys(tensors, name), "lens_ptr": "i64", "runs_ptr": "i32"},
-        dict(GROUP=4, DOT_DTYPE=dtype, OUT_DTYPE=dtype, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128),
-        num_warps=4, num_stages=2)
+    for edit in (False, True):  # with an attention intervention's edit of the image keys, and without
+        results[f"prefix_attention-{name}" + ("-edit" if edit else "")] = compile_for_sm90(
+            kernel("prefix_attention", "_prefix_attention_kernel"),
+            {**dict.fromkeys(tensors, name), "lens_ptr": "i64", "runs_ptr": "i32", "marked_ptr": "i8"},
+            dict(GROUP=4, DOT_DTYPE=dtype, OUT_DTYPE=dtype, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, EDIT=edit),
+            num_warps=4, num_stages=2)
 fp16 = tl.float16
 logits = dict(nf4, NORM=True, HIDDEN_DTYPE=fp16, NORMED_DTYPE=fp16, WEIGHT_DTYPE=fp16, DOT_DTYPE=fp16)
 weight_pointers = {"nf4": {"weight_ptr": "u8", "absmax_ptr": "u8"}, "fp16": {"weight_ptr": "fp16"}}
@@ -89,7 +90,7 @@ def compiled() -> dict:
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_within_shared_memory(compiled):
-    assert len(compiled) == 12
+    assert len(compiled) == 14  # prefix_attention with and without an attention edit
     too_big = {name: r["shared"] for name, r in compiled.items() if r["shared"] > SM90_SHARED_BYTES}
     assert not too_big, f"shared memory over {SM90_SHARED_BYTES} bytes: {too_big}"
 
