@@ -260,7 +260,7 @@ class Engine:
         lm, device = self.model.lm, self.settings.torch_device
         with Clock(self.timings, "question_prefill", device):
             tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
-            probe = self.settings.probe == "image-attention"
+            probe = self.settings.probe != "none"
             last, suffix_kv, image_attention = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, probe)
             logits, first = lm.answer(last, self.candidate_ids)
             if intervention is not None:

@@ -206,7 +206,8 @@ def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, o
                     records += [make_record(q, engine.template.name, first_token_id=result.first_token_id,
                                             candidate_logits=result.candidate_logits, decoded=result.decoded,
                                             texts=result.texts, decoded_sequence=result.sequence,
-                                            predictions=predictions, probe=_recorded(result.probe),
+                                            predictions=predictions,
+                                            probe=_recorded(result.probe, engine.settings.probe),
                                             image_sha256=digests[name])
                                 for q in by_image[name][text]]
                 evaluated += len(image_texts)
@@ -219,9 +220,13 @@ def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, o
                        runs)
 
 
-def _recorded(probe: dict | None) -> dict | None:
-    """What a record keeps of a probe: one float per layer (every head's values stay in the API's results)."""
-    return None if probe is None else {"image_attention": probe["image_attention"]}
+def _recorded(probe: dict | None, setting: str) -> dict | None:
+    """What a record keeps of a probe: one float per layer, and with image-attention:heads every head
+    ([layers][heads]); the API's results always hold both."""
+    if probe is None:
+        return None
+    keep = ("image_attention", "image_attention_heads") if setting.endswith(":heads") else ("image_attention",)
+    return {k: probe[k] for k in keep}
 
 
 def default_workers() -> int:

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-PROBES = ("none", "image-attention")
+PROBES = ("none", "image-attention", "image-attention:heads")
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,9 @@ class Settings:
     image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
-    probe: str = "none"  # none | image-attention: per layer, the answer position's attention mass on image tokens
+    # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
+    # averaged) | image-attention:heads: records keep every head too
+    probe: str = "none"
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):

@@ -163,8 +163,9 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--kernels", type=click.Choice(["auto", "triton", "torch"]), default="auto", show_default=True,
               help="auto: Triton kernels on CUDA, torch references elsewhere")
 @click.option("--no-prefix-reuse", is_flag=True, help="prefill every question whole (for ablations)")
-@click.option("--probe", type=click.Choice(["none", "image-attention"]), default="none", show_default=True,
-              help="image-attention: record, per layer, the answer position's attention mass on the image tokens")
+@click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
+              show_default=True, help="image-attention: record, per layer, the answer position's attention mass on "
+                                      "the image tokens (heads averaged); image-attention:heads: every head too")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, dataset, template, readouts, quant,
              dtype, device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
@@ -257,8 +258,8 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
               help="both pipelines (default: nf4 on CUDA as the paper ran it, none on CPU)")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
 @click.option("--batch-size", default=32, show_default=True)
-@click.option("--probe", type=click.Choice(["none", "image-attention"]), default="none", show_default=True,
-              help="pope-fast also records the image-attention probe (its cost shows in the wall time)")
+@click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
+              show_default=True, help="pope-fast also records the image-attention probe (its cost shows in the wall time)")
 @click.option("--no-reference", is_flag=True, help="skip the transformers reference pipeline")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
               help="timed runs of each pipeline (each pope-fast run cold: no records, no cached features); "

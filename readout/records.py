@@ -85,7 +85,7 @@ def checked_record(rec, where: str) -> dict:
         raise DataError(f"{where}: label {rec['label']!r} is not yes/no")
     expected = {"candidate_logits": dict, "predictions": dict, "decoded": str, "error": str, "text": str,
                 "image": str, "image_sha256": str, "dataset": str, "texts": dict, "decoded_sequence": str,
-                "image_attention": list}
+                "image_attention": list, "image_attention_heads": list}
     for key, kind in expected.items():
         if rec.get(key) is not None and not isinstance(rec[key], kind):
             raise DataError(f"{where}: {key} {rec[key]!r} is not a {kind.__name__}")

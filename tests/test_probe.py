@@ -95,3 +95,20 @@ def test_probe_reaches_the_records(tmp_path):
     assert all("image_attention" not in r for r in without)
     # the probe reads the attention, it does not change it
     assert [r["candidate_logits"] for r in records] == [r["candidate_logits"] for r in without]
+
+
+def test_heads_reach_the_records_on_request(tmp_path):
+    from pope_fast.engine import run_pope
+    from tinymodels import write_pope_set
+
+    from pope_fast.readout import load_questions
+
+    checkpoint = make_tiny_llava(tmp_path / "ckpt")
+    images, files = write_pope_set(tmp_path / "pope", n_images=1, splits=("random",))
+    engine = Engine.load(checkpoint, Settings(probe="image-attention:heads"), readouts="template_aware")
+    run_pope(engine, load_questions(files[0]), images, tmp_path / "run")
+    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().split("\n") if line]
+    for r in records:
+        heads = torch.tensor(r["image_attention_heads"])
+        assert heads.shape == (engine.model.lm.dims.num_layers, engine.model.lm.dims.num_heads)
+        assert r["image_attention"] == pytest.approx(heads.mean(-1).tolist(), abs=1e-6)
