@@ -72,6 +72,7 @@ class Engine:
         self.candidate_ids = sorted({i for n, s in self.token_sets.items() if READOUTS[n].kind == LOGIT for i in s.ids})
         self.timings, self.counts = Timings(), Counts()
         self._preprocess = model.preprocess_settings()  # part of every feature-cache key
+        self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
         # Each text readout generates as its reference does (or settings.max_new_tokens, all alike): one
         # continuation runs to the longest of them, and each readout reads its own prefix of it (_text).
         self.generate = any(READOUTS[n].kind in GENERATING for n in self.readouts)
@@ -112,7 +113,7 @@ class Engine:
             self.cache = VisionCache()
 
     def meta(self) -> dict:
-        if getattr(self, "_file_digests", None) is None:  # hashed once per engine, not per call
+        if self._file_digests is None:  # hashed once per engine, not per call
             self._file_digests = checkpoint_digests(self.model.folder)
         return {
             "model": {"path": str(self.model.folder), "family": self.model.family, "files": self._file_digests},
