@@ -10,8 +10,10 @@ from .llama import Intervention
 class ImageAttentionAmplification(Intervention):
     """Image attention multiplied by `alpha` before the softmax renormalizes it (bias log(alpha) on the
     image keys' logits) in layers first..last (inclusive): the amplification PAI (Liu et al., 2024,
-    "Paying More Attention to Image") argues for. PAI's own code edits the last position's logits as
-    s + alpha * |s|, which is not an affine edit and is not what this reproduces."""
+    "Paying More Attention to Image") argues for, not PAI's own edit. PAI's code (LALBJ/PAI
+    attention.py) changes the image logits of the last position only into s + alpha * |s|, in layers
+    range(start_layer, end_layer), with alpha 0.2 and layers 2..31 in its POPE commands; that edit is
+    not affine in s and is not reproduced here."""
 
     def __init__(self, alpha: float, layers: tuple[int, int]):
         if alpha <= 0:
