@@ -369,6 +369,7 @@ class LlamaLM(nn.Module):
                 return torch.zeros(0 if g is None else prefix.length, dtype=torch.bool, device=self.device)
             return prefix.image_mask[g]
 
+        edits = [self._edit(intervention, i) for i in range(len(self.layers))]  # once, not per step
         tokens = [first]
         stops = torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype)
         backend = resolve_backend(self.kernels, self.device)
@@ -382,9 +383,10 @@ class LlamaLM(nn.Module):
             if slot >= own_k[0].shape[2]:
                 own_k, own_v = [grow(k) for k in own_k], [grow(v) for v in own_v]
             slots = torch.arange(own_k[0].shape[2], device=self.device)
-            own_image = torch.zeros(b, own_k[0].shape[2], dtype=torch.bool, device=self.device)
-            if suffix.image_mask is not None:  # whole prompts: the image sits in the rows' own keys
-                own_image[:, :s] = suffix.image_mask
+            if any(e is not None for e in edits):  # the own keys an edit reaches (whole prompts hold the image)
+                own_image = torch.zeros(b, own_k[0].shape[2], dtype=torch.bool, device=self.device)
+                if suffix.image_mask is not None:
+                    own_image[:, :s] = suffix.image_mask
             positions = suffix.next_position + t  # [B]
             cos, sin = self.rotary.cos_sin(positions[:, None], self.dtype)
             valid = ((slots[None] < suffix.lengths[:, None]) | ((slots[None] >= s) & (slots[None] <= slot)))[:, None]
@@ -392,7 +394,7 @@ class LlamaLM(nn.Module):
                 q, k, v = layer.qkv(x, cos, sin)
                 own_k[i][:, :, slot] = k[:, :, 0]
                 own_v[i][:, :, slot] = v[:, :, 0]
-                edit = self._edit(intervention, i)
+                edit = edits[i]
                 attn = [masked_attention(q[a:e], prefix.keys[i][g] if g is not None else empty,
                                          prefix.values[i][g] if g is not None else empty,
                                          own_k[i][a:e], own_v[i][a:e], valid[a:e],
