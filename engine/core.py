@@ -269,7 +269,7 @@ class Engine:
                 logits = logits if adjusted is None else adjusted
         self.counts.prompts += len(batch.rows)
         self.counts.suffix_tokens += int(tokens.lengths.sum())
-        texts = [None] * len(batch.rows)
+        texts = [{}] * len(batch.rows)
         if self.generate:
             steps = self._steps(max(len(row.layout) for row in batch.rows))
             with Clock(self.timings, "decode", device):
@@ -280,12 +280,14 @@ class Engine:
         probes = [None] * len(batch.rows) if image_attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads}  # per layer: heads averaged, and each head
              for layers, heads in zip(image_attention.mean(dim=-1).tolist(), image_attention.tolist())]
-        return [PromptResult(f, dict(zip(self.candidate_ids, row)), *(text or (None, None, None)), probe)
+        return [PromptResult(f, dict(zip(self.candidate_ids, row)), probe=probe, **text)
                 for f, row, text, probe in zip(first.tolist(), logits.tolist(), texts, probes)]
 
-    def _text(self, row: Row, tokens: list[int]) -> tuple[str, dict[str, str], str | None]:
-        """(the new tokens up to the first stop token decoded, each text readout's own prefix of them
-        decoded, and for string_parse_with_prompt the prompt and its prefix decoded as one sequence).
+    def _text(self, row: Row, tokens: list[int]) -> dict:
+        """PromptResult's text fields: `decoded`, the new tokens up to the first stop token; `texts`, each
+        text readout's own prefix of them; `sequence`, for string_parse_with_prompt the prompt and its
+        prefix decoded as one.
+
         Only the new tokens make the text readouts' texts: decoding the prompt too is how published
         InstructBLIP string_parse scores picked up 'yes' from 'Answer yes or no only', which
         string_parse_with_prompt reproduces on purpose."""
@@ -296,4 +298,4 @@ class Engine:
         if whole:  # the prompt's own ids (image slots are special tokens, skipped when decoded anyway)
             prompt = [t for t in row.layout.ids if t != row.layout.image_token_id]
             sequence = decode(prompt + list(continuation.ids[:continuation.ends[whole[0]]]))
-        return continuation.text, continuation.texts, sequence
+        return {"decoded": continuation.text, "texts": continuation.texts, "sequence": sequence}
