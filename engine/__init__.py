@@ -7,8 +7,8 @@
 from .core import Answer, Engine
 from .families import FAMILIES, Family, load_model
 from .images import ImageError, LoadedImage, check_images, read_image
-from .interventions import ImageAttentionAmplification, ImageAttentionTemperature
-from .llama import Intervention
+from .interventions import ImageAttentionAmplification, ImageAttentionTemperature, PAIAttention
+from .llama import AttentionEdit, Intervention
 from .plan import PromptLayout, PromptResult
 from .loader import CheckpointError
 from .pope import SweepResult, run_pope, write_summaries
@@ -17,5 +17,5 @@ from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
 __all__ = ["Answer", "Engine", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
-           "read_image", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope",
-           "write_summaries", "Settings", "Counts", "Timings", "VisionCache"]
+           "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature",
+           "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope", "write_summaries", "Settings", "Counts", "Timings", "VisionCache"]

@@ -115,6 +115,41 @@ class SuffixKV:
     image_mask: torch.Tensor | None = None  # [B, S]: own keys that hold image tokens (whole prompts)
 
 
+@dataclass(frozen=True)
+class AttentionEdit:
+    """An edit of the image keys' attention logits s in one layer: s becomes scale * s + magnitude * |s|
+    + bias (each a number, or one per query head [Hq]). Seen from every query after the image
+    (question, answer and generated positions), or with answer_only from the answer position only
+    (the last prompt token, and each generated token in turn): PAI's own edit is s + alpha * |s| there.
+    An edit with a magnitude term must be answer_only: the fused prefix kernel applies affine edits."""
+
+    scale: float | torch.Tensor = 1.0
+    bias: float | torch.Tensor = 0.0
+    magnitude: float | torch.Tensor = 0.0
+    answer_only: bool = False
+
+
+@dataclass
+class HeadEdit:
+    """An AttentionEdit as fp32 [Hq] tensors on the model's device (LlamaLM._edit)."""
+
+    scale: torch.Tensor
+    bias: torch.Tensor
+    magnitude: torch.Tensor
+    answer_only: bool
+
+    def apply(self, scores: torch.Tensor, heads: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """scores with every entry edited; `heads` shapes an [Hq] tensor to broadcast against them."""
+        edited = scores * heads(self.scale) + heads(self.bias)
+        if self.has_magnitude:
+            edited = edited + heads(self.magnitude) * scores.abs()
+        return edited
+
+    @property
+    def has_magnitude(self) -> bool:
+        return bool((self.magnitude != 0).any())
+
+
 class Intervention:
     """The one place an experiment adjusts the forward pass (subclass and override either method).
 
@@ -138,13 +173,13 @@ class Intervention:
     def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
         return None
 
-    def image_attention(self, layer: int) -> tuple[float | torch.Tensor, float | torch.Tensor] | None:
-        """(scale, bias), each a number or one per query head [Hq]: in this layer the attention logit s
-        (q.k / sqrt(d)) of every image key becomes scale * s + bias, as seen from the question and
-        answer positions (every query after the image, generated tokens included); the image's own
-        positions attend as before. bias log(alpha) multiplies the image's attention weights by alpha
-        before the softmax renormalizes (PAI), scale 1/T is a temperature on them (AdaptVis), bias -inf
-        masks them. None (the default) leaves the layer alone."""
+    def image_attention(self, layer: int) -> AttentionEdit | tuple | None:
+        """An AttentionEdit, or (scale, bias), each a number or one per query head [Hq]: in this layer
+        the attention logit s (q.k / sqrt(d)) of every image key becomes scale * s + bias, as seen from
+        the question and answer positions (every query after the image, generated tokens included);
+        the image's own positions attend as before. bias log(alpha) multiplies the image's attention
+        weights by alpha before the softmax renormalizes, scale 1/T is a temperature on them
+        (AdaptVis), bias -inf masks them. None (the default) leaves the layer alone."""
         return None
 
 
@@ -188,7 +223,7 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit=None):
     q [B, Hq, T, D]; k/v_prefix [Hkv, P, D], shared by the rows and broadcast, never copied per row
     (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see: the
     new token sits after each row's padded suffix. edit (prefix image keys [P], own image keys [B, K],
-    scale [Hq], bias [Hq]): scale * logit + bias on those keys (Intervention.image_attention).
+    HeadEdit): its edit of those keys' logits (Intervention.image_attention).
     """
     b, hq, t, d = q.shape
     k_prefix, v_prefix = k_prefix[None], v_prefix[None]
@@ -198,10 +233,13 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit=None):
     scores_p = qf @ k_prefix.float().transpose(-1, -2)  # [B, Hkv, gT, P]
     scores_o = qf @ k_own.float().transpose(-1, -2)  # [B, Hkv, gT, K]
     if edit is not None:
-        prefix_image, own_image, scale, bias = edit
-        scale, bias = (x.view(hkv, g, 1).expand(hkv, g, t).reshape(1, hkv, g * t, 1) for x in (scale, bias))
-        scores_p = torch.where(prefix_image[None, None, None], scores_p * scale + bias, scores_p)
-        scores_o = torch.where(own_image[:, None, None], scores_o * scale + bias, scores_o)
+        prefix_image, own_image, head = edit
+
+        def heads(x):  # [Hq] → [1, Hkv, g * T, 1], as the queries are laid out
+            return x.view(hkv, g, 1).expand(hkv, g, t).reshape(1, hkv, g * t, 1)
+
+        scores_p = torch.where(prefix_image[None, None, None], head.apply(scores_p, heads), scores_p)
+        scores_o = torch.where(own_image[:, None, None], head.apply(scores_o, heads), scores_o)
     mask = valid[:, None, None].expand(b, 1, g, t, valid.shape[-1]).reshape(b, 1, g * t, -1)
     scores_o = scores_o.masked_fill(~mask, float("-inf"))
     probs = torch.softmax(torch.cat([scores_p, scores_o], dim=-1), dim=-1)
@@ -296,31 +334,64 @@ class LlamaLM(nn.Module):
             edit = self._edit(intervention, i)
             if probe:
                 probes.append(self._image_attention(q, k, batch, prefix, grouped, i, edit))
+            every = edit if edit is not None and not edit.answer_only else None  # else the answer row alone
             if prefix is not None:  # one call for every image's rows: each run reads its prefix once
-                key_edit = None if edit is None or prefix.image_mask is None else (prefix.image_mask, *edit)
+                key_edit = None if every is None or prefix.image_mask is None else \
+                    (prefix.image_mask, every.scale, every.bias)
                 attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, batch.lengths, backend=backend,
                                         prefix_index=grouped, key_edit=key_edit)
-            elif edit is not None and batch.image_mask is not None:
-                attn = edited_causal_attention(q, k, v, batch.image_mask, *edit)
+            elif every is not None and batch.image_mask is not None:
+                attn = edited_causal_attention(q, k, v, batch.image_mask, every)
             else:
                 attn = causal_attention(q, k, v)
+            if edit is not None and edit.answer_only:
+                attn = self._answer_row(attn, q, k, v, batch, prefix, grouped, i, edit)
             x = layer.finish(x, attn, image=batch.image_mask)
             x = _hook(intervention, i, x, "suffix")
         last = x[torch.arange(b, device=self.device), batch.lengths - 1]
         return last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask), \
             torch.stack(probes, dim=1) if probe else None
 
-    def _edit(self, intervention: Intervention | None, layer: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The intervention's (scale, bias) of this layer's image-key logits as fp32 [Hq] tensors."""
+    def _edit(self, intervention: Intervention | None, layer: int) -> HeadEdit | None:
+        """The intervention's edit of this layer's image-key logits, as fp32 [Hq] tensors."""
         edit = None if intervention is None else intervention.image_attention(layer)
         if edit is None:
             return None
+        if not isinstance(edit, AttentionEdit):
+            edit = AttentionEdit(*edit)
         heads = self.dims.num_heads
-        scale, bias = (torch.as_tensor(t, dtype=torch.float32, device=self.device).expand(heads).contiguous()
-                       for t in edit)
-        if bool((scale == 1).all()) and bool((bias == 0).all()):  # the identity: the unedited path, bit for bit
-            return None
-        return scale, bias
+        scale, bias, magnitude = (torch.as_tensor(t, dtype=torch.float32, device=self.device).expand(heads).contiguous()
+                                  for t in (edit.scale, edit.bias, edit.magnitude))
+        head = HeadEdit(scale, bias, magnitude, edit.answer_only)
+        if bool((scale == 1).all()) and bool((bias == 0).all()) and not head.has_magnitude:
+            return None  # the identity: the unedited path, bit for bit
+        if head.has_magnitude and not edit.answer_only:
+            raise ValueError(f"layer {layer}: an attention edit with a magnitude term (s + m|s|) must be answer_only; "
+                             "the fused prefix attention applies affine edits to every query")
+        return head
+
+    def _answer_row(self, attn, q, k, v, batch: TokenBatch, prefix: PrefixKV | None, grouped: PrefixRuns | None,
+                    layer: int, edit: HeadEdit) -> torch.Tensor:
+        """attn [B, Hq, S, D] with each row's answer position (its last token) recomputed under an
+        answer-only edit: one query per row against its prefix and own keys, as a decode step is."""
+        b, s = batch.ids.shape
+        rows = torch.arange(b, device=self.device)
+        last = batch.lengths - 1
+        valid = (torch.arange(s, device=self.device)[None] < batch.lengths[:, None])[:, None]  # [B, 1, S]
+        own_image = batch.image_mask if batch.image_mask is not None else \
+            torch.zeros(b, s, dtype=torch.bool, device=self.device)
+        query = q[rows, :, last][:, :, None]  # [B, Hq, 1, D]
+        empty = k.new_zeros(k.shape[1], 0, k.shape[3])
+        runs = grouped.runs if prefix is not None else [(None, 0, b)]
+        out = []
+        for g, a, e in runs:
+            kp, vp = (prefix.keys[layer][g], prefix.values[layer][g]) if g is not None else (empty, empty)
+            image = prefix.image_mask[g] if g is not None and prefix.image_mask is not None else \
+                torch.zeros(kp.shape[1], dtype=torch.bool, device=self.device)
+            out.append(masked_attention(query[a:e], kp, vp, k[a:e], v[a:e], valid[a:e], (image, own_image[a:e], edit)))
+        attn = attn.clone()
+        attn[rows, :, last] = torch.cat(out)[:, :, 0]
+        return attn
 
     def _image_attention(self, q, k, batch: TokenBatch, prefix: PrefixKV | None, grouped: PrefixRuns | None,
                          layer: int, edit: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
@@ -398,7 +469,7 @@ class LlamaLM(nn.Module):
                 attn = [masked_attention(q[a:e], prefix.keys[i][g] if g is not None else empty,
                                          prefix.values[i][g] if g is not None else empty,
                                          own_k[i][a:e], own_v[i][a:e], valid[a:e],
-                                         None if edit is None else (prefix_image(g), own_image[a:e], *edit))
+                                         None if edit is None else (prefix_image(g), own_image[a:e], edit))
                         for g, a, e in runs]
                 x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
                 x = _hook(intervention, i, x, "decode")
@@ -416,10 +487,10 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
 
 
 def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor,
-                            scale: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """Causal attention of whole prompts with the image keys' logits edited (scale * s + bias, per
-    query head) as seen from every query after the row's last image token; explicit, in fp32 (the
-    softmax's dtype in transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]."""
+                            edit: HeadEdit) -> torch.Tensor:
+    """Causal attention of whole prompts with the image keys' logits edited (per query head) as seen
+    from every query after the row's last image token; explicit, in fp32 (the softmax's dtype in
+    transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]."""
     b, hq, length, d = q.shape
     group = hq // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
@@ -427,7 +498,7 @@ def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     columns = torch.arange(length, device=q.device)
     last_image = torch.where(image, columns, -1).amax(dim=1)  # [B]
     after = (columns[None] > last_image[:, None])[:, None, :, None]  # queries after the image
-    edited = scores * scale.view(1, hq, 1, 1) + bias.view(1, hq, 1, 1)
+    edited = edit.apply(scores, lambda x: x.view(1, hq, 1, 1))
     scores = torch.where(after & image[:, None, None, :], edited, scores)
     causal = columns[None, :] <= columns[:, None]
     scores = scores.masked_fill(~causal, float("-inf"))

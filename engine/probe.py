@@ -15,13 +15,13 @@ def answer_image_attention(q: torch.Tensor, lengths: torch.Tensor, k_own: torch.
                            own_image: torch.Tensor | None, k_prefix: torch.Tensor | None = None,
                            prefix_image: torch.Tensor | None = None,
                            runs: list[tuple[int, int, int]] | None = None,
-                           edit: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+                           edit=None) -> torch.Tensor:
     """[B, Hq] fp32: each row's attention mass on image keys at its last valid query.
 
     q [B, Hq, S, D] (RoPE applied); lengths [B]; k_own [B, Hkv, S, D] the rows' own keys, own_image
     [B, S] marking image keys among them (None: none); k_prefix [G, Hkv, P, D] with prefix_image
-    [G, P] and runs (prefix, first row, end row) when the rows continue prefixes; edit (scale, bias)
-    [Hq] as Intervention.image_attention applies it to the image keys' logits."""
+    [G, P] and runs (prefix, first row, end row) when the rows continue prefixes; edit (llama.HeadEdit)
+    as Intervention.image_attention applies it to the image keys' logits."""
     batch, q_heads, length, head_dim = q.shape
     kv_heads = k_own.shape[1]
     group = q_heads // kv_heads
@@ -36,7 +36,6 @@ def answer_image_attention(q: torch.Tensor, lengths: torch.Tensor, k_own: torch.
         own = torch.cat([prefix, own], dim=-1)
         image = torch.cat([torch.cat([prefix_image[g].expand(e - a, -1) for g, a, e in runs]), image], dim=-1)
     if edit is not None:
-        scale, bias = (t.view(kv_heads, group, 1) for t in edit)
-        own = torch.where(image[:, None, None], own * scale + bias, own)
+        own = torch.where(image[:, None, None], edit.apply(own, lambda x: x.view(kv_heads, group, 1)), own)
     probs = torch.softmax(own, dim=-1)
     return (probs * image[:, None, None]).sum(-1).view(batch, q_heads)

@@ -6,8 +6,8 @@ import pytest
 import torch
 from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, worst_difference
 
-from pope_fast.engine import (Engine, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
-                              Settings)
+from pope_fast.engine import (AttentionEdit, Engine, ImageAttentionAmplification, ImageAttentionTemperature,
+                              Intervention, PAIAttention, Settings)
 
 IMAGES = [synthetic_image(i + 61, size) for i, size in enumerate([(90, 40), (60, 60)])]
 
@@ -21,8 +21,18 @@ class PerHead(Intervention):
         return torch.tensor([1.0, 0.5, 2.0, 1.0]), torch.tensor([0.7, 0.0, -0.3, -math.inf])
 
 
+class AnswerOnlyPerHead(Intervention):
+    """Every term per head, from the answer position only, in layer 0 only."""
+
+    def image_attention(self, layer):
+        if layer != 0:
+            return None
+        return AttentionEdit(torch.tensor([1.0, 0.5, 2.0, 1.0]), torch.tensor([0.2, 0.0, -0.3, 0.0]),
+                             torch.tensor([0.0, 0.4, 0.1, 0.8]), answer_only=True)
+
+
 EDITS = {"amplify": ImageAttentionAmplification(2.5, (0, 1)), "temperature": ImageAttentionTemperature(0.5, (1, 1)),
-         "per-head": PerHead()}
+         "per-head": PerHead(), "pai": PAIAttention(0.6, (0, 1)), "answer-only-per-head": AnswerOnlyPerHead()}
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +55,17 @@ def _oracle(checkpoint, intervention, prompts):
         language = type(module).__name__ == "LlamaAttention"  # the vision tower's attention is left alone
         edit = intervention.image_attention(module.layer_idx) if language else None
         if edit is not None:
+            if not isinstance(edit, AttentionEdit):
+                edit = AttentionEdit(*edit)
             heads = query.shape[1]
-            scale, bias = (torch.as_tensor(t, dtype=torch.float32).expand(heads).view(1, heads, 1, 1) for t in edit)
+            scale, bias, magnitude = (torch.as_tensor(t, dtype=torch.float32).expand(heads).view(1, heads, 1, 1)
+                                      for t in (edit.scale, edit.bias, edit.magnitude))
             image = state["image"]  # [S] image key positions
-            after = torch.arange(query.shape[2]) > int(torch.nonzero(image).max())
+            queries = torch.arange(query.shape[2])
+            # every query after the image, or (answer_only) the last one, PAI's attn_weights[:, :, -1, image]
+            after = queries == query.shape[2] - 1 if edit.answer_only else queries > int(torch.nonzero(image).max())
             where = after[None, None, :, None] & image[None, None, None, :]
-            scores = torch.where(where, scores * scale + bias, scores)
+            scores = torch.where(where, scores * scale + bias + magnitude * scores.abs(), scores)
         # A registered attention function may get a boolean mask, or none and causality left to it (as sdpa).
         if attention_mask is not None and attention_mask.dtype == torch.bool:
             scores = scores.masked_fill(~attention_mask, float("-inf"))
@@ -124,3 +139,19 @@ def test_masking_every_image_key_makes_the_answer_independent_of_the_image(check
             assert a.candidate_logits == pytest.approx(b.candidate_logits, abs=1e-5) and a.decoded == b.decoded
         # unmasked, the two images give different answers: the masking is what makes them equal
         assert seen[0][0].candidate_logits != pytest.approx(seen[1][0].candidate_logits, abs=1e-5)
+
+
+def test_a_magnitude_edit_must_be_answer_only(checkpoint):
+    class Everywhere(Intervention):
+        def image_attention(self, layer):
+            return AttentionEdit(magnitude=0.2)
+
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    with pytest.raises(ValueError, match="layer 0: an attention edit with a magnitude term"):
+        engine.score(IMAGES[0], QUESTIONS[:1], Everywhere())
+
+
+def test_pai_attention_default_layers_are_2_to_the_last():
+    pai = PAIAttention(num_layers=32)
+    assert [layer for layer in range(32) if pai.image_attention(layer) is not None] == list(range(2, 32))
+    assert pai.image_attention(5) == AttentionEdit(magnitude=0.2, answer_only=True)
