@@ -25,7 +25,8 @@ from .families import FAMILIES, Family, load_model
 from .fingerprint import checkpoint_digests
 from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image, to_rgb
 from .llama import Intervention, PrefixKV
-from .plan import PrefixGroup, PromptResult, Row, SuffixBatch, TokenBatch, make_plan
+from .methods import Method, Pass, diffusion_noise, noise_generator
+from .plan import PrefixGroup, PromptLayout, PromptResult, Row, SuffixBatch, TokenBatch, make_plan
 from .settings import Settings
 from .stats import Clock, Counts, Timings
 from .vision_cache import VisionCache, feature_key
@@ -73,6 +74,7 @@ class Engine:
         self.timings, self.counts = Timings(), Counts()
         self._preprocess = model.preprocess_settings()  # part of every feature-cache key
         self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
+        self._text_logits: dict[tuple[int, ...], PromptResult] = {}  # text-only prompts (PAI), by token ids
         # Each text readout generates as its reference does (or settings.max_new_tokens, all alike): one
         # continuation runs to the longest of them, and each readout reads its own prefix of it (_text).
         self.generate = any(READOUTS[n].kind in GENERATING for n in self.readouts)
@@ -176,8 +178,28 @@ class Engine:
         """Projected features [T, hidden] of one image, from the cache when its content was seen."""
         return self.encode(self.prepare([image]))[0]
 
-    def prompt(self, question: str) -> str:
-        return self.template.render(question, self.model.tokenizer)
+    def prompt(self, question: str, system: str | None = None) -> str:
+        """The template's prompt for a question; `system` replaces its system text (ICD)."""
+        return self.template.render(question, self.model.tokenizer, system)
+
+    def noised_features(self, prepared: list[tuple[str, LoadedImage, object | None]], step: int, seed: int
+                        ) -> list[torch.Tensor]:
+        """Features of VCD's noised copy of each prepared image (methods.diffusion_noise at `step`), the
+        noise drawn per image from `seed` and the image's content, so a rerun, another batch or another
+        device draws the same; cached beside the image's own features under their own key."""
+        out = []
+        for key, image, pixels in prepared:
+            noised_key = f"{key}-noise{step}-seed{seed}"
+            features = self.cache.get(noised_key, self.settings.torch_device)
+            if features is None:
+                pixels = pixels if pixels is not None else self.model.preprocess(image.open())
+                noised = diffusion_noise(pixels, step, noise_generator(key, seed))
+                with Clock(self.timings, "image_encode", self.settings.torch_device):
+                    features = self.model.encode_images([noised])[0]
+                self.cache.put(noised_key, features.clone())
+                self.counts.images_encoded += 1
+            out.append(features)
+        return out
 
     def decide(self, result: PromptResult) -> dict[str, str]:
         """Every requested readout's decision from one answer position's outputs. Each text readout
@@ -209,13 +231,89 @@ class Engine:
 
         The prompts' layouts are planned into stages (`plan.make_plan`); each stage prefills its
         distinct prefixes once, then its suffix batches against them."""
-        results: dict[tuple[int, int], PromptResult] = {}
+        return self.run_passes(items, [intervention])[0]
+
+    def run_passes(self, items: list[tuple[torch.Tensor, list[str]]], interventions: list[Intervention | None], *,
+                   vocab: bool = False, decode: list[bool] | None = None) -> list[list[list[PromptResult]]]:
+        """run_images under each intervention in turn, each prefix prefilled once for all of them when
+        none of them changes the prefix (attention edits never do: they act after the image; a hidden
+        hook may). With vocab, each PromptResult also holds the answer position's logits over the whole
+        vocabulary (`vocab_logits`); decode[k] False skips intervention k's continuation."""
+        decode = decode or [True] * len(interventions)
+        if len(interventions) > 1 and any(_changes_prefix(i) for i in interventions):
+            return [self.run_passes(items, [i], vocab=vocab, decode=[d])[0] for i, d in zip(interventions, decode)]
+        results: list[dict[tuple[int, int], PromptResult]] = [{} for _ in interventions]
         for stage in make_plan(self._rows(items), self.settings.batch_size, self.settings.prefix_reuse):
-            prefix = self._prefill_prefix(stage.prefix, intervention) if stage.prefix is not None else None
+            prefix = self._prefill_prefix(stage.prefix, interventions[0]) if stage.prefix is not None else None
             for batch in stage.batches:
-                for row, result in zip(batch.rows, self._run_batch(prefix, batch, intervention)):
-                    results[row.item, row.prompt] = result
-        return [[results[i, p] for p in range(len(prompts))] for i, (_, prompts) in enumerate(items)]
+                for k, intervention in enumerate(interventions):
+                    out = self._run_batch(prefix, batch, intervention, vocab=vocab, decode=decode[k])
+                    for row, result in zip(batch.rows, out):
+                        results[k][row.item, row.prompt] = result
+        return [[[done[i, p] for p in range(len(prompts))] for i, (_, prompts) in enumerate(items)]
+                for done in results]
+
+    def run_methods(self, prepared: list[tuple[str, LoadedImage, object | None]], questions: list[list[str]],
+                    methods: list[Method]) -> dict[str, list[list[PromptResult]]]:
+        """Each method's PromptResults for the questions of each prepared image (per method, per image,
+        per question). Every distinct pass of the methods runs once (methods.Pass): passes on the same
+        features and prompts share their prefixes, the text-only pass is computed once per distinct
+        prompt for the engine's lifetime. Only the baseline's plain pass decodes (text readouts)."""
+        features = self.encode(prepared)
+        layers = self.model.lm.dims.num_layers
+        wanted = {m.name: m.passes(layers) for m in methods}
+        distinct = list(dict.fromkeys(p for passes in wanted.values() for p in passes.values()))
+        vocab = any(m.contrastive for m in methods)
+        plain_decodes = any(not m.contrastive for m in methods)
+        got: dict[Pass, list[list[PromptResult]]] = {}
+        shared: dict[tuple, list[Pass]] = {}  # same features and prompts: one prefix, each edit in turn
+        for p in distinct:
+            if p.image != "none":
+                shared.setdefault((p.image, p.system, p.noise_step, p.seed), []).append(p)
+        for (kind, system, step, seed), passes in shared.items():
+            feats = features if kind == "image" else self.noised_features(prepared, step, seed)
+            items = [(f, [self.prompt(q, system) for q in qs]) for f, qs in zip(feats, questions)]
+            runs = self.run_passes(items, [p.edit for p in passes], vocab=vocab,
+                                   decode=[plain_decodes and p == Pass() for p in passes])
+            got.update(zip(passes, runs))
+        if any(p.image == "none" for p in distinct):
+            got[Pass("none")] = self._text_only(features, questions)
+        out = {}
+        for m in methods:
+            passes = wanted[m.name]
+            if not m.contrastive:
+                out[m.name] = got[passes["main"]]
+                continue
+            out[m.name] = [[self._combined(m, {role: got[p][i][j] for role, p in passes.items()})
+                            for j in range(len(qs))] for i, qs in enumerate(questions)]
+        return out
+
+    def _combined(self, method: Method, results: dict[str, PromptResult]) -> PromptResult:
+        """A contrastive method's result: its combined logits' argmax and candidate columns; the probe
+        of its main pass."""
+        combined = method.combine({role: r.vocab_logits[None] for role, r in results.items()})[0]
+        values = combined[self.candidate_ids].tolist()
+        return PromptResult(int(combined.argmax()), dict(zip(self.candidate_ids, values)), probe=results["main"].probe)
+
+    def _text_only(self, features: list[torch.Tensor], questions: list[list[str]]) -> list[list[PromptResult]]:
+        """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole
+        (no image, no edit); its logits are kept per distinct token sequence for the engine's life,
+        since every image that asks a question asks the same text."""
+        rows, order = [], []
+        for i, (f, qs) in enumerate(zip(features, questions)):
+            for j, q in enumerate(qs):
+                layout = _without_image(self.model.layout(self.prompt(q), f), self.model.lm.dims.mrope_section)
+                order.append((i, j, layout.ids))
+                if layout.ids not in self._text_logits and all(r.layout.ids != layout.ids for r in rows):
+                    rows.append(Row(len(rows), 0, layout, f[:0]))
+        for stage in make_plan(rows, self.settings.batch_size, prefix_reuse=False):
+            for batch in stage.batches:
+                for row, result in zip(batch.rows, self._run_batch(None, batch, None, vocab=True, decode=False)):
+                    self._text_logits[row.layout.ids] = result
+        out = [[None] * len(qs) for qs in questions]
+        for i, j, ids in order:
+            out[i][j] = self._text_logits[ids]
+        return out
 
     def _rows(self, items: list[tuple[torch.Tensor, list[str]]]) -> list[Row]:
         """One Row per (image, prompt): its layout and the features its image slots take (InstructBLIP's
@@ -254,23 +352,24 @@ class Engine:
         self.counts.prefix_tokens += group.length * len(group.rows)
         return prefix
 
-    def _run_batch(self, prefix: PrefixKV | None, batch: SuffixBatch, intervention: Intervention | None
-                   ) -> list[PromptResult]:
-        """One suffix batch: prefill, the answer position's candidate logits and argmax, and the
-        greedy continuation when a string readout asks for one."""
+    def _run_batch(self, prefix: PrefixKV | None, batch: SuffixBatch, intervention: Intervention | None, *,
+                   vocab: bool = False, decode: bool = True) -> list[PromptResult]:
+        """One suffix batch: prefill, the answer position's candidate logits and argmax (with vocab, the
+        whole vocabulary's logits too), and the greedy continuation when a string readout asks for one."""
         lm, device = self.model.lm, self.settings.torch_device
         with Clock(self.timings, "question_prefill", device):
             tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
             probe = self.settings.probe != "none"
             last, suffix_kv, image_attention = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, probe)
             logits, first = lm.answer(last, self.candidate_ids)
+            everything = lm.vocab_logits(last) if vocab else None
             if intervention is not None:
                 adjusted = intervention.logits(logits, self.candidate_ids)
                 logits = logits if adjusted is None else adjusted
         self.counts.prompts += len(batch.rows)
         self.counts.suffix_tokens += int(tokens.lengths.sum())
         texts = [{}] * len(batch.rows)
-        if self.generate:
+        if self.generate and decode:
             steps = self._steps(max(len(row.layout) for row in batch.rows))
             with Clock(self.timings, "decode", device):
                 generated = lm.decode(prefix, batch.slots, suffix_kv, first, steps, self.model.stop_ids, intervention,
@@ -280,8 +379,9 @@ class Engine:
         probes = [None] * len(batch.rows) if image_attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads}  # per layer: heads averaged, and each head
              for layers, heads in zip(image_attention.mean(dim=-1).tolist(), image_attention.tolist())]
-        return [PromptResult(f, dict(zip(self.candidate_ids, row)), probe=probe, **text)
-                for f, row, text, probe in zip(first.tolist(), logits.tolist(), texts, probes)]
+        rows = [None] * len(batch.rows) if everything is None else list(everything)
+        return [PromptResult(f, dict(zip(self.candidate_ids, row)), probe=probe, vocab_logits=v, **text)
+                for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
 
     def _text(self, row: Row, tokens: list[int]) -> dict:
         """PromptResult's text fields: `decoded`, the new tokens up to the first stop token; `texts`, each
@@ -299,3 +399,16 @@ class Engine:
             prompt = [t for t in row.layout.ids if t != row.layout.image_token_id]
             sequence = decode(prompt + list(continuation.ids[:continuation.ends[whole[0]]]))
         return {"decoded": continuation.text, "texts": continuation.texts, "sequence": sequence}
+
+
+def _changes_prefix(intervention: Intervention | None) -> bool:
+    """Whether an intervention may change an image prefix's KV: only a hidden-state hook can."""
+    return intervention is not None and type(intervention).hidden is not Intervention.hidden
+
+
+def _without_image(layout: PromptLayout, mrope) -> PromptLayout:
+    """The layout's own tokens with its image slots removed: a text-only prompt, run whole (M-RoPE's
+    three streams are then the plain positions, as for any text)."""
+    ids = [t for t in layout.ids if t != layout.image_token_id]
+    positions = torch.arange(len(ids)).expand(3, -1) if mrope is not None else None
+    return PromptLayout(tuple(ids), layout.image_token_id, (), 0, positions)

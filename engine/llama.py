@@ -416,6 +416,20 @@ class LlamaLM(nn.Module):
         return logits, vocab_argmax(last_hidden, self.lm_head.matrix, **norm, logits_dtype=self.dtype)
 
     @torch.inference_mode()
+    def vocab_logits(self, last_hidden: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+        """last_hidden [B, H] → the logits of the whole vocabulary [B, V] (fp32, rounded to the model
+        dtype as `answer`'s are), for methods that combine passes over every token. One answer
+        position per row: [B, V], never [B, S, V]; the lm_head rows go `chunk` at a time."""
+        backend = resolve_backend(self.kernels, self.device)
+        norm = dict(norm_weight=self.norm, eps=self.dims.rms_eps, backend=backend)
+        vocab = self.lm_head.matrix.shape[0]
+        out = torch.empty(last_hidden.shape[0], vocab, dtype=torch.float32, device=self.device)
+        for start in range(0, vocab, chunk):
+            ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
+            out[:, start:start + len(ids)] = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm)
+        return out.to(self.dtype).float()
+
+    @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
                first: torch.Tensor, steps: int, stop_ids: set[int], intervention: Intervention | None = None,
                finished: Callable[[list[list[int]]], bool] | None = None, chunk: int = 64) -> torch.Tensor:

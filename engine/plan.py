@@ -17,7 +17,7 @@ From image to record:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -218,6 +218,7 @@ class PromptResult:
     texts: dict[str, str] | None = None
     sequence: str | None = None
     probe: dict | None = None
+    vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
 
     def __iter__(self):
         """Unpacks as (first_token_id, candidate_logits, decoded), the order of the engine's earlier tuples."""

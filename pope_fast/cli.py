@@ -321,7 +321,7 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
 def templates() -> None:
     """List the named prompt templates."""
     for t in TEMPLATES.values():
-        shown = "(the tokenizer's chat template)" if t.chat else repr(t.text)
+        shown = "(the tokenizer's chat template)" if t.chat else repr(t.render("{question}"))
         click.echo(f"{t.name:15s} {shown}\n{'':15s} {t.origin}")
 
 

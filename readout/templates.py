@@ -22,14 +22,21 @@ class Template:
     image_marker: str
     origin: str
     chat: bool = False  # rendered by the tokenizer's own chat template
+    system: str = ""  # the system text before the turn (plain templates), joined by a space
 
-    def render(self, question: str, tokenizer=None) -> str:
+    def render(self, question: str, tokenizer=None, system: str | None = None) -> str:
+        """The prompt; `system` replaces the template's system text (ICD's disturbance instruction),
+        for a chat template as a system message."""
         if not self.chat:
-            return self.text.format(question=question)
+            text = self.text.format(question=question)
+            system = self.system if system is None else system
+            return f"{system} {text}" if system else text
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"template {self.name} needs a tokenizer with a chat template")
         messages = [{"role": "user", "content": [
             {"type": "image"}, {"type": "text", "text": question + YES_NO_SUFFIX}]}]
+        if system is not None:
+            messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
@@ -41,9 +48,8 @@ TEMPLATES: dict[str, Template] = {
         Template("llava_yesno", "USER: <image>\n{question}" + YES_NO_SUFFIX + "\nASSISTANT:", "<image>",
                  "the multi-model audit's LLaVA prompt"),
         Template("llava_official",
-                 VICUNA_V1_SYSTEM + " USER: <image>\n{question}\n"
-                 "Answer the question using a single word or phrase. ASSISTANT:", "<image>",
-                 "LLaVA-1.5 eval_pope: vicuna_v1 conversation"),
+                 "USER: <image>\n{question}\nAnswer the question using a single word or phrase. ASSISTANT:",
+                 "<image>", "LLaVA-1.5 eval_pope: vicuna_v1 conversation", system=VICUNA_V1_SYSTEM),
         Template("mistral_inst", "[INST] <image>\n{question}" + YES_NO_SUFFIX + " [/INST]", "<image>",
                  "LLaVA-1.6-Mistral instruction format"),
         Template("instructblip", "Question: {question}" + YES_NO_SUFFIX + " Answer:", "",

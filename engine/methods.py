@@ -1,0 +1,214 @@
+"""Inference-time mitigation methods, each a set of forward passes whose answer-position logits it
+combines, with its paper's settings (`--method NAME[:key=value,...]`).
+
+POPE is read at one position, so a method here is what its paper does to the logits of the first
+generated token; methods whose point is a long decode are out of scope. A method names its passes
+(`Pass`): the image's features or a noised copy's, or no image at all; the template's prompt or one
+with a system instruction; an attention edit. The engine runs each distinct pass once for every method
+of a paired run that reads it (`Engine.run_methods`), so `none`, `vcd` and `pai` together cost the
+baseline pass, VCD's noised pass, PAI's edited pass (sharing the baseline's prefixes: its edit touches
+the answer position only) and one text-only pass per distinct question.
+
+Contrastive methods change the logits over the whole vocabulary: their records' candidate logits and
+first token are the method's (-inf where the plausibility constraint cuts a token), and they take the
+readouts of the answer position only (logit and first-token readouts, not text readouts, which would
+need the method inside a decode loop).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from .interventions import PAIAttention
+from .llama import Intervention
+
+# VCD (Leng et al., CVPR 2024) noises the processor's pixels with a diffusion forward process of 1000
+# steps, betas sigmoid(linspace(-6, 6)) scaled into [1e-5, 5e-3] (vcd_utils/vcd_add_noise.py).
+DIFFUSION_STEPS = 1000
+
+
+def diffusion_alpha_bar(step: int) -> float:
+    """The cumulative product of (1 - beta) up to `step` (0-based) of VCD's noise schedule."""
+    betas = torch.sigmoid(torch.linspace(-6, 6, DIFFUSION_STEPS)) * (0.5e-2 - 1e-5) + 1e-5
+    return float(torch.cumprod(1 - betas, dim=0)[step])
+
+
+def diffusion_noise(pixels, step: int, generator: torch.Generator):
+    """The processor's output with every floating-point array noised as q(x_t | x_0) at `step`:
+    sqrt(alpha_bar) * x + sqrt(1 - alpha_bar) * N(0, 1), the noise drawn from `generator` on the CPU
+    (the same on every device). Integer parts (image sizes, patch grids) pass unchanged."""
+    if isinstance(pixels, tuple):
+        return tuple(diffusion_noise(p, step, generator) for p in pixels)
+    if isinstance(pixels, np.ndarray) and np.issubdtype(pixels.dtype, np.floating):
+        a = diffusion_alpha_bar(step)
+        noise = torch.randn(pixels.shape, generator=generator, dtype=torch.float32).numpy()
+        return (math.sqrt(a) * pixels.astype(np.float32) + math.sqrt(1 - a) * noise).astype(pixels.dtype)
+    return pixels
+
+
+def noise_generator(feature_key: str, seed: int) -> torch.Generator:
+    """The CPU generator of one image's VCD noise: from the image's feature-cache key (its content,
+    preprocessing and model) and the method's seed, so reruns, batches and devices draw the same."""
+    return torch.Generator().manual_seed(int(feature_key[:15], 16) ^ seed)
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass a method reads. image: "image" (the image's features), "noised" (VCD's noised
+    copy, `noise_step`, drawn per image from `seed`), or "none" (the prompt's tokens without the image
+    tokens); system: an instruction rendered as the template's system text (ICD); edit: an attention
+    intervention, named by `edit_name` (what tells two passes apart)."""
+
+    image: str = "image"
+    system: str | None = None
+    noise_step: int = 0
+    seed: int = 0
+    edit_name: str = ""
+    edit: Intervention | None = field(default=None, compare=False, hash=False)
+
+
+def plausible(logits: torch.Tensor, beta: float) -> torch.Tensor:
+    """The adaptive plausibility constraint: tokens whose logit (or log-probability) is within log(beta)
+    of the row's best. [B, V] bool."""
+    return logits >= math.log(beta) + logits.max(dim=-1, keepdim=True).values
+
+
+class Method:
+    """A named mitigation method: its settings (with the paper's defaults), its passes, and how it
+    combines their [B, V] fp32 answer-position logits."""
+
+    name = ""
+    reference = ""
+    defaults: dict = {}
+
+    def __init__(self, **settings):
+        unknown = sorted(set(settings) - set(self.defaults))
+        if unknown:
+            raise ValueError(f"method {self.name}: unknown setting(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(self.defaults) or 'none'}")
+        self.settings = {**self.defaults, **settings}
+
+    def passes(self, num_layers: int) -> dict[str, Pass]:
+        return {"main": Pass()}
+
+    def combine(self, logits: dict[str, torch.Tensor]) -> torch.Tensor:
+        return logits["main"]
+
+    @property
+    def contrastive(self) -> bool:
+        return type(self).combine is not Method.combine
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "settings": dict(self.settings), "reference": self.reference}
+
+
+class Baseline(Method):
+    name = "none"
+    reference = "the model as it is: the baseline every method is compared with"
+
+
+class VCD(Method):
+    name = "vcd"
+    reference = ("Leng et al., Mitigating Object Hallucinations in Large Vision-Language Models through Visual "
+                 "Contrastive Decoding, CVPR 2024 (DAMO-NLP-SG/VCD): (1 + alpha) l - alpha l_noised where "
+                 "l >= log(beta) + max l, else -inf; noise step 500, alpha 1, beta 0.1 as its POPE scripts")
+    defaults = {"alpha": 1.0, "beta": 0.1, "noise_step": 500, "seed": 0}
+
+    def passes(self, num_layers):
+        s = self.settings
+        return {"main": Pass(), "noised": Pass("noised", noise_step=int(s["noise_step"]), seed=int(s["seed"]))}
+
+    def combine(self, logits):
+        a = float(self.settings["alpha"])
+        main, other = logits["main"], logits["noised"]
+        return _contrast(main, other, a, float(self.settings["beta"]))
+
+
+class ICD(Method):
+    """Chosen as the second contrastive family over M3ID: M3ID weights its text-only contrast by
+    (1 - exp(-lambda t)) / exp(-lambda t), about 0.02 at the first token with its lambda 0.02, so on
+    POPE's one position it is nearly the baseline; ICD contrasts at full strength there, and its pass
+    (the same image under another system instruction) exercises what VCD's and PAI's do not."""
+
+    name = "icd"
+    reference = ("Wang et al., Mitigating Hallucinations in Large Vision-Language Models with Instruction "
+                 "Contrastive Decoding, ACL Findings 2024 (p1k0pan/ICD): (1 + alpha) l - alpha l_disturbed, "
+                 "the disturbance instruction as the system prompt, alpha 1, beta 0.1")
+    defaults = {"alpha": 1.0, "beta": 0.1,
+                "instruction": "You are a confused objects detector to provide a fuzzy overview or impression "
+                               "of the image."}
+
+    def passes(self, num_layers):
+        return {"main": Pass(), "disturbed": Pass(system=str(self.settings["instruction"]))}
+
+    def combine(self, logits):
+        return _contrast(logits["main"], logits["disturbed"], float(self.settings["alpha"]),
+                         float(self.settings["beta"]))
+
+
+class PAI(Method):
+    name = "pai"
+    reference = ("Liu et al., Paying More Attention to Image, ECCV 2024 (LALBJ/PAI): image logits s + alpha |s| "
+                 "at the answer position in layers 2..31, then gamma (log p - log p_text) + log p_text where "
+                 "log p >= log(beta) + max log p, else -inf; alpha 0.2, gamma 1.1, beta 0.1 as its POPE command")
+    defaults = {"alpha": 0.2, "gamma": 1.1, "beta": 0.1, "layers": None}
+
+    def passes(self, num_layers):
+        layers = _layer_range(self.settings["layers"], num_layers)
+        edit = PAIAttention(float(self.settings["alpha"]), layers)
+        return {"main": Pass(edit=edit, edit_name=f"pai:{self.settings['alpha']}:{layers[0]}-{layers[1]}"),
+                "text": Pass("none")}
+
+    def combine(self, logits):
+        main, text = (torch.log_softmax(logits[k], dim=-1) for k in ("main", "text"))
+        gamma = float(self.settings["gamma"])
+        out = gamma * (main - text) + text
+        return out.masked_fill(~plausible(main, float(self.settings["beta"])), float("-inf"))
+
+
+def _contrast(main: torch.Tensor, other: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    out = (1 + alpha) * main - alpha * other
+    return out.masked_fill(~plausible(main, beta), float("-inf"))
+
+
+def _layer_range(spec, num_layers: int) -> tuple[int, int]:
+    """'FIRST-LAST' (inclusive), or None: 2 .. the last layer (PAI's range(2, 32) on 32 layers)."""
+    if spec is None:
+        first, last = 2, num_layers - 1
+    else:
+        first, sep, last = str(spec).partition("-")
+        if not (sep and first.isdigit() and last.isdigit()):
+            raise ValueError(f"layers takes FIRST-LAST (e.g. 2-31), not {spec!r}")
+        first, last = int(first), int(last)
+    if not 0 <= first <= last < num_layers:
+        raise ValueError(f"layers {first}-{last} are not within the model's {num_layers} layers")
+    return first, last
+
+
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD)}
+
+
+def parse_method(spec: str) -> Method:
+    """'NAME' or 'NAME:key=value,...' → the method with those settings (numbers parsed as numbers)."""
+    name, _, rest = spec.strip().partition(":")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    settings = {}
+    for item in filter(None, (part.strip() for part in rest.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ValueError(f"method {spec!r}: settings take key=value, not {item!r}")
+        settings[key.strip()] = _number(value.strip())
+    return METHODS[name](**settings)
+
+
+def _number(text: str):
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text

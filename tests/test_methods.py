@@ -1,0 +1,149 @@
+"""Mitigation methods (engine.methods) against transformers' LLaVA computing each paper's formula
+directly: the noised image built with the same noise, the text-only prompt, PAI's edit in eager
+attention, ICD's system instruction."""
+import math
+
+import numpy as np
+import pytest
+import torch
+from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
+
+from pope_fast.engine import Engine, Settings
+from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
+                                      noise_generator, parse_method)
+
+IMAGES = [synthetic_image(i + 81, size) for i, size in enumerate([(90, 40), (60, 60)])]
+METHODS = ["none", "vcd:noise_step=400,seed=3", "pai:layers=0-1,alpha=0.5", "icd:beta=0.05"]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    # a small vocabulary keeps transformers' full-vocabulary logits and our [B, V] rows cheap
+    return make_tiny_llava(tmp_path_factory.mktemp("methods_llava") / "ckpt")
+
+
+def _pai_attention(alpha, layers, state):
+    """Eager attention with PAI's edit: at the last query only, image scores s → s + alpha |s|."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        groups = getattr(module, "num_key_value_groups", 1)
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+        if type(module).__name__ == "LlamaAttention" and layers[0] <= module.layer_idx <= layers[1] and state:
+            last = scores[:, :, -1, state["image"]]
+            scores[:, :, -1, state["image"]] = last + alpha * last.abs()
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        elif attention_mask is not None:
+            scores = scores + attention_mask
+        elif getattr(module, "is_causal", False):
+            q_len, k_len = scores.shape[-2:]
+            scores = scores.masked_fill(~torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len), float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    return attention
+
+
+def _plausible(logits, beta):
+    return logits >= math.log(beta) + logits.max()
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    """Per (image, question): each method's full-vocabulary logits, by its paper's formula."""
+    from transformers import AttentionInterface, AutoProcessor, LlavaForConditionalGeneration
+
+    state = {}
+    AttentionInterface.register("pope_fast_pai", _pai_attention(0.5, (0, 1), state))
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    plain = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    edited = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                           attn_implementation="pope_fast_pai").eval()
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    out = {}
+    for i, image in enumerate(IMAGES):
+        key = engine.prepare([image])[0][0]
+        for q in QUESTIONS[:3]:
+            inputs = processor(images=image, text=engine.prompt(q), return_tensors="pt")
+            image_slots = inputs["input_ids"][0] == plain.config.image_token_id
+            pixels = inputs["pixel_values"]
+            noised = torch.from_numpy(diffusion_noise(pixels[0].numpy(), 400, noise_generator(f"{key}", 3)))[None]
+            disturbed = processor(images=image, text=engine.prompt(q, ICD.defaults["instruction"]), return_tensors="pt")
+            with torch.no_grad():
+                main = plain(**inputs).logits[0, -1]
+                l_noised = plain(**dict(inputs, pixel_values=noised)).logits[0, -1]
+                l_text = plain(input_ids=inputs["input_ids"][:, ~image_slots]).logits[0, -1]
+                l_disturbed = plain(**disturbed).logits[0, -1]
+                state["image"] = image_slots
+                l_pai = edited(**inputs).logits[0, -1]
+                state.clear()
+            vcd = (2 * main - l_noised).masked_fill(~_plausible(main, 0.1), -math.inf)
+            icd = (2 * main - l_disturbed).masked_fill(~_plausible(main, 0.05), -math.inf)
+            lp, lt = torch.log_softmax(l_pai, -1), torch.log_softmax(l_text, -1)
+            pai = (1.1 * (lp - lt) + lt).masked_fill(~_plausible(lp, 0.1), -math.inf)
+            out[i, q] = {"none": main, "vcd": vcd, "pai": pai, "icd": icd}
+    return out
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (False, 3)], ids=["reuse-b2", "whole-b3"])
+def test_every_method_matches_its_formula_on_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size),
+                         readouts="template_aware,legacy_2tok,first_token")
+    methods = [parse_method(m) for m in METHODS]
+    out = engine.run_methods(engine.prepare(IMAGES), [QUESTIONS[:3], QUESTIONS[:3]], methods)
+    for name, results in out.items():
+        for i in range(len(IMAGES)):
+            for q, ours in zip(QUESTIONS[:3], results[i]):
+                theirs = oracle[i, q][name]
+                assert ours.first_token_id == int(theirs.argmax()), (name, i, q)
+                for token, value in ours.candidate_logits.items():
+                    expected = float(theirs[token])
+                    if math.isinf(expected):
+                        assert value == expected, (name, token)
+                    else:
+                        assert abs(value - expected) <= 1e-4, (name, i, q, token, value, expected)
+    # the methods moved the answers: a real comparison, not the baseline compared with itself
+    assert any(out["vcd"][0][j].candidate_logits != out["none"][0][j].candidate_logits for j in range(3))
+
+
+def test_diffusion_noise_follows_vcds_schedule():
+    betas = 1 / (1 + np.exp(-np.linspace(-6, 6, DIFFUSION_STEPS))) * (0.5e-2 - 1e-5) + 1e-5
+    assert diffusion_alpha_bar(500) == pytest.approx(float(np.prod(1 - betas[:501])), rel=1e-5)
+    pixels = np.full((3, 4, 4), 0.5, dtype=np.float32)
+    noised = diffusion_noise((pixels, (4, 4)), 999, torch.Generator().manual_seed(0))
+    assert noised[1] == (4, 4)  # integer parts pass unchanged
+    a = diffusion_alpha_bar(999)
+    expected = math.sqrt(a) * 0.5 + math.sqrt(1 - a) * torch.randn((3, 4, 4), generator=torch.Generator().manual_seed(0))
+    assert np.allclose(noised[0], expected.numpy(), atol=1e-6)
+
+
+def test_a_paired_run_shares_features_and_prefixes(checkpoint):
+    """none + pai reads the image's features once and prefills each prefix once (PAI's edit is at the
+    answer position); vcd adds only its noised copy's encode and prefix; the text-only pass is run
+    once per distinct question, however many images ask it."""
+    def counts(specs):
+        engine = Engine.load(checkpoint, Settings(batch_size=4), readouts="template_aware")
+        engine.run_methods(engine.prepare(IMAGES), [QUESTIONS[:3], QUESTIONS[:3]], [parse_method(s) for s in specs])
+        return engine.counts
+
+    alone, with_pai, with_vcd = counts(["none"]), counts(["none", "pai:layers=0-1"]), counts(["none", "vcd"])
+    assert with_pai.images_encoded == alone.images_encoded == 2
+    assert with_pai.prefix_tokens == alone.prefix_tokens
+    assert with_pai.prompts == 2 * alone.prompts + 3  # the edited pass, and 3 text-only prompts for 6 questions
+    assert with_vcd.images_encoded == 4 and with_vcd.prefix_tokens == 2 * alone.prefix_tokens
+
+
+def test_parse_method_settings_and_errors():
+    vcd = parse_method("vcd:alpha=0.5,noise_step=999")
+    assert isinstance(vcd, VCD) and vcd.settings == {"alpha": 0.5, "beta": 0.1, "noise_step": 999, "seed": 0}
+    assert isinstance(parse_method("none"), Baseline) and not parse_method("none").contrastive
+    assert parse_method("pai").passes(32)["main"].edit.layers == (2, 31)
+    assert isinstance(parse_method("icd"), ICD) and isinstance(parse_method("pai"), PAI)
+    with pytest.raises(ValueError, match="unknown method 'dola'"):
+        parse_method("dola")
+    with pytest.raises(ValueError, match="method vcd: unknown setting"):
+        parse_method("vcd:gamma=2")
+    with pytest.raises(ValueError, match="layers 0-40 are not within the model's 32 layers"):
+        parse_method("pai:layers=0-40").passes(32)
