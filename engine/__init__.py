@@ -11,11 +11,13 @@ from .interventions import ImageAttentionAmplification, ImageAttentionTemperatur
 from .llama import AttentionEdit, Intervention
 from .plan import PromptLayout, PromptResult
 from .loader import CheckpointError
-from .pope import SweepResult, run_pope, write_summaries
+from .methods import METHODS, Method, parse_method
+from .pope import SweepResult, run_paired, run_pope, write_summaries
 from .settings import Settings
 from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
 __all__ = ["Answer", "Engine", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
            "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature",
-           "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope", "write_summaries", "Settings", "Counts", "Timings", "VisionCache"]
+           "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope", "write_summaries",
+           "METHODS", "Method", "parse_method", "run_paired", "Settings", "Counts", "Timings", "VisionCache"]

@@ -114,19 +114,30 @@ class Engine:
         if clear_cache:
             self.cache = VisionCache()
 
-    def meta(self) -> dict:
+    def readouts_of(self, method: Method | None) -> list[str]:
+        """The readouts a method's records hold: a contrastive one's are read at the answer position
+        (logit and first-token readouts), since its text readouts would need it inside a decode loop."""
+        if method is None or not method.contrastive:
+            return list(self.readouts)
+        return [n for n in self.readouts if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)]
+
+    def meta(self, method: Method | None = None) -> dict:
+        """What a run folder's meta.json says of this engine (and the method its records come from)."""
         if self._file_digests is None:  # hashed once per engine, not per call
             self._file_digests = checkpoint_digests(self.model.folder)
+        extra = {} if method is None else {"method": method.to_json()}
         return {
             "model": {"path": str(self.model.folder), "family": self.model.family, "files": self._file_digests},
             "template": self.template.name,
             "prompt_example": self.template.render(SAMPLE_QUESTION, self.model.tokenizer),
-            "readouts": self.readouts,
+            "readouts": self.readouts_of(method),
             "token_sets": {n: s.to_json() for n, s in self.token_sets.items()},
             "candidate_ids": self.candidate_ids,
             "tokenizer": tokenizer_info(self.model.tokenizer),
             "settings": self.settings.to_json(),
-            "generation": {name: g.to_json() for name, g in self.generation.items()},  # each text readout's length
+            "generation": {name: g.to_json() for name, g in self.generation.items()  # each text readout's length
+                           if name in self.readouts_of(method)},
+            **extra,
         }
 
     def _loaded(self, image: LoadedImage | Image.Image | str | Path) -> LoadedImage:

@@ -175,9 +175,10 @@ def _contrast(main: torch.Tensor, other: torch.Tensor, alpha: float, beta: float
 
 
 def _layer_range(spec, num_layers: int) -> tuple[int, int]:
-    """'FIRST-LAST' (inclusive), or None: 2 .. the last layer (PAI's range(2, 32) on 32 layers)."""
+    """'FIRST-LAST' (inclusive), or None: 2 .. the last layer (PAI's range(2, 32) on 32 layers; the
+    last layer alone on a model of fewer than 3)."""
     if spec is None:
-        first, last = 2, num_layers - 1
+        first, last = min(2, num_layers - 1), num_layers - 1
     else:
         first, sep, last = str(spec).partition("-")
         if not (sep and first.isdigit() and last.isdigit()):

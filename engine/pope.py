@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from collections import deque
-from contextlib import nullcontext
+from contextlib import ExitStack, nullcontext
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +23,7 @@ from ..readout import (META_FILE, Question, RecordWriter, RunLock, format_runs, 
 from ..readout.records import atomic_write, record_key
 from .core import Engine
 from .images import ImageError, check_images, embedded_path, read_image
+from .methods import Method
 
 
 @dataclass
@@ -47,7 +48,9 @@ def _resume_fingerprint(meta: dict) -> dict:
     settings = {k: v for k, v in meta.get("settings", {}).items() if k not in BATCHING_ONLY}
     tokenizer = {k: meta.get("tokenizer", {}).get(k) for k in ("class", "vocab_size")}
     model = meta.get("model") or {}
+    method = meta.get("method") or {}  # absent before paired runs: the model as it is
     return {"model": {"family": model.get("family"), "files": model.get("files") or {}},
+            "method": {"name": method.get("name", "none"), "settings": method.get("settings") or {}},
             "template": meta.get("template"), "token_sets": meta.get("token_sets"), "settings": settings,
             "tokenizer": tokenizer, "generation": meta.get("generation") or {}}
 
@@ -138,7 +141,27 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
     threads (default: one per CPU core, at most 8) check, read, decode and preprocess images ahead of
     the model. Images embedded in the questions (parquet) are read from there, the others from
     images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it (`lock`)."""
-    out_dir, images_dir = Path(out_dir), None if images_dir is None else Path(images_dir)
+    return _run(engine, questions, images_dir, Path(out_dir), None, skip_bad, progress, workers, lock)[0]
+
+
+def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path,
+                methods: list[Method], *, skip_bad: bool = False, progress: Callable[[int], None] | None = None,
+                workers: int | None = None, lock: RunLock | None = None) -> list[SweepResult]:
+    """A paired run: every method on the same questions, images and settings in one sweep, each into
+    its own ordinary run folder out_dir/<method name>/ (resumable as any run), sharing the vision
+    features and every pass the methods have in common (Engine.run_methods). `progress` counts
+    questions once, not once per method."""
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method {next(n for n in names if names.count(n) > 1)} is given twice; one run folder "
+                         "each: name each method once")
+    for m in methods:  # settings that do not fit this model are refused before any folder is touched
+        m.passes(engine.model.lm.dims.num_layers)
+    return _run(engine, questions, images_dir, Path(out_dir), methods, skip_bad, progress, workers, lock)
+
+
+def _run(engine, questions, images_dir, out_dir, methods, skip_bad, progress, workers, lock) -> list[SweepResult]:
+    images_dir = None if images_dir is None else Path(images_dir)
     seen = set()
     for q in questions:
         key = record_key(q.split, q.key, q.dataset)
@@ -148,34 +171,63 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
         seen.add(key)
     out_dir.mkdir(parents=True, exist_ok=True)
     with nullcontext() if lock is not None else RunLock(out_dir):
-        return _sweep(engine, questions, images_dir, out_dir, skip_bad, progress, workers or default_workers())
+        return _sweep(engine, questions, images_dir, out_dir, methods, skip_bad, progress, workers or default_workers())
 
 
-def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, out_dir: Path, skip_bad: bool,
-           progress: Callable[[int], None] | None, workers: int) -> SweepResult:
-    meta = engine.meta()
-    _check_resumable(out_dir, read_meta(out_dir / META_FILE), meta)
-    with RecordWriter(out_dir) as writer:
-        if writer.done and not any(dataset for dataset, _, _ in writer.done):
-            # A folder begun before records named their dataset goes on without it, as the one run it is.
-            questions = [replace(q, dataset="") for q in questions]
-        embedded = _embedded_images(questions)
-        _check_done(writer, questions, images_dir, embedded, workers)
-        write_meta(out_dir, meta)
-        todo = [q for q in questions if record_key(q.split, q.key, q.dataset) not in writer.done]
-        if progress and len(todo) < len(questions):
-            progress(len(questions) - len(todo))
+@dataclass
+class _Sink:
+    """One run folder of a sweep: the method it records (None: the engine as it is, a plain run),
+    its writer, and the questions it still lacks."""
+
+    folder: Path
+    method: Method | None
+    writer: RecordWriter
+    questions: list[Question]
+    todo: set[tuple[str, str, str]]  # record keys not yet recorded
+    readouts: list[str]  # what its summaries score (a contrastive method's: the answer position's readouts)
+
+
+def _open_sink(engine: Engine, folder: Path, method: Method | None, questions: list[Question],
+               images_dir: Path | None, embedded: dict[str, bytes], workers: int, stack: ExitStack) -> _Sink:
+    """The folder's writer once it is proven to hold this run's records (or none), its meta written."""
+    folder.mkdir(parents=True, exist_ok=True)
+    meta = engine.meta(method)
+    _check_resumable(folder, read_meta(folder / META_FILE), meta)
+    writer = stack.enter_context(RecordWriter(folder))
+    if writer.done and not any(dataset for dataset, _, _ in writer.done):
+        # A folder begun before records named their dataset goes on without it, as the one run it is.
+        questions = [replace(q, dataset="") for q in questions]
+    _check_done(writer, questions, images_dir, embedded, workers)
+    write_meta(folder, meta)
+    todo = {record_key(q.split, q.key, q.dataset) for q in questions} - set(writer.done)
+    return _Sink(folder, method, writer, questions, todo, meta["readouts"])
+
+
+def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, out_dir: Path,
+           methods: list[Method] | None, skip_bad: bool, progress: Callable[[int], None] | None,
+           workers: int) -> list[SweepResult]:
+    embedded = _embedded_images(questions)
+    with ExitStack() as stack:
+        folders = [(out_dir, None)] if methods is None else [(out_dir / m.name, m) for m in methods]
+        sinks = [_open_sink(engine, folder, m, questions, images_dir, embedded, workers, stack) for folder, m in folders]
+        # Every question some folder lacks, in question order (as the first folder names it: a resumed
+        # pre-dataset plain run drops the dataset name, and is the only folder of its sweep).
+        todo = [q for i, q in enumerate(sinks[0].questions)
+                if any(record_key(s.questions[i].split, s.questions[i].key, s.questions[i].dataset) in s.todo
+                       for s in sinks)]
+        before = len(questions) - len(todo)
+        if progress and before:
+            progress(before)
         problems = check_images(images_dir, [q.image for q in todo], workers, embedded)
         if problems and not skip_bad:
             listed = "; ".join(list(problems.values())[:5])
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
                              "fix them or pass --skip-bad to record them as errors")
-        errors = [make_record(q, engine.template.name, error=problems[q.image]) for q in todo if q.image in problems]
-        if errors:
-            writer.write(errors)
-            if progress:
-                progress(len(errors))
+        errors = [q for q in todo if q.image in problems]
+        _write(sinks, [(q, {"error": problems[q.image]}) for q in errors], engine)
+        if progress and errors:
+            progress(len(errors))
 
         # image → prompt text → the questions (of any split) that ask it
         by_image: dict[str, dict[str, list[Question]]] = {}
@@ -187,37 +239,66 @@ def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, o
             # A file that passed the up-front check can still fail to decode (a PNG's chunks pass their
             # CRCs, its compressed data does not) or be refused by the model (Qwen2-VL: an aspect ratio
             # over 200): an error record under skip_bad, else the run stops.
-            records = []
+            failed = []
             for name, failure in [(n, p) for n, p in step if isinstance(p, ImageError)]:
                 if not skip_bad:
                     raise failure
-                records += [make_record(q, engine.template.name, error=str(failure))
-                            for qs in by_image[name].values() for q in qs]
-                late_errors += sum(len(qs) for qs in by_image[name].values())
+                failed += [(q, {"error": str(failure)}) for qs in by_image[name].values() for q in qs]
+            late_errors += len(failed)
             step = [(n, p) for n, p in step if not isinstance(p, ImageError)]
-            group = [name for name, _ in step]
-            digests = {name: hashlib.sha256(prepared[1].data).hexdigest() for name, prepared in step}
-            features = engine.encode([p for _, p in step]) if step else []
-            texts = [list(by_image[name]) for name in group]
-            outputs = engine.run_images(list(zip(features, texts))) if step else []
-            for name, image_texts, image_outputs in zip(group, texts, outputs):
-                for text, result in zip(image_texts, image_outputs):
-                    predictions = engine.decide(result)
-                    records += [make_record(q, engine.template.name, first_token_id=result.first_token_id,
-                                            candidate_logits=result.candidate_logits, decoded=result.decoded,
-                                            texts=result.texts, decoded_sequence=result.sequence,
-                                            predictions=predictions,
-                                            probe=_recorded(result.probe, engine.settings.probe),
-                                            image_sha256=digests[name])
-                                for q in by_image[name][text]]
-                evaluated += len(image_texts)
-            writer.write(records)
+            answered = _answer(engine, step, by_image, methods) if step else []
+            evaluated += sum(len(by_image[name]) for name, _ in step)
+            _write(sinks, failed + answered, engine)
             if progress:
-                progress(len(records))
+                progress(len(failed) + len(answered))
 
-    runs = write_summaries(out_dir, engine.readouts)
-    return SweepResult(out_dir, len(questions), len(questions) - len(todo), evaluated, len(errors) + late_errors,
-                       runs)
+    results = []
+    for sink in sinks:
+        runs = write_summaries(sink.folder, sink.readouts)
+        results.append(SweepResult(sink.folder, len(questions), before, evaluated, len(errors) + late_errors, runs))
+    return results
+
+
+def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, dict[str, list[Question]]],
+            methods: list[Method] | None) -> list[tuple[Question, dict]]:
+    """(question, record fields) for every question of these images: per method when methods are
+    given (fields keyed by method name), else the engine's plain results."""
+    group = [name for name, _ in step]
+    digests = {name: hashlib.sha256(prepared[1].data).hexdigest() for name, prepared in step}
+    texts = [list(by_image[name]) for name in group]
+    if methods is None:
+        features = engine.encode([p for _, p in step])
+        per_method = {None: engine.run_images(list(zip(features, texts)))}
+    else:  # the question text of each prompt: the methods render their own prompts from it
+        asked = [[by_image[name][text][0].text for text in image_texts] for name, image_texts in zip(group, texts)]
+        per_method = engine.run_methods([p for _, p in step], asked, methods)
+    out = []
+    for i, (name, image_texts) in enumerate(zip(group, texts)):
+        for j, text in enumerate(image_texts):
+            fields = {m: _fields(engine, results[i][j], digests[name]) for m, results in per_method.items()}
+            out += [(q, fields) for q in by_image[name][text]]
+    return out
+
+
+def _fields(engine: Engine, result, digest: str) -> dict:
+    return dict(first_token_id=result.first_token_id, candidate_logits=result.candidate_logits,
+                decoded=result.decoded, texts=result.texts, decoded_sequence=result.sequence,
+                predictions=engine.decide(result), probe=_recorded(result.probe, engine.settings.probe),
+                image_sha256=digest)
+
+
+def _write(sinks: list[_Sink], answered: list[tuple[Question, dict]], engine: Engine) -> None:
+    """Each sink's records of the questions it lacks: error fields go to every sink, answers to the
+    sink of their method."""
+    for sink in sinks:
+        records = []
+        for q, fields in answered:
+            if record_key(q.split, q.key, q.dataset) not in sink.todo:
+                continue
+            own = fields if "error" in fields else fields[sink.method.name if sink.method else None]
+            records.append(make_record(q, engine.template.name, **own))
+        if records:
+            sink.writer.write(records)
 
 
 def _recorded(probe: dict | None, setting: str) -> dict | None:

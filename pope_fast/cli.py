@@ -9,7 +9,7 @@ from pathlib import Path
 
 import click
 
-from .readout import (DataError, TEMPLATES, RunLock, Unavailable, audit_tokens, format_audit, format_runs,
+from .readout import (READOUTS, DataError, TEMPLATES, RunLock, Unavailable, audit_tokens, format_audit, format_runs,
                       get_template, load_tokenizer, parse_readouts, read_records, repair_records, score_records)
 
 
@@ -166,10 +166,13 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
               show_default=True, help="image-attention: record, per layer, the answer position's attention mass on "
                                       "the image tokens (heads averaged); image-attention:heads: every head too")
+@click.option("--method", "method_specs", multiple=True, metavar="NAME[:key=value,...]",
+              help="a mitigation method (none, vcd, pai, icd; settings default to its paper's); repeatable: "
+                   "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, dataset, template, readouts, quant,
              dtype, device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
-             no_prefix_reuse, probe, skip_bad) -> None:
+             no_prefix_reuse, probe, method_specs, skip_bad) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
@@ -178,7 +181,7 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     import torch
     from tqdm import tqdm
 
-    from .engine import CheckpointError, Engine, ImageError, Settings, run_pope
+    from .engine import CheckpointError, Engine, ImageError, Settings, parse_method, run_paired, run_pope
 
     if model_dir is not None and not question_files:
         _fail("with --model, give --questions (and --images unless the questions embed them)")
@@ -193,7 +196,9 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
                             max_new_tokens=max_new_tokens or (6 if model_dir is None else None),
                             image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse,
                             probe=probe)
-        parse_readouts(readouts)
+        names = parse_readouts(readouts)
+        methods = [parse_method(spec) for spec in method_specs]
+        _check_method_readouts(methods, names if readouts.strip() != "all" else [])
         with RunLock(out) as lock:  # before the load: a second run into this folder is refused at once
             questions = _questions(question_files, split, dataset)
             if model_dir is None:
@@ -203,18 +208,52 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
             engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
             engine.warmup()
             with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:
-                result = run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=bar.update,
-                                  lock=lock)
+                if methods:
+                    results = run_paired(engine, questions, images_dir, out, methods, skip_bad=skip_bad,
+                                         progress=bar.update, lock=lock)
+                else:
+                    results = [run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=bar.update,
+                                        lock=lock)]
+            comparison = _write_comparison(out, [r.out_dir for r in results]) if len(methods) > 1 else None
     except (DataError, CheckpointError, ImageError, ValueError, NotImplementedError) as err:
         _fail(str(err))
     except OSError as err:
         _fail(_os_message(err))
-    if result.recorded_before:
-        click.echo(f"resumed: {result.recorded_before} of {result.questions} questions were already recorded")
-    click.echo(f"{result.evaluated_prompts} unique prompts evaluated for {result.questions} questions; "
-               f"{result.error_records} error records; phases (s): {engine.timings.to_json()}")
-    click.echo(format_runs(result.runs, "table"))
-    click.echo(f"records, meta and summaries in {result.out_dir}")
+    first = results[0]
+    if first.recorded_before:
+        click.echo(f"resumed: {first.recorded_before} of {first.questions} questions were already recorded")
+    click.echo(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions; "
+               f"{first.error_records} error records; phases (s): {engine.timings.to_json()}")
+    for result in results:
+        if methods:
+            click.echo(f"\n{result.out_dir.name}:")
+        click.echo(format_runs(result.runs, "table"))
+    if comparison is not None:
+        click.echo(f"\n{comparison}")
+    click.echo(f"records, meta and summaries in {out}" + ("/<method>/" if methods else ""))
+
+
+def _check_method_readouts(methods, explicit: list[str]) -> None:
+    """A contrastive method reads the answer position only: refuse text readouts asked for by name."""
+    from .readout.protocols import GENERATING
+
+    contrastive = [m.name for m in methods if m.contrastive]
+    text = [n for n in explicit if READOUTS[n].kind in GENERATING]
+    if contrastive and text:
+        _fail(f"--readouts {','.join(text)}: method {contrastive[0]} combines logits at the answer position, so its "
+              "runs take logit and first-token readouts only")
+
+
+def _write_comparison(out: Path, runs: list[Path]) -> str:
+    """OUT/compare.json: every method against the first (`pope-fast compare`), and its markdown."""
+    import json
+
+    from .readout import compare_runs, format_compare
+    from .readout.records import atomic_write
+
+    result = compare_runs([str(r) for r in runs])
+    atomic_write(out / "compare.json", json.dumps(result, indent=2) + "\n")
+    return format_compare(result, "markdown")
 
 
 def _questions(sources, split, dataset) -> list:

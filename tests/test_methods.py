@@ -1,6 +1,7 @@
 """Mitigation methods (engine.methods) against transformers' LLaVA computing each paper's formula
 directly: the noised image built with the same noise, the text-only prompt, PAI's edit in eager
 attention, ICD's system instruction."""
+import json
 import math
 
 import numpy as np
@@ -147,3 +148,46 @@ def test_parse_method_settings_and_errors():
         parse_method("vcd:gamma=2")
     with pytest.raises(ValueError, match="layers 0-40 are not within the model's 32 layers"):
         parse_method("pai:layers=0-40").passes(32)
+
+
+def _lines(folder):
+    return sorted((folder / "records.jsonl").read_text().splitlines())
+
+
+def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path):
+    from tinymodels import write_pope_set
+
+    from pope_fast.engine import run_paired, run_pope
+    from pope_fast.readout import load_questions
+
+    images, files = write_pope_set(tmp_path / "pope")
+    questions = [q for f in files for q in load_questions(f)]
+    engine = Engine.load(checkpoint, Settings(image_batch=1, max_new_tokens=3),
+                         readouts="template_aware,legacy_2tok,first_token,string_parse")
+    plain = run_pope(engine, questions, images, tmp_path / "plain")
+
+    class Stop(Exception):
+        pass
+
+    def stop(n):
+        raise Stop
+
+    methods = [parse_method("none"), parse_method("vcd")]
+    with pytest.raises(Stop):  # stopped after the first image: both folders hold its records only
+        run_paired(engine, questions, images, tmp_path / "paired", methods, progress=stop)
+    assert 0 < len(_lines(tmp_path / "paired/vcd")) == len(_lines(tmp_path / "paired/none")) < len(questions)
+    results = run_paired(engine, questions, images, tmp_path / "paired", methods)
+    assert [r.out_dir.name for r in results] == ["none", "vcd"] and results[0].recorded_before > 0
+    # the baseline's records are a plain run's, byte for byte; its meta names the method
+    assert _lines(tmp_path / "paired/none") == _lines(tmp_path / "plain")
+    assert [dict(r, source=None) for r in results[0].runs] == [dict(r, source=None) for r in plain.runs]
+    meta = json.loads((tmp_path / "paired/vcd/meta.json").read_text())
+    assert meta["method"]["name"] == "vcd" and meta["method"]["settings"]["noise_step"] == 500
+    assert meta["readouts"] == [n for n in engine.readouts if n != "string_parse"]  # no text readout for a contrast
+    assert "string_parse" in engine.readouts
+    vcd = [json.loads(line) for line in _lines(tmp_path / "paired/vcd")]
+    assert len(vcd) == len(questions) and all("decoded" not in r and "string_parse" not in r["predictions"]
+                                              for r in vcd)
+    # a folder holds one method's records: a plain run into the vcd folder is refused, naming the method
+    with pytest.raises(ValueError, match="method.name: 'vcd' recorded, 'none' now"):
+        run_pope(engine, questions, images, tmp_path / "paired/vcd")
