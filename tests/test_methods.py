@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
+from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_vl, synthetic_image
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
@@ -19,19 +19,24 @@ METHODS = ["none", "vcd:noise_step=400,seed=3", "pai:layers=0-1,alpha=0.5", "icd
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    # a small vocabulary keeps transformers' full-vocabulary logits and our [B, V] rows cheap
     return make_tiny_llava(tmp_path_factory.mktemp("methods_llava") / "ckpt")
 
 
+@pytest.fixture(scope="module")
+def qwen_checkpoint(tmp_path_factory):
+    return make_tiny_qwen2_vl(tmp_path_factory.mktemp("methods_qwen2_vl") / "ckpt")
+
+
 def _pai_attention(alpha, layers, state):
-    """Eager attention with PAI's edit: at the last query only, image scores s → s + alpha |s|."""
+    """Eager attention with PAI's edit in the language model's layers: at the last query only, image
+    scores s → s + alpha |s|."""
     from transformers.models.llama.modeling_llama import repeat_kv
 
     def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
         groups = getattr(module, "num_key_value_groups", 1)
         key, value = repeat_kv(key, groups), repeat_kv(value, groups)
         scores = torch.matmul(query, key.transpose(2, 3)) * scaling
-        if type(module).__name__ == "LlamaAttention" and layers[0] <= module.layer_idx <= layers[1] and state:
+        if id(module) in state.get("language", ()) and layers[0] <= module.layer_idx <= layers[1] and "image" in state:
             last = scores[:, :, -1, state["image"]]
             scores[:, :, -1, state["image"]] = last + alpha * last.abs()
         if attention_mask is not None and attention_mask.dtype == torch.bool:
@@ -51,27 +56,51 @@ def _plausible(logits, beta):
     return logits >= math.log(beta) + logits.max()
 
 
-@pytest.fixture(scope="module")
-def oracle(checkpoint):
-    """Per (image, question): each method's full-vocabulary logits, by its paper's formula."""
-    from transformers import AttentionInterface, AutoProcessor, LlavaForConditionalGeneration
+def _llava_inputs(checkpoint):
+    from transformers import AutoProcessor
+
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
+
+
+def _qwen_inputs(checkpoint):
+    """What Qwen2VLProcessor makes (its image pad expanded, mm_token_type_ids), without its video half."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    tokenizer, image_processor = AutoTokenizer.from_pretrained(str(checkpoint)), \
+        AutoImageProcessor.from_pretrained(str(checkpoint))
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+
+    def inputs(image, prompt):
+        pixels = image_processor(images=image, return_tensors="pt")
+        tokens = int(pixels["image_grid_thw"].prod()) // 4
+        text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
+        return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
+
+    return inputs
+
+
+def _oracle(checkpoint, model_class, make_inputs):
+    """Per (image, question): each method's full-vocabulary logits by its paper's formula, from the
+    transformers model run on the image, its noised copy (the same noise), the prompt without its image
+    tokens, the prompt under ICD's instruction, and with PAI's edit in its eager attention."""
+    from transformers import AttentionInterface
 
     state = {}
     AttentionInterface.register("pope_fast_pai", _pai_attention(0.5, (0, 1), state))
-    processor = AutoProcessor.from_pretrained(str(checkpoint))
-    plain = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    edited = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
-                                                           attn_implementation="pope_fast_pai").eval()
+    plain = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    edited = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="pope_fast_pai").eval()
+    state["language"] = {id(m) for m in edited.model.language_model.modules()}
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    inputs_of = make_inputs(checkpoint)
     out = {}
     for i, image in enumerate(IMAGES):
         key = engine.prepare([image])[0][0]
         for q in QUESTIONS[:3]:
-            inputs = processor(images=image, text=engine.prompt(q), return_tensors="pt")
+            inputs = inputs_of(image, engine.prompt(q))
             image_slots = inputs["input_ids"][0] == plain.config.image_token_id
-            pixels = inputs["pixel_values"]
-            noised = torch.from_numpy(diffusion_noise(pixels[0].numpy(), 400, noise_generator(f"{key}", 3)))[None]
-            disturbed = processor(images=image, text=engine.prompt(q, ICD.defaults["instruction"]), return_tensors="pt")
+            noised = torch.from_numpy(diffusion_noise(inputs["pixel_values"].numpy(), 400, noise_generator(key, 3)))
+            disturbed = inputs_of(image, engine.prompt(q, ICD.defaults["instruction"]))
             with torch.no_grad():
                 main = plain(**inputs).logits[0, -1]
                 l_noised = plain(**dict(inputs, pixel_values=noised)).logits[0, -1]
@@ -79,7 +108,7 @@ def oracle(checkpoint):
                 l_disturbed = plain(**disturbed).logits[0, -1]
                 state["image"] = image_slots
                 l_pai = edited(**inputs).logits[0, -1]
-                state.clear()
+                del state["image"]
             vcd = (2 * main - l_noised).masked_fill(~_plausible(main, 0.1), -math.inf)
             icd = (2 * main - l_disturbed).masked_fill(~_plausible(main, 0.05), -math.inf)
             lp, lt = torch.log_softmax(l_pai, -1), torch.log_softmax(l_text, -1)
@@ -88,10 +117,14 @@ def oracle(checkpoint):
     return out
 
 
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (False, 3)], ids=["reuse-b2", "whole-b3"])
-def test_every_method_matches_its_formula_on_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    engine = Engine.load(checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size),
-                         readouts="template_aware,legacy_2tok,first_token")
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    from transformers import LlavaForConditionalGeneration
+
+    return _oracle(checkpoint, LlavaForConditionalGeneration, _llava_inputs)
+
+
+def _check_methods(engine, oracle):
     methods = [parse_method(m) for m in METHODS]
     out = engine.run_methods(engine.prepare(IMAGES), [QUESTIONS[:3], QUESTIONS[:3]], methods)
     for name, results in out.items():
@@ -106,7 +139,23 @@ def test_every_method_matches_its_formula_on_transformers(checkpoint, oracle, pr
                     else:
                         assert abs(value - expected) <= 1e-4, (name, i, q, token, value, expected)
     # the methods moved the answers: a real comparison, not the baseline compared with itself
-    assert any(out["vcd"][0][j].candidate_logits != out["none"][0][j].candidate_logits for j in range(3))
+    for name in ("vcd", "pai", "icd"):
+        assert any(out[name][0][j].candidate_logits != out["none"][0][j].candidate_logits for j in range(3)), name
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (False, 3)], ids=["reuse-b2", "whole-b3"])
+def test_every_method_matches_its_formula_on_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size),
+                         readouts="template_aware,legacy_2tok,first_token")
+    _check_methods(engine, oracle)
+
+
+def test_every_method_matches_its_formula_on_qwen2_vl(qwen_checkpoint):
+    """M-RoPE positions for the text-only prompt, a system message in a chat template, noise on flattened patches."""
+    from transformers import Qwen2VLForConditionalGeneration
+
+    oracle = _oracle(qwen_checkpoint, Qwen2VLForConditionalGeneration, _qwen_inputs)
+    _check_methods(Engine.load(qwen_checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
 
 
 def test_diffusion_noise_follows_vcds_schedule():
