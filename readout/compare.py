@@ -341,10 +341,13 @@ def _ranking_line(pair: dict) -> str:
             else "The ranking of A and B is the same under every readout")
     parts = []
     for split, r in pair["ranking"].items():
-        shown = [f"ΔF1 > 0 under {', '.join(r['positive']) or 'none'}",
-                 f"< 0 under {', '.join(r['negative']) or 'none'}",
-                 f"interval excludes 0 under {', '.join(r['excludes_zero']) or 'none'}"]
-        parts.append(f"{split}: {'; '.join(shown)}")
+        if not pair["splits"][split]:
+            parts.append(f"{split}: no question answered by both runs")
+            continue
+        shown = [f"ΔF1 {sign} 0 under {', '.join(names)}" for sign, names in
+                 ((">", r["positive"]), ("<", r["negative"])) if names] or ["ΔF1 = 0 under every readout"]
+        excludes = ", ".join(r["excludes_zero"]) or "no readout"
+        parts.append(f"{split}: {'; '.join(shown)}; interval excludes 0 under {excludes}")
     return f"{head} ({' | '.join(parts)})."
 
 

@@ -185,6 +185,10 @@ def test_error_records_leave_both_sides_and_are_counted(tmp_path):
     aware = pair["splits"]["adversarial"]["template_aware"]
     assert (aware["f1_a"], aware["f1_b"], aware["flips"]) == (1.0, 1.0, {"yes_to_no": 0, "no_to_yes": 0})
     assert "2 questions left out of both runs (error records: A 1, B 1)" in format_compare(compare_runs([a, b]))
+    failed = _run(tmp_path / "failed", qs, B, errors=set(range(8)))
+    [pair] = compare_runs([a, failed])["pairs"]
+    assert pair["splits"] == {"adversarial": {}} and pair["questions"]["adversarial"]["errors_b"] == 8
+    assert "adversarial: no question answered by both runs" in format_compare(compare_runs([a, failed]))
 
 
 MISMATCHES = [
@@ -222,6 +226,12 @@ def test_question_text_and_set_differences_are_refused(tmp_path):
         compare_runs([a, fewer])
     [pair] = compare_runs([a, fewer], allow_mismatch=True)["pairs"]
     assert pair["questions"]["adversarial"]["compared"] == 6
+    relabelled = _run(tmp_path / "d", _questions("n" + LABELS[1:]), B)
+    with pytest.raises(ValueError, match=r"1 question with another label \(coco adversarial #1: 'yes' in A, 'no' in B"):
+        compare_runs([a, relabelled])
+    [pair] = compare_runs([a, relabelled], allow_mismatch=True)["pairs"]  # another label: never paired
+    assert pair["questions"]["adversarial"]["joined"] == 7
+    assert pair["splits"]["adversarial"]["template_aware"]["flips"] == {"yes_to_no": 1, "no_to_yes": 1}
 
 
 def test_methods_and_models_differing_is_no_mismatch(tmp_path):
