@@ -82,7 +82,8 @@ def test_hand_computed_deltas_flips_and_p(tmp_path):
     # legacy_2tok: A all yes → F1 8/12; B yes once → F1 2/5; 7 yes→no; discordant 3 vs 4 → p = 1
     assert (legacy["f1_a"], legacy["f1_b"], legacy["delta_f1"]) == (0.6667, 0.4, -0.2667)
     assert legacy["flips"] == {"yes_to_no": 7, "no_to_yes": 0} and legacy["mcnemar_p"] == 1.0
-    assert (legacy["delta"]["yes_rate"], legacy["delta"]["recall"], legacy["delta"]["accuracy"]) == (-0.875, -0.75, 0.125)
+    delta = legacy["delta"]
+    assert (delta["yes_rate"], delta["recall"], delta["accuracy"], delta["precision"]) == (-0.875, -0.75, 0.125, 0.5)
     # each run's F1 is what `pope-fast score` reports for it
     for path, side in ((a, "f1_a"), (b, "f1_b")):
         [run] = score_records(read_records(path), ["legacy_2tok", "template_aware"])
