@@ -9,8 +9,9 @@ from pathlib import Path
 
 import click
 
-from .readout import (READOUTS, DataError, TEMPLATES, RunLock, Unavailable, audit_tokens, format_audit, format_runs,
-                      get_template, load_tokenizer, parse_readouts, read_records, repair_records, score_records)
+from .readout import (READOUTS, DataError, TEMPLATES, RunLock, Unavailable, audit_tokens, compare_runs, format_audit,
+                      format_compare, format_runs, get_template, load_tokenizer, parse_readouts, read_records,
+                      repair_records, score_records)
 
 
 def _fail(message: str) -> None:
@@ -79,6 +80,28 @@ def _layer_range(text: str | None) -> tuple[int, int] | None:
     if not (sep and first.strip().isdigit() and last.strip().isdigit()) or int(first) > int(last):
         raise ValueError(f"--layers takes FIRST-LAST (e.g. 14-19), not {text!r}")
     return int(first), int(last)
+
+
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
+@click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
+@click.option("--seed", default=0, show_default=True, help="bootstrap seed")
+@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
+@click.option("--allow-mismatch", is_flag=True,
+              help="compare runs that differ in more than their method (dtype, quantization, template, token sets, "
+                   "questions, library versions, or an imported file without meta.json); every table is flagged")
+def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
+    """Compare runs with the first (the baseline) on the same questions: per readout and split, ΔF1 with
+    a paired bootstrap interval, McNemar's exact p and the answers flipped."""
+    if len(runs) < 2:
+        _fail("compare needs a baseline run and at least one more: pope-fast compare RUN_A RUN_B [...]")
+    try:
+        result = compare_runs(list(runs), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch)
+    except (DataError, Unavailable, ValueError) as err:
+        _fail(str(err))
+    except OSError as err:
+        _fail(_os_message(err))
+    click.echo(format_compare(result, fmt))
 
 
 @main.command()
@@ -246,13 +269,10 @@ def _check_method_readouts(methods, explicit: list[str]) -> None:
 
 def _write_comparison(out: Path, runs: list[Path]) -> str:
     """OUT/compare.json: every method against the first (`pope-fast compare`), and its markdown."""
-    import json
-
-    from .readout import compare_runs, format_compare
     from .readout.records import atomic_write
 
     result = compare_runs([str(r) for r in runs])
-    atomic_write(out / "compare.json", json.dumps(result, indent=2) + "\n")
+    atomic_write(out / "compare.json", format_compare(result, "json") + "\n")
     return format_compare(result, "markdown")
 
 

@@ -2,6 +2,7 @@
 importing it never imports torch."""
 from .data import (DataError, Question, dataset_from_name, find_question_files, load_question_sources, load_questions,
                    split_from_name)
+from .compare import compare_runs, format_compare
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
 from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
                         Readout, TokenSets, parse_readouts)
@@ -15,6 +16,7 @@ from .tokens import audit_tokens, derive_token_sets, library_versions, load_toke
 __all__ = [
     "DataError", "Question", "dataset_from_name", "find_question_files", "load_question_sources", "load_questions",
     "split_from_name",
+    "compare_runs", "format_compare",
     "bootstrap_f1_ci", "confusion", "mcnemar_exact", "summarize",
     "DEFAULT_READOUT", "LOGIT_READOUTS", "NO", "READOUTS", "TEXT_READOUTS", "UNKNOWN", "YES",
     "Readout", "TokenSets", "parse_readouts",

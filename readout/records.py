@@ -326,6 +326,8 @@ class Entry:
     texts: dict[str, str] = field(default_factory=dict)  # text readouts whose prefix differs from decoded
     decoded_sequence: str | None = None
     image_attention: list[float] | None = None  # the probe's one value per decoder layer, where it ran
+    text: str | None = None  # the question, where the record keeps it (ours do; published files do not)
+    image: str | None = None
 
     def text_for(self, name: str) -> str | None:
         return self.texts.get(name, self.decoded)
@@ -368,6 +370,7 @@ def _read_ours(path: Path, text: str) -> RecordSet:
             candidate_logits=_logits(rec.get("candidate_logits"), where),
             decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
             decoded_sequence=rec.get("decoded_sequence"), image_attention=rec.get("image_attention"),
+            text=rec.get("text"), image=rec.get("image"),
             stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                     if n in READOUTS},
             error=rec.get("error"))

@@ -1,0 +1,389 @@
+"""Paired comparison of runs: a baseline and the methods (or models) run on the same questions, under
+every readout both runs supply.
+
+Questions are joined on (dataset, split, question_id), never by position; a question that got no
+answer in either run (an error record) leaves the pair, and the counts say how many. Decisions come
+from `score.predictions`, so each run's metrics are the ones `pope-fast score` reports for the
+questions compared. Differences are B - A, with a paired percentile bootstrap (questions resampled
+jointly, drawn as `metrics.bootstrap_f1_ci` draws them; one set of resamples per split, shared by every
+readout and every metric) and McNemar's exact test on the paired correctness.
+
+Two runs are comparable when everything that decides an answer, except the method, is the same: dtype,
+quantization, image preprocessing, template, token sets, continuation lengths, question set and
+library versions. The checkpoint is not on that list: comparing two models of one family (a 7B and a
+13B, a fine-tune) under a fixed readout and precision is a legitimate use, so differing model files
+are reported (`same_model`), not refused. Different families differ in template or token sets anyway.
+"""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from .metrics import mcnemar_exact, summarize
+from .protocols import NO, READOUTS, YES
+from .records import Entry, RecordSet, read_records
+from .score import Unavailable, predictions, question_order
+
+LEVEL = 0.95
+DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")
+# Settings that decide an answer; the rest (device, kernels, batch sizes, prefix reuse, packed or
+# dequantized NF4, the probe) change how it is computed, not what is computed.
+ANSWER_SETTINGS = ("resolved_dtype", "quant", "quantize_lm_head", "image_aspect")
+SHOWN = 3  # examples named per kind of question-set difference
+
+
+def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch: bool = False) -> dict:
+    """Compare every run after the first (B, C, ...) with the first (A): per pair, split and readout,
+    both runs' metrics, B - A with bootstrap intervals, McNemar's p and the answers flipped from A to B.
+
+    Runs that differ in more than their method raise ValueError naming each difference; with
+    allow_mismatch they are compared on the questions both hold (with the same label) and each pair
+    lists its differences under "mismatches".
+    """
+    paths = [str(p) for p in paths]
+    if len(paths) < 2:
+        raise ValueError("compare needs a baseline run and at least one run to compare with it")
+    runs = [read_records(p) for p in paths]
+    pairs = [_pair(paths[0], runs[0], path, run, seed, resamples, allow_mismatch)
+             for path, run in zip(paths[1:], runs[1:])]
+    return {"seed": seed, "resamples": resamples, "level": LEVEL, "pairs": pairs}
+
+
+def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resamples: int,
+          allow_mismatch: bool) -> dict:
+    groups, question_diffs = _join(a, b)
+    mismatches = _meta_mismatches(name_a, a.meta, name_b, b.meta) + question_diffs
+    if mismatches and not allow_mismatch:
+        raise ValueError(f"{name_a} vs {name_b}: not a paired comparison ({'; '.join(mismatches)}); "
+                         "pass --allow-mismatch to compare them anyway (every table is then flagged)")
+    if not groups:
+        raise ValueError(f"{name_a} vs {name_b}: the runs have no question in common")
+    names = [n for n in _readouts(a) if n in _readouts(b)]
+    one_dataset = len({dataset for dataset, _ in groups}) == 1
+    splits, questions, unavailable = {}, {}, {}
+    for (dataset, split), joined in groups.items():
+        label = split if one_dataset or not dataset else f"{dataset} {split}"
+        splits[label], questions[label], missing = _split(a, b, joined, names, seed, resamples)
+        if missing:
+            unavailable[label] = missing
+    pair = {"a": name_a, "b": name_b, "method_a": _method(a.meta), "method_b": _method(b.meta),
+            "same_model": _same_model(a.meta, b.meta), "mismatches": mismatches, "readouts": names, "splits": splits,
+            "questions": questions, "ranking": {s: _ranking(t) for s, t in splits.items()}}
+    if unavailable:
+        pair["unavailable"] = unavailable
+    return pair
+
+
+def _method(meta: dict) -> dict:
+    """The method that made a run; runs from before methods existed are the baseline."""
+    return meta.get("method") or {"name": "none"}
+
+
+def _same_model(meta_a: dict, meta_b: dict) -> bool | None:
+    """Whether both runs read the same checkpoint bytes; None where a run does not record them."""
+    files_a, files_b = ((m.get("model") or {}).get("files") for m in (meta_a, meta_b))
+    return None if not files_a or not files_b else files_a == files_b
+
+
+def _readouts(run: RecordSet) -> list[str]:
+    """The readouts a run was made with (every readout for an imported file, whose stored predictions
+    say which it has), in registry order."""
+    made = run.meta.get("readouts")
+    return [n for n in READOUTS if n in made] if isinstance(made, list) else list(READOUTS)
+
+
+# --- what makes two runs a pair ---
+
+def _no_meta(meta: dict) -> str:
+    if meta.get("imported_from"):
+        return ("is an imported ugaa-research record file: it has no meta.json, so its dtype, quantization, "
+                "template, token sets and library versions cannot be checked")
+    if not meta:
+        return ("has no meta.json, so its dtype, quantization, template, token sets and library versions "
+                "cannot be checked")
+    return ""
+
+
+def _fingerprint(meta: dict, other: dict) -> dict:
+    """What must be equal for two runs to be a pair; token sets and continuation lengths only of the
+    readouts both runs have."""
+    settings = meta.get("settings") or {}
+
+    def shared(key):
+        return {n: v for n, v in (meta.get(key) or {}).items() if n in (other.get(key) or {})}
+
+    return {"settings": {k: settings.get(k) for k in ANSWER_SETTINGS}, "template": meta.get("template"),
+            "token_sets": shared("token_sets"), "generation": shared("generation"),
+            "tokenizer": {"library_versions": (meta.get("tokenizer") or {}).get("library_versions")}}
+
+
+def _meta_mismatches(name_a: str, meta_a: dict, name_b: str, meta_b: dict) -> list[str]:
+    missing = [f"{name} {_no_meta(meta)}" for name, meta in ((name_a, meta_a), (name_b, meta_b)) if _no_meta(meta)]
+    if missing:
+        return missing
+    return _differences(_fingerprint(meta_a, meta_b), _fingerprint(meta_b, meta_a))
+
+
+def _differences(a, b, name: str = "") -> list[str]:
+    """'name: value in A, value in B' for every leaf that differs."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in _differences(a.get(k), b.get(k), f"{name}.{k}" if name else str(k))]
+    return [] if a == b else [f"{name}: {_short(a)} in A, {_short(b)} in B"]
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _keyed(run: RecordSet, other: RecordSet) -> dict[tuple[str, str, str], Entry]:
+    """A run's entries by key. A run that names no dataset (a published file, records from before
+    datasets were named) is taken to be of the other run's dataset where that run has only one."""
+    datasets, others = {e.dataset for e in run.entries}, {e.dataset for e in other.entries}
+    dataset = next(iter(others)) if datasets == {""} and len(others) == 1 else None
+    return {(e.dataset if dataset is None else dataset, e.split, e.key): e for e in run.entries}
+
+
+def _where(key: tuple[str, str, str]) -> str:
+    dataset, split, qid = key
+    return f"{dataset + ' ' if dataset else ''}{split} #{qid}"
+
+
+def _listed(what: str, items: list[str]) -> list[str]:
+    """'<n> questions <what> (first examples)', or nothing."""
+    if not items:
+        return []
+    more = ", ..." if len(items) > SHOWN else ""
+    return [f"{len(items)} question{'s' if len(items) > 1 else ''} {what} ({', '.join(items[:SHOWN])}{more})"]
+
+
+def _join(a: RecordSet, b: RecordSet) -> tuple[dict[tuple[str, str], list[tuple[Entry, Entry]]], list[str]]:
+    """The questions both runs hold with the same label, grouped by (dataset, split) in A's order and in
+    question order within, and every difference between the two question sets (a text or an image
+    name counts where both records keep it)."""
+    in_a, in_b = _keyed(a, b), _keyed(b, a)
+    both = [k for k in in_a if k in in_b]
+    diffs = _listed("only in A", [_where(k) for k in in_a if k not in in_b])
+    diffs += _listed("only in B", [_where(k) for k in in_b if k not in in_a])
+    for field in ("label", "text", "image"):
+        differ = [k for k in both if None not in (getattr(in_a[k], field), getattr(in_b[k], field))
+                  and getattr(in_a[k], field) != getattr(in_b[k], field)]
+        diffs += _listed(f"with another {field}", [f"{_where(k)}: {getattr(in_a[k], field)!r} in A, "
+                                                   f"{getattr(in_b[k], field)!r} in B" for k in differ])
+    groups: dict[tuple[str, str], list[tuple[Entry, Entry]]] = {}
+    for k in both:
+        if in_a[k].label == in_b[k].label:  # another label is another question: never paired
+            groups.setdefault(k[:2], []).append((in_a[k], in_b[k]))
+    for joined in groups.values():
+        joined.sort(key=lambda pair: question_order(pair[0]))
+    return groups, diffs
+
+
+# --- the paired statistics of one split ---
+
+def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names: list[str], seed: int,
+           resamples: int) -> tuple[dict, dict, dict]:
+    kept = [(ea, eb) for ea, eb in joined if ea.error is None and eb.error is None]
+    counts = {"joined": len(joined), "compared": len(kept), "errors_a": sum(ea.error is not None for ea, _ in joined),
+              "errors_b": sum(eb.error is not None for _, eb in joined)}
+    if not kept:
+        return {}, counts, {}
+    entries_a, entries_b = [ea for ea, _ in kept], [eb for _, eb in kept]
+    labels = [e.label for e in entries_a]
+    weights = resample_weights(len(kept), seed, resamples)
+    table, unavailable = {}, {}
+    for name in names:
+        try:
+            decided_a = _decided(a, name, entries_a, "A")
+            decided_b = _decided(b, name, entries_b, "B")
+        except Unavailable as why:
+            unavailable[name] = str(why)
+            continue
+        table[name] = _readout(labels, decided_a, decided_b, weights, seed, resamples)
+    return table, counts, unavailable
+
+
+def _decided(run: RecordSet, name: str, entries: list[Entry], side: str) -> list[str]:
+    try:
+        return predictions(run, name, entries)
+    except Unavailable as why:
+        raise Unavailable(f"{side} ({run.source}): {why}") from None
+
+
+def _readout(labels: list[str], decided_a: list[str], decided_b: list[str], weights: np.ndarray, seed: int,
+             resamples: int) -> dict:
+    metrics_a = summarize(labels, decided_a, seed=seed, resamples=resamples)
+    metrics_b = summarize(labels, decided_b, seed=seed, resamples=resamples)
+    # the difference of the reported (rounded) values, so that a table's three numbers agree
+    delta = {m: round(metrics_b[m] - metrics_a[m], 4) for m in DELTAS}
+    intervals = delta_intervals(labels, decided_a, decided_b, weights)
+    return {"f1_a": metrics_a["f1"], "f1_b": metrics_b["f1"], "delta_f1": delta["f1"],
+            "delta_f1_ci95": intervals["f1"], "mcnemar_p": mcnemar_exact(labels, decided_a, decided_b),
+            "flips": {"yes_to_no": sum(x == YES and y == NO for x, y in zip(decided_a, decided_b)),
+                      "no_to_yes": sum(x == NO and y == YES for x, y in zip(decided_a, decided_b))},
+            "a": metrics_a, "b": metrics_b, "delta": delta, "delta_ci95": intervals}
+
+
+def resample_weights(n: int, seed: int, resamples: int) -> np.ndarray:
+    """[resamples, n]: how often each bootstrap resample draws each question. Drawn as
+    `bootstrap_f1_ci` draws (one generator from the seed, a [resamples, n] matrix of question indices),
+    once per split, so every readout and both runs of a pair see the same resamples."""
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    flat = (draws + n * np.arange(resamples)[:, None]).ravel()  # index into the [resamples * n] counts
+    return np.bincount(flat, minlength=resamples * n).reshape(resamples, n).astype(np.float64)
+
+
+def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    return np.where(den > 0, num / np.maximum(den, 1), 0.0)
+
+
+def resampled_metrics(labels: list[str], decided: list[str], weights: np.ndarray) -> dict[str, np.ndarray]:
+    """Each metric of `summarize` under every resample (unknown answers out of the confusion matrix,
+    accuracy over all questions)."""
+    y = np.array([label == YES for label in labels])
+    yes = np.array([d == YES for d in decided])
+    no = np.array([d == NO for d in decided])
+    tp, fp = weights @ (yes & y), weights @ (yes & ~y)
+    fn, tn = weights @ (no & y), weights @ (no & ~y)
+    return {"f1": _ratio(2 * tp, 2 * tp + fp + fn), "precision": _ratio(tp, tp + fp), "recall": _ratio(tp, tp + fn),
+            "accuracy": _ratio(tp + tn, weights.sum(axis=1)), "yes_rate": _ratio(tp + fp, tp + fp + fn + tn)}
+
+
+def delta_intervals(labels: list[str], decided_a: list[str], decided_b: list[str],
+                    weights: np.ndarray) -> dict[str, list[float]]:
+    """Percentile interval of each metric's B - A over the paired resamples."""
+    by_a, by_b = resampled_metrics(labels, decided_a, weights), resampled_metrics(labels, decided_b, weights)
+    tail = (1 - LEVEL) / 2
+    return {m: [round(float(q), 4) for q in np.quantile(by_b[m] - by_a[m], [tail, 1 - tail])] for m in DELTAS}
+
+
+def _ranking(table: dict) -> dict:
+    """Whether A vs B rank the same under every readout of a split. The ranking changes when ΔF1 is
+    positive under one readout and negative under another, or when its interval excludes 0 under some
+    readouts and not others (a zero ΔF1 has no sign)."""
+    positive = [n for n, r in table.items() if r["delta_f1"] > 0]
+    negative = [n for n, r in table.items() if r["delta_f1"] < 0]
+    excludes = [n for n, r in table.items() if r["delta_f1_ci95"][0] > 0 or r["delta_f1_ci95"][1] < 0]
+    return {"changes": bool(positive and negative) or 0 < len(excludes) < len(table),
+            "positive": positive, "negative": negative, "excludes_zero": excludes}
+
+
+# --- rendering ---
+
+def format_compare(result: dict, fmt: str = "markdown") -> str:
+    """`json`: the result as is; `markdown`: per pair, the ΔF1 table (readouts x splits) and whether the
+    ranking survives the readout, then each split's metrics of both runs."""
+    if fmt == "json":
+        return json.dumps(result, indent=2, ensure_ascii=False)
+    if fmt != "markdown":
+        raise ValueError(f"compare formats are json and markdown, not {fmt!r}")
+    level = round(result["level"] * 100)
+    blocks = ["## Does the method's gain survive the readout?",
+              f"Cells: ΔF1 = F1(B) - F1(A) [paired bootstrap {level}% interval, {result['resamples']} resamples, "
+              f"seed {result['seed']}], McNemar's exact p on the paired answers' correctness."]
+    for pair in result["pairs"]:
+        blocks += _summary(pair)
+    blocks.append("## Metrics of each run")
+    for pair in result["pairs"]:
+        blocks += _details(pair)
+    return "\n\n".join(blocks)
+
+
+def _method_text(method: dict) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in (method.get("settings") or {}).items())
+    return f"{method['name']}: {settings}" if settings else method["name"]
+
+
+def _title(pair: dict) -> str:
+    return (f"A `{pair['a']}` ({_method_text(pair['method_a'])}) vs B `{pair['b']}` "
+            f"({_method_text(pair['method_b'])})")
+
+
+def _flag(pair: dict) -> list[str]:
+    if not pair["mismatches"]:
+        return []
+    return ["> **MISMATCHED RUNS** (compared with --allow-mismatch; differences may come from these, not "
+            "from the method): " + "; ".join(pair["mismatches"])]
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+                      *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.4f}"
+
+
+def _cell(r: dict) -> str:
+    low, high = r["delta_f1_ci95"]
+    return f"{_signed(r['delta_f1'])} [{_signed(low)}, {_signed(high)}], p={r['mcnemar_p']:.3g}"
+
+
+def _summary(pair: dict) -> list[str]:
+    splits = pair["splits"]
+    names = [n for n in READOUTS if any(n in table for table in splits.values())]
+    header = ["readout"] + [f"{s} (n={pair['questions'][s]['compared']})" for s in splits]
+    rows = [[n] + [_cell(t[n]) if n in t else "-" for t in splits.values()] for n in names]
+    lines = [f"### {_title(pair)}"]
+    if pair["same_model"] is False:
+        lines.append("The runs read different checkpoints: this compares models.")
+    lines += [*_flag(pair), _table(header, rows), _ranking_line(pair)]
+    lines += _left_out(pair)
+    return lines
+
+
+def _ranking_line(pair: dict) -> str:
+    changed = any(r["changes"] for r in pair["ranking"].values())
+    head = ("**The ranking of A and B changes with the readout**" if changed
+            else "The ranking of A and B is the same under every readout")
+    parts = []
+    for split, r in pair["ranking"].items():
+        if not pair["splits"][split]:
+            parts.append(f"{split}: no question answered by both runs")
+            continue
+        shown = [f"ΔF1 {sign} 0 under {', '.join(names)}" for sign, names in
+                 ((">", r["positive"]), ("<", r["negative"])) if names] or ["ΔF1 = 0 under every readout"]
+        excludes = ", ".join(r["excludes_zero"]) or "no readout"
+        parts.append(f"{split}: {'; '.join(shown)}; interval excludes 0 under {excludes}")
+    return f"{head} ({' | '.join(parts)})."
+
+
+def _left_out(pair: dict) -> list[str]:
+    lines = []
+    for split, q in pair["questions"].items():
+        if q["errors_a"] or q["errors_b"]:
+            lines.append(f"{split}: {q['joined'] - q['compared']} questions left out of both runs (error records: "
+                         f"A {q['errors_a']}, B {q['errors_b']}).")
+    for split, missing in pair.get("unavailable", {}).items():
+        lines += [f"{split}: {name} not compared ({why})." for name, why in missing.items()]
+    return lines
+
+
+DETAIL_COLUMNS = ("readout", "F1 A", "F1 B", "ΔF1 [95% CI]", "prec A", "prec B", "rec A", "rec B", "acc A", "acc B",
+                  "yes-rate A", "yes-rate B", "unk A", "unk B", "yes→no", "no→yes", "McNemar p")
+
+
+def _detail_row(name: str, r: dict) -> list[str]:
+    a, b = r["a"], r["b"]
+    low, high = r["delta_f1_ci95"]
+    values = [f"{a['f1']:.4f}", f"{b['f1']:.4f}", f"{_signed(r['delta_f1'])} [{_signed(low)}, {_signed(high)}]"]
+    for m in ("precision", "recall", "accuracy", "yes_rate"):
+        values += [f"{a[m]:.4f}", f"{b[m]:.4f}"]
+    values += [str(a["unknown"]), str(b["unknown"]), str(r["flips"]["yes_to_no"]), str(r["flips"]["no_to_yes"]),
+               f"{r['mcnemar_p']:.3g}"]
+    return [name] + values
+
+
+def _details(pair: dict) -> list[str]:
+    lines = []
+    for split, table in pair["splits"].items():
+        q = pair["questions"][split]
+        lines += [f"### {split}: {_title(pair)}, {q['compared']} questions compared", *_flag(pair)]
+        if table:
+            lines.append(_table(list(DETAIL_COLUMNS), [_detail_row(n, r) for n, r in table.items()]))
+        else:
+            lines.append("No question answered by both runs.")
+    return lines
