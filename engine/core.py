@@ -125,7 +125,7 @@ class Engine:
         """What a run folder's meta.json says of this engine (and the method its records come from)."""
         if self._file_digests is None:  # hashed once per engine, not per call
             self._file_digests = checkpoint_digests(self.model.folder)
-        extra = {} if method is None else {"method": method.to_json()}
+        extra = {} if method is None else {"method": method.to_json(self.model.lm.dims.num_layers)}
         return {
             "model": {"path": str(self.model.folder), "family": self.model.family, "files": self._file_digests},
             "template": self.template.name,

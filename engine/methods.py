@@ -101,8 +101,12 @@ class Method:
     def contrastive(self) -> bool:
         return type(self).combine is not Method.combine
 
-    def to_json(self) -> dict:
-        return {"name": self.name, "settings": dict(self.settings), "reference": self.reference}
+    def to_json(self, num_layers: int | None = None) -> dict:
+        """Name, settings as they apply to a model of num_layers layers (defaults resolved), reference."""
+        return {"name": self.name, "settings": self.resolved(num_layers), "reference": self.reference}
+
+    def resolved(self, num_layers: int | None) -> dict:
+        return dict(self.settings)
 
 
 class Baseline(Method):
@@ -161,6 +165,12 @@ class PAI(Method):
         edit = PAIAttention(float(self.settings["alpha"]), layers)
         return {"main": Pass(edit=edit, edit_name=f"pai:{self.settings['alpha']}:{layers[0]}-{layers[1]}"),
                 "text": Pass("none")}
+
+    def resolved(self, num_layers):
+        if num_layers is None or self.settings["layers"] is not None:
+            return dict(self.settings)
+        first, last = _layer_range(None, num_layers)
+        return {**self.settings, "layers": f"{first}-{last}"}
 
     def combine(self, logits):
         main, text = (torch.log_softmax(logits[k], dim=-1) for k in ("main", "text"))

@@ -240,3 +240,31 @@ def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path)
     # a folder holds one method's records: a plain run into the vcd folder is refused, naming the method
     with pytest.raises(ValueError, match="method.name: 'vcd' recorded, 'none' now"):
         run_pope(engine, questions, images, tmp_path / "paired/vcd")
+
+
+def test_eval_with_methods_then_compare_on_the_command_line(checkpoint, tmp_path):
+    from click.testing import CliRunner
+    from tinymodels import write_pope_set
+
+    from pope_fast.cli import main
+
+    images, files = write_pope_set(tmp_path / "pope")
+    out = tmp_path / "out"
+    inputs = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(out)] + \
+        [a for f in files for a in ("--questions", str(f))]
+    args = inputs + ["--readouts", "template_aware,legacy_2tok", "--method", "none", "--method", "vcd",
+                     "--method", "pai:layers=0-1"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    saved = json.loads((out / "compare.json").read_text())
+    assert [(p["a"], p["b"]) for p in saved["pairs"]] == [(str(out / "none"), str(out / m)) for m in ("vcd", "pai")]
+    result = CliRunner().invoke(main, ["compare", str(out / "none"), str(out / "vcd"), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    [pair] = json.loads(result.output)["pairs"]
+    assert pair == saved["pairs"][0]
+    cell = pair["splits"]["random"]["template_aware"]
+    assert cell["delta_f1"] == round(cell["f1_b"] - cell["f1_a"], 4) and 0 <= cell["mcnemar_p"] <= 1
+    assert set(cell["flips"]) == {"yes_to_no", "no_to_yes"} and len(cell["delta_f1_ci95"]) == 2
+    # a contrastive method with a text readout named explicitly is refused before any work
+    refused = CliRunner().invoke(main, inputs + ["--readouts", "string_parse", "--method", "vcd"])
+    assert refused.exit_code != 0 and "method vcd combines logits at the answer position" in refused.output
