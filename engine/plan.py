@@ -219,7 +219,3 @@ class PromptResult:
     sequence: str | None = None
     probe: dict | None = None
     vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
-
-    def __iter__(self):
-        """Unpacks as (first_token_id, candidate_logits, decoded), the order of the engine's earlier tuples."""
-        return iter((self.first_token_id, self.candidate_logits, self.decoded))

@@ -60,7 +60,8 @@ def test_images_and_questions_in_one_batch(checkpoint, oracle):
     engine = Engine.load(checkpoint, Settings(batch_size=7, max_new_tokens=6), readouts="all")
     items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:4]]) for image in IMAGES]
     for i, answers in enumerate(engine.run_images(items)):
-        for q, (first, candidates, _) in zip(QUESTIONS[:4], answers):
+        for q, answer in zip(QUESTIONS[:4], answers):
+            first, candidates = answer.first_token_id, answer.candidate_logits
             logits, generated = oracle[i, q]
             worst, _ = worst_difference(candidates, logits)
             assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"

@@ -81,7 +81,8 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
     assert engine.counts.prefix_tokens == len(IMAGES) * prefix_length   # each image's prefix once
     assert engine.counts.prompts == len(IMAGES) * len(QUESTIONS)
     for i, per_image in enumerate(outputs):
-        for q, (first, logits, text) in zip(QUESTIONS, per_image):
+        for q, result in zip(QUESTIONS, per_image):
+            first, logits, text = result.first_token_id, result.candidate_logits, result.decoded
             ref_logits, generated = reference[i, q]
             diff, at = worst_difference(logits, ref_logits)
             assert diff <= 1e-4, f"image {i} {q!r}: id {at} differs by {diff:.2e}"

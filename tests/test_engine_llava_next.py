@@ -60,7 +60,8 @@ def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
     items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
     assert len({f.shape[0] for f, _ in items}) >= 3
     for i, answers in enumerate(engine.run_images(items)):
-        for q, (first, candidates, text) in zip(QUESTIONS[:3], answers):
+        for q, answer in zip(QUESTIONS[:3], answers):
+            first, candidates, text = answer.first_token_id, answer.candidate_logits, answer.decoded
             logits, generated, _ = oracle[i, q]
             worst, _ = worst_difference(candidates, logits)
             assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"

@@ -73,7 +73,8 @@ def test_same_length_prefixes_with_different_grids_share_a_batch(checkpoint, ora
     items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
     assert items[0][0].shape[:2] == (2, 3) and items[1][0].shape[:2] == (3, 2)
     for i, answers in enumerate(engine.run_images(items)):
-        for q, (first, candidates, _) in zip(QUESTIONS[:3], answers):
+        for q, answer in zip(QUESTIONS[:3], answers):
+            first, candidates = answer.first_token_id, answer.candidate_logits
             logits, generated = oracle[i, q]
             worst, _ = worst_difference(candidates, logits)
             assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"
