@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, worst_difference
+from tinymodels import QUESTIONS, edited_eager_attention, make_tiny_llava, synthetic_image, worst_difference
 
 from pope_fast.engine import (AttentionEdit, Engine, ImageAttentionAmplification, ImageAttentionTemperature,
                               Intervention, PAIAttention, Settings)
@@ -44,39 +44,27 @@ def _oracle(checkpoint, intervention, prompts):
     """transformers' LLaVA, eager attention with the edit applied to the image keys' scores of every
     query after the image: answer-position logits and image attention [L, H] per (image, prompt)."""
     from transformers import AttentionInterface, AutoProcessor, LlavaForConditionalGeneration
-    from transformers.models.llama.modeling_llama import repeat_kv
 
     state = {}
 
-    def edited(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        groups = getattr(module, "num_key_value_groups", 1)
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    def edit_scores(module, scores):
         language = type(module).__name__ == "LlamaAttention"  # the vision tower's attention is left alone
         edit = intervention.image_attention(module.layer_idx) if language else None
-        if edit is not None:
-            if not isinstance(edit, AttentionEdit):
-                edit = AttentionEdit(*edit)
-            heads = query.shape[1]
-            scale, bias, magnitude = (torch.as_tensor(t, dtype=torch.float32).expand(heads).view(1, heads, 1, 1)
-                                      for t in (edit.scale, edit.bias, edit.magnitude))
-            image = state["image"]  # [S] image key positions
-            queries = torch.arange(query.shape[2])
-            # every query after the image, or (answer_only) the last one, PAI's attn_weights[:, :, -1, image]
-            after = queries == query.shape[2] - 1 if edit.answer_only else queries > int(torch.nonzero(image).max())
-            where = after[None, None, :, None] & image[None, None, None, :]
-            scores = torch.where(where, scores * scale + bias + magnitude * scores.abs(), scores)
-        # A registered attention function may get a boolean mask, or none and causality left to it (as sdpa).
-        if attention_mask is not None and attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
-        elif attention_mask is not None:
-            scores = scores + attention_mask
-        elif getattr(module, "is_causal", False):
-            q_len, k_len = scores.shape[-2:]
-            scores = scores.masked_fill(~torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len), float("-inf"))
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+        if edit is None:
+            return scores
+        if not isinstance(edit, AttentionEdit):
+            edit = AttentionEdit(*edit)
+        heads = scores.shape[1]
+        scale, bias, magnitude = (torch.as_tensor(t, dtype=torch.float32).expand(heads).view(1, heads, 1, 1)
+                                  for t in (edit.scale, edit.bias, edit.magnitude))
+        image = state["image"]  # [S] image key positions
+        queries = torch.arange(scores.shape[2])
+        # every query after the image, or (answer_only) the last one, PAI's attn_weights[:, :, -1, image]
+        after = queries == scores.shape[2] - 1 if edit.answer_only else queries > int(torch.nonzero(image).max())
+        where = after[None, None, :, None] & image[None, None, None, :]
+        return torch.where(where, scores * scale + bias + magnitude * scores.abs(), scores)
 
+    edited = edited_eager_attention(edit_scores)
     AttentionInterface.register("pope_fast_edit", edited)
     model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
                                                           attn_implementation="pope_fast_edit").eval()

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_vl, synthetic_image
+from tinymodels import QUESTIONS, edited_eager_attention, make_tiny_llava, make_tiny_qwen2_vl, synthetic_image
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
@@ -30,26 +30,13 @@ def qwen_checkpoint(tmp_path_factory):
 def _pai_attention(alpha, layers, state):
     """Eager attention with PAI's edit in the language model's layers: at the last query only, image
     scores s → s + alpha |s|."""
-    from transformers.models.llama.modeling_llama import repeat_kv
-
-    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
-        groups = getattr(module, "num_key_value_groups", 1)
-        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
-        scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    def edit(module, scores):
         if id(module) in state.get("language", ()) and layers[0] <= module.layer_idx <= layers[1] and "image" in state:
             last = scores[:, :, -1, state["image"]]
             scores[:, :, -1, state["image"]] = last + alpha * last.abs()
-        if attention_mask is not None and attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
-        elif attention_mask is not None:
-            scores = scores + attention_mask
-        elif getattr(module, "is_causal", False):
-            q_len, k_len = scores.shape[-2:]
-            scores = scores.masked_fill(~torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len), float("-inf"))
-        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+        return scores
 
-    return attention
+    return edited_eager_attention(edit)
 
 
 def _plausible(logits, beta):

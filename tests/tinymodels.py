@@ -175,3 +175,26 @@ def assert_matches_nf4_oracle(engine, answer, theirs: torch.Tensor) -> None:
     for name in LOGIT_READOUTS:
         logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
         assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), (name, answer.question)
+
+
+def edited_eager_attention(edit_scores):
+    """A transformers attention function (for AttentionInterface.register): eager attention with
+    `edit_scores(module, scores)` applied to the raw scores [B, H, Q, K] before the mask and softmax."""
+    from transformers.models.llama.modeling_llama import repeat_kv
+
+    def attention(module, query, key, value, attention_mask, scaling, dropout=0.0, **kwargs):
+        groups = getattr(module, "num_key_value_groups", 1)
+        key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+        scores = edit_scores(module, torch.matmul(query, key.transpose(2, 3)) * scaling)
+        # A registered attention function may get a boolean mask, or none and causality left to it (as sdpa).
+        if attention_mask is not None and attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        elif attention_mask is not None:
+            scores = scores + attention_mask
+        elif getattr(module, "is_causal", False):
+            q_len, k_len = scores.shape[-2:]
+            scores = scores.masked_fill(~torch.ones(q_len, k_len, dtype=torch.bool).tril(k_len - q_len), float("-inf"))
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+    return attention
