@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 
 from ..readout import (META_FILE, Question, RecordWriter, RunLock, format_runs, make_record, read_meta, read_records,
                        score_records, write_meta)
-from ..readout.records import atomic_write, record_key
+from ..readout.records import atomic_write, leaf_differences, record_key
 from .core import Engine
 from .images import ImageError, check_images, embedded_path, read_image
 from .methods import Method
@@ -55,24 +55,11 @@ def _resume_fingerprint(meta: dict) -> dict:
             "tokenizer": tokenizer, "generation": meta.get("generation") or {}}
 
 
-def _differences(old, new, name: str = "") -> list[str]:
-    """'name: old recorded, new now' for every leaf that differs."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        return [d for k in sorted(set(old) | set(new), key=str)
-                for d in _differences(old.get(k), new.get(k), f"{name}.{k}" if name else str(k))]
-    return [] if old == new else [f"{name}: {_short(old)} recorded, {_short(new)} now"]
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
 def _check_resumable(out_dir: Path, old: dict, meta: dict) -> None:
     """Refuse to add this run's records to a folder that holds another run's, naming what differs."""
     if not old:
         return
-    diffs = _differences(_resume_fingerprint(old), _resume_fingerprint(meta))
+    diffs = leaf_differences(_resume_fingerprint(old), _resume_fingerprint(meta), "recorded", "now")
     if diffs:
         more = f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else ""
         raise ValueError(f"{out_dir / META_FILE}: this folder holds records of a different run "

@@ -22,7 +22,7 @@ import numpy as np
 
 from .metrics import mcnemar_exact, summarize
 from .protocols import NO, READOUTS, YES
-from .records import Entry, RecordSet, read_records
+from .records import Entry, RecordSet, leaf_differences, read_records
 from .score import Unavailable, predictions, question_order
 
 LEVEL = 0.95
@@ -122,20 +122,7 @@ def _meta_mismatches(name_a: str, meta_a: dict, name_b: str, meta_b: dict) -> li
     missing = [f"{name} {_no_meta(meta)}" for name, meta in ((name_a, meta_a), (name_b, meta_b)) if _no_meta(meta)]
     if missing:
         return missing
-    return _differences(_fingerprint(meta_a, meta_b), _fingerprint(meta_b, meta_a))
-
-
-def _differences(a, b, name: str = "") -> list[str]:
-    """'name: value in A, value in B' for every leaf that differs."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b), key=str)
-                for d in _differences(a.get(k), b.get(k), f"{name}.{k}" if name else str(k))]
-    return [] if a == b else [f"{name}: {_short(a)} in A, {_short(b)} in B"]
-
-
-def _short(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return leaf_differences(_fingerprint(meta_a, meta_b), _fingerprint(meta_b, meta_a), "in A", "in B", width=60)
 
 
 def _keyed(run: RecordSet, other: RecordSet) -> dict[tuple[str, str, str], Entry]:

@@ -304,6 +304,18 @@ def read_meta(path: Path) -> dict:
     return meta
 
 
+def leaf_differences(a, b, first: str, second: str, width: int = 40, name: str = "") -> list[str]:
+    """'name: A-value {first}, B-value {second}' for every leaf where two nested dicts differ (their
+    dotted key paths, sorted), each value's repr cut to `width` characters."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in leaf_differences(a.get(k), b.get(k), first, second, width, f"{name}.{k}" if name else str(k))]
+    if a == b:
+        return []
+    short = [text if len(text := repr(v)) <= width else text[:width - 3] + "..." for v in (a, b)]
+    return [f"{name}: {short[0]} {first}, {short[1]} {second}"]
+
+
 def write_meta(out_dir: str | Path, meta: dict) -> Path:
     path = Path(out_dir) / META_FILE
     atomic_write(path, json.dumps({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
