@@ -295,16 +295,21 @@ class Engine:
             if not m.contrastive:
                 out[m.name] = got[passes["main"]]
                 continue
-            out[m.name] = [[self._combined(m, {role: got[p][i][j] for role, p in passes.items()})
-                            for j in range(len(qs))] for i, qs in enumerate(questions)]
+            where = [(i, j) for i, qs in enumerate(questions) for j in range(len(qs))]
+            flat = self._combined(m, {role: [got[p][i][j] for i, j in where] for role, p in passes.items()})
+            out[m.name] = [[None] * len(qs) for qs in questions]
+            for (i, j), result in zip(where, flat):
+                out[m.name][i][j] = result
         return out
 
-    def _combined(self, method: Method, results: dict[str, PromptResult]) -> PromptResult:
-        """A contrastive method's result: its combined logits' argmax and candidate columns; the probe
-        of its main pass."""
-        combined = method.combine({role: r.vocab_logits[None] for role, r in results.items()})[0]
-        values = combined[self.candidate_ids].tolist()
-        return PromptResult(int(combined.argmax()), dict(zip(self.candidate_ids, values)), probe=results["main"].probe)
+    def _combined(self, method: Method, results: dict[str, list[PromptResult]]) -> list[PromptResult]:
+        """A contrastive method's results, one batch of rows: its combined logits' argmax and candidate
+        columns, and the probe of its main pass."""
+        combined = method.combine({role: torch.stack([r.vocab_logits for r in rs]) for role, rs in results.items()})
+        index = torch.tensor(self.candidate_ids, device=combined.device)
+        return [PromptResult(first, dict(zip(self.candidate_ids, values)), probe=main.probe)
+                for first, values, main in zip(combined.argmax(dim=-1).tolist(), combined[:, index].tolist(),
+                                               results["main"])]
 
     def _text_only(self, features: list[torch.Tensor], questions: list[list[str]]) -> list[list[PromptResult]]:
         """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole
