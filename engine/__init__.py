@@ -5,6 +5,7 @@
     answers = engine.score("cat.jpg", ["Is there a cat in the image?"])
 """
 from .core import Answer, Engine
+from .distributed import RankError, Shard
 from .families import FAMILIES, Family, load_model
 from .images import ImageError, LoadedImage, check_images, read_image
 from .interventions import ImageAttentionAmplification, ImageAttentionTemperature
@@ -16,6 +17,6 @@ from .settings import Settings
 from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
-__all__ = ["Answer", "Engine", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
+__all__ = ["Answer", "Engine", "RankError", "Shard", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
            "read_image", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope",
            "write_summaries", "Settings", "Counts", "Timings", "VisionCache"]

@@ -20,8 +20,9 @@ from typing import Callable, Iterator
 
 from ..readout import (META_FILE, Question, RecordWriter, RunLock, format_runs, make_record, read_meta, read_records,
                        score_records, write_meta)
-from ..readout.records import atomic_write, record_key
+from ..readout.records import atomic_write, order_records, record_key
 from .core import Engine
+from .distributed import Shard, fold_parts
 from .images import ImageError, check_images, embedded_path, read_image
 
 
@@ -133,11 +134,13 @@ def _image_sha256(path: Path) -> str | None:
 
 def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
              skip_bad: bool = False, progress: Callable[[int], None] | None = None,
-             workers: int | None = None, lock: RunLock | None = None) -> SweepResult:
+             workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None) -> SweepResult:
     """Evaluate every question not yet recorded in out_dir; returns the scored runs. `workers`
     threads (default: one per CPU core, at most 8) check, read, decode and preprocess images ahead of
     the model. Images embedded in the questions (parquet) are read from there, the others from
-    images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it (`lock`)."""
+    images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it (`lock`). Under
+    torchrun (`shard`) this rank runs its share of the images and rank 0, the one that holds the lock,
+    merges the ranks' records; only rank 0's result holds the scored runs."""
     out_dir, images_dir = Path(out_dir), None if images_dir is None else Path(images_dir)
     seen = set()
     for q in questions:
@@ -147,30 +150,39 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
                              + (f" of {q.dataset}" if q.dataset else ""))
         seen.add(key)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with nullcontext() if lock is not None else RunLock(out_dir):
-        return _sweep(engine, questions, images_dir, out_dir, skip_bad, progress, workers or default_workers())
+    with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
+        if shard is None:
+            fold_parts(out_dir)  # records a torchrun job left in rank parts count as recorded
+        else:
+            shard.begin(out_dir)
+        return _sweep(engine, questions, images_dir, out_dir, skip_bad, progress, workers or default_workers(),
+                      shard)
 
 
 def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, out_dir: Path, skip_bad: bool,
-           progress: Callable[[int], None] | None, workers: int) -> SweepResult:
+           progress: Callable[[int], None] | None, workers: int, shard: Shard | None = None) -> SweepResult:
     meta = engine.meta()
     _check_resumable(out_dir, read_meta(out_dir / META_FILE), meta)
-    with RecordWriter(out_dir) as writer:
+    with RecordWriter(out_dir) if shard is None else shard.writer(out_dir) as writer:
         if writer.done and not any(dataset for dataset, _, _ in writer.done):
             # A folder begun before records named their dataset goes on without it, as the one run it is.
             questions = [replace(q, dataset="") for q in questions]
         embedded = _embedded_images(questions)
         _check_done(writer, questions, images_dir, embedded, workers)
-        write_meta(out_dir, meta)
+        if shard is None or shard.lead:
+            write_meta(out_dir, meta)
         todo = [q for q in questions if record_key(q.split, q.key, q.dataset) not in writer.done]
-        if progress and len(todo) < len(questions):
-            progress(len(questions) - len(todo))
+        recorded_before = len(questions) - len(todo)
+        if progress and recorded_before:
+            progress(recorded_before)
         problems = check_images(images_dir, [q.image for q in todo], workers, embedded)
         if problems and not skip_bad:
             listed = "; ".join(list(problems.values())[:5])
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
                              "fix them or pass --skip-bad to record them as errors")
+        if shard is not None:
+            todo = shard.select(todo, engine, problems)
         errors = [make_record(q, engine.template.name, error=problems[q.image]) for q in todo if q.image in problems]
         if errors:
             writer.write(errors)
@@ -215,9 +227,26 @@ def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, o
             if progress:
                 progress(len(records))
 
+    error_records = len(errors) + late_errors
+    if shard is not None:  # the end barrier; rank 0 folds the parts into records.jsonl
+        evaluated, error_records = shard.merge(out_dir, (evaluated, error_records))
+        if not shard.lead:
+            return SweepResult(out_dir, len(questions), recorded_before, evaluated, error_records, [])
+    order_records(out_dir, canonical_order(questions, engine.prompt))
     runs = write_summaries(out_dir, engine.readouts)
-    return SweepResult(out_dir, len(questions), len(questions) - len(todo), evaluated, len(errors) + late_errors,
-                       runs)
+    return SweepResult(out_dir, len(questions), recorded_before, evaluated, error_records, runs)
+
+
+def canonical_order(questions: list[Question], prompt: Callable[[str], str]) -> dict[tuple[str, str, str], int]:
+    """Question key → its place in records.jsonl, whatever the batching, ranks or resumes: image by image
+    as first asked, each image's prompts as first asked, then the questions asking a prompt in order (the
+    order an uninterrupted single process writes, error records aside)."""
+    by_image: dict[str, dict[str, list[Question]]] = {}
+    for q in questions:
+        by_image.setdefault(q.image, {}).setdefault(prompt(q.text), []).append(q)
+    keys = [record_key(q.split, q.key, q.dataset) for prompts in by_image.values() for qs in prompts.values()
+            for q in qs]
+    return {key: i for i, key in enumerate(keys)}
 
 
 def _recorded(probe: dict | None, setting: str) -> dict | None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import sys
 import tempfile
+import threading
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import click
@@ -151,6 +153,9 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="default: fp32 on CPU, fp16 on CUDA and with NF4")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
 @click.option("--batch-size", default=16, show_default=True, help="question suffixes per prefill batch")
+@click.option("--image-batch", default=8, show_default=True, type=click.IntRange(min=1),
+              help="images per model step (one vision batch, their prefixes prefilled together); under torchrun "
+                   "the unit the ranks share")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="disk cache of image features")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
               help="greedy tokens for every string readout (default: each as its reference runs it: string_parse "
@@ -168,7 +173,7 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
                                       "the image tokens (heads averaged); image-attention:heads: every head too")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, dataset, template, readouts, quant,
-             dtype, device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
+             dtype, device, batch_size, image_batch, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
              no_prefix_reuse, probe, skip_bad) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
@@ -183,38 +188,118 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     if model_dir is not None and not question_files:
         _fail("with --model, give --questions (and --images unless the questions embed them)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shard = _shard(device)  # None outside torchrun
     out = _writable_dir(out_dir, "--out")
     if cache_dir is not None:
         _writable_dir(cache_dir, "--cache-dir")
     try:
-        settings = Settings(device=device, dtype=dtype, quant=quant, quantize_lm_head=quantize_lm_head,
-                            nf4_weights=nf4_weights, batch_size=batch_size,
+        settings = Settings(device=shard.device(device) if shard else device, dtype=dtype, quant=quant,
+                            quantize_lm_head=quantize_lm_head, nf4_weights=nf4_weights, batch_size=batch_size,
+                            image_batch=image_batch,
                             # the demo's random model never ends a sentence: it reads 6 tokens
                             max_new_tokens=max_new_tokens or (6 if model_dir is None else None),
                             image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse,
                             probe=probe)
         parse_readouts(readouts)
-        with RunLock(out) as lock:  # before the load: a second run into this folder is refused at once
-            questions = _questions(question_files, split, dataset)
-            if model_dir is None:
-                model_dir, questions, images_dir = _demo_inputs(out, questions, images_dir, demo_questions, split)
-            elif images_dir is None and any(q.image_data is None for q in questions):
-                _fail("the question files name image files: give --images (parquet files embed their images)")
-            engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
-            engine.warmup()
-            with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:
-                result = run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=bar.update,
-                                  lock=lock)
+        lead = shard is None or shard.lead
+        with ExitStack() as stack:
+            with _step(shard):  # rank 0 locks the folder before the load and writes the demo's inputs
+                # a second run into this folder is refused at once
+                lock = stack.enter_context(RunLock(out)) if lead else None
+                questions = _questions(question_files, split, dataset)
+                if model_dir is None and lead:
+                    _demo_inputs(out, questions, images_dir, demo_questions, split)
+            with _step(shard):
+                if model_dir is None:
+                    model_dir, questions, images_dir = _demo_inputs(out, questions, images_dir, demo_questions, split)
+                elif images_dir is None and any(q.image_data is None for q in questions):
+                    _fail("the question files name image files: give --images (parquet files embed their images)")
+                engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
+                engine.warmup()
+            with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True, disable=not lead) as bar, \
+                    _job_progress(shard, out, bar):
+                result = run_pope(engine, questions, images_dir, out, skip_bad=skip_bad,
+                                  progress=bar.update if shard is None else None, lock=lock, shard=shard)
     except (DataError, CheckpointError, ImageError, ValueError, NotImplementedError) as err:
-        _fail(str(err))
+        _fail(_on_rank(shard, str(err)))
     except OSError as err:
-        _fail(_os_message(err))
+        _fail(_on_rank(shard, _os_message(err)))
+    except Exception as err:  # under torchrun: name the rank, and let torchrun stop the others
+        if shard is None:
+            raise
+        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
+    if not lead:
+        return
     if result.recorded_before:
         click.echo(f"resumed: {result.recorded_before} of {result.questions} questions were already recorded")
-    click.echo(f"{result.evaluated_prompts} unique prompts evaluated for {result.questions} questions; "
-               f"{result.error_records} error records; phases (s): {engine.timings.to_json()}")
+    ranks = f" on {shard.world_size} ranks" if shard else ""
+    click.echo(f"{result.evaluated_prompts} unique prompts evaluated for {result.questions} questions{ranks}; "
+               f"{result.error_records} error records; phases (s): {engine.timings.to_json()}"
+               + (" (rank 0)" if shard else ""))
     click.echo(format_runs(result.runs, "table"))
     click.echo(f"records, meta and summaries in {result.out_dir}")
+
+
+def _shard(device: str):
+    """This process's Shard, joined to its torchrun job, or None outside torchrun."""
+    from .engine import Shard
+
+    try:
+        shard = Shard.from_env()
+        if shard is not None:
+            shard.join(device)
+    except (ValueError, RuntimeError) as err:
+        _fail(f"torchrun: cannot join the job ({err})")
+    return shard
+
+
+@contextmanager
+def _step(shard):
+    """A step every rank takes: if it fails on any rank, every rank stops naming the first that failed."""
+    if shard is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as err:
+        shard.agree(err)
+        raise
+    shard.agree(None)
+
+
+@contextmanager
+def _job_progress(shard, out: Path, bar):
+    """Under torchrun, rank 0's bar counts the records of the whole job (records.jsonl and every rank's
+    part), read by a thread twice a second."""
+    if shard is None or not shard.lead:
+        yield
+        return
+    from .engine.distributed import RecordCount
+
+    count, stop = RecordCount(out), threading.Event()
+
+    def watch():
+        while not stop.wait(0.5):
+            bar.update(max(0, min(count(), bar.total) - bar.n))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    bar.update(max(0, min(count(), bar.total) - bar.n))
+
+
+def _on_rank(shard, message: str) -> str:
+    """A message from one rank of a torchrun job, named as such, and left where torchrun's summary shows it."""
+    if shard is None:
+        return message
+    if not message.startswith("rank "):
+        message = f"{shard.name}: {message}"
+    shard.record_failure(message)
+    return message
 
 
 def _questions(sources, split, dataset) -> list:
