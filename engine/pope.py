@@ -4,7 +4,8 @@ Identical (image, prompt) pairs are evaluated once and recorded in every split t
 3 × 3,000 questions are ~5,127 prompts). Records are appended image by image; a run that stops
 resumes from them, skipping every question already recorded, once it has proven that the folder holds
 this run's records (the same checkpoint bytes, settings, questions and image bytes). One process
-writes a folder at a time (RunLock).
+writes a folder at a time (RunLock); under torchrun that is rank 0, and every rank writes its own part
+of the records, which rank 0 merges (`distributed.py`).
 """
 from __future__ import annotations
 

@@ -369,6 +369,9 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
         _fail("--questions 0 means all of --pope's questions; without --pope give a number of built-in questions")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = device.startswith("cuda")
+    shard = _shard(device)  # under torchrun every rank times its share; rank 0 reports
+    if shard is not None:
+        device = shard.device(device)
     names = list(SEED_FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
     dirs = {}
     for item in model_dirs:
@@ -382,7 +385,7 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
                       reference_sample=reference_sample or (200 if on_cuda else None), repeat=repeat,
                       batch_size=batch_size, probe=probe,
                       work_dir=Path(work_dir) if work_dir else None, model_dirs=dirs,
-                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None)
+                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, shard=shard)
     bars: dict[str, tqdm] = {}
 
     def progress(label: str, n: int, total: int) -> None:
@@ -393,13 +396,18 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
     try:
         report = run_bench(cfg, progress)
     except ValueError as err:
-        _fail(str(err))
+        _fail(_on_rank(shard, str(err)))
     except OSError as err:
-        _fail(_os_message(err))
+        _fail(_on_rank(shard, _os_message(err)))
+    except Exception as err:  # under torchrun: name the rank, and let torchrun stop the others
+        if shard is None:
+            raise
+        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
     finally:
         for bar in bars.values():
             bar.close()
-    click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
+    if shard is None or shard.lead:
+        click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
 
 
 @main.command()
