@@ -94,7 +94,7 @@ class Shard:
         self.timeout = timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, 3600)))
         on_cuda = device.startswith("cuda")
         if on_cuda:
-            torch.cuda.set_device(torch.device(device))
+            torch.cuda.set_device(torch.device(self.device(device)))
         if not dist.is_initialized():
             dist.init_process_group("nccl" if on_cuda else "gloo", timeout=timeout)
         self.group = dist.new_group(backend="gloo", timeout=timeout) if on_cuda else dist.group.WORLD

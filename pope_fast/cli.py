@@ -173,8 +173,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
                                       "the image tokens (heads averaged); image-attention:heads: every head too")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, dataset, template, readouts, quant,
-             dtype, device, batch_size, image_batch, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
-             no_prefix_reuse, probe, skip_bad) -> None:
+             dtype, device, batch_size, image_batch, cache_dir, max_new_tokens, image_aspect, nf4_weights,
+             quantize_lm_head, kernels, no_prefix_reuse, probe, skip_bad) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by

@@ -187,9 +187,9 @@ def job(tmp_path_factory):
     questions = builtin_questions(36, "demo")
     write_question_file(root / "demo_pope.json", questions)
     write_images(root / "images", [q.image for q in questions])
-    job = SimpleNamespace(root=root, args=["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"),
-                                           "--split", "demo", "--images", str(root / "images"), "--max-new-tokens", "6",
-                                           "--image-batch", "2", "--device", "cpu"])
+    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"), "--split", "demo",
+            "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
+    job = SimpleNamespace(root=root, args=args)
     single = _run(job, 0, root / "single")
     assert single.returncode == 0, single.stderr
     return job
@@ -220,7 +220,8 @@ def _same_run(job, out: Path) -> None:
     for name in ("records.jsonl", "meta.json"):
         assert (out / name).read_bytes() == (single / name).read_bytes(), name
     for name in ("summary.json", "summary.md"):  # identical but for the folder they name
-        assert (out / name).read_text().replace(str(out), "RUN") == (single / name).read_text().replace(str(single), "RUN")
+        ours, theirs = (out / name).read_text(), (single / name).read_text()
+        assert ours.replace(str(out), "RUN") == theirs.replace(str(single), "RUN"), name
     assert not list(out.glob("records.rank*"))
 
 
