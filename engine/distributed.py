@@ -99,6 +99,11 @@ class Shard:
             dist.init_process_group("nccl" if on_cuda else "gloo", timeout=timeout)
         self.group = dist.new_group(backend="gloo", timeout=timeout) if on_cuda else dist.group.WORLD
 
+    def leave(self) -> None:
+        """Leave the process group once this rank's work is done (NCCL asks for it before exit)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
     def agree(self, error: BaseException | None) -> None:
         """Every rank's outcome of one step; if any failed, RankError on every rank naming the first."""
         outcomes = [None] * self.world_size
@@ -124,6 +129,8 @@ class Shard:
         if self.lead:
             try:
                 fold_parts(out_dir)
+                with RecordWriter(out_dir):  # mends a torn last line before the other ranks read the file
+                    pass
             except (DataError, OSError) as err:
                 error = err
         self.agree(error)

@@ -228,6 +228,8 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
         if shard is None:
             raise
         _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
+    if shard is not None:
+        shard.leave()
     if not lead:
         return
     if result.recorded_before:
@@ -406,6 +408,8 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
     finally:
         for bar in bars.values():
             bar.close()
+    if shard is not None:
+        shard.leave()
     if shard is None or shard.lead:
         click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
 

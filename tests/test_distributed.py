@@ -15,12 +15,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pope_fast.engine.distributed import (FAIL_ENV, RecordCount, Shard, assign_steps, fold_parts, image_steps,
-                                          part_name)
+from pope_fast.engine.distributed import (FAIL_ENV, RankError, RecordCount, Shard, assign_steps, fold_parts,
+                                          image_steps, part_name)
 from pope_fast.engine.pope import canonical_order
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_llava_checkpoint, write_question_file
 from pope_fast.engine.vision_cache import VisionCache
-from pope_fast.readout import Question, RecordWriter, make_record
+from pope_fast.readout import Question, RunLock, make_record
 from pope_fast.readout.records import order_records
 
 
@@ -146,6 +146,37 @@ def test_record_count_follows_parts_and_a_replaced_file(tmp_path):
     assert count() == 4
 
 
+@pytest.fixture
+def alone():
+    """A process group of one (gloo, in this process): the collectives run without launching anything."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield Shard(0, 1, 0, group=dist.group.WORLD)
+    dist.destroy_process_group()
+
+
+def test_begin_and_merge_leave_one_whole_records_file(alone, tmp_path):
+    (tmp_path / "records.jsonl").write_text(_line(_record(1)) + _line(_record(2))[:30])  # a crash mid-line
+    alone.begin(tmp_path)
+    assert (tmp_path / "records.jsonl").read_text() == _line(_record(1))
+    (tmp_path / part_name(4)).write_text(_line(_record(3)))  # left by a job of five ranks
+    alone.begin(tmp_path)
+    assert (tmp_path / "records.jsonl").read_text() == _line(_record(1)) + _line(_record(3))
+    with alone.writer(tmp_path) as writer:
+        assert set(writer.done) == {("", "demo", "1"), ("", "demo", "3")}
+        writer.write([_record(2)])
+    assert alone.merge(tmp_path, (1, 0)) == (1, 0)
+    assert (tmp_path / "records.jsonl").read_text() == "".join(_line(_record(i)) for i in (1, 3, 2))
+    assert not list(tmp_path.glob("records.rank*"))
+
+
+def test_agree_names_the_rank_that_failed(alone):
+    alone.agree(None)
+    with pytest.raises(RankError, match=r"^rank 0 of 1: no such checkpoint$"):
+        alone.agree(ValueError("no such checkpoint"))
+
+
 # A rank's cache traffic: put every key, and read back another whenever it is on disk. The child runs
 # vision_cache.py alone (it imports nothing of ours), sparing each the engine's seconds of imports.
 WRITER = """
@@ -258,6 +289,12 @@ def test_a_rank_that_fails_stops_the_job_and_any_number_of_ranks_resumes_it(job)
     assert not images[part_name(0)] & images[part_name(1)]  # every prompt of an image on one rank
     assert sum(map(len, parts.values())) < 36
     shutil.copytree(out, job.root / "stopped-copy")
+    with RunLock(out):  # a failure in setup, on rank 0 alone: every rank stops with its message
+        busy = _run(job, 2, out)
+    assert busy.returncode != 0
+    stops = [line for line in busy.stderr.splitlines() if line.startswith("Error: ")]  # one per rank
+    assert len(stops) == 2 and all(line.startswith("Error: rank 0 of 2: ") for line in stops), busy.stderr
+    assert "another pope-fast run is writing here" in stops[0]
     resumed = _run(job, 3, out)
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed: {sum(map(len, parts.values()))} of 36 questions were already recorded" in resumed.stdout
