@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..engine import FAMILIES, Counts, Engine, Settings, run_pope
+from ..engine import FAMILIES, Counts, Engine, Settings, Shard, run_pope
 from ..engine.synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
                                 write_llava_next_checkpoint, write_mplug_owl2_checkpoint, write_qwen2_vl_checkpoint)
 from ..readout import READOUTS, Question, load_questions
@@ -60,6 +60,7 @@ class BenchConfig:
     work_dir: Path | None = None
     model_dirs: dict[str, Path] = field(default_factory=dict)
     tokenizer_dir: Path | None = None
+    shard: Shard | None = None  # under torchrun: each rank times its share of the questions
 
 
 def median_run(runs: list, key=None):
@@ -271,6 +272,8 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     engine.warmup()
     engine.meta()  # hashes the checkpoint's files once (what a resume is proven by), outside the timed runs
     load_s = time.perf_counter() - load_start
+    if cfg.shard is not None:
+        return _bench_shard(name, cfg, engine, questions, images, work, load_s)
     tick = (lambda n: progress(f"{name} pope-fast", n, len(questions) * cfg.repeat)) if progress else None
     records_dir = work / f"{name}-records"
     runs = []  # (wall, phases, counts) per timed run
@@ -322,6 +325,40 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     return entry
 
 
+def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Question], images: Path, work: Path,
+                 load_s: float) -> dict:
+    """Under torchrun: each rank times its share (whole image steps, as `eval` shards them), every timed
+    run started together; the aggregate is all the questions over the slowest rank's wall time. The
+    reference pipeline is a single-process baseline: `pope-fast bench` without torchrun."""
+    shard, device = cfg.shard, engine.settings.torch_device
+    mine = shard.select(questions, engine, {})
+    records_dir = work / f"{name}-records-rank{shard.rank}"
+    walls = []  # per timed run: every rank's wall time
+    for _ in range(cfg.repeat):
+        shutil.rmtree(records_dir, ignore_errors=True)
+        engine.reset(clear_cache=True)
+        shard.gather(None)  # a barrier: the ranks start each timed run together
+        start = time.perf_counter()
+        prompts = run_pope(engine, mine, images, records_dir).evaluated_prompts if mine else 0  # more ranks than steps
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        walls.append(shard.gather(time.perf_counter() - start))
+    wall = median_run([max(run) for run in walls])
+    rank_walls = [median_run(list(w)) for w in zip(*walls)]  # each rank's own median
+    shares = shard.gather((len(mine), prompts, round(peak_memory_mb(device), 1)))
+    ranks = [{"rank": r, "questions": n, "unique_prompts": p, "wall_s": round(w, 3),
+              "questions_per_s": round(n / w, 2) if n else 0.0, "peak_memory_mb": m}
+             for r, ((n, p, m), w) in enumerate(zip(shares, rank_walls))]
+    ours = {"questions": len(questions), "unique_prompts": sum(r["unique_prompts"] for r in ranks),
+            "wall_s": round(wall, 3), "questions_per_s": round(len(questions) / wall, 2),
+            "runs_s": [round(max(run), 3) for run in walls], "load_s": round(load_s, 2),
+            "phases_s": engine.timings.to_json(), "peak_memory_mb": max(r["peak_memory_mb"] for r in ranks),
+            "settings": engine.settings.to_json(), "ranks": ranks}
+    return {"checkpoint": str(engine.model.folder), "size": cfg.size if name not in cfg.model_dirs else "checkpoint",
+            "pope_fast": ours, "reference_unavailable": "not run under torchrun (the single-process baseline: "
+                                                        "pope-fast bench without torchrun)"}
+
+
 def run_bench(cfg: BenchConfig, progress: Callable[[str, int, int], None] | None = None) -> dict:
     unknown = [m for m in cfg.models if m not in SEED_FAMILIES]
     if unknown:
@@ -329,6 +366,8 @@ def run_bench(cfg: BenchConfig, progress: Callable[[str, int, int], None] | None
     report = {"device": _device_name(cfg.device), "size": cfg.size, "models": {}, "unsupported": {}}
     with tempfile.TemporaryDirectory(prefix="pope-fast-bench-") as tmp:
         work = Path(cfg.work_dir or tmp)
+        if cfg.shard is not None and cfg.work_dir:  # each rank writes its own checkpoints and records
+            work = work / f"rank{cfg.shard.rank}"
         for name in cfg.models:
             if name not in FAMILIES:
                 report["unsupported"][name] = f"{SEED_FAMILIES[name]}: the engine has no {name} family yet"
@@ -370,4 +409,14 @@ def format_report(report: dict) -> str:
                      f"{ours['questions_per_s']} | {ours['wall_s']} | " + " | ".join(cols) + f" | {phases} | {floor} |")
     for name, why in report["unsupported"].items():
         lines.append(f"| {name} | unsupported: {why} | | | | | | | | | |")
+    ranked = [(name, e["pope_fast"]) for name, e in report["models"].items() if "ranks" in e["pope_fast"]]
+    if ranked:
+        lines += ["", "torchrun: each rank's share; the row above is all of them (all questions over the slowest "
+                      "rank's wall time)", "",
+                  "| model | rank | questions | q/s | s | peak MB |", "|---|---|---|---|---|---|"]
+        for name, ours in ranked:
+            lines += [f"| {name} | {r['rank']} | {r['questions']} ({r['unique_prompts']} prompts) | "
+                      f"{r['questions_per_s']} | {r['wall_s']} | {r['peak_memory_mb']:.0f} |" for r in ours["ranks"]]
+            lines.append(f"| {name} | all {len(ours['ranks'])} | {ours['questions']} | {ours['questions_per_s']} | "
+                         f"{ours['wall_s']} | {ours['peak_memory_mb']:.0f} |")
     return "\n".join(lines)

@@ -5,6 +5,7 @@
     answers = engine.score("cat.jpg", ["Is there a cat in the image?"])
 """
 from .core import Answer, Engine
+from .distributed import RankError, Shard
 from .families import FAMILIES, Family, load_model
 from .images import ImageError, LoadedImage, check_images, read_image
 from .interventions import ImageAttentionAmplification, ImageAttentionTemperature, PAIAttention
@@ -20,4 +21,5 @@ from .vision_cache import VisionCache
 __all__ = ["Answer", "Engine", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
            "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature",
            "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope", "write_summaries",
-           "METHODS", "Method", "parse_method", "run_paired", "Settings", "Counts", "Timings", "VisionCache"]
+           "METHODS", "Method", "parse_method", "run_paired", "RankError", "Shard", "Settings", "Counts", "Timings",
+           "VisionCache"]

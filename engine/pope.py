@@ -20,8 +20,9 @@ from typing import Callable, Iterator
 
 from ..readout import (META_FILE, Question, RecordWriter, RunLock, format_runs, make_record, read_meta, read_records,
                        score_records, write_meta)
-from ..readout.records import atomic_write, leaf_differences, record_key
+from ..readout.records import atomic_write, leaf_differences, order_records, record_key
 from .core import Engine
+from .distributed import Shard, fold_parts
 from .images import ImageError, check_images, embedded_path, read_image
 from .methods import Method
 
@@ -123,31 +124,36 @@ def _image_sha256(path: Path) -> str | None:
 
 def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
              skip_bad: bool = False, progress: Callable[[int], None] | None = None,
-             workers: int | None = None, lock: RunLock | None = None) -> SweepResult:
+             workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None) -> SweepResult:
     """Evaluate every question not yet recorded in out_dir; returns the scored runs. `workers`
     threads (default: one per CPU core, at most 8) check, read, decode and preprocess images ahead of
     the model. Images embedded in the questions (parquet) are read from there, the others from
-    images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it (`lock`)."""
-    return _run(engine, questions, images_dir, Path(out_dir), None, skip_bad, progress, workers, lock)[0]
+    images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it (`lock`). Under
+    torchrun (`shard`) this rank runs its share of the images and rank 0, the one that holds the lock,
+    merges the ranks' records; only rank 0's result holds the scored runs."""
+    return _run(engine, questions, images_dir, Path(out_dir), None, skip_bad, progress, workers, lock, shard)[0]
 
 
 def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path,
                 methods: list[Method], *, skip_bad: bool = False, progress: Callable[[int], None] | None = None,
-                workers: int | None = None, lock: RunLock | None = None) -> list[SweepResult]:
+                workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None
+                ) -> list[SweepResult]:
     """A paired run: every method on the same questions, images and settings in one sweep, each into
     its own ordinary run folder out_dir/<method name>/ (resumable as any run), sharing the vision
     features and every pass the methods have in common (Engine.run_methods). `progress` counts
-    questions once, not once per method."""
+    questions once, not once per method. Under torchrun (`shard`) as run_pope, every method's share of
+    an image on the same rank."""
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"method {next(n for n in names if names.count(n) > 1)} is given twice; one run folder "
                          "each: name each method once")
     for m in methods:  # settings that do not fit this model are refused before any folder is touched
         m.passes(engine.model.lm.dims.num_layers)
-    return _run(engine, questions, images_dir, Path(out_dir), methods, skip_bad, progress, workers, lock)
+    return _run(engine, questions, images_dir, Path(out_dir), methods, skip_bad, progress, workers, lock, shard)
 
 
-def _run(engine, questions, images_dir, out_dir, methods, skip_bad, progress, workers, lock) -> list[SweepResult]:
+def _run(engine, questions, images_dir, out_dir, methods, skip_bad, progress, workers, lock, shard
+         ) -> list[SweepResult]:
     images_dir = None if images_dir is None else Path(images_dir)
     seen = set()
     for q in questions:
@@ -157,8 +163,10 @@ def _run(engine, questions, images_dir, out_dir, methods, skip_bad, progress, wo
                              + (f" of {q.dataset}" if q.dataset else ""))
         seen.add(key)
     out_dir.mkdir(parents=True, exist_ok=True)
-    with nullcontext() if lock is not None else RunLock(out_dir):
-        return _sweep(engine, questions, images_dir, out_dir, methods, skip_bad, progress, workers or default_workers())
+    # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
+    with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
+        return _sweep(engine, questions, images_dir, out_dir, methods, skip_bad, progress, workers or default_workers(),
+                      shard)
 
 
 @dataclass
@@ -175,28 +183,36 @@ class _Sink:
 
 
 def _open_sink(engine: Engine, folder: Path, method: Method | None, questions: list[Question],
-               images_dir: Path | None, embedded: dict[str, bytes], workers: int, stack: ExitStack) -> _Sink:
-    """The folder's writer once it is proven to hold this run's records (or none), its meta written."""
+               images_dir: Path | None, embedded: dict[str, bytes], workers: int, stack: ExitStack,
+               shard: Shard | None) -> _Sink:
+    """The folder's writer (under torchrun, this rank's part) once it is proven to hold this run's
+    records (or none), its meta written."""
     folder.mkdir(parents=True, exist_ok=True)
     meta = engine.meta(method)
     _check_resumable(folder, read_meta(folder / META_FILE), meta)
-    writer = stack.enter_context(RecordWriter(folder))
+    if shard is None:
+        fold_parts(folder)  # records a torchrun job left in rank parts count as recorded
+    else:
+        shard.begin(folder)
+    writer = stack.enter_context(RecordWriter(folder) if shard is None else shard.writer(folder))
     if writer.done and not any(dataset for dataset, _, _ in writer.done):
         # A folder begun before records named their dataset goes on without it, as the one run it is.
         questions = [replace(q, dataset="") for q in questions]
     _check_done(writer, questions, images_dir, embedded, workers)
-    write_meta(folder, meta)
+    if shard is None or shard.lead:
+        write_meta(folder, meta)
     todo = {record_key(q.split, q.key, q.dataset) for q in questions} - set(writer.done)
     return _Sink(folder, method, writer, questions, todo, meta["readouts"])
 
 
 def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, out_dir: Path,
            methods: list[Method] | None, skip_bad: bool, progress: Callable[[int], None] | None,
-           workers: int) -> list[SweepResult]:
+           workers: int, shard: Shard | None) -> list[SweepResult]:
     embedded = _embedded_images(questions)
     with ExitStack() as stack:
         folders = [(out_dir, None)] if methods is None else [(out_dir / m.name, m) for m in methods]
-        sinks = [_open_sink(engine, folder, m, questions, images_dir, embedded, workers, stack) for folder, m in folders]
+        sinks = [_open_sink(engine, folder, m, questions, images_dir, embedded, workers, stack, shard)
+                 for folder, m in folders]
         # Every question some folder lacks, in question order (as the first folder names it: a resumed
         # pre-dataset plain run drops the dataset name, and is the only folder of its sweep).
         todo = [q for i, q in enumerate(sinks[0].questions)
@@ -211,6 +227,8 @@ def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, o
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
                              "fix them or pass --skip-bad to record them as errors")
+        if shard is not None:  # this rank's whole image steps; the same images for every method
+            todo = shard.select(todo, engine, problems)
         errors = [q for q in todo if q.image in problems]
         _write(sinks, [(q, {"error": problems[q.image]}) for q in errors], engine)
         if progress and errors:
@@ -241,9 +259,27 @@ def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, o
 
     results = []
     for sink in sinks:
-        runs = write_summaries(sink.folder, sink.readouts)
-        results.append(SweepResult(sink.folder, len(questions), before, evaluated, len(errors) + late_errors, runs))
+        counts = (evaluated, len(errors) + late_errors)
+        if shard is not None:  # the end barrier; rank 0 folds the parts into records.jsonl
+            counts = shard.merge(sink.folder, counts)
+            if not shard.lead:
+                results.append(SweepResult(sink.folder, len(questions), before, *counts, []))
+                continue
+        order_records(sink.folder, canonical_order(sink.questions, engine.prompt))
+        results.append(SweepResult(sink.folder, len(questions), before, *counts, write_summaries(sink.folder, sink.readouts)))
     return results
+
+
+def canonical_order(questions: list[Question], prompt: Callable[[str], str]) -> dict[tuple[str, str, str], int]:
+    """Question key → its place in records.jsonl, whatever the batching, ranks or resumes: image by image
+    as first asked, each image's prompts as first asked, then the questions asking a prompt in order (the
+    order an uninterrupted single process writes, error records aside)."""
+    by_image: dict[str, dict[str, list[Question]]] = {}
+    for q in questions:
+        by_image.setdefault(q.image, {}).setdefault(prompt(q.text), []).append(q)
+    keys = [record_key(q.split, q.key, q.dataset) for prompts in by_image.values() for qs in prompts.values()
+            for q in qs]
+    return {key: i for i, key in enumerate(keys)}
 
 
 def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, dict[str, list[Question]]],

@@ -5,6 +5,8 @@ from __future__ import annotations
 import errno
 import sys
 import tempfile
+import threading
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import click
@@ -174,6 +176,9 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="default: fp32 on CPU, fp16 on CUDA and with NF4")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
 @click.option("--batch-size", default=16, show_default=True, help="question suffixes per prefill batch")
+@click.option("--image-batch", default=8, show_default=True, type=click.IntRange(min=1),
+              help="images per model step (one vision batch, their prefixes prefilled together); under torchrun "
+                   "the unit the ranks share")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="disk cache of image features")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
               help="greedy tokens for every string readout (default: each as its reference runs it: string_parse "
@@ -194,8 +199,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
                    "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, dataset, template, readouts, quant,
-             dtype, device, batch_size, cache_dir, max_new_tokens, image_aspect, nf4_weights, quantize_lm_head, kernels,
-             no_prefix_reuse, probe, method_specs, skip_bad) -> None:
+             dtype, device, batch_size, image_batch, cache_dir, max_new_tokens, image_aspect, nf4_weights,
+             quantize_lm_head, kernels, no_prefix_reuse, probe, method_specs, skip_bad) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
@@ -209,12 +214,14 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     if model_dir is not None and not question_files:
         _fail("with --model, give --questions (and --images unless the questions embed them)")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    shard = _shard(device)  # None outside torchrun
     out = _writable_dir(out_dir, "--out")
     if cache_dir is not None:
         _writable_dir(cache_dir, "--cache-dir")
     try:
-        settings = Settings(device=device, dtype=dtype, quant=quant, quantize_lm_head=quantize_lm_head,
-                            nf4_weights=nf4_weights, batch_size=batch_size,
+        settings = Settings(device=shard.device(device) if shard else device, dtype=dtype, quant=quant,
+                            quantize_lm_head=quantize_lm_head, nf4_weights=nf4_weights, batch_size=batch_size,
+                            image_batch=image_batch,
                             # the demo's random model never ends a sentence: it reads 6 tokens
                             max_new_tokens=max_new_tokens or (6 if model_dir is None else None),
                             image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse,
@@ -222,31 +229,52 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
         names = parse_readouts(readouts)
         methods = [parse_method(spec) for spec in method_specs]
         _check_method_readouts(methods, names if readouts.strip() != "all" else [])
-        with RunLock(out) as lock:  # before the load: a second run into this folder is refused at once
-            questions = _questions(question_files, split, dataset)
-            if model_dir is None:
-                model_dir, questions, images_dir = _demo_inputs(out, questions, images_dir, demo_questions, split)
-            elif images_dir is None and any(q.image_data is None for q in questions):
-                _fail("the question files name image files: give --images (parquet files embed their images)")
-            engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
-            engine.warmup()
-            with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True) as bar:
+        lead = shard is None or shard.lead
+        with ExitStack() as stack:
+            with _step(shard):  # rank 0 locks the folder before the load and writes the demo's inputs
+                # a second run into this folder is refused at once
+                lock = stack.enter_context(RunLock(out)) if lead else None
+                questions = _questions(question_files, split, dataset)
+                if model_dir is None and lead:
+                    _demo_inputs(out, questions, images_dir, demo_questions, split)
+            with _step(shard):
+                if model_dir is None:
+                    model_dir, questions, images_dir = _demo_inputs(out, questions, images_dir, demo_questions, split)
+                elif images_dir is None and any(q.image_data is None for q in questions):
+                    _fail("the question files name image files: give --images (parquet files embed their images)")
+                engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
+                engine.warmup()
+            # every method records each question once: the first method's folder counts the job's progress
+            counted = out / methods[0].name if methods else out
+            with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True, disable=not lead) as bar, \
+                    _job_progress(shard, counted, bar):
+                progress = bar.update if shard is None else None
                 if methods:
                     results = run_paired(engine, questions, images_dir, out, methods, skip_bad=skip_bad,
-                                         progress=bar.update, lock=lock)
+                                         progress=progress, lock=lock, shard=shard)
                 else:
-                    results = [run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=bar.update,
-                                        lock=lock)]
-            comparison = _write_comparison(out, [r.out_dir for r in results]) if len(methods) > 1 else None
+                    results = [run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=progress,
+                                        lock=lock, shard=shard)]
+            comparison = _write_comparison(out, [r.out_dir for r in results]) if len(methods) > 1 and lead else None
     except (DataError, CheckpointError, ImageError, ValueError, NotImplementedError) as err:
-        _fail(str(err))
+        _fail(_on_rank(shard, str(err)))
     except OSError as err:
-        _fail(_os_message(err))
+        _fail(_on_rank(shard, _os_message(err)))
+    except Exception as err:  # under torchrun: name the rank, and let torchrun stop the others
+        if shard is None:
+            raise
+        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
+    if shard is not None:
+        shard.leave()
+    if not lead:
+        return
     first = results[0]
     if first.recorded_before:
         click.echo(f"resumed: {first.recorded_before} of {first.questions} questions were already recorded")
-    click.echo(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions; "
-               f"{first.error_records} error records; phases (s): {engine.timings.to_json()}")
+    ranks = f" on {shard.world_size} ranks" if shard else ""
+    click.echo(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions{ranks}; "
+               f"{first.error_records} error records; phases (s): {engine.timings.to_json()}"
+               + (" (rank 0)" if shard else ""))
     for result in results:
         if methods:
             click.echo(f"\n{result.out_dir.name}:")
@@ -274,6 +302,68 @@ def _write_comparison(out: Path, runs: list[Path]) -> str:
     result = compare_runs([str(r) for r in runs])
     atomic_write(out / "compare.json", format_compare(result, "json") + "\n")
     return format_compare(result, "markdown")
+
+
+def _shard(device: str):
+    """This process's Shard, joined to its torchrun job, or None outside torchrun."""
+    from .engine import Shard
+
+    try:
+        shard = Shard.from_env()
+        if shard is not None:
+            shard.join(device)
+    except (ValueError, RuntimeError) as err:
+        _fail(f"torchrun: cannot join the job ({err})")
+    return shard
+
+
+@contextmanager
+def _step(shard):
+    """A step every rank takes: if it fails on any rank, every rank stops naming the first that failed."""
+    if shard is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as err:
+        shard.agree(err)
+        raise
+    shard.agree(None)
+
+
+@contextmanager
+def _job_progress(shard, out: Path, bar):
+    """Under torchrun, rank 0's bar counts the records of the whole job (records.jsonl and every rank's
+    part), read by a thread twice a second."""
+    if shard is None or not shard.lead:
+        yield
+        return
+    from .engine.distributed import RecordCount
+
+    count, stop = RecordCount(out), threading.Event()
+
+    def watch():
+        while not stop.wait(0.5):
+            bar.update(max(0, min(count(), bar.total) - bar.n))
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+    bar.update(max(0, min(count(), bar.total) - bar.n))
+
+
+def _on_rank(shard, message: str) -> str:
+    """A message from one rank of a torchrun job, named as such, and left where torchrun's summary shows it."""
+    if shard is None:
+        return message
+    if not message.startswith("rank "):
+        message = f"{shard.name}: {message}"
+    shard.record_failure(message)
+    return message
 
 
 def _questions(sources, split, dataset) -> list:
@@ -343,6 +433,9 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
         _fail("--questions 0 means all of --pope's questions; without --pope give a number of built-in questions")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = device.startswith("cuda")
+    shard = _shard(device)  # under torchrun every rank times its share; rank 0 reports
+    if shard is not None:
+        device = shard.device(device)
     names = list(SEED_FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
     dirs = {}
     for item in model_dirs:
@@ -356,7 +449,7 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
                       reference_sample=reference_sample or (200 if on_cuda else None), repeat=repeat,
                       batch_size=batch_size, probe=probe,
                       work_dir=Path(work_dir) if work_dir else None, model_dirs=dirs,
-                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None)
+                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, shard=shard)
     bars: dict[str, tqdm] = {}
 
     def progress(label: str, n: int, total: int) -> None:
@@ -367,13 +460,20 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
     try:
         report = run_bench(cfg, progress)
     except ValueError as err:
-        _fail(str(err))
+        _fail(_on_rank(shard, str(err)))
     except OSError as err:
-        _fail(_os_message(err))
+        _fail(_on_rank(shard, _os_message(err)))
+    except Exception as err:  # under torchrun: name the rank, and let torchrun stop the others
+        if shard is None:
+            raise
+        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
     finally:
         for bar in bars.values():
             bar.close()
-    click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
+    if shard is not None:
+        shard.leave()
+    if shard is None or shard.lead:
+        click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
 
 
 @main.command()

@@ -115,8 +115,11 @@ class RecordWriter:
     writers of old) are refused, naming `repair_records`.
     """
 
-    def __init__(self, out_dir: str | Path):
-        self.path = Path(out_dir) / RECORDS_FILE
+    def __init__(self, out_dir: str | Path, name: str = RECORDS_FILE, also: tuple[str, ...] = ()):
+        self.path = Path(out_dir) / name
+        # files of the same run read as recorded but never written (a torchrun rank writes its own part
+        # and reads the merged records.jsonl)
+        self.also = [Path(out_dir) / n for n in also]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.done: dict[tuple[str, str, str], dict] = {}
         self.recorded: set[tuple[str, str, str]] = set()  # every record's key, error records' too
@@ -124,9 +127,12 @@ class RecordWriter:
 
     def open(self) -> dict[tuple[str, str, str], dict]:
         try:
+            for path in self.also:
+                if path.exists():
+                    self._read(path, path.read_text(encoding="utf-8"))
             if self.path.exists():
                 self._mend_last_line()
-                self._read(self.path.read_text(encoding="utf-8"))
+                self._read(self.path, self.path.read_text(encoding="utf-8"))
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as err:
             raise OSError(err.errno, err.strerror, str(self.path)) from None
@@ -134,19 +140,19 @@ class RecordWriter:
             raise DataError(f"{self.path}: not UTF-8 text ({err})") from None
         return dict(self.done)
 
-    def _read(self, text: str) -> None:
+    def _read(self, path: Path, text: str) -> None:
         for lineno, line in json_lines(text):
-            where = f"{self.path}:{lineno}"
+            where = f"{path}:{lineno}"
             try:
                 rec = checked_record(json.loads(line), where)
             except json.JSONDecodeError as err:
                 raise DataError(f"{where}: not a pope-fast record ({err.msg}); `pope-fast repair "
-                                f"{self.path.parent}` drops such lines") from None
+                                f"{path.parent}` drops such lines") from None
             key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
             self.recorded.add(key)
             if "error" not in rec:
                 if key in self.done:
-                    raise DataError(duplicate_message(where, key, self.path.parent))
+                    raise DataError(duplicate_message(where, key, path.parent))
                 self.done[key] = rec
 
     def _mend_last_line(self) -> None:
@@ -263,6 +269,24 @@ def repair_records(run_dir: str | Path) -> tuple[int, int]:
         kept[key] = line
     atomic_write(path, "".join(line + "\n" for line in kept.values()))
     return len(kept), dropped
+
+
+def order_records(run_dir: str | Path, order: dict[tuple[str, str, str], int]) -> bool:
+    """Put records.jsonl's lines in `order` (question key → position), rewriting the file only where it
+    is out of order; the lines of one question keep their order (an error record, then its retry), and
+    lines of questions `order` lacks (another split recorded here earlier) come first as they were.
+    Returns whether the file was rewritten."""
+    path = Path(run_dir) / RECORDS_FILE
+    lines = [line for _, line in json_lines(path.read_text(encoding="utf-8"))]
+    positions = []
+    for line in lines:
+        rec = json.loads(line)
+        positions.append(order.get(record_key(rec["split"], rec["question_id"], rec.get("dataset", "")), -1))
+    if all(a <= b for a, b in zip(positions, positions[1:])):
+        return False
+    ranked = sorted(range(len(lines)), key=positions.__getitem__)  # stable: a question's lines keep their order
+    atomic_write(path, "".join(lines[i] + "\n" for i in ranked))
+    return True
 
 
 def atomic_write(path: Path, text: str) -> None:

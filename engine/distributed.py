@@ -1,0 +1,282 @@
+"""Scale-out with torchrun: one sweep split across processes (ranks) by image, its records merged exactly.
+
+torchrun starts one process per device and gives each RANK, WORLD_SIZE, LOCAL_RANK and the rendezvous;
+`Shard.from_env` reads them and `Shard.join` joins the process group (gloo on CPU, nccl on CUDA, and a
+gloo group beside it for the few control messages). A sweep then asks the shard
+
+- which questions this rank runs (`select`): whole image steps (the `image_batch` images a single process
+  runs as one model step), so every prompt of an image is on one rank (prefix reuse and dedup keep their
+  full effect) and each rank's results are bit for bit a single process's; balanced by vision tokens plus
+  prompt tokens with a greedy costliest-first assignment that every rank computes alike from the same
+  questions and records;
+- where its records go (`writer`): its own part, `records.rank<R>.jsonl`, while the run's `records.jsonl`
+  is read as recorded, so whatever any rank recorded before is skipped;
+- for the merge (`merge`): a barrier after which rank 0 folds the parts into `records.jsonl`.
+
+Parts left by a job that stopped are folded in by rank 0 before any rank reads what is recorded
+(`begin`), so a rerun with any number of ranks, or a single process (`fold_parts`), resumes from them.
+Rank 0 alone holds the run folder's RunLock; the other ranks write only their parts.
+
+When a rank fails: a step every rank takes at the same point (setup, `begin`, `merge`) ends in `agree`,
+an all-gather of each rank's error, so every rank stops with the first failing rank's message. A rank
+that fails on its own (mid-sweep, or killed) exits non-zero; torchrun's agent then stops the other ranks
+and exits non-zero naming the rank. A rank already waiting in a collective sees gloo's error for the
+closed connection, and a live but hung peer is bounded by the group's timeout (POPE_FAST_DIST_TIMEOUT
+seconds, default 3600: the end barrier waits for the slowest rank's shard); the end barrier is
+`monitored_barrier`, which names the ranks that never arrived.
+"""
+from __future__ import annotations
+
+import heapq
+import json
+import os
+import re
+import signal
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from PIL import Image
+from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
+
+from ..readout import DataError, Question, RecordWriter
+from ..readout.records import RECORDS_FILE, checked_record, json_lines
+
+PART = re.compile(r"records\.rank(\d+)\.jsonl")
+TIMEOUT_ENV = "POPE_FAST_DIST_TIMEOUT"
+# Test hook: "R" (or "R:kill") makes rank R raise (or SIGKILL itself) right after it writes its first
+# image step's records, so tests can stop one rank mid-run.
+FAIL_ENV = "POPE_FAST_TEST_FAIL_RANK"
+
+
+class RankError(ValueError):
+    """A step failed on some rank; raised on every rank, naming the first that failed."""
+
+
+def part_name(rank: int) -> str:
+    return f"records.rank{rank}.jsonl"
+
+
+@dataclass
+class Shard:
+    rank: int
+    world_size: int
+    local_rank: int
+    group: object = field(default=None, repr=False)  # the gloo group for control messages, once joined
+    timeout: timedelta = timedelta(seconds=3600)
+
+    @classmethod
+    def from_env(cls) -> "Shard | None":
+        """This process's place in a torchrun job, or None outside one."""
+        if "WORLD_SIZE" not in os.environ:
+            return None
+        try:
+            return cls(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ.get("LOCAL_RANK", 0)))
+        except (KeyError, ValueError) as err:
+            raise ValueError(f"torchrun environment: RANK/WORLD_SIZE/LOCAL_RANK are not integers ({err})") from None
+
+    @property
+    def lead(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def name(self) -> str:
+        return f"rank {self.rank} of {self.world_size}"
+
+    def device(self, device: str) -> str:
+        """One device per local rank: cuda means cuda:LOCAL_RANK."""
+        return f"cuda:{self.local_rank}" if device == "cuda" else device
+
+    def join(self, device: str) -> None:
+        """Join the job's process group (torchrun's rendezvous from the environment)."""
+        self.timeout = timeout = timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, 3600)))
+        on_cuda = device.startswith("cuda")
+        if on_cuda:
+            torch.cuda.set_device(torch.device(self.device(device)))
+        if not dist.is_initialized():
+            dist.init_process_group("nccl" if on_cuda else "gloo", timeout=timeout)
+        self.group = dist.new_group(backend="gloo", timeout=timeout) if on_cuda else dist.group.WORLD
+
+    def leave(self) -> None:
+        """Leave the process group once this rank's work is done (NCCL asks for it before exit)."""
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    def agree(self, error: BaseException | None) -> None:
+        """Every rank's outcome of one step; if any failed, RankError on every rank naming the first."""
+        outcomes = [None] * self.world_size
+        dist.all_gather_object(outcomes, None if error is None else (str(error) or type(error).__name__),
+                               group=self.group)
+        failed = [(rank, message) for rank, message in enumerate(outcomes) if message is not None]
+        if failed:
+            rank, message = failed[0]
+            raise RankError(message if message.startswith("rank ") else f"rank {rank} of {self.world_size}: {message}")
+
+    def gather(self, value) -> list:
+        values = [None] * self.world_size
+        dist.all_gather_object(values, value, group=self.group)
+        return values
+
+    def record_failure(self, message: str) -> None:
+        """Leave this rank's failure in torchrun's error file, whose message torchrun's summary shows."""
+        ErrorHandler().record_exception(RankError(message))
+
+    def begin(self, out_dir: Path) -> None:
+        """Rank 0 folds in the parts an earlier job left; the others wait, then read what is recorded."""
+        error = None
+        if self.lead:
+            try:
+                fold_parts(out_dir)
+                with RecordWriter(out_dir):  # mends a torn last line before the other ranks read the file
+                    pass
+            except (DataError, OSError) as err:
+                error = err
+        self.agree(error)
+
+    def select(self, questions: list[Question], engine, problems: dict[str, str]) -> list[Question]:
+        """This rank's questions: those of the image steps `assign_steps` gives it (the questions of
+        unusable images, `problems`, go to rank 0, which writes their error records)."""
+        steps = image_steps(questions, problems, engine.settings.image_batch)
+        costs = image_costs(questions, engine)
+        owner = assign_steps([sum(costs[name] for name in step) for step in steps], self.world_size)
+        mine = {name for step, rank in zip(steps, owner) if rank == self.rank for name in step}
+        return [q for q in questions if q.image in mine or (q.image in problems and self.lead)]
+
+    def writer(self, out_dir: Path) -> RecordWriter:
+        """This rank's part, with records.jsonl read as recorded."""
+        return PartWriter(out_dir, part_name(self.rank), also=(RECORDS_FILE,), rank=self.rank)
+
+    def merge(self, out_dir: Path, counts: tuple[int, int]) -> tuple[int, int]:
+        """The end barrier (naming the ranks that never arrive), then rank 0 folds every part into
+        records.jsonl. Returns `counts` (evaluated prompts, error records) summed over the ranks."""
+        try:
+            dist.monitored_barrier(group=self.group, timeout=self.timeout, wait_all_ranks=True)
+        except RuntimeError as err:  # gloo says "failed to pass in <timeout>" for a rank that died at once
+            raise RankError(f"{self.name}: waiting for every rank to finish its share: {err} (a rank that stopped "
+                            "is named by torchrun; rerun the same command to resume)") from None
+        total = tuple(map(sum, zip(*self.gather(counts))))
+        if self.lead:
+            fold_parts(out_dir)
+        return total
+
+
+class PartWriter(RecordWriter):
+    """A rank's RecordWriter; it carries the FAIL_ENV test hook."""
+
+    def __init__(self, out_dir, name, also, rank: int):
+        super().__init__(out_dir, name, also)
+        self.rank = rank
+
+    def write(self, records: list[dict]) -> None:
+        super().write(records)
+        hook = os.environ.get(FAIL_ENV, "")
+        if hook.split(":")[0] == str(self.rank):
+            if hook.endswith(":kill"):
+                os.kill(os.getpid(), signal.SIGKILL)
+            raise RuntimeError(f"test hook {FAIL_ENV}={hook}: stopped after writing {len(records)} records")
+
+
+def image_costs(questions: list[Question], engine) -> dict[str, int]:
+    """Per image, first asked first: the tokens its vision pass runs plus those of its distinct prompts,
+    from the question set alone (a 640 x 480 image's vision tokens stand for every image's)."""
+    model = engine.model
+    vision = model.vision_tokens(model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104))))
+    lengths: dict[str, int] = {}
+    prompts: dict[str, set[str]] = {}
+    for q in questions:
+        prompt = engine.prompt(q.text)
+        if prompt not in lengths:
+            lengths[prompt] = len(model.tokenizer(prompt)["input_ids"])
+        prompts.setdefault(q.image, set()).add(prompt)
+    return {name: vision + sum(lengths[p] for p in asked) for name, asked in prompts.items()}
+
+
+def image_steps(questions: list[Question], problems: dict[str, str], image_batch: int) -> list[list[str]]:
+    """The usable images, first asked first, in the groups a single process runs as one model step.
+    Sharding whole steps keeps each step's batch what it is in a single process, so every rank's fp32
+    results are bit for bit a single process's (a prefill's rounding depends on its batch); and since a
+    step's records are written at once, a stopped job leaves whole steps, and its rerun forms the same
+    steps again from what is left."""
+    names = list(dict.fromkeys(q.image for q in questions if q.image not in problems))
+    return [names[i:i + image_batch] for i in range(0, len(names), image_batch)]
+
+
+def assign_steps(costs: list[float], world_size: int) -> list[int]:
+    """Rank of each step: the costliest step first (the earlier on ties) to the least loaded rank (the
+    lower on ties). Deterministic, so every rank computes the same assignment from the same costs; a
+    rank runs its steps in their order, so only the last step of all can be short, and it stays last."""
+    loads = [(0.0, rank) for rank in range(world_size)]
+    owner = [0] * len(costs)
+    for i in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        load, rank = heapq.heappop(loads)
+        owner[i] = rank
+        heapq.heappush(loads, (load + costs[i], rank))
+    return owner
+
+
+def fold_parts(out_dir: str | Path) -> int:
+    """Append every complete record of the rank parts in out_dir to its records.jsonl, then remove the
+    parts; a line already there (a fold that stopped before removing its parts) is not added twice, and
+    a torn last line of a part (a rank killed mid-write) is dropped. Returns the records added."""
+    out_dir = Path(out_dir)
+    parts = sorted((p for p in out_dir.glob("records.rank*.jsonl") if PART.fullmatch(p.name)),
+                   key=lambda p: int(PART.fullmatch(p.name).group(1)))
+    if not parts:
+        return 0
+    added = 0
+    with RecordWriter(out_dir) as writer:  # mends a torn last line of records.jsonl, refuses duplicates
+        have = set(line for _, line in json_lines(writer.path.read_text(encoding="utf-8")))
+        for part in parts:
+            new = [rec for line, rec in _part_records(part) if line not in have]
+            writer.write(new)
+            have.update(json.dumps(r, ensure_ascii=False) for r in new)
+            added += len(new)
+    for part in parts:
+        part.unlink()
+    return added
+
+
+def _part_records(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) of each complete line of a part."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+    out = []
+    lines = list(json_lines(text))
+    for i, (lineno, line) in enumerate(lines):
+        try:
+            out.append((line, checked_record(json.loads(line), f"{path}:{lineno}")))
+        except json.JSONDecodeError as err:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                break  # torn by a kill mid-write: never a whole record
+            raise DataError(f"{path}:{lineno}: not a pope-fast record ({err.msg})") from None
+    return out
+
+
+class RecordCount:
+    """Record lines in a run folder, records.jsonl and the rank parts together, read incrementally (a
+    file replaced or shortened is counted again): rank 0's progress for the whole job."""
+
+    def __init__(self, out_dir: str | Path):
+        self.dir = Path(out_dir)
+        self._seen: dict[Path, tuple[int, int, int]] = {}  # path → (inode, bytes read, newlines in them)
+
+    def __call__(self) -> int:
+        total = 0
+        for path in [self.dir / RECORDS_FILE, *self.dir.glob("records.rank*.jsonl")]:
+            try:
+                with open(path, "rb") as f:
+                    inode, size = os.fstat(f.fileno()).st_ino, os.fstat(f.fileno()).st_size
+                    seen_inode, offset, lines = self._seen.get(path, (inode, 0, 0))
+                    if seen_inode != inode or size < offset:
+                        offset, lines = 0, 0
+                    f.seek(offset)
+                    data = f.read()
+            except FileNotFoundError:  # a part folded and removed meanwhile
+                continue
+            self._seen[path] = (inode, offset + len(data), lines + data.count(b"\n"))
+            total += lines + data.count(b"\n")
+        return total

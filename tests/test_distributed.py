@@ -1,0 +1,304 @@
+"""Scale-out with torchrun: sharding, parts, the merge and resume, on CPU with gloo.
+
+The process tests launch `python -m torch.distributed.run --nproc-per-node N -m pope_fast eval` on the
+built-in tiny LLaVA (fp32) and compare with a single process run byte for byte; the rest test the pieces
+without processes."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from pope_fast.engine.distributed import (FAIL_ENV, RankError, RecordCount, Shard, assign_steps, fold_parts,
+                                          image_steps, part_name)
+from pope_fast.engine.pope import canonical_order
+from pope_fast.engine.synthetic import builtin_questions, write_images, write_llava_checkpoint, write_question_file
+from pope_fast.engine.vision_cache import VisionCache
+from pope_fast.readout import Question, RunLock, make_record
+from pope_fast.readout.records import order_records
+
+
+def _engine(image_batch: int):
+    """What Shard.select asks of an engine: the step size, prompts, their token counts, vision tokens."""
+    model = SimpleNamespace(preprocess=lambda image: image.size, vision_tokens=lambda size: 100,
+                            tokenizer=lambda text: {"input_ids": text.split()})
+    return SimpleNamespace(settings=SimpleNamespace(image_batch=image_batch), prompt=lambda q: f"USER: {q}",
+                           model=model)
+
+
+def _pope_like(images: int) -> list[Question]:
+    """Two splits asking overlapping questions of the same images, some images asked more than others."""
+    out = []
+    for split in ("popular", "adversarial"):
+        for i in range(images):
+            for j in range(2 + i % 3):
+                text = f"Is there object {j if split == 'popular' else j + i % 2} in the image?"
+                out.append(Question(len(out) + 1, f"img{i:03d}.jpg", text, "yes" if j % 2 == 0 else "no", split))
+    return out
+
+
+def test_assign_steps_is_costliest_first_to_the_least_loaded_rank():
+    # sorted: 5 (0) → r0; 3 (1) → r1; 3 (2) → r1 (3 < 5); 2 (3) → r0 (5 < 6); 2 (4) → r1 (6 < 7); 1 (5) → r0
+    assert assign_steps([5, 3, 3, 2, 2, 1], 2) == [0, 1, 1, 0, 1, 0]
+    assert assign_steps([1, 1, 1], 5) == [0, 1, 2]
+
+
+@pytest.mark.parametrize("world,image_batch", [(1, 8), (2, 3), (3, 2), (4, 1), (7, 2)])
+def test_select_splits_by_whole_image_steps(world, image_batch):
+    questions, engine = _pope_like(23), _engine(image_batch)
+    problems = {"img004.jpg": "img004.jpg: not an image"}
+    steps = image_steps(questions, problems, image_batch)
+    assert [n for s in steps for n in s] == [f"img{i:03d}.jpg" for i in range(23) if i != 4]
+    chosen = [Shard(rank, world, rank).select(questions, engine, problems) for rank in range(world)]
+    assert sorted(q.question_id for c in chosen for q in c) == [q.question_id for q in questions]  # each once
+    for rank, mine in enumerate(chosen):
+        assert mine == [q for q in questions if q in mine]  # in question order
+        names = list(dict.fromkeys(q.image for q in mine if q.image not in problems))
+        # whole steps, in order: re-cut into image_batch groups they are the single process's steps
+        assert all(names[i:i + image_batch] in steps for i in range(0, len(names), image_batch))
+        assert ("img004.jpg" in {q.image for q in mine}) == (rank == 0)  # error records: rank 0
+    owners = {q.image: rank for rank, mine in enumerate(chosen) for q in mine}
+    assert all(owners[q.image] == rank for rank, mine in enumerate(chosen) for q in mine)  # an image on one rank
+    # balanced: no rank carries more than one step's cost beyond the least loaded
+    cost = {name: 100 + sum(len(p.split()) for p in {f"USER: {q.text}" for q in questions if q.image == name})
+            for name in owners}
+    loads = [sum(cost[n] for n in {q.image for q in mine} if n not in problems) for mine in chosen]
+    assert max(loads) - min(loads) <= max(sum(cost[n] for n in s) for s in steps)
+    assert chosen == [Shard(rank, world, rank).select(questions, engine, problems) for rank in range(world)]
+
+
+def _record(qid: int, split: str = "demo", **fields) -> dict:
+    return make_record(Question(qid, f"img{qid}.jpg", f"question {qid}", "yes", split), "llava_plain",
+                       first_token_id=1, candidate_logits={1: 0.5 + qid}, predictions={"legacy_2tok": "yes"}, **fields)
+
+
+def _line(rec: dict) -> str:
+    return json.dumps(rec, ensure_ascii=False) + "\n"
+
+
+def test_fold_parts_adds_each_record_once_and_drops_a_torn_tail(tmp_path):
+    a, b, c, d = (_record(i) for i in range(4))
+    (tmp_path / "records.jsonl").write_text(_line(a) + _line(b))
+    # rank 0's part still holds b (a fold that stopped before removing the parts), rank 1 was killed mid-line
+    (tmp_path / part_name(0)).write_text(_line(b) + _line(c))
+    (tmp_path / part_name(1)).write_text(_line(d) + _line(_record(9))[:40])
+    assert fold_parts(tmp_path) == 2
+    assert (tmp_path / "records.jsonl").read_text() == _line(a) + _line(b) + _line(c) + _line(d)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["records.jsonl"]
+    assert fold_parts(tmp_path) == 0
+
+
+def test_fold_parts_names_a_bad_line_of_a_part(tmp_path):
+    (tmp_path / part_name(3)).write_text("{not json\n" + _line(_record(1)))
+    with pytest.raises(Exception, match=r"records\.rank3\.jsonl:1: not a pope-fast record"):
+        fold_parts(tmp_path)
+    assert (tmp_path / part_name(3)).exists()  # nothing lost
+
+
+def test_order_records_puts_lines_in_the_canonical_order(tmp_path):
+    error = _record(2, error="img2.jpg: truncated")
+    retry, one, other = _record(2), _record(1), _record(7, split="random")
+    path = tmp_path / "records.jsonl"
+    path.write_text(_line(error) + _line(one) + _line(other) + _line(retry))
+    order = {("", "demo", "1"): 0, ("", "demo", "2"): 1}
+    assert order_records(tmp_path, order)
+    # another split's record first, as it was; a question's error record stays before its retry
+    assert path.read_text() == _line(other) + _line(one) + _line(error) + _line(retry)
+    inode = path.stat().st_ino
+    assert not order_records(tmp_path, order) and path.stat().st_ino == inode  # in order: not rewritten
+
+
+def test_canonical_order_is_image_then_prompt_then_question():
+    ask = [Question(1, "A.jpg", "x?", "yes", "popular"), Question(2, "B.jpg", "x?", "no", "popular"),
+           Question(1, "A.jpg", "y?", "no", "adversarial"), Question(3, "A.jpg", "x?", "yes", "adversarial")]
+    order = canonical_order(ask, lambda text: f"USER: {text}")
+    keys = sorted(order, key=order.get)
+    assert keys == [("", "popular", "1"), ("", "adversarial", "3"), ("", "adversarial", "1"), ("", "popular", "2")]
+
+
+def test_a_ranks_writer_reads_the_merged_records_and_writes_its_part(tmp_path):
+    (tmp_path / "records.jsonl").write_text(_line(_record(1)))
+    with Shard(2, 3, 0).writer(tmp_path) as writer:
+        assert set(writer.done) == {("", "demo", "1")}
+        writer.write([_record(5)])
+    assert (tmp_path / "records.jsonl").read_text() == _line(_record(1))
+    assert (tmp_path / part_name(2)).read_text() == _line(_record(5))
+
+
+def test_record_count_follows_parts_and_a_replaced_file(tmp_path):
+    count = RecordCount(tmp_path)
+    assert count() == 0
+    (tmp_path / part_name(0)).write_text(_line(_record(1)))
+    (tmp_path / part_name(1)).write_text(_line(_record(2)) + _line(_record(3)))
+    assert count() == 3
+    with open(tmp_path / part_name(1), "a") as f:
+        f.write(_line(_record(4)))
+    assert count() == 4
+    fold_parts(tmp_path)
+    assert count() == 4
+    order_records(tmp_path, {("", "demo", str(i)): 5 - i for i in range(1, 5)})  # a new file: counted afresh
+    assert count() == 4
+
+
+@pytest.fixture
+def alone():
+    """A process group of one (gloo, in this process): the collectives run without launching anything."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield Shard(0, 1, 0, group=dist.group.WORLD)
+    dist.destroy_process_group()
+
+
+def test_begin_and_merge_leave_one_whole_records_file(alone, tmp_path):
+    (tmp_path / "records.jsonl").write_text(_line(_record(1)) + _line(_record(2))[:30])  # a crash mid-line
+    alone.begin(tmp_path)
+    assert (tmp_path / "records.jsonl").read_text() == _line(_record(1))
+    (tmp_path / part_name(4)).write_text(_line(_record(3)))  # left by a job of five ranks
+    alone.begin(tmp_path)
+    assert (tmp_path / "records.jsonl").read_text() == _line(_record(1)) + _line(_record(3))
+    with alone.writer(tmp_path) as writer:
+        assert set(writer.done) == {("", "demo", "1"), ("", "demo", "3")}
+        writer.write([_record(2)])
+    assert alone.merge(tmp_path, (1, 0)) == (1, 0)
+    assert (tmp_path / "records.jsonl").read_text() == "".join(_line(_record(i)) for i in (1, 3, 2))
+    assert not list(tmp_path.glob("records.rank*"))
+
+
+def test_agree_names_the_rank_that_failed(alone):
+    alone.agree(None)
+    with pytest.raises(RankError, match=r"^rank 0 of 1: no such checkpoint$"):
+        alone.agree(ValueError("no such checkpoint"))
+
+
+# A rank's cache traffic: put every key, and read back another whenever it is on disk. The child runs
+# vision_cache.py alone (it imports nothing of ours), sparing each the engine's seconds of imports.
+WRITER = """
+import runpy, sys, torch
+VisionCache = runpy.run_path(sys.argv[1])["VisionCache"]
+cache, seed = VisionCache(sys.argv[2], max_in_memory=1), int(sys.argv[3])
+expected = lambda k: torch.arange(20000, dtype=torch.float32).reshape(400, 50) + k
+for _ in range(15):
+    for k in range(12):
+        cache.put(f"key{k:02d}", expected(k))
+        other = (k + seed) % 12
+        if cache.contains(f"key{other:02d}"):
+            assert torch.equal(cache.get(f"key{other:02d}", torch.device("cpu")), expected(other)), other
+"""
+
+
+def test_two_processes_writing_the_same_cache_keys(tmp_path):
+    from pope_fast.engine import vision_cache
+
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, vision_cache.__file__, str(tmp_path), str(seed)],
+                                stderr=subprocess.PIPE, text=True) for seed in (0, 5)]
+    errors = [w.communicate(timeout=120)[1] for w in writers]
+    assert [w.returncode for w in writers] == [0, 0], errors
+    # one entry per key, no temporary file left, each entry whole and right
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f"key{k:02d}.safetensors" for k in range(12)]
+    cache = VisionCache(tmp_path)
+    for k in range(12):
+        features = cache.get(f"key{k:02d}", torch.device("cpu"))
+        assert torch.equal(features, torch.arange(20000, dtype=torch.float32).reshape(400, 50) + k)
+
+
+# --- whole jobs under torchrun -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them."""
+    root = tmp_path_factory.mktemp("dist")
+    checkpoint = write_llava_checkpoint(root / "llava-tiny", "tiny", dtype=torch.float32)
+    questions = builtin_questions(36, "demo")
+    write_question_file(root / "demo_pope.json", questions)
+    write_images(root / "images", [q.image for q in questions])
+    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"), "--split", "demo",
+            "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
+    job = SimpleNamespace(root=root, args=args)
+    single = _run(job, 0, root / "single")
+    assert single.returncode == 0, single.stderr
+    return job
+
+
+def _run(job, ranks: int, out: Path, **env) -> subprocess.CompletedProcess:
+    """pope-fast eval into `out`: under torchrun with `ranks` processes, or (0) as one plain process.
+    Every process computes on one thread, as torchrun sets it for several."""
+    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] \
+        if ranks else [sys.executable]
+    return _launch([*launch, "-m", "pope_fast", *job.args, "--out", str(out)], job.root, **env)
+
+
+def _launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    """Run a command in a session of its own, so that a timeout kills torchrun's workers too."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def _same_run(job, out: Path) -> None:
+    single = job.root / "single"
+    for name in ("records.jsonl", "meta.json"):
+        assert (out / name).read_bytes() == (single / name).read_bytes(), name
+    for name in ("summary.json", "summary.md"):  # identical but for the folder they name
+        ours, theirs = (out / name).read_text(), (single / name).read_text()
+        assert ours.replace(str(out), "RUN") == theirs.replace(str(single), "RUN"), name
+    assert not list(out.glob("records.rank*"))
+
+
+@pytest.mark.slow
+def test_two_ranks_give_a_single_process_run_byte_for_byte_and_bench_each_rank(job):
+    out = job.root / "two"
+    result = _run(job, 2, out)
+    assert result.returncode == 0, result.stderr
+    assert "36 unique prompts evaluated for 36 questions on 2 ranks" in result.stdout
+    assert result.stdout.count("records, meta and summaries in") == 1  # rank 0 alone reports
+    _same_run(job, out)
+
+    bench = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                     "-m", "pope_fast", "bench", "--models", "llava", "--questions", "120", "--no-reference",
+                     "--format", "json"], job.root)
+    assert bench.returncode == 0, bench.stderr
+    ours = json.loads(bench.stdout)["models"]["llava"]["pope_fast"]  # printed once, by rank 0
+    ranks = ours["ranks"]
+    assert [r["rank"] for r in ranks] == [0, 1] and all(r["questions"] for r in ranks), ranks
+    assert sum(r["questions"] for r in ranks) == ours["questions"] == 120
+    assert ours["wall_s"] == max(r["wall_s"] for r in ranks), ours
+    assert ours["questions_per_s"] == pytest.approx(120 / ours["wall_s"], rel=0.02), ours
+
+
+@pytest.mark.slow
+def test_a_rank_that_fails_stops_the_job_and_any_number_of_ranks_resumes_it(job):
+    out = job.root / "stopped"
+    result = _run(job, 2, out, **{FAIL_ENV: "1"})
+    assert result.returncode != 0
+    assert f"Error: rank 1 of 2: RuntimeError: test hook {FAIL_ENV}=1" in result.stderr
+    parts = {p.name: [json.loads(line) for line in p.read_text().splitlines()] for p in out.glob("records.rank*")}
+    assert sorted(parts) == [part_name(0), part_name(1)] and all(parts.values())
+    images = {name: {r["image"] for r in recs} for name, recs in parts.items()}
+    assert not images[part_name(0)] & images[part_name(1)]  # every prompt of an image on one rank
+    assert sum(map(len, parts.values())) < 36
+    shutil.copytree(out, job.root / "stopped-copy")
+    with RunLock(out):  # a failure in setup, on rank 0 alone: every rank stops with its message
+        busy = _run(job, 2, out)
+    assert busy.returncode != 0
+    stops = [line for line in busy.stderr.splitlines() if line.startswith("Error: ")]  # one per rank
+    assert len(stops) == 2 and all(line.startswith("Error: rank 0 of 2: ") for line in stops), busy.stderr
+    assert "another pope-fast run is writing here" in stops[0]
+    resumed = _run(job, 3, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed: {sum(map(len, parts.values()))} of 36 questions were already recorded" in resumed.stdout
+    _same_run(job, out)
+    alone = _run(job, 0, job.root / "stopped-copy")
+    assert alone.returncode == 0, alone.stderr
+    _same_run(job, job.root / "stopped-copy")
