@@ -302,3 +302,21 @@ def test_a_rank_that_fails_stops_the_job_and_any_number_of_ranks_resumes_it(job)
     alone = _run(job, 0, job.root / "stopped-copy")
     assert alone.returncode == 0, alone.stderr
     _same_run(job, job.root / "stopped-copy")
+
+
+@pytest.mark.slow
+def test_a_paired_methods_run_on_two_ranks_is_the_single_process_run(job):
+    """Every method's folder (and the comparison) as one process writes them: an image's prompts of
+    every method on one rank."""
+    paired = SimpleNamespace(root=job.root, args=job.args + ["--readouts", "template_aware,legacy_2tok",
+                                                             "--method", "none", "--method", "vcd"])
+    single, two = job.root / "paired-single", job.root / "paired-two"
+    for ranks, out in ((0, single), (2, two)):
+        result = _run(paired, ranks, out)
+        assert result.returncode == 0, result.stderr
+    for method in ("none", "vcd"):
+        for name in ("records.jsonl", "meta.json"):
+            assert (two / method / name).read_bytes() == (single / method / name).read_bytes(), (method, name)
+        assert not list((two / method).glob("records.rank*"))
+    compared = [(out / "compare.json").read_text().replace(str(out), "RUN") for out in (single, two)]
+    assert compared[0] == compared[1] and '"delta_f1"' in compared[0]
