@@ -320,3 +320,18 @@ def test_a_paired_methods_run_on_two_ranks_is_the_single_process_run(job):
         assert not list((two / method).glob("records.rank*"))
     compared = [(out / "compare.json").read_text().replace(str(out), "RUN") for out in (single, two)]
     assert compared[0] == compared[1] and '"delta_f1"' in compared[0]
+
+
+@pytest.mark.slow
+def test_a_rank_killed_outright_stops_the_job_and_one_process_resumes_it(job):
+    """A real SIGKILL (not an exception the rank reports): torchrun names the killed rank, rank 0 stops
+    at the end barrier naming the rank that never came, and a plain process finishes the run exactly."""
+    out = job.root / "killed"
+    result = _run(job, 2, out, **{FAIL_ENV: "1:kill"})
+    assert result.returncode != 0
+    assert "Signal 9 (SIGKILL)" in result.stderr and "rank      : 1 (local_rank: 1)" in result.stderr
+    assert "Ranks 1 failed to pass monitoredBarrier" in result.stderr  # rank 0's own message
+    resumed = _run(job, 0, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resumed: " in resumed.stdout
+    _same_run(job, out)
