@@ -5,7 +5,8 @@ import shutil
 import pytest
 import torch
 from click.testing import CliRunner
-from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, worst_difference, write_pope_set
+from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, make_tiny_llava, synthetic_image, worst_difference,
+                        write_pope_set)
 
 from pope_fast.cli import main
 from pope_fast.engine import Engine, Intervention, Settings, run_pope
@@ -120,7 +121,9 @@ def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkp
             cut = tokens.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in tokens else len(tokens)
             assert answer.texts[name] == tokenizer.decode(tokens[:cut], skip_special_tokens=True), name
             assert answer.predictions[name] == READOUTS[name](None, None, None, answer.texts[name])
-        assert answer.decoded == answer.texts["exact_match"] != answer.texts["string_parse"]
+        assert answer.decoded == answer.texts["exact_match"]
+        if SHARED_LLAVA_TOKENIZER.is_dir():  # the built-in word-level tokenizer spells none of these ids: both ''
+            assert answer.texts["exact_match"] != answer.texts["string_parse"]
 
 
 def test_decisions_follow_the_logits(checkpoint):
