@@ -108,11 +108,12 @@ class Engine:
         self.reset()
 
     def reset(self, clear_cache: bool = False) -> None:
-        """Timings and counts restart; with clear_cache, cached image features are forgotten too (an
-        empty in-memory cache replaces the engine's), so the next sweep runs cold."""
+        """Timings and counts restart; with clear_cache, cached image features and text-only logits are
+        forgotten too (an empty in-memory cache replaces the engine's), so the next sweep runs cold."""
         self.timings, self.counts = Timings(), Counts()
         if clear_cache:
             self.cache = VisionCache()
+            self._text_logits = {}
 
     def readouts_of(self, method: Method | None) -> list[str]:
         """The readouts a method's records hold: a contrastive one's are read at the answer position

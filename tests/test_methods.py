@@ -166,6 +166,11 @@ def test_a_paired_run_shares_features_and_prefixes(checkpoint):
         return engine.counts
 
     alone, with_pai, with_vcd = counts(["none"]), counts(["none", "pai:layers=0-1"]), counts(["none", "vcd"])
+    engine = Engine.load(checkpoint, Settings(batch_size=4), readouts="template_aware")
+    for clear, text_only in ((False, 3), (False, 0), (True, 3)):  # text-only prompts run once, until a cold reset
+        engine.reset(clear_cache=clear)
+        engine.run_methods(engine.prepare(IMAGES), [QUESTIONS[:3]] * 2, [parse_method("pai:layers=0-1")])
+        assert engine.counts.prompts == 6 + text_only
     assert with_pai.images_encoded == alone.images_encoded == 2
     assert with_pai.prefix_tokens == alone.prefix_tokens
     assert with_pai.prompts == 2 * alone.prompts + 3  # the edited pass, and 3 text-only prompts for 6 questions
