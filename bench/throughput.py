@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ..engine import FAMILIES, Counts, Engine, Settings, Shard, run_pope
+from ..engine import FAMILIES, Counts, Engine, Settings, Shard, parse_method, run_paired, run_pope
 from ..engine.synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
                                 write_llava_next_checkpoint, write_mplug_owl2_checkpoint, write_qwen2_vl_checkpoint)
 from ..readout import READOUTS, Question, load_questions
@@ -61,6 +61,7 @@ class BenchConfig:
     model_dirs: dict[str, Path] = field(default_factory=dict)
     tokenizer_dir: Path | None = None
     shard: Shard | None = None  # under torchrun: each rank times its share of the questions
+    methods: list[str] = field(default_factory=list)  # a paired run of these (--method specs), timed beside the baseline
 
 
 def median_run(runs: list, key=None):
@@ -292,6 +293,9 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
             "load_s": round(load_s, 2),  # warmup included
             "phases_s": phases, "peak_memory_mb": round(peak_memory_mb(device), 1),
             "settings": settings.to_json()}
+    if cfg.methods:
+        tick = (lambda n: progress(f"{name} paired", n, len(questions) * cfg.repeat)) if progress else None
+        ours["paired"] = _bench_paired(cfg, engine, questions, images, work / f"{name}-paired", wall, tick)
     flops = matmul_flops(engine, counts)
     if device.type == "cuda":
         rate = measured_bf16_tflops(device)
@@ -323,6 +327,27 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
                  for n in names}
     entry.update({"reference": ref, "speedup": round(ref["extrapolated_wall_s"] / wall, 2), "agreement": agreement})
     return entry
+
+
+def _bench_paired(cfg: BenchConfig, engine: Engine, questions: list[Question], images: Path, out: Path,
+                  baseline_wall: float, tick) -> dict:
+    """The methods as one paired sweep (`eval --method`), each timed run cold as the baseline's, and its
+    cost against the baseline sweep timed just before in the same process."""
+    methods = [parse_method(spec) for spec in cfg.methods]
+    runs = []
+    for _ in range(cfg.repeat):
+        shutil.rmtree(out, ignore_errors=True)
+        engine.reset(clear_cache=True)
+        start = time.perf_counter()
+        run_paired(engine, questions, images, out, methods, progress=tick)
+        if engine.settings.torch_device.type == "cuda":
+            torch.cuda.synchronize(engine.settings.torch_device)
+        runs.append((time.perf_counter() - start, engine.timings.to_json(), engine.counts))
+    wall, phases, counts = median_run(runs, key=lambda r: r[0])
+    return {"methods": [m.name for m in methods], "wall_s": round(wall, 3), "runs_s": [round(r[0], 3) for r in runs],
+            "vs_baseline": round(wall / baseline_wall, 2), "phases_s": phases,
+            "counts": {"images_encoded": counts.images_encoded, "prompts": counts.prompts,
+                       "prefix_tokens": counts.prefix_tokens, "suffix_tokens": counts.suffix_tokens}}
 
 
 def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Question], images: Path, work: Path,
@@ -409,6 +434,14 @@ def format_report(report: dict) -> str:
                      f"{ours['questions_per_s']} | {ours['wall_s']} | " + " | ".join(cols) + f" | {phases} | {floor} |")
     for name, why in report["unsupported"].items():
         lines.append(f"| {name} | unsupported: {why} | | | | | | | | | |")
+    paired = [(name, e["pope_fast"]["paired"]) for name, e in report["models"].items() if "paired" in e["pope_fast"]]
+    if paired:
+        lines += ["", "paired methods: one sweep of all of them, cold, against the baseline sweep above", "",
+                  "| model | methods | s | vs baseline | images encoded | prompts | prefix tokens |",
+                  "|---|---|---|---|---|---|---|"]
+        lines += [f"| {name} | {' + '.join(p['methods'])} | {p['wall_s']} | {p['vs_baseline']}× | "
+                  f"{p['counts']['images_encoded']} | {p['counts']['prompts']} | {p['counts']['prefix_tokens']} |"
+                  for name, p in paired]
     ranked = [(name, e["pope_fast"]) for name, e in report["models"].items() if "ranks" in e["pope_fast"]]
     if ranked:
         lines += ["", "torchrun: each rank's share; the row above is all of them (all questions over the slowest "

@@ -409,6 +409,8 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
               show_default=True, help="pope-fast also records the image-attention probe (its cost shows in the wall time)")
+@click.option("--method", "method_specs", multiple=True, metavar="NAME[:key=value,...]",
+              help="also time these methods as one paired sweep (as eval --method), beside the baseline")
 @click.option("--no-reference", is_flag=True, help="skip the transformers reference pipeline")
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
               help="timed runs of each pipeline (each pope-fast run cold: no records, no cached features); "
@@ -419,8 +421,8 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
               help="a real tokenizer for the random checkpoints (default: the built-in word-level one)")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False), help="keep checkpoints and records here")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
-def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype, batch_size, probe, no_reference, repeat,
-          reference_sample, tokenizer_dir, work_dir, fmt) -> None:
+def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype, batch_size, probe, method_specs,
+          no_reference, repeat, reference_sample, tokenizer_dir, work_dir, fmt) -> None:
     """Throughput of pope-fast against the paper's transformers pipeline, side by side."""
     import json
 
@@ -428,13 +430,21 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
     from tqdm import tqdm
 
     from .bench import SEED_FAMILIES, BenchConfig, format_report, run_bench
+    from .engine import parse_method
 
     if n_questions == 0 and pope_dir is None:
         _fail("--questions 0 means all of --pope's questions; without --pope give a number of built-in questions")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     on_cuda = device.startswith("cuda")
+    try:
+        for spec in method_specs:
+            parse_method(spec)
+    except ValueError as err:
+        _fail(str(err))
     shard = _shard(device)  # under torchrun every rank times its share; rank 0 reports
     if shard is not None:
+        if method_specs:
+            _fail("bench --method times a paired sweep in one process; run it without torchrun")
         device = shard.device(device)
     names = list(SEED_FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
     dirs = {}
@@ -449,7 +459,8 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
                       reference_sample=reference_sample or (200 if on_cuda else None), repeat=repeat,
                       batch_size=batch_size, probe=probe,
                       work_dir=Path(work_dir) if work_dir else None, model_dirs=dirs,
-                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, shard=shard)
+                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, shard=shard,
+                      methods=list(method_specs))
     bars: dict[str, tqdm] = {}
 
     def progress(label: str, n: int, total: int) -> None:

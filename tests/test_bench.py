@@ -68,3 +68,18 @@ def test_repeat_times_every_run_cold_and_reports_the_median(tmp_path):
     assert len(ours["runs_s"]) == 3 and ours["wall_s"] == sorted(ours["runs_s"])[1]
     assert ours["unique_prompts"] == 6   # the third run evaluated everything again: nothing resumed
     assert ours["phases_s"]["image_encode"] > 0   # nor served from the first run's feature cache
+
+
+def test_bench_times_a_paired_run_cold_beside_the_baseline(tmp_path):
+    cfg = BenchConfig(models=["llava"], size="tiny", device="cpu", quant="none", dtype=None, n_questions=12,
+                      reference=False, repeat=2, work_dir=tmp_path, methods=["none", "vcd"])
+    report = run_bench(cfg)
+    ours = report["models"]["llava"]["pope_fast"]
+    paired = ours["paired"]
+    assert paired["methods"] == ["none", "vcd"] and len(paired["runs_s"]) == 2
+    assert paired["vs_baseline"] == round(paired["wall_s"] / ours["wall_s"], 2)
+    # each timed run cold: the image and its noised copy encoded again, and the noised prefixes prefilled
+    assert paired["counts"]["images_encoded"] == 2 * 2 and paired["counts"]["prompts"] == 2 * ours["unique_prompts"]
+    assert "| llava | none + vcd |" in format_report(report)
+    refused = CliRunner().invoke(main, ["bench", "--models", "llava", "--device", "cpu", "--method", "dola"])
+    assert refused.exit_code != 0 and "unknown method 'dola'" in refused.output
