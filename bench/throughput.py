@@ -61,7 +61,7 @@ class BenchConfig:
     model_dirs: dict[str, Path] = field(default_factory=dict)
     tokenizer_dir: Path | None = None
     shard: Shard | None = None  # under torchrun: each rank times its share of the questions
-    methods: list[str] = field(default_factory=list)  # a paired run of these (--method specs), timed beside the baseline
+    methods: list[str] = field(default_factory=list)  # --method specs: a paired run timed beside the baseline
 
 
 def median_run(runs: list, key=None):

@@ -20,6 +20,6 @@ from .vision_cache import VisionCache
 
 __all__ = ["Answer", "Engine", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
            "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature",
-           "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope", "write_summaries",
-           "METHODS", "Method", "parse_method", "run_paired", "RankError", "Shard", "Settings", "Counts", "Timings",
+           "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope",
+           "write_summaries", "METHODS", "Method", "parse_method", "run_paired", "RankError", "Shard", "Settings", "Counts", "Timings",
            "VisionCache"]

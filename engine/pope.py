@@ -266,7 +266,8 @@ def _sweep(engine: Engine, questions: list[Question], images_dir: Path | None, o
                 results.append(SweepResult(sink.folder, len(questions), before, *counts, []))
                 continue
         order_records(sink.folder, canonical_order(sink.questions, engine.prompt))
-        results.append(SweepResult(sink.folder, len(questions), before, *counts, write_summaries(sink.folder, sink.readouts)))
+        runs = write_summaries(sink.folder, sink.readouts)
+        results.append(SweepResult(sink.folder, len(questions), before, *counts, runs))
     return results
 
 

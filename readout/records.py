@@ -51,7 +51,9 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
         record["error"] = error
         return record
     record["first_token_id"] = first_token_id
-    record["candidate_logits"] = {str(i): float(v) for i, v in (candidate_logits or {}).items()}
+    # -inf (a token a method's plausibility cut removed) is written as null: JSON has no infinities
+    record["candidate_logits"] = {str(i): None if v == float("-inf") else float(v)
+                                  for i, v in (candidate_logits or {}).items()}
     if decoded is not None:
         record["decoded"] = decoded
         differing = {n: t for n, t in (texts or {}).items() if t != decoded}
@@ -422,7 +424,7 @@ def _logits(logits: dict | None, where: str) -> dict[int, float] | None:
     if logits is None:
         return None
     try:
-        return {int(i): float(v) for i, v in logits.items()}
+        return {int(i): float("-inf") if v is None else float(v) for i, v in logits.items()}
     except (TypeError, ValueError):
         raise DataError(f"{where}: candidate_logits must map token ids to numbers") from None
 

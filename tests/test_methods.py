@@ -226,7 +226,16 @@ def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path)
     assert meta["method"]["name"] == "vcd" and meta["method"]["settings"]["noise_step"] == 500
     assert meta["readouts"] == [n for n in engine.readouts if n != "string_parse"]  # no text readout for a contrast
     assert "string_parse" in engine.readouts
-    vcd = [json.loads(line) for line in _lines(tmp_path / "paired/vcd")]
+    def strict(constant):
+        raise ValueError(f"{constant} is not JSON")
+
+    vcd = [json.loads(line, parse_constant=strict) for line in _lines(tmp_path / "paired/vcd")]
+    # the plausibility cut's -inf is written as null (JSON has no infinities) and read back as -inf
+    assert any(v is None for r in vcd for v in r["candidate_logits"].values())
+    from pope_fast.readout import read_records
+
+    entries = read_records(tmp_path / "paired/vcd").entries
+    assert float("-inf") in {v for e in entries for v in e.candidate_logits.values()}
     assert len(vcd) == len(questions) and all("decoded" not in r and "string_parse" not in r["predictions"]
                                               for r in vcd)
     # a folder holds one method's records: a plain run into the vcd folder is refused, naming the method
