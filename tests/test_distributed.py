@@ -324,13 +324,13 @@ def test_a_paired_methods_run_on_two_ranks_is_the_single_process_run(job):
 
 @pytest.mark.slow
 def test_a_rank_killed_outright_stops_the_job_and_one_process_resumes_it(job):
-    """A real SIGKILL (not an exception the rank reports): torchrun names the killed rank, rank 0 stops
-    at the end barrier naming the rank that never came, and a plain process finishes the run exactly."""
+    """A real SIGKILL (not an exception the rank reports): torchrun names the killed rank and stops the job
+    (rank 0 may report the rank missing at its barrier first, or be stopped before it gets there), and a
+    plain process finishes the run exactly."""
     out = job.root / "killed"
     result = _run(job, 2, out, **{FAIL_ENV: "1:kill"})
     assert result.returncode != 0
     assert "Signal 9 (SIGKILL)" in result.stderr and "rank      : 1 (local_rank: 1)" in result.stderr
-    assert "Ranks 1 failed to pass monitoredBarrier" in result.stderr  # rank 0's own message
     resumed = _run(job, 0, out)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed: " in resumed.stdout
