@@ -176,6 +176,10 @@ class Engine:
         # An entry seen as cached while preparing may have left the in-memory cache since.
         todo = [(i, key, pixels if pixels is not None else self.model.preprocess(image.open()))
                 for i, (key, image, pixels) in enumerate(prepared) if out[i] is None]
+        return self._encode_into(out, todo)
+
+    def _encode_into(self, out: list[torch.Tensor | None], todo: list[tuple[int, str, object]]) -> list[torch.Tensor]:
+        """out with each (index, cache key, pixels) of todo encoded, as one vision batch, and cached."""
         if todo:
             with Clock(self.timings, "image_encode", self.settings.torch_device):
                 features = self.model.encode_images([p for _, _, p in todo])
@@ -199,19 +203,12 @@ class Engine:
         """Features of VCD's noised copy of each prepared image (methods.diffusion_noise at `step`), the
         noise drawn per image from `seed` and the image's content, so a rerun, another batch or another
         device draws the same; cached beside the image's own features under their own key."""
-        out = []
-        for key, image, pixels in prepared:
-            noised_key = f"{key}-noise{step}-seed{seed}"
-            features = self.cache.get(noised_key, self.settings.torch_device)
-            if features is None:
-                pixels = pixels if pixels is not None else self.model.preprocess(image.open())
-                noised = diffusion_noise(pixels, step, noise_generator(key, seed))
-                with Clock(self.timings, "image_encode", self.settings.torch_device):
-                    features = self.model.encode_images([noised])[0]
-                self.cache.put(noised_key, features.clone())
-                self.counts.images_encoded += 1
-            out.append(features)
-        return out
+        keys = [f"{key}-noise{step}-seed{seed}" for key, _, _ in prepared]
+        out = [self.cache.get(key, self.settings.torch_device) for key in keys]
+        todo = [(i, keys[i], diffusion_noise(pixels if pixels is not None else self.model.preprocess(image.open()),
+                                             step, noise_generator(key, seed)))
+                for i, (key, image, pixels) in enumerate(prepared) if out[i] is None]
+        return self._encode_into(out, todo)  # the uncached copies as one vision batch
 
     def decide(self, result: PromptResult) -> dict[str, str]:
         """Every requested readout's decision from one answer position's outputs. Each text readout
@@ -316,14 +313,15 @@ class Engine:
         """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole
         (no image, no edit); its logits are kept per distinct token sequence for the engine's life,
         since every image that asks a question asks the same text."""
-        rows, order = [], []
+        rows: dict[tuple[int, ...], Row] = {}  # the distinct prompts not yet run, by their ids
+        order = []
         for i, (f, qs) in enumerate(zip(features, questions)):
             for j, q in enumerate(qs):
                 layout = _without_image(self.model.layout(self.prompt(q), f), self.model.lm.dims.mrope_section)
                 order.append((i, j, layout.ids))
-                if layout.ids not in self._text_logits and all(r.layout.ids != layout.ids for r in rows):
-                    rows.append(Row(len(rows), 0, layout, f[:0]))
-        for stage in make_plan(rows, self.settings.batch_size, prefix_reuse=False):
+                if layout.ids not in self._text_logits and layout.ids not in rows:
+                    rows[layout.ids] = Row(len(rows), 0, layout, f[:0])
+        for stage in make_plan(list(rows.values()), self.settings.batch_size, prefix_reuse=False):
             for batch in stage.batches:
                 for row, result in zip(batch.rows, self._run_batch(None, batch, None, vocab=True, decode=False)):
                     self._text_logits[row.layout.ids] = result
