@@ -218,7 +218,7 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
     out = _writable_dir(out_dir, "--out")
     if cache_dir is not None:
         _writable_dir(cache_dir, "--cache-dir")
-    try:
+    with _failures(shard, (DataError, CheckpointError, ImageError, ValueError, NotImplementedError)):
         settings = Settings(device=shard.device(device) if shard else device, dtype=dtype, quant=quant,
                             quantize_lm_head=quantize_lm_head, nf4_weights=nf4_weights, batch_size=batch_size,
                             image_batch=image_batch,
@@ -256,14 +256,6 @@ def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, spl
                     results = [run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=progress,
                                         lock=lock, shard=shard)]
             comparison = _write_comparison(out, [r.out_dir for r in results]) if len(methods) > 1 and lead else None
-    except (DataError, CheckpointError, ImageError, ValueError, NotImplementedError) as err:
-        _fail(_on_rank(shard, str(err)))
-    except OSError as err:
-        _fail(_on_rank(shard, _os_message(err)))
-    except Exception as err:  # under torchrun: name the rank, and let torchrun stop the others
-        if shard is None:
-            raise
-        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
     if shard is not None:
         shard.leave()
     if not lead:
@@ -354,6 +346,22 @@ def _job_progress(shard, out: Path, bar):
         stop.set()
         thread.join()
     bar.update(max(0, min(count(), bar.total) - bar.n))
+
+
+@contextmanager
+def _failures(shard, expected: tuple[type[Exception], ...]):
+    """A command's errors as one line: the expected ones and OSError by their message; under torchrun
+    any other too, named with its type, so that the rank is named and torchrun stops the others."""
+    try:
+        yield
+    except expected as err:
+        _fail(_on_rank(shard, str(err)))
+    except OSError as err:
+        _fail(_on_rank(shard, _os_message(err)))
+    except Exception as err:
+        if shard is None:
+            raise
+        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
 
 
 def _on_rank(shard, message: str) -> str:
@@ -469,15 +477,8 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
         bars[label].update(n)
 
     try:
-        report = run_bench(cfg, progress)
-    except ValueError as err:
-        _fail(_on_rank(shard, str(err)))
-    except OSError as err:
-        _fail(_on_rank(shard, _os_message(err)))
-    except Exception as err:  # under torchrun: name the rank, and let torchrun stop the others
-        if shard is None:
-            raise
-        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
+        with _failures(shard, (ValueError,)):
+            report = run_bench(cfg, progress)
     finally:
         for bar in bars.values():
             bar.close()
