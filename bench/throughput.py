@@ -20,26 +20,12 @@ from typing import Callable
 import torch
 
 from ..engine import FAMILIES, Counts, Engine, Settings, Shard, parse_method, run_paired, run_pope
-from ..engine.synthetic import (builtin_questions, write_images, write_instructblip_checkpoint, write_llava_checkpoint,
-                                write_llava_next_checkpoint, write_mplug_owl2_checkpoint, write_qwen2_vl_checkpoint)
+from ..engine.models import family_class
+from ..engine.synthetic import builtin_questions, write_images
 from ..readout import READOUTS, Question, load_questions
 from ..readout.protocols import FIRST_TOKEN, LOGIT
 from ..readout.records import json_lines
 
-# Every seed model family of the project; the engine supports those in engine.FAMILIES.
-SEED_FAMILIES = {
-    "llava": "LLaVA-1.5-7B",
-    "llava_next": "LLaVA-1.6-Mistral-7B",
-    "instructblip": "InstructBLIP-Vicuna-7B",
-    "mplug_owl2": "mPLUG-Owl2-LLaMA2-7B",
-    "qwen2_vl": "Qwen2-VL-7B-Instruct",
-}
-CHECKPOINT_WRITERS = {"llava": write_llava_checkpoint, "llava_next": write_llava_next_checkpoint,
-                      "instructblip": write_instructblip_checkpoint, "qwen2_vl": write_qwen2_vl_checkpoint,
-                      "mplug_owl2": write_mplug_owl2_checkpoint}
-# Families transformers has no class for: nothing to time pope-fast against here (their agreement with
-# the upstream implementation is what the tests prove on its outputs).
-NO_REFERENCE = {"mplug_owl2": "no transformers class (upstream X-PLUG code, transformers 4.31, not installed)"}
 BENCH_READOUTS = [n for n, r in READOUTS.items() if r.kind in (LOGIT, FIRST_TOKEN)]
 
 
@@ -111,51 +97,6 @@ def measured_bf16_tflops(device: torch.device) -> float:
     return 2 * 8192**3 / best / 1e12
 
 
-def matmul_flops(engine: Engine, counts: Counts) -> float:
-    """FLOPs of the weight matmuls the sweep could not avoid (attention scores excluded, a few %):
-    the vision tower's layers that run, over every token it reads; what turns its output into
-    language-model tokens; the language model over every prefix and suffix token; the candidate rows
-    and one argmax pass of lm_head per prompt. InstructBLIP's Q-Former is left out (~2% at 7B dims)."""
-    lm = engine.model.lm.dims
-    h = lm.hidden_size
-    per_token = 2 * lm.num_layers * (h * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
-                                     + 3 * h * lm.intermediate_size)
-    return (vision_flops(engine, counts) + per_token * (counts.prefix_tokens + counts.suffix_tokens)
-            + 2 * counts.prompts * h * lm.vocab_size)
-
-
-def vision_flops(engine: Engine, counts: Counts) -> float:
-    """The vision side's weight-matmul FLOPs, per family (patch embedding, layers, projection)."""
-    model, h = engine.model, engine.model.lm.dims.hidden_size
-    if model.family == "mplug_owl2":
-        return _mplug_owl2_vision_flops(model, h, counts)
-    vc = model.config.vision_config
-    if model.family == "qwen2_vl":  # per patch: 14 x 14 x 2 frames x 3 channels in; 4 patches per merged token
-        d, merged = vc.embed_dim, vc.spatial_merge_size**2
-        per_patch = 2 * vc.depth * (4 * d * d + 2 * d * vc.mlp_ratio * d) + 2 * 3 * vc.temporal_patch_size \
-            * vc.patch_size**2 * d + 2 * ((merged * d) ** 2 + merged * d * h) / merged
-        return per_patch * counts.vision_tokens
-    d, layers = vc.hidden_size, len(model.vision.encoder.layers)
-    per_token = 2 * layers * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.patch_size**2 * d
-    if model.family == "instructblip":  # 32 projected queries per prompt
-        return per_token * counts.vision_tokens + 2 * counts.prompts * model.num_queries \
-            * model.config.qformer_config.hidden_size * h
-    return (per_token + 2 * (d * h + h * h)) * counts.vision_tokens  # LLaVA's two-layer projector
-
-
-def _mplug_owl2_vision_flops(model, h: int, counts: Counts) -> float:
-    """The ViT over its 1,025 tokens per image, then per image the abstractor: 64 queries
-    cross-attending to [ViT tokens; queries] (q from the queries, k and v from all), its output
-    projection and SwiGLU MLP per query, and visual_fc."""
-    v, a = model.vision.dims, model.abstractor.dims
-    per_token = 2 * v.num_hidden_layers * (4 * v.hidden_size**2 + 2 * v.hidden_size * v.intermediate_size) \
-        + 2 * 3 * v.patch_size**2 * v.hidden_size
-    images = counts.vision_tokens / v.tokens
-    q, d, e, m = a.num_learnable_queries, a.hidden_size, a.encoder_hidden_size, a.intermediate_size
-    per_layer = 2 * (q * d * d + 2 * (v.tokens + q) * e * d + q * e * e + 3 * q * d * m)
-    return per_token * counts.vision_tokens + images * (a.num_hidden_layers * per_layer + 2 * q * d * h)
-
-
 def _questions(cfg: BenchConfig) -> list[Question]:
     if cfg.pope_dir is None:
         return builtin_questions(cfg.n_questions)
@@ -176,31 +117,6 @@ class ReadoutSpec:
     readouts: list[str]
 
 
-def _reference_processor(checkpoint: Path):
-    """The checkpoint's processor. Where transformers cannot build it (Qwen2VLProcessor also builds a
-    video processor, which needs torchvision), a stand-in that does what it does for one image: the
-    image processor, the prompt's image pad repeated once per merged token, mm_token_type_ids."""
-    from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
-
-    try:
-        return AutoProcessor.from_pretrained(str(checkpoint))
-    except (ImportError, AttributeError, OSError, ValueError):
-        if json.loads((checkpoint / "config.json").read_text()).get("model_type") != "qwen2_vl":
-            raise
-    tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
-    image_processor = AutoImageProcessor.from_pretrained(str(checkpoint))
-    pad = "<|image_pad|>"
-    pad_id = tokenizer.convert_tokens_to_ids(pad)
-
-    def process(images, text: str, return_tensors: str):
-        pixels = image_processor(images=images, return_tensors=return_tensors)
-        tokens = int(pixels["image_grid_thw"].prod()) // image_processor.merge_size**2
-        encoded = tokenizer(text.replace(pad, pad * tokens), return_tensors=return_tensors)
-        return {**encoded, **pixels, "mm_token_type_ids": (encoded["input_ids"] == pad_id).int()}
-
-    return process
-
-
 def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], images: Path, settings: Settings,
                repeat: int, progress: Callable[[int], None] | None) -> tuple[dict, dict]:
     """The paper's pipeline, one question at a time; returns its figures and its decisions."""
@@ -218,7 +134,7 @@ def _reference(checkpoint: Path, spec: ReadoutSpec, questions: list[Question], i
     model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), **kwargs).eval()
     if settings.quant != "nf4":
         model.to(device)
-    processor = _reference_processor(checkpoint)
+    processor = family_class(model.config.model_type).reference_processor(checkpoint)
 
     def answer(q: Question):
         inputs = processor(images=Image.open(images / q.image), text=spec.prompts[q.text], return_tensors="pt")
@@ -257,7 +173,7 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
                         probe=cfg.probe)
     checkpoint = cfg.model_dirs.get(name)
     if checkpoint is None:
-        checkpoint = CHECKPOINT_WRITERS[name](
+        checkpoint = family_class(name).write_checkpoint(
             work / f"{name}-{cfg.size}", cfg.size, tokenizer_dir=cfg.tokenizer_dir,
             dtype=torch.float32 if settings.torch_dtype == torch.float32 else torch.float16,
             device=cfg.device if cfg.size == "7b" else "cpu")
@@ -296,7 +212,7 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     if cfg.methods:
         tick = (lambda n: progress(f"{name} paired", n, len(questions) * cfg.repeat)) if progress else None
         ours["paired"] = _bench_paired(cfg, engine, questions, images, work / f"{name}-paired", ours["wall_s"], tick)
-    flops = matmul_flops(engine, counts)
+    flops = engine.model.matmul_flops(counts)
     if device.type == "cuda":
         rate = measured_bf16_tflops(device)
         floor = flops / (rate * 1e12)
@@ -304,9 +220,10 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
                      "floor_s": round(floor, 2), "ratio_to_floor": round(wall / floor, 2)})
     entry = {"checkpoint": str(checkpoint), "size": cfg.size if name not in cfg.model_dirs else "checkpoint",
              "pope_fast": ours}
-    if not cfg.reference or name in NO_REFERENCE:
+    unavailable = family_class(name).reference_unavailable
+    if not cfg.reference or unavailable:
         if cfg.reference:
-            entry["reference_unavailable"] = NO_REFERENCE[name]
+            entry["reference_unavailable"] = unavailable
         return entry
 
     sample = questions[: cfg.reference_sample] if cfg.reference_sample else questions
@@ -386,18 +303,15 @@ def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Qu
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str, int, int], None] | None = None) -> dict:
-    unknown = [m for m in cfg.models if m not in SEED_FAMILIES]
+    unknown = [m for m in cfg.models if m not in FAMILIES]
     if unknown:
-        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(SEED_FAMILIES)}")
-    report = {"device": _device_name(cfg.device), "size": cfg.size, "models": {}, "unsupported": {}}
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+    report = {"device": _device_name(cfg.device), "size": cfg.size, "models": {}}
     with tempfile.TemporaryDirectory(prefix="pope-fast-bench-") as tmp:
         work = Path(cfg.work_dir or tmp)
         if cfg.shard is not None and cfg.work_dir:  # each rank writes its own checkpoints and records
             work = work / f"rank{cfg.shard.rank}"
         for name in cfg.models:
-            if name not in FAMILIES:
-                report["unsupported"][name] = f"{SEED_FAMILIES[name]}: the engine has no {name} family yet"
-                continue
             report["models"][name] = bench_model(name, cfg, work, progress)
     return report
 
@@ -433,8 +347,6 @@ def format_report(report: dict) -> str:
             cols = [why, "-", "-", "-", f"{ours['peak_memory_mb']:.0f} / -"]
         lines.append(f"| {name} ({e['size']}) | {ours['questions']} ({ours['unique_prompts']} prompts) | "
                      f"{ours['questions_per_s']} | {ours['wall_s']} | " + " | ".join(cols) + f" | {phases} | {floor} |")
-    for name, why in report["unsupported"].items():
-        lines.append(f"| {name} | unsupported: {why} | | | | | | | | | |")
     paired = [(name, e["pope_fast"]["paired"]) for name, e in report["models"].items() if "paired" in e["pope_fast"]]
     if paired:
         lines += ["", "paired methods: one sweep of all of them, cold, against the baseline sweep above", "",

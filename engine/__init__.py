@@ -6,7 +6,7 @@
 """
 from .core import Answer, Engine
 from .distributed import RankError, Shard
-from .families import FAMILIES, Family, load_model
+from .models import FAMILIES, Family, load_model
 from .images import ImageError, LoadedImage, check_images, read_image
 from .interventions import ImageAttentionAmplification, ImageAttentionTemperature, PAIAttention
 from .llama import AttentionEdit, Intervention

@@ -21,7 +21,7 @@ from ..readout.templates import SAMPLE_QUESTION
 from ..readout.continuation import all_finished, cut, generation_plan
 from ..readout.protocols import FIRST_TOKEN, GENERATING, LOGIT, SEQUENCE, TEXT
 from ..readout.tokens import outside_vocabulary, tokenizer_info
-from .families import FAMILIES, Family, load_model
+from .models import Family, load_model
 from .fingerprint import checkpoint_digests
 from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image, to_rgb
 from .llama import Intervention, PrefixKV
@@ -31,7 +31,7 @@ from .settings import Settings
 from .stats import Clock, Counts, Timings
 from .vision_cache import VisionCache, feature_key
 
-__all__ = ["FAMILIES", "Answer", "Counts", "Engine", "Family", "Timings", "load_model"]
+__all__ = ["Answer", "Engine"]
 
 # Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
 # converts it when the same image comes from a file.

@@ -1,21 +1,20 @@
 """Image files and pixels.
 
 Files are found, read and proven whole before any compute, so a bad file stops a run up front (or,
-with skip-bad, becomes an error record) instead of failing hours in. Pixels: exact fast paths for the
-processors of three families (CLIP resize-and-crop, LLaVA-NeXT anyres, Qwen2-VL native resolution),
-each the same PIL resize followed by one table lookup per pixel, each checked bit for bit against
-the checkpoint's own processor at load (`checked_fast_path`) and dropped where it differs."""
+with skip-bad, becomes an error record) instead of failing hours in. Pixels: what every exact fast
+path of a processor shares (the normalize table that replaces its float passes with one lookup per
+pixel, the check against the checkpoint's own processor at load, `checked_fast_path`, which drops a
+fast path where it differs by a bit), and CLIP's resize-and-crop path; a family's own processor path
+lives with its family (engine/models/)."""
 from __future__ import annotations
 
 import io
-import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
-from transformers.image_processing_utils import select_best_resolution
 
 
 class ImageError(ValueError):
@@ -157,99 +156,6 @@ class ClipPixels:
         top, left = (new_height - self.crop[0]) // 2, (new_width - self.crop[1]) // 2
         resized = resized[top:top + self.crop[0], left:left + self.crop[1]]
         return np.stack([np.take(self.table[c], resized[:, :, c]) for c in range(3)])
-
-
-class AnyresPixels:
-    """transformers' PIL-backend LLaVA-NeXT processor (the image resized to fit its best pinpoint resolution
-    and padded with zeros, cut into crops, after a base view resized to one crop) with the same values,
-    faster (bench/RESULTS.md): the same PIL resizes and the same zero padding, then one table lookup per
-    pixel as in ClipPixels, instead of a processor pass per crop (whose own resize and centre crop leave a
-    crop-sized crop unchanged). LlavaNextModel checks it against the processor at load, as LlavaModel does
-    ClipPixels."""
-
-    def __init__(self, pinpoints: list[tuple[int, int]], crop: int, resample: int, rescale_factor: float, mean, std):
-        self.pinpoints, self.crop, self.resample = pinpoints, crop, resample
-        self.lookup = normalize_table(rescale_factor, mean, std)
-
-    @classmethod
-    def for_processor(cls, processor) -> "AnyresPixels | None":
-        if type(processor).__name__ != "LlavaNextImageProcessorPil":
-            return None
-        size, crop = processor.size, processor.crop_size
-        flags = (processor.do_resize, processor.do_center_crop, processor.do_rescale, processor.do_normalize,
-                 processor.do_convert_rgb)
-        # Per crop the processor resizes to the shortest edge and centre-crops: identities only when
-        # both equal the crop size.
-        if not all(flags) or not size.shortest_edge or not (crop.height == crop.width == size.shortest_edge):
-            return None
-        # transformers keeps only whole crops of a pinpoint that is not a multiple of the crop size
-        if np.size(processor.image_mean) != 3 or any(h % crop.height or w % crop.height
-                                                     for h, w in processor.image_grid_pinpoints):
-            return None
-        return cls([tuple(p) for p in processor.image_grid_pinpoints], crop.height, int(processor.resample),
-                   processor.rescale_factor, processor.image_mean, processor.image_std)
-
-    def __call__(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
-        """An image → (crops [1 + rows * cols, 3, crop, crop] float32, base view first; (height, width))."""
-        image = to_rgb(image)
-        width, height = image.size
-        best_height, best_width = select_best_resolution((height, width), self.pinpoints)
-        # The processor's fit: the side that limits scales to the target, the other rounds up.
-        scale_width, scale_height = best_width / width, best_height / height
-        if scale_width < scale_height:
-            new_width, new_height = best_width, min(math.ceil(height * scale_width), best_height)
-        else:
-            new_height, new_width = best_height, min(math.ceil(width * scale_height), best_width)
-        fitted = np.asarray(image.resize((new_width, new_height), resample=self.resample))
-        top, left = (best_height - new_height) // 2, (best_width - new_width) // 2
-        canvas = np.zeros((best_height, best_width, 3), dtype=np.uint8)
-        canvas[top:top + new_height, left:left + new_width] = fitted
-        views = [np.asarray(image.resize((self.crop, self.crop), resample=self.resample))]
-        views += [canvas[y:y + self.crop, x:x + self.crop] for y in range(0, best_height, self.crop)
-                  for x in range(0, best_width, self.crop)]
-        crops = np.stack([np.stack([np.take(self.lookup[c], v[:, :, c]) for c in range(3)]) for v in views])
-        return crops, (height, width)
-
-
-class NativePixels:
-    """transformers' PIL-backend Qwen2-VL processor (resized to multiples of patch x merge within its pixel
-    budget, rescaled, normalized, cut into flattened patches of two identical frames) with the same values,
-    faster (bench/RESULTS.md): the same PIL resize, then the uint8 pixels laid out in the processor's patch
-    order (merge groups of patches, channel, frame, row, column) and one table lookup per value written
-    straight into that layout, instead of float passes over the image and a float copy per layout step."""
-
-    def __init__(self, processor):
-        # A private transformers module: imported where a Qwen2-VL processor is in use, not by every family.
-        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
-
-        self.processor, self.smart_resize = processor, smart_resize
-        self.lookup = normalize_table(processor.rescale_factor, processor.image_mean, processor.image_std)
-
-    @classmethod
-    def for_processor(cls, processor) -> "NativePixels | None":
-        if type(processor).__name__ != "Qwen2VLImageProcessorPil" or np.size(processor.image_mean) != 3:
-            return None
-        flags = (processor.do_resize, processor.do_rescale, processor.do_normalize, processor.do_convert_rgb)
-        if not all(flags) or not (processor.size.shortest_edge and processor.size.longest_edge):
-            return None
-        return cls(processor)
-
-    def __call__(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
-        """An image → (patches [h * w, 3 * frames * patch * patch] float32, its patch grid (1, h, w))."""
-        p = self.processor
-        size, merge, frames = p.patch_size, p.merge_size, p.temporal_patch_size
-        image = to_rgb(image)
-        height, width = self.smart_resize(image.height, image.width, factor=size * merge,
-                                     min_pixels=p.size.shortest_edge, max_pixels=p.size.longest_edge)
-        pixels = np.asarray(image.resize((width, height), resample=int(p.resample))).transpose(2, 0, 1)
-        rows, cols = height // size, width // size
-        # [C, H, W] → [row groups, col groups, merge rows, merge cols, C, patch rows, patch cols]
-        grouped = pixels.reshape(3, rows // merge, merge, size, cols // merge, merge, size)
-        grouped = grouped.transpose(1, 4, 2, 5, 0, 3, 6).reshape(rows * cols, 3, 1, size * size)
-        out = np.empty((rows * cols, 3, frames, size * size), dtype=np.float32)
-        for c in range(3):  # the frames are the same image: one lookup, broadcast over them
-            out[:, c] = np.take(self.lookup[c], grouped[:, c])
-        return out.reshape(rows * cols, 3 * frames * size * size), (1, rows, cols)
 
 
 def same_pixels(a, b) -> bool:

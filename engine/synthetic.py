@@ -1,6 +1,8 @@
-"""Built-in models and data, so the main job and the benchmark run on a fresh machine with nothing
-downloaded: random-weight checkpoints at tiny or real (7B) dimensions in the llava-hf layout,
-deterministic synthetic images, and POPE-shaped question sets."""
+"""Built-in data and the machinery of random checkpoints, so the main job, the benchmark and the tests
+run on a fresh machine with nothing downloaded: deterministic synthetic images, POPE-shaped question
+sets, word-level stand-in tokenizers, and the writers each family's `write_checkpoint` uses (its
+transformers class saved with random weights, or random tensors streamed shard by shard). The
+families' own dimensions live with them, in engine/models/."""
 from __future__ import annotations
 
 import hashlib
@@ -23,75 +25,12 @@ COCO_CATEGORIES = tuple(w.replace("_", " ") for w in (
     "cell_phone microwave oven toaster sink refrigerator book clock vase scissors teddy_bear hair_drier toothbrush"
 ).split())
 
-# LLaVA-1.5-7B: CLIP ViT-L/14 at 336 px (577 tokens, 576 after dropping CLS) and Vicuna-7B.
-LLAVA_DIMS = {
-    "7b": dict(vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                           image_size=336, patch_size=14, projection_dim=768),
-               text=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=32, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)),
-    # Small widths, the real image: 576 image tokens, so prefixes are as long as the real ones.
-    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             image_size=336, patch_size=14, projection_dim=64),
-                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=4, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)),
-}
-
-
-# LLaVA-1.6-Mistral-7B: LLaVA-1.5's CLIP ViT-L/14-336 over anyres crops, and Mistral-7B-Instruct-v0.2.
-LLAVA_NEXT_DIMS = {
-    "7b": dict(vision=LLAVA_DIMS["7b"]["vision"],
-               text=dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=8, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
-                         rope_theta=1e6, sliding_window=None)),
-    "tiny": dict(vision=LLAVA_DIMS["tiny"]["vision"],
-                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
-                           rope_theta=1e6, sliding_window=None)),
-}
-# InstructBLIP-Vicuna-7B: EVA ViT-g/14 at 224 px (257 tokens), a BERT-base Q-Former with 32 queries, Vicuna-7B.
-INSTRUCTBLIP_DIMS = {
-    "7b": dict(vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39, num_attention_heads=16,
-                           image_size=224, patch_size=14),
-               qformer=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                            encoder_hidden_size=1408),
-               text=dict(LLAVA_DIMS["7b"]["text"], vocab_size=32001), queries=32),
-    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             image_size=224, patch_size=14),
-                 qformer=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                              encoder_hidden_size=64),
-                 text=dict(LLAVA_DIMS["tiny"]["text"]), queries=32),
-}
-# Qwen2-VL-7B-Instruct: a 32-block, 1280-wide native-resolution ViT merging 2 x 2 patches (a COCO
-# image: 391 tokens under the processor's default pixel budget), Qwen2-7B with M-RoPE.
-QWEN2_VL_DIMS = {
-    "7b": dict(vision=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16, mlp_ratio=4),
-               text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                         num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
-                         max_position_embeddings=32768, rope_theta=1e6,
-                         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})),
-    "tiny": dict(vision=dict(depth=2, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2),
-                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=152064, rms_norm_eps=1e-6,
-                           max_position_embeddings=32768, rope_theta=1e6,
-                           rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})),
-}
-ANYRES_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
-# mPLUG-Owl2-LLaMA2-7B: a ViT-L/14 at 448 px (1,025 tokens), a 6-layer visual abstractor of 64 queries,
-# LLaMA-2-7B with multiway k/v projections and norms; 65 image tokens either way.
-MPLUG_OWL2_DIMS = {
-    "7b": dict(vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                           image_size=448, patch_size=14),
-               abstractor=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=16,
-                               encoder_hidden_size=1024, grid_size=32, num_learnable_queries=64),
-               text=dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                         num_key_value_heads=32, vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096)),
-    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             image_size=448, patch_size=14),
-                 abstractor=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                 encoder_hidden_size=64, grid_size=32, num_learnable_queries=64),
-                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=4, vocab_size=32000, rms_norm_eps=1e-5, max_position_embeddings=4096)),
-}
+# The language model most seed families share: LLaMA-2-7B / Vicuna-7B, and the tiny widths of the
+# random checkpoints that stand for it (vocabulary padded to 32,064 rows as llava-hf's).
+LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+                num_key_value_heads=32, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)
+LLAMA_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=4, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)
 
 
 def article(word: str) -> str:
@@ -162,40 +101,9 @@ def builtin_tokenizer(folder: Path):
     return fast
 
 
-QWEN2_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
-    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>"]
-
-
-def builtin_qwen2_tokenizer(folder: Path):
-    """A word-level stand-in for Qwen2-VL's tokenizer: its special tokens, its chat template's shape,
-    no BOS, for machines without the real one."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
-        "system user assistant You are a helpful . ? Answer answer yes no Yes No only or Is is there in the "
-        "image an".split())
-    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(words))}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
-    fast.add_tokens(QWEN2_SPECIALS, special_tokens=True)
-    fast.pad_token, fast.eos_token = "<|endoftext|>", "<|im_end|>"
-    fast.chat_template = QWEN2_CHAT_TEMPLATE
-    fast.save_pretrained(str(folder))
-    return fast
-
-
 def builtin_bert_tokenizer(folder: Path):
     """A word-level BERT-like tokenizer ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4, lowercased
-    words) for InstructBLIP's Q-Former on machines without bert-base-uncased."""
+    words), standing in for bert-base-uncased on machines without it."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -214,7 +122,8 @@ def builtin_bert_tokenizer(folder: Path):
     return fast
 
 
-def _tokenizer(folder: Path, tokenizer_dir: Path | None, builtin=builtin_tokenizer):
+def tokenizer_for(folder: Path, tokenizer_dir: Path | None, builtin=builtin_tokenizer):
+    """tokenizer_dir's tokenizer (a real one), else the built-in stand-in, saved into the checkpoint folder."""
     from transformers import AutoTokenizer
 
     if tokenizer_dir is None:
@@ -251,139 +160,8 @@ class Weights:
     extra: dict[str, float] = field(default_factory=dict)
 
 
-def write_llava_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                           weights: Weights | None = None, **stream) -> Path:
-    """A random-weight llava-hf LLaVA-1.5 checkpoint. dims: a LLAVA_DIMS name or a dict of its shape
-    (vision, text, and optional top-level `config` kwargs); keyword arguments are Weights fields."""
-    from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                              LlavaForConditionalGeneration, LlavaProcessor)
-
-    dims, folder = _dims(LLAVA_DIMS, dims), _folder(folder)
-    tok = _tokenizer(folder, tokenizer_dir)
-    config = LlavaConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
-                         text_config=LlamaConfig(**_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2),
-                         image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
-                         **dims.get("config", {}))
-    image_size = dims["vision"]["image_size"]
-    processor = LlavaProcessor(
-        image_processor=CLIPImageProcessor(size={"shortest_edge": image_size},
-                                           crop_size={"height": image_size, "width": image_size}),
-        tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
-        num_additional_image_tokens=1)
-    return _write(folder, config, LlavaForConditionalGeneration, processor, weights or Weights(**stream))
-
-
-def write_llava_next_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                                weights: Weights | None = None, **stream) -> Path:
-    """A random-weight llava-hf LLaVA-1.6-Mistral checkpoint: LLaVA-1.5's tower, a Mistral language
-    model and anyres pinpoints (`tiny`/`7b`: the 336-px ones, a 640 x 480 COCO image is 5 crops,
-    2,340 image tokens)."""
-    from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
-                              LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
-
-    dims, folder = _dims(LLAVA_NEXT_DIMS, dims), _folder(folder)
-    tok = _tokenizer(folder, tokenizer_dir)
-    pinpoints = dims.get("pinpoints", ANYRES_PINPOINTS)
-    config = LlavaNextConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
-                             text_config=MistralConfig(**_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2),
-                             image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
-                             image_grid_pinpoints=pinpoints, **dims.get("config", {}))
-    image_size = dims["vision"]["image_size"]
-    processor = LlavaNextProcessor(
-        image_processor=LlavaNextImageProcessor(size={"shortest_edge": image_size},
-                                                crop_size={"height": image_size, "width": image_size},
-                                                image_grid_pinpoints=pinpoints),
-        tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
-        num_additional_image_tokens=1)
-    return _write(folder, config, LlavaNextForConditionalGeneration, processor, weights or Weights(**stream))
-
-
-def write_instructblip_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                                  qformer_tokenizer_dir: Path | None = None, weights: Weights | None = None,
-                                  **stream) -> Path:
-    """A random-weight InstructBLIP-Vicuna checkpoint; the Q-Former's tokenizer is qformer_tokenizer_dir's
-    (bert-base-uncased) or the built-in BERT-like one."""
-    from transformers import (BlipImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
-                              InstructBlipProcessor, InstructBlipQFormerConfig, InstructBlipVisionConfig,
-                              LlamaConfig)
-
-    dims, folder = _dims(INSTRUCTBLIP_DIMS, dims), _folder(folder)
-    tok = _tokenizer(folder, tokenizer_dir)
-    qformer_tok = _tokenizer(folder / "qformer_tokenizer", qformer_tokenizer_dir, builtin_bert_tokenizer)
-    config = InstructBlipConfig(
-        vision_config=InstructBlipVisionConfig(**dims["vision"]).to_dict(),
-        qformer_config=InstructBlipQFormerConfig(**dims["qformer"], vocab_size=len(qformer_tok),
-                                                 pad_token_id=qformer_tok.pad_token_id).to_dict(),
-        text_config=LlamaConfig(**_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2).to_dict(),
-        num_query_tokens=dims["queries"], image_token_index=tok.convert_tokens_to_ids("<image>"),
-        **dims.get("config", {}))
-    side = dims["vision"]["image_size"]
-    processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": side, "width": side}),
-                                      tokenizer=tok, qformer_tokenizer=qformer_tok, num_query_tokens=dims["queries"])
-    return _write(folder, config, InstructBlipForConditionalGeneration, processor, weights or Weights(**stream))
-
-
-def write_qwen2_vl_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                              weights: Weights | None = None, **stream) -> Path:
-    """A random-weight Qwen2-VL checkpoint (the processor's default pixel budget unless dims'
-    `processor` says otherwise); the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad,
-    else the built-in one."""
-    from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
-
-    dims, folder = _dims(QWEN2_VL_DIMS, dims), _folder(folder)
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
-    if tok is None or tok.convert_tokens_to_ids("<|image_pad|>") in (None, tok.unk_token_id):
-        tok = builtin_qwen2_tokenizer(folder)
-    special = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|vision_start|>", "<|vision_end|>")}
-    text = dict(_vocab(dims["text"], tok), bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-    config = Qwen2VLConfig(text_config=text, vision_config=dict(dims["vision"], patch_size=14, spatial_merge_size=2,
-                                                               temporal_patch_size=2, in_channels=3),
-                           image_token_id=special["<|image_pad|>"], vision_start_token_id=special["<|vision_start|>"],
-                           vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)
-    tok.save_pretrained(str(folder))
-    # Saved apart: Qwen2VLProcessor also wants a video processor, which needs torchvision.
-    processor = Qwen2VLImageProcessor(**dims.get("processor", {}))
-    return _write(folder, config, Qwen2VLForConditionalGeneration, processor, weights or Weights(**stream))
-
-
-TOP_LEVEL = ("visual_config", "model_type", "architectures")  # mPLUG-Owl2 config keys that are not LLaMA's
-
-
-def write_mplug_owl2_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                                weights: Weights | None = None, **stream) -> Path:
-    """A random-weight checkpoint in upstream mPLUG-Owl2's layout (config.json with visual_config,
-    upstream's tensor names, a CLIP processor at the ViT's size); transformers has no class for it,
-    so the tensors are streamed from the family's own shape tables ("stream" weights only)."""
-    from transformers import CLIPImageProcessor, LlamaConfig
-
-    from .llama import LlamaDims
-    from .mplug_owl2 import AbstractorDims, VisionDims, lm_expected_shapes
-
-    dims, folder = _dims(MPLUG_OWL2_DIMS, dims), _folder(folder)
-    weights = weights or Weights(**stream)
-    if weights.init != "stream":
-        raise ValueError("mPLUG-Owl2 checkpoints are written as streamed random tensors only")
-    tok = _tokenizer(folder, tokenizer_dir)
-    text = _vocab(dims["text"], tok)
-    raw = {"architectures": ["MPLUGOwl2LlamaForCausalLM"], "model_type": "mplug_owl2", **text,
-           "num_key_value_heads": text.get("num_key_value_heads", text["num_attention_heads"]),
-           "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0,
-           "tie_word_embeddings": False,
-           "visual_config": {"visual_model": dims["vision"], "visual_abstractor": dims["abstractor"]}}
-    lm = LlamaDims.from_config(LlamaConfig(**{k: v for k, v in raw.items() if k not in TOP_LEVEL}))
-    shapes = {(k if k == "lm_head.weight" else f"model.{k}"): v for k, v in lm_expected_shapes(lm).items()}
-    shapes.update({f"model.vision_model.{k}": v for k, v in VisionDims(**dims["vision"]).expected_shapes().items()})
-    shapes.update({f"model.visual_abstractor.{k}": v
-                   for k, v in AbstractorDims(**dims["abstractor"]).expected_shapes(lm.hidden_size).items()})
-    side = dims["vision"]["image_size"]
-    processor = CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side})
-    _write_tensors(folder, shapes, weights)
-    (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-    processor.save_pretrained(str(folder))
-    return folder
-
-
-def _dims(table: dict, dims: str | dict) -> dict:
+def sized(table: dict, dims: str | dict) -> dict:
+    """dims itself (a dict of a checkpoint's shape) or the table's entry of that name."""
     if isinstance(dims, dict):
         return dims
     if dims not in table:
@@ -391,24 +169,25 @@ def _dims(table: dict, dims: str | dict) -> dict:
     return table[dims]
 
 
-def _folder(folder: Path) -> Path:
+def checkpoint_folder(folder: Path) -> Path:
+    """The folder a checkpoint is written to, created."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
 
-def _vocab(text: dict, tok) -> dict:
+def with_vocab(text: dict, tok) -> dict:
     """The text config with at least one lm_head row per token (the tables pad LLaMA's to 32,064, as
     llava-hf does, so the legacy readouts' fixed ids are rows whichever tokenizer stands in)."""
     return dict(text, vocab_size=max(text["vocab_size"], len(tok)))
 
 
-def _write(folder: Path, config, model_class, processor, weights: Weights) -> Path:
+def save_checkpoint(folder: Path, config, model_class, processor, weights: Weights) -> Path:
     if weights.init == "stream":  # transformers' own tensor names, shard by shard: a 7B model never sits in memory
         with torch.device("meta"):
             shapes = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()
                       if not k.endswith("position_ids")}
-        _write_tensors(folder, shapes, weights)
+        write_tensors(folder, shapes, weights)
         config.save_pretrained(str(folder))
     elif weights.init == "model":
         torch.manual_seed(weights.seed)
@@ -426,7 +205,7 @@ def _write(folder: Path, config, model_class, processor, weights: Weights) -> Pa
     return folder
 
 
-def _write_tensors(folder: Path, shapes: dict[str, tuple[int, ...]], weights: Weights) -> None:
+def write_tensors(folder: Path, shapes: dict[str, tuple[int, ...]], weights: Weights) -> None:
     """Random tensors of these names and shapes as safetensors shards (with an index when more than one)."""
     from safetensors.torch import save_file
 

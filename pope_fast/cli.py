@@ -387,13 +387,14 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
     """The built-in tiny model, questions and synthetic images for a run without --model."""
     import torch
 
-    from .engine.synthetic import builtin_questions, write_images, write_llava_checkpoint
+    from .engine.models import DEMO, family_class
+    from .engine.synthetic import builtin_questions, write_images
 
-    demo = out_dir / "demo"
-    model_dir = demo / "llava-tiny"
+    demo, family = out_dir / "demo", family_class(DEMO)
+    model_dir = demo / f"{DEMO}-tiny"
     if not (model_dir / "config.json").is_file():
-        click.echo(f"demo: writing a random tiny LLaVA-1.5 checkpoint to {model_dir}", err=True)
-        write_llava_checkpoint(model_dir, "tiny", dtype=torch.float32)
+        click.echo(f"demo: writing a random tiny {family.seed_model} checkpoint to {model_dir}", err=True)
+        family.write_checkpoint(model_dir, "tiny", dtype=torch.float32)
     questions = questions or builtin_questions(n_questions, split or "demo")
     named = [q.image for q in questions if q.image_data is None]
     if images_dir is None and named:
@@ -437,8 +438,8 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
     import torch
     from tqdm import tqdm
 
-    from .bench import SEED_FAMILIES, BenchConfig, format_report, run_bench
-    from .engine import parse_method
+    from .bench import BenchConfig, format_report, run_bench
+    from .engine import FAMILIES, parse_method
 
     if n_questions == 0 and pope_dir is None:
         _fail("--questions 0 means all of --pope's questions; without --pope give a number of built-in questions")
@@ -454,7 +455,7 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
         if method_specs:
             _fail("bench --method times a paired sweep in one process; run it without torchrun")
         device = shard.device(device)
-    names = list(SEED_FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
+    names = list(FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
     dirs = {}
     for item in model_dirs:
         name, sep, path = item.partition("=")

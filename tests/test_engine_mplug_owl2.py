@@ -16,7 +16,8 @@ from pope_fast.cli import main
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.layers import Rotary, make_linear
 from pope_fast.engine.llama import DecoderLayer, causal_attention
-from pope_fast.engine.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model, MultiwayDecoderLayer, lm_expected_shapes
+from pope_fast.engine.models.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model
+from pope_fast.engine.models.mplug_owl2_nets import MultiwayDecoderLayer, lm_expected_shapes
 
 
 @pytest.fixture(scope="module")
@@ -242,7 +243,7 @@ def test_sharded_bin_copy_loads_to_the_same_model(owl, fixture, features, tmp_pa
 ])
 def test_bad_config_is_named(fixture, tmp_path, change, message):
     from pope_fast.engine import CheckpointError
-    from pope_fast.engine.mplug_owl2 import parse_config
+    from pope_fast.engine.models.mplug_owl2 import parse_config
 
     config = json.loads((fixture[0] / "checkpoint/config.json").read_text())
     for key, value in change.items():
@@ -257,7 +258,7 @@ def test_bad_config_is_named(fixture, tmp_path, change, message):
 
 
 def test_default_visual_config_is_the_7b_model(fixture, tmp_path):
-    from pope_fast.engine.mplug_owl2 import parse_config
+    from pope_fast.engine.models.mplug_owl2 import parse_config
 
     config = json.loads((fixture[0] / "checkpoint/config.json").read_text())
     del config["visual_config"]

@@ -143,7 +143,7 @@ def test_image_checks_catch_damaged_files_without_refusing_good_ones(tmp_path, f
 def test_fast_anyres_pixels_equal_the_processor_bit_for_bit(pinpoints, side):
     from transformers import LlavaNextImageProcessorPil
 
-    from pope_fast.engine.images import AnyresPixels
+    from pope_fast.engine.models.llava_next import AnyresPixels
 
     processor = LlavaNextImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side},
                                            image_grid_pinpoints=pinpoints)
@@ -170,7 +170,7 @@ def test_llava_next_takes_the_fast_path_and_matches_its_processor(tmp_path):
 def test_a_llava_next_fast_path_that_disagrees_is_turned_off(tmp_path):
     from tinymodels import make_tiny_llava_next
 
-    from pope_fast.engine.images import AnyresPixels
+    from pope_fast.engine.models.llava_next import AnyresPixels
 
     model = Engine.load(make_tiny_llava_next(tmp_path / "ckpt", builtin_tokenizer=True), Settings()).model
     good = model._fast_pixels
@@ -183,7 +183,7 @@ def test_a_llava_next_fast_path_that_disagrees_is_turned_off(tmp_path):
 def test_pinpoints_off_the_crop_grid_keep_the_processor():
     from transformers import LlavaNextImageProcessorPil
 
-    from pope_fast.engine.images import AnyresPixels
+    from pope_fast.engine.models.llava_next import AnyresPixels
 
     processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
                                            image_grid_pinpoints=[[28, 56], [40, 70]])
@@ -195,7 +195,7 @@ def test_pinpoints_off_the_crop_grid_keep_the_processor():
 def test_fast_native_pixels_equal_the_processor_bit_for_bit(config):
     from transformers import Qwen2VLImageProcessorPil
 
-    from pope_fast.engine.images import NativePixels
+    from pope_fast.engine.models.qwen2_vl import NativePixels
 
     processor = Qwen2VLImageProcessorPil(**config)
     fast = NativePixels.for_processor(processor)
@@ -210,7 +210,7 @@ def test_fast_native_pixels_equal_the_processor_bit_for_bit(config):
 def test_qwen2_vl_takes_the_fast_path(tmp_path):
     from tinymodels import make_tiny_qwen2_vl
 
-    from pope_fast.engine.images import NativePixels
+    from pope_fast.engine.models.qwen2_vl import NativePixels
 
     model = Engine.load(make_tiny_qwen2_vl(tmp_path / "ckpt", builtin_tokenizer=True), Settings()).model
     assert isinstance(model._fast_pixels, NativePixels)

@@ -1,4 +1,4 @@
-"""The engine tests' tiny random checkpoints (the shared builders of `pope_fast.engine.synthetic` at
+"""The engine tests' tiny random checkpoints (each family's own `write_checkpoint` at
 test dimensions, weights through the transformers class), synthetic POPE sets and oracle helpers.
 
 The tokenizers are the real ones from ../shared when they are there; elsewhere the built-in
@@ -11,8 +11,11 @@ from pathlib import Path
 
 import torch
 
-from pope_fast.engine.synthetic import (Weights, synthetic_image, write_instructblip_checkpoint,
-                                       write_llava_checkpoint, write_llava_next_checkpoint, write_qwen2_vl_checkpoint)
+from pope_fast.engine.models.instructblip import InstructBlipModel
+from pope_fast.engine.models.llava import LlavaModel
+from pope_fast.engine.models.llava_next import LlavaNextModel
+from pope_fast.engine.models.qwen2_vl import Qwen2VLModel
+from pope_fast.engine.synthetic import Weights, synthetic_image
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
@@ -43,7 +46,7 @@ def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers
                           num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=vocab_size or 32064,
                           max_position_embeddings=2048, initializer_range=init_std),
                 config=dict(initializer_range=init_std, vision_feature_layer=feature_layer))
-    return write_llava_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
+    return LlavaModel.write_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
                                   weights=Weights("model", seed=seed, std=init_std, dtype=dtype))
 
 
@@ -63,7 +66,7 @@ def make_tiny_llava_next(folder: Path, *, seed: int = 0, layers: int = 2, kv_hea
                           max_position_embeddings=2048, initializer_range=init_std, sliding_window=None,
                           rope_theta=1e6),
                 pinpoints=TINY_PINPOINTS, config=dict(initializer_range=init_std))
-    return write_llava_next_checkpoint(
+    return LlavaNextModel.write_checkpoint(
         folder, dims, tokenizer_dir=_shared(SHARED_MISTRAL_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, extra={"model.image_newline": 0.5}))
 
@@ -81,7 +84,7 @@ def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidd
                           num_attention_heads=4, num_key_value_heads=4, vocab_size=32064,
                           max_position_embeddings=2048, initializer_range=init_std),
                 queries=queries, config=dict(initializer_range=init_std))
-    return write_instructblip_checkpoint(
+    return InstructBlipModel.write_checkpoint(
         folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
         qformer_tokenizer_dir=_shared(SHARED_BERT_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
@@ -100,7 +103,7 @@ def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: 
                           initializer_range=init_std),
                 processor=dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
                                temporal_patch_size=2))
-    return write_qwen2_vl_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer),
+    return Qwen2VLModel.write_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer),
                                      weights=Weights("model", seed=seed, std=init_std, dtype=dtype,
                                                      spread_ranks=(2, 3, 4, 5)))
 

@@ -18,14 +18,14 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .layers import make_linear, replace_linears
-from .llama import LlamaDims, LlamaLM
-from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
-from .plan import PromptLayout
-from .settings import Settings
-from .vision_cache import tensor_fingerprint
-
-MODEL_TYPE = "instructblip"
+from ..llama import LlamaDims
+from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..plan import PromptLayout
+from ..settings import Settings
+from ..stats import Counts
+from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, builtin_bert_tokenizer, checkpoint_folder, save_checkpoint,
+                         sized, tokenizer_for, with_vocab)
+from .base import Family
 
 NAME_RULES = [
     (r"^(?:model\.)?language_model\.lm_head\.", "lm.lm_head."),
@@ -36,38 +36,63 @@ NAME_RULES = [
     (r"^(?:model\.)?query_tokens$", "extra.query_tokens"),
     (r"^(?:model\.)?language_projection\.", "projector."),
 ]
+# InstructBLIP-Vicuna-7B: EVA ViT-g/14 at 224 px (257 tokens), a BERT-base Q-Former with 32 queries, Vicuna-7B.
+SIZES = {
+    "7b": dict(vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39, num_attention_heads=16,
+                           image_size=224, patch_size=14),
+               qformer=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                            encoder_hidden_size=1408),
+               text=dict(LLAMA_7B, vocab_size=32001), queries=32),
+    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                             image_size=224, patch_size=14),
+                 qformer=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                              encoder_hidden_size=64),
+                 text=LLAMA_TINY, queries=32),
+}
 
 
-class InstructBlipModel:
+class InstructBlipModel(Family):
     """Everything the engine needs from one InstructBLIP checkpoint."""
 
-    family = MODEL_TYPE
+    family = "instructblip"
+    name = "InstructBLIP"
+    seed_model = "InstructBLIP-Vicuna-7B"
     default_template = "instructblip"
     image_marker = ""  # the image enters through the Q-Former, ahead of the text
     features_per_prompt = True
+    own_aspect = "resizes every image to a square"
+    sizes = SIZES
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoProcessor, InstructBlipQFormerModel, InstructBlipVisionModel
+        from transformers import AutoConfig, AutoProcessor
 
-        if settings.image_aspect != "processor":
-            raise ValueError("image_aspect 'pad' is LLaVA-1.5's; InstructBLIP resizes every image to a square")
-        self.folder, self.settings = folder, settings
-        device, dtype = settings.torch_device, settings.torch_dtype
-        quantize, packed = settings.quant == "nf4", settings.nf4_weights == "packed"
+        super().__init__(folder, settings)
         self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
         self.image_token_id = cfg.image_token_id
         self.num_queries = cfg.num_query_tokens
-        try:
-            processor = AutoProcessor.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{folder}: no usable processor files (tokenizer, qformer_tokenizer/, "
-                                  f"image processor): {err}") from None
+        processor = self.pretrained(AutoProcessor, "processor files (tokenizer, qformer_tokenizer/, image processor)")
         self.tokenizer, self.qformer_tokenizer = processor.tokenizer, processor.qformer_tokenizer
         self.image_processor = processor.image_processor
         if self.tokenizer.convert_tokens_to_ids("<image>") != self.image_token_id:
             raise CheckpointError(f"{folder}: the tokenizer has no <image> token with id {self.image_token_id}")
-
         dims = LlamaDims.from_config(cfg.text_config)
+        parts, vision, qformer = self._load(dims)
+        # The cached ViT output depends on the tower's weights only; the Q-Former runs per prompt.
+        self.feature_fingerprint = self.fingerprint({f"vision.{k}": v for k, v in parts["vision"].items()})
+        load_module(vision, parts["vision"], folder, "vision tower")
+        load_module(qformer, parts["qformer"], folder, "Q-Former")
+        self.vision, self.qformer = self.borrowed(vision), self.borrowed(qformer)
+        # transformers keeps query_tokens in fp32 (_keep_in_fp32_modules) and casts where it is used.
+        self.query_tokens = parts["extra"]["query_tokens"].to(device=self.device, dtype=torch.float32)
+        self.projector = self.linear(parts["projector"]["weight"], parts["projector"]["bias"])
+        self.lm = self.language_model(dims, parts["lm"])
+
+    def _load(self, dims: LlamaDims):
+        """The checkpoint's tensors grouped (lm, vision, qformer, extra, projector), and the empty
+        transformers ViT and Q-Former they go into."""
+        from transformers import InstructBlipQFormerModel, InstructBlipVisionModel
+
+        cfg = self.config
         with no_init():
             vision = InstructBlipVisionModel(cfg.vision_config)
             qformer = InstructBlipQFormerModel(cfg.qformer_config)
@@ -78,36 +103,14 @@ class InstructBlipModel:
         expected.update({"extra.query_tokens": (1, self.num_queries, q_hidden),
                          "projector.weight": (dims.hidden_size, q_hidden), "projector.bias": (dims.hidden_size,)})
         optional = {k for k in expected if k.endswith("position_ids")}
-        parts = load_grouped(folder, NAME_RULES, expected, optional)
-        # The cached ViT output depends on the tower's weights only; the Q-Former runs per prompt.
-        self.feature_fingerprint = tensor_fingerprint({f"vision.{k}": v for k, v in parts["vision"].items()},
-                                                      extra=settings.feature_settings())
-        load_module(vision, parts["vision"], folder, "vision tower")
-        load_module(qformer, parts["qformer"], folder, "Q-Former")
-        self.vision = vision.to(device=device, dtype=dtype).eval()
-        self.qformer = qformer.to(device=device, dtype=dtype).eval()
-        if quantize:  # transformers quantizes every Linear but lm_head under load_in_4bit, these included
-            for module in (self.vision, self.qformer):
-                replace_linears(module, dtype=dtype, device=device, keep_packed=packed, kernels=settings.kernels)
-        # transformers keeps query_tokens in fp32 (_keep_in_fp32_modules) and casts where it is used.
-        self.query_tokens = parts["extra"]["query_tokens"].to(device=device, dtype=torch.float32)
-        self.projector = make_linear(parts["projector"]["weight"], parts["projector"]["bias"], dtype=dtype,
-                                     device=device, quantize=quantize, keep_packed=packed, kernels=settings.kernels)
-        self.lm = LlamaLM(dims, parts["lm"], dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
-                          quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
-        self.stop_ids = stop_ids(folder, self.tokenizer)
+        return load_grouped(self.folder, NAME_RULES, expected, optional), vision, qformer
 
     def preprocess_settings(self) -> dict:
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
-        """One image → pixel values [3, H, W] as the checkpoint's processor makes them (NumPy: see
-        LlavaModel.preprocess)."""
+        """One image → pixel values [3, H, W] as the checkpoint's processor makes them."""
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
-
-    def image_tokens(self, features: torch.Tensor) -> int:
-        """Image tokens these features stand in for (one per row)."""
-        return features.shape[0]
 
     def vision_tokens(self, pixels: np.ndarray) -> int:
         vision = self.config.vision_config
@@ -154,3 +157,39 @@ class InstructBlipModel:
         """The image tokens read the question, so no two prompts share a prefix: each runs whole."""
         return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), self.image_token_id,
                                share_prefix=False)
+
+    def vision_flops(self, counts: Counts) -> float:
+        """The ViT over every token, and the projection of the 32 queries per prompt (the Q-Former itself,
+        ~2% at 7B dims, is left out)."""
+        vc, h = self.config.vision_config, self.lm.dims.hidden_size
+        d, layers = vc.hidden_size, len(self.vision.encoder.layers)
+        per_token = 2 * layers * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.patch_size**2 * d
+        return per_token * counts.vision_tokens + 2 * counts.prompts * self.num_queries \
+            * self.config.qformer_config.hidden_size * h
+
+    @classmethod
+    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                         qformer_tokenizer_dir: Path | None = None, weights: Weights | None = None,
+                         **stream) -> Path:
+        """A random-weight InstructBLIP-Vicuna checkpoint; the Q-Former's tokenizer is qformer_tokenizer_dir's
+        (bert-base-uncased) or the built-in BERT-like one."""
+        from transformers import (BlipImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
+                                  InstructBlipProcessor, InstructBlipQFormerConfig, InstructBlipVisionConfig,
+                                  LlamaConfig)
+
+        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
+        tok = tokenizer_for(folder, tokenizer_dir)
+        qformer_tok = tokenizer_for(folder / "qformer_tokenizer", qformer_tokenizer_dir, builtin_bert_tokenizer)
+        config = InstructBlipConfig(
+            vision_config=InstructBlipVisionConfig(**dims["vision"]).to_dict(),
+            qformer_config=InstructBlipQFormerConfig(**dims["qformer"], vocab_size=len(qformer_tok),
+                                                     pad_token_id=qformer_tok.pad_token_id).to_dict(),
+            text_config=LlamaConfig(**with_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2).to_dict(),
+            num_query_tokens=dims["queries"], image_token_index=tok.convert_tokens_to_ids("<image>"),
+            **dims.get("config", {}))
+        side = dims["vision"]["image_size"]
+        processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": side, "width": side}),
+                                          tokenizer=tok, qformer_tokenizer=qformer_tok,
+                                          num_query_tokens=dims["queries"])
+        return save_checkpoint(folder, config, InstructBlipForConditionalGeneration, processor,
+                               weights or Weights(**stream))

@@ -15,17 +15,15 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .images import ClipPixels, checked_fast_path
-from .layers import make_linear, replace_linears
-from .llama import LlamaDims, LlamaLM
-from .loader import CheckpointError, load_grouped, load_module, no_init, stop_ids
-from .plan import PromptLayout
-from .prompts import ExpandedPromptIds
-from .settings import Settings
-from .vision_cache import tensor_fingerprint
-
-MODEL_TYPE = "llava"
-DEFAULT_TEMPLATE = "llava_plain"
+from ..images import ClipPixels, checked_fast_path
+from ..llama import LlamaDims
+from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..plan import PromptLayout
+from ..prompts import ExpandedPromptIds
+from ..settings import Settings
+from ..stats import Counts
+from ..synthetic import LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
+from .base import Family
 
 # checkpoint name → our name; first match wins.
 NAME_RULES = [
@@ -35,6 +33,12 @@ NAME_RULES = [
     (r"^(?:model\.)?vision_tower\.(?:vision_model\.)?", "vision."),
     (r"^(?:model\.)?multi_modal_projector\.", "projector."),
 ]
+# CLIP ViT-L/14 at 336 px (577 tokens, 576 after dropping CLS), and the tiny tower of the random
+# checkpoints: small widths, the real image, so prefixes are as long as the real ones.
+CLIP_L_336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                  image_size=336, patch_size=14, projection_dim=768)
+CLIP_TINY_336 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                     image_size=336, patch_size=14, projection_dim=64)
 
 
 def _activation(name: str):
@@ -45,52 +49,65 @@ def _activation(name: str):
     return acts[name]
 
 
-class LlavaModel:
+class LlavaModel(Family):
     """Everything the engine needs from one LLaVA-1.5 checkpoint."""
 
-    family = MODEL_TYPE
-    default_template = DEFAULT_TEMPLATE
+    family = "llava"
+    name = "LLaVA-1.5"
+    seed_model = "LLaVA-1.5-7B"
+    default_template = "llava_plain"
     image_marker = "<image>"
+    own_aspect = None  # original LLaVA pads to square: Settings.image_aspect "pad" reproduces it
     name_rules = NAME_RULES
-    features_per_prompt = False
+    sizes = {"7b": dict(vision=CLIP_L_336, text=LLAMA_7B), "tiny": dict(vision=CLIP_TINY_336, text=LLAMA_TINY)}
 
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
         """Tensors outside the language model, vision tower and projector (named as after renaming)."""
         return {}
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, CLIPVisionModel
+        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
-        self.folder, self.settings = folder, settings
-        device, dtype = settings.torch_device, settings.torch_dtype
-        quantize, packed = settings.quant == "nf4", settings.nf4_weights == "packed"
-        self.config = AutoConfig.from_pretrained(str(folder), local_files_only=True)
-        cfg = self.config
+        super().__init__(folder, settings)
+        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
         self.feature_layer = cfg.vision_feature_layer
         self.select_strategy = cfg.vision_feature_select_strategy
         self.image_token_id = cfg.image_token_id
         if self.select_strategy not in ("default", "full"):
             raise CheckpointError(f"{folder}/config.json: vision_feature_select_strategy "
                                   f"{self.select_strategy!r} is not supported")
-
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{folder}: no usable tokenizer files ({err})") from None
+        self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
         marker_ids = self.tokenizer.encode(self.image_marker, add_special_tokens=False)
         if marker_ids != [self.image_token_id]:
             raise CheckpointError(f"{folder}: the tokenizer has no {self.image_marker} token with id "
                                   f"{self.image_token_id} (it encodes {self.image_marker!r} as {marker_ids})")
-        try:
-            self.image_processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{folder}: no image processor config (preprocessor_config.json or "
-                                  f"processor_config.json): {err}") from None
-
+        self.image_processor = self.pretrained(
+            AutoImageProcessor, "image processor config (preprocessor_config.json or processor_config.json)")
         dims = LlamaDims.from_config(cfg.text_config)
+        parts = self._load(dims)
+        proj, extra = parts.get("projector", {}), parts.get("extra", {})
+        # The cached image features depend on exactly these weights (and the dtype and quantization).
+        self.feature_fingerprint = self.fingerprint(
+            {f"{group}.{k}": v for group in ("vision", "projector", "extra") for k, v in parts.get(group, {}).items()},
+            feature_layer=self.feature_layer, select_strategy=self.select_strategy,
+            grid_pinpoints=getattr(cfg, "image_grid_pinpoints", None))  # LLaVA-NeXT's packing
+        self._vision_tower(parts.get("vision", {}))
+        self.projector = (self.linear(proj["linear_1.weight"], proj.get("linear_1.bias")),
+                          _activation(cfg.projector_hidden_act),
+                          self.linear(proj["linear_2.weight"], proj.get("linear_2.bias")))
+        self.extra = {k: v.to(device=self.device, dtype=self.dtype) for k, v in extra.items()}
+        self.lm = self.language_model(dims, parts.get("lm", {}))
+        self._fast_pixels = self._checked_fast_pixels(self._fast_pixel_path())
+        self._expand = ExpandedPromptIds(self.tokenizer, self.image_marker, self.image_token_id)
+
+    def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
+        """Every tensor of the checkpoint, grouped: lm, vision, projector, extra."""
+        from transformers import CLIPVisionModel
+
+        cfg = self.config
         with no_init():
-            vision = CLIPVisionModel(cfg.vision_config)
-        vision_shapes = {f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()}
+            self.vision = CLIPVisionModel(cfg.vision_config)
+        vision_shapes = {f"vision.{k}": tuple(v.shape) for k, v in self.vision.state_dict().items()}
         n_layers = 1 if isinstance(self.feature_layer, int) else len(self.feature_layer)
         proj_in, h = cfg.vision_config.hidden_size * n_layers, dims.hidden_size
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
@@ -101,43 +118,21 @@ class LlavaModel:
             expected.update({"projector.linear_1.bias": (h,), "projector.linear_2.bias": (h,)})
         # position_ids-style buffers are not stored in checkpoints
         stored_optional = {k for k in vision_shapes if k.endswith("position_ids")}
+        return load_grouped(self.folder, self.name_rules, expected, stored_optional)
 
-        parts = load_grouped(folder, self.name_rules, expected, stored_optional)
-        lm_weights, vision_weights, proj, extra = (parts.get(g, {}) for g in ("lm", "vision", "projector", "extra"))
-        # The cached image features depend on exactly these weights (and the dtype and quantization).
-        self.feature_fingerprint = tensor_fingerprint(
-            {**{f"vision.{k}": v for k, v in vision_weights.items()}, **{f"projector.{k}": v for k, v in proj.items()},
-             **{f"extra.{k}": v for k, v in extra.items()}},
-            extra={**settings.feature_settings(),
-                   "feature_layer": self.feature_layer, "select_strategy": self.select_strategy,
-                   "grid_pinpoints": getattr(cfg, "image_grid_pinpoints", None)})  # LLaVA-NeXT's packing
-
-        load_module(vision, vision_weights, folder, "vision tower")
-        # hidden_states[0] is the embedding output, [i] the output of layer i: LLaVA reads layer -2,
-        # so the tower's last layer never reaches the model (1 of 24 layers of CLIP-L, 1 of 2 of the
-        # tiny bench model) and is dropped.
-        total = cfg.vision_config.num_hidden_layers
+    def _vision_tower(self, weights: dict[str, torch.Tensor]) -> None:
+        """The CLIP tower with its weights, cut after the last layer LLaVA reads: hidden_states[0] is the
+        embedding output, [i] the output of layer i, and LLaVA reads layer -2, so the tower's last layer
+        never reaches the model."""
+        load_module(self.vision, weights, self.folder, "vision tower")
+        total = self.config.vision_config.num_hidden_layers
         layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
         self.feature_states = [i if i >= 0 else total + 1 + i for i in layers]
         if not all(0 <= i <= total for i in self.feature_states):
-            raise CheckpointError(f"{folder}/config.json: vision_feature_layer {self.feature_layer} lies outside "
-                                  f"the tower's {total} layers")
-        del vision.encoder.layers[max(self.feature_states):]
-        self.vision = vision.to(device=device, dtype=dtype).eval()
-        if quantize:  # transformers quantizes the vision tower's Linears too under load_in_4bit
-            replace_linears(self.vision, dtype=dtype, device=device, keep_packed=packed, kernels=settings.kernels)
-
-        def linear(name):
-            return make_linear(proj[f"{name}.weight"], proj.get(f"{name}.bias"), dtype=dtype, device=device,
-                               quantize=quantize, keep_packed=packed, kernels=settings.kernels)
-
-        self.projector = (linear("linear_1"), _activation(cfg.projector_hidden_act), linear("linear_2"))
-        self.extra = {k: v.to(device=device, dtype=dtype) for k, v in extra.items()}
-        self.lm = LlamaLM(dims, lm_weights, dtype=dtype, device=device, quantize=quantize, keep_packed=packed,
-                          quantize_lm_head=settings.quantize_lm_head, kernels=settings.kernels)
-        self.stop_ids = stop_ids(folder, self.tokenizer)
-        self._fast_pixels = self._checked_fast_pixels(self._fast_pixel_path())
-        self._expand = ExpandedPromptIds(self.tokenizer, self.image_marker, self.image_token_id)
+            raise CheckpointError(f"{self.folder}/config.json: vision_feature_layer {self.feature_layer} lies "
+                                  f"outside the tower's {total} layers")
+        del self.vision.encoder.layers[max(self.feature_states):]
+        self.vision = self.borrowed(self.vision)
 
     def preprocess_settings(self) -> dict:
         """What decides the pixels, for the vision cache key."""
@@ -151,8 +146,7 @@ class LlavaModel:
         """One image → pixel values [3, H, W] as the checkpoint's processor makes them; `pad` first
         converts to RGB and pads to a square with the mean colour, as original LLaVA does.
 
-        NumPy, not torch: sweeps run this in background threads, and torch ops there would start a
-        second OpenMP team that spins against the model's threads."""
+        NumPy (Family.preprocess)."""
         if self.settings.image_aspect == "pad":
             image = image.convert("RGB")
             mean = tuple(int(c * 255) for c in self.image_processor.image_mean)  # LLaVA's expand2square truncates
@@ -173,10 +167,6 @@ class LlavaModel:
 
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
-
-    def image_tokens(self, features: torch.Tensor) -> int:
-        """Image tokens these features stand in for (one per row)."""
-        return features.shape[0]
 
     def vision_tokens(self, pixels) -> int:
         """Tokens one preprocess() output sends through the vision tower (patches + CLS per crop)."""
@@ -211,3 +201,31 @@ class LlavaModel:
     def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
         """Every prompt of an image shares the tokens up to its last image token."""
         return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), self.image_token_id)
+
+    def vision_flops(self, counts: Counts) -> float:
+        """The CLIP layers that run over every token they read, the patch embedding, the two-layer projector."""
+        vc, h = self.config.vision_config, self.lm.dims.hidden_size
+        d, layers = vc.hidden_size, len(self.vision.encoder.layers)
+        per_token = 2 * layers * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.patch_size**2 * d
+        return (per_token + 2 * (d * h + h * h)) * counts.vision_tokens
+
+    @classmethod
+    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                         weights: Weights | None = None, **stream) -> Path:
+        """A random-weight llava-hf checkpoint. dims: a `sizes` name or a dict of its shape (vision,
+        text, and optional top-level `config` kwargs)."""
+        from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                                  LlavaForConditionalGeneration, LlavaProcessor)
+
+        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
+        tok = tokenizer_for(folder, tokenizer_dir)
+        config = LlavaConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
+                             text_config=LlamaConfig(**with_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2),
+                             image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
+                             **dims.get("config", {}))
+        size = dims["vision"]["image_size"]
+        processor = LlavaProcessor(
+            image_processor=CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size}),
+            tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
+            num_additional_image_tokens=1)
+        return save_checkpoint(folder, config, LlavaForConditionalGeneration, processor, weights or Weights(**stream))

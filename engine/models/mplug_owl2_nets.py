@@ -1,50 +1,20 @@
-"""mPLUG-Owl2 (X-PLUG's `model_type: mplug_owl2`; MAGAer13/mplug-owl2-llama2-7b).
-
-A ViT-L/14 at 448 px (fused `query_key_value`, pre- and post-layernorm) whose 1,025 outputs a visual
-abstractor reduces to 64 queries (cross-attention over [queries; ViT tokens] with fixed sin-cos
-position tables, a SwiGLU MLP with `ffn_ln`), projected by `visual_fc` and followed by `vit_eos`:
-65 image tokens. The language model is LLaMA-2 made modality-adaptive: image positions use their own
-(`multiway.1`) k_proj, v_proj, input_layernorm and post_attention_layernorm, text positions
-`multiway.0`; q_proj, o_proj and the MLP are shared. transformers has no class for it, so every
-module here is ours, checked against the upstream code's outputs (tests/test_engine_mplug_owl2.py).
-
-The prompt: upstream's `tokenizer_image_token` splits at `<|image|>`, tokenizes each chunk with BOS
-under the slow (sentencepiece) LlamaTokenizer of transformers 4.31 and drops the BOS of later chunks;
-the image sits at the sentinel id -200, which is not a vocabulary id.
-"""
+"""mPLUG-Owl2's networks (engine/models/mplug_owl2.py is the family): its ViT, its visual abstractor
+and its modality-adaptive decoder layer, with their config dims and checkpoint shapes. transformers has
+no class for any of them, so every module here is ours, checked against the upstream code's outputs
+(tests/test_engine_mplug_owl2.py)."""
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, fields
-from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
-from PIL import Image
 from torch import nn
 
-from .images import ClipPixels, checked_fast_path
-from .layers import apply_rotary, make_linear, rms_norm
-from .llama import DecoderLayer, LlamaDims, LlamaLM
-from .loader import CheckpointError, load_grouped, read_config, stop_ids
-from .plan import PromptLayout
-from .settings import Settings
-from .vision_cache import tensor_fingerprint
+from ..layers import apply_rotary, rms_norm
+from ..llama import DecoderLayer, LlamaDims
+from ..loader import CheckpointError
 
-MODEL_TYPE = "mplug_owl2"
-IMAGE_MARKER = "<|image|>"
-IMAGE_TOKEN_INDEX = -200  # upstream's IMAGE_TOKEN_INDEX: a sentinel, spliced before embedding
-
-NAME_RULES = [
-    (r"^lm_head\.", "lm.lm_head."),
-    (r"^model\.vision_model\.", "vision."),
-    (r"^model\.visual_abstractor\.", "abstractor."),
-    (r"^model\.", "lm."),
-]
-# Buffers upstream saves that are recomputed here.
-IGNORED = (r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$",)
 MULTIWAY = ("input_layernorm", "post_attention_layernorm", "self_attn.k_proj", "self_attn.v_proj")
 
 
@@ -116,42 +86,14 @@ def _norm_shapes(name: str, dim: int) -> dict[str, tuple[int, ...]]:
     return {f"{name}.weight": (dim,), f"{name}.bias": (dim,)}
 
 
-def _dims(cls, values: dict | None, where: str):
+def config_dims(cls, values: dict | None, where: str):
+    """A dims dataclass from a config section (unknown keys ignored, the upstream defaults filling gaps)."""
     values = values or {}
     known = {f.name for f in fields(cls)}
     try:
         return cls(**{k: v for k, v in values.items() if k in known})
     except TypeError as err:
         raise CheckpointError(f"{where}: {err}") from None
-
-
-def parse_config(folder: Path) -> tuple[dict, LlamaDims, VisionDims, AbstractorDims]:
-    """config.json → (the raw config, the language model's, the ViT's and the abstractor's dims)."""
-    from transformers import LlamaConfig
-
-    raw = read_config(folder)
-    if raw.get("model_type") != MODEL_TYPE:
-        raise CheckpointError(f"{folder}/config.json: model_type {raw.get('model_type')!r} is not {MODEL_TYPE!r}")
-    visual = raw.get("visual_config") or {}
-    if not isinstance(visual, dict):
-        raise CheckpointError(f"{folder}/config.json: visual_config is not an object")
-    text = {k: v for k, v in raw.items() if k not in ("visual_config", "model_type", "architectures")}
-    text.setdefault("rms_norm_eps", 1e-6)  # upstream's LlamaConfig default
-    if text.get("rope_scaling") is None:
-        text.pop("rope_scaling", None)
-    dims = LlamaDims.from_config(LlamaConfig(**text))
-    vision = _dims(VisionDims, visual.get("visual_model"), f"{folder}/config.json visual_config.visual_model")
-    abstractor = _dims(AbstractorDims, visual.get("visual_abstractor"),
-                       f"{folder}/config.json visual_config.visual_abstractor")
-    if vision.hidden_act not in ACTIVATIONS:
-        raise CheckpointError(f"{folder}/config.json: visual_model.hidden_act {vision.hidden_act!r} is not supported")
-    if abstractor.encoder_hidden_size != vision.hidden_size:
-        raise CheckpointError(f"{folder}/config.json: visual_abstractor.encoder_hidden_size "
-                              f"{abstractor.encoder_hidden_size} differs from the ViT's {vision.hidden_size}")
-    if (abstractor.grid_size ** 2 + 1) != vision.tokens:
-        raise CheckpointError(f"{folder}/config.json: visual_abstractor.grid_size {abstractor.grid_size} does not "
-                              f"cover the ViT's {vision.tokens - 1} patches")
-    return raw, dims, vision, abstractor
 
 
 def lm_expected_shapes(dims: LlamaDims) -> dict[str, tuple[int, ...]]:
@@ -321,129 +263,3 @@ def _multiway(h: torch.Tensor, image: torch.Tensor, text_proj, image_proj) -> to
             out = y.new_empty(*image.shape, y.shape[-1]) if out is None else out
             out[rows] = y
     return out
-
-
-def legacy_llama_tokenizer(tokenizer):
-    """The checkpoint's LLaMA tokenizer with the encoding of the slow sentencepiece LlamaTokenizer
-    that upstream loads (transformers 4.31, `use_fast=False`): every text gets the "▁" prefix and its
-    spaces become "▁" before the BPE, so " Yes" is [▁, Yes] and "USER: " ends in the lone "▁" (29871).
-    transformers 5 builds a Metaspace pre-tokenizer instead, which prefixes no "▁" to a text that
-    starts with a space and so gives other ids there."""
-    from tokenizers import Tokenizer, normalizers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if backend is None:
-        raise CheckpointError(f"tokenizer {type(tokenizer).__name__} has no tokenizers backend to rebuild")
-    if json.loads(backend.to_str())["model"]["type"] != "BPE":  # not sentencepiece's (a built-in word-level one)
-        return tokenizer
-    backend = Tokenizer.from_str(backend.to_str())
-    backend.normalizer = normalizers.Sequence([normalizers.Prepend("▁"), normalizers.Replace(" ", "▁")])
-    backend.pre_tokenizer = None
-    return PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=tokenizer.bos_token,
-                                   eos_token=tokenizer.eos_token, unk_token=tokenizer.unk_token,
-                                   pad_token=tokenizer.pad_token, clean_up_tokenization_spaces=False)
-
-
-def tokenizer_image_token(tokenizer, prompt: str) -> list[int]:
-    """Upstream's prompt ids: the prompt split at <|image|>, each non-empty chunk tokenized with BOS;
-    when the first chunk starts with BOS it is kept once and every chunk's first id is dropped;
-    IMAGE_TOKEN_INDEX between the chunks."""
-    chunks = [list(tokenizer(c)["input_ids"]) if c else [] for c in prompt.split(IMAGE_MARKER)]
-    offset = 1 if chunks[0] and chunks[0][0] == tokenizer.bos_token_id else 0
-    ids = chunks[0][:offset]
-    for i, chunk in enumerate(chunks):
-        ids += ([IMAGE_TOKEN_INDEX] if i else []) + chunk[offset:]
-    return ids
-
-
-class MplugOwl2Model:
-    """Everything the engine needs from one mPLUG-Owl2 checkpoint: its language model is a LlamaLM of
-    MultiwayDecoderLayers, which route each position by the image mask of the prompt's layout."""
-
-    family = MODEL_TYPE
-    default_template = "mplug_owl2"
-    image_marker = IMAGE_MARKER
-    features_per_prompt = False
-    image_token_id = IMAGE_TOKEN_INDEX
-
-    def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoImageProcessor, AutoTokenizer
-
-        if settings.image_aspect != "processor":
-            raise ValueError("image_aspect 'pad' is LLaVA-1.5's; mPLUG-Owl2 stretches each image to a square")
-        self.folder, self.settings = folder, settings
-        device, dtype = settings.torch_device, settings.torch_dtype
-        self.config, self.dims, vision_dims, abstractor_dims = parse_config(folder)
-        try:
-            self.tokenizer = legacy_llama_tokenizer(AutoTokenizer.from_pretrained(str(folder), local_files_only=True))
-            self.image_processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{folder}: no usable tokenizer or image processor files: {err}") from None
-        expected = {f"lm.{k}": v for k, v in lm_expected_shapes(self.dims).items()}
-        expected.update({f"vision.{k}": v for k, v in vision_dims.expected_shapes().items()})
-        expected.update({f"abstractor.{k}": v
-                         for k, v in abstractor_dims.expected_shapes(self.dims.hidden_size).items()})
-        parts = load_grouped(folder, NAME_RULES, expected, ignore=IGNORED)
-        self.feature_fingerprint = tensor_fingerprint(
-            {f"{g}.{k}": v for g in ("vision", "abstractor") for k, v in parts[g].items()},
-            extra=settings.feature_settings())
-
-        def linear(w, b=None):
-            return make_linear(w, b, dtype=dtype, device=device, quantize=settings.quant == "nf4",
-                               keep_packed=settings.nf4_weights == "packed", kernels=settings.kernels)
-
-        self.vision = VisionTower(vision_dims, parts["vision"], linear, dtype, device).eval()
-        self.abstractor = VisualAbstractor(abstractor_dims, parts["abstractor"], linear, dtype, device).eval()
-        self.lm = LlamaLM(self.dims, parts["lm"], dtype=dtype, device=device, quantize=settings.quant == "nf4",
-                          keep_packed=settings.nf4_weights == "packed", quantize_lm_head=settings.quantize_lm_head,
-                          kernels=settings.kernels, layer_class=MultiwayDecoderLayer)
-        self.stop_ids = stop_ids(folder, self.tokenizer)
-        self._ids: dict[str, list[int]] = {}
-        self._fast_pixels = checked_fast_path(ClipPixels.for_processor(self.image_processor), self._processor_pixels)
-
-    def preprocess_settings(self) -> dict:
-        return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
-                "square": "stretch to the longer side, PIL default filter", "rgb": "convert"}
-
-    def preprocess(self, image: Image.Image) -> np.ndarray:
-        """One image → pixel values [3, 448, 448] as upstream's evaluation makes them: RGB by a plain
-        convert, stretched to a square of its longer side (Image.resize's default filter), then the
-        checkpoint's CLIP processor (NumPy: see LlavaModel.preprocess)."""
-        image = image.convert("RGB")
-        side = max(image.size)
-        square = image.resize((side, side))
-        return self._fast_pixels(square) if self._fast_pixels is not None else self._processor_pixels(square)
-
-    def _processor_pixels(self, image: Image.Image) -> np.ndarray:
-        return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
-
-    def vision_tokens(self, pixels: np.ndarray) -> int:
-        return self.vision.dims.tokens
-
-    def image_tokens(self, features: torch.Tensor) -> int:
-        return features.shape[0]
-
-    @torch.inference_mode()
-    def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
-        """preprocess() outputs of N images → image features [65, lm hidden] per image, in the model
-        dtype; the images run as one batch."""
-        x = torch.from_numpy(np.stack(pixels)).to(self.settings.torch_device, self.settings.torch_dtype)
-        return list(self.abstractor(self.vision(x)))
-
-    def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
-        """Upstream's ids for a prompt holding one <|image|>, its sentinel repeated num_image_tokens
-        times (one position per image feature, as upstream splices them)."""
-        if prompt.count(IMAGE_MARKER) != 1:
-            raise ValueError(f"prompt must hold exactly one {IMAGE_MARKER}: {prompt!r}")
-        if prompt not in self._ids:
-            if len(self._ids) >= 4096:
-                self._ids.clear()
-            self._ids[prompt] = tokenizer_image_token(self.tokenizer, prompt)
-        ids = self._ids[prompt]
-        at = ids.index(IMAGE_TOKEN_INDEX)
-        return ids[:at] + [IMAGE_TOKEN_INDEX] * num_image_tokens + ids[at + 1:]
-
-    def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
-        """The image's 65 features are the same for every question: the prefix up to them is shared."""
-        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), IMAGE_TOKEN_INDEX)

@@ -1,0 +1,156 @@
+"""What every model family is and shares: the contract the engine, the benchmark and the demo ask of a
+family (`Family`), and the scaffold every family's constructor would otherwise repeat (the NF4 choice,
+the language model, the feature fingerprint, the stop ids, loading a processor with a one-line error).
+
+A family is one module of this package: a `Family` subclass built from a checkpoint folder and the
+engine's Settings, owning the checkpoint's tokenizer, processor, vision side and language model (a
+LlamaLM), and declaring the facts the rest of the code needs about it: its default template and image
+marker, its tiny and 7B dimensions and how to write a random checkpoint of them, its vision FLOPs, and
+its transformers reference pipeline (or why it has none).
+"""
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+from typing import ClassVar
+
+import torch
+from PIL import Image
+
+from ..layers import Linear, make_linear, replace_linears
+from ..llama import DecoderLayer, LlamaDims, LlamaLM
+from ..loader import CheckpointError, stop_ids
+from ..plan import PromptLayout
+from ..settings import Settings
+from ..stats import Counts
+from ..vision_cache import tensor_fingerprint
+
+
+class Family:
+    """One model family's checkpoint, as the engine sees it.
+
+    Subclasses set the class facts below and, in __init__ (after super().__init__), `tokenizer`, `lm`,
+    `image_token_id` and `feature_fingerprint`; they implement the methods that raise here."""
+
+    family: ClassVar[str]  # the checkpoint's config.json model_type
+    name: ClassVar[str]  # what messages call it
+    seed_model: ClassVar[str]  # the published model its random checkpoints stand for
+    default_template: ClassVar[str]
+    image_marker: ClassVar[str]  # where the image goes in a rendered prompt ("" when it enters otherwise)
+    features_per_prompt: ClassVar[bool] = False  # True when the image tokens depend on the prompt
+    # How the family's own preprocessing shapes an image, for refusing Settings.image_aspect "pad"
+    # (original LLaVA's pad to square); None where pad applies.
+    own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
+    sizes: ClassVar[dict[str, dict]] = {}  # "tiny" and "7b": the shape of its random checkpoints
+    reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
+
+    tokenizer: object
+    lm: LlamaLM
+    image_token_id: int
+    feature_fingerprint: str  # everything besides the pixels that the cached features depend on
+
+    def __init__(self, folder: Path, settings: Settings):
+        if settings.image_aspect != "processor" and self.own_aspect is not None:
+            raise ValueError(f"image_aspect 'pad' is original LLaVA's pad to square; {self.name} {self.own_aspect}")
+        self.folder, self.settings = folder, settings
+        self.device, self.dtype = settings.torch_device, settings.torch_dtype
+        self.quantize, self.packed = settings.quant == "nf4", settings.nf4_weights == "packed"
+
+    # --- the scaffold ---------------------------------------------------------------------------
+
+    def linear(self, weight: torch.Tensor, bias: torch.Tensor | None = None, *, quantize: bool | None = None
+               ) -> Linear:
+        """A checkpoint weight as a Linear in the compute dtype, NF4 under quant (transformers quantizes
+        every Linear but lm_head under load_in_4bit, the vision side's and the projector's too)."""
+        return make_linear(weight, bias, dtype=self.dtype, device=self.device,
+                           quantize=self.quantize if quantize is None else quantize, keep_packed=self.packed,
+                           kernels=self.settings.kernels)
+
+    def borrowed(self, module: torch.nn.Module) -> torch.nn.Module:
+        """A transformers module (a vision tower, a Q-Former) on the device in the compute dtype, its
+        Linears NF4 under quant."""
+        module = module.to(device=self.device, dtype=self.dtype).eval()
+        if self.quantize:
+            replace_linears(module, dtype=self.dtype, device=self.device, keep_packed=self.packed,
+                            kernels=self.settings.kernels)
+        return module
+
+    def language_model(self, dims: LlamaDims, weights: dict[str, torch.Tensor],
+                       layer_class: type[DecoderLayer] = DecoderLayer) -> LlamaLM:
+        return LlamaLM(dims, weights, dtype=self.dtype, device=self.device, quantize=self.quantize,
+                       keep_packed=self.packed, quantize_lm_head=self.settings.quantize_lm_head,
+                       kernels=self.settings.kernels, layer_class=layer_class)
+
+    def fingerprint(self, tensors: dict[str, torch.Tensor], **extra) -> str:
+        """The cached features' dependence on the weights that make them, the compute settings and `extra`."""
+        return tensor_fingerprint(tensors, extra={**self.settings.feature_settings(), **extra})
+
+    def pretrained(self, loader, what: str):
+        """loader.from_pretrained of this folder (never the hub), or a one-line CheckpointError naming `what`."""
+        try:
+            return loader.from_pretrained(str(self.folder), local_files_only=True)
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{self.folder}: no usable {what} ({err})") from None
+
+    @cached_property
+    def stop_ids(self) -> set[int]:
+        """What ends a greedy continuation (generate's eos ids)."""
+        return stop_ids(self.folder, self.tokenizer)
+
+    # --- what each family implements -------------------------------------------------------------
+
+    def preprocess_settings(self) -> dict:
+        """What decides the pixels (part of the feature-cache key)."""
+        raise NotImplementedError
+
+    def preprocess(self, image: Image.Image) -> object:
+        """One image → what encode_images takes; NumPy only (it runs in worker threads, where torch ops
+        would start a second OpenMP team that spins against the model's threads)."""
+        raise NotImplementedError
+
+    def vision_tokens(self, pixels: object) -> int:
+        """Tokens one preprocess() output sends through the vision tower (for FLOP counts)."""
+        raise NotImplementedError
+
+    def encode_images(self, pixels: list) -> list[torch.Tensor]:
+        """preprocess() outputs → per image, the features the cache keeps."""
+        raise NotImplementedError
+
+    def image_tokens(self, features: torch.Tensor) -> int:
+        return features.shape[0]
+
+    def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
+        raise NotImplementedError
+
+    def prompt_features(self, items: list) -> list[list[torch.Tensor]]:
+        """Only where features_per_prompt: per image, per prompt, the features of its image slots."""
+        raise NotImplementedError
+
+    def vision_flops(self, counts: Counts) -> float:
+        """The vision side's weight-matmul FLOPs for the work in `counts` (bench's floor)."""
+        raise NotImplementedError
+
+    def matmul_flops(self, counts: Counts) -> float:
+        """FLOPs of the weight matmuls a sweep could not avoid (attention scores excluded, a few %): the
+        vision side's, the language model over every prefix and suffix token, and per prompt the
+        candidate rows and one argmax pass of lm_head."""
+        lm = self.lm.dims
+        h = lm.hidden_size
+        per_token = 2 * lm.num_layers * (h * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
+                                         + 3 * h * lm.intermediate_size)
+        return (self.vision_flops(counts) + per_token * (counts.prefix_tokens + counts.suffix_tokens)
+                + 2 * counts.prompts * h * lm.vocab_size)
+
+    @classmethod
+    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                         weights=None, **stream) -> Path:
+        """A random-weight checkpoint of this family: dims a `sizes` name or a dict of the same shape;
+        keyword arguments are synthetic.Weights fields."""
+        raise NotImplementedError
+
+    @classmethod
+    def reference_processor(cls, checkpoint: Path):
+        """The processor bench's transformers pipeline calls as processor(images=, text=, return_tensors=)."""
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(str(checkpoint))

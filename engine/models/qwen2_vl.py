@@ -1,0 +1,297 @@
+"""Qwen2-VL (transformers `model_type: qwen2_vl`; Qwen2-VL-7B-Instruct, -2B).
+
+A native-resolution ViT: the processor resizes each image to multiples of 28 px within a pixel
+budget and cuts it into 14-px patches (two frames each, an image repeated); the tower merges 2 x 2
+patches into one language-model token (a COCO image: ~391). The language model is Qwen2 (biased
+q/k/v, grouped KV heads) with M-RoPE: an image token's position is three numbers (temporal, height,
+width within the image's token grid, offset by the text before it), and the text after the image
+continues from there plus the longer side of the grid, not from the number of image tokens. The
+tower is transformers' own module; the language model is ours.
+
+Features are kept as the token grid [rows, cols, hidden], since the positions need its shape.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+
+from ..images import ImageError, checked_fast_path, normalize_table, to_rgb
+from ..llama import LlamaDims
+from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..plan import PromptLayout
+from ..prompts import ExpandedPromptIds
+from ..settings import Settings
+from ..stats import Counts
+from ..synthetic import COCO_CATEGORIES, Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
+from .base import Family
+
+IMAGE_PAD = "<|image_pad|>"
+MAX_ASPECT = 200  # transformers' smart_resize refuses a longer side over 200 times the shorter
+
+NAME_RULES = [
+    (r"^lm_head\.", "lm.lm_head."),
+    (r"^(?:model\.)?visual\.", "vision."),
+    (r"^model\.language_model\.", "lm."),
+    (r"^model\.", "lm."),  # Qwen's own layout: model.layers.*, model.embed_tokens, model.norm
+]
+# Qwen2-VL-7B-Instruct: a 32-block, 1280-wide native-resolution ViT merging 2 x 2 patches (a COCO
+# image: 391 tokens under the processor's default pixel budget), Qwen2-7B with M-RoPE.
+SIZES = {
+    "7b": dict(vision=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16, mlp_ratio=4),
+               text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                         num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
+                         max_position_embeddings=32768, rope_theta=1e6,
+                         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})),
+    "tiny": dict(vision=dict(depth=2, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2),
+                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=152064, rms_norm_eps=1e-6,
+                           max_position_embeddings=32768, rope_theta=1e6,
+                           rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})),
+}
+
+
+class Qwen2VLModel(Family):
+    """Everything the engine needs from one Qwen2-VL checkpoint."""
+
+    family = "qwen2_vl"
+    name = "Qwen2-VL"
+    seed_model = "Qwen2-VL-7B-Instruct"
+    default_template = "qwen2_vl_chat"
+    image_marker = "<|vision_start|><|image_pad|><|vision_end|>"
+    own_aspect = "keeps each image's own aspect"
+    sizes = SIZES
+
+    def __init__(self, folder: Path, settings: Settings):
+        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+
+        super().__init__(folder, settings)
+        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.image_token_id = cfg.image_token_id
+        self.merge = cfg.vision_config.spatial_merge_size
+        # not AutoProcessor: Qwen2VLProcessor also builds a video processor, which needs torchvision
+        self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
+        self.image_processor = self.pretrained(AutoImageProcessor, "image processor files")
+        if self.tokenizer.convert_tokens_to_ids(IMAGE_PAD) != self.image_token_id:
+            raise CheckpointError(f"{folder}: the tokenizer has no {IMAGE_PAD} token with id {self.image_token_id}")
+        dims = replace(LlamaDims.from_config(cfg.text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+        if dims.mrope_section is None:
+            raise CheckpointError(f"{folder}/config.json: text_config has no mrope_section (M-RoPE)")
+        lm_weights, vision_weights, vision = self._load(dims)
+        self.feature_fingerprint = self.fingerprint({f"vision.{k}": v for k, v in vision_weights.items()})
+        load_module(vision, vision_weights, folder, "vision tower")
+        self.vision = self.borrowed(vision)
+        self.lm = self.language_model(dims, lm_weights)
+        self._expand = ExpandedPromptIds(self.tokenizer, IMAGE_PAD, self.image_token_id)
+        self._fast_pixels = checked_fast_path(NativePixels.for_processor(self.image_processor), self._processor_pixels)
+
+    def _load(self, dims: LlamaDims):
+        """The language model's and the tower's tensors, and the empty transformers tower they go into; a
+        tied checkpoint (the 2B model) reads its logits off the embedding matrix."""
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        with no_init():
+            vision = Qwen2VisionTransformerPretrainedModel._from_config(self.config.vision_config)
+        expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
+        tied = bool(getattr(self.config, "tie_word_embeddings", False))
+        if tied:
+            expected.pop("lm.lm_head.weight")
+        expected.update({f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()})
+        parts = load_grouped(self.folder, NAME_RULES, expected)
+        if tied:
+            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        return parts["lm"], parts["vision"], vision
+
+    def preprocess_settings(self) -> dict:
+        return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}
+
+    def preprocess(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """One image → (its flattened patches [t * h * w, C * 2 * 14 * 14], its patch grid (t, h, w)),
+        as the checkpoint's processor makes them."""
+        if max(image.size) > MAX_ASPECT * min(image.size):  # the processor's smart_resize refuses these
+            raise ImageError(f"{image.width} x {image.height} pixels: an aspect ratio of "
+                             f"{max(image.size) / min(image.size):.0f}:1 is over Qwen2-VL's limit of {MAX_ASPECT}:1")
+        if self._fast_pixels is not None:
+            return self._fast_pixels(image)
+        return self._processor_pixels(image)
+
+    def _processor_pixels(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        out = self.image_processor(images=image, return_tensors="np")
+        t, h, w = (int(v) for v in out["image_grid_thw"][0])
+        if t != 1:
+            raise ValueError(f"an image became {t} frames; only still images are supported")
+        return np.asarray(out["pixel_values"]), (t, h, w)
+
+    def vision_tokens(self, pixels: tuple[np.ndarray, tuple[int, int, int]]) -> int:
+        t, h, w = pixels[1]
+        return t * h * w  # patches; the merger turns four into one language-model token
+
+    def image_tokens(self, features: torch.Tensor) -> int:
+        return features.shape[0] * features.shape[1]
+
+    @torch.inference_mode()
+    def encode_images(self, pixels: list[tuple[np.ndarray, tuple[int, int, int]]]) -> list[torch.Tensor]:
+        """preprocess() outputs → merged features [rows, cols, hidden] per image (rows = h / 2,
+        cols = w / 2); every image's patches run in one tower call (its attention stays per image)."""
+        device, dtype = self.settings.torch_device, self.settings.torch_dtype
+        patches = torch.from_numpy(np.concatenate([p for p, _ in pixels])).to(device, dtype)
+        grid = torch.tensor([g for _, g in pixels], device=device)
+        merged = self.vision(hidden_states=patches, grid_thw=grid).pooler_output
+        sizes = [h * w // self.merge**2 for _, (_, h, w) in pixels]
+        return [f.reshape(h // self.merge, w // self.merge, -1)
+                for f, (_, (_, h, w)) in zip(merged.split(sizes), pixels)]
+
+    def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
+        """The prompt's ids with its one image pad repeated num_image_tokens times, as the processor
+        expands it."""
+        return self._expand(prompt, num_image_tokens)
+
+    def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
+        """Prefix shared up to the last image token, as for LLaVA; positions are M-RoPE streams."""
+        ids = self.prompt_ids(prompt, self.image_tokens(features))
+        return PromptLayout.of(ids, self.image_token_id, positions=self.positions(ids, features))
+
+    def positions(self, ids: list[int], features: torch.Tensor) -> torch.Tensor:
+        """M-RoPE position streams [3, len(ids)] of a prompt holding one image: text before it counts
+        0, 1, ...; the image's tokens take (start, start + row, start + col); the text after it
+        continues from start + max(rows, cols)."""
+        rows, cols = features.shape[:2]
+        start = ids.index(self.image_token_id)
+        if ids[start:start + rows * cols] != [self.image_token_id] * (rows * cols) or \
+                ids.count(self.image_token_id) != rows * cols:
+            raise ValueError(f"the prompt's image tokens are not one run of {rows * cols}")
+        before = torch.arange(start).expand(3, -1)
+        row, col = torch.meshgrid(torch.arange(rows), torch.arange(cols), indexing="ij")
+        image = torch.stack([torch.zeros(rows * cols, dtype=torch.long), row.flatten(), col.flatten()]) + start
+        after = torch.arange(len(ids) - start - rows * cols).expand(3, -1) + start + max(rows, cols)
+        return torch.cat([before, image, after], dim=1)
+
+    def vision_flops(self, counts: Counts) -> float:
+        """Per patch (14 x 14 x 2 frames x 3 channels in) the tower's blocks and patch embedding, and
+        the merger, whose MLP runs once per four patches."""
+        vc, h = self.config.vision_config, self.lm.dims.hidden_size
+        d, merged = vc.embed_dim, vc.spatial_merge_size**2
+        per_patch = 2 * vc.depth * (4 * d * d + 2 * d * vc.mlp_ratio * d) + 2 * 3 * vc.temporal_patch_size \
+            * vc.patch_size**2 * d + 2 * ((merged * d) ** 2 + merged * d * h) / merged
+        return per_patch * counts.vision_tokens
+
+    @classmethod
+    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                         weights: Weights | None = None, **stream) -> Path:
+        """A random-weight Qwen2-VL checkpoint (the processor's default pixel budget unless dims'
+        `processor` says otherwise); the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad,
+        else the built-in one."""
+        from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
+
+        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
+        if tok is None or tok.convert_tokens_to_ids(IMAGE_PAD) in (None, tok.unk_token_id):
+            tok = builtin_qwen2_tokenizer(folder)
+        special = {t: tok.convert_tokens_to_ids(t) for t in (IMAGE_PAD, "<|vision_start|>", "<|vision_end|>")}
+        text = dict(with_vocab(dims["text"], tok), bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+        config = Qwen2VLConfig(text_config=text, vision_config=dict(dims["vision"], patch_size=14, spatial_merge_size=2,
+                                                                   temporal_patch_size=2, in_channels=3),
+                               image_token_id=special[IMAGE_PAD], vision_start_token_id=special["<|vision_start|>"],
+                               vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)
+        tok.save_pretrained(str(folder))
+        # Saved apart: Qwen2VLProcessor also wants a video processor, which needs torchvision.
+        processor = Qwen2VLImageProcessor(**dims.get("processor", {}))
+        return save_checkpoint(folder, config, Qwen2VLForConditionalGeneration, processor, weights or Weights(**stream))
+
+    @classmethod
+    def reference_processor(cls, checkpoint: Path):
+        """The checkpoint's processor; where transformers cannot build it (Qwen2VLProcessor also builds a
+        video processor, which needs torchvision), a stand-in that does what it does for one image: the
+        image processor, the prompt's image pad repeated once per merged token, mm_token_type_ids."""
+        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+        try:
+            return AutoProcessor.from_pretrained(str(checkpoint))
+        except (ImportError, AttributeError, OSError, ValueError):
+            pass
+        tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+        image_processor = AutoImageProcessor.from_pretrained(str(checkpoint))
+        pad_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+
+        def process(images, text: str, return_tensors: str):
+            pixels = image_processor(images=images, return_tensors=return_tensors)
+            tokens = int(pixels["image_grid_thw"].prod()) // image_processor.merge_size**2
+            encoded = tokenizer(text.replace(IMAGE_PAD, IMAGE_PAD * tokens), return_tensors=return_tensors)
+            return {**encoded, **pixels, "mm_token_type_ids": (encoded["input_ids"] == pad_id).int()}
+
+        return process
+
+
+class NativePixels:
+    """transformers' PIL-backend Qwen2-VL processor (resized to multiples of patch x merge within its pixel
+    budget, rescaled, normalized, cut into flattened patches of two identical frames) with the same values,
+    faster (bench/RESULTS.md): the same PIL resize, then the uint8 pixels laid out in the processor's patch
+    order (merge groups of patches, channel, frame, row, column) and one table lookup per value written
+    straight into that layout, instead of float passes over the image and a float copy per layout step."""
+
+    def __init__(self, processor):
+        # A private transformers module: imported where a Qwen2-VL processor is in use, not by every family.
+        from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+        self.processor, self.smart_resize = processor, smart_resize
+        self.lookup = normalize_table(processor.rescale_factor, processor.image_mean, processor.image_std)
+
+    @classmethod
+    def for_processor(cls, processor) -> "NativePixels | None":
+        if type(processor).__name__ != "Qwen2VLImageProcessorPil" or np.size(processor.image_mean) != 3:
+            return None
+        flags = (processor.do_resize, processor.do_rescale, processor.do_normalize, processor.do_convert_rgb)
+        if not all(flags) or not (processor.size.shortest_edge and processor.size.longest_edge):
+            return None
+        return cls(processor)
+
+    def __call__(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int, int]]:
+        """An image → (patches [h * w, 3 * frames * patch * patch] float32, its patch grid (1, h, w))."""
+        p = self.processor
+        size, merge, frames = p.patch_size, p.merge_size, p.temporal_patch_size
+        image = to_rgb(image)
+        height, width = self.smart_resize(image.height, image.width, factor=size * merge,
+                                     min_pixels=p.size.shortest_edge, max_pixels=p.size.longest_edge)
+        pixels = np.asarray(image.resize((width, height), resample=int(p.resample))).transpose(2, 0, 1)
+        rows, cols = height // size, width // size
+        # [C, H, W] → [row groups, col groups, merge rows, merge cols, C, patch rows, patch cols]
+        grouped = pixels.reshape(3, rows // merge, merge, size, cols // merge, merge, size)
+        grouped = grouped.transpose(1, 4, 2, 5, 0, 3, 6).reshape(rows * cols, 3, 1, size * size)
+        out = np.empty((rows * cols, 3, frames, size * size), dtype=np.float32)
+        for c in range(3):  # the frames are the same image: one lookup, broadcast over them
+            out[:, c] = np.take(self.lookup[c], grouped[:, c])
+        return out.reshape(rows * cols, 3 * frames * size * size), (1, rows, cols)
+
+
+QWEN2_CHAT_TEMPLATE = (
+    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
+    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for content in message['content'] %}"
+    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
+                  "<|image_pad|>"]
+
+
+def builtin_qwen2_tokenizer(folder: Path):
+    """A word-level stand-in for Qwen2-VL's tokenizer: its special tokens, its chat template's shape,
+    no BOS, for machines without the real one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
+        "system user assistant You are a helpful . ? Answer answer yes no Yes No only or Is is there in the "
+        "image an".split())
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(words))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
+    fast.add_tokens(QWEN2_SPECIALS, special_tokens=True)
+    fast.pad_token, fast.eos_token = "<|endoftext|>", "<|im_end|>"
+    fast.chat_template = QWEN2_CHAT_TEMPLATE
+    fast.save_pretrained(str(folder))
+    return fast
