@@ -29,7 +29,7 @@ from ..kernels import (
     prefix_runs,
     vocab_argmax,
 )
-from ..kernels.gather_logits import rms_norm_ref
+from ..kernels.gather_logits import rms_norm
 
 
 @dataclass(frozen=True)
@@ -170,9 +170,9 @@ def bench_logits(s: Shapes, device, timer, checks: Checks) -> list[Row]:
     ids = torch.randint(0, s.vocab, (s.candidates,), generator=gen, device=device)
 
     def full_logits():
-        return F.linear(rms_norm_ref(hidden, norm_weight, 1e-6), lm_head)
+        return F.linear(rms_norm(hidden, norm_weight, 1e-6), lm_head)
 
-    exact = rms_norm_ref(hidden, norm_weight, 1e-6).double() @ lm_head.double().T
+    exact = rms_norm(hidden, norm_weight, 1e-6).double() @ lm_head.double().T
     ok = checks.close("gather_logits", gather_logits(hidden, lm_head, ids, norm_weight, backend="triton"),
                       exact[:, ids], 1e-3, 1e-3)
     argmax = vocab_argmax(hidden, lm_head, norm_weight, backend="triton")

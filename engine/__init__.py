@@ -8,8 +8,8 @@ from .core import Answer, Engine
 from .distributed import RankError, Shard
 from .models import FAMILIES, Family, load_model
 from .images import ImageError, LoadedImage, check_images, read_image
-from .interventions import ImageAttentionAmplification, ImageAttentionTemperature, PAIAttention
-from .llama import AttentionEdit, Intervention
+from .interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
+                            PAIAttention)
 from .plan import PromptLayout, PromptResult
 from .loader import CheckpointError
 from .methods import METHODS, Method, parse_method

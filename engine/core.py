@@ -24,7 +24,8 @@ from ..readout.tokens import outside_vocabulary, tokenizer_info
 from .models import Family, load_model
 from .fingerprint import checkpoint_digests
 from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image, to_rgb
-from .llama import Intervention, PrefixKV
+from .attention import PrefixKV
+from .interventions import Intervention, changes_prefix
 from .methods import Method, Pass, diffusion_noise, noise_generator
 from .plan import PrefixGroup, PromptLayout, PromptResult, Row, SuffixBatch, TokenBatch, make_plan
 from .settings import Settings
@@ -249,7 +250,7 @@ class Engine:
         hook may). With vocab, each PromptResult also holds the answer position's logits over the whole
         vocabulary (`vocab_logits`); decode[k] False skips intervention k's continuation."""
         decode = decode or [True] * len(interventions)
-        if len(interventions) > 1 and any(_changes_prefix(i) for i in interventions):
+        if len(interventions) > 1 and any(changes_prefix(i) for i in interventions):
             return [self.run_passes(items, [i], vocab=vocab, decode=[d])[0] for i, d in zip(interventions, decode)]
         results: list[dict[tuple[int, int], PromptResult]] = [{} for _ in interventions]
         for stage in make_plan(self._rows(items), self.settings.batch_size, self.settings.prefix_reuse):
@@ -375,7 +376,8 @@ class Engine:
         with Clock(self.timings, "question_prefill", device):
             tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
             probe = self.settings.probe != "none"
-            last, suffix_kv, image_attention = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, probe)
+            out = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, probe)
+            last, suffix_kv, image_attention = out.last_hidden, out.kv, out.image_attention
             logits, first = lm.answer(last, self.candidate_ids)
             everything = lm.vocab_logits(last) if vocab else None
             if intervention is not None:
@@ -414,11 +416,6 @@ class Engine:
             prompt = [t for t in row.layout.ids if t != row.layout.image_token_id]
             sequence = decode(prompt + list(continuation.ids[:continuation.ends[whole[0]]]))
         return {"decoded": continuation.text, "texts": continuation.texts, "sequence": sequence}
-
-
-def _changes_prefix(intervention: Intervention | None) -> bool:
-    """Whether an intervention may change an image prefix's KV: only a hidden-state hook can."""
-    return intervention is not None and type(intervention).hidden is not Intervention.hidden
 
 
 def _without_image(layout: PromptLayout, mrope) -> PromptLayout:

@@ -1,10 +1,120 @@
-"""Ready-made attention interventions: the image keys' attention logits edited per layer (see
-Intervention.image_attention), from the question and answer positions, on the engine's one-step path."""
+"""The experiment API: the one place an experiment adjusts the forward pass (`Intervention`), its one
+edit type for the image keys' attention logits (`AttentionEdit`), and ready-made edits: PAI's own
+(`PAIAttention`), an amplification and a temperature of the image's attention, applied on the engine's
+one-step path from the question and answer positions."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Callable
 
-from .llama import AttentionEdit, Intervention
+import torch
+
+
+@dataclass(frozen=True)
+class AttentionEdit:
+    """An edit of the image keys' attention logits s in one layer: s becomes scale * s + magnitude * |s|
+    + bias (each a number, or one per query head [Hq]). Seen from every query after the image
+    (question, answer and generated positions), or with answer_only from the answer position only
+    (the last prompt token, and each generated token in turn): PAI's own edit is s + alpha * |s| there.
+    An edit with a magnitude term must be answer_only: the fused prefix kernel applies affine edits."""
+
+    scale: float | torch.Tensor = 1.0
+    bias: float | torch.Tensor = 0.0
+    magnitude: float | torch.Tensor = 0.0
+    answer_only: bool = False
+
+    def per_head(self, heads: int, device: torch.device) -> "AttentionEdit":
+        """The same edit with each term an fp32 [Hq] tensor on `device` (what the attention applies)."""
+        scale, bias, magnitude = (torch.as_tensor(t, dtype=torch.float32, device=device).expand(heads).contiguous()
+                                  for t in (self.scale, self.bias, self.magnitude))
+        return AttentionEdit(scale, bias, magnitude, self.answer_only)
+
+    def apply(self, scores: torch.Tensor, heads: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        """scores with every entry edited (a per_head edit); `heads` shapes an [Hq] term to broadcast
+        against them."""
+        edited = scores * heads(self.scale) + heads(self.bias)
+        if self.has_magnitude:
+            edited = edited + heads(self.magnitude) * scores.abs()
+        return edited
+
+    @property
+    def has_magnitude(self) -> bool:
+        return bool((torch.as_tensor(self.magnitude) != 0).any())
+
+    @property
+    def is_identity(self) -> bool:
+        return bool((torch.as_tensor(self.scale) == 1).all()) and bool((torch.as_tensor(self.bias) == 0).all()) \
+            and not self.has_magnitude
+
+
+class Intervention:
+    """The one place an experiment adjusts the forward pass (subclass and override any method).
+
+    `hidden` sees each decoder layer's output: part "prefix" is the image prefixes [G, P, H] of the
+    images run together (computed once per image; layers 0 .. L-2, since the last layer's prefix
+    output feeds nothing), part "suffix" a batch of question suffixes [B, S, H] (right-padded; rows
+    grouped by image, and a batch may span images; for InstructBLIP, whose image tokens depend on the
+    question, whole prompts and no "prefix" part), part "decode" one generated token per row [B, 1, H]
+    (string readouts only); return a tensor of the same shape to replace it, or None to leave it.
+    `image_attention` edits the attention logits of the image keys per layer and head (see there).
+    `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order) before the logit readouts
+    decide; return the adjusted tensor or None. The first token and any continuation come from the
+    model's own logits (hidden-state changes reach them, logit adjustments do not), so first_token and
+    the text readouts ignore `logits`. Engine.score runs one image at a time, so there G = 1 and every
+    suffix row is that image's.
+    """
+
+    def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
+        return None
+
+    def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
+        return None
+
+    def image_attention(self, layer: int) -> AttentionEdit | None:
+        """This layer's AttentionEdit of the image keys' logits s (q.k / sqrt(d)), or None (the default)
+        to leave the layer alone. AttentionEdit(bias=log(alpha)) multiplies the image's attention
+        weights by alpha before the softmax renormalizes, AttentionEdit(scale=1/T) is a temperature on
+        them (AdaptVis), bias -inf masks them; the image's own positions attend as before."""
+        return None
+
+
+def layer_edit(intervention: Intervention | None, layer: int, heads: int, device: torch.device
+               ) -> AttentionEdit | None:
+    """The intervention's edit of one layer as fp32 [Hq] tensors, None where it leaves the layer as it
+    is (the identity edit too: the unedited path, bit for bit)."""
+    edit = None if intervention is None else intervention.image_attention(layer)
+    if edit is None:
+        return None
+    if not isinstance(edit, AttentionEdit):
+        raise TypeError(f"{type(intervention).__name__}.image_attention({layer}) returned {type(edit).__name__}; "
+                        "return an AttentionEdit(scale=, bias=, magnitude=, answer_only=) or None")
+    edit = edit.per_head(heads, device)
+    if edit.is_identity:
+        return None
+    if edit.has_magnitude and not edit.answer_only:
+        raise ValueError(f"layer {layer}: an attention edit with a magnitude term (s + m|s|) must be answer_only; "
+                         "the fused prefix attention applies affine edits to every query")
+    return edit
+
+
+def hidden_hook(intervention: Intervention | None, layer: int, x: torch.Tensor, part: str) -> torch.Tensor:
+    """x, or what the intervention's `hidden` puts in its place (checked to keep its shape)."""
+    if intervention is None:
+        return x
+    out = intervention.hidden(layer, x, part)
+    if out is None:
+        return x
+    if out.shape != x.shape:
+        raise ValueError(f"Intervention.hidden returned shape {tuple(out.shape)} for layer {layer} {part}, "
+                         f"expected {tuple(x.shape)}")
+    return out
+
+
+def changes_prefix(intervention: Intervention | None) -> bool:
+    """Whether an intervention may change an image prefix's KV: only a hidden-state hook can (attention
+    edits act after the image)."""
+    return intervention is not None and type(intervention).hidden is not Intervention.hidden
 
 
 class PAIAttention(Intervention):
@@ -39,7 +149,7 @@ class ImageAttentionAmplification(Intervention):
         self.bias, self.layers = math.log(alpha), layers
 
     def image_attention(self, layer: int):
-        return (1.0, self.bias) if self.layers[0] <= layer <= self.layers[1] else None
+        return AttentionEdit(bias=self.bias) if self.layers[0] <= layer <= self.layers[1] else None
 
 
 class ImageAttentionTemperature(Intervention):
@@ -53,4 +163,4 @@ class ImageAttentionTemperature(Intervention):
         self.scale, self.layers = 1.0 / temperature, layers
 
     def image_attention(self, layer: int):
-        return (self.scale, 0.0) if self.layers[0] <= layer <= self.layers[1] else None
+        return AttentionEdit(scale=self.scale) if self.layers[0] <= layer <= self.layers[1] else None

@@ -1,5 +1,6 @@
-"""Building blocks shared by the model files: a Linear whose weight is dense or NF4-packed, RMSNorm
-and rotary embeddings written to round exactly as transformers' LLaMA does."""
+"""Building blocks shared by the model files: a Linear whose weight is dense or NF4-packed, and rotary
+embeddings written to round exactly as transformers' LLaMA does (RMSNorm is the kernels' `rms_norm`,
+the same op the fused final norm is checked against)."""
 from __future__ import annotations
 
 import torch
@@ -73,14 +74,6 @@ def replace_linears(module: nn.Module, *, dtype: torch.dtype, device: torch.devi
         else:
             count += replace_linears(child, dtype=dtype, device=device, keep_packed=keep_packed, kernels=kernels)
     return count
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """LlamaRMSNorm: normalise in fp32, cast back, then scale (this order decides the rounding)."""
-    dtype = x.dtype
-    h = x.float()
-    h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * h.to(dtype)
 
 
 class Rotary:

@@ -14,7 +14,6 @@ A greedy continuation (`decode`) exists only for string readouts.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -22,10 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import PrefixRuns, gather_logits, prefix_attention, prefix_runs, resolve_backend, vocab_argmax
-from .layers import Rotary, apply_rotary, make_linear, rms_norm
+from ..kernels import PrefixRuns, gather_logits, prefix_runs, resolve_backend, rms_norm, vocab_argmax
+from .attention import PrefixKV, SuffixKV, causal_attention, masked_attention, probe_attention, suffix_attention
+from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
+from .layers import Rotary, apply_rotary, make_linear
 from .plan import TokenBatch
-from .probe import answer_image_attention
 
 
 @dataclass(frozen=True)
@@ -92,97 +92,6 @@ class LlamaDims:
         return shapes
 
 
-@dataclass
-class PrefixKV:
-    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE
-    applied, and where each prefix's image tokens are (spans, and a [G, P] mask; None without any)."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    length: int
-    image_spans: list[tuple[tuple[int, int], ...]]
-    image_mask: torch.Tensor | None
-
-
-@dataclass
-class SuffixKV:
-    """The question suffixes' own cache, per layer [B, Hkv, S, D], valid up to `lengths`."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    lengths: torch.Tensor
-    next_position: torch.Tensor  # [B]: the position of each row's first generated token
-    image_mask: torch.Tensor | None = None  # [B, S]: own keys that hold image tokens (whole prompts)
-
-
-@dataclass(frozen=True)
-class AttentionEdit:
-    """An edit of the image keys' attention logits s in one layer: s becomes scale * s + magnitude * |s|
-    + bias (each a number, or one per query head [Hq]). Seen from every query after the image
-    (question, answer and generated positions), or with answer_only from the answer position only
-    (the last prompt token, and each generated token in turn): PAI's own edit is s + alpha * |s| there.
-    An edit with a magnitude term must be answer_only: the fused prefix kernel applies affine edits."""
-
-    scale: float | torch.Tensor = 1.0
-    bias: float | torch.Tensor = 0.0
-    magnitude: float | torch.Tensor = 0.0
-    answer_only: bool = False
-
-
-@dataclass
-class HeadEdit:
-    """An AttentionEdit as fp32 [Hq] tensors on the model's device (LlamaLM._edit)."""
-
-    scale: torch.Tensor
-    bias: torch.Tensor
-    magnitude: torch.Tensor
-    answer_only: bool
-
-    def apply(self, scores: torch.Tensor, heads: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
-        """scores with every entry edited; `heads` shapes an [Hq] tensor to broadcast against them."""
-        edited = scores * heads(self.scale) + heads(self.bias)
-        if self.has_magnitude:
-            edited = edited + heads(self.magnitude) * scores.abs()
-        return edited
-
-    @property
-    def has_magnitude(self) -> bool:
-        return bool((self.magnitude != 0).any())
-
-
-class Intervention:
-    """The one place an experiment adjusts the forward pass (subclass and override either method).
-
-    `hidden` sees each decoder layer's output: part "prefix" is the image prefixes [G, P, H] of the
-    images run together (computed once per image; layers 0 .. L-2, since the last layer's prefix
-    output feeds nothing), part "suffix" a batch of question suffixes [B, S, H] (right-padded; rows
-    grouped by image, and a batch may span images; for InstructBLIP, whose image tokens depend on the
-    question, whole prompts and no "prefix" part), part "decode" one generated token per row [B, 1, H]
-    (string readouts only); return a tensor of the same shape to replace it, or None to leave it.
-    `image_attention` edits the attention logits of the image keys per layer and head (see there).
-    `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order) before the logit readouts
-    decide; return the adjusted tensor or None. The first token and any
-    continuation come from the model's own logits (hidden-state changes reach them, logit
-    adjustments do not), so first_token and the text readouts ignore `logits`. Engine.score runs one
-    image at a time, so there G = 1 and every suffix row is that image's.
-    """
-
-    def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
-        return None
-
-    def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
-        return None
-
-    def image_attention(self, layer: int) -> AttentionEdit | tuple | None:
-        """An AttentionEdit, or (scale, bias), each a number or one per query head [Hq]: in this layer
-        the attention logit s (q.k / sqrt(d)) of every image key becomes scale * s + bias, as seen from
-        the question and answer positions (every query after the image, generated tokens included);
-        the image's own positions attend as before. bias log(alpha) multiplies the image's attention
-        weights by alpha before the softmax renormalizes, scale 1/T is a temperature on them
-        (AdaptVis), bias -inf masks them. None (the default) leaves the layer alone."""
-        return None
-
-
 class DecoderLayer(nn.Module):
     def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], linear):
         super().__init__()
@@ -215,37 +124,6 @@ class DecoderLayer(nn.Module):
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
         h = rms_norm(x, self.post_norm, self.dims.rms_eps)
         return x + self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
-
-
-def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit=None):
-    """Attention over each row's prefix plus its own keys, in fp32 (the decode step).
-
-    q [B, Hq, T, D]; k/v_prefix [Hkv, P, D], shared by the rows and broadcast, never copied per row
-    (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see: the
-    new token sits after each row's padded suffix. edit (prefix image keys [P], own image keys [B, K],
-    HeadEdit): its edit of those keys' logits (Intervention.image_attention).
-    """
-    b, hq, t, d = q.shape
-    k_prefix, v_prefix = k_prefix[None], v_prefix[None]
-    hkv = k_own.shape[1]
-    g = hq // hkv
-    qf = q.float().reshape(b, hkv, g * t, d) / math.sqrt(d)
-    scores_p = qf @ k_prefix.float().transpose(-1, -2)  # [B, Hkv, gT, P]
-    scores_o = qf @ k_own.float().transpose(-1, -2)  # [B, Hkv, gT, K]
-    if edit is not None:
-        prefix_image, own_image, head = edit
-
-        def heads(x):  # [Hq] → [1, Hkv, g * T, 1], as the queries are laid out
-            return x.view(hkv, g, 1).expand(hkv, g, t).reshape(1, hkv, g * t, 1)
-
-        scores_p = torch.where(prefix_image[None, None, None], head.apply(scores_p, heads), scores_p)
-        scores_o = torch.where(own_image[:, None, None], head.apply(scores_o, heads), scores_o)
-    mask = valid[:, None, None].expand(b, 1, g, t, valid.shape[-1]).reshape(b, 1, g * t, -1)
-    scores_o = scores_o.masked_fill(~mask, float("-inf"))
-    probs = torch.softmax(torch.cat([scores_p, scores_o], dim=-1), dim=-1)
-    p = k_prefix.shape[2]
-    out = probs[..., :p] @ v_prefix.float() + probs[..., p:] @ v_own.float()
-    return out.reshape(b, hq, t, d).to(q.dtype)
 
 
 class LlamaLM(nn.Module):
@@ -309,98 +187,34 @@ class LlamaLM(nn.Module):
             if last:
                 break
             x = layer.finish(x, causal_attention(q, k, v), image=batch.image_mask)
-            x = _hook(intervention, i, x, "prefix")
+            x = hidden_hook(intervention, i, x, "prefix")
         return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans, batch.image_mask)
 
     @torch.inference_mode()
     def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, batch: TokenBatch,
-                       intervention: Intervention | None = None, probe: bool = False
-                       ) -> tuple[torch.Tensor, SuffixKV, torch.Tensor | None]:
+                       intervention: Intervention | None = None, probe: bool = False) -> "SuffixOut":
         """Right-padded question suffixes, row b continuing prefix slot prefix_index[b] (rows grouped
-        by slot) → the hidden state of each row's last token [B, H] (before the final norm), the
-        suffixes' own KV, and with probe the attention mass on image tokens at that token [B, L, Hq]
-        (fp32; see engine.probe). With prefix None every row is a whole prompt (InstructBLIP's, or the
-        no-reuse reference path)."""
+        by slot), or with prefix None whole prompts (InstructBLIP's, or the no-reuse reference path):
+        the hidden state of each row's last token, the suffixes' own KV and, with probe, the image
+        attention at that token (SuffixOut)."""
         x = self.embed(batch.ids, batch.image_mask, batch.features)
-        b = x.shape[0]
         cos, sin = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
-        grouped = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
+        runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         keys, values, probes = [], [], []
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, cos, sin, image=batch.image_mask)
             keys.append(k)
             values.append(v)
-            edit = self._edit(intervention, i)
+            edit = layer_edit(intervention, i, self.dims.num_heads, self.device)
             if probe:
-                probes.append(self._image_attention(q, k, batch, prefix, grouped, i, edit))
-            every = edit if edit is not None and not edit.answer_only else None  # else the answer row alone
-            if prefix is not None:  # one call for every image's rows: each run reads its prefix once
-                key_edit = None if every is None or prefix.image_mask is None else \
-                    (prefix.image_mask, every.scale, every.bias)
-                attn = prefix_attention(q, prefix.keys[i], prefix.values[i], k, v, batch.lengths, backend=backend,
-                                        prefix_index=grouped, key_edit=key_edit)
-            elif every is not None and batch.image_mask is not None:
-                attn = edited_causal_attention(q, k, v, batch.image_mask, every)
-            else:
-                attn = causal_attention(q, k, v)
-            if edit is not None and edit.answer_only:
-                attn = self._answer_row(attn, q, k, v, batch, prefix, grouped, i, edit)
+                probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
+            attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend)
             x = layer.finish(x, attn, image=batch.image_mask)
-            x = _hook(intervention, i, x, "suffix")
-        last = x[torch.arange(b, device=self.device), batch.lengths - 1]
-        return last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask), \
-            torch.stack(probes, dim=1) if probe else None
-
-    def _edit(self, intervention: Intervention | None, layer: int) -> HeadEdit | None:
-        """The intervention's edit of this layer's image-key logits, as fp32 [Hq] tensors."""
-        edit = None if intervention is None else intervention.image_attention(layer)
-        if edit is None:
-            return None
-        if not isinstance(edit, AttentionEdit):
-            edit = AttentionEdit(*edit)
-        heads = self.dims.num_heads
-        scale, bias, magnitude = (torch.as_tensor(t, dtype=torch.float32, device=self.device).expand(heads).contiguous()
-                                  for t in (edit.scale, edit.bias, edit.magnitude))
-        head = HeadEdit(scale, bias, magnitude, edit.answer_only)
-        if bool((scale == 1).all()) and bool((bias == 0).all()) and not head.has_magnitude:
-            return None  # the identity: the unedited path, bit for bit
-        if head.has_magnitude and not edit.answer_only:
-            raise ValueError(f"layer {layer}: an attention edit with a magnitude term (s + m|s|) must be answer_only; "
-                             "the fused prefix attention applies affine edits to every query")
-        return head
-
-    def _answer_row(self, attn, q, k, v, batch: TokenBatch, prefix: PrefixKV | None, grouped: PrefixRuns | None,
-                    layer: int, edit: HeadEdit) -> torch.Tensor:
-        """attn [B, Hq, S, D] with each row's answer position (its last token) recomputed under an
-        answer-only edit: one query per row against its prefix and own keys, as a decode step is."""
-        b, s = batch.ids.shape
-        rows = torch.arange(b, device=self.device)
-        last = batch.lengths - 1
-        valid = (torch.arange(s, device=self.device)[None] < batch.lengths[:, None])[:, None]  # [B, 1, S]
-        own_image = batch.image_mask if batch.image_mask is not None else \
-            torch.zeros(b, s, dtype=torch.bool, device=self.device)
-        query = q[rows, :, last][:, :, None]  # [B, Hq, 1, D]
-        empty = k.new_zeros(k.shape[1], 0, k.shape[3])
-        runs = grouped.runs if prefix is not None else [(None, 0, b)]
-        out = []
-        for g, a, e in runs:
-            kp, vp = (prefix.keys[layer][g], prefix.values[layer][g]) if g is not None else (empty, empty)
-            image = prefix.image_mask[g] if g is not None and prefix.image_mask is not None else \
-                torch.zeros(kp.shape[1], dtype=torch.bool, device=self.device)
-            out.append(masked_attention(query[a:e], kp, vp, k[a:e], v[a:e], valid[a:e], (image, own_image[a:e], edit)))
-        attn = attn.clone()
-        attn[rows, :, last] = torch.cat(out)[:, :, 0]
-        return attn
-
-    def _image_attention(self, q, k, batch: TokenBatch, prefix: PrefixKV | None, grouped: PrefixRuns | None,
-                         layer: int, edit: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
-        if prefix is None:
-            return answer_image_attention(q, batch.lengths, k, batch.image_mask, edit=edit)
-        image = prefix.image_mask if prefix.image_mask is not None else \
-            torch.zeros(prefix.keys[layer].shape[0], prefix.length, dtype=torch.bool, device=self.device)
-        return answer_image_attention(q, batch.lengths, k, batch.image_mask, prefix.keys[layer], image, grouped.runs,
-                                      edit=edit)
+            x = hidden_hook(intervention, i, x, "suffix")
+        last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
+        return SuffixOut(last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
+                         torch.stack(probes, dim=1) if probe else None)
 
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -436,96 +250,92 @@ class LlamaLM(nn.Module):
         """Greedy tokens after each row's prompt: [B, <= steps], starting with `first` [B] (the argmax at
         the answer position). Rows that emitted a stop id keep going but are cut by the caller, as
         transformers' generate pads them; the loop ends early once every row has stopped, or once
-        `finished` says the tokens so far are all any reader needs. The rows' own KV grows `chunk`
-        slots at a time, so a long allowance costs only what is generated."""
-        b = first.shape[0]
-        d = self.dims
-        s = suffix.keys[0].shape[2]
-        empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
-        runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, b)]
-
-        def grow(x):  # [B, Hkv, slots, D]: the suffix slots, then slots for generated tokens
-            return torch.cat([x, x.new_zeros(b, d.num_kv_heads, min(chunk, steps), d.head_dim)], dim=2)
-
-        own_k, own_v = [grow(k) for k in suffix.keys], [grow(v) for v in suffix.values]
-
-        def prefix_image(g):  # [P] image keys of prefix g (none for whole prompts)
-            if g is None or prefix.image_mask is None:
-                return torch.zeros(0 if g is None else prefix.length, dtype=torch.bool, device=self.device)
-            return prefix.image_mask[g]
-
-        edits = [self._edit(intervention, i) for i in range(len(self.layers))]  # once, not per step
+        `finished` says the tokens so far are all any reader needs."""
+        cache = DecodeCache(self, prefix, prefix_index, suffix, steps, chunk)
+        edits = [layer_edit(intervention, i, self.dims.num_heads, self.device)
+                 for i in range(len(self.layers))]  # once, not per step
+        backend = resolve_backend(self.kernels, self.device)
         tokens = [first]
         stops = torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype)
-        backend = resolve_backend(self.kernels, self.device)
         done = torch.isin(first, stops)
         for t in range(steps - 1):
             if bool(done.all()) or (finished is not None and finished(torch.stack(tokens, dim=1).tolist())):
                 break
-            x = self.embed(tokens[-1])[:, None]
-            # The new token's slot: after the padded suffix region, so rows of any length line up.
-            slot = s + t
-            if slot >= own_k[0].shape[2]:
-                own_k, own_v = [grow(k) for k in own_k], [grow(v) for v in own_v]
-            slots = torch.arange(own_k[0].shape[2], device=self.device)
-            if any(e is not None for e in edits):  # the own keys an edit reaches (whole prompts hold the image)
-                own_image = torch.zeros(b, own_k[0].shape[2], dtype=torch.bool, device=self.device)
-                if suffix.image_mask is not None:
-                    own_image[:, :s] = suffix.image_mask
-            positions = suffix.next_position + t  # [B]
-            cos, sin = self.rotary.cos_sin(positions[:, None], self.dtype)
-            valid = ((slots[None] < suffix.lengths[:, None]) | ((slots[None] >= s) & (slots[None] <= slot)))[:, None]
-            for i, layer in enumerate(self.layers):
-                q, k, v = layer.qkv(x, cos, sin)
-                own_k[i][:, :, slot] = k[:, :, 0]
-                own_v[i][:, :, slot] = v[:, :, 0]
-                edit = edits[i]
-                attn = [masked_attention(q[a:e], prefix.keys[i][g] if g is not None else empty,
-                                         prefix.values[i][g] if g is not None else empty,
-                                         own_k[i][a:e], own_v[i][a:e], valid[a:e],
-                                         None if edit is None else (prefix_image(g), own_image[a:e], edit))
-                        for g, a, e in runs]
-                x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
-                x = _hook(intervention, i, x, "decode")
-            nxt = vocab_argmax(x[:, 0], self.lm_head.matrix, self.norm, d.rms_eps, backend=backend,
+            x = self._decode_step(cache, tokens[-1], t, edits, intervention)
+            nxt = vocab_argmax(x[:, 0], self.lm_head.matrix, self.norm, self.dims.rms_eps, backend=backend,
                                logits_dtype=self.dtype)
             tokens.append(nxt)
             done |= torch.isin(nxt, stops)
         return torch.stack(tokens, dim=1)
 
-
-def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [B, Hq, S, D], k and v [B, Hkv, S, D] → causal SDPA in the model dtype, as transformers' sdpa
-    attention runs it; grouped heads are read in place, not repeated into copies."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
-
-
-def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor,
-                            edit: HeadEdit) -> torch.Tensor:
-    """Causal attention of whole prompts with the image keys' logits edited (per query head) as seen
-    from every query after the row's last image token; explicit, in fp32 (the softmax's dtype in
-    transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]."""
-    b, hq, length, d = q.shape
-    group = hq // k.shape[1]
-    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
-    scores = q.float() @ kf.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, S, S]
-    columns = torch.arange(length, device=q.device)
-    last_image = torch.where(image, columns, -1).amax(dim=1)  # [B]
-    after = (columns[None] > last_image[:, None])[:, None, :, None]  # queries after the image
-    edited = edit.apply(scores, lambda x: x.view(1, hq, 1, 1))
-    scores = torch.where(after & image[:, None, None, :], edited, scores)
-    causal = columns[None, :] <= columns[:, None]
-    scores = scores.masked_fill(~causal, float("-inf"))
-    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
-
-
-def _hook(intervention: Intervention | None, layer: int, x: torch.Tensor, part: str) -> torch.Tensor:
-    if intervention is None:
+    def _decode_step(self, cache: "DecodeCache", token: torch.Tensor, t: int, edits: list[AttentionEdit | None],
+                     intervention: Intervention | None) -> torch.Tensor:
+        """Generated token t of every row [B] through every layer → its last hidden states [B, 1, H]."""
+        x = self.embed(token)[:, None]
+        slot, valid, own_image = cache.next_slot(t, any(e is not None for e in edits))
+        cos, sin = self.rotary.cos_sin((cache.suffix.next_position + t)[:, None], self.dtype)
+        for i, layer in enumerate(self.layers):
+            q, k, v = layer.qkv(x, cos, sin)
+            cache.own_k[i][:, :, slot] = k[:, :, 0]
+            cache.own_v[i][:, :, slot] = v[:, :, 0]
+            attn = [masked_attention(q[a:e], *cache.prefix_kv(i, g), cache.own_k[i][a:e], cache.own_v[i][a:e],
+                                     valid[a:e], edits[i], cache.prefix_image(g),
+                                     None if own_image is None else own_image[a:e])
+                    for g, a, e in cache.runs]
+            x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
+            x = hidden_hook(intervention, i, x, "decode")
         return x
-    out = intervention.hidden(layer, x, part)
-    if out is None:
-        return x
-    if out.shape != x.shape:
-        raise ValueError(f"Intervention.hidden returned shape {tuple(out.shape)} for layer {layer} {part}, "
-                         f"expected {tuple(x.shape)}")
-    return out
+
+
+@dataclass
+class SuffixOut:
+    """What prefill_suffix gives: each row's last hidden state [B, H] (before the final norm), the
+    suffixes' own KV, and with the probe the attention mass on image tokens at that token [B, L, Hq]
+    (fp32; see attention.answer_image_attention)."""
+
+    last_hidden: torch.Tensor
+    kv: SuffixKV
+    image_attention: torch.Tensor | None
+
+
+class DecodeCache:
+    """The keys and values a greedy continuation reads: each row's prefix (shared, never copied) and its
+    own suffix keys followed by slots for generated tokens, which grow `chunk` at a time, so a long
+    allowance costs only what is generated. Generated token t sits in slot S + t, after the padded
+    suffix region, so rows of any length line up."""
+
+    def __init__(self, lm: LlamaLM, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
+                 steps: int, chunk: int):
+        self.prefix, self.suffix, self.steps, self.chunk = prefix, suffix, steps, chunk
+        self.batch, self.width = suffix.keys[0].shape[0], suffix.keys[0].shape[2]
+        self.runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, self.batch)]
+        d = lm.dims
+        self._empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=lm.device, dtype=lm.dtype)
+        self.own_k, self.own_v = [self._grow(k) for k in suffix.keys], [self._grow(v) for v in suffix.values]
+
+    def _grow(self, x: torch.Tensor) -> torch.Tensor:  # [B, Hkv, slots, D] → chunk more slots
+        return torch.cat([x, x.new_zeros(*x.shape[:2], min(self.chunk, self.steps), x.shape[3])], dim=2)
+
+    def next_slot(self, t: int, edited: bool):
+        """Generated token t's slot, the own keys each row may see then [B, 1, slots], and (when an
+        edit reads them) which own keys hold image tokens [B, slots]: whole prompts hold the image."""
+        slot = self.width + t
+        if slot >= self.own_k[0].shape[2]:
+            self.own_k, self.own_v = [self._grow(k) for k in self.own_k], [self._grow(v) for v in self.own_v]
+        slots = torch.arange(self.own_k[0].shape[2], device=self.own_k[0].device)
+        lengths = self.suffix.lengths
+        valid = ((slots[None] < lengths[:, None]) | ((slots[None] >= self.width) & (slots[None] <= slot)))[:, None]
+        own_image = None
+        if edited:
+            own_image = torch.zeros(self.batch, slots.shape[0], dtype=torch.bool, device=slots.device)
+            if self.suffix.image_mask is not None:
+                own_image[:, :self.width] = self.suffix.image_mask
+        return slot, valid, own_image
+
+    def prefix_kv(self, layer: int, g: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if g is None:
+            return self._empty, self._empty
+        return self.prefix.keys[layer][g], self.prefix.values[layer][g]
+
+    def prefix_image(self, g: int | None) -> torch.Tensor:
+        return self.prefix.image_keys(g) if self.prefix is not None else self._empty.new_zeros(0, dtype=torch.bool)

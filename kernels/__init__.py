@@ -12,7 +12,7 @@ and must never find this folder.
 from . import common
 from .common import interpreter_on, resolve_backend, triton_available
 from .nf4 import NF4Weight, dequantize_nf4, dequantize_nf4_ref, quantize_nf4
-from .gather_logits import gather_logits, gather_logits_ref, vocab_argmax, vocab_argmax_ref
+from .gather_logits import gather_logits, gather_logits_ref, rms_norm, vocab_argmax, vocab_argmax_ref
 from .nf4_matmul import nf4_matmul, nf4_matmul_ref
 from .prefix_attention import PrefixRuns, prefix_attention, prefix_attention_ref, prefix_runs
 
@@ -30,6 +30,7 @@ __all__ = [
     "prefix_attention_ref",
     "prefix_runs",
     "quantize_nf4",
+    "rms_norm",
     "resolve_backend",
     "triton_available",
     "vocab_argmax",

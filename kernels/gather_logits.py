@@ -20,8 +20,9 @@ ARGMAX_CHUNK_ROWS = 8192  # rows of the weight the reference turns into logits a
 ARGMAX_CHUNK_ROWS_FP32 = 32768
 
 
-def rms_norm_ref(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, op for op."""
+def rms_norm(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, op for op: normalise in fp32, cast back, then scale (this order decides
+    the rounding). The engine's norm and the kernels' fused one's reference."""
     x = hidden.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return norm_weight * x.to(hidden.dtype)
@@ -40,7 +41,7 @@ def gather_logits_ref(
 ) -> torch.Tensor:
     """[B, n] fp32 logits of rows ``ids`` (see the module docstring)."""
     if norm_weight is not None:
-        hidden = rms_norm_ref(hidden, norm_weight, eps)
+        hidden = rms_norm(hidden, norm_weight, eps)
     return hidden.float() @ _weight_rows_fp32(weight, ids).T
 
 
@@ -51,7 +52,7 @@ def vocab_argmax_ref(
     """[B] int64 argmax over all V rows of the fp32 logits (rounded to logits_dtype first when
     given), the smallest index on ties."""
     if norm_weight is not None:
-        hidden = rms_norm_ref(hidden, norm_weight, eps)
+        hidden = rms_norm(hidden, norm_weight, eps)
     hidden = hidden.float()
     n_rows = weight.shape[0]
     best = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device)

@@ -18,7 +18,7 @@ class PerHead(Intervention):
     def image_attention(self, layer):
         if layer != 1:
             return None
-        return torch.tensor([1.0, 0.5, 2.0, 1.0]), torch.tensor([0.7, 0.0, -0.3, -math.inf])
+        return AttentionEdit(torch.tensor([1.0, 0.5, 2.0, 1.0]), torch.tensor([0.7, 0.0, -0.3, -math.inf]))
 
 
 class AnswerOnlyPerHead(Intervention):
@@ -116,7 +116,7 @@ def test_identity_edit_is_a_no_op_bit_for_bit(checkpoint):
 def test_masking_every_image_key_makes_the_answer_independent_of_the_image(checkpoint):
     class Blind(Intervention):
         def image_attention(self, layer):
-            return 1.0, -math.inf
+            return AttentionEdit(bias=-math.inf)
 
     for reuse in (True, False):
         engine = Engine.load(checkpoint, Settings(prefix_reuse=reuse, max_new_tokens=3), readouts="all")
@@ -137,6 +137,16 @@ def test_a_magnitude_edit_must_be_answer_only(checkpoint):
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     with pytest.raises(ValueError, match="layer 0: an attention edit with a magnitude term"):
         engine.score(IMAGES[0], QUESTIONS[:1], Everywhere())
+
+
+def test_an_edit_that_is_not_an_attention_edit_is_refused_naming_the_method(checkpoint):
+    class Tuple(Intervention):
+        def image_attention(self, layer):
+            return 1.0, 0.5
+
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    with pytest.raises(TypeError, match=r"Tuple.image_attention\(0\) returned tuple; return an AttentionEdit"):
+        engine.score(IMAGES[0], QUESTIONS[:1], Tuple())
 
 
 def test_pai_attention_default_layers_are_2_to_the_last():

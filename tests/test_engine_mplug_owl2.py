@@ -15,7 +15,8 @@ from tinymodels import generated_text, worst_difference
 from pope_fast.cli import main
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.layers import Rotary, make_linear
-from pope_fast.engine.llama import DecoderLayer, causal_attention
+from pope_fast.engine.attention import causal_attention
+from pope_fast.engine.llama import DecoderLayer
 from pope_fast.engine.models.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model
 from pope_fast.engine.models.mplug_owl2_nets import MultiwayDecoderLayer, lm_expected_shapes
 

@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..layers import apply_rotary, rms_norm
+from ...kernels import rms_norm
+from ..layers import apply_rotary
 from ..llama import DecoderLayer, LlamaDims
 from ..loader import CheckpointError
 

@@ -1,0 +1,193 @@
+"""The language model's attention, every variant side by side: the KV caches it reads (`PrefixKV`,
+`SuffixKV`), the prefix pass (`causal_attention`), the question suffixes against their prefixes (the
+fused `prefix_attention` kernel, or its torch reference off CUDA) or whole prompts (SDPA, or explicit
+with an edit), the answer-row recompute of an answer-only edit, the decode step (`masked_attention`),
+and the image-attention probe, all editing the image keys' logits with one AttentionEdit.
+
+Torch paths compute in fp32 wherever transformers' eager attention takes its softmax in fp32, so the
+probe and the edited paths match it; the unedited whole-prompt path is SDPA in the model dtype, as
+transformers' sdpa attention runs it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..kernels import PrefixRuns, prefix_attention
+from .interventions import AttentionEdit
+from .plan import TokenBatch
+
+
+@dataclass
+class PrefixKV:
+    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE
+    applied, and where each prefix's image tokens are (spans, and a [G, P] mask; None without any)."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    length: int
+    image_spans: list[tuple[tuple[int, int], ...]]
+    image_mask: torch.Tensor | None
+
+    def image_keys(self, g: int | None) -> torch.Tensor:
+        """[P] bool: prefix g's image keys ([0] for no prefix, g None: whole prompts)."""
+        device = self.keys[0].device
+        if g is None:
+            return torch.zeros(0, dtype=torch.bool, device=device)
+        if self.image_mask is None:
+            return torch.zeros(self.length, dtype=torch.bool, device=device)
+        return self.image_mask[g]
+
+
+@dataclass
+class SuffixKV:
+    """The question suffixes' own cache, per layer [B, Hkv, S, D], valid up to `lengths`."""
+
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+    lengths: torch.Tensor
+    next_position: torch.Tensor  # [B]: the position of each row's first generated token
+    image_mask: torch.Tensor | None = None  # [B, S]: own keys that hold image tokens (whole prompts)
+
+
+def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """q [B, Hq, S, D], k and v [B, Hkv, S, D] → causal SDPA in the model dtype, as transformers' sdpa
+    attention runs it; grouped heads are read in place, not repeated into copies."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+
+
+def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor,
+                            edit: AttentionEdit) -> torch.Tensor:
+    """Causal attention of whole prompts with the image keys' logits edited (per query head) as seen
+    from every query after the row's last image token; explicit, in fp32 (the softmax's dtype in
+    transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]."""
+    b, hq, length, d = q.shape
+    group = hq // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.float() @ kf.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, S, S]
+    columns = torch.arange(length, device=q.device)
+    last_image = torch.where(image, columns, -1).amax(dim=1)  # [B]
+    after = (columns[None] > last_image[:, None])[:, None, :, None]  # queries after the image
+    edited = edit.apply(scores, lambda x: x.view(1, hq, 1, 1))
+    scores = torch.where(after & image[:, None, None, :], edited, scores)
+    causal = columns[None, :] <= columns[:, None]
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
+
+
+def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: AttentionEdit | None = None,
+                     prefix_image: torch.Tensor | None = None, own_image: torch.Tensor | None = None):
+    """Attention over each row's prefix plus its own keys, in fp32 (a decode step, an answer row).
+
+    q [B, Hq, T, D]; k/v_prefix [Hkv, P, D], shared by the rows and broadcast, never copied per row
+    (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see.
+    With an edit, the logits of the image keys (prefix_image [P], own_image [B, K]) are edited.
+    """
+    b, hq, t, d = q.shape
+    k_prefix, v_prefix = k_prefix[None], v_prefix[None]
+    hkv = k_own.shape[1]
+    g = hq // hkv
+    qf = q.float().reshape(b, hkv, g * t, d) / math.sqrt(d)
+    scores_p = qf @ k_prefix.float().transpose(-1, -2)  # [B, Hkv, gT, P]
+    scores_o = qf @ k_own.float().transpose(-1, -2)  # [B, Hkv, gT, K]
+    if edit is not None:
+        def heads(x):  # [Hq] → [1, Hkv, g * T, 1], as the queries are laid out
+            return x.view(hkv, g, 1).expand(hkv, g, t).reshape(1, hkv, g * t, 1)
+
+        scores_p = torch.where(prefix_image[None, None, None], edit.apply(scores_p, heads), scores_p)
+        scores_o = torch.where(own_image[:, None, None], edit.apply(scores_o, heads), scores_o)
+    mask = valid[:, None, None].expand(b, 1, g, t, valid.shape[-1]).reshape(b, 1, g * t, -1)
+    scores_o = scores_o.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(torch.cat([scores_p, scores_o], dim=-1), dim=-1)
+    p = k_prefix.shape[2]
+    out = probs[..., :p] @ v_prefix.float() + probs[..., p:] @ v_own.float()
+    return out.reshape(b, hq, t, d).to(q.dtype)
+
+
+def suffix_attention(q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
+                     edit: AttentionEdit | None, backend: str) -> torch.Tensor:
+    """One layer's attention of a suffix batch [B, Hq, S, D]: every row's queries over its prefix (one
+    fused call for every image's rows: each run reads its prefix once) and causally over its own keys,
+    or whole prompts causally; an edit of every query is applied inside, an answer-only one by
+    recomputing each row's answer position."""
+    every = edit if edit is not None and not edit.answer_only else None
+    if prefix is not None:
+        key_edit = None if every is None or prefix.image_mask is None else (prefix.image_mask, every.scale, every.bias)
+        attn = prefix_attention(q, prefix.keys[layer], prefix.values[layer], k, v, batch.lengths, backend=backend,
+                                prefix_index=runs, key_edit=key_edit)
+    elif every is not None and batch.image_mask is not None:
+        attn = edited_causal_attention(q, k, v, batch.image_mask, every)
+    else:
+        attn = causal_attention(q, k, v)
+    if edit is not None and edit.answer_only:
+        attn = _answer_row(attn, q, k, v, batch, prefix, runs, layer, edit)
+    return attn
+
+
+def _answer_row(attn, q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
+                edit: AttentionEdit) -> torch.Tensor:
+    """attn with each row's answer position (its last token) recomputed under an answer-only edit: one
+    query per row against its prefix and own keys, as a decode step is."""
+    b, s = batch.ids.shape
+    rows = torch.arange(b, device=q.device)
+    last = batch.lengths - 1
+    valid = (torch.arange(s, device=q.device)[None] < batch.lengths[:, None])[:, None]  # [B, 1, S]
+    own_image = batch.image_mask if batch.image_mask is not None else \
+        torch.zeros(b, s, dtype=torch.bool, device=q.device)
+    query = q[rows, :, last][:, :, None]  # [B, Hq, 1, D]
+    empty = k.new_zeros(k.shape[1], 0, k.shape[3])
+    out = []
+    for g, a, e in runs.runs if prefix is not None else [(None, 0, b)]:
+        kp, vp = (prefix.keys[layer][g], prefix.values[layer][g]) if g is not None else (empty, empty)
+        image = prefix.image_keys(g) if g is not None else torch.zeros(0, dtype=torch.bool, device=q.device)
+        out.append(masked_attention(query[a:e], kp, vp, k[a:e], v[a:e], valid[a:e], edit, image, own_image[a:e]))
+    attn = attn.clone()
+    attn[rows, :, last] = torch.cat(out)[:, :, 0]
+    return attn
+
+
+def probe_attention(q, k, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
+                    edit: AttentionEdit | None) -> torch.Tensor:
+    """The image-attention probe of one layer [B, Hq]: how much of each row's answer-position attention
+    falls on image keys (its prefix's and its own), under the layer's edit."""
+    if prefix is None:
+        return answer_image_attention(q, batch.lengths, k, batch.image_mask, edit=edit)
+    image = prefix.image_mask if prefix.image_mask is not None else \
+        torch.zeros(prefix.keys[layer].shape[0], prefix.length, dtype=torch.bool, device=q.device)
+    return answer_image_attention(q, batch.lengths, k, batch.image_mask, prefix.keys[layer], image, runs.runs,
+                                  edit=edit)
+
+
+def answer_image_attention(q: torch.Tensor, lengths: torch.Tensor, k_own: torch.Tensor,
+                           own_image: torch.Tensor | None, k_prefix: torch.Tensor | None = None,
+                           prefix_image: torch.Tensor | None = None,
+                           runs: list[tuple[int, int, int]] | None = None,
+                           edit: AttentionEdit | None = None) -> torch.Tensor:
+    """[B, Hq] fp32: each row's attention mass on image keys at its last valid query.
+
+    Taken from the queries and keys the layer already computed, for the answer row only: one query per
+    prompt against its keys ([B, Hq, P + S] scores, never a [sequence, sequence] matrix), in fp32 as
+    transformers' eager attention takes its softmax, and the same whichever backend ran the attention.
+    q [B, Hq, S, D] (RoPE applied); lengths [B]; k_own [B, Hkv, S, D] the rows' own keys, own_image
+    [B, S] marking image keys among them (None: none); k_prefix [G, Hkv, P, D] with prefix_image
+    [G, P] and runs (prefix, first row, end row) when the rows continue prefixes."""
+    batch, q_heads, length, head_dim = q.shape
+    kv_heads = k_own.shape[1]
+    group = q_heads // kv_heads
+    rows = torch.arange(batch, device=q.device)
+    last = q[rows, :, lengths - 1].float().view(batch, kv_heads, group, head_dim) * head_dim**-0.5
+    own = last @ k_own.float().transpose(-1, -2)  # [B, Hkv, g, S]
+    own = own.masked_fill(~(torch.arange(length, device=q.device)[None, :] < lengths[:, None])[:, None, None],
+                          float("-inf"))
+    image = own_image if own_image is not None else torch.zeros(batch, length, dtype=torch.bool, device=q.device)
+    if k_prefix is not None:
+        prefix = torch.cat([last[a:e] @ k_prefix[g].float().transpose(-1, -2) for g, a, e in runs])  # [B, Hkv, g, P]
+        own = torch.cat([prefix, own], dim=-1)
+        image = torch.cat([torch.cat([prefix_image[g].expand(e - a, -1) for g, a, e in runs]), image], dim=-1)
+    if edit is not None:
+        own = torch.where(image[:, None, None], edit.apply(own, lambda x: x.view(kv_heads, group, 1)), own)
+    probs = torch.softmax(own, dim=-1)
+    return (probs * image[:, None, None]).sum(-1).view(batch, q_heads)
