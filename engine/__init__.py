@@ -3,23 +3,25 @@
     from pope_fast.engine import Engine, Settings
     engine = Engine.load("llava-1.5-7b-hf", Settings(device="cuda", quant="nf4"))
     answers = engine.score("cat.jpg", ["Is there a cat in the image?"])
+
+The sweep over question files and its run folders, and torchrun, are the application's:
+`pope_fast.sweep` (run_pope, run_paired, SweepResult, write_summaries) and `pope_fast.distributed`
+(Shard, RankError).
 """
-from .core import Answer, Engine
-from .distributed import RankError, Shard
-from .models import FAMILIES, Family, load_model
+from .core import Answer, Engine, Prepared
 from .images import ImageError, LoadedImage, check_images, read_image
 from .interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
                             PAIAttention)
-from .plan import PromptLayout, PromptResult
 from .loader import CheckpointError
 from .methods import METHODS, Method, parse_method
-from .pope import SweepResult, run_paired, run_pope, write_summaries
+from .models import FAMILIES, Family, load_model
+from .plan import PromptLayout, PromptResult
+from .runner import ImagePrompts
 from .settings import Settings
 from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
-__all__ = ["Answer", "Engine", "FAMILIES", "Family", "load_model", "ImageError", "LoadedImage", "check_images",
-           "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification", "ImageAttentionTemperature",
-           "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "SweepResult", "run_pope",
-           "write_summaries", "METHODS", "Method", "parse_method", "run_paired", "RankError", "Shard", "Settings", "Counts", "Timings",
-           "VisionCache"]
+__all__ = ["Answer", "Engine", "Prepared", "ImagePrompts", "FAMILIES", "Family", "load_model", "ImageError",
+           "LoadedImage", "check_images", "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification",
+           "ImageAttentionTemperature", "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "METHODS",
+           "Method", "parse_method", "Settings", "Counts", "Timings", "VisionCache"]

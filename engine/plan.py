@@ -210,12 +210,16 @@ class PromptResult:
     """What one prompt's answer position gives: the argmax token, the candidate logits (fp32, keyed by
     token id), the greedy continuation when a text readout asked for one (decoded whole, each text
     readout's own prefix of it in `texts`, and the prompt with the continuation decoded as one
-    `sequence` for string_parse_with_prompt), and the attention probe's values when it ran."""
+    `decoded_sequence` for string_parse_with_prompt), and the attention probe's values when it ran."""
 
     first_token_id: int
     candidate_logits: dict[int, float]
     decoded: str | None = None
     texts: dict[str, str] | None = None
-    sequence: str | None = None
+    decoded_sequence: str | None = None
     probe: dict | None = None
     vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
+
+    def text_for(self, readout: str) -> str | None:
+        """The text a text readout reads: its own prefix of the continuation, else all of it."""
+        return (self.texts or {}).get(readout, self.decoded)

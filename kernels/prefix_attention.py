@@ -302,10 +302,29 @@ def prefix_attention(
     q: [B, Hq, S, D] (S = longest suffix; rows past suffix_lens[b] are padding); k_prefix and
     v_prefix: [Hkv, P, D] shared by every row, or [G, Hkv, P, D] with prefix_index, B host ints in
     [0, G) naming each row's prefix, rows grouped by prefix (a list, so the runs are known without a
-    device sync; or a PrefixRuns of it, built once for every layer of a batch); k_suffix and v_suffix: [B, Hkv, S, D]; suffix_lens: [B] ints in [0, S] (checked on
-    the host except on CUDA, where that would sync); Hq = Hkv * g. Any D works: tiles pad it to a
-    power of two >= 16 for tl.dot.
+    device sync; or a PrefixRuns of it, built once for every layer of a batch); k_suffix and v_suffix:
+    [B, Hkv, S, D]; suffix_lens: [B] ints in [0, S] (checked on the host except on CUDA, where that would
+    sync); Hq = Hkv * g. Any D works: tiles pad it to a power of two >= 16 for tl.dot.
     """
+    k_prefix, v_prefix, runs, grouped = _checked(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, prefix_index,
+                                                 out)
+    head_dim, prefix_len = q.shape[3], k_prefix.shape[2]
+    scale = head_dim**-0.5 if scale is None else scale
+    if resolve_backend(backend, q.device) == "torch":
+        if not runs:
+            result = torch.zeros_like(q)
+        elif prefix_len == 0:  # nothing to merge: the reference's plain softmax over the own keys
+            result = prefix_attention_ref(q, k_prefix[0], v_prefix[0], k_suffix, v_suffix, suffix_lens, scale)
+        else:
+            result = _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs,
+                                             key_edit)
+        return result if out is None else out.copy_(result)
+    return _launch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs, grouped, out, key_edit)
+
+
+def _checked(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, prefix_index, out):
+    """The inputs checked (ValueError/TypeError naming the one that is wrong); k/v_prefix as [G, Hkv, P, D],
+    the runs (prefix, first row, end row) and the PrefixRuns (None for one shared prefix)."""
     if q.dim() != 4:
         raise ValueError(f"q must be [B, Hq, S, D], got {tuple(q.shape)}")
     batch, q_heads, length, head_dim = q.shape
@@ -314,6 +333,7 @@ def prefix_attention(
             or k_prefix.shape[-1] != head_dim:
         raise ValueError(f"k_prefix and v_prefix must both be {shared} with D = {head_dim}, "
                          f"got {tuple(k_prefix.shape)} and {tuple(v_prefix.shape)}")
+    grouped = None
     if prefix_index is None:
         k_prefix, v_prefix, runs = k_prefix[None], v_prefix[None], [(0, 0, batch)] if batch else []
     else:
@@ -337,16 +357,14 @@ def prefix_attention(
         raise ValueError(f"suffix_lens must lie in [0, {length}]")
     if out is not None and (out.shape != q.shape or out.dtype != q.dtype or out.stride(3) != 1):
         raise ValueError(f"out must be a {q.dtype} tensor of q's shape with unit stride along D")
-    scale = head_dim**-0.5 if scale is None else scale
-    if resolve_backend(backend, q.device) == "torch":
-        if not runs:
-            result = torch.zeros_like(q)
-        elif prefix_len == 0:  # nothing to merge: the reference's plain softmax over the own keys
-            result = prefix_attention_ref(q, k_prefix[0], v_prefix[0], k_suffix, v_suffix, suffix_lens, scale)
-        else:
-            result = _prefix_attention_torch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs,
-                                             key_edit)
-        return result if out is None else out.copy_(result)
+    return k_prefix, v_prefix, runs, grouped
+
+
+def _launch(q, k_prefix, v_prefix, k_suffix, v_suffix, suffix_lens, scale, runs, grouped, out, key_edit):
+    """The Triton kernel over every run of rows in one launch."""
+    _, q_heads, length, head_dim = q.shape
+    kv_heads, prefix_len = k_prefix.shape[1:3]
+    tensors = (q, k_prefix, v_prefix, k_suffix, v_suffix)
     q, k_prefix, v_prefix, k_suffix, v_suffix = (t if t.stride(-1) == 1 else t.contiguous() for t in tensors)
     out = torch.empty_like(q, memory_format=torch.contiguous_format) if out is None else out
     if not runs:
@@ -358,7 +376,7 @@ def prefix_attention(
     block_m, block_n = (64, 64) if gpu else (16, 16)
     block_d = max(16, triton.next_power_of_2(head_dim))
     widest = max(e - a for _, a, e in runs)
-    run_table = grouped.table() if prefix_index is not None else \
+    run_table = grouped.table() if grouped is not None else \
         torch.tensor(runs, dtype=torch.int32).to(q.device, non_blocking=True)  # [R, 3]
     grid = (triton.cdiv(widest * group * length, block_m), kv_heads, len(runs))
     if grid[0]:

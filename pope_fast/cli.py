@@ -2,30 +2,22 @@
 commands that need them, so `score` and `audit-tokens` run without torch."""
 from __future__ import annotations
 
-import errno
 import sys
 import tempfile
-import threading
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from .readout import (READOUTS, DataError, TEMPLATES, RunLock, Unavailable, audit_tokens, compare_runs, format_audit,
-                      format_compare, format_runs, get_template, load_tokenizer, parse_readouts, read_records,
-                      repair_records, score_records)
+from .readout import (DataError, TEMPLATES, RunLock, audit_tokens, compare_runs, format_audit, format_compare,
+                      format_runs, get_template, load_tokenizer, parse_readouts, read_records, repair_records,
+                      score_records)
+from .errors import EXPECTED, one_line
+from .readout.attention import parse_layers
 
 
 def _fail(message: str) -> None:
     raise click.ClickException(message)
-
-
-def _os_message(err: OSError) -> str:
-    """One line naming the file an OSError is about, and what to do after a full disk."""
-    where = f"{err.filename}: " if err.filename else ""
-    hint = ("; free some space and run the same command again: it resumes from the records written so far"
-            if err.errno in (errno.ENOSPC, errno.EDQUOT) else "")
-    return f"{where}{err.strerror or err}{hint}"
 
 
 def _writable_dir(path: str, option: str) -> Path:
@@ -57,31 +49,15 @@ def main() -> None:
                    "models, as the paper, else the middle fifth)")
 def score(files, readouts, fmt, seed, resamples, layers) -> None:
     """Score pope-fast records or published ugaa-research record files, without the model."""
-    try:
-        names = parse_readouts(readouts)
-        explicit = readouts.strip() != "all"
-        span = _layer_range(layers)
-        runs = []
+    with _failures():
+        names, span, runs = parse_readouts(readouts), parse_layers(layers), []
         for path in files:
-            scored = score_records(read_records(path), names, strict=explicit, seed=seed, resamples=resamples,
-                                   layers=span)
+            scored = score_records(read_records(path), names, strict=readouts.strip() != "all", seed=seed,
+                                   resamples=resamples, layers=span)
             if not scored:
                 raise DataError(f"{path}: no records to score")
             runs += scored
-    except (DataError, Unavailable, ValueError) as err:
-        _fail(str(err))
-    except OSError as err:
-        _fail(_os_message(err))
     click.echo(format_runs(runs, fmt))
-
-
-def _layer_range(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    first, sep, last = text.partition("-")
-    if not (sep and first.strip().isdigit() and last.strip().isdigit()) or int(first) > int(last):
-        raise ValueError(f"--layers takes FIRST-LAST (e.g. 14-19), not {text!r}")
-    return int(first), int(last)
 
 
 @main.command()
@@ -97,12 +73,8 @@ def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
     a paired bootstrap interval, McNemar's exact p and the answers flipped."""
     if len(runs) < 2:
         _fail("compare needs a baseline run and at least one more: pope-fast compare RUN_A RUN_B [...]")
-    try:
+    with _failures():
         result = compare_runs(list(runs), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch)
-    except (DataError, Unavailable, ValueError) as err:
-        _fail(str(err))
-    except OSError as err:
-        _fail(_os_message(err))
     click.echo(format_compare(result, fmt))
 
 
@@ -115,10 +87,8 @@ def report(runs, out_dir, seed, resamples) -> None:
     """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs or record files."""
     from .readout.figures import write_report
 
-    try:
+    with _failures():
         page = write_report(list(runs), out_dir, seed=seed, resamples=resamples)
-    except (DataError, ValueError) as err:
-        _fail(str(err))
     click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
 
 
@@ -127,13 +97,8 @@ def report(runs, out_dir, seed, resamples) -> None:
 def repair(run_dir) -> None:
     """Keep the last complete record of each question in a run folder (one left with duplicates by
     two runs that wrote to it at once, before runs locked their folder); drop torn lines."""
-    try:
-        with RunLock(run_dir):
-            kept, dropped = repair_records(run_dir)
-    except (DataError, ValueError) as err:
-        _fail(str(err))
-    except OSError as err:
-        _fail(_os_message(err))
+    with _failures(), RunLock(run_dir):
+        kept, dropped = repair_records(run_dir)
     click.echo(f"{run_dir}: kept {kept} records, dropped {dropped} line(s); run the same eval again to "
                "resume and rewrite its summaries")
 
@@ -168,7 +133,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--split", default=None,
               help="split name for a single question file (default: its category column, else its name)")
 @click.option("--dataset", default=None,
-              help="dataset name for the question files (default: from their names: coco, aokvqa, gqa; lmms-lab for parquet)")
+              help="dataset name for the question files (default: from their names: coco, aokvqa, gqa; lmms-lab for "
+                   "parquet)")
 @click.option("--template", default=None, type=click.Choice(list(TEMPLATES)), help="default: the model's own")
 @click.option("--readouts", default="all", show_default=True, help="all, or a comma-separated list")
 @click.option("--quant", type=click.Choice(["none", "nf4"]), default="none", show_default=True)
@@ -198,208 +164,58 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="a mitigation method (none, vcd, pai, icd; settings default to its paper's); repeatable: "
                    "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
-def eval_cmd(model_dir, question_files, images_dir, demo_questions, out_dir, split, dataset, template, readouts, quant,
-             dtype, device, batch_size, image_batch, cache_dir, max_new_tokens, image_aspect, nf4_weights,
-             quantize_lm_head, kernels, no_prefix_reuse, probe, method_specs, skip_bad) -> None:
+def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
     transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
     """
-    import torch
-    from tqdm import tqdm
+    from .evaluate import EvalJob, run_eval
 
-    from .engine import CheckpointError, Engine, ImageError, Settings, parse_method, run_paired, run_pope
-
-    if model_dir is not None and not question_files:
-        _fail("with --model, give --questions (and --images unless the questions embed them)")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    shard = _shard(device)  # None outside torchrun
     out = _writable_dir(out_dir, "--out")
     if cache_dir is not None:
         _writable_dir(cache_dir, "--cache-dir")
-    with _failures(shard, (DataError, CheckpointError, ImageError, ValueError, NotImplementedError)):
-        settings = Settings(device=shard.device(device) if shard else device, dtype=dtype, quant=quant,
-                            quantize_lm_head=quantize_lm_head, nf4_weights=nf4_weights, batch_size=batch_size,
-                            image_batch=image_batch,
-                            # the demo's random model never ends a sentence: it reads 6 tokens
-                            max_new_tokens=max_new_tokens or (6 if model_dir is None else None),
-                            image_aspect=image_aspect, kernels=kernels, prefix_reuse=not no_prefix_reuse,
-                            probe=probe)
-        names = parse_readouts(readouts)
-        methods = [parse_method(spec) for spec in method_specs]
-        _check_method_readouts(methods, names if readouts.strip() != "all" else [])
-        lead = shard is None or shard.lead
-        with ExitStack() as stack:
-            with _step(shard):  # rank 0 locks the folder before the load and writes the demo's inputs
-                # a second run into this folder is refused at once
-                lock = stack.enter_context(RunLock(out)) if lead else None
-                questions = _questions(question_files, split, dataset)
-                if model_dir is None and lead:
-                    _demo_inputs(out, questions, images_dir, demo_questions, split)
-            with _step(shard):
-                if model_dir is None:
-                    model_dir, questions, images_dir = _demo_inputs(out, questions, images_dir, demo_questions, split)
-                elif images_dir is None and any(q.image_data is None for q in questions):
-                    _fail("the question files name image files: give --images (parquet files embed their images)")
-                engine = Engine.load(model_dir, settings, template=template, readouts=readouts, cache_dir=cache_dir)
-                engine.warmup()
-            # every method records each question once: the first method's folder counts the job's progress
-            counted = out / methods[0].name if methods else out
-            with tqdm(total=len(questions), unit="q", desc="POPE", dynamic_ncols=True, disable=not lead) as bar, \
-                    _job_progress(shard, counted, bar):
-                progress = bar.update if shard is None else None
-                if methods:
-                    results = run_paired(engine, questions, images_dir, out, methods, skip_bad=skip_bad,
-                                         progress=progress, lock=lock, shard=shard)
-                else:
-                    results = [run_pope(engine, questions, images_dir, out, skip_bad=skip_bad, progress=progress,
-                                        lock=lock, shard=shard)]
-            comparison = _write_comparison(out, [r.out_dir for r in results]) if len(methods) > 1 and lead else None
-    if shard is not None:
-        shard.leave()
-    if not lead:
-        return
-    first = results[0]
-    if first.recorded_before:
-        click.echo(f"resumed: {first.recorded_before} of {first.questions} questions were already recorded")
-    ranks = f" on {shard.world_size} ranks" if shard else ""
-    click.echo(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions{ranks}; "
-               f"{first.error_records} error records; phases (s): {engine.timings.to_json()}"
-               + (" (rank 0)" if shard else ""))
-    for result in results:
-        if methods:
-            click.echo(f"\n{result.out_dir.name}:")
-        click.echo(format_runs(result.runs, "table"))
-    if comparison is not None:
-        click.echo(f"\n{comparison}")
-    click.echo(f"records, meta and summaries in {out}" + ("/<method>/" if methods else ""))
-
-
-def _check_method_readouts(methods, explicit: list[str]) -> None:
-    """A contrastive method reads the answer position only: refuse text readouts asked for by name."""
-    from .readout.protocols import GENERATING
-
-    contrastive = [m.name for m in methods if m.contrastive]
-    text = [n for n in explicit if READOUTS[n].kind in GENERATING]
-    if contrastive and text:
-        _fail(f"--readouts {','.join(text)}: method {contrastive[0]} combines logits at the answer position, so its "
-              "runs take logit and first-token readouts only")
-
-
-def _write_comparison(out: Path, runs: list[Path]) -> str:
-    """OUT/compare.json: every method against the first (`pope-fast compare`), and its markdown."""
-    from .readout.records import atomic_write
-
-    result = compare_runs([str(r) for r in runs])
-    atomic_write(out / "compare.json", format_compare(result, "json") + "\n")
-    return format_compare(result, "markdown")
-
-
-def _shard(device: str):
-    """This process's Shard, joined to its torchrun job, or None outside torchrun."""
-    from .engine import Shard
-
-    try:
-        shard = Shard.from_env()
-        if shard is not None:
-            shard.join(device)
-    except (ValueError, RuntimeError) as err:
-        _fail(f"torchrun: cannot join the job ({err})")
-    return shard
+    device, shard = _device_and_shard(device)
+    with _failures(shard):
+        job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, **options)
+        outcome = run_eval(job, shard, _progress_bar, lambda text: click.echo(text, err=True))
+    if outcome is not None:  # rank 0 (or the only process) reports
+        click.echo(outcome.summary())
 
 
 @contextmanager
-def _step(shard):
-    """A step every rank takes: if it fails on any rank, every rank stops naming the first that failed."""
-    if shard is None:
-        yield
-        return
-    try:
-        yield
-    except Exception as err:
-        shard.agree(err)
-        raise
-    shard.agree(None)
+def _progress_bar(total: int, shown: bool):
+    from tqdm import tqdm
+
+    with tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, disable=not shown) as bar:
+        yield bar.update
 
 
-@contextmanager
-def _job_progress(shard, out: Path, bar):
-    """Under torchrun, rank 0's bar counts the records of the whole job (records.jsonl and every rank's
-    part), read by a thread twice a second."""
-    if shard is None or not shard.lead:
-        yield
-        return
-    from .engine.distributed import RecordCount
-
-    count, stop = RecordCount(out), threading.Event()
-
-    def watch():
-        while not stop.wait(0.5):
-            bar.update(max(0, min(count(), bar.total) - bar.n))
-
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-    bar.update(max(0, min(count(), bar.total) - bar.n))
-
-
-@contextmanager
-def _failures(shard, expected: tuple[type[Exception], ...]):
-    """A command's errors as one line: the expected ones and OSError by their message; under torchrun
-    any other too, named with its type, so that the rank is named and torchrun stops the others."""
-    try:
-        yield
-    except expected as err:
-        _fail(_on_rank(shard, str(err)))
-    except OSError as err:
-        _fail(_on_rank(shard, _os_message(err)))
-    except Exception as err:
-        if shard is None:
-            raise
-        _fail(_on_rank(shard, f"{type(err).__name__}: {err}"))
-
-
-def _on_rank(shard, message: str) -> str:
-    """A message from one rank of a torchrun job, named as such, and left where torchrun's summary shows it."""
-    if shard is None:
-        return message
-    if not message.startswith("rank "):
-        message = f"{shard.name}: {message}"
-    shard.record_failure(message)
-    return message
-
-
-def _questions(sources, split, dataset) -> list:
-    """Every question of the --questions files and folders (none: an empty list)."""
-    from .readout import find_question_files, load_question_sources
-
-    if split and sum(len(find_question_files(s)) for s in sources) > 1:
-        _fail("--split names the split of a single question file")
-    return load_question_sources(sources, split, dataset)
-
-
-def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
-    """The built-in tiny model, questions and synthetic images for a run without --model."""
+def _device_and_shard(device: str | None):
+    """The device (cuda when available) and this process's torchrun Shard, joined (None outside torchrun)."""
     import torch
 
-    from .engine.models import DEMO, family_class
-    from .engine.synthetic import builtin_questions, write_images
+    from .distributed import join_job
 
-    demo, family = out_dir / "demo", family_class(DEMO)
-    model_dir = demo / f"{DEMO}-tiny"
-    if not (model_dir / "config.json").is_file():
-        click.echo(f"demo: writing a random tiny {family.seed_model} checkpoint to {model_dir}", err=True)
-        family.write_checkpoint(model_dir, "tiny", dtype=torch.float32)
-    questions = questions or builtin_questions(n_questions, split or "demo")
-    named = [q.image for q in questions if q.image_data is None]
-    if images_dir is None and named:
-        images_dir = write_images(demo / "images", named)
-    return model_dir, questions, images_dir
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        return device, join_job(device)
+    except ValueError as err:
+        _fail(str(err))
+
+
+@contextmanager
+def _failures(shard=None, expected: tuple[type[Exception], ...] = EXPECTED):
+    """A command's errors as one line (errors.one_line); an unexpected one outside torchrun as it is."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except Exception as err:
+        message = one_line(err, shard, expected)
+        if message is None:
+            raise
+        _fail(message)
 
 
 @main.command()
@@ -417,7 +233,8 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
-              show_default=True, help="pope-fast also records the image-attention probe (its cost shows in the wall time)")
+              show_default=True,
+              help="pope-fast also records the image-attention probe (its cost shows in the wall time)")
 @click.option("--method", "method_specs", multiple=True, metavar="NAME[:key=value,...]",
               help="also time these methods as one paired sweep (as eval --method), beside the baseline")
 @click.option("--no-reference", is_flag=True, help="skip the transformers reference pipeline")
@@ -430,46 +247,26 @@ def _demo_inputs(out_dir, questions, images_dir, n_questions, split):
               help="a real tokenizer for the random checkpoints (default: the built-in word-level one)")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False), help="keep checkpoints and records here")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
-def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype, batch_size, probe, method_specs,
-          no_reference, repeat, reference_sample, tokenizer_dir, work_dir, fmt) -> None:
+def bench(device, fmt, **options) -> None:
     """Throughput of pope-fast against the paper's transformers pipeline, side by side."""
     import json
 
-    import torch
+    from .bench import BenchConfig, format_report, run_bench
+
+    device, shard = _device_and_shard(device)  # under torchrun every rank times its share; rank 0 reports
+    with _labelled_bars() as progress, _failures(shard, (ValueError,)):
+        report = run_bench(BenchConfig.from_options(device=device, shard=shard, **options), progress)
+    if shard is not None:
+        shard.leave()
+    if shard is None or shard.lead:
+        click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
+
+
+@contextmanager
+def _labelled_bars():
+    """progress(label, n, total): one bar per label, closed at the end."""
     from tqdm import tqdm
 
-    from .bench import BenchConfig, format_report, run_bench
-    from .engine import FAMILIES, parse_method
-
-    if n_questions == 0 and pope_dir is None:
-        _fail("--questions 0 means all of --pope's questions; without --pope give a number of built-in questions")
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    on_cuda = device.startswith("cuda")
-    try:
-        for spec in method_specs:
-            parse_method(spec)
-    except ValueError as err:
-        _fail(str(err))
-    shard = _shard(device)  # under torchrun every rank times its share; rank 0 reports
-    if shard is not None:
-        if method_specs:
-            _fail("bench --method times a paired sweep in one process; run it without torchrun")
-        device = shard.device(device)
-    names = list(FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
-    dirs = {}
-    for item in model_dirs:
-        name, sep, path = item.partition("=")
-        if not sep:
-            _fail(f"--model takes NAME=DIR, got {item!r}")
-        dirs[name] = Path(path)
-    cfg = BenchConfig(models=names, size=size or ("7b" if on_cuda else "tiny"), device=device,
-                      quant=quant or ("nf4" if on_cuda else "none"), dtype=dtype, n_questions=n_questions,
-                      pope_dir=Path(pope_dir) if pope_dir else None, reference=not no_reference,
-                      reference_sample=reference_sample or (200 if on_cuda else None), repeat=repeat,
-                      batch_size=batch_size, probe=probe,
-                      work_dir=Path(work_dir) if work_dir else None, model_dirs=dirs,
-                      tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, shard=shard,
-                      methods=list(method_specs))
     bars: dict[str, tqdm] = {}
 
     def progress(label: str, n: int, total: int) -> None:
@@ -478,15 +275,10 @@ def bench(models, model_dirs, size, n_questions, pope_dir, device, quant, dtype,
         bars[label].update(n)
 
     try:
-        with _failures(shard, (ValueError,)):
-            report = run_bench(cfg, progress)
+        yield progress
     finally:
         for bar in bars.values():
             bar.close()
-    if shard is not None:
-        shard.leave()
-    if shard is None or shard.lead:
-        click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
 
 
 @main.command()

@@ -27,6 +27,16 @@ def default_layers(num_layers: int) -> tuple[int, int]:
     return start, start + width - 1
 
 
+def parse_layers(text: str | None) -> tuple[int, int] | None:
+    """'FIRST-LAST' (inclusive, e.g. 14-19) → (first, last); None stays None (the default range)."""
+    if text is None:
+        return None
+    first, sep, last = text.partition("-")
+    if not (sep and first.strip().isdigit() and last.strip().isdigit()) or int(first) > int(last):
+        raise ValueError(f"--layers takes FIRST-LAST (e.g. 14-19), not {text!r}")
+    return int(first), int(last)
+
+
 def layer_mean(values: list[float], layers: tuple[int, int]) -> float:
     first, last = layers
     if not 0 <= first <= last < len(values):

@@ -22,7 +22,7 @@ import numpy as np
 
 from .metrics import mcnemar_exact, summarize
 from .protocols import NO, READOUTS, YES
-from .records import Entry, RecordSet, leaf_differences, read_records
+from .records import Entry, RecordSet, read_records
 from .score import Unavailable, predictions, question_order
 
 LEVEL = 0.95
@@ -31,6 +31,18 @@ DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")
 # dequantized NF4, the probe) change how it is computed, not what is computed.
 ANSWER_SETTINGS = ("resolved_dtype", "quant", "quantize_lm_head", "image_aspect")
 SHOWN = 3  # examples named per kind of question-set difference
+
+
+def leaf_differences(a, b, first: str, second: str, width: int = 40, name: str = "") -> list[str]:
+    """'name: A-value {first}, B-value {second}' for every leaf where two nested dicts differ (their
+    dotted key paths, sorted), each value's repr cut to `width` characters."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return [d for k in sorted(set(a) | set(b), key=str)
+                for d in leaf_differences(a.get(k), b.get(k), first, second, width, f"{name}.{k}" if name else str(k))]
+    if a == b:
+        return []
+    short = [text if len(text := repr(v)) <= width else text[:width - 3] + "..." for v in (a, b)]
+    return [f"{name}: {short[0]} {first}, {short[1]} {second}"]
 
 
 def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch: bool = False) -> dict:

@@ -76,10 +76,3 @@ def cut(tokens: Sequence[int], stop_ids: set[int], plan: Mapping[str, Generation
     ends = {name: text_end(ids, stop_ids, g, decode) for name, g in plan.items()}
     texts = {name: text if end == len(ids) else decode(ids[:end]) for name, end in ends.items()}
     return Continuation(ids, text, ends, texts)
-
-
-def whole_sequence(tokenizer, prompt: str, new_ids: Sequence[int]) -> str:
-    """What the paper's InstructBLIP and mPLUG-Owl2 adapters parsed: generate's whole output (the
-    prompt's ids, then the new ones) decoded with special tokens skipped (BOS and image tokens vanish)."""
-    prompt_ids = list(tokenizer(prompt)["input_ids"])
-    return tokenizer.decode(prompt_ids + list(new_ids), skip_special_tokens=True)

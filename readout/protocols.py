@@ -117,6 +117,10 @@ class Generation:
         return {"max_new_tokens": self.new_tokens, "first_sentence": self.first_sentence}
 
 
+class Missing(Exception):
+    """An answer lacks what a readout reads; the message says what."""
+
+
 @dataclass(frozen=True)
 class Readout:
     name: str
@@ -140,6 +144,32 @@ class Readout:
             what = "the decoded whole sequence" if self.kind == SEQUENCE else "the decoded continuation"
             raise ValueError(f"readout {self.name} needs {what}")
         return self.decide(decoded)
+
+    def read(self, sets: TokenSets | None, answer) -> str:
+        """The decision from one answer: the one place that says which of an answer's inputs each kind
+        reads. `answer` is anything with candidate_logits, first_token_id, decoded_sequence and
+        text_for(readout name): an engine's PromptResult, a scored record's Entry. Missing when it lacks
+        this readout's input (or its token sets), naming what."""
+        if self.kind == LOGIT:
+            logits = answer.candidate_logits
+            if sets is None or logits is None:
+                raise Missing("no token sets (meta.json) or no candidate logits")
+            absent = [i for i in sets.ids if i not in logits]
+            if absent:
+                raise Missing(f"candidate logits lack ids {absent}")
+            return self(sets, logits, None, None)
+        if self.kind == FIRST_TOKEN:
+            if sets is None or answer.first_token_id is None:
+                raise Missing("no template-aware token sets or no first token")
+            return self(sets, None, answer.first_token_id, None)
+        if self.kind == SEQUENCE:
+            if answer.decoded_sequence is None:
+                raise Missing("no decoded whole sequence (run with string_parse_with_prompt to record it)")
+            return self(None, None, None, answer.decoded_sequence)
+        text = answer.text_for(self.name)
+        if text is None:
+            raise Missing("no decoded text (run with a string readout to generate it)")
+        return self(None, None, None, text)
 
 
 # The one registry. Order is the order tables show.

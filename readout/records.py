@@ -1,33 +1,17 @@
-"""Per-question records: writing them as a run goes, resuming, and reading them back for scoring.
-
-Our records are JSON lines, one per (split, question), with a `meta.json` beside them that holds the
-token sets, tokenizer and library versions. The published ugaa-research record files are read too
-(two schemas, auto-detected); their stored predictions become the matching readouts.
-"""
+"""Per-question records: the schema of a record line (what `make_record` writes and `checked_record`
+accepts), and reading records back for scoring, ours (a run folder's records.jsonl with its meta.json)
+or a published ugaa-research file (`ugaa.py`). Where records and meta are written, locked, repaired
+and ordered is the run-folder store (`store.py`)."""
 from __future__ import annotations
 
-import fcntl
 import json
-import os
-import socket
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .data import LABELS, DataError, Question, split_from_name
+from .data import LABELS, DataError, Question
 from .protocols import DECISIONS, READOUTS, TokenSets
 
-RECORDS_FILE, META_FILE, LOCK_FILE = "records.jsonl", "meta.json", ".lock"
-FORMAT = "pope-fast/records-v1"
-
-# ugaa-research stored-prediction keys → our readout names, per schema.
-UGAA_PAIRWISE = {"pred_2tok": "legacy_2tok", "pred_8tok": "legacy_8tok"}
-UGAA_CROSS_MODEL = {"pred_legacy_2tok": "legacy_2tok", "pred_legacy_8tok": "legacy_8tok",
-                    "pred_dynamic_single": "dynamic_single", "pred_string_parse": "string_parse"}
-
-# run_multi_model_audit.py adapters whose decoded_response is generate's whole output, prompt included:
-# their pred_string_parse is our string_parse_with_prompt.
-UGAA_WHOLE_SEQUENCE = ("instructblip", "mplug_owl2")
+RECORDS_FILE, META_FILE = "records.jsonl", "meta.json"
 
 
 def make_record(question: Question, template: str, *, first_token_id: int | None = None,
@@ -106,206 +90,9 @@ def json_lines(text: str):
             yield lineno, line
 
 
-class RecordWriter:
-    """Appends records batch by batch; a run that stops resumes from what is on disk.
-
-    Each batch is one append, fsynced; a batch that fails part way (a full disk) is cut off again
-    before the error is raised, and after a crash at most the last line is torn: `open` drops a torn
-    last line (it was never complete, so nothing recorded is lost) and returns the questions already
-    done: (split, question_id) → their record. Error records do not count as done: a rerun retries
-    them, and the new record supersedes the error. Two complete records of one question (two
-    writers of old) are refused, naming `repair_records`.
-    """
-
-    def __init__(self, out_dir: str | Path, name: str = RECORDS_FILE, also: tuple[str, ...] = ()):
-        self.path = Path(out_dir) / name
-        # files of the same run read as recorded but never written (a torchrun rank writes its own part
-        # and reads the merged records.jsonl)
-        self.also = [Path(out_dir) / n for n in also]
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.done: dict[tuple[str, str, str], dict] = {}
-        self.recorded: set[tuple[str, str, str]] = set()  # every record's key, error records' too
-        self._fd: int | None = None
-
-    def open(self) -> dict[tuple[str, str, str], dict]:
-        try:
-            for path in self.also:
-                if path.exists():
-                    self._read(path, path.read_text(encoding="utf-8"))
-            if self.path.exists():
-                self._mend_last_line()
-                self._read(self.path, self.path.read_text(encoding="utf-8"))
-            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        except OSError as err:
-            raise OSError(err.errno, err.strerror, str(self.path)) from None
-        except UnicodeDecodeError as err:
-            raise DataError(f"{self.path}: not UTF-8 text ({err})") from None
-        return dict(self.done)
-
-    def _read(self, path: Path, text: str) -> None:
-        for lineno, line in json_lines(text):
-            where = f"{path}:{lineno}"
-            try:
-                rec = checked_record(json.loads(line), where)
-            except json.JSONDecodeError as err:
-                raise DataError(f"{where}: not a pope-fast record ({err.msg}); `pope-fast repair "
-                                f"{path.parent}` drops such lines") from None
-            key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
-            self.recorded.add(key)
-            if "error" not in rec:
-                if key in self.done:
-                    raise DataError(duplicate_message(where, key, path.parent))
-                self.done[key] = rec
-
-    def _mend_last_line(self) -> None:
-        """Complete a last line that lacks its newline, or drop it when it is torn JSON."""
-        raw = self.path.read_bytes()
-        if not raw or raw.endswith(b"\n"):
-            return
-        tail = raw[raw.rfind(b"\n") + 1:]
-        try:
-            json.loads(tail)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            with open(self.path, "r+b") as f:
-                f.truncate(len(raw) - len(tail))
-            return
-        with open(self.path, "ab") as f:
-            f.write(b"\n")
-
-    def write(self, records: list[dict]) -> None:
-        if self._fd is None:
-            raise RuntimeError("RecordWriter.open() first")
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
-        start = os.fstat(self._fd).st_size
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view):]
-            os.fsync(self._fd)
-        except OSError as err:
-            os.ftruncate(self._fd, start)  # no torn line, no half batch: the rerun redoes it whole
-            raise OSError(err.errno, err.strerror, str(self.path)) from None
-        keys = [record_key(r["split"], r["question_id"], r.get("dataset", "")) for r in records]
-        self.recorded.update(keys)
-        self.done.update((k, r) for k, r in zip(keys, records) if "error" not in r)
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __enter__(self):
-        self.open()
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
 def duplicate_message(where: str, key: tuple[str, str, str], run_dir: Path) -> str:
     return (f"{where}: duplicate record for question {key[2]} of split {key[1]} (two runs wrote to this "
             f"folder); `pope-fast repair {run_dir}` keeps the last complete record of each question")
-
-
-class FolderBusy(ValueError):
-    """Another process holds a run folder's lock; the message names it."""
-
-
-class RunLock:
-    """An exclusive lock on a run folder (flock on its .lock file) for as long as one process writes
-    there: a second run into the same folder is refused at once, naming the holder. The kernel
-    drops the lock when the holder exits, however it exits, so a killed run never leaves it stale."""
-
-    def __init__(self, out_dir: str | Path):
-        self.dir = Path(out_dir)
-        self._fd: int | None = None
-
-    def __enter__(self) -> "RunLock":
-        path = self.dir / LOCK_FILE
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process that is starting"
-            os.close(fd)
-            raise FolderBusy(f"{self.dir}: another pope-fast run is writing here ({holder}); "
-                             "wait for it to finish or choose another --out") from None
-        self._fd = fd
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
-        except OSError as err:
-            self.__exit__()
-            raise OSError(err.errno, err.strerror, str(path)) from None
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # releases the flock
-            self._fd = None
-
-
-def repair_records(run_dir: str | Path) -> tuple[int, int]:
-    """Rewrite a run folder's records keeping, per question, the last complete record (else its last
-    error record), in first-seen order, and dropping lines that are not records; the caller holds the
-    folder's RunLock. Returns (records kept, lines dropped)."""
-    path = Path(run_dir) / RECORDS_FILE
-    if not path.is_file():
-        raise DataError(f"{path}: no such records file")
-    kept: dict[tuple[str, str, str], str] = {}
-    dropped = 0
-    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8")
-            rec = checked_record(json.loads(line), f"{path}:{lineno}")
-        except (UnicodeDecodeError, json.JSONDecodeError, DataError):
-            dropped += 1
-            continue
-        key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
-        if key in kept:
-            dropped += 1
-            if "error" in rec and "error" not in json.loads(kept[key]):
-                continue  # a complete record is never replaced by an error
-        kept[key] = line
-    atomic_write(path, "".join(line + "\n" for line in kept.values()))
-    return len(kept), dropped
-
-
-def order_records(run_dir: str | Path, order: dict[tuple[str, str, str], int]) -> bool:
-    """Put records.jsonl's lines in `order` (question key → position), rewriting the file only where it
-    is out of order; the lines of one question keep their order (an error record, then its retry), and
-    lines of questions `order` lacks (another split recorded here earlier) come first as they were.
-    Returns whether the file was rewritten."""
-    path = Path(run_dir) / RECORDS_FILE
-    lines = [line for _, line in json_lines(path.read_text(encoding="utf-8"))]
-    positions = []
-    for line in lines:
-        rec = json.loads(line)
-        positions.append(order.get(record_key(rec["split"], rec["question_id"], rec.get("dataset", "")), -1))
-    if all(a <= b for a, b in zip(positions, positions[1:])):
-        return False
-    ranked = sorted(range(len(lines)), key=positions.__getitem__)  # stable: a question's lines keep their order
-    atomic_write(path, "".join(lines[i] + "\n" for i in ranked))
-    return True
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write a whole file or leave the old one: a private temporary file, fsynced, then renamed over it."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as err:  # a full disk, say: name the file, not the temporary one
-        os.unlink(tmp)
-        raise OSError(err.errno, err.strerror, str(path)) from None
-    except BaseException:
-        os.unlink(tmp)
-        raise
 
 
 def read_meta(path: Path) -> dict:
@@ -328,24 +115,6 @@ def read_meta(path: Path) -> dict:
     except (KeyError, TypeError, ValueError, AttributeError):
         raise DataError(f"{path}: token_sets must map readouts to yes_ids and no_ids lists of ints") from None
     return meta
-
-
-def leaf_differences(a, b, first: str, second: str, width: int = 40, name: str = "") -> list[str]:
-    """'name: A-value {first}, B-value {second}' for every leaf where two nested dicts differ (their
-    dotted key paths, sorted), each value's repr cut to `width` characters."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        return [d for k in sorted(set(a) | set(b), key=str)
-                for d in leaf_differences(a.get(k), b.get(k), first, second, width, f"{name}.{k}" if name else str(k))]
-    if a == b:
-        return []
-    short = [text if len(text := repr(v)) <= width else text[:width - 3] + "..." for v in (a, b)]
-    return [f"{name}: {short[0]} {first}, {short[1]} {second}"]
-
-
-def write_meta(out_dir: str | Path, meta: dict) -> Path:
-    path = Path(out_dir) / META_FILE
-    atomic_write(path, json.dumps({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
-    return path
 
 
 @dataclass
@@ -429,46 +198,6 @@ def _logits(logits: dict | None, where: str) -> dict[int, float] | None:
         raise DataError(f"{where}: candidate_logits must map token ids to numbers") from None
 
 
-def _read_ugaa(path: Path, obj: dict) -> RecordSet:
-    results = obj["results"]
-    if not results:
-        raise DataError(f"{path}: a ugaa-research record file with no results")
-    summary = obj.get("summary") if isinstance(obj.get("summary"), dict) else {}
-    split = summary.get("split") or split_from_name(path)
-    for i, rec in enumerate(results):
-        if not isinstance(rec, dict):
-            raise DataError(f"{path} results[{i}]: expected a JSON object, got {type(rec).__name__}")
-    keys = set().union(*(r.keys() for r in results))
-    mapping = UGAA_CROSS_MODEL if "pred_legacy_2tok" in keys else UGAA_PAIRWISE
-    adapter = str(summary.get("model") or path.name.split("_pope_")[0])
-    whole = mapping is UGAA_CROSS_MODEL and adapter in UGAA_WHOLE_SEQUENCE
-    if whole:
-        mapping = {**mapping, "pred_string_parse": "string_parse_with_prompt"}
-    entries, seen = [], set()
-    for i, rec in enumerate(results, start=1):
-        where = f"{path} results[{i - 1}]"
-        for k in ("question_id", "label"):
-            if k not in rec:
-                raise DataError(f"{where}: missing key {k}")
-        if str(rec["question_id"]) in seen:
-            raise DataError(f"{where}: duplicate question_id {rec['question_id']!r}")
-        seen.add(str(rec["question_id"]))
-        if "error" in rec:  # a question whose generate failed: the paper's code drops it from every count
-            entries.append(Entry(key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
-                                 error=str(rec["error"])))
-            continue
-        entries.append(Entry(
-            key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
-            first_token_id=rec.get("top_token_id"),
-            decoded=None if whole else rec.get("decoded_response"),
-            decoded_sequence=rec.get("decoded_response") if whole else None,
-            stored={ours: _check_decision(str(rec[theirs]).lower(), where, theirs)
-                    for theirs, ours in mapping.items() if theirs in rec}))
-    meta = {"imported_from": "ugaa-research", "schema": "pairwise" if mapping is UGAA_PAIRWISE
-            else "cross_model", "whole_sequence": whole, "summary": summary}
-    return RecordSet(str(path), entries, {}, meta, prefer_stored=True)
-
-
 def read_records(path: str | Path) -> RecordSet:
     """Our records (a run folder or its records.jsonl) or a published ugaa-research file."""
     path = Path(path)
@@ -486,6 +215,8 @@ def read_records(path: str | Path) -> RecordSet:
         except json.JSONDecodeError:
             obj = None  # JSON lines: several objects
         if isinstance(obj, dict) and isinstance(obj.get("results"), list):
-            return _read_ugaa(path, obj)
+            from .ugaa import read_ugaa  # the importer builds on this module's Entry and RecordSet
+
+            return read_ugaa(path, obj)
         return _read_ours(path, text)
     raise DataError(f"{path}: neither pope-fast JSON-lines records nor a ugaa-research record file")

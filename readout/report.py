@@ -47,7 +47,8 @@ def format_runs(runs: list[dict], fmt: str = "table") -> str:
     render = _markdown if fmt == "markdown" else _aligned
     blocks = []
     for run in runs:
-        title = f"{run['source']} — {run['dataset'] + ' ' if run.get('dataset') else ''}split {run['split']}, n={run['n']}"
+        dataset = f"{run['dataset']} " if run.get("dataset") else ""
+        title = f"{run['source']} — {dataset}split {run['split']}, n={run['n']}"
         if run.get("errors"):
             title += f", {run['errors']} error records (left out of every metric)"
         parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run))]

@@ -11,7 +11,7 @@ from itertools import combinations
 
 from .attention import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
-from .protocols import FIRST_TOKEN, LOGIT, READOUTS, SEQUENCE, UNKNOWN
+from .protocols import READOUTS, UNKNOWN, Missing
 from .records import Entry, RecordSet
 
 
@@ -20,38 +20,19 @@ class Unavailable(Exception):
 
 
 def _decide(entry: Entry, name: str, records: RecordSet) -> str:
-    readout = READOUTS[name]
+    """A record's decision: UNKNOWN for an error record, an imported file's stored prediction where it
+    has one, else the readout computed from what the record holds (its stored prediction where the
+    record lacks that), else Unavailable saying why."""
     if entry.error is not None:
         return UNKNOWN
     if records.prefer_stored and name in entry.stored:
         return entry.stored[name]
-    sets = records.token_sets.get(name)
-    if readout.kind == LOGIT:
-        if sets is not None and entry.candidate_logits is not None:
-            missing = [i for i in sets.ids if i not in entry.candidate_logits]
-            if not missing:
-                return readout(sets, entry.candidate_logits, None, None)
-            if name not in entry.stored:
-                raise Unavailable(f"question {entry.key}: candidate logits lack ids {missing}")
-        elif name not in entry.stored:
-            raise Unavailable("no token sets (meta.json) or no candidate logits")
-    elif readout.kind == FIRST_TOKEN:
-        if sets is not None and entry.first_token_id is not None:
-            return readout(sets, None, entry.first_token_id, None)
-        if name not in entry.stored:
-            raise Unavailable("no template-aware token sets or no first token")
-    elif readout.kind == SEQUENCE:
-        if entry.decoded_sequence is not None:
-            return readout(None, None, None, entry.decoded_sequence)
-        if name not in entry.stored:
-            raise Unavailable("no decoded whole sequence (run with string_parse_with_prompt to record it)")
-    else:
-        text = entry.text_for(name)
-        if text is not None:
-            return readout(None, None, None, text)
-        if name not in entry.stored:
-            raise Unavailable("no decoded text (run with a string readout to generate it)")
-    return entry.stored[name]
+    try:
+        return READOUTS[name].read(records.token_sets.get(name), entry)
+    except Missing as why:
+        if name in entry.stored:
+            return entry.stored[name]
+        raise Unavailable(f"question {entry.key}: {why}") from None
 
 
 def question_order(entry: Entry) -> tuple:

@@ -6,7 +6,7 @@ import pytest
 import torch
 from tinymodels import QUESTIONS, edited_eager_attention, make_tiny_llava, synthetic_image, worst_difference
 
-from pope_fast.engine import (AttentionEdit, Engine, ImageAttentionAmplification, ImageAttentionTemperature,
+from pope_fast.engine import (AttentionEdit, Engine, ImageAttentionAmplification, ImageAttentionTemperature, ImagePrompts,
                               Intervention, PAIAttention, Settings)
 
 IMAGES = [synthetic_image(i + 61, size) for i, size in enumerate([(90, 40), (60, 60)])]
@@ -89,8 +89,8 @@ def test_edit_matches_transformers_with_the_same_edit(checkpoint, name, prefix_r
                                               probe="image-attention"), readouts="template_aware,legacy_2tok")
     prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
     oracle = _oracle(checkpoint, intervention, prompts)
-    plain = engine.run_images([(engine.features(image), prompts) for image in IMAGES])
-    edited = engine.run_images([(engine.features(image), prompts) for image in IMAGES], intervention)
+    plain = engine.run_images([ImagePrompts(engine.features(image), prompts) for image in IMAGES])
+    edited = engine.run_images([ImagePrompts(engine.features(image), prompts) for image in IMAGES], intervention)
     moved = 0.0
     for i in range(len(IMAGES)):
         for prompt, ours, before in zip(prompts, edited[i], plain[i]):
@@ -107,7 +107,7 @@ def test_edit_matches_transformers_with_the_same_edit(checkpoint, name, prefix_r
 def test_identity_edit_is_a_no_op_bit_for_bit(checkpoint):
     engine = Engine.load(checkpoint, Settings(batch_size=3, max_new_tokens=3), readouts="all")
     prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
-    items = [(engine.features(image), prompts) for image in IMAGES]
+    items = [ImagePrompts(engine.features(image), prompts) for image in IMAGES]
     plain = engine.run_images(items)
     for identity in (ImageAttentionAmplification(1.0, (0, 1)), ImageAttentionTemperature(1.0, (0, 1))):
         assert engine.run_images(items, identity) == plain
@@ -121,8 +121,8 @@ def test_masking_every_image_key_makes_the_answer_independent_of_the_image(check
     for reuse in (True, False):
         engine = Engine.load(checkpoint, Settings(prefix_reuse=reuse, max_new_tokens=3), readouts="all")
         prompts = [engine.prompt(q) for q in QUESTIONS[:2]]
-        first, second = (engine.run_images([(engine.features(image), prompts)], Blind())[0] for image in IMAGES)
-        seen = [engine.run_images([(engine.features(image), prompts)])[0] for image in IMAGES]
+        first, second = (engine.run_images([ImagePrompts(engine.features(image), prompts)], Blind())[0] for image in IMAGES)
+        seen = [engine.run_images([ImagePrompts(engine.features(image), prompts)])[0] for image in IMAGES]
         for a, b in zip(first, second):
             assert a.candidate_logits == pytest.approx(b.candidate_logits, abs=1e-5) and a.decoded == b.decoded
         # unmasked, the two images give different answers: the masking is what makes them equal

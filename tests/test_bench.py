@@ -46,7 +46,7 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
 
     from pope_fast.engine import Engine, Settings
     from pope_fast.engine.models.mplug_owl2 import MplugOwl2Model
-    from pope_fast.engine.core import Counts
+    from pope_fast.engine import Counts
 
     once = Counts(images_encoded=1, vision_tokens=577, prompts=3, prefix_tokens=12, suffix_tokens=9)
     twice = Counts(*(2 * v for v in astuple(once)))

@@ -3,7 +3,7 @@ string_parse_with_prompt parses the decoded whole sequence, as the paper's Instr
 import json
 
 from pope_fast.readout import read_records, score_records
-from pope_fast.readout.continuation import all_finished, cut, generation_plan, whole_sequence
+from pope_fast.readout.continuation import all_finished, cut, generation_plan
 from pope_fast.readout.protocols import READOUTS, Generation, exact_match, pope_official, string_parse
 
 # A SentencePiece-like vocabulary: '▁' is a space, the first leading space is dropped, 0 ends the sequence.
@@ -63,11 +63,19 @@ def test_whole_sequence_parse_on_an_instructblip_prompt(shared):
     only' comes first, so string_parse of it is yes whatever the model said."""
     from pope_fast.readout import load_tokenizer
 
+    from pope_fast.readout import get_template
+    from pope_fast.readout.planning import ReadoutPlan
+
     tokenizer = load_tokenizer(shared / "tokenizers/llama2/vicuna-7b-v1.5")
     prompt = "Question: Is there a dog in the image? Answer yes or no only. Answer:"
     new = tokenizer("No", add_special_tokens=False)["input_ids"]
-    sequence = whole_sequence(tokenizer, prompt, new)
+    plan = ReadoutPlan.make(tokenizer, get_template("instructblip"), "string_parse,string_parse_with_prompt",
+                            vocab_size=len(tokenizer), max_new_tokens=None, positions=4096)
+    decode = lambda ids: tokenizer.decode(ids, skip_special_tokens=True)  # noqa: E731
+    texts = plan.texts(new + [tokenizer.eos_token_id], {tokenizer.eos_token_id}, decode, tokenizer(prompt)["input_ids"])
+    sequence = texts["decoded_sequence"]
     assert sequence == "Question: Is there a dog in the image? Answer yes or no only. Answer: No"
+    assert texts["texts"]["string_parse"] == "No"
     assert READOUTS["string_parse_with_prompt"](None, None, None, sequence) == "yes"
     assert READOUTS["string_parse"](None, None, None, tokenizer.decode(new, skip_special_tokens=True)) == "no"
 

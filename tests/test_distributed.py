@@ -15,14 +15,14 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pope_fast.engine.distributed import (FAIL_ENV, RankError, RecordCount, Shard, assign_steps, fold_parts,
-                                          image_steps, part_name)
-from pope_fast.engine.pope import canonical_order
+from pope_fast.distributed import RankError, Shard, assign_steps, image_steps
 from pope_fast.engine.models.llava import LlavaModel
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 from pope_fast.engine.vision_cache import VisionCache
 from pope_fast.readout import Question, RunLock, make_record
-from pope_fast.readout.records import order_records
+from pope_fast.progress import RecordCount
+from pope_fast.readout.store import fold_parts, order_records, part_name
+from pope_fast.sweep import canonical_order
 
 
 def _engine(image_batch: int):
@@ -227,12 +227,40 @@ def job(tmp_path_factory):
     return job
 
 
-def _run(job, ranks: int, out: Path, **env) -> subprocess.CompletedProcess:
-    """pope-fast eval into `out`: under torchrun with `ranks` processes, or (0) as one plain process.
-    Every process computes on one thread, as torchrun sets it for several."""
+# pope-fast's command with a fault injected from outside: rank FAULT_RANK's records writer raises (or, with
+# FAULT_HOW=kill, the rank SIGKILLs itself) right after it writes its first image step's records.
+FAULTY = """
+import os, signal
+from pope_fast.cli import main
+from pope_fast.readout import store
+
+write = store.RecordWriter.write
+
+def faulty(self, records):
+    write(self, records)
+    if self.path.name == store.part_name(int(os.environ["FAULT_RANK"])):
+        if os.environ.get("FAULT_HOW") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected: stopped after writing {len(records)} records")
+
+store.RecordWriter.write = faulty
+main(prog_name="pope-fast")
+"""
+
+
+def _run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subprocess.CompletedProcess:
+    """pope-fast eval into `out`: under torchrun with `ranks` processes, or (0) as one plain process;
+    fault "R" or "R:kill" injects FAULTY's fault into rank R. Every process computes on one thread, as
+    torchrun sets it for several."""
     launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] \
         if ranks else [sys.executable]
-    return _launch([*launch, "-m", "pope_fast", *job.args, "--out", str(out)], job.root, **env)
+    command = ["-m", "pope_fast"]
+    if fault is not None:
+        script = job.root / "faulty.py"
+        script.write_text(FAULTY)
+        rank, _, how = fault.partition(":")
+        command, env = [str(script)], {**env, "FAULT_RANK": rank, "FAULT_HOW": how}
+    return _launch([*launch, *command, *job.args, "--out", str(out)], job.root, **env)
 
 
 def _launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
@@ -281,9 +309,9 @@ def test_two_ranks_give_a_single_process_run_byte_for_byte_and_bench_each_rank(j
 @pytest.mark.slow
 def test_a_rank_that_fails_stops_the_job_and_any_number_of_ranks_resumes_it(job):
     out = job.root / "stopped"
-    result = _run(job, 2, out, **{FAIL_ENV: "1"})
+    result = _run(job, 2, out, fault="1")
     assert result.returncode != 0
-    assert f"Error: rank 1 of 2: RuntimeError: test hook {FAIL_ENV}=1" in result.stderr
+    assert "Error: rank 1 of 2: RuntimeError: injected: stopped after writing" in result.stderr
     parts = {p.name: [json.loads(line) for line in p.read_text().splitlines()] for p in out.glob("records.rank*")}
     assert sorted(parts) == [part_name(0), part_name(1)] and all(parts.values())
     images = {name: {r["image"] for r in recs} for name, recs in parts.items()}
@@ -329,7 +357,7 @@ def test_a_rank_killed_outright_stops_the_job_and_one_process_resumes_it(job):
     (rank 0 may report the rank missing at its barrier first, or be stopped before it gets there), and a
     plain process finishes the run exactly."""
     out = job.root / "killed"
-    result = _run(job, 2, out, **{FAIL_ENV: "1:kill"})
+    result = _run(job, 2, out, fault="1:kill")
     assert result.returncode != 0
     assert "Signal 9 (SIGKILL)" in result.stderr and "rank      : 1 (local_rank: 1)" in result.stderr
     resumed = _run(job, 0, out)

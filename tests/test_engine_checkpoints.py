@@ -33,7 +33,7 @@ def test_sharded_checkpoint_with_builtin_tokenizer_matches_transformers(sharded)
     model = LlavaForConditionalGeneration.from_pretrained(str(sharded), dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(sharded))
     engine = Engine.load(sharded, Settings(batch_size=3, max_new_tokens=6), readouts="all")
-    assert sorted(engine.model.tokenizer.convert_ids_to_tokens(engine.token_sets["template_aware"].yes_ids)) == ["Yes", "yes"]
+    assert sorted(engine.model.tokenizer.convert_ids_to_tokens(engine.readout.token_sets["template_aware"].yes_ids)) == ["Yes", "yes"]
     for image in IMAGES:
         for answer in engine.score(image, QUESTIONS):
             inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")

@@ -6,7 +6,8 @@ import torch
 from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_instructblip,
                         synthetic_image, worst_difference, write_pope_set)
 
-from pope_fast.engine import Engine, Settings, run_pope
+from pope_fast.engine import Engine, ImagePrompts, Settings
+from pope_fast.sweep import run_pope
 from pope_fast.readout import load_questions
 
 IMAGES = [synthetic_image(i + 31, size) for i, size in enumerate([(90, 40), (40, 90), (60, 60)])]
@@ -52,13 +53,13 @@ def test_the_question_reaches_the_image_tokens(checkpoint):
     """The Q-Former reads the prompt: one image's 4 query features differ from question to question."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     features = engine.features(IMAGES[0])
-    a, b = engine.model.prompt_features([(features, [engine.prompt(q) for q in QUESTIONS[:2]])])[0]
+    a, b = engine.model.prompt_features([ImagePrompts(features, [engine.prompt(q) for q in QUESTIONS[:2]])])[0]
     assert a.shape == b.shape == (4, engine.model.lm.dims.hidden_size) and not torch.allclose(a, b)
 
 
 def test_images_and_questions_in_one_batch(checkpoint, oracle):
     engine = Engine.load(checkpoint, Settings(batch_size=7, max_new_tokens=6), readouts="all")
-    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:4]]) for image in IMAGES]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:4]]) for image in IMAGES]
     for i, answers in enumerate(engine.run_images(items)):
         for q, answer in zip(QUESTIONS[:4], answers):
             first, candidates = answer.first_token_id, answer.candidate_logits

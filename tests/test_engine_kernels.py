@@ -37,9 +37,9 @@ def test_triton_kernels_agree_with_references(checkpoint, settings, tol):
 def test_fixed_ids_outside_a_small_vocabulary(checkpoint):
     """The legacy readouts' fixed ids (3582, 1217, ...) are not rows of a 160-row model."""
     engine = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all")   # all: every readout this model has
-    assert "legacy_2tok" not in engine.token_sets and "template_aware" in engine.token_sets
-    assert "legacy_2tok" not in engine.readouts and "string_parse" in engine.readouts
-    assert max(engine.candidate_ids) < engine.model.lm.dims.vocab_size
+    assert "legacy_2tok" not in engine.readout.token_sets and "template_aware" in engine.readout.token_sets
+    assert "legacy_2tok" not in engine.readout.names and "string_parse" in engine.readout.names
+    assert max(engine.readout.candidate_ids) < engine.model.lm.dims.vocab_size
     with pytest.raises(ValueError, match=r"readout legacy_2tok: ids \[1217, 3582\] are outside this model's vocabulary"):
         Engine.load(checkpoint, Settings(), readouts="legacy_2tok,template_aware")
 

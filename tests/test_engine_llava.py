@@ -9,7 +9,8 @@ from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, make_tiny_llava, synt
                         write_pope_set)
 
 from pope_fast.cli import main
-from pope_fast.engine import Engine, Intervention, Settings, run_pope
+from pope_fast.engine import Engine, ImagePrompts, Intervention, Settings
+from pope_fast.sweep import run_pope
 from pope_fast.readout import READOUTS, load_questions
 
 IMAGES = [synthetic_image(i, size) for i, size in enumerate([(90, 70), (42, 42), (50, 120)])]
@@ -76,7 +77,7 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
     engine = Engine.load(checkpoint, Settings(batch_size=batch_size, max_new_tokens=4), readouts="template_aware,string_parse")
     features = [engine.features(image) for image in IMAGES]
     prompts = [engine.prompt(q) for q in QUESTIONS]
-    outputs = engine.run_images([(f, prompts) for f in features])
+    outputs = engine.run_images([ImagePrompts(f, prompts) for f in features])
     ids = engine.model.prompt_ids(prompts[0], features[0].shape[0])
     prefix_length = max(k for k, t in enumerate(ids) if t == engine.model.image_token_id) + 1
     assert engine.counts.prefix_tokens == len(IMAGES) * prefix_length   # each image's prefix once
@@ -108,7 +109,7 @@ def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkp
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
     engine = Engine.load(checkpoint, Settings(batch_size=2), readouts="string_parse,exact_match")
-    assert engine.new_tokens == 128   # the loop runs to the longest
+    assert engine.readout.new_tokens == 128   # the loop runs to the longest
     model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     tokenizer = processor.tokenizer
@@ -129,7 +130,7 @@ def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkp
 def test_decisions_follow_the_logits(checkpoint):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all")
     for answer in engine.score(IMAGES[0], QUESTIONS):
-        sets = engine.token_sets["template_aware"]
+        sets = engine.readout.token_sets["template_aware"]
         best_yes = max(answer.candidate_logits[i] for i in sets.yes_ids)
         best_no = max(answer.candidate_logits[i] for i in sets.no_ids)
         assert answer.predictions["template_aware"] == ("yes" if best_yes > best_no else "no")
@@ -166,11 +167,11 @@ def test_warmup_leaves_no_trace(checkpoint, tmp_path):
 def test_intervention_hook(checkpoint):
     engine = Engine.load(checkpoint, Settings(batch_size=8), readouts="template_aware")
     plain = engine.score(IMAGES[1], QUESTIONS)
-    shift = _Shift(engine.token_sets["template_aware"].yes_ids, 100.0)
+    shift = _Shift(engine.readout.token_sets["template_aware"].yes_ids, 100.0)
     shifted = engine.score(IMAGES[1], QUESTIONS, intervention=shift)
     assert all(a.predictions["template_aware"] == "yes" for a in shifted)
     for a, b in zip(plain, shifted):
-        for i in engine.token_sets["template_aware"].yes_ids:
+        for i in engine.readout.token_sets["template_aware"].yes_ids:
             assert b.candidate_logits[i] == pytest.approx(a.candidate_logits[i] + 100.0, abs=1e-4)
     # prefix hooks run once per image for layers 0..L-2; suffix hooks once per batch for every layer
     assert [(l, p) for l, p, _ in shift.layers] == [(0, "prefix"), (0, "suffix"), (1, "suffix")]
@@ -217,7 +218,7 @@ def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
     assert {r["split"] for r in summary["runs"]} == {"random", "adversarial"}
     assert (tmp_path / "out/summary.md").read_text().startswith("### ")
     meta = json.loads((tmp_path / "out/meta.json").read_text())
-    assert meta["token_sets"]["template_aware"] == engine.token_sets["template_aware"].to_json()
+    assert meta["token_sets"]["template_aware"] == engine.readout.token_sets["template_aware"].to_json()
     assert "transformers" in meta["tokenizer"]["library_versions"]
 
 

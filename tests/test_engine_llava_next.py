@@ -7,7 +7,7 @@ import torch
 from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_llava_next,
                         synthetic_image, worst_difference)
 
-from pope_fast.engine import Engine, Settings
+from pope_fast.engine import Engine, ImagePrompts, Settings
 
 # (width, height): wide (unpad rows), tall (unpad columns), square, very wide (a 1 x 3 grid), tiny
 SIZES = [(90, 40), (40, 90), (60, 60), (120, 30), (20, 18)]
@@ -57,8 +57,8 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
 def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
     """A batch whose images have different prefix lengths, and whose question rows span images."""
     engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=6), readouts="all")
-    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
-    assert len({f.shape[0] for f, _ in items}) >= 3
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    assert len({item.features.shape[0] for item in items}) >= 3
     for i, answers in enumerate(engine.run_images(items)):
         for q, answer in zip(QUESTIONS[:3], answers):
             first, candidates, text = answer.first_token_id, answer.candidate_logits, answer.decoded

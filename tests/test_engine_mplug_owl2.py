@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from tinymodels import generated_text, worst_difference
 
 from pope_fast.cli import main
-from pope_fast.engine import Engine, Settings
+from pope_fast.engine import Engine, ImagePrompts, Settings
 from pope_fast.engine.layers import Rotary, make_linear
 from pope_fast.engine.attention import causal_attention
 from pope_fast.engine.llama import DecoderLayer
@@ -109,7 +109,8 @@ def test_engine_equals_upstream(fixture, prefix_reuse, batch_size):
                                                        max_new_tokens=8), readouts="all")
     assert engine.template.name == "mplug_owl2"
     names = list(dict.fromkeys(c["image"] for c in cases))
-    items = [(engine.features(root / "images" / n), [c["prompt"] for c in cases if c["image"] == n]) for n in names]
+    items = [ImagePrompts(engine.features(root / "images" / n), [c["prompt"] for c in cases if c["image"] == n])
+             for n in names]
     results = [r for per_image in engine.run_images(items) for r in per_image]
     by_prompt = [c for n in names for c in cases if c["image"] == n]
     before = by_prompt[0]["input_ids"].index(IMAGE_TOKEN_INDEX)  # one prefix per image: its text, then 65 slots
@@ -120,7 +121,7 @@ def test_engine_equals_upstream(fixture, prefix_reuse, batch_size):
         assert worst <= 1e-4, f"question {case['question_id']}: id {at} off by {worst:.2e}"
         assert result.first_token_id == case["argmax"]
         assert result.decoded == generated_text(engine, case["greedy_ids"])
-    assert set(engine.candidate_ids) >= {3582, 8241, 4874, 3869, 1217, 3782, 694, 1939}
+    assert set(engine.readout.candidate_ids) >= {3582, 8241, 4874, 3869, 1217, 3782, 694, 1939}
 
 
 def test_eval_cli_on_the_fixture(fixture, tmp_path):
@@ -295,6 +296,6 @@ def test_nf4_decisions_equal_the_engine_on_the_dequantized_weights(fixture, tmp_
     decisions = []
     for folder, settings in ((root / "checkpoint", Settings(quant="nf4", dtype="fp16")), (copy, Settings())):
         engine = Engine.load(folder, settings, readouts=",".join(LOGIT_READOUTS))
-        items = [(engine.features(root / "images" / n), ps) for n, ps in prompts.items()]
+        items = [ImagePrompts(engine.features(root / "images" / n), ps) for n, ps in prompts.items()]
         decisions.append([(r.first_token_id, engine.decide(r)) for rs in engine.run_images(items) for r in rs])
     assert len(decisions[0]) == len(cases) and decisions[0] == decisions[1]

@@ -7,7 +7,7 @@ import torch
 from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_qwen2_vl,
                         synthetic_image, worst_difference)
 
-from pope_fast.engine import Engine, Settings
+from pope_fast.engine import Engine, ImagePrompts, Settings
 
 # Merged token grids 2 x 3 and 3 x 2 (six tokens each: one prefix length, two position layouts),
 # 2 x 2, and 1 x 7 (the text after it moves on by 7, its token count; the others by their longer side).
@@ -70,8 +70,8 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
 def test_same_length_prefixes_with_different_grids_share_a_batch(checkpoint, oracle):
     """2 x 3 and 3 x 2 grids: one prefix length, different M-RoPE positions, one prefill."""
     engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=6), readouts="all")
-    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
-    assert items[0][0].shape[:2] == (2, 3) and items[1][0].shape[:2] == (3, 2)
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    assert items[0].features.shape[:2] == (2, 3) and items[1].features.shape[:2] == (3, 2)
     for i, answers in enumerate(engine.run_images(items)):
         for q, answer in zip(QUESTIONS[:3], answers):
             first, candidates = answer.first_token_id, answer.candidate_logits

@@ -82,7 +82,7 @@ def _oracle(checkpoint, model_class, make_inputs):
     inputs_of = make_inputs(checkpoint)
     out = {}
     for i, image in enumerate(IMAGES):
-        key = engine.prepare([image])[0][0]
+        key = engine.prepare([image])[0].key
         for q in QUESTIONS[:3]:
             inputs = inputs_of(image, engine.prompt(q))
             image_slots = inputs["input_ids"][0] == plain.config.image_token_id
@@ -198,7 +198,7 @@ def _lines(folder):
 def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path):
     from tinymodels import write_pope_set
 
-    from pope_fast.engine import run_paired, run_pope
+    from pope_fast.sweep import run_paired, run_pope
     from pope_fast.readout import load_questions
 
     images, files = write_pope_set(tmp_path / "pope")
@@ -224,8 +224,8 @@ def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path)
     assert [dict(r, source=None) for r in results[0].runs] == [dict(r, source=None) for r in plain.runs]
     meta = json.loads((tmp_path / "paired/vcd/meta.json").read_text())
     assert meta["method"]["name"] == "vcd" and meta["method"]["settings"]["noise_step"] == 500
-    assert meta["readouts"] == [n for n in engine.readouts if n != "string_parse"]  # no text readout for a contrast
-    assert "string_parse" in engine.readouts
+    assert meta["readouts"] == [n for n in engine.readout.names if n != "string_parse"]  # no text readout for a contrast
+    assert "string_parse" in engine.readout.names
     def strict(constant):
         raise ValueError(f"{constant} is not JSON")
 

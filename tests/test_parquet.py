@@ -12,7 +12,8 @@ from click.testing import CliRunner
 from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
 
 from pope_fast.cli import main
-from pope_fast.engine import Engine, ImageError, Settings, run_pope
+from pope_fast.engine import Engine, ImageError, Settings
+from pope_fast.sweep import run_pope
 from pope_fast.readout import DataError, load_question_sources
 
 SPLITS = ("adversarial", "popular", "random")

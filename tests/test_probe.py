@@ -8,7 +8,7 @@ import torch
 from tinymodels import (QUESTIONS, make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl,
                         synthetic_image)
 
-from pope_fast.engine import Engine, Settings
+from pope_fast.engine import Engine, ImagePrompts, Settings
 
 IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate([(90, 40), (60, 60)])]
 MAKERS = {"llava": make_tiny_llava, "llava_next": make_tiny_llava_next, "instructblip": make_tiny_instructblip,
@@ -64,7 +64,7 @@ def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_re
     family, checkpoint, oracle = family_oracle
     engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
                                               batch_size=batch_size), readouts="template_aware")
-    items = [(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
     for i, results in enumerate(engine.run_images(items)):
         for q, result in zip(QUESTIONS[:3], results):
             ours = torch.tensor(result.probe["image_attention_heads"])
@@ -77,7 +77,7 @@ def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_re
 
 
 def test_probe_reaches_the_records(tmp_path):
-    from pope_fast.engine import run_pope
+    from pope_fast.sweep import run_pope
     from tinymodels import write_pope_set
 
     from pope_fast.readout import load_questions
@@ -98,7 +98,7 @@ def test_probe_reaches_the_records(tmp_path):
 
 
 def test_heads_reach_the_records_on_request(tmp_path):
-    from pope_fast.engine import run_pope
+    from pope_fast.sweep import run_pope
     from tinymodels import write_pope_set
 
     from pope_fast.readout import load_questions

@@ -169,15 +169,15 @@ def assert_matches_nf4_oracle(engine, answer, theirs: torch.Tensor) -> None:
     from pope_fast.readout import LOGIT_READOUTS
     from pope_fast.readout.protocols import compare_max_logits
 
-    ids = engine.candidate_ids
+    ids = list(engine.readout.candidate_ids)
     ours = torch.tensor([answer.candidate_logits[i] for i in ids])
     step = float(torch.finfo(torch.float16).eps) * max(1.0, float(theirs[ids].abs().max()))
     diff = (ours - theirs[ids]).abs()
     assert float(diff.max()) <= 4 * step, f"{answer.question}: id {ids[int(diff.argmax())]} off by {diff.max()}"
     assert answer.first_token_id == int(theirs.argmax())
     for name in LOGIT_READOUTS:
-        logits = {i: float(theirs[i]) for i in engine.token_sets[name].ids}
-        assert answer.predictions[name] == compare_max_logits(logits, engine.token_sets[name]), (name, answer.question)
+        logits = {i: float(theirs[i]) for i in engine.readout.token_sets[name].ids}
+        assert answer.predictions[name] == compare_max_logits(logits, engine.readout.token_sets[name]), (name, answer.question)
 
 
 def edited_eager_attention(edit_scores):

@@ -124,16 +124,16 @@ class InstructBlipModel(Family):
         return list(self.vision(pixel_values=batch).last_hidden_state)
 
     @torch.inference_mode()
-    def prompt_features(self, items: list[tuple[torch.Tensor, list[str]]]) -> list[list[torch.Tensor]]:
+    def prompt_features(self, items: list) -> list[list[torch.Tensor]]:
         """(ViT output, prompts) per image → per image, per prompt, the 32 projected query outputs
         [32, hidden] that stand in the prompt's image tokens; every prompt of every image in one
         Q-Former batch."""
-        prompts = [p for _, ps in items for p in ps]
+        prompts = [p for item in items for p in item.prompts]
         if not prompts:
             return [[] for _ in items]
         device = self.settings.torch_device
         text = self.qformer_tokenizer(prompts, padding=True, return_tensors="pt").to(device)
-        image = torch.stack([f for f, ps in items for _ in ps])
+        image = torch.stack([item.features for item in items for _ in item.prompts])
         queries = self.query_tokens.expand(len(prompts), -1, -1)  # fp32, as transformers passes them
         mask = torch.cat([torch.ones(queries.shape[:2], dtype=text["attention_mask"].dtype, device=device),
                           text["attention_mask"]], dim=1)
@@ -143,7 +143,7 @@ class InstructBlipModel(Family):
         query_output = out.last_hidden_state[:, : self.num_queries].to(self.settings.torch_dtype)
         features = list(self.projector(query_output))
         grouped, at = [], 0
-        for _, ps in items:
+        for ps in (item.prompts for item in items):
             grouped.append(features[at:at + len(ps)])
             at += len(ps)
         return grouped

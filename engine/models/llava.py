@@ -22,7 +22,8 @@ from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
+from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for,
+                         with_vocab)
 from .base import Family
 
 # checkpoint name → our name; first match wins.
@@ -137,8 +138,7 @@ class LlavaModel(Family):
     def preprocess_settings(self) -> dict:
         """What decides the pixels, for the vision cache key."""
         # to_dict() names the PIL and torchvision backends alike; their pixels differ, so the class counts.
-        # Images with alpha reach the processor as they are (it composites them over white); older
-        # cache entries were made from a plain convert("RGB").
+        # Images with alpha reach the processor as they are (it composites them over white).
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
                 "image_aspect": self.settings.image_aspect, "alpha": "over white"}
 

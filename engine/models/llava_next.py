@@ -125,16 +125,19 @@ class LlavaNextModel(LlavaModel):
         tok = tokenizer_for(folder, tokenizer_dir)
         pinpoints = dims.get("pinpoints", ANYRES_PINPOINTS)
         config = LlavaNextConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
-                                 text_config=MistralConfig(**with_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2),
+                                 text_config=MistralConfig(**with_vocab(dims["text"], tok), bos_token_id=1,
+                                                           eos_token_id=2),
                                  image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
                                  image_grid_pinpoints=pinpoints, **dims.get("config", {}))
         size = dims["vision"]["image_size"]
         processor = LlavaNextProcessor(
-            image_processor=LlavaNextImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size},
+            image_processor=LlavaNextImageProcessor(size={"shortest_edge": size},
+                                                    crop_size={"height": size, "width": size},
                                                     image_grid_pinpoints=pinpoints),
             tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
             num_additional_image_tokens=1)
-        return save_checkpoint(folder, config, LlavaNextForConditionalGeneration, processor, weights or Weights(**stream))
+        return save_checkpoint(folder, config, LlavaNextForConditionalGeneration, processor,
+                               weights or Weights(**stream))
 
 
 def _unpad(grid: torch.Tensor, height: int, width: int) -> torch.Tensor:

@@ -27,7 +27,8 @@ from ..loader import CheckpointError, load_grouped, read_config
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, sized, tokenizer_for, with_vocab, write_tensors
+from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, sized, tokenizer_for, with_vocab,
+                         write_tensors)
 from .base import Family
 from .mplug_owl2_nets import (ACTIVATIONS, AbstractorDims, MultiwayDecoderLayer, VisionDims, VisionTower,
                               VisualAbstractor, config_dims, lm_expected_shapes)

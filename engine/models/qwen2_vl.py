@@ -191,7 +191,8 @@ class Qwen2VLModel(Family):
         if tok is None or tok.convert_tokens_to_ids(IMAGE_PAD) in (None, tok.unk_token_id):
             tok = builtin_qwen2_tokenizer(folder)
         special = {t: tok.convert_tokens_to_ids(t) for t in (IMAGE_PAD, "<|vision_start|>", "<|vision_end|>")}
-        text = dict(with_vocab(dims["text"], tok), bos_token_id=None, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
+        text = dict(with_vocab(dims["text"], tok), bos_token_id=None,
+                    eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
         config = Qwen2VLConfig(text_config=text, vision_config=dict(dims["vision"], patch_size=14, spatial_merge_size=2,
                                                                    temporal_patch_size=2, in_channels=3),
                                image_token_id=special[IMAGE_PAD], vision_start_token_id=special["<|vision_start|>"],

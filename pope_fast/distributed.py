@@ -28,10 +28,8 @@ seconds, default 3600: the end barrier waits for the slowest rank's shard); the 
 from __future__ import annotations
 
 import heapq
-import json
 import os
-import re
-import signal
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -41,22 +39,15 @@ import torch.distributed as dist
 from PIL import Image
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
-from ..readout import DataError, Question, RecordWriter
-from ..readout.records import RECORDS_FILE, checked_record, json_lines
+from .readout import DataError, Question, RecordWriter
+from .readout.records import RECORDS_FILE
+from .readout.store import fold_parts, part_name
 
-PART = re.compile(r"records\.rank(\d+)\.jsonl")
 TIMEOUT_ENV = "POPE_FAST_DIST_TIMEOUT"
-# Test hook: "R" (or "R:kill") makes rank R raise (or SIGKILL itself) right after it writes its first
-# image step's records, so tests can stop one rank mid-run.
-FAIL_ENV = "POPE_FAST_TEST_FAIL_RANK"
 
 
 class RankError(ValueError):
     """A step failed on some rank; raised on every rank, naming the first that failed."""
-
-
-def part_name(rank: int) -> str:
-    return f"records.rank{rank}.jsonl"
 
 
 @dataclass
@@ -146,7 +137,7 @@ class Shard:
 
     def writer(self, out_dir: Path) -> RecordWriter:
         """This rank's part, with records.jsonl read as recorded."""
-        return PartWriter(out_dir, part_name(self.rank), also=(RECORDS_FILE,), rank=self.rank)
+        return RecordWriter(out_dir, part_name(self.rank), also=(RECORDS_FILE,))
 
     def merge(self, out_dir: Path, counts: tuple[int, int]) -> tuple[int, int]:
         """The end barrier (naming the ranks that never arrive), then rank 0 folds every part into
@@ -162,20 +153,30 @@ class Shard:
         return total
 
 
-class PartWriter(RecordWriter):
-    """A rank's RecordWriter; it carries the FAIL_ENV test hook."""
+def join_job(device: str) -> Shard | None:
+    """This process's Shard, joined to its torchrun job, or None outside torchrun; ValueError naming why
+    it cannot join."""
+    try:
+        shard = Shard.from_env()
+        if shard is not None:
+            shard.join(device)
+    except (ValueError, RuntimeError) as err:
+        raise ValueError(f"torchrun: cannot join the job ({err})") from None
+    return shard
 
-    def __init__(self, out_dir, name, also, rank: int):
-        super().__init__(out_dir, name, also)
-        self.rank = rank
 
-    def write(self, records: list[dict]) -> None:
-        super().write(records)
-        hook = os.environ.get(FAIL_ENV, "")
-        if hook.split(":")[0] == str(self.rank):
-            if hook.endswith(":kill"):
-                os.kill(os.getpid(), signal.SIGKILL)
-            raise RuntimeError(f"test hook {FAIL_ENV}={hook}: stopped after writing {len(records)} records")
+@contextmanager
+def every_rank(shard: Shard | None):
+    """A step every rank takes: if it fails on any rank, every rank stops naming the first that failed."""
+    if shard is None:
+        yield
+        return
+    try:
+        yield
+    except Exception as err:
+        shard.agree(err)
+        raise
+    shard.agree(None)
 
 
 def image_costs(questions: list[Question], engine) -> dict[str, int]:
@@ -216,67 +217,3 @@ def assign_steps(costs: list[float], world_size: int) -> list[int]:
     return owner
 
 
-def fold_parts(out_dir: str | Path) -> int:
-    """Append every complete record of the rank parts in out_dir to its records.jsonl, then remove the
-    parts; a line already there (a fold that stopped before removing its parts) is not added twice, and
-    a torn last line of a part (a rank killed mid-write) is dropped. Returns the records added."""
-    out_dir = Path(out_dir)
-    parts = sorted((p for p in out_dir.glob("records.rank*.jsonl") if PART.fullmatch(p.name)),
-                   key=lambda p: int(PART.fullmatch(p.name).group(1)))
-    if not parts:
-        return 0
-    added = 0
-    with RecordWriter(out_dir) as writer:  # mends a torn last line of records.jsonl, refuses duplicates
-        have = set(line for _, line in json_lines(writer.path.read_text(encoding="utf-8")))
-        for part in parts:
-            new = [rec for line, rec in _part_records(part) if line not in have]
-            writer.write(new)
-            have.update(json.dumps(r, ensure_ascii=False) for r in new)
-            added += len(new)
-    for part in parts:
-        part.unlink()
-    return added
-
-
-def _part_records(path: Path) -> list[tuple[str, dict]]:
-    """(line, record) of each complete line of a part."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
-    out = []
-    lines = list(json_lines(text))
-    for i, (lineno, line) in enumerate(lines):
-        try:
-            out.append((line, checked_record(json.loads(line), f"{path}:{lineno}")))
-        except json.JSONDecodeError as err:
-            if i == len(lines) - 1 and not text.endswith("\n"):
-                break  # torn by a kill mid-write: never a whole record
-            raise DataError(f"{path}:{lineno}: not a pope-fast record ({err.msg})") from None
-    return out
-
-
-class RecordCount:
-    """Record lines in a run folder, records.jsonl and the rank parts together, read incrementally (a
-    file replaced or shortened is counted again): rank 0's progress for the whole job."""
-
-    def __init__(self, out_dir: str | Path):
-        self.dir = Path(out_dir)
-        self._seen: dict[Path, tuple[int, int, int]] = {}  # path → (inode, bytes read, newlines in them)
-
-    def __call__(self) -> int:
-        total = 0
-        for path in [self.dir / RECORDS_FILE, *self.dir.glob("records.rank*.jsonl")]:
-            try:
-                with open(path, "rb") as f:
-                    inode, size = os.fstat(f.fileno()).st_ino, os.fstat(f.fileno()).st_size
-                    seen_inode, offset, lines = self._seen.get(path, (inode, 0, 0))
-                    if seen_inode != inode or size < offset:
-                        offset, lines = 0, 0
-                    f.seek(offset)
-                    data = f.read()
-            except FileNotFoundError:  # a part folded and removed meanwhile
-                continue
-            self._seen[path] = (inode, offset + len(data), lines + data.count(b"\n"))
-            total += lines + data.count(b"\n")
-        return total

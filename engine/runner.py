@@ -1,0 +1,115 @@
+"""The one-step prefill: a call's prompts (their features and text) → rows with their layouts → the
+batching plan (`plan.make_plan`) → each stage's distinct prefixes prefilled once, then its suffix
+batches against them → candidate logits and the argmax at each answer position → (only for text
+readouts) a greedy continuation → one PromptResult per prompt.
+
+The Runner holds what every batch needs (the model, settings and readout plan) and counts the work it
+does; the Engine above it decides what to run (images, methods, passes)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from ..readout.planning import ReadoutPlan
+from .attention import PrefixKV
+from .interventions import Intervention
+from .models import Family
+from .plan import PrefixGroup, PromptLayout, PromptResult, Row, Stage, SuffixBatch, TokenBatch, make_plan
+from .settings import Settings
+from .stats import Clock, Counts, Timings
+
+
+@dataclass(frozen=True)
+class ImagePrompts:
+    """One image's features (what its family's encode_images gave) and the prompts asked of it."""
+
+    features: torch.Tensor
+    prompts: list[str]
+
+
+class Runner:
+    def __init__(self, model: Family, settings: Settings, readout: ReadoutPlan):
+        self.model, self.settings, self.readout = model, settings, readout
+        self.timings, self.counts = Timings(), Counts()
+        self._decode = partial(model.tokenizer.decode, skip_special_tokens=True)
+        # the length alone ends a continuation, unless a readout's text ends at its first sentence
+        self._finished = partial(readout.finished, stop_ids=model.stop_ids, decode=self._decode) \
+            if readout.first_sentence else None
+
+    def rows(self, items: list[ImagePrompts]) -> list[Row]:
+        """One Row per (image, prompt): its layout and the features its image slots take (InstructBLIP's
+        come from a Q-Former that reads the prompt, run here for every prompt in one batch)."""
+        model = self.model
+        if model.features_per_prompt:
+            with Clock(self.timings, "image_encode", self.settings.torch_device):
+                per_prompt = model.prompt_features(items)
+        else:
+            per_prompt = [[item.features] * len(item.prompts) for item in items]
+        return [Row(i, j, self._checked(model.layout(prompt, f)), f)
+                for i, (item, features) in enumerate(zip(items, per_prompt))
+                for j, (prompt, f) in enumerate(zip(item.prompts, features))]
+
+    def plan(self, rows: list[Row], prefix_reuse: bool | None = None) -> list[Stage]:
+        reuse = self.settings.prefix_reuse if prefix_reuse is None else prefix_reuse
+        return make_plan(rows, self.settings.batch_size, reuse)
+
+    def _checked(self, layout: PromptLayout) -> PromptLayout:
+        window = self.model.lm.dims.sliding_window
+        longest = len(layout) + (self._steps(len(layout)) - 1 if self.readout.generates else 0)
+        if window is not None and longest > window:  # shorter sequences attend exactly as without one
+            raise NotImplementedError(f"a {longest}-token sequence exceeds the model's sliding window of "
+                                      f"{window} tokens, which the engine does not implement")
+        return layout
+
+    def _steps(self, prompt_length: int) -> int:
+        """Greedy tokens a prompt of this length may take: the longest a readout asks, within the model's positions."""
+        return max(1, min(self.readout.new_tokens, self.model.lm.dims.max_positions - prompt_length))
+
+    def _tokens(self, rows: list[Row], start: int, end: int | None) -> TokenBatch:
+        return TokenBatch.of(rows, start, end, self.settings.torch_device,
+                             mrope=self.model.lm.dims.mrope_section is not None)
+
+    def prefill_prefix(self, group: PrefixGroup, intervention: Intervention | None) -> PrefixKV:
+        with Clock(self.timings, "prefix_prefill", self.settings.torch_device):
+            prefix = self.model.lm.prefill_prefix(self._tokens(group.rows, 0, group.length), intervention)
+        self.counts.prefix_tokens += group.length * len(group.rows)
+        return prefix
+
+    def run_batch(self, prefix: PrefixKV | None, batch: SuffixBatch, intervention: Intervention | None, *,
+                  vocab: bool = False, decode: bool = True) -> list[PromptResult]:
+        """One suffix batch: prefill, the answer position's candidate logits and argmax (with vocab, the
+        whole vocabulary's logits too), and the greedy continuation when a text readout asks for one."""
+        lm, device, ids = self.model.lm, self.settings.torch_device, list(self.readout.candidate_ids)
+        with Clock(self.timings, "question_prefill", device):
+            tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
+            out = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, self.settings.probe != "none")
+            logits, first = lm.answer(out.last_hidden, ids)
+            everything = lm.vocab_logits(out.last_hidden) if vocab else None
+            if intervention is not None:
+                adjusted = intervention.logits(logits, ids)
+                logits = logits if adjusted is None else adjusted
+        self.counts.prompts += len(batch.rows)
+        self.counts.suffix_tokens += int(tokens.lengths.sum())
+        texts = [{}] * len(batch.rows)
+        if self.readout.generates and decode:
+            texts = self._continue(prefix, batch, out.kv, first, intervention)
+        probes = [None] * len(batch.rows) if out.image_attention is None else \
+            [{"image_attention": layers, "image_attention_heads": heads}  # per layer: heads averaged, and each head
+             for layers, heads in zip(out.image_attention.mean(dim=-1).tolist(), out.image_attention.tolist())]
+        rows = [None] * len(batch.rows) if everything is None else list(everything)
+        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
+                for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
+
+    def _continue(self, prefix, batch: SuffixBatch, kv, first: torch.Tensor, intervention) -> list[dict]:
+        """The batch's greedy continuation, and what each row's gives its text readouts."""
+        steps = self._steps(max(len(row.layout) for row in batch.rows))
+        with Clock(self.timings, "decode", self.settings.torch_device):
+            generated = self.model.lm.decode(prefix, batch.slots, kv, first, steps, self.model.stop_ids,
+                                             intervention, self._finished)
+        self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
+        # the prompt's own ids: image slots are special tokens, skipped when decoded anyway
+        return [self.readout.texts(tokens, self.model.stop_ids, self._decode,
+                                   [t for t in row.layout.ids if t != row.layout.image_token_id])
+                for row, tokens in zip(batch.rows, generated.tolist())]

@@ -1,0 +1,157 @@
+"""`pope-fast eval` as one call: the options of a sweep (`EvalJob`) → the engine loaded, the folder locked,
+the questions read (or the demo's written), the sweep run (under torchrun, this rank's share), and for a
+paired run the comparison of its methods (`EvalOutcome`). It prints nothing: the command line shows
+progress through the `progress` it is given, and the outcome."""
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager, nullcontext
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager
+
+from .demo import demo_inputs
+from .distributed import Shard, every_rank
+from .engine import Engine, Settings, Timings, parse_method
+from .progress import watched
+from .readout import (READOUTS, RunLock, compare_runs, find_question_files, format_compare, format_runs,
+                      load_question_sources)
+from .readout.protocols import GENERATING
+from .readout.store import atomic_write
+from .sweep import SweepResult, run_paired, run_pope
+
+# A progress display for `total` questions: entered, it gives the callable that hears of more done.
+ProgressFactory = Callable[[int, bool], ContextManager[Callable[[int], None]]]
+
+
+@dataclass
+class EvalJob:
+    out_dir: Path
+    model_dir: Path | None = None  # None: the built-in demo
+    question_sources: tuple[str, ...] = ()
+    images_dir: Path | None = None
+    demo_questions: int = 60
+    split: str | None = None
+    dataset: str | None = None
+    template: str | None = None
+    readouts: str = "all"
+    methods: tuple[str, ...] = ()  # NAME[:k=v,...]; more than none: a paired run, each into OUT/NAME/
+    cache_dir: Path | None = None
+    skip_bad: bool = False
+    settings: dict = field(default_factory=dict)  # Settings fields, the device among them
+
+    @classmethod
+    def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
+                     no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, **settings
+                     ) -> "EvalJob":
+        """The job of `pope-fast eval`'s options (every other option is a Settings field)."""
+        def path(p):
+            return None if p is None else Path(p)
+
+        return cls(Path(out_dir), path(model_dir), tuple(question_files), path(images_dir), demo_questions, split,
+                   dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
+                   {**settings, "prefix_reuse": not no_prefix_reuse})
+
+
+@dataclass
+class EvalOutcome:
+    out_dir: Path
+    results: list[SweepResult]  # one per method folder (one for a plain run)
+    timings: Timings
+    paired: bool
+    comparison: str | None  # the methods compared with the first, markdown (OUT/compare.json beside it)
+    world_size: int | None  # under torchrun: the ranks of the job
+
+    def summary(self) -> str:
+        """What the command line prints at the end of a sweep."""
+        first = self.results[0]
+        lines = [f"resumed: {first.recorded_before} of {first.questions} questions were already recorded"] \
+            if first.recorded_before else []
+        ranks = f" on {self.world_size} ranks" if self.world_size else ""
+        lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions{ranks}; "
+                     f"{first.error_records} error records; phases (s): {self.timings.to_json()}"
+                     + (" (rank 0)" if self.world_size else ""))
+        for result in self.results:
+            lines += [f"\n{result.out_dir.name}:"] if self.paired else []
+            lines.append(format_runs(result.runs, "table"))
+        lines += [f"\n{self.comparison}"] if self.comparison is not None else []
+        lines.append(f"records, meta and summaries in {self.out_dir}" + ("/<method>/" if self.paired else ""))
+        return "\n".join(lines)
+
+
+def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None = None,
+             notice: Callable[[str], None] = lambda _: None) -> EvalOutcome | None:
+    """The sweep `job` describes (under torchrun, `shard` is this process's place in the job, joined);
+    None on torchrun ranks other than 0 (rank 0 reports for the job)."""
+    if job.model_dir is not None and not job.question_sources:
+        raise ValueError("with --model, give --questions (and --images unless the questions embed them)")
+    device = job.settings["device"]
+    progress = progress or no_progress
+    settings = Settings(**{**job.settings, "device": shard.device(device) if shard else device,
+                           # the demo's random model never ends a sentence: it reads 6 tokens
+                           "max_new_tokens": job.settings.get("max_new_tokens") or (6 if job.model_dir is None
+                                                                                     else None)})
+    methods = [parse_method(spec) for spec in job.methods]
+    _check_method_readouts(methods, job.readouts)
+    lead = shard is None or shard.lead
+    with ExitStack() as stack:
+        lock, engine, questions, images_dir = _setup(job, settings, shard, stack, notice)
+        # every method records each question once: the first method's folder counts the job's progress
+        counted = job.out_dir / methods[0].name if methods else job.out_dir
+        update = stack.enter_context(progress(len(questions), lead))
+        stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
+        run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard)
+        if methods:
+            results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
+        else:
+            results = [run_pope(engine, questions, images_dir, job.out_dir, **run)]
+        comparison = _comparison(job.out_dir, results) if len(methods) > 1 and lead else None
+    if shard is not None:
+        shard.leave()
+    return EvalOutcome(job.out_dir, results, engine.timings, bool(methods), comparison,
+                       shard.world_size if shard else None) if lead else None
+
+
+def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitStack, notice):
+    """The folder's lock (rank 0's), the engine loaded and warmed up, the questions and their images:
+    each a step every rank takes, so a failure on one stops all, naming it."""
+    lead = shard is None or shard.lead
+    with every_rank(shard):  # rank 0 locks the folder before the load and writes the demo's inputs
+        lock = stack.enter_context(RunLock(job.out_dir)) if lead else None  # a second run here is refused at once
+        if job.split and sum(len(find_question_files(s)) for s in job.question_sources) > 1:
+            raise ValueError("--split names the split of a single question file")
+        questions = load_question_sources(job.question_sources, job.split, job.dataset)
+        if job.model_dir is None and lead:
+            demo_inputs(job.out_dir, questions, job.images_dir, job.demo_questions, job.split, notice)
+    with every_rank(shard):
+        model_dir, images_dir = job.model_dir, job.images_dir
+        if model_dir is None:
+            model_dir, questions, images_dir = demo_inputs(job.out_dir, questions, images_dir, job.demo_questions,
+                                                           job.split, notice)
+        elif images_dir is None and any(q.image_data is None for q in questions):
+            raise ValueError("the question files name image files: give --images (parquet files embed their images)")
+        engine = Engine.load(model_dir, settings, template=job.template, readouts=job.readouts,
+                             cache_dir=job.cache_dir)
+        engine.warmup()
+    return lock, engine, questions, images_dir
+
+
+def _check_method_readouts(methods, readouts: str) -> None:
+    """A contrastive method reads the answer position only: refuse text readouts asked for by name."""
+    contrastive = [m.name for m in methods if m.contrastive]
+    named = [] if readouts.strip() == "all" else [n.strip() for n in readouts.split(",")]
+    text = [n for n in named if n in READOUTS and READOUTS[n].kind in GENERATING]
+    if contrastive and text:
+        raise ValueError(f"--readouts {','.join(text)}: method {contrastive[0]} combines logits at the answer "
+                         "position, so its runs take logit and first-token readouts only")
+
+
+def _comparison(out: Path, results: list[SweepResult]) -> str:
+    """OUT/compare.json: every method against the first (`pope-fast compare`), and its markdown."""
+    result = compare_runs([str(r.out_dir) for r in results])
+    atomic_write(out / "compare.json", format_compare(result, "json") + "\n")
+    return format_compare(result, "markdown")
+
+
+@contextmanager
+def no_progress(total: int, lead: bool):
+    yield lambda n: None

@@ -1,0 +1,50 @@
+"""Images ahead of the model: file reads, decoding and the processor are CPU work that releases the GIL,
+so worker threads run them image by image while the model works, a model step of images at a time."""
+from __future__ import annotations
+
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Iterator
+
+from .engine import Engine, ImageError, read_image
+from .engine.core import Prepared
+from .engine.images import embedded_path
+from .readout import Question
+
+
+def embedded_images(questions: list[Question]) -> dict[str, bytes]:
+    """Image name → the bytes the questions embed; a name cannot be both embedded and a file."""
+    embedded = {q.image: q.image_data for q in questions if q.image_data is not None}
+    named = {q.image for q in questions if q.image_data is None} & set(embedded)
+    if named:
+        raise ValueError(f"image {sorted(named)[0]} is embedded in one question file and a file name in another; "
+                         "evaluate the two sources in separate runs")
+    return embedded
+
+
+def prepared_steps(engine: Engine, images_dir: Path | None, names: list[str], workers: int,
+                   embedded: dict[str, bytes]) -> Iterator[list[tuple[str, Prepared | ImageError]]]:
+    """(image name, the image prepared or the ImageError that stopped it) per image, `image_batch` images
+    at a time, in order; `workers` threads run ahead of the model by at most one step plus one image
+    per worker, so memory stays bounded. Whole steps, not a ramp of 1, 2, 4, ... images that would start
+    the model sooner: the small first steps cost more than the wait (bench/RESULTS.md)."""
+    def prepare(name):
+        data = embedded.get(name)
+        path = images_dir / name if data is None else embedded_path(name)
+        try:
+            return engine.prepare([read_image(path, verify=False, data=data)])[0]
+        except ImageError as err:  # missing since the check, passed it but not the decoder, refused by the model
+            return err if str(err).startswith(str(path)) else ImageError(f"{path}: {err}")
+        except Exception as err:  # a preprocessing failure is not the file's fault: stop, naming it
+            raise ValueError(f"{path}: preprocessing failed ({err!r})") from err
+
+    step = engine.settings.image_batch
+    pending: deque = deque()
+    queue = iter(names)
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for start in range(0, len(names), step):
+            size = min(step, len(names) - start)
+            while len(pending) < size + step + workers and (name := next(queue, None)) is not None:
+                pending.append((name, pool.submit(prepare, name)))
+            yield [(name, future.result()) for name, future in (pending.popleft() for _ in range(size))]

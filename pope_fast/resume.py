@@ -1,0 +1,98 @@
+"""What a resumed run must prove before it adds records to a folder: that the folder holds this run's
+records (the same checkpoint bytes, method, template, token sets, settings and tokenizer), that each
+recorded question is this question (its image name, label and text), asked of the same image bytes,
+and that no record of this run's splits comes from another question file."""
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from .engine.images import embedded_path
+from .readout import META_FILE, Question, RecordWriter
+from .readout.compare import leaf_differences
+from .readout.records import record_key
+
+# Settings that only change how work is batched, never a value; any other difference between the
+# run on disk and this one (dtype, quantization, image aspect, kernels, continuation length, ...)
+# would mix two runs' records in one folder.
+BATCHING_ONLY = ("batch_size", "image_batch")
+
+
+def _resume_fingerprint(meta: dict) -> dict:
+    """What must be equal for two runs' records to share a folder: the checkpoint's files by content
+    (not its path), the template, token sets, settings and tokenizer."""
+    settings = {k: v for k, v in meta.get("settings", {}).items() if k not in BATCHING_ONLY}
+    tokenizer = {k: meta.get("tokenizer", {}).get(k) for k in ("class", "vocab_size")}
+    model = meta.get("model") or {}
+    method = meta.get("method") or {}  # absent before paired runs: the model as it is
+    return {"model": {"family": model.get("family"), "files": model.get("files") or {}},
+            "method": {"name": method.get("name", "none"), "settings": method.get("settings") or {}},
+            "template": meta.get("template"), "token_sets": meta.get("token_sets"), "settings": settings,
+            "tokenizer": tokenizer, "generation": meta.get("generation") or {}}
+
+
+def check_resumable(out_dir: Path, old: dict, meta: dict) -> None:
+    """Refuse to add this run's records to a folder that holds another run's, naming what differs."""
+    if not old:
+        return
+    diffs = leaf_differences(_resume_fingerprint(old), _resume_fingerprint(meta), "recorded", "now")
+    if diffs:
+        more = f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else ""
+        raise ValueError(f"{out_dir / META_FILE}: this folder holds records of a different run "
+                         f"({'; '.join(diffs[:4])}{more}); choose a new --out")
+
+
+def check_done(writer: RecordWriter, questions: list[Question], images_dir: Path | None, embedded: dict[str, bytes],
+                workers: int) -> None:
+    """A recorded question must be this question, asked of these bytes: the same image name, label
+    and text (another question file under the same split name, or an edited one, would otherwise be
+    taken as done), and its image (a file, or the bytes a parquet row embeds) must still be the bytes
+    it was answered from."""
+    _check_strays(writer, questions)
+    keys = {q: record_key(q.split, q.key, q.dataset) for q in questions}
+    recorded = [(q, writer.done[keys[q]]) for q in questions if keys[q] in writer.done]
+    for q, rec in recorded:
+        where = f"{writer.path}: question {q.question_id} of split {q.split}"
+        if "text" not in rec or "image_sha256" not in rec:
+            raise ValueError(f"{where} was recorded without its question text or image hash (an older "
+                             "pope-fast), so resuming cannot prove it is this question; choose a new --out")
+        for field, now in (("image", q.image), ("label", q.label), ("text", q.text)):
+            if rec.get(field) != now:
+                raise ValueError(f"{where} was recorded with {field} {rec.get(field)!r}, but the question file "
+                                 f"has {now!r}; choose a new --out")
+    names = list(dict.fromkeys(q.image for q, _ in recorded))
+
+    def digest(name):
+        if name in embedded:
+            return hashlib.sha256(embedded[name]).hexdigest()
+        return _image_sha256(images_dir / name) if images_dir is not None else None
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        digests = dict(zip(names, pool.map(digest, names)))
+    for q, rec in recorded:
+        if digests[q.image] != rec["image_sha256"]:
+            now = "missing now" if digests[q.image] is None else f"sha256 {digests[q.image][:12]} now"
+            source = embedded_path(q.image) if q.image in embedded else (images_dir or Path(".")) / q.image
+            raise ValueError(f"{source}: question {q.question_id} of split {q.split} was answered "
+                             f"from other bytes (sha256 {rec['image_sha256'][:12]} recorded, {now}); "
+                             "choose a new --out")
+
+
+def _check_strays(writer: RecordWriter, questions: list[Question]) -> None:
+    """Records of this run's splits that its question files lack would be counted in their summaries
+    (another question file under the same split name): refused."""
+    asked = {record_key(q.split, q.key, q.dataset) for q in questions}
+    splits = {(q.dataset, q.split) for q in questions}
+    strays = sorted(k for k in writer.recorded if k[:2] in splits and k not in asked)
+    if strays:
+        raise ValueError(f"{writer.path}: question {strays[0][2]} of split {strays[0][1]} is recorded here but "
+                         f"not in this run's question file ({len(strays)} such); choose a new --out, or --split "
+                         "for another name")
+
+
+def _image_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None

@@ -1,0 +1,284 @@
+"""A POPE sweep: questions from any number of split files → records, meta and summaries in run folders.
+
+One sweep records one or more methods on the same questions, each into its own run folder (a plain run
+is the baseline alone, into the folder given; `run_paired` puts each method into OUT/<method>/), all
+sharing the vision features and every pass they have in common (Engine.run_methods). Identical
+(image, prompt) pairs are evaluated once and recorded in every split that asks them (COCO's 3 × 3,000
+questions are ~5,127 prompts). Records are appended image step by image step; a run that stops resumes
+from them, skipping every question already recorded, once it has proven that the folder holds this
+run's records (`resume`). One process writes a folder at a time (RunLock); under torchrun each rank
+writes its own part of every folder and rank 0 folds them (`distributed`).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from contextlib import ExitStack, nullcontext
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from .distributed import Shard
+from .engine import Engine, ImageError, check_images
+from .engine.methods import METHODS, Method
+from .prefetch import embedded_images, prepared_steps
+from .readout import META_FILE, Question, RecordWriter, RunLock, format_runs, make_record, read_meta, read_records
+from .readout import score_records, write_meta
+from .readout.records import record_key
+from .readout.store import atomic_write, fold_parts, order_records
+from .resume import check_done, check_resumable
+
+Progress = Callable[[int], None]  # told how many more questions are recorded
+
+
+@dataclass
+class SweepResult:
+    out_dir: Path
+    questions: int  # in the question files
+    recorded_before: int  # already on disk when this run started (resumed)
+    evaluated_prompts: int  # unique (image, prompt) pairs run by this call
+    error_records: int
+    runs: list[dict]
+
+
+@dataclass(frozen=True)
+class RunFolder:
+    """Where one method's records of a sweep go."""
+
+    path: Path
+    method: Method
+
+
+def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
+             skip_bad: bool = False, progress: Progress | None = None, workers: int | None = None,
+             lock: RunLock | None = None, shard: Shard | None = None) -> SweepResult:
+    """Evaluate every question not yet recorded in out_dir with the model as it is; returns the scored
+    runs. `workers` threads (default: one per CPU core, at most 8) check, read, decode and preprocess
+    images ahead of the model. Images embedded in the questions (parquet) are read from there, the
+    others from images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it
+    (`lock`). Under torchrun (`shard`) this rank runs its share of the images and rank 0, the one that
+    holds the lock, merges the ranks' records; only rank 0's result holds the scored runs."""
+    folder = RunFolder(Path(out_dir), METHODS["none"]())
+    return run_sweep(engine, questions, images_dir, Path(out_dir), [folder], skip_bad=skip_bad, progress=progress,
+                     workers=workers, lock=lock, shard=shard)[0]
+
+
+def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path,
+               methods: list[Method], *, skip_bad: bool = False, progress: Progress | None = None,
+               workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None
+               ) -> list[SweepResult]:
+    """A paired run: every method on the same questions, images and settings in one sweep, each into its
+    own ordinary run folder out_dir/<method name>/ (resumable as any run). `progress` counts questions
+    once, not once per method. Under torchrun as run_pope, every method's share of an image on the same
+    rank."""
+    names = [m.name for m in methods]
+    if len(set(names)) != len(names):
+        raise ValueError(f"method {next(n for n in names if names.count(n) > 1)} is given twice; one run folder "
+                         "each: name each method once")
+    folders = [RunFolder(Path(out_dir) / m.name, m) for m in methods]
+    return run_sweep(engine, questions, images_dir, Path(out_dir), folders, skip_bad=skip_bad, progress=progress,
+                     workers=workers, lock=lock, shard=shard)
+
+
+def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: Path,
+              folders: list[RunFolder], *, skip_bad: bool = False, progress: Progress | None = None,
+              workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None
+              ) -> list[SweepResult]:
+    """The sweep of run_pope and run_paired: every folder's method on the questions, out_dir locked."""
+    for f in folders:  # settings that do not fit this model are refused before any folder is touched
+        f.method.passes(engine.model.lm.dims.num_layers)
+    seen = set()
+    for q in questions:
+        key = record_key(q.split, q.key, q.dataset)
+        if key in seen:
+            raise ValueError(f"question {q.question_id} appears twice in split {q.split}"
+                             + (f" of {q.dataset}" if q.dataset else ""))
+        seen.add(key)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions), skip_bad,
+                   progress, workers or default_workers(), shard)
+    # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
+    with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
+        return sweep.run(questions, folders)
+
+
+def default_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+
+
+@dataclass
+class _Sink:
+    """One run folder of a sweep: its method, its writer, and the questions it still lacks."""
+
+    folder: Path
+    method: Method
+    writer: RecordWriter
+    questions: list[Question]
+    todo: set[tuple[str, str, str]]  # record keys not yet recorded
+    readouts: list[str]  # what its summaries score (a contrastive method's: the answer position's readouts)
+
+
+@dataclass
+class _Sweep:
+    engine: Engine
+    images_dir: Path | None
+    embedded: dict[str, bytes]
+    skip_bad: bool
+    progress: Progress | None
+    workers: int
+    shard: Shard | None
+    evaluated: int = 0
+    errors: int = 0
+
+    def run(self, questions: list[Question], folders: list[RunFolder]) -> list[SweepResult]:
+        with ExitStack() as stack:
+            sinks = [self._open(f, questions, stack) for f in folders]
+            # Every question some folder lacks, in question order (as the first folder names it: a resumed
+            # pre-dataset plain run drops the dataset name, and is the only folder of its sweep).
+            todo = [q for i, q in enumerate(sinks[0].questions)
+                    if any(record_key(s.questions[i].split, s.questions[i].key, s.questions[i].dataset) in s.todo
+                           for s in sinks)]
+            before = len(questions) - len(todo)
+            self._tell(before)
+            self._evaluate(self._usable(todo, sinks), sinks)
+        return [self._finish(sink, len(questions), before) for sink in sinks]
+
+    def _tell(self, n: int) -> None:
+        if self.progress and n:
+            self.progress(n)
+
+    def _open(self, run: RunFolder, questions: list[Question], stack: ExitStack) -> _Sink:
+        """The folder's writer (under torchrun, this rank's part) once it is proven to hold this run's
+        records (or none), its meta written."""
+        folder, engine, shard = run.path, self.engine, self.shard
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = engine.meta(run.method)
+        check_resumable(folder, read_meta(folder / META_FILE), meta)
+        if shard is None:
+            fold_parts(folder)  # records a torchrun job left in rank parts count as recorded
+        else:
+            shard.begin(folder)
+        writer = stack.enter_context(RecordWriter(folder) if shard is None else shard.writer(folder))
+        if writer.done and not any(dataset for dataset, _, _ in writer.done):
+            # A folder begun before records named their dataset goes on without it, as the one run it is.
+            questions = [replace(q, dataset="") for q in questions]
+        check_done(writer, questions, self.images_dir, self.embedded, self.workers)
+        if shard is None or shard.lead:
+            write_meta(folder, meta)
+        todo = {record_key(q.split, q.key, q.dataset) for q in questions} - set(writer.done)
+        return _Sink(folder, run.method, writer, questions, todo, meta["readouts"])
+
+    def _usable(self, todo: list[Question], sinks: list[_Sink]) -> list[Question]:
+        """The questions this process evaluates, once every image they name is proven usable (or, with
+        skip_bad, the unusable ones' questions are error records); under torchrun, this rank's share."""
+        problems = check_images(self.images_dir, [q.image for q in todo], self.workers, self.embedded)
+        if problems and not self.skip_bad:
+            listed = "; ".join(list(problems.values())[:5])
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
+                             "fix them or pass --skip-bad to record them as errors")
+        if self.shard is not None:  # this rank's whole image steps; the same images for every method
+            todo = self.shard.select(todo, self.engine, problems)
+        errors = [q for q in todo if q.image in problems]
+        self._write(sinks, [(q, {"error": problems[q.image]}) for q in errors])
+        self.errors += len(errors)
+        self._tell(len(errors))
+        return [q for q in todo if q.image not in problems]
+
+    def _evaluate(self, todo: list[Question], sinks: list[_Sink]) -> None:
+        """Every image's questions, a model step of images at a time, recorded as each step ends."""
+        engine = self.engine
+        by_image: dict[str, dict[str, list[Question]]] = {}  # image → prompt → the questions (any split) asking it
+        for q in todo:
+            by_image.setdefault(q.image, {}).setdefault(engine.prompt(q.text), []).append(q)
+        methods = [s.method for s in sinks]
+        for step in prepared_steps(engine, self.images_dir, list(by_image), self.workers, self.embedded):
+            # A file that passed the up-front check can still fail to decode (a PNG's chunks pass their
+            # CRCs, its compressed data does not) or be refused by the model (Qwen2-VL: an aspect ratio
+            # over 200): an error record under skip_bad, else the run stops.
+            failed = []
+            for name, failure in [(n, p) for n, p in step if isinstance(p, ImageError)]:
+                if not self.skip_bad:
+                    raise failure
+                failed += [(q, {"error": str(failure)}) for qs in by_image[name].values() for q in qs]
+            self.errors += len(failed)
+            step = [(n, p) for n, p in step if not isinstance(p, ImageError)]
+            answered = _answer(engine, step, by_image, methods) if step else []
+            self.evaluated += sum(len(by_image[name]) for name, _ in step)
+            self._write(sinks, failed + answered)
+            self._tell(len(failed) + len(answered))
+
+    def _write(self, sinks: list[_Sink], answered: list[tuple[Question, dict]]) -> None:
+        """Each sink's records of the questions it lacks: error fields go to every sink, answers to the
+        sink of their method."""
+        for sink in sinks:
+            records = [make_record(q, self.engine.template.name,
+                                   **(fields if "error" in fields else fields[sink.method.name]))
+                       for q, fields in answered if record_key(q.split, q.key, q.dataset) in sink.todo]
+            if records:
+                sink.writer.write(records)
+
+    def _finish(self, sink: _Sink, questions: int, before: int) -> SweepResult:
+        """The folder's records in their canonical order and its summaries (under torchrun after the end
+        barrier, on rank 0, once it has folded every rank's part in)."""
+        counts = (self.evaluated, self.errors)
+        if self.shard is not None:
+            counts = self.shard.merge(sink.folder, counts)
+            if not self.shard.lead:
+                return SweepResult(sink.folder, questions, before, *counts, [])
+        order_records(sink.folder, canonical_order(sink.questions, self.engine.prompt))
+        return SweepResult(sink.folder, questions, before, *counts, write_summaries(sink.folder, sink.readouts))
+
+
+def canonical_order(questions: list[Question], prompt: Callable[[str], str]) -> dict[tuple[str, str, str], int]:
+    """Question key → its place in records.jsonl, whatever the batching, ranks or resumes: image by image
+    as first asked, each image's prompts as first asked, then the questions asking a prompt in order (the
+    order an uninterrupted single process writes, error records aside)."""
+    by_image: dict[str, dict[str, list[Question]]] = {}
+    for q in questions:
+        by_image.setdefault(q.image, {}).setdefault(prompt(q.text), []).append(q)
+    keys = [record_key(q.split, q.key, q.dataset) for prompts in by_image.values() for qs in prompts.values()
+            for q in qs]
+    return {key: i for i, key in enumerate(keys)}
+
+
+def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, dict[str, list[Question]]],
+            methods: list[Method]) -> list[tuple[Question, dict]]:
+    """(question, record fields per method name) for every question of these images."""
+    group = [name for name, _ in step]
+    digests = {name: hashlib.sha256(prepared.image.data).hexdigest() for name, prepared in step}
+    texts = [list(by_image[name]) for name in group]
+    # the question text of each prompt: the methods render their own prompts from it
+    asked = [[by_image[name][text][0].text for text in image_texts] for name, image_texts in zip(group, texts)]
+    per_method = engine.run_methods([p for _, p in step], asked, methods)
+    out = []
+    for i, (name, image_texts) in enumerate(zip(group, texts)):
+        for j, text in enumerate(image_texts):
+            fields = {m: _fields(engine, results[i][j], digests[name]) for m, results in per_method.items()}
+            out += [(q, fields) for q in by_image[name][text]]
+    return out
+
+
+def _fields(engine: Engine, result, digest: str) -> dict:
+    return dict(first_token_id=result.first_token_id, candidate_logits=result.candidate_logits,
+                decoded=result.decoded, texts=result.texts, decoded_sequence=result.decoded_sequence,
+                predictions=engine.decide(result), probe=_recorded(result.probe, engine.settings.probe),
+                image_sha256=digest)
+
+
+def _recorded(probe: dict | None, setting: str) -> dict | None:
+    """What a record keeps of a probe: one float per layer, and with image-attention:heads every head
+    ([layers][heads]); the API's results always hold both."""
+    if probe is None:
+        return None
+    keep = ("image_attention", "image_attention_heads") if setting.endswith(":heads") else ("image_attention",)
+    return {k: probe[k] for k in keep}
+
+
+def write_summaries(out_dir: Path, readouts: list[str]) -> list[dict]:
+    """summary.json (the shape of `pope-fast score --format json`) and summary.md, from the records."""
+    runs = score_records(read_records(out_dir), readouts)
+    atomic_write(out_dir / "summary.json", json.dumps({"runs": runs}, indent=2) + "\n")
+    atomic_write(out_dir / "summary.md", format_runs(runs, "markdown") + "\n")
+    return runs

@@ -1,0 +1,267 @@
+"""The run folder: where a run's records and meta go as it runs. One writer appends whole batches and
+mends what a crash leaves; one lock keeps a second run out; repair keeps one record per question;
+records are put in their canonical order; torchrun ranks write parts that are folded in; every
+rewrite (meta.json, summaries, a repaired or reordered records file) is atomic."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import re
+import socket
+import tempfile
+from pathlib import Path
+
+from .data import DataError
+from .records import META_FILE, RECORDS_FILE, checked_record, duplicate_message, json_lines, record_key
+
+LOCK_FILE = ".lock"
+FORMAT = "pope-fast/records-v1"
+PART = re.compile(r"records\.rank(\d+)\.jsonl")
+
+
+class RecordWriter:
+    """Appends records batch by batch; a run that stops resumes from what is on disk.
+
+    Each batch is one append, fsynced; a batch that fails part way (a full disk) is cut off again
+    before the error is raised, and after a crash at most the last line is torn: `open` drops a torn
+    last line (it was never complete, so nothing recorded is lost) and returns the questions already
+    done: (split, question_id) → their record. Error records do not count as done: a rerun retries
+    them, and the new record supersedes the error. Two complete records of one question (two
+    writers of old) are refused, naming `repair_records`.
+    """
+
+    def __init__(self, out_dir: str | Path, name: str = RECORDS_FILE, also: tuple[str, ...] = ()):
+        self.path = Path(out_dir) / name
+        # files of the same run read as recorded but never written (a torchrun rank writes its own part
+        # and reads the merged records.jsonl)
+        self.also = [Path(out_dir) / n for n in also]
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.done: dict[tuple[str, str, str], dict] = {}
+        self.recorded: set[tuple[str, str, str]] = set()  # every record's key, error records' too
+        self._fd: int | None = None
+
+    def open(self) -> dict[tuple[str, str, str], dict]:
+        try:
+            for path in self.also:
+                if path.exists():
+                    self._read(path, path.read_text(encoding="utf-8"))
+            if self.path.exists():
+                self._mend_last_line()
+                self._read(self.path, self.path.read_text(encoding="utf-8"))
+            self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as err:
+            raise OSError(err.errno, err.strerror, str(self.path)) from None
+        except UnicodeDecodeError as err:
+            raise DataError(f"{self.path}: not UTF-8 text ({err})") from None
+        return dict(self.done)
+
+    def _read(self, path: Path, text: str) -> None:
+        for lineno, line in json_lines(text):
+            where = f"{path}:{lineno}"
+            try:
+                rec = checked_record(json.loads(line), where)
+            except json.JSONDecodeError as err:
+                raise DataError(f"{where}: not a pope-fast record ({err.msg}); `pope-fast repair "
+                                f"{path.parent}` drops such lines") from None
+            key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
+            self.recorded.add(key)
+            if "error" not in rec:
+                if key in self.done:
+                    raise DataError(duplicate_message(where, key, path.parent))
+                self.done[key] = rec
+
+    def _mend_last_line(self) -> None:
+        """Complete a last line that lacks its newline, or drop it when it is torn JSON."""
+        raw = self.path.read_bytes()
+        if not raw or raw.endswith(b"\n"):
+            return
+        tail = raw[raw.rfind(b"\n") + 1:]
+        try:
+            json.loads(tail)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            with open(self.path, "r+b") as f:
+                f.truncate(len(raw) - len(tail))
+            return
+        with open(self.path, "ab") as f:
+            f.write(b"\n")
+
+    def write(self, records: list[dict]) -> None:
+        if self._fd is None:
+            raise RuntimeError("RecordWriter.open() first")
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+        start = os.fstat(self._fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(self._fd, view):]
+            os.fsync(self._fd)
+        except OSError as err:
+            os.ftruncate(self._fd, start)  # no torn line, no half batch: the rerun redoes it whole
+            raise OSError(err.errno, err.strerror, str(self.path)) from None
+        keys = [record_key(r["split"], r["question_id"], r.get("dataset", "")) for r in records]
+        self.recorded.update(keys)
+        self.done.update((k, r) for k, r in zip(keys, records) if "error" not in r)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        self.open()
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class FolderBusy(ValueError):
+    """Another process holds a run folder's lock; the message names it."""
+
+
+class RunLock:
+    """An exclusive lock on a run folder (flock on its .lock file) for as long as one process writes
+    there: a second run into the same folder is refused at once, naming the holder. The kernel
+    drops the lock when the holder exits, however it exits, so a killed run never leaves it stale."""
+
+    def __init__(self, out_dir: str | Path):
+        self.dir = Path(out_dir)
+        self._fd: int | None = None
+
+    def __enter__(self) -> "RunLock":
+        path = self.dir / LOCK_FILE
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process that is starting"
+            os.close(fd)
+            raise FolderBusy(f"{self.dir}: another pope-fast run is writing here ({holder}); "
+                             "wait for it to finish or choose another --out") from None
+        self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
+        except OSError as err:
+            self.__exit__()
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # releases the flock
+            self._fd = None
+
+
+def repair_records(run_dir: str | Path) -> tuple[int, int]:
+    """Rewrite a run folder's records keeping, per question, the last complete record (else its last
+    error record), in first-seen order, and dropping lines that are not records; the caller holds the
+    folder's RunLock. Returns (records kept, lines dropped)."""
+    path = Path(run_dir) / RECORDS_FILE
+    if not path.is_file():
+        raise DataError(f"{path}: no such records file")
+    kept: dict[tuple[str, str, str], str] = {}
+    dropped = 0
+    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not raw.strip():
+            continue
+        try:
+            line = raw.decode("utf-8")
+            rec = checked_record(json.loads(line), f"{path}:{lineno}")
+        except (UnicodeDecodeError, json.JSONDecodeError, DataError):
+            dropped += 1
+            continue
+        key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
+        if key in kept:
+            dropped += 1
+            if "error" in rec and "error" not in json.loads(kept[key]):
+                continue  # a complete record is never replaced by an error
+        kept[key] = line
+    atomic_write(path, "".join(line + "\n" for line in kept.values()))
+    return len(kept), dropped
+
+
+def order_records(run_dir: str | Path, order: dict[tuple[str, str, str], int]) -> bool:
+    """Put records.jsonl's lines in `order` (question key → position), rewriting the file only where it
+    is out of order; the lines of one question keep their order (an error record, then its retry), and
+    lines of questions `order` lacks (another split recorded here earlier) come first as they were.
+    Returns whether the file was rewritten."""
+    path = Path(run_dir) / RECORDS_FILE
+    lines = [line for _, line in json_lines(path.read_text(encoding="utf-8"))]
+    positions = []
+    for line in lines:
+        rec = json.loads(line)
+        positions.append(order.get(record_key(rec["split"], rec["question_id"], rec.get("dataset", "")), -1))
+    if all(a <= b for a, b in zip(positions, positions[1:])):
+        return False
+    ranked = sorted(range(len(lines)), key=positions.__getitem__)  # stable: a question's lines keep their order
+    atomic_write(path, "".join(lines[i] + "\n" for i in ranked))
+    return True
+
+
+def atomic_write(path: Path, text: str) -> None:
+    """Write a whole file or leave the old one: a private temporary file, fsynced, then renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as err:  # a full disk, say: name the file, not the temporary one
+        os.unlink(tmp)
+        raise OSError(err.errno, err.strerror, str(path)) from None
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def write_meta(out_dir: str | Path, meta: dict) -> Path:
+    path = Path(out_dir) / META_FILE
+    atomic_write(path, json.dumps({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
+    return path
+
+
+def part_name(rank: int) -> str:
+    return f"records.rank{rank}.jsonl"
+
+
+def fold_parts(out_dir: str | Path) -> int:
+    """Append every complete record of the rank parts in out_dir to its records.jsonl, then remove the
+    parts; a line already there (a fold that stopped before removing its parts) is not added twice, and
+    a torn last line of a part (a rank killed mid-write) is dropped. Returns the records added."""
+    out_dir = Path(out_dir)
+    parts = sorted((p for p in out_dir.glob("records.rank*.jsonl") if PART.fullmatch(p.name)),
+                   key=lambda p: int(PART.fullmatch(p.name).group(1)))
+    if not parts:
+        return 0
+    added = 0
+    with RecordWriter(out_dir) as writer:  # mends a torn last line of records.jsonl, refuses duplicates
+        have = set(line for _, line in json_lines(writer.path.read_text(encoding="utf-8")))
+        for part in parts:
+            new = [rec for line, rec in _part_records(part) if line not in have]
+            writer.write(new)
+            have.update(json.dumps(r, ensure_ascii=False) for r in new)
+            added += len(new)
+    for part in parts:
+        part.unlink()
+    return added
+
+
+def _part_records(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) of each complete line of a part."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+    out = []
+    lines = list(json_lines(text))
+    for i, (lineno, line) in enumerate(lines):
+        try:
+            out.append((line, checked_record(json.loads(line), f"{path}:{lineno}")))
+        except json.JSONDecodeError as err:
+            if i == len(lines) - 1 and not text.endswith("\n"):
+                break  # torn by a kill mid-write: never a whole record
+            raise DataError(f"{path}:{lineno}: not a pope-fast record ({err.msg})") from None
+    return out
