@@ -4,16 +4,19 @@ The card's four folders (readout/, engine/, kernels/, bench/) install as subpack
 namespace, ``pope_fast``, so they never clash with the PyPI packages called ``kernels`` or
 ``bench``; ``pope_fast/`` itself only holds the small public API and the click CLI.
 """
-from setuptools import setup
+from setuptools import find_packages, setup
 
 SUBPACKAGES = ("readout", "engine", "kernels", "bench")
+# every package below the four folders too (engine/models/), named as it installs
+PACKAGES = ["pope_fast"] + [f"pope_fast.{name}{'.' + sub if sub else ''}" for name in SUBPACKAGES
+                            for sub in ["", *find_packages(where=name)]]
 
 setup(
     name="pope-fast",
     version="0.1.0",
     description="Fast POPE evaluation of vision-language models under every answer-readout protocol",
     python_requires=">=3.10",
-    packages=["pope_fast"] + [f"pope_fast.{name}" for name in SUBPACKAGES],
+    packages=PACKAGES,
     package_dir={"pope_fast": "pope_fast", **{f"pope_fast.{name}": name for name in SUBPACKAGES}},
     install_requires=[
         # torch is installed first by .ci/run and the README (a pinned CPU wheel); a bare range here

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# One prepared GPU check for a session that is lent a CUDA machine (the workplace's H200):
-# kernel benchmark, then 7B-dims sweeps of every supported family against the transformers pipeline
-# (mPLUG-Owl2: pope-fast alone, transformers has no class for it),
-# one bench run per family so a slow one cannot take the others' figures with it.
-# Run from the repo root. Needs bitsandbytes on the machine (its image lacks it): carry wheels as the
-# device README says (.whl), and the three POPE files in .device-pope/ (copied from ../shared).
-#   run(command="bash bench/device_check.sh", carry=[".whl", ".device-pope"], timeout_s=540)
+# The GPU check: the kernel benchmark, then a 7B-dims `pope-fast bench` of every family against its
+# transformers pipeline (mPLUG-Owl2: pope-fast alone, transformers has no class for it), one run per
+# family under its own time limit so a slow one cannot take the others' figures with it.
+#
+# On any CUDA machine with torch, triton, transformers and bitsandbytes installed, from the repository root:
+#   bash bench/device_check.sh                 # figures under $OUT (default /tmp/out)
+# Wheels in .whl/ are installed first (for a machine without a package index); POPE question files in
+# .device-pope/ replace the built-in questions; MODELS (families, in order), BUDGET (seconds for all of it,
+# default 500) and BENCH_TIMEOUT (seconds per family, default 170) adjust the run.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -23,9 +25,10 @@ date -u | tee -a "$OUT/gpu.txt"; git rev-parse --short HEAD 2>/dev/null | tee -a
 timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
 POPE=()
 [ -d .device-pope ] && POPE=(--pope .device-pope --questions 0)
-# Families in order of interest; each gets BENCH_TIMEOUT seconds at most, and none starts once less
+# Each family gets BENCH_TIMEOUT seconds at most, and none starts once less
 # than a minute of the BUDGET (seconds since the script started) is left.
-for model in ${MODELS:-llava qwen2_vl llava_next instructblip mplug_owl2}; do
+MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*FAMILIES)")}  # every registered family
+for model in $MODELS; do
   left=$(( ${BUDGET:-500} - SECONDS ))
   [ "$left" -lt 60 ] && { echo "skipped $model: ${left}s of the budget left"; continue; }
   limit=$(( left < ${BENCH_TIMEOUT:-170} ? left : ${BENCH_TIMEOUT:-170} ))
