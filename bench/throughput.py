@@ -202,7 +202,9 @@ def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Qu
     run started together; the aggregate is all the questions over the slowest rank's wall time. The
     reference pipeline is a single-process baseline: `pope-fast bench` without torchrun."""
     shard, device = cfg.shard, engine.settings.torch_device
-    mine = shard.select(questions, engine, {})
+    names, batch = list(dict.fromkeys(q.image for q in questions)), engine.settings.image_batch
+    steps = shard.share([names[i:i + batch] for i in range(0, len(names), batch)], questions, engine)
+    mine = [q for q in questions if any(q.image in step for step in steps)]
     records_dir = work / f"{name}-records-rank{shard.rank}"
     walls = []  # per timed run: every rank's wall time
     for _ in range(cfg.repeat):

@@ -19,11 +19,11 @@ from ..readout.planning import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import tokenizer_info
 from .fingerprint import checkpoint_digests
-from .images import DECODE_ERRORS, ImageError, LoadedImage, read_image, to_rgb
+from .images import DECODE_ERRORS, LoadedImage, read_image, to_rgb, undecodable
 from .interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
 from .models import Family, load_model
-from .plan import PromptLayout, PromptResult, Row
+from .plan import PromptLayout, PromptResult, Row, SuffixBatch
 from .runner import ImagePrompts, Runner
 from .settings import Settings
 from .stats import Clock
@@ -91,10 +91,10 @@ class Engine:
         a full question batch, and decoding when a text readout asks for it), so one-time costs land
         here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
         allocator growth. Nothing is cached; timings and counts restart."""
-        image = Image.new("RGB", (640, 480), (124, 116, 104))
-        pixels = [self.model.preprocess(image)] * self.settings.image_batch
+        pixels = self.model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104)))
         prompts = [self.prompt(SAMPLE_QUESTION)] * max(1, self.settings.batch_size // self.settings.image_batch)
-        self.run_images([ImagePrompts(features, prompts) for features in self.model.encode_images(pixels)])
+        features = self.model.encode_images([pixels])[0]  # one image per vision call, as every sweep runs it
+        self.run_images([ImagePrompts(features, prompts)] * self.settings.image_batch)
         if self.settings.torch_device.type == "cuda":
             torch.cuda.synchronize(self.settings.torch_device)
         self.reset()
@@ -153,7 +153,7 @@ class Engine:
                 try:
                     decoded = image.open()
                 except DECODE_ERRORS as err:  # a file that passed the check, not the decoder
-                    raise ImageError(f"{image.path}: not a decodable image ({err})") from None
+                    raise undecodable(image.path, err) from None
                 pixels = self.model.preprocess(decoded)
             prepared.append(Prepared(key, image, pixels))
         return prepared
@@ -163,17 +163,20 @@ class Engine:
         return item.pixels if item.pixels is not None else self.model.preprocess(item.image.open())
 
     def encode(self, prepared: list[Prepared]) -> list[torch.Tensor]:
-        """Projected features [T, hidden] per prepared image; the uncached ones run as one vision batch."""
+        """Projected features [T, hidden] per prepared image, from the cache or the vision tower."""
         out = [self.cache.get(p.key, self.settings.torch_device) if p.pixels is None else None for p in prepared]
         return self._encode_into(out, [(i, p.key, self._pixels(p)) for i, p in enumerate(prepared) if out[i] is None])
 
     def _encode_into(self, out: list[torch.Tensor | None], todo: list[tuple[int, str, object]]) -> list[torch.Tensor]:
-        """out with each (index, cache key, pixels) of todo encoded, as one vision batch, and cached."""
+        """out with each (index, cache key, pixels) of todo encoded and cached. Each image is its own vision
+        call: a tower's rounding depends on its batch's shape (a CPU's matmul rounds a batch of 2 and one
+        of 8 differently), so features computed with others would depend on which images happened to be
+        uncached; one image alone gives the same bits in any run, cached or not (the cost: bench/RESULTS.md)."""
         if todo:
             with Clock(self.timings, "image_encode", self.settings.torch_device):
-                features = self.model.encode_images([p for _, _, p in todo])
+                features = [self.model.encode_images([p])[0] for _, _, p in todo]
             for (i, key, _), f in zip(todo, features):
-                self.cache.put(key, f.clone())  # its own storage, not a view that keeps the batch alive
+                self.cache.put(key, f)
                 out[i] = f
             self.counts.images_encoded += len(todo)
             self.counts.vision_tokens += sum(self.model.vision_tokens(p) for _, _, p in todo)
@@ -191,7 +194,7 @@ class Engine:
         out = [self.cache.get(key, self.settings.torch_device) for key in keys]
         todo = [(i, keys[i], diffusion_noise(self._pixels(p), step, noise_generator(p.key, seed)))
                 for i, p in enumerate(prepared) if out[i] is None]
-        return self._encode_into(out, todo)  # the uncached copies as one vision batch
+        return self._encode_into(out, todo)
 
     def prompt(self, question: str, system: str | None = None) -> str:
         """The template's prompt for a question; `system` replaces its system text (ICD)."""
@@ -297,9 +300,10 @@ class Engine:
                                                results["main"])]
 
     def _text_only(self, features: list[torch.Tensor], questions: list[list[str]]) -> list[list[PromptResult]]:
-        """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole
-        (no image, no edit); its logits are kept per distinct token sequence for the engine's life,
-        since every image that asks a question asks the same text."""
+        """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole (no
+        image, no edit), one prompt per batch so that its logits are the same bits whichever prompts
+        were run before; kept per distinct token sequence for the engine's life, since every image that
+        asks a question asks the same text."""
         rows: dict[tuple[int, ...], Row] = {}  # the distinct prompts not yet run, by their ids
         order = []
         for i, (f, qs) in enumerate(zip(features, questions)):
@@ -308,10 +312,9 @@ class Engine:
                 order.append((i, j, layout.ids))
                 if layout.ids not in self._text_logits and layout.ids not in rows:
                     rows[layout.ids] = Row(len(rows), 0, layout, f[:0])
-        for stage in self.runner.plan(list(rows.values()), prefix_reuse=False):
-            for batch in stage.batches:
-                for row, result in zip(batch.rows, self.runner.run_batch(None, batch, None, vocab=True, decode=False)):
-                    self._text_logits[row.layout.ids] = result
+        for row in rows.values():
+            [self._text_logits[row.layout.ids]] = self.runner.run_batch(None, SuffixBatch([row], None), None,
+                                                                         vocab=True, decode=False)
         out = [[None] * len(qs) for qs in questions]
         for i, j, ids in order:
             out[i][j] = self._text_logits[ids]

@@ -9,6 +9,7 @@ lives with its family (engine/models/)."""
 from __future__ import annotations
 
 import io
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +24,13 @@ class ImageError(ValueError):
 
 # What PIL raises for a file it cannot decode (a decompression bomb is not an OSError).
 DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+# PIL names the in-memory file it read in its messages; its address differs in every process.
+_BUFFER = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>")
+
+
+def undecodable(path, err: Exception) -> ImageError:
+    """The error of a file PIL cannot decode, naming it (the same text in every run)."""
+    return ImageError(f"{path}: not a decodable image ({_BUFFER.sub('', str(err))})")
 
 
 @dataclass(frozen=True)
@@ -61,7 +69,7 @@ def read_image(path: str | Path, verify: bool = True, data: bytes | None = None)
         elif not (image.format == "JPEG" and data.endswith(b"\xff\xd9")):
             loaded.open(draft=True)
     except DECODE_ERRORS as err:
-        raise ImageError(f"{path}: not a decodable image ({err})") from None
+        raise undecodable(path, err) from None
     return loaded
 
 

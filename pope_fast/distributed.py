@@ -4,11 +4,11 @@ torchrun starts one process per device and gives each RANK, WORLD_SIZE, LOCAL_RA
 `Shard.from_env` reads them and `Shard.join` joins the process group (gloo on CPU, nccl on CUDA, and a
 gloo group beside it for the few control messages). A sweep then asks the shard
 
-- which questions this rank runs (`select`): whole image steps (the `image_batch` images a single process
-  runs as one model step), so every prompt of an image is on one rank (prefix reuse and dedup keep their
-  full effect) and each rank's results are bit for bit a single process's; balanced by vision tokens plus
-  prompt tokens with a greedy costliest-first assignment that every rank computes alike from the same
-  questions and records;
+- which image steps this rank runs (`share`): whole steps (the `image_batch` images a single process runs
+  as one model step, formed from all the questions whatever is recorded, pope_fast.sweep), so every prompt
+  of an image is on one rank (prefix reuse and dedup keep their full effect) and each rank's results are
+  bit for bit a single process's; balanced by vision tokens plus prompt tokens with a greedy
+  costliest-first assignment that every rank computes alike from the same questions and records;
 - where its records go (`writer`): its own part, `records.rank<R>.jsonl`, while the run's `records.jsonl`
   is read as recorded, so whatever any rank recorded before is skipped;
 - for the merge (`merge`): a barrier after which rank 0 folds the parts into `records.jsonl`.
@@ -126,14 +126,12 @@ class Shard:
                 error = err
         self.agree(error)
 
-    def select(self, questions: list[Question], engine, problems: dict[str, str]) -> list[Question]:
-        """This rank's questions: those of the image steps `assign_steps` gives it (the questions of
-        unusable images, `problems`, go to rank 0, which writes their error records)."""
-        steps = image_steps(questions, problems, engine.settings.image_batch)
+    def share(self, steps: list[list[str]], questions: list[Question], engine) -> list[list[str]]:
+        """This rank's image steps, in their order: those `assign_steps` gives it, by the tokens each
+        step's images and prompts run (`image_costs`), every rank computing the same assignment."""
         costs = image_costs(questions, engine)
         owner = assign_steps([sum(costs[name] for name in step) for step in steps], self.world_size)
-        mine = {name for step, rank in zip(steps, owner) if rank == self.rank for name in step}
-        return [q for q in questions if q.image in mine or (q.image in problems and self.lead)]
+        return [step for step, rank in zip(steps, owner) if rank == self.rank]
 
     def writer(self, out_dir: Path) -> RecordWriter:
         """This rank's part, with records.jsonl read as recorded."""
@@ -192,16 +190,6 @@ def image_costs(questions: list[Question], engine) -> dict[str, int]:
             lengths[prompt] = len(model.tokenizer(prompt)["input_ids"])
         prompts.setdefault(q.image, set()).add(prompt)
     return {name: vision + sum(lengths[p] for p in asked) for name, asked in prompts.items()}
-
-
-def image_steps(questions: list[Question], problems: dict[str, str], image_batch: int) -> list[list[str]]:
-    """The usable images, first asked first, in the groups a single process runs as one model step.
-    Sharding whole steps keeps each step's batch what it is in a single process, so every rank's fp32
-    results are bit for bit a single process's (a prefill's rounding depends on its batch); and since a
-    step's records are written at once, a stopped job leaves whole steps, and its rerun forms the same
-    steps again from what is left."""
-    names = list(dict.fromkeys(q.image for q in questions if q.image not in problems))
-    return [names[i:i + image_batch] for i in range(0, len(names), image_batch)]
 
 
 def assign_steps(costs: list[float], world_size: int) -> list[int]:

@@ -23,12 +23,12 @@ def embedded_images(questions: list[Question]) -> dict[str, bytes]:
     return embedded
 
 
-def prepared_steps(engine: Engine, images_dir: Path | None, names: list[str], workers: int,
+def prepared_steps(engine: Engine, images_dir: Path | None, steps: list[list[str]], workers: int,
                    embedded: dict[str, bytes]) -> Iterator[list[tuple[str, Prepared | ImageError]]]:
-    """(image name, the image prepared or the ImageError that stopped it) per image, `image_batch` images
-    at a time, in order; `workers` threads run ahead of the model by at most one step plus one image
-    per worker, so memory stays bounded. Whole steps, not a ramp of 1, 2, 4, ... images that would start
-    the model sooner: the small first steps cost more than the wait (bench/RESULTS.md)."""
+    """Per step, (image name, the image prepared or the ImageError that stopped it) per image, in order;
+    `workers` threads run ahead of the model by at most one step plus one image per worker, so memory
+    stays bounded. Whole steps, not a ramp of 1, 2, 4, ... images that would start the model sooner: the
+    small first steps cost more than the wait (bench/RESULTS.md)."""
     def prepare(name):
         data = embedded.get(name)
         path = images_dir / name if data is None else embedded_path(name)
@@ -39,12 +39,11 @@ def prepared_steps(engine: Engine, images_dir: Path | None, names: list[str], wo
         except Exception as err:  # a preprocessing failure is not the file's fault: stop, naming it
             raise ValueError(f"{path}: preprocessing failed ({err!r})") from err
 
-    step = engine.settings.image_batch
+    ahead = max((len(step) for step in steps), default=0) + workers
     pending: deque = deque()
-    queue = iter(names)
+    queue = iter(name for step in steps for name in step)
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for start in range(0, len(names), step):
-            size = min(step, len(names) - start)
-            while len(pending) < size + step + workers and (name := next(queue, None)) is not None:
+        for step in steps:
+            while len(pending) < len(step) + ahead and (name := next(queue, None)) is not None:
                 pending.append((name, pool.submit(prepare, name)))
-            yield [(name, future.result()) for name, future in (pending.popleft() for _ in range(size))]
+            yield [(name, future.result()) for name, future in (pending.popleft() for _ in step)]

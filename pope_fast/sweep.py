@@ -134,15 +134,39 @@ class _Sweep:
     def run(self, questions: list[Question], folders: list[RunFolder]) -> list[SweepResult]:
         with ExitStack() as stack:
             sinks = [self._open(f, questions, stack) for f in folders]
-            # Every question some folder lacks, in question order (as the first folder names it: a resumed
-            # pre-dataset plain run drops the dataset name, and is the only folder of its sweep).
-            todo = [q for i, q in enumerate(sinks[0].questions)
-                    if any(record_key(s.questions[i].split, s.questions[i].key, s.questions[i].dataset) in s.todo
-                           for s in sinks)]
-            before = len(questions) - len(todo)
+            # The questions as the first folder names them (a resumed pre-dataset plain run drops the
+            # dataset name, and is the only folder of its sweep), and those some folder lacks.
+            asked = sinks[0].questions
+            pending = {_key(q) for i, q in enumerate(asked) if any(_key(s.questions[i]) in s.todo for s in sinks)}
+            before = len(questions) - len(pending)
             self._tell(before)
-            self._evaluate(self._usable(todo, sinks), sinks)
+            steps = self._steps(asked, pending, sinks)
+            self._evaluate(steps, asked, pending, sinks)
         return [self._finish(sink, len(questions), before) for sink in sinks]
+
+    def _steps(self, asked: list[Question], pending: set, sinks: list[_Sink]) -> list[list[str]]:
+        """The image steps this process runs: every usable image of the questions, first asked first, in
+        steps of image_batch, as a clean run forms them whatever is recorded already; the steps that hold
+        a question some folder lacks, each to be run whole (under torchrun, this rank's share of them).
+        The questions of unusable images are error records, or with skip_bad off the run stops."""
+        problems = check_images(self.images_dir, [q.image for q in asked], self.workers, self.embedded)
+        if problems and not self.skip_bad:
+            listed = "; ".join(list(problems.values())[:5])
+            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
+            raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
+                             "fix them or pass --skip-bad to record them as errors")
+        names = list(dict.fromkeys(q.image for q in asked if q.image not in problems))
+        batch = self.engine.settings.image_batch
+        lacking = {q.image for q in asked if _key(q) in pending}
+        steps = [step for step in (names[i:i + batch] for i in range(0, len(names), batch)) if lacking & set(step)]
+        if self.shard is None or self.shard.lead:
+            errors = [q for q in asked if q.image in problems and _key(q) in pending]
+            self._write(sinks, [(q, {"error": problems[q.image]}) for q in errors])
+            self.errors += len(errors)
+            self._tell(len(errors))
+        if self.shard is not None:  # this rank's whole image steps; the same images for every method
+            steps = self.shard.share(steps, asked, self.engine)
+        return steps
 
     def _tell(self, n: int) -> None:
         if self.progress and n:
@@ -166,34 +190,21 @@ class _Sweep:
         check_done(writer, questions, self.images_dir, self.embedded, self.workers)
         if shard is None or shard.lead:
             write_meta(folder, meta)
-        todo = {record_key(q.split, q.key, q.dataset) for q in questions} - set(writer.done)
+        todo = {_key(q) for q in questions} - set(writer.done)
         return _Sink(folder, run.method, writer, questions, todo, meta["readouts"])
 
-    def _usable(self, todo: list[Question], sinks: list[_Sink]) -> list[Question]:
-        """The questions this process evaluates, once every image they name is proven usable (or, with
-        skip_bad, the unusable ones' questions are error records); under torchrun, this rank's share."""
-        problems = check_images(self.images_dir, [q.image for q in todo], self.workers, self.embedded)
-        if problems and not self.skip_bad:
-            listed = "; ".join(list(problems.values())[:5])
-            more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
-            raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
-                             "fix them or pass --skip-bad to record them as errors")
-        if self.shard is not None:  # this rank's whole image steps; the same images for every method
-            todo = self.shard.select(todo, self.engine, problems)
-        errors = [q for q in todo if q.image in problems]
-        self._write(sinks, [(q, {"error": problems[q.image]}) for q in errors])
-        self.errors += len(errors)
-        self._tell(len(errors))
-        return [q for q in todo if q.image not in problems]
-
-    def _evaluate(self, todo: list[Question], sinks: list[_Sink]) -> None:
-        """Every image's questions, a model step of images at a time, recorded as each step ends."""
+    def _evaluate(self, steps: list[list[str]], asked: list[Question], pending: set, sinks: list[_Sink]) -> None:
+        """Every step's images with all their questions, recorded as each step ends (a folder's records of
+        the questions it lacks): a step runs whole, so each prompt is computed in the batches a clean
+        run computes it in, bit for bit."""
         engine = self.engine
+        wanted = {name for step in steps for name in step}
         by_image: dict[str, dict[str, list[Question]]] = {}  # image → prompt → the questions (any split) asking it
-        for q in todo:
-            by_image.setdefault(q.image, {}).setdefault(engine.prompt(q.text), []).append(q)
+        for q in asked:
+            if q.image in wanted:
+                by_image.setdefault(q.image, {}).setdefault(engine.prompt(q.text), []).append(q)
         methods = [s.method for s in sinks]
-        for step in prepared_steps(engine, self.images_dir, list(by_image), self.workers, self.embedded):
+        for step in prepared_steps(engine, self.images_dir, steps, self.workers, self.embedded):
             # A file that passed the up-front check can still fail to decode (a PNG's chunks pass their
             # CRCs, its compressed data does not) or be refused by the model (Qwen2-VL: an aspect ratio
             # over 200): an error record under skip_bad, else the run stops.
@@ -202,12 +213,12 @@ class _Sweep:
                 if not self.skip_bad:
                     raise failure
                 failed += [(q, {"error": str(failure)}) for qs in by_image[name].values() for q in qs]
-            self.errors += len(failed)
             step = [(n, p) for n, p in step if not isinstance(p, ImageError)]
             answered = _answer(engine, step, by_image, methods) if step else []
             self.evaluated += sum(len(by_image[name]) for name, _ in step)
             self._write(sinks, failed + answered)
-            self._tell(len(failed) + len(answered))
+            self.errors += sum(_key(q) in pending for q, _ in failed)
+            self._tell(sum(_key(q) in pending for q, _ in failed + answered))
 
     def _write(self, sinks: list[_Sink], answered: list[tuple[Question, dict]]) -> None:
         """Each sink's records of the questions it lacks: error fields go to every sink, answers to the
@@ -215,7 +226,9 @@ class _Sweep:
         for sink in sinks:
             records = [make_record(q, self.engine.template.name,
                                    **(fields if "error" in fields else fields[sink.method.name]))
-                       for q, fields in answered if record_key(q.split, q.key, q.dataset) in sink.todo]
+                       for q, fields in answered if _key(q) in sink.todo
+                       # a rerun that meets the same error again records nothing new
+                       and not ("error" in fields and sink.writer.errors.get(_key(q)) == fields["error"])]
             if records:
                 sink.writer.write(records)
 
@@ -229,6 +242,10 @@ class _Sweep:
                 return SweepResult(sink.folder, questions, before, *counts, [])
         order_records(sink.folder, canonical_order(sink.questions, self.engine.prompt))
         return SweepResult(sink.folder, questions, before, *counts, write_summaries(sink.folder, sink.readouts))
+
+
+def _key(q: Question) -> tuple[str, str, str]:
+    return record_key(q.split, q.key, q.dataset)
 
 
 def canonical_order(questions: list[Question], prompt: Callable[[str], str]) -> dict[tuple[str, str, str], int]:

@@ -39,6 +39,7 @@ class RecordWriter:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.done: dict[tuple[str, str, str], dict] = {}
         self.recorded: set[tuple[str, str, str]] = set()  # every record's key, error records' too
+        self.errors: dict[tuple[str, str, str], str] = {}  # the last error recorded per key
         self._fd: int | None = None
 
     def open(self) -> dict[tuple[str, str, str], dict]:
@@ -66,7 +67,9 @@ class RecordWriter:
                                 f"{path.parent}` drops such lines") from None
             key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
             self.recorded.add(key)
-            if "error" not in rec:
+            if "error" in rec:
+                self.errors[key] = rec["error"]
+            else:
                 if key in self.done:
                     raise DataError(duplicate_message(where, key, path.parent))
                 self.done[key] = rec
@@ -102,6 +105,7 @@ class RecordWriter:
         keys = [record_key(r["split"], r["question_id"], r.get("dataset", "")) for r in records]
         self.recorded.update(keys)
         self.done.update((k, r) for k, r in zip(keys, records) if "error" not in r)
+        self.errors.update((k, r["error"]) for k, r in zip(keys, records) if "error" in r)
 
     def close(self) -> None:
         if self._fd is not None:
@@ -183,19 +187,20 @@ def repair_records(run_dir: str | Path) -> tuple[int, int]:
 
 
 def order_records(run_dir: str | Path, order: dict[tuple[str, str, str], int]) -> bool:
-    """Put records.jsonl's lines in `order` (question key → position), rewriting the file only where it
-    is out of order; the lines of one question keep their order (an error record, then its retry), and
-    lines of questions `order` lacks (another split recorded here earlier) come first as they were.
-    Returns whether the file was rewritten."""
+    """records.jsonl as a run with nothing to retry writes it: one line per question, in `order` (question
+    key → position). A question answered after an error record (an image restored, say) keeps only its
+    answer; a question still failing keeps its last error record; lines of questions `order` lacks
+    (another split recorded here earlier) come first as they were. The file is rewritten only where that
+    changes it; returns whether it was."""
     path = Path(run_dir) / RECORDS_FILE
     lines = [line for _, line in json_lines(path.read_text(encoding="utf-8"))]
-    positions = []
-    for line in lines:
-        rec = json.loads(line)
-        positions.append(order.get(record_key(rec["split"], rec["question_id"], rec.get("dataset", "")), -1))
-    if all(a <= b for a, b in zip(positions, positions[1:])):
+    keys = [record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
+            for rec in (json.loads(line) for line in lines)]
+    last = {key: i for i, key in enumerate(keys)}  # a key's last line: its answer (written once), else its last error
+    kept = [i for i, key in enumerate(keys) if last[key] == i]
+    ranked = sorted(kept, key=lambda i: order.get(keys[i], -1))  # stable: as they were where order is silent
+    if ranked == list(range(len(lines))):
         return False
-    ranked = sorted(range(len(lines)), key=positions.__getitem__)  # stable: a question's lines keep their order
     atomic_write(path, "".join(lines[i] + "\n" for i in ranked))
     return True
 

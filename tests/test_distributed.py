@@ -15,7 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pope_fast.distributed import RankError, Shard, assign_steps, image_steps
+from pope_fast.distributed import RankError, Shard, assign_steps
 from pope_fast.engine.models.llava import LlavaModel
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 from pope_fast.engine.vision_cache import VisionCache
@@ -26,7 +26,7 @@ from pope_fast.sweep import canonical_order
 
 
 def _engine(image_batch: int):
-    """What Shard.select asks of an engine: the step size, prompts, their token counts, vision tokens."""
+    """What Shard.share asks of an engine: prompts, their token counts, vision tokens."""
     model = SimpleNamespace(preprocess=lambda image: image.size, vision_tokens=lambda size: 100,
                             tokenizer=lambda text: {"input_ids": text.split()})
     return SimpleNamespace(settings=SimpleNamespace(image_batch=image_batch), prompt=lambda q: f"USER: {q}",
@@ -51,27 +51,20 @@ def test_assign_steps_is_costliest_first_to_the_least_loaded_rank():
 
 
 @pytest.mark.parametrize("world,image_batch", [(1, 8), (2, 3), (3, 2), (4, 1), (7, 2)])
-def test_select_splits_by_whole_image_steps(world, image_batch):
+def test_share_gives_each_step_to_one_rank_in_order_and_balanced(world, image_batch):
     questions, engine = _pope_like(23), _engine(image_batch)
-    problems = {"img004.jpg": "img004.jpg: not an image"}
-    steps = image_steps(questions, problems, image_batch)
-    assert [n for s in steps for n in s] == [f"img{i:03d}.jpg" for i in range(23) if i != 4]
-    chosen = [Shard(rank, world, rank).select(questions, engine, problems) for rank in range(world)]
-    assert sorted(q.question_id for c in chosen for q in c) == [q.question_id for q in questions]  # each once
-    for rank, mine in enumerate(chosen):
-        assert mine == [q for q in questions if q in mine]  # in question order
-        names = list(dict.fromkeys(q.image for q in mine if q.image not in problems))
-        # whole steps, in order: re-cut into image_batch groups they are the single process's steps
-        assert all(names[i:i + image_batch] in steps for i in range(0, len(names), image_batch))
-        assert ("img004.jpg" in {q.image for q in mine}) == (rank == 0)  # error records: rank 0
-    owners = {q.image: rank for rank, mine in enumerate(chosen) for q in mine}
-    assert all(owners[q.image] == rank for rank, mine in enumerate(chosen) for q in mine)  # an image on one rank
+    names = list(dict.fromkeys(q.image for q in questions))
+    steps = [names[i:i + image_batch] for i in range(0, len(names), image_batch)]
+    shares = [Shard(rank, world, rank).share(steps, questions, engine) for rank in range(world)]
+    assert sorted(map(tuple, (s for share in shares for s in share))) == sorted(map(tuple, steps))  # each once
+    for share in shares:
+        assert share == [s for s in steps if s in share]  # in their order
     # balanced: no rank carries more than one step's cost beyond the least loaded
     cost = {name: 100 + sum(len(p.split()) for p in {f"USER: {q.text}" for q in questions if q.image == name})
-            for name in owners}
-    loads = [sum(cost[n] for n in {q.image for q in mine} if n not in problems) for mine in chosen]
+            for name in names}
+    loads = [sum(cost[n] for s in share for n in s) for share in shares]
     assert max(loads) - min(loads) <= max(sum(cost[n] for n in s) for s in steps)
-    assert chosen == [Shard(rank, world, rank).select(questions, engine, problems) for rank in range(world)]
+    assert shares == [Shard(rank, world, rank).share(steps, questions, engine) for rank in range(world)]
 
 
 def _record(qid: int, split: str = "demo", **fields) -> dict:
@@ -105,12 +98,14 @@ def test_fold_parts_names_a_bad_line_of_a_part(tmp_path):
 def test_order_records_puts_lines_in_the_canonical_order(tmp_path):
     error = _record(2, error="img2.jpg: truncated")
     retry, one, other = _record(2), _record(1), _record(7, split="random")
+    failing = [_record(3, error="img3.jpg: missing"), _record(3, error="img3.jpg: still missing")]
     path = tmp_path / "records.jsonl"
-    path.write_text(_line(error) + _line(one) + _line(other) + _line(retry))
-    order = {("", "demo", "1"): 0, ("", "demo", "2"): 1}
+    path.write_text(_line(error) + _line(failing[0]) + _line(one) + _line(other) + _line(retry) + _line(failing[1]))
+    order = {("", "demo", "1"): 0, ("", "demo", "2"): 1, ("", "demo", "3"): 2}
     assert order_records(tmp_path, order)
-    # another split's record first, as it was; a question's error record stays before its retry
-    assert path.read_text() == _line(other) + _line(one) + _line(error) + _line(retry)
+    # another split's record first, as it was; a retried question keeps its answer alone, a failing one
+    # its last error: the file a run with nothing to retry writes
+    assert path.read_text() == _line(other) + _line(one) + _line(retry) + _line(failing[1])
     inode = path.stat().st_ino
     assert not order_records(tmp_path, order) and path.stat().st_ino == inode  # in order: not rewritten
 
