@@ -130,15 +130,21 @@ class Engine:
             "method": method.to_json(self.model.lm.dims.num_layers),
         }
 
-    def _loaded(self, image: LoadedImage | Image.Image | str | Path) -> LoadedImage:
+    def _loaded(self, image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:
+        """An image as the API takes one: a file path, a file's bytes, a PIL image or a LoadedImage."""
         if isinstance(image, (str, Path)):
             return read_image(image)
+        if isinstance(image, (bytes, bytearray)):
+            return read_image(Path("<bytes>"), data=bytes(image))
         if isinstance(image, Image.Image):
             if image.mode not in PNG_MODES:  # CMYK, I, F, YCbCr, HSV, ...: the file path's conversion
                 image = to_rgb(image)
             buf = io.BytesIO()
             image.save(buf, format="PNG")
             return LoadedImage(Path("<in-memory>"), buf.getvalue())
+        if not isinstance(image, LoadedImage):
+            raise TypeError(f"image must be a file path, a file's bytes, a PIL image or a LoadedImage, "
+                            f"not {type(image).__name__}")
         return image
 
     def prepare(self, images: list) -> list[Prepared]:
@@ -207,8 +213,8 @@ class Engine:
 
     def score(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
         """Answer questions about one image (a path, a PIL image or a LoadedImage)."""
-        if isinstance(questions, str):
-            raise TypeError("questions must be a list of question strings, not one string")
+        if isinstance(questions, str) or not all(isinstance(q, str) for q in questions):
+            raise TypeError("questions must be a list of question strings (one string is not a list of them)")
         results = self.run_images([ImagePrompts(self.features(image), [self.prompt(q) for q in questions])],
                                   intervention)[0]
         return [Answer(**vars(r), question=q, predictions=self.decide(r)) for q, r in zip(questions, results)]

@@ -41,6 +41,8 @@ def _read_json(path: Path) -> dict:
     return data
 
 
+# Buffers that checkpoints store as integers (indices, not weights).
+INDEX_BUFFERS = ("position_ids",)
 # Index file → the weight format it indexes; safetensors first, as transformers prefers them.
 INDEXES = (("model.safetensors.index.json", "*.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model*.bin"))
 
@@ -161,6 +163,10 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
                 if tuple(tensor.shape) != tuple(expected[ours]):
                     raise CheckpointError(f"{path}: tensor {names[ours]} has shape {tuple(tensor.shape)}, "
                                           f"the config implies {tuple(expected[ours])}")
+                if not tensor.is_floating_point() and not ours.endswith(INDEX_BUFFERS):
+                    raise CheckpointError(f"{path}: tensor {names[ours]} is stored as {str(tensor.dtype)[6:]}, but it "
+                                          "is a weight the model computes with in floating point (its bits would be "
+                                          "read as numbers)")
                 yield ours, tensor
 
 

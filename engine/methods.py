@@ -75,20 +75,52 @@ def plausible(logits: torch.Tensor, beta: float) -> torch.Tensor:
     return logits >= math.log(beta) + logits.max(dim=-1, keepdim=True).values
 
 
+@dataclass(frozen=True)
+class Param:
+    """What a method's setting may be: a number (int, or float which an int also is) within [low, high]
+    (low excluded with low_open), or a non-empty string."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def check(self, method: str, name: str, value) -> None:
+        kinds = (int, float) if self.kind is float else (self.kind,)
+        what = {int: "an integer", float: "a number", str: "a text"}[self.kind]
+        if isinstance(value, bool) or not isinstance(value, kinds) or (self.kind is str and not value.strip()) \
+                or (self.kind is float and not math.isfinite(value)):
+            raise ValueError(f"method {method}: {name} must be {what}, not {value!r}")
+        if (self.low is not None and (value < self.low or (self.low_open and value == self.low))) or \
+                (self.high is not None and value > self.high):
+            bounds = f"{'(' if self.low_open else '['}{self.low}, {'∞)' if self.high is None else f'{self.high}]'}"
+            raise ValueError(f"method {method}: {name} must lie in {bounds}, not {value!r}")
+
+
+ALPHA, BETA = Param(float, 0.0), Param(float, 0.0, 1.0, low_open=True)  # a contrast's weight; a plausibility cut
+
+
 class Method:
-    """A named mitigation method: its settings (with the paper's defaults), its passes, and how it
-    combines their [B, V] fp32 answer-position logits."""
+    """A named mitigation method: its settings (with the paper's defaults, each checked against its
+    Param before any model loads), its passes, and how it combines their [B, V] fp32 answer-position
+    logits."""
 
     name = ""
     reference = ""
     defaults: dict = {}
+    params: dict[str, Param] = {}
 
     def __init__(self, **settings):
         unknown = sorted(set(settings) - set(self.defaults))
         if unknown:
             raise ValueError(f"method {self.name}: unknown setting(s) {', '.join(unknown)}; "
                              f"known: {', '.join(self.defaults) or 'none'}")
+        for key, value in settings.items():
+            self.check(key, value)
         self.settings = {**self.defaults, **settings}
+
+    def check(self, key: str, value) -> None:
+        self.params[key].check(self.name, key, value)
 
     def passes(self, num_layers: int) -> dict[str, Pass]:
         return {"main": Pass()}
@@ -119,6 +151,7 @@ class VCD(Method):
                  "Contrastive Decoding, CVPR 2024 (DAMO-NLP-SG/VCD): (1 + alpha) l - alpha l_noised where "
                  "l >= log(beta) + max l, else -inf; noise step 500, alpha 1, beta 0.1 as its POPE scripts")
     defaults = {"alpha": 1.0, "beta": 0.1, "noise_step": 500, "seed": 0}
+    params = {"alpha": ALPHA, "beta": BETA, "noise_step": Param(int, 0, DIFFUSION_STEPS - 1), "seed": Param(int, 0)}
 
     def passes(self, num_layers):
         s = self.settings
@@ -143,6 +176,7 @@ class ICD(Method):
     defaults = {"alpha": 1.0, "beta": 0.1,
                 "instruction": "You are a confused objects detector to provide a fuzzy overview or impression "
                                "of the image."}
+    params = {"alpha": ALPHA, "beta": BETA, "instruction": Param(str)}
 
     def passes(self, num_layers):
         return {"main": Pass(), "disturbed": Pass(system=str(self.settings["instruction"]))}
@@ -158,6 +192,15 @@ class PAI(Method):
                  "at the answer position in layers 2..31, then gamma (log p - log p_text) + log p_text where "
                  "log p >= log(beta) + max log p, else -inf; alpha 0.2, gamma 1.1, beta 0.1 as its POPE command")
     defaults = {"alpha": 0.2, "gamma": 1.1, "beta": 0.1, "layers": None}
+    params = {"alpha": ALPHA, "gamma": Param(float, 0.0), "beta": BETA}
+
+    def check(self, key, value):
+        if key == "layers":  # FIRST-LAST; against the model's layers once it is loaded (passes)
+            first, sep, last = str(value).partition("-")
+            if not (sep and first.isdigit() and last.isdigit()):
+                raise ValueError(f"method pai: layers takes FIRST-LAST (e.g. 2-31), not {value!r}")
+            return
+        super().check(key, value)
 
     def passes(self, num_layers):
         layers = _layer_range(self.settings["layers"], num_layers)

@@ -28,7 +28,10 @@ seconds, default 3600: the end barrier waits for the slowest rank's shard); the 
 from __future__ import annotations
 
 import heapq
+import json
 import os
+import re
+import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -37,13 +40,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from PIL import Image
-from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 from .readout import DataError, Question, RecordWriter
 from .readout.records import RECORDS_FILE
 from .readout.store import fold_parts, part_name
 
 TIMEOUT_ENV = "POPE_FAST_DIST_TIMEOUT"
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torchrun's agent reads a rank's failure
 
 
 class RankError(ValueError):
@@ -111,8 +114,14 @@ class Shard:
         return values
 
     def record_failure(self, message: str) -> None:
-        """Leave this rank's failure in torchrun's error file, whose message torchrun's summary shows."""
-        ErrorHandler().record_exception(RankError(message))
+        """Leave this rank's failure in torchrun's error file (TORCHELASTIC_ERROR_FILE), whose message
+        torchrun's summary shows: the one line, where torch's own ErrorHandler would leave the traceback of
+        the exception being handled (an expected failure is no bug, its traceback only noise)."""
+        path = os.environ.get(ERROR_FILE_ENV)
+        if path:
+            entry = {"message": f"RankError: {message}", "extraInfo": {"py_callstack": message,
+                                                                       "timestamp": str(int(time.time()))}}
+            Path(path).write_text(json.dumps({"message": entry}))
 
     def begin(self, out_dir: Path) -> None:
         """Rank 0 folds in the parts an earlier job left; the others wait, then read what is recorded."""
@@ -142,9 +151,11 @@ class Shard:
         records.jsonl. Returns `counts` (evaluated prompts, error records) summed over the ranks."""
         try:
             dist.monitored_barrier(group=self.group, timeout=self.timeout, wait_all_ranks=True)
-        except RuntimeError as err:  # gloo says "failed to pass in <timeout>" for a rank that died at once
-            raise RankError(f"{self.name}: waiting for every rank to finish its share: {err} (a rank that stopped "
-                            "is named by torchrun; rerun the same command to resume)") from None
+        except RuntimeError as err:  # gloo says "failed to pass in <timeout>" even of a rank that died at once
+            found = re.search(r"Ranks? ([\d, ]+) failed to pass", str(err))
+            missing = f"rank(s) {found.group(1).strip()}" if found else "a rank"
+            raise RankError(f"{self.name}: {missing} stopped before the end of the sweep (torchrun names why); "
+                            "rerun the same command to resume") from None
         total = tuple(map(sum, zip(*self.gather(counts))))
         if self.lead:
             fold_parts(out_dir)

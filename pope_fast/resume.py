@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .engine.images import embedded_path
-from .readout import META_FILE, Question, RecordWriter
+from .readout import META_FILE, RECORDS_FILE, Question, RecordWriter
 from .readout.compare import leaf_differences
 from .readout.records import record_key
 
@@ -41,6 +41,18 @@ def check_resumable(out_dir: Path, old: dict, meta: dict) -> None:
         more = f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else ""
         raise ValueError(f"{out_dir / META_FILE}: this folder holds records of a different run "
                          f"({'; '.join(diffs[:4])}{more}); choose a new --out")
+
+
+def check_has_meta(out_dir: Path) -> None:
+    """Records without the meta.json that says which run wrote them (deleted, or never copied along) cannot
+    be proven to be this run's: refused, rather than mixed with this run's."""
+    if (out_dir / META_FILE).exists():
+        return
+    files = [out_dir / RECORDS_FILE, *sorted(out_dir.glob("records.rank*.jsonl"))]
+    held = [f for f in files if f.is_file() and f.read_bytes().strip()]
+    if held:
+        raise ValueError(f"{held[0]}: holds records but {out_dir / META_FILE} is missing, so nothing proves they "
+                         "are this run's; restore meta.json or choose a new --out")
 
 
 def check_done(writer: RecordWriter, questions: list[Question], images_dir: Path | None, embedded: dict[str, bytes],

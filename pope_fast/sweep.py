@@ -27,7 +27,7 @@ from .readout import META_FILE, Question, RecordWriter, RunLock, format_runs, ma
 from .readout import score_records, write_meta
 from .readout.records import record_key
 from .readout.store import atomic_write, fold_parts, order_records
-from .resume import check_done, check_resumable
+from .resume import check_done, check_has_meta, check_resumable
 
 Progress = Callable[[int], None]  # told how many more questions are recorded
 
@@ -177,8 +177,9 @@ class _Sweep:
         records (or none), its meta written."""
         folder, engine, shard = run.path, self.engine, self.shard
         folder.mkdir(parents=True, exist_ok=True)
-        meta = engine.meta(run.method)
+        meta = {**engine.meta(run.method), "questions": question_counts(questions)}
         check_resumable(folder, read_meta(folder / META_FILE), meta)
+        check_has_meta(folder)
         if shard is None:
             fold_parts(folder)  # records a torchrun job left in rank parts count as recorded
         else:
@@ -242,6 +243,16 @@ class _Sweep:
                 return SweepResult(sink.folder, questions, before, *counts, [])
         order_records(sink.folder, canonical_order(sink.questions, self.engine.prompt))
         return SweepResult(sink.folder, questions, before, *counts, write_summaries(sink.folder, sink.readouts))
+
+
+def question_counts(questions: list[Question]) -> dict[str, int]:
+    """meta.json's count of the questions a run asks per split ("dataset/split" where it names one), so that
+    scoring can tell a run that stopped part way from one that finished."""
+    counts: dict[str, int] = {}
+    for q in questions:
+        name = f"{q.dataset}/{q.split}" if q.dataset else q.split
+        counts[name] = counts.get(name, 0) + 1
+    return counts
 
 
 def _key(q: Question) -> tuple[str, str, str]:

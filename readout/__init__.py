@@ -2,14 +2,14 @@
 importing it never imports torch."""
 from .data import (DataError, Question, dataset_from_name, find_question_files, load_question_sources, load_questions,
                    split_from_name)
-from .compare import compare_runs, format_compare
+from .compare import compare_runs
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
 from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
                         Readout, TokenSets, parse_readouts)
 from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, make_record, read_meta, read_records
 from .store import FolderBusy, RecordWriter, RunLock, repair_records, write_meta
 from .score import Unavailable, score_records
-from .report import format_audit, format_runs
+from .report import format_audit, format_compare, format_runs
 from .templates import TEMPLATES, Template, get_template
 from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info
 

@@ -133,6 +133,18 @@ def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]
     return rows
 
 
+def _category(value, where: str) -> str | None:
+    """An lmms-lab row's category as a split name: one of POPE's three however it is cased or padded; any
+    other is refused (pass --split to name the split of such a file)."""
+    if value is None:
+        return None
+    name = str(value).strip().lower()
+    if name not in KNOWN_SPLITS:
+        raise DataError(f"{where}: category {value!r} is not one of {', '.join(KNOWN_SPLITS)} (give --split to "
+                        "name this file's split)")
+    return name
+
+
 def find_question_files(path: str | Path) -> list[Path]:
     """A question file, or every POPE file (*.json, *.jsonl, *.parquet) directly in a folder."""
     path = Path(path)
@@ -149,7 +161,8 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
                    images: dict[str, bytes] | None = None) -> list[Question]:
     """Read one POPE question file; every problem raises DataError naming the file and line.
 
-    The split is `split`, else the row's `category` (lmms-lab), else the file's name; the dataset is
+    The split is `split`, else a parquet row's `category` (lmms-lab; a JSON file's `category` field is not
+    read: its split is its name, as POPE's own files have it), else the file's name; the dataset is
     `dataset`, else the file's name. `images` collects a parquet file's embedded images by name
     (shared across files, so a name cannot stand for two images)."""
     path = Path(path)
@@ -177,7 +190,7 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
         qid = row["question_id"]
         if not isinstance(qid, (int, str)) or isinstance(qid, bool):
             raise DataError(f"{where}: question_id {qid!r} is not an int or string")
-        row_split = split or row.get("category") or split_from_name(path)
+        row_split = split or (_category(row.get("category"), where) if parquet else None) or split_from_name(path)
         if (row_split, str(qid)) in seen:
             first = _where(path, seen[row_split, str(qid)])
             raise DataError(f"{where}: duplicate question_id {qid!r} (first at {first})")

@@ -155,38 +155,50 @@ def _check_decision(value, where: str, name: str) -> str:
     return value
 
 
-def _read_ours(path: Path, text: str) -> RecordSet:
-    meta = read_meta(path.parent / META_FILE)
+def _read_ours(source: Path, files: list[tuple[Path, str]]) -> RecordSet:
+    """Our records from records.jsonl (`source`) and a stopped torchrun job's rank parts: (path, text) each."""
+    folder = source.parent
+    meta = read_meta(folder / META_FILE)
     token_sets = {n: TokenSets.from_json(s) for n, s in meta.get("token_sets", {}).items()}
     entries: list[Entry] = []
     position: dict[tuple[str, str, str], int] = {}  # key → index in entries
+    for path, text in files:
+        for where, rec in _lines(path, text):
+            key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
+            if key in position and entries[position[key]].error is None:
+                raise DataError(duplicate_message(where, key, folder))
+            entry = _entry(rec, where)
+            if key in position:  # a retried question: its new record supersedes the error record
+                entries[position[key]] = entry
+            else:
+                position[key] = len(entries)
+                entries.append(entry)
+    return RecordSet(str(source), entries, token_sets, meta, prefer_stored=False)
+
+
+def _lines(path: Path, text: str):
+    """(where, record) of each line; a torn last line (still being written, or cut by a crash) is no
+    record yet."""
     for lineno, line in json_lines(text):
         where = f"{path}:{lineno}"
         try:
-            rec = checked_record(json.loads(line), where)
+            yield where, checked_record(json.loads(line), where)
         except json.JSONDecodeError as err:
             if not text.endswith("\n") and lineno == text.count("\n") + 1:
-                break  # a last line still being written (or torn by a crash): not a record yet
+                return
             raise DataError(f"{where}: malformed JSON: {err.msg}") from None
-        key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
-        if key in position and entries[position[key]].error is None:
-            raise DataError(duplicate_message(where, key, path.parent))
-        entry = Entry(
-            key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
-            first_token_id=rec.get("first_token_id"), dataset=rec.get("dataset", ""),
-            candidate_logits=_logits(rec.get("candidate_logits"), where),
-            decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
-            decoded_sequence=rec.get("decoded_sequence"), image_attention=rec.get("image_attention"),
-            text=rec.get("text"), image=rec.get("image"),
-            stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
-                    if n in READOUTS},
-            error=rec.get("error"))
-        if key in position:  # a retried question: its new record supersedes the error record
-            entries[position[key]] = entry
-        else:
-            position[key] = len(entries)
-            entries.append(entry)
-    return RecordSet(str(path), entries, token_sets, meta, prefer_stored=False)
+
+
+def _entry(rec: dict, where: str) -> Entry:
+    return Entry(key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
+                 first_token_id=rec.get("first_token_id"), dataset=rec.get("dataset", ""),
+                 candidate_logits=_logits(rec.get("candidate_logits"), where),
+                 decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
+                 decoded_sequence=rec.get("decoded_sequence"), image_attention=rec.get("image_attention"),
+                 text=rec.get("text"), image=rec.get("image"),
+                 stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
+                         if n in READOUTS},
+                 error=rec.get("error"))
 
 
 def _logits(logits: dict | None, where: str) -> dict[int, float] | None:
@@ -199,16 +211,18 @@ def _logits(logits: dict | None, where: str) -> dict[int, float] | None:
 
 
 def read_records(path: str | Path) -> RecordSet:
-    """Our records (a run folder or its records.jsonl) or a published ugaa-research file."""
+    """Our records (a run folder, its rank parts included, or its records.jsonl) or a published
+    ugaa-research file."""
     path = Path(path)
+    parts = sorted(path.glob("records.rank*.jsonl")) if path.is_dir() else []
     if path.is_dir():
         path = path / RECORDS_FILE
-    if not path.is_file():
+    if not path.is_file() and not parts:
         raise DataError(f"{path}: no such records file")
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+    files = [(f, _text(f)) for f in ([path] if path.is_file() else []) + parts]
+    text = next((t for _, t in files if t.strip()), None)
+    if text is None:
+        raise DataError(f"{path}: no records yet (the file is empty)")
     if text.lstrip().startswith("{"):
         try:
             obj = json.loads(text)
@@ -218,5 +232,12 @@ def read_records(path: str | Path) -> RecordSet:
             from .ugaa import read_ugaa  # the importer builds on this module's Entry and RecordSet
 
             return read_ugaa(path, obj)
-        return _read_ours(path, text)
+        return _read_ours(path, files)
     raise DataError(f"{path}: neither pope-fast JSON-lines records nor a ugaa-research record file")
+
+
+def _text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err})") from None

@@ -81,11 +81,13 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
                     raise Unavailable(f"{records.source}: readout {name}: {why}") from None
                 unavailable[name] = str(why)
         first_tokens = Counter(str(e.first_token_id) for e in entries if e.first_token_id is not None)
+        asked = (records.meta.get("questions") or {}).get(f"{dataset}/{split}" if dataset else split)
         run = {
             "source": records.source,
             **({"dataset": dataset} if dataset else {}),  # records before datasets were named: no key
             "split": split,
             "n": len(everything),
+            **({"asked": asked} if isinstance(asked, int) and asked > len(everything) else {}),  # a run that stopped
             "errors": len(everything) - len(entries),
             "readouts": {n: _metrics(labels, p, seed, resamples) for n, p in decided.items()},
             "first_token_counts": dict(first_tokens.most_common()),

@@ -100,7 +100,10 @@ class RecordWriter:
                 view = view[os.write(self._fd, view):]
             os.fsync(self._fd)
         except OSError as err:
-            os.ftruncate(self._fd, start)  # no torn line, no half batch: the rerun redoes it whole
+            try:
+                os.ftruncate(self._fd, start)  # no torn line, no half batch: the rerun redoes it whole
+            except OSError:
+                pass  # a file that refuses writes (made immutable, say) refuses this too: nothing was written
             raise OSError(err.errno, err.strerror, str(self.path)) from None
         keys = [record_key(r["split"], r["question_id"], r.get("dataset", "")) for r in records]
         self.recorded.update(keys)
@@ -160,29 +163,35 @@ class RunLock:
 
 def repair_records(run_dir: str | Path) -> tuple[int, int]:
     """Rewrite a run folder's records keeping, per question, the last complete record (else its last
-    error record), in first-seen order, and dropping lines that are not records; the caller holds the
-    folder's RunLock. Returns (records kept, lines dropped)."""
+    error record), in first-seen order, and dropping lines that are not records; a stopped torchrun job's
+    rank parts are folded in (and removed). The caller holds the folder's RunLock. Returns (records kept,
+    lines dropped)."""
     path = Path(run_dir) / RECORDS_FILE
-    if not path.is_file():
+    parts = sorted((p for p in Path(run_dir).glob("records.rank*.jsonl") if PART.fullmatch(p.name)),
+                   key=lambda p: int(PART.fullmatch(p.name).group(1)))
+    if not path.is_file() and not parts:
         raise DataError(f"{path}: no such records file")
     kept: dict[tuple[str, str, str], str] = {}
     dropped = 0
-    for lineno, raw in enumerate(path.read_bytes().split(b"\n"), start=1):
-        if not raw.strip():
-            continue
-        try:
-            line = raw.decode("utf-8")
-            rec = checked_record(json.loads(line), f"{path}:{lineno}")
-        except (UnicodeDecodeError, json.JSONDecodeError, DataError):
-            dropped += 1
-            continue
-        key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
-        if key in kept:
-            dropped += 1
-            if "error" in rec and "error" not in json.loads(kept[key]):
-                continue  # a complete record is never replaced by an error
-        kept[key] = line
+    for source in ([path] if path.is_file() else []) + parts:
+        for lineno, raw in enumerate(source.read_bytes().split(b"\n"), start=1):
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+                rec = checked_record(json.loads(line), f"{source}:{lineno}")
+            except (UnicodeDecodeError, json.JSONDecodeError, DataError):
+                dropped += 1
+                continue
+            key = record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
+            if key in kept:
+                dropped += 1
+                if "error" in rec and "error" not in json.loads(kept[key]):
+                    continue  # a complete record is never replaced by an error
+            kept[key] = line
     atomic_write(path, "".join(line + "\n" for line in kept.values()))
+    for part in parts:
+        part.unlink()
     return len(kept), dropped
 
 

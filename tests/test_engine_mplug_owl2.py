@@ -18,7 +18,7 @@ from pope_fast.engine.layers import Rotary, make_linear
 from pope_fast.engine.attention import causal_attention
 from pope_fast.engine.llama import DecoderLayer
 from pope_fast.engine.models.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model
-from pope_fast.engine.models.mplug_owl2_nets import MultiwayDecoderLayer, lm_expected_shapes
+from pope_fast.engine.models.mplug_owl2_nets import lm_expected_shapes
 
 
 @pytest.fixture(scope="module")

@@ -89,8 +89,10 @@ class Family:
         """loader.from_pretrained of this folder (never the hub), or a one-line CheckpointError naming `what`."""
         try:
             return loader.from_pretrained(str(self.folder), local_files_only=True)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{self.folder}: no usable {what} ({err})") from None
+        except (OSError, ValueError) as err:  # transformers' messages run to several lines of advice
+            reason = " ".join(str(err).split())
+            reason = reason if len(reason) <= 200 else reason[:197] + "..."
+            raise CheckpointError(f"{self.folder}: no usable {what} ({reason})") from None
 
     @cached_property
     def stop_ids(self) -> set[int]:
