@@ -94,8 +94,11 @@ class Shard:
         self.group = dist.new_group(backend="gloo", timeout=timeout) if on_cuda else dist.group.WORLD
 
     def leave(self) -> None:
-        """Leave the process group once this rank's work is done (NCCL asks for it before exit)."""
+        """Leave the process group once every rank's work is done (NCCL asks for it before exit). The
+        ranks meet first: a rank that tore its group down while rank 0 still wrote the summaries was seen
+        to abort in gloo's teardown ("terminate called without an active exception")."""
         if dist.is_initialized():
+            dist.barrier(group=self.group)
             dist.destroy_process_group()
 
     def agree(self, error: BaseException | None) -> None:

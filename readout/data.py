@@ -134,8 +134,8 @@ def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]
 
 
 def _category(value, where: str) -> str | None:
-    """An lmms-lab row's category as a split name: one of POPE's three however it is cased or padded; any
-    other is refused (pass --split to name the split of such a file)."""
+    """A row's category as a split name: one of POPE's three however it is cased or padded; any other is
+    refused rather than taken as a split of its own (pass --split to name the split of such a file)."""
     if value is None:
         return None
     name = str(value).strip().lower()
@@ -161,8 +161,8 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
                    images: dict[str, bytes] | None = None) -> list[Question]:
     """Read one POPE question file; every problem raises DataError naming the file and line.
 
-    The split is `split`, else a parquet row's `category` (lmms-lab; a JSON file's `category` field is not
-    read: its split is its name, as POPE's own files have it), else the file's name; the dataset is
+    The split is `split`, else the row's `category` (lmms-lab's column, or the same field of a JSON row: one
+    of POPE's three splits, however cased), else the file's name; the dataset is
     `dataset`, else the file's name. `images` collects a parquet file's embedded images by name
     (shared across files, so a name cannot stand for two images)."""
     path = Path(path)
@@ -190,7 +190,7 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
         qid = row["question_id"]
         if not isinstance(qid, (int, str)) or isinstance(qid, bool):
             raise DataError(f"{where}: question_id {qid!r} is not an int or string")
-        row_split = split or (_category(row.get("category"), where) if parquet else None) or split_from_name(path)
+        row_split = split or _category(row.get("category"), where) or split_from_name(path)
         if (row_split, str(qid)) in seen:
             first = _where(path, seen[row_split, str(qid)])
             raise DataError(f"{where}: duplicate question_id {qid!r} (first at {first})")

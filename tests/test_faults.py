@@ -174,13 +174,17 @@ def test_f1_tables_of_a_run_with_only_errors_bold_nothing(tmp_path):
     assert "**" not in table and "1 (1 errors)" in table and "| - |" in table
 
 
-def test_a_category_field_splits_parquet_rows_only_and_is_normalized(tmp_path):
+def test_a_category_must_name_a_pope_split_and_is_normalized(tmp_path):
     from pope_fast.readout import DataError, load_questions
 
     path = tmp_path / "coco_pope_random.json"
-    path.write_text(json.dumps({"question_id": 1, "image": "a.jpg", "text": "Is there a cat?", "label": "yes",
-                                "category": "adversarial"}) + "\n")
-    assert load_questions(path)[0].split == "random"  # a JSON file's split is its name, as the docs say
+    row = {"question_id": 1, "image": "a.jpg", "text": "Is there a cat?", "label": "yes"}
+    path.write_text(json.dumps(dict(row, category=" Adversarial")) + "\n")
+    assert load_questions(path)[0].split == "adversarial"
+    path.write_text(json.dumps(dict(row, category="animal")) + "\n")
+    with pytest.raises(DataError, match=r"coco_pope_random\.json:1: category 'animal' is not one of"):
+        load_questions(path)
+    assert load_questions(path, split="mine")[0].split == "mine"  # --split names such a file
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
