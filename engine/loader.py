@@ -220,3 +220,19 @@ def stop_ids(folder: Path, tokenizer) -> set[int]:
         eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
         ids = set(eos) if isinstance(eos, list) else {eos} if eos is not None else ids
     return ids - {None}
+
+
+@contextmanager
+def quiet_fallback():
+    """transformers says on every load that `XImageProcessor` falls back to `XImageProcessorPil` without
+    torchvision; the PIL processor is the one the families' exact pixel paths are checked against, so
+    the notice only alarms (it comes from import_utils' logger, once per process)."""
+    from transformers.utils import logging
+
+    notices = logging.get_logger("transformers.utils.import_utils")
+    level = notices.level
+    notices.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        notices.setLevel(level)

@@ -241,6 +241,25 @@ def _layer_range(spec, num_layers: int) -> tuple[int, int]:
     return first, last
 
 
+class Intervened(Method):
+    """The model under an experiment's own Intervention (the Python API's run_pope(..., intervention=)):
+    one pass with it; meta.json names its class and its plain settings (numbers, strings, flags), so a
+    resume under another intervention is refused."""
+
+    name = "intervention"
+
+    def __init__(self, intervention: Intervention):
+        super().__init__()
+        self.intervention = intervention
+        kind = type(intervention)
+        self.reference = f"{kind.__module__}.{kind.__qualname__}"
+        self.settings = {k: v for k, v in sorted(vars(intervention).items())
+                         if isinstance(v, (int, float, str, bool, type(None), tuple, list)) and not k.startswith("_")}
+
+    def passes(self, num_layers):
+        return {"main": Pass(edit=self.intervention, edit_name=f"{self.reference}:{self.settings}")}
+
+
 METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD)}
 
 

@@ -217,6 +217,7 @@ class PromptResult:
     decoded: str | None = None
     texts: dict[str, str] | None = None
     decoded_sequence: str | None = None
+    capped: tuple[str, ...] = ()  # the text readouts whose text its max_new_tokens cut
     probe: dict | None = None
     vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
 

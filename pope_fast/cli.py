@@ -3,15 +3,15 @@ commands that need them, so `score` and `audit-tokens` run without torch."""
 from __future__ import annotations
 
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from .readout import (DataError, TEMPLATES, RunLock, audit_tokens, compare_runs, format_audit, format_compare,
-                      format_runs, get_template, load_tokenizer, parse_readouts, read_records, repair_records,
-                      score_records)
+from . import __version__
+from .readout import (DataError, TEMPLATES, RunLock, audit_tokens, compare_runs, expand_runs, format_audit,
+                      format_compare, format_runs, get_template, load_tokenizer, parse_readouts, read_records,
+                      repair_records, score_records)
 from .errors import EXPECTED, one_line
 from .readout.attention import parse_layers
 
@@ -20,18 +20,8 @@ def _fail(message: str) -> None:
     raise click.ClickException(message)
 
 
-def _writable_dir(path: str, option: str) -> Path:
-    """The folder an option names, created and proven writable before any work starts."""
-    folder = Path(path)
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        tempfile.TemporaryFile(dir=folder).close()
-    except OSError as err:
-        _fail(f"{option} {path}: not a writable folder ({err.strerror or err})")
-    return folder
-
-
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="pope-fast")
 def main() -> None:
     """Fast POPE evaluation of vision-language models under every answer readout."""
 
@@ -51,7 +41,7 @@ def score(files, readouts, fmt, seed, resamples, layers) -> None:
     """Score pope-fast records or published ugaa-research record files, without the model."""
     with _failures():
         names, span, runs = parse_readouts(readouts), parse_layers(layers), []
-        for path in files:
+        for path in expand_runs(files):
             scored = score_records(read_records(path), names, strict=readouts.strip() != "all", seed=seed,
                                    resamples=resamples, layers=span)
             if not scored:
@@ -71,10 +61,11 @@ def score(files, readouts, fmt, seed, resamples, layers) -> None:
 def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
     """Compare runs with the first (the baseline) on the same questions: per readout and split, ΔF1 with
     a paired bootstrap interval, McNemar's exact p and the answers flipped."""
-    if len(runs) < 2:
-        _fail("compare needs a baseline run and at least one more: pope-fast compare RUN_A RUN_B [...]")
+    if len(expand_runs(runs)) < 2:
+        _fail("compare needs a baseline run and at least one more: pope-fast compare RUN_A RUN_B [...] (or a "
+              "paired run's folder)")
     with _failures():
-        result = compare_runs(list(runs), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch)
+        result = compare_runs(expand_runs(runs), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch)
     click.echo(format_compare(result, fmt))
 
 
@@ -85,10 +76,14 @@ def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
 def report(runs, out_dir, seed, resamples) -> None:
     """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs or record files."""
+    import importlib.util
+
     from .readout.figures import write_report
 
+    if importlib.util.find_spec("matplotlib") is None:  # before any table is written
+        _fail('pope-fast report draws with matplotlib, which is not installed: pip install -e ".[report]"')
     with _failures():
-        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples)
+        page = write_report(expand_runs(runs), out_dir, seed=seed, resamples=resamples)
     click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
 
 
@@ -164,6 +159,7 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="a mitigation method (none, vcd, pai, icd; settings default to its paper's); repeatable: "
                    "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="only the first N questions of each split")
 def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 
@@ -172,12 +168,13 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     """
     from .evaluate import EvalJob, run_eval
 
-    out = _writable_dir(out_dir, "--out")
-    if cache_dir is not None:
-        _writable_dir(cache_dir, "--cache-dir")
+    from .evaluate import checked_folders
+
+    with _failures():
+        out = checked_folders(options["model_dir"], out_dir, cache_dir)  # before anything is written
     device, shard = _device_and_shard(device)
     with _failures(shard):
-        job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, **options)
+        job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv), **options)
         outcome = run_eval(job, shard, _progress_bar, lambda text: click.echo(text, err=True))
     if outcome is not None:  # rank 0 (or the only process) reports
         click.echo(outcome.summary())
@@ -187,7 +184,8 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 def _progress_bar(total: int, shown: bool):
     from tqdm import tqdm
 
-    with tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, disable=not shown) as bar:
+    # disable=None: no bar where the output is no terminal (a log file would fill with its redraws)
+    with tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, disable=None if shown else True) as bar:
         yield bar.update
 
 

@@ -4,12 +4,13 @@ paired run the comparison of its methods (`EvalOutcome`). It prints nothing: the
 progress through the `progress` it is given, and the outcome."""
 from __future__ import annotations
 
+import tempfile
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager
 
-from .demo import demo_inputs
+from .builtin import demo_inputs
 from .distributed import Shard, every_rank
 from .engine import Engine, Settings, Timings, parse_method
 from .progress import watched
@@ -38,18 +39,20 @@ class EvalJob:
     cache_dir: Path | None = None
     skip_bad: bool = False
     settings: dict = field(default_factory=dict)  # Settings fields, the device among them
+    limit: int | None = None  # the first N questions of each split (a quick look, as lmms-eval's --limit)
+    command: str | None = None  # the command line, recorded in meta.json
 
     @classmethod
     def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
-                     no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, **settings
-                     ) -> "EvalJob":
+                     no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, limit=None,
+                     command=None, **settings) -> "EvalJob":
         """The job of `pope-fast eval`'s options (every other option is a Settings field)."""
         def path(p):
             return None if p is None else Path(p)
 
         return cls(Path(out_dir), path(model_dir), tuple(question_files), path(images_dir), demo_questions, split,
                    dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
-                   {**settings, "prefix_reuse": not no_prefix_reuse})
+                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command)
 
 
 @dataclass
@@ -97,9 +100,10 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         lock, engine, questions, images_dir = _setup(job, settings, shard, stack, notice)
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
-        update = stack.enter_context(progress(len(questions), lead))
+        update = stack.enter_context(_lazy(progress, len(questions), lead))
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
-        run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard)
+        run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard,
+                   provenance={"command": job.command} if job.command else None)
         if methods:
             results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
         else:
@@ -119,7 +123,10 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         lock = stack.enter_context(RunLock(job.out_dir)) if lead else None  # a second run here is refused at once
         if job.split and sum(len(find_question_files(s)) for s in job.question_sources) > 1:
             raise ValueError("--split names the split of a single question file")
-        questions = load_question_sources(job.question_sources, job.split, job.dataset)
+        skipped: list = []
+        questions = load_question_sources(job.question_sources, job.split, job.dataset, skipped)
+        for path, reason in skipped if lead else []:
+            notice(f"{path}: skipped, {reason}")
         if job.model_dir is None and lead:
             demo_inputs(job.out_dir, questions, job.images_dir, job.demo_questions, job.split, notice)
     with every_rank(shard):
@@ -132,7 +139,44 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         engine = Engine.load(model_dir, settings, template=job.template, readouts=job.readouts,
                              cache_dir=job.cache_dir)
         engine.warmup()
-    return lock, engine, questions, images_dir
+    return lock, engine, _limited(questions, job.limit), images_dir
+
+
+def checked_folders(model_dir, out_dir, cache_dir) -> Path:
+    """The folders of `pope-fast eval`, proven before anything is written: the checkpoint a local folder
+    (hub ids are not fetched), the output and cache folders created and writable. Returns the output's."""
+    if model_dir is not None and not Path(model_dir).expanduser().is_dir():
+        raise ValueError(f"--model {model_dir}: no such checkpoint folder; pope-fast reads local folders only and "
+                         "fetches nothing from a hub (download the checkpoint, e.g. with huggingface-cli download, "
+                         "and give its folder)")
+    out = _writable(out_dir, "--out")
+    if cache_dir is not None:
+        _writable(cache_dir, "--cache-dir")
+    return out
+
+
+def _writable(path, option: str) -> Path:
+    folder = Path(path)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=folder).close()
+    except OSError as err:
+        raise ValueError(f"{option} {path}: not a writable folder ({err.strerror or err})") from None
+    return folder
+
+
+def _limited(questions: list, limit: int | None) -> list:
+    """The first `limit` questions of each dataset's split, in order (all without a limit)."""
+    if limit is None:
+        return questions
+    seen: dict[tuple[str, str], int] = {}
+    kept = []
+    for q in questions:
+        count = seen.get((q.dataset, q.split), 0)
+        if count < limit:
+            kept.append(q)
+            seen[q.dataset, q.split] = count + 1
+    return kept
 
 
 def _check_method_readouts(methods, readouts: str) -> None:
@@ -155,3 +199,19 @@ def _comparison(out: Path, results: list[SweepResult]) -> str:
 @contextmanager
 def no_progress(total: int, lead: bool):
     yield lambda n: None
+
+
+@contextmanager
+def _lazy(progress: ProgressFactory, total: int, lead: bool):
+    """progress's display, opened when the sweep first tells of its questions: a run refused before it
+    starts (a resume of another run into this folder, say) shows no bar at 0% first."""
+    with ExitStack() as stack:
+        update = None
+
+        def tell(n: int) -> None:
+            nonlocal update
+            if update is None:
+                update = stack.enter_context(progress(total, lead))
+            update(n)
+
+        yield tell

@@ -16,12 +16,15 @@ import json
 import os
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from .distributed import Shard
 from .engine import Engine, ImageError, check_images
-from .engine.methods import METHODS, Method
+from . import __version__
+from .engine import Intervention
+from .engine.methods import METHODS, Intervened, Method
 from .prefetch import embedded_images, prepared_steps
 from .readout import META_FILE, Question, RecordWriter, RunLock, format_runs, make_record, read_meta, read_records
 from .readout import score_records, write_meta
@@ -52,22 +55,26 @@ class RunFolder:
 
 def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
              skip_bad: bool = False, progress: Progress | None = None, workers: int | None = None,
-             lock: RunLock | None = None, shard: Shard | None = None) -> SweepResult:
+             lock: RunLock | None = None, shard: Shard | None = None, intervention: Intervention | None = None,
+             provenance: dict | None = None) -> SweepResult:
     """Evaluate every question not yet recorded in out_dir with the model as it is; returns the scored
     runs. `workers` threads (default: one per CPU core, at most 8) check, read, decode and preprocess
     images ahead of the model. Images embedded in the questions (parquet) are read from there, the
     others from images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it
     (`lock`). Under torchrun (`shard`) this rank runs its share of the images and rank 0, the one that
-    holds the lock, merges the ranks' records; only rank 0's result holds the scored runs."""
-    folder = RunFolder(Path(out_dir), METHODS["none"]())
-    return run_sweep(engine, questions, images_dir, Path(out_dir), [folder], skip_bad=skip_bad, progress=progress,
-                     workers=workers, lock=lock, shard=shard)[0]
+    holds the lock, merges the ranks' records; only rank 0's result holds the scored runs. An
+    `intervention` (engine.Intervention) runs every question under it; `provenance` goes into meta.json
+    beside what the engine says (the command line that made the run, say)."""
+    method = METHODS["none"]() if intervention is None else Intervened(intervention)
+    return run_sweep(engine, questions, images_dir, Path(out_dir), [RunFolder(Path(out_dir), method)],
+                     skip_bad=skip_bad, progress=progress, workers=workers, lock=lock, shard=shard,
+                     provenance=provenance)[0]
 
 
 def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path,
                methods: list[Method], *, skip_bad: bool = False, progress: Progress | None = None,
-               workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None
-               ) -> list[SweepResult]:
+               workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
+               provenance: dict | None = None) -> list[SweepResult]:
     """A paired run: every method on the same questions, images and settings in one sweep, each into its
     own ordinary run folder out_dir/<method name>/ (resumable as any run). `progress` counts questions
     once, not once per method. Under torchrun as run_pope, every method's share of an image on the same
@@ -78,13 +85,13 @@ def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path
                          "each: name each method once")
     folders = [RunFolder(Path(out_dir) / m.name, m) for m in methods]
     return run_sweep(engine, questions, images_dir, Path(out_dir), folders, skip_bad=skip_bad, progress=progress,
-                     workers=workers, lock=lock, shard=shard)
+                     workers=workers, lock=lock, shard=shard, provenance=provenance)
 
 
 def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: Path,
               folders: list[RunFolder], *, skip_bad: bool = False, progress: Progress | None = None,
-              workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None
-              ) -> list[SweepResult]:
+              workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
+              provenance: dict | None = None) -> list[SweepResult]:
     """The sweep of run_pope and run_paired: every folder's method on the questions, out_dir locked."""
     for f in folders:  # settings that do not fit this model are refused before any folder is touched
         f.method.passes(engine.model.lm.dims.num_layers)
@@ -97,7 +104,7 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
         seen.add(key)
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions), skip_bad,
-                   progress, workers or default_workers(), shard)
+                   progress, workers or default_workers(), shard, provenance or {})
     # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
     with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
         return sweep.run(questions, folders)
@@ -128,6 +135,7 @@ class _Sweep:
     progress: Progress | None
     workers: int
     shard: Shard | None
+    provenance: dict
     evaluated: int = 0
     errors: int = 0
 
@@ -139,7 +147,8 @@ class _Sweep:
             asked = sinks[0].questions
             pending = {_key(q) for i, q in enumerate(asked) if any(_key(s.questions[i]) in s.todo for s in sinks)}
             before = len(questions) - len(pending)
-            self._tell(before)
+            if self.progress:  # told even of none: the run is proven this folder's, it starts now
+                self.progress(before)
             steps = self._steps(asked, pending, sinks)
             self._evaluate(steps, asked, pending, sinks)
         return [self._finish(sink, len(questions), before) for sink in sinks]
@@ -177,8 +186,10 @@ class _Sweep:
         records (or none), its meta written."""
         folder, engine, shard = run.path, self.engine, self.shard
         folder.mkdir(parents=True, exist_ok=True)
-        meta = {**engine.meta(run.method), "questions": question_counts(questions)}
-        check_resumable(folder, read_meta(folder / META_FILE), meta)
+        old = read_meta(folder / META_FILE)
+        meta = {**engine.meta(run.method), "questions": question_counts(questions), **self.provenance,
+                "pope_fast_version": __version__, "created": old.get("created") or _now(), "updated": _now()}
+        check_resumable(folder, old, meta)
         check_has_meta(folder)
         if shard is None:
             fold_parts(folder)  # records a torchrun job left in rank parts count as recorded
@@ -245,6 +256,10 @@ class _Sweep:
         return SweepResult(sink.folder, questions, before, *counts, write_summaries(sink.folder, sink.readouts))
 
 
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
 def question_counts(questions: list[Question]) -> dict[str, int]:
     """meta.json's count of the questions a run asks per split ("dataset/split" where it names one), so that
     scoring can tell a run that stopped part way from one that finished."""
@@ -291,6 +306,7 @@ def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, 
 def _fields(engine: Engine, result, digest: str) -> dict:
     return dict(first_token_id=result.first_token_id, candidate_logits=result.candidate_logits,
                 decoded=result.decoded, texts=result.texts, decoded_sequence=result.decoded_sequence,
+                capped=[n for n in result.capped if n in engine.readout.names],
                 predictions=engine.decide(result), probe=_recorded(result.probe, engine.settings.probe),
                 image_sha256=digest)
 

@@ -6,7 +6,8 @@ from .compare import compare_runs
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
 from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
                         Readout, TokenSets, parse_readouts)
-from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, make_record, read_meta, read_records
+from .records import (META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta,
+                      read_records)
 from .store import FolderBusy, RecordWriter, RunLock, repair_records, write_meta
 from .score import Unavailable, score_records
 from .report import format_audit, format_compare, format_runs
@@ -20,8 +21,8 @@ __all__ = [
     "bootstrap_f1_ci", "confusion", "mcnemar_exact", "summarize",
     "DEFAULT_READOUT", "LOGIT_READOUTS", "NO", "READOUTS", "TEXT_READOUTS", "UNKNOWN", "YES",
     "Readout", "TokenSets", "parse_readouts",
-    "META_FILE", "RECORDS_FILE", "Entry", "FolderBusy", "RecordSet", "RecordWriter", "RunLock", "make_record",
-    "read_meta", "read_records", "repair_records", "write_meta",
+    "META_FILE", "RECORDS_FILE", "Entry", "expand_runs", "FolderBusy", "RecordSet", "RecordWriter", "RunLock",
+    "make_record", "read_meta", "read_records", "repair_records", "write_meta",
     "Unavailable", "score_records",
     "format_audit", "format_runs",
     "TEMPLATES", "Template", "get_template",

@@ -17,9 +17,9 @@ Decode = Callable[[Sequence[int]], str]  # token ids → text (the tokenizer's d
 
 
 def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_limit: int) -> dict[str, Generation]:
-    """The resolved generation of each requested text readout: its reference's length, until-the-end
-    capped at the model's positions limit; `max_new_tokens` overrides every length (and the
-    first-sentence end, so that an override reproduces a fixed-length run exactly)."""
+    """The resolved generation of each requested text readout: its reference's length, within the model's
+    positions; `max_new_tokens` overrides every length (and the first-sentence end, so that an override
+    reproduces a fixed-length run exactly)."""
     plan = {}
     for name in names:
         readout = READOUTS[name]
@@ -29,7 +29,7 @@ def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_
             plan[name] = Generation(max_new_tokens)
         else:
             g = readout.generation
-            plan[name] = Generation(min(g.new_tokens or positions_limit, positions_limit), g.first_sentence)
+            plan[name] = Generation(min(g.new_tokens, positions_limit), g.first_sentence)
     return plan
 
 
@@ -67,12 +67,18 @@ class Continuation:
     text: str  # all of them decoded
     ends: dict[str, int]  # readout → how many of `ids` it reads
     texts: dict[str, str]  # readout → its own prefix decoded
+    capped: tuple[str, ...] = ()  # the readouts whose text its length cut, not a stop token or its sentence's end
 
 
 def cut(tokens: Sequence[int], stop_ids: set[int], plan: Mapping[str, Generation], decode: Decode) -> Continuation:
-    """Each readout's prefix of one row's shared continuation, decoded."""
-    ids = tuple(tokens[:_stop_index(tokens, stop_ids)])
+    """Each readout's prefix of one row's shared continuation, decoded, and which of them its length cut."""
+    stop = _stop_index(tokens, stop_ids)
+    ids = tuple(tokens[:stop])
     text = decode(ids)
     ends = {name: text_end(ids, stop_ids, g, decode) for name, g in plan.items()}
     texts = {name: text if end == len(ids) else decode(ids[:end]) for name, end in ends.items()}
-    return Continuation(ids, text, ends, texts)
+    # cut by its length: it ends before the stop token, or no stop token came at all (the model's positions
+    # ran out), and not where a first-sentence readout's sentence ends
+    capped = tuple(name for name, g in plan.items() if not (g.first_sentence and "." in texts[name])
+                   and (ends[name] < len(ids) or stop == len(tokens)))
+    return Continuation(ids, text, ends, texts, capped)

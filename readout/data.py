@@ -205,9 +205,42 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
     return questions
 
 
-def load_question_sources(paths: list[str | Path], split: str | None = None,
-                          dataset: str | None = None) -> list[Question]:
-    """Every question of the given files and folders (`find_question_files`), in order."""
+def load_question_sources(paths: list[str | Path], split: str | None = None, dataset: str | None = None,
+                          skipped: list[tuple[Path, str]] | None = None) -> list[Question]:
+    """Every question of the given files and folders (`find_question_files`), in order. A JSON file in a
+    folder that is no question file at all (a provenance or config file beside them) is left out, and
+    named with the reason in `skipped`; one named on its own is read, and any fault in it raised."""
     images: dict[str, bytes] = {}
-    return [q for source in paths for path in find_question_files(source)
-            for q in load_questions(path, split, dataset, images)]
+    questions = []
+    for source in paths:
+        for path in find_question_files(source):
+            reason = not_questions(path) if Path(source).is_dir() else None
+            if reason is not None:
+                if skipped is not None:
+                    skipped.append((path, reason))
+                continue
+            questions += load_questions(path, split, dataset, images)
+    return questions
+
+
+def not_questions(path: Path) -> str | None:
+    """Why a JSON file is no question file (its only or first value is not an object with any question key),
+    or None: parquet files and any file that may be one (even one with faults, named when it is read)."""
+    if path.suffix == ".parquet":
+        return None
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        value = json.loads(text)  # an array, or a single object
+    except json.JSONDecodeError:
+        try:
+            value = json.loads(text.split("\n", 1)[0])  # JSON lines: the first row
+        except json.JSONDecodeError:
+            return None
+    if isinstance(value, list):
+        value = value[0] if value else None
+    if isinstance(value, dict) and set(REQUIRED_KEYS) & set(value):
+        return None
+    return f"not a question file (its first row has none of the keys {', '.join(REQUIRED_KEYS)})"

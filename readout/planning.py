@@ -68,7 +68,8 @@ class ReadoutPlan:
     def texts(self, tokens: list[int], stop_ids: set[int], decode: Decode, prompt_ids: list[int]) -> dict:
         """What a row's greedy tokens give the readouts (PromptResult's text fields): `decoded`, the new
         tokens up to the first stop token; `texts`, each text readout's own prefix of them;
-        `decoded_sequence`, for string_parse_with_prompt, the prompt's ids and its prefix decoded as one.
+        `decoded_sequence`, for string_parse_with_prompt, the prompt's ids and its prefix decoded as one;
+        `capped`, the readouts whose text its length cut (the answer may go on past what they read).
 
         Only the new tokens make the text readouts' texts: decoding the prompt too is how published
         InstructBLIP string_parse scores picked up 'yes' from 'Answer yes or no only', which
@@ -78,7 +79,8 @@ class ReadoutPlan:
         sequence = None
         if whole:
             sequence = decode(list(prompt_ids) + list(continuation.ids[:continuation.ends[whole[0]]]))
-        return {"decoded": continuation.text, "texts": continuation.texts, "decoded_sequence": sequence}
+        return {"decoded": continuation.text, "texts": continuation.texts, "decoded_sequence": sequence,
+                "capped": continuation.capped}
 
     def at_answer_position(self) -> "ReadoutPlan":
         """The readouts that read the answer position alone (logit and first-token): what a method that

@@ -101,16 +101,13 @@ def exact_match(text: str) -> str:
     return answer if answer in (YES, NO) else UNKNOWN
 
 
-UNTIL_END = None
-
-
 @dataclass(frozen=True)
 class Generation:
-    """How a text readout's reference generates: at most `new_tokens` greedy tokens (UNTIL_END: until a
-    stop token, capped by the model's positions limit); with `first_sentence`, its text is complete at
-    the first '.' too, since it reads nothing after it."""
+    """How a text readout's reference generates: at most `new_tokens` greedy tokens (fewer where the
+    model's positions run out), to a stop token; with `first_sentence`, its text is complete at the
+    first '.' too, since it reads nothing after it."""
 
-    new_tokens: int | None
+    new_tokens: int
     first_sentence: bool = False
 
     def to_json(self) -> dict:
@@ -193,9 +190,11 @@ READOUTS: dict[str, Readout] = {
         Readout("string_parse_with_prompt", SEQUENCE,
                 "string_parse of the decoded whole sequence, prompt included (the paper's InstructBLIP and "
                 "mPLUG-Owl2 rows; not a recommended readout)", string_parse, Generation(6)),
-        # The POPE authors generated until the end; evaluate.py reads the first sentence only.
+        # evaluate.py reads the first sentence only; the answers it scores were generated as the references
+        # generate (LLaVA's model_vqa_loader and lmms-eval: 128 new tokens at most), never to the end of the
+        # model's positions (a model that loops without a period would decode thousands of tokens).
         Readout("pope_official", TEXT, "RUCAIBox/POPE evaluate.py: no/not/No before the first '.', else yes",
-                pope_official, Generation(UNTIL_END, first_sentence=True)),
+                pope_official, Generation(128, first_sentence=True)),
         # lmms-eval's pope.yaml: max_new_tokens 128.
         Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer equals yes or no", exact_match,
                 Generation(128)),

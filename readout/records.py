@@ -17,6 +17,7 @@ RECORDS_FILE, META_FILE = "records.jsonl", "meta.json"
 def make_record(question: Question, template: str, *, first_token_id: int | None = None,
                 candidate_logits: dict[int, float] | None = None, decoded: str | None = None,
                 texts: dict[str, str] | None = None, decoded_sequence: str | None = None,
+                capped: list[str] | None = None,
                 predictions: dict[str, str] | None = None, error: str | None = None,
                 image_sha256: str | None = None, probe: dict | None = None) -> dict:
     """One question's record. Its question text and the sha256 of its image's bytes are kept so that a
@@ -45,6 +46,8 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
             record["texts"] = differing
     if decoded_sequence is not None:
         record["decoded_sequence"] = decoded_sequence
+    if capped:  # the text readouts whose text hit its max_new_tokens
+        record["capped"] = list(capped)
     record["predictions"] = dict(predictions or {})
     record.update(probe or {})  # e.g. image_attention: one float per decoder layer
     return record
@@ -71,7 +74,7 @@ def checked_record(rec, where: str) -> dict:
         raise DataError(f"{where}: label {rec['label']!r} is not yes/no")
     expected = {"candidate_logits": dict, "predictions": dict, "decoded": str, "error": str, "text": str,
                 "image": str, "image_sha256": str, "dataset": str, "texts": dict, "decoded_sequence": str,
-                "image_attention": list, "image_attention_heads": list}
+                "image_attention": list, "image_attention_heads": list, "capped": list}
     for key, kind in expected.items():
         if rec.get(key) is not None and not isinstance(rec[key], kind):
             raise DataError(f"{where}: {key} {rec[key]!r} is not a {kind.__name__}")
@@ -134,6 +137,7 @@ class Entry:
     decoded_sequence: str | None = None
     image_attention: list[float] | None = None  # the probe's one value per decoder layer, where it ran
     text: str | None = None  # the question, where the record keeps it (ours do; published files do not)
+    capped: tuple[str, ...] = ()  # text readouts whose text hit its max_new_tokens
     image: str | None = None
 
     def text_for(self, name: str) -> str | None:
@@ -195,7 +199,7 @@ def _entry(rec: dict, where: str) -> Entry:
                  candidate_logits=_logits(rec.get("candidate_logits"), where),
                  decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
                  decoded_sequence=rec.get("decoded_sequence"), image_attention=rec.get("image_attention"),
-                 text=rec.get("text"), image=rec.get("image"),
+                 text=rec.get("text"), image=rec.get("image"), capped=tuple(rec.get("capped") or ()),
                  stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                          if n in READOUTS},
                  error=rec.get("error"))
@@ -208,6 +212,38 @@ def _logits(logits: dict | None, where: str) -> dict[int, float] | None:
         return {int(i): float("-inf") if v is None else float(v) for i, v in logits.items()}
     except (TypeError, ValueError):
         raise DataError(f"{where}: candidate_logits must map token ids to numbers") from None
+
+
+def expand_runs(paths) -> list[str]:
+    """The runs a command was given, a paired run's folder (OUT/ holding OUT/none/, OUT/vcd/, ...) standing
+    for its method folders: the baseline first (the order of OUT/compare.json, else `none` first and the
+    rest by name)."""
+    out = []
+    for path in map(Path, paths):
+        if not path.is_dir() or _holds_records(path):
+            out.append(str(path))
+            continue
+        folders = [f for f in sorted(path.iterdir()) if f.is_dir() and _holds_records(f)]
+        if not folders:
+            out.append(str(path))  # read_records names what is missing
+            continue
+        order = _compared(path / "compare.json")
+        folders.sort(key=lambda f: (order.index(f.name) if f.name in order else len(order), f.name != "none", f.name))
+        out += [str(f) for f in folders]
+    return out
+
+
+def _holds_records(folder: Path) -> bool:
+    return (folder / RECORDS_FILE).is_file() or any(folder.glob("records.rank*.jsonl"))
+
+
+def _compared(path: Path) -> list[str]:
+    """The method folders' names in a paired run's compare.json order (baseline first), or []."""
+    try:
+        pairs = json.loads(path.read_text(encoding="utf-8"))["pairs"]
+        return list(dict.fromkeys(Path(p[k]).name for p in pairs for k in ("a", "b")))
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
 
 
 def read_records(path: str | Path) -> RecordSet:

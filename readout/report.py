@@ -65,6 +65,9 @@ def format_runs(runs: list[dict], fmt: str = "table") -> str:
         for name, why in run.get("unavailable", {}).items():
             by_reason.setdefault(why, []).append(name)
         parts += [f"unavailable: {', '.join(names)} ({why})" for why, names in by_reason.items()]
+        if run.get("capped"):
+            parts.append("text cut at max_new_tokens: " + ", ".join(f"{n} {c} of {run['n'] - run.get('errors', 0)}"
+                                                                      for n, c in run["capped"].items()))
         if "image_attention" in run:
             parts.append(_attention_block(run["image_attention"], render))
         blocks.append("\n".join(parts))
@@ -176,8 +179,11 @@ def format_audit(audit: dict, fmt: str = "table") -> str:
     rows = [[repr(form), " ".join(map(str, f["ids"])), "yes" if f["single_token"] else "no",
              str(f["first_after_prompt"])] for form, f in audit["forms"].items()]
     lines += [_aligned(["form", "ids", "one token", "first id after prompt"], rows), ""]
-    rows = [[name, ", ".join(f"{t['id']} {t['token']!r}" for t in r["yes_tokens"]) or "-",
-             ", ".join(f"{t['id']} {t['token']!r}" for t in r["no_tokens"]) or "-"]
+    def shown(tokens):
+        return ", ".join(f"{t['id']} {t['token']!r}" if t["token"] is not None else f"{t['id']} (not in vocabulary)"
+                         for t in tokens) or "-"
+
+    rows = [[name, shown(r["yes_tokens"]), shown(r["no_tokens"])]
             for name, r in audit["readouts"].items()]
     lines += [_aligned(["readout", "yes ids", "no ids"], rows)]
     if audit["warnings"]:

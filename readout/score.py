@@ -91,6 +91,7 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
             "errors": len(everything) - len(entries),
             "readouts": {n: _metrics(labels, p, seed, resamples) for n, p in decided.items()},
             "first_token_counts": dict(first_tokens.most_common()),
+            **_capped(entries, decided),
             "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
                         for a, b in combinations(decided, 2)},
         }
@@ -100,6 +101,13 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
             run["unavailable"] = unavailable
         runs.append(run)
     return runs
+
+
+def _capped(entries: list[Entry], decided: dict) -> dict:
+    """{"capped": {readout: answers}}: per text readout, the answers whose text hit its max_new_tokens
+    (the model may have said more than the readout read); none when no answer did."""
+    counts = Counter(name for e in entries for name in e.capped if name in decided)
+    return {"capped": dict(counts)} if counts else {}
 
 
 def _attention(entries: list[Entry], labels: list[str], decided: dict[str, list[str]],

@@ -5,6 +5,7 @@ rewrite (meta.json, summaries, a repaired or reordered records file) is atomic."
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import os
 import re
@@ -214,6 +215,14 @@ def order_records(run_dir: str | Path, order: dict[tuple[str, str, str], int]) -
     return True
 
 
+@functools.cache
+def _umask() -> int:
+    """The process's umask (read once: os.umask can only read it by setting it)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write(path: Path, text: str) -> None:
     """Write a whole file or leave the old one: a private temporary file, fsynced, then renamed over it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -221,6 +230,8 @@ def atomic_write(path: Path, text: str) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
+            # mkstemp makes the file 0600; the file it replaces is shared as any file here is
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except OSError as err:  # a full disk, say: name the file, not the temporary one

@@ -111,8 +111,10 @@ def outside_vocabulary(sets: dict[str, TokenSets], vocab_size: int) -> dict[str,
     return {name: ids for name, ids in bad.items() if ids}
 
 
-def _answer_form(token: str) -> str | None:
-    """'▁Yes' / 'ĠYes' / 'Yes' → 'yes'; None when the token is not a bare yes/no."""
+def _answer_form(token: str | None) -> str | None:
+    """'▁Yes' / 'ĠYes' / 'Yes' → 'yes'; None when the token is not a bare yes/no (or not a token at all)."""
+    if token is None:
+        return None
     word = token.replace("\u2581", " ").replace("\u0120", " ").strip().lower()
     return word if word in ("yes", "no") else None
 
@@ -137,7 +139,9 @@ def audit_tokens(tokenizer, template: Template | str) -> dict:
         if name.startswith("legacy_"):
             for side, ids in (("yes", s.yes_ids), ("no", s.no_ids)):
                 for entry in described(ids):
-                    if _answer_form(entry["token"]) != side:
+                    if entry["token"] is None:
+                        warnings.append(f"{name}: fixed {side} id {entry['id']} is not in this vocabulary")
+                    elif _answer_form(entry["token"]) != side:
                         warnings.append(f"{name}: fixed {side} id {entry['id']} is {entry['token']!r} in this "
                                         f"vocabulary, not a {side} form")
         if name != "template_aware":

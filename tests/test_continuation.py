@@ -18,8 +18,9 @@ def decode(ids):
 
 def test_each_readout_generates_as_its_reference_does():
     plan = generation_plan(list(READOUTS), None, positions_limit=4096)
+    # every reference stops at 128 new tokens or fewer: none decodes to the model's positions
     assert plan == {"string_parse": Generation(6), "string_parse_with_prompt": Generation(6),
-                    "pope_official": Generation(4096, first_sentence=True), "exact_match": Generation(128)}
+                    "pope_official": Generation(128, first_sentence=True), "exact_match": Generation(128)}
     assert generation_plan(["template_aware", "string_parse"], 3, 4096) == {"string_parse": Generation(3)}
     # --max-new-tokens is every text readout's length, with no first-sentence end
     assert set(generation_plan(list(READOUTS), 6, 4096).values()) == {Generation(6)}
@@ -27,8 +28,8 @@ def test_each_readout_generates_as_its_reference_does():
 
 
 def test_a_sentence_that_ends_after_the_sixth_token():
-    """'Yes there is a dog but not here.': the paper's 6 tokens stop at 'but'; the POPE authors
-    generated to the end, and evaluate.py reads the whole first sentence, whose 'not' makes it no."""
+    """'Yes there is a dog but not here.': the paper's 6 tokens stop at 'but'; evaluate.py reads the whole
+    first sentence, whose 'not' makes it no. Only the 6-token readout's text was cut by its length."""
     tokens = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 9, 0, 5, 5]
     c = cut(tokens, STOP, generation_plan(["string_parse", "pope_official", "exact_match"], None, 4096), decode)
     assert c.ids == tuple(tokens[:12]) and c.text == "Yes there is a dog but not here. It sleeps."
@@ -38,6 +39,9 @@ def test_a_sentence_that_ends_after_the_sixth_token():
     assert (string_parse(c.texts["string_parse"]), pope_official(c.texts["pope_official"]),
             exact_match(c.texts["exact_match"])) == ("yes", "no", "unknown")
     assert pope_official("Yes there is a dog but") == "yes"   # what a 6-token cut made of it
+    assert c.capped == ("string_parse",)  # the sentence ended pope_official's, the stop token exact_match's
+    looping = cut([1, 2, 3, 4, 5, 6, 7, 8], STOP, generation_plan(["exact_match", "pope_official"], 5, 4096), decode)
+    assert looping.capped == ("exact_match", "pope_official")  # no stop, no sentence: both cut at 5
 
 
 def test_a_stop_token_ends_every_readout_and_an_override_cuts_at_its_length():

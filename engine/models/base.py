@@ -19,7 +19,7 @@ from PIL import Image
 
 from ..layers import Linear, make_linear, replace_linears
 from ..llama import DecoderLayer, LlamaDims, LlamaLM
-from ..loader import CheckpointError, stop_ids
+from ..loader import CheckpointError, quiet_fallback, stop_ids
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
@@ -88,7 +88,8 @@ class Family:
     def pretrained(self, loader, what: str):
         """loader.from_pretrained of this folder (never the hub), or a one-line CheckpointError naming `what`."""
         try:
-            return loader.from_pretrained(str(self.folder), local_files_only=True)
+            with quiet_fallback():
+                return loader.from_pretrained(str(self.folder), local_files_only=True)
         except (OSError, ValueError) as err:  # transformers' messages run to several lines of advice
             reason = " ".join(str(err).split())
             reason = reason if len(reason) <= 200 else reason[:197] + "..."

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
@@ -173,9 +173,10 @@ class InstructBlipModel(Family):
                          **stream) -> Path:
         """A random-weight InstructBLIP-Vicuna checkpoint; the Q-Former's tokenizer is qformer_tokenizer_dir's
         (bert-base-uncased) or the built-in BERT-like one."""
-        from transformers import (BlipImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
-                                  InstructBlipProcessor, InstructBlipQFormerConfig, InstructBlipVisionConfig,
-                                  LlamaConfig)
+        with quiet_fallback():  # the processor classes' torchvision notice
+            from transformers import (BlipImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
+                                      InstructBlipProcessor, InstructBlipQFormerConfig, InstructBlipVisionConfig,
+                                      LlamaConfig)
 
         dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
         tok = tokenizer_for(folder, tokenizer_dir)

@@ -17,7 +17,7 @@ from PIL import Image
 
 from ..images import ClipPixels, checked_fast_path
 from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
@@ -214,8 +214,9 @@ class LlavaModel(Family):
                          weights: Weights | None = None, **stream) -> Path:
         """A random-weight llava-hf checkpoint. dims: a `sizes` name or a dict of its shape (vision,
         text, and optional top-level `config` kwargs)."""
-        from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                                  LlavaForConditionalGeneration, LlavaProcessor)
+        with quiet_fallback():  # the processor classes' torchvision notice
+            from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                                      LlavaForConditionalGeneration, LlavaProcessor)
 
         dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
         tok = tokenizer_for(folder, tokenizer_dir)

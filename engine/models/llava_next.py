@@ -118,8 +118,9 @@ class LlavaNextModel(LlavaModel):
                          weights: Weights | None = None, **stream) -> Path:
         """A random-weight llava-hf LLaVA-1.6-Mistral checkpoint: LLaVA-1.5's tower, a Mistral language
         model and anyres pinpoints (dims' `pinpoints`, default the 336-px ones)."""
-        from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
-                                  LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
+        with quiet_fallback():  # the processor classes' torchvision notice
+            from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
+                                      LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
 
         dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
         tok = tokenizer_for(folder, tokenizer_dir)

@@ -23,7 +23,7 @@ from PIL import Image
 
 from ..images import ClipPixels, checked_fast_path
 from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, read_config
+from ..loader import CheckpointError, load_grouped, quiet_fallback, read_config
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
@@ -222,7 +222,8 @@ class MplugOwl2Model(Family):
         """A random-weight checkpoint in upstream mPLUG-Owl2's layout (config.json with visual_config,
         upstream's tensor names, a CLIP processor at the ViT's size); transformers has no class for it,
         so the tensors are streamed from the family's own shape tables ("stream" weights only)."""
-        from transformers import CLIPImageProcessor, LlamaConfig
+        with quiet_fallback():  # the processor class's torchvision notice
+            from transformers import CLIPImageProcessor, LlamaConfig
 
         dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
         weights = weights or Weights(**stream)

@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..images import ImageError, checked_fast_path, normalize_table, to_rgb
 from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
@@ -184,7 +184,9 @@ class Qwen2VLModel(Family):
         """A random-weight Qwen2-VL checkpoint (the processor's default pixel budget unless dims'
         `processor` says otherwise); the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad,
         else the built-in one."""
-        from transformers import AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VLImageProcessor
+        with quiet_fallback():  # the processor classes' torchvision notice
+            from transformers import (AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
+                                      Qwen2VLImageProcessor)
 
         dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
         tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None

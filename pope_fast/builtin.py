@@ -3,6 +3,8 @@ images, so the main job runs on a fresh machine with nothing downloaded. The num
 pipeline is the real one."""
 from __future__ import annotations
 
+import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -30,3 +32,26 @@ def demo_inputs(out_dir: Path, questions: list[Question], images_dir: Path | Non
     if images_dir is None and named:
         images_dir = write_images(demo / "images", named)
     return model_dir, questions, images_dir
+
+
+@dataclass(frozen=True)
+class Demo:
+    """The built-in demo's inputs on disk: a random tiny checkpoint, synthetic images and POPE-shaped
+    questions about them (the questions' `image` names the files in images_dir)."""
+
+    checkpoint: Path
+    images_dir: Path
+    questions: list[Question]
+
+    @property
+    def images(self) -> list[Path]:
+        return [self.images_dir / name for name in dict.fromkeys(q.image for q in self.questions)]
+
+
+def demo(folder: str | Path | None = None, questions: int = 60) -> Demo:
+    """The demo's checkpoint, images and questions, written once under `folder` (default:
+    $XDG_CACHE_HOME/pope-fast, else ~/.cache/pope-fast) and reused after, for trying the Python API."""
+    root = Path(folder) if folder is not None else \
+        Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pope-fast"
+    checkpoint, asked, images_dir = demo_inputs(root, [], None, questions, None)
+    return Demo(checkpoint, images_dir, asked)
