@@ -84,8 +84,9 @@ def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
 def report(runs, out_dir, seed, resamples) -> None:
-    """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs or record files."""
-    from .readout.figures import write_report
+    """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs, record files and
+    paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""
+    from .readout.report_page import write_report
 
     with _failures():
         page = write_report(list(runs), out_dir, seed=seed, resamples=resamples)
