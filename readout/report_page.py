@@ -25,9 +25,10 @@ COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
          "table{border-collapse:collapse;margin:1em 0}td,th{border-bottom:1px solid #ccc;padding:2px 8px;"
          "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
-         "figure{margin:1.5em 0}figcaption{font-size:0.9em;color:#333;max-width:900px}"
+         ".wide{overflow-x:auto}.wide table{font-size:0.85em}"
+         "figure{margin:1.5em 0;max-width:100%}figcaption{font-size:0.9em;color:#333}"
          "table.runs td,table.runs th{text-align:left;vertical-align:top}code{font-size:0.9em}"
-         ".side{display:flex;flex-wrap:wrap;gap:0 24px}.side figure{width:520px;margin:1em 0}")
+         ".side{display:flex;flex-wrap:wrap;gap:0 24px}.side figure{margin:1em 0}")
 
 
 @dataclass
@@ -97,7 +98,8 @@ class Page:
         self.count += 1
         encoded = base64.b64encode(png.read_bytes()).decode("ascii")
         numbers = png.with_suffix(".json").relative_to(self.out).as_posix()
-        self.body.append(f'<figure id="figure-{self.count}"><img alt="Figure {self.count}" '
+        width = max(480, round(fig.bbox.width))  # the caption wraps at the figure's width, or a readable one
+        self.body.append(f'<figure id="figure-{self.count}" style="width:{width}px"><img alt="Figure {self.count}" '
                          f'src="data:image/png;base64,{encoded}"><figcaption><b>Figure {self.count}.</b> '
                          f"{html.escape(caption)} Numbers: <code>{html.escape(numbers)}</code>.</figcaption></figure>")
 
@@ -157,12 +159,12 @@ def _html_table(table: dict) -> str:
         f"<td><b>{c}</b></td>" if best else f"<td>{c}</td>" for c, best in zip(r["cells"], r["best"])) + "</tr>"
         for r in table["rows"])
     return (f"<h3>F1 by readout, {html.escape(table['group'])}</h3>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
+            f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
 
 
 def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
     runs = [run for run, _ in inputs.scored]
-    page.html("<h2>F1, models x readouts x splits</h2>")
+    page.html("<h2>F1, models × readouts × splits</h2>")
     page.body += map(_html_table, f1_tables(runs))
     data, caption = figure_data.f1_grid(runs)
     page.add(figures.f1_grid(data), data, page.out / "f1_models_readouts_splits", caption)

@@ -219,7 +219,8 @@ META = {"model": {"path": "/models/llava-1.5-7b-hf", "family": "llava", "files":
 
 def _figures(page: str) -> list[tuple[int, str]]:
     """(number, caption) of every figure of the page, in order."""
-    found = re.findall(r'<figure id="figure-(\d+)"><img alt="Figure \1" src="data:image/png;base64,[A-Za-z0-9+/=]+">'
+    found = re.findall(r'<figure id="figure-(\d+)" style="width:\d+px"><img alt="Figure \1" '
+                       r'src="data:image/png;base64,[A-Za-z0-9+/=]+">'
                        r"<figcaption><b>Figure \1\.</b> (.*?)</figcaption></figure>", page)
     return [(int(k), caption) for k, caption in found]
 
