@@ -17,7 +17,7 @@ from PIL import Image
 from ..readout import Template, get_template
 from ..readout.planning import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
-from ..readout.tokens import tokenizer_info
+from ..readout.tokens import token_strings, tokenizer_info
 from .fingerprint import checkpoint_digests
 from .images import DECODE_ERRORS, LoadedImage, read_image, to_rgb, undecodable
 from .interventions import Intervention, changes_prefix
@@ -124,6 +124,7 @@ class Engine:
             "template": self.template.name,
             "prompt_example": self.template.render(SAMPLE_QUESTION, self.model.tokenizer),
             "readouts": plan["readouts"], "token_sets": plan["token_sets"], "candidate_ids": plan["candidate_ids"],
+            "token_strings": token_strings(self.model.tokenizer, plan["candidate_ids"]),  # for the report's labels
             "tokenizer": tokenizer_info(self.model.tokenizer),
             "settings": self.settings.to_json(),
             "generation": plan["generation"],  # each text readout's length

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
-from pathlib import Path
 
 import click
 
@@ -75,15 +74,17 @@ def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
 def report(runs, out_dir, seed, resamples) -> None:
-    """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs or record files."""
+    """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs, record files and
+    paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""
     import importlib.util
 
-    from .readout.figures import write_report
+    from .readout.figures import NO_MATPLOTLIB
+    from .readout.report_page import write_report
 
     if importlib.util.find_spec("matplotlib") is None:  # before any table is written
-        _fail('pope-fast report draws with matplotlib, which is not installed: pip install -e ".[report]"')
+        _fail(NO_MATPLOTLIB)
     with _failures():
-        page = write_report(expand_runs(runs), out_dir, seed=seed, resamples=resamples)
+        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples)
     click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
 
 

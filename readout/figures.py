@@ -1,26 +1,17 @@
-"""`pope-fast report`: figures, the numbers behind each one, the F1 tables and one self-contained HTML page.
+"""The report's figures, drawn from the numbers `figure_data` gathers (each figure's JSON).
 
-Every number comes from `score_records`, called as `pope-fast score` calls it, so a figure's JSON equals
-the score output it was drawn from. matplotlib (the `report` extra) is imported only here and only
-when a report is made; figures are drawn on Agg canvases directly, never through pyplot's global state.
+matplotlib (the `report` extra) is imported only here and only when a figure is drawn; figures are
+drawn on Agg canvases directly, never through pyplot's global state. Sizes are in pixels at DPI.
 """
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
-import re
 from pathlib import Path
 
-from .attention import layer_mean
-from .protocols import NO, READOUTS, YES
-from .records import RecordSet, read_records
-from .report import f1_tables, format_f1_tables, group_name, model_labels
-from .score import predictions, question_order, score_records
-
 DPI = 100
-TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
+MISSING = "#d9d9d9"  # cells and bars with nothing to show: no answered question, a readout not supplied
+NO_MATPLOTLIB = 'pope-fast report draws with matplotlib, which is not installed: pip install -e ".[report]"'
 
 
 def _figure(width_px: int, height_px: int):
@@ -28,33 +19,71 @@ def _figure(width_px: int, height_px: int):
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
     except ImportError:
-        raise ValueError('pope-fast report draws with matplotlib: pip install "pope-fast[report]"') from None
+        raise ValueError(NO_MATPLOTLIB) from None
     fig = Figure(figsize=(width_px / DPI, height_px / DPI), dpi=DPI)
     FigureCanvasAgg(fig)
     return fig
 
 
-def _confusion_grid(title: str, data: dict):
+def _axes(fig, left: float, bottom: float, right: float, top: float):
+    """Axes placed by their margins in pixels."""
+    w, h = fig.bbox.width, fig.bbox.height
+    return fig.add_axes((left / w, bottom / h, 1 - (left + right) / w, 1 - (bottom + top) / h))
+
+
+def plain(text: str) -> str:
+    """A token string as matplotlib should print it: `$` not read as mathtext, control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text).replace("$", r"\$")
+
+
+def readable_ticks(axis, low: float, high: float, count: int = 5) -> None:
+    """At most `count` + 1 ticks on [low, high] with as many decimals as their step needs, so that close
+    values (0.97760 to 0.97763) get distinct labels that do not run into each other."""
+    from matplotlib.ticker import FixedLocator, MaxNLocator
+
+    if high <= low:
+        low, high = low - 0.5 * (abs(low) or 1) * 1e-3, high + 0.5 * (abs(high) or 1) * 1e-3
+    ticks = [t for t in MaxNLocator(nbins=count).tick_values(low, high) if low - 1e-12 <= t <= high + 1e-12]
+    step = ticks[1] - ticks[0] if len(ticks) > 1 else abs(high - low) or 1
+    decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    axis.set_major_locator(FixedLocator(ticks))
+    axis.set_ticklabels([f"{t:.{decimals}f}" for t in ticks])
+
+
+def _matrix(ax, m: dict, n: int, title: str) -> None:
+    """One confusion matrix: rows the label (yes, no), columns the prediction."""
+    cells = [[m["tp"], m["fn"]], [m["fp"], m["tn"]]]
+    ax.imshow(cells, cmap="Blues", vmin=0, vmax=max(1, n // 2))
+    for i in range(2):
+        for j in range(2):
+            ax.text(j, i, str(cells[i][j]), ha="center", va="center", fontsize=9,
+                    color="white" if cells[i][j] > n // 4 else "black")
+    ax.set_xticks([0, 1], ["yes", "no"], fontsize=7)
+    ax.set_yticks([0, 1], ["yes", "no"], fontsize=7)
+    ax.set_xlabel("prediction", fontsize=7)
+    ax.set_ylabel("label", fontsize=7)
+    ax.set_title(title + (f"\n(unknown {m['unknown']})" if m["unknown"] else ""), fontsize=8)
+
+
+def confusion_grid(title: str, data: dict):
     names = list(data["readouts"])
     cols = min(4, len(names))
     rows = math.ceil(len(names) / cols)
     fig = _figure(250 * cols, 230 * rows + 60)
     fig.suptitle(title, fontsize=10)
     for k, name in enumerate(names):
-        m = data["readouts"][name]
-        ax = fig.add_subplot(rows, cols, k + 1)
-        cells = [[m["tp"], m["fn"]], [m["fp"], m["tn"]]]
-        ax.imshow(cells, cmap="Blues", vmin=0, vmax=max(1, data["n"] // 2))
-        for i in range(2):
-            for j in range(2):
-                ax.text(j, i, str(cells[i][j]), ha="center", va="center", fontsize=9,
-                        color="white" if cells[i][j] > data["n"] // 4 else "black")
-        ax.set_xticks([0, 1], ["yes", "no"], fontsize=7)
-        ax.set_yticks([0, 1], ["yes", "no"], fontsize=7)
-        ax.set_xlabel("prediction", fontsize=7)
-        ax.set_ylabel("label", fontsize=7)
-        ax.set_title(name + (f" (unknown {m['unknown']})" if m["unknown"] else ""), fontsize=8)
-    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.08, top=1 - 60 / fig.bbox.height, hspace=0.5, wspace=0.4)
+        _matrix(fig.add_subplot(rows, cols, k + 1), data["readouts"][name], data["n"], name)
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.08, top=1 - 60 / fig.bbox.height, hspace=0.6, wspace=0.4)
+    return fig
+
+
+def confusion_pair(title: str, data: dict):
+    """The paper's Fig. 2: two readouts' confusion matrices side by side, F1 in each title."""
+    fig = _figure(520, 290)
+    fig.suptitle(title, fontsize=10)
+    for k, (name, m) in enumerate(data["readouts"].items()):
+        _matrix(fig.add_subplot(1, 2, k + 1), m, data["n"], f"{name}: F1 {m['f1']:.4f}")
+    fig.subplots_adjust(left=0.1, right=0.97, bottom=0.14, top=0.8, wspace=0.45)
     return fig
 
 
@@ -62,97 +91,122 @@ def _bars_size(n: int) -> tuple[int, int]:
     return 800, 90 + 32 * n
 
 
-def _f1_intervals(title: str, data: dict):
+def _rows(ax, names: list[str]) -> None:
+    ax.set_yticks(range(len(names)), names, fontsize=8)
+    ax.set_ylim(len(names) - 0.5, -0.5)  # first readout on top, half a row of margin
+
+
+def f1_intervals(title: str, data: dict):
     names = list(data["readouts"])
     fig = _figure(*_bars_size(len(names)))
-    ax = fig.add_axes((0.2, 50 / fig.bbox.height, 0.75, 1 - 85 / fig.bbox.height))
+    ax = _axes(fig, 160, 50, 40, 35)
+    _rows(ax, names)
     for y, name in enumerate(names):
         m = data["readouts"][name]
         low, high = m["f1_ci95"]
         ax.errorbar(m["f1"], y, xerr=[[m["f1"] - low], [high - m["f1"]]], fmt="o", color="C0", capsize=3)
-        ax.text(high + 0.01, y, f"{m['f1']:.4f}", va="center", fontsize=7)
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.set_ylim(len(names) - 0.5, -0.5)  # first readout on top, half a row of margin
-    ax.set_xlim(0, 1.08)
-    ax.set_xlabel("F1 (95% bootstrap interval)", fontsize=8)
+        note = f" ({m['unknown']} unknown)" if m["unknown"] else ""
+        ax.text(high + 0.01, y, f"{m['f1']:.4f}{note}", va="center", fontsize=7)
+    ax.set_xlim(0, 1.15)
+    ax.set_xlabel("F1 (95% bootstrap interval; an unknown answer counts as wrong)", fontsize=8)
     ax.set_title(title, fontsize=10)
     return fig
 
 
-def _yes_rates(title: str, data: dict):
+def yes_rates(title: str, data: dict):
+    """Bars of the answered predictions' yes-rate; a readout that answered nothing is a hatched grey band
+    saying so, not a bar of length 0."""
     names = list(data["readouts"])
     fig = _figure(*_bars_size(len(names)))
-    ax = fig.add_axes((0.2, 50 / fig.bbox.height, 0.75, 1 - 85 / fig.bbox.height))
-    rates = [data["readouts"][n]["yes_rate"] for n in names]
-    ax.barh(range(len(names)), rates, color="C1")
-    ax.axvline(data["label_yes_rate"], color="black", linestyle="--", label=f"labels: {data['label_yes_rate']:.4f}")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.set_ylim(len(names) - 0.5, -0.5)  # first readout on top, half a row of margin
+    ax = _axes(fig, 160, 50, 40, 35)
+    _rows(ax, names)
+    for y, name in enumerate(names):
+        m = data["readouts"][name]
+        if m["answered"] == 0:
+            ax.barh(y, 1, color=MISSING, hatch="//", edgecolor="white")
+            ax.text(0.02, y, f"no answered questions ({m['unknown']} unknown)", va="center", fontsize=7, zorder=3,
+                    bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
+            continue
+        ax.barh(y, m["yes_rate"], color="C1")
+        note = f" of {m['answered']} answered" if m["unknown"] else ""
+        ax.text(min(m["yes_rate"], 0.78) + 0.01, y, f"{m['yes_rate']:.4f}{note}", va="center", fontsize=7)
+    if data["label_yes_rate"] is not None:  # None: every record of the split an error
+        ax.axvline(data["label_yes_rate"], color="black", linestyle="--", label=f"labels: {data['label_yes_rate']:.4f}")
+        ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
     ax.set_xlim(0, 1)
     ax.set_xlabel("yes-rate of the answered predictions", fontsize=8)
-    ax.legend(fontsize=7, loc="lower right")
     ax.set_title(title, fontsize=10)
     return fig
 
 
-def _first_tokens(title: str, data: dict):
+def _token_label(token: dict) -> str:
+    return f"{plain(token['token'])}  {token['id']}" if token["token"] is not None else str(token["id"])
+
+
+def first_tokens(title: str, data: dict):
+    """Bars of the first generated token, labelled by its string (and id); under them, one line per readout
+    marking the ids it counts as yes (Y) or no (N)."""
     tokens, marked = data["tokens"], data["marked_readouts"]
-    fig = _figure(200 + 40 * max(1, len(tokens)), 360 + 22 * len(marked))
-    height, marks = fig.bbox.height, 22 * len(marked)  # the marks sit below the rotated token ids
-    bars = fig.add_axes((160 / fig.bbox.width, (80 + marks) / height, 1 - 190 / fig.bbox.width,
-                         1 - (120 + marks) / height))
+    labels = [_token_label(t) for t in tokens]
+    label_px = 12 + 6 * max(map(len, labels), default=4)  # rotated labels: their length is their height
+    marks = 22 * len(marked)
+    fig = _figure(220 + 40 * max(1, len(tokens)), 240 + label_px + marks)
+    bars = _axes(fig, 160, 30 + label_px + marks, 30, 40)
     bars.bar(range(len(tokens)), [t["count"] for t in tokens], color="C2")
-    bars.set_xticks(range(len(tokens)), [str(t["id"]) for t in tokens], rotation=90, fontsize=7)
+    bars.set_xticks(range(len(tokens)), labels, rotation=90, fontsize=7)
     bars.set_xlim(-0.5, len(tokens) - 0.5)
     bars.set_ylabel("questions (first token)", fontsize=8)
+    bars.yaxis.get_major_locator().set_params(integer=True)
     bars.set_title(title, fontsize=10)
-    for row, name in enumerate(marked):  # one line of marks per readout under the token ids
+    height, width = fig.bbox.height, fig.bbox.width
+    for row, name in enumerate(marked):  # one line of marks per readout under the token labels
         y = (20 + 22 * (len(marked) - 1 - row)) / height
-        fig.text(150 / fig.bbox.width, y, name, ha="right", va="center", fontsize=7)
+        fig.text(150 / width, y, name, ha="right", va="center", fontsize=7)
         for col, token in enumerate(tokens):
             mark = token["readouts"].get(name)
             if mark:
-                x = bars.transData.transform((col, 0))[0] / fig.bbox.width
+                x = bars.transData.transform((col, 0))[0] / width
                 fig.text(x, y, "Y" if mark == "yes" else "N", ha="center", va="center", fontsize=7,
                          color="green" if mark == "yes" else "red")
     return fig
 
 
-def _f1_heatmap(table: dict, f1: list[list[float | None]]):
-    readouts, models = table["readouts"], [r["model"] for r in table["rows"]]
-    fig = _figure(220 + 90 * len(readouts), 150 + 40 * len(models))
-    ax = fig.add_axes((200 / fig.bbox.width, 100 / fig.bbox.height, 1 - 210 / fig.bbox.width,
-                       1 - 140 / fig.bbox.height))
-    ax.imshow([[math.nan if v is None else v for v in row] for row in f1], cmap="viridis", vmin=0, vmax=1,
-              aspect="auto")
-    for i, row in enumerate(f1):
-        for j, v in enumerate(row):
-            ax.text(j, i, "-" if v is None else f"{v:.4f}", ha="center", va="center", fontsize=7,
-                    color="black" if v is not None and v > 0.6 else "white",
-                    fontweight="bold" if table["rows"][i]["best"][j] else "normal")
-    ax.set_xticks(range(len(readouts)), readouts, rotation=30, ha="right", fontsize=8)
-    ax.set_yticks(range(len(models)), models, fontsize=8)
-    ax.set_title(f"F1 by model and readout, {table['group']}", fontsize=10)
-    return fig
+def _stat(value, fmt: str) -> str:
+    return "-" if value is None else format(value, fmt)
 
 
-def _attention_plot(title: str, data: dict):
-    """Per readout, the image attention of right and wrong answers (box plots, side by side)."""
+def _horizontal() -> dict:
+    """Horizontal boxes: `orientation` from matplotlib 3.10, `vert` (deprecated there) before it."""
+    import matplotlib
+
+    major, minor = (int(p) for p in matplotlib.__version__.split(".")[:2])
+    return {"orientation": "horizontal"} if (major, minor) >= (3, 10) else {"vert": False}
+
+
+def attention_plot(title: str, data: dict):
+    """Per readout, the image attention of right and wrong answers (box plots side by side), with Cohen's d
+    and the Mann-Whitney p at the right of its row."""
     names = list(data["readouts"])
-    fig = _figure(800, 110 + 56 * len(names))
-    ax = fig.add_axes((0.2, 60 / fig.bbox.height, 0.62, 1 - 100 / fig.bbox.height))
+    fig = _figure(860, 120 + 56 * len(names))
+    ax = _axes(fig, 160, 60, 190, 40)
+    _rows(ax, names)
+    values = [v for name in names for group in ("correct", "wrong") for v in data["readouts"][name][group]]
     for y, name in enumerate(names):
         groups = data["readouts"][name]
         for offset, (group, color) in enumerate((("correct", "C0"), ("wrong", "C3"))):
             if groups[group]:
-                ax.boxplot(groups[group], positions=[y + (offset - 0.5) * 0.36], widths=0.3, vert=False,
-                           patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6}, showfliers=False)
-        d, p = groups["cohens_d"], groups["mann_whitney_p"]
-        fig.text(0.84, ax.transData.transform((0, y))[1] / fig.bbox.height,
-                 f"d {'-' if d is None else f'{d:.2f}'}, p {'-' if p is None else f'{p:.2g}'}", fontsize=7,
-                 va="center")
-    ax.set_yticks(range(len(names)), names, fontsize=8)
-    ax.set_ylim(len(names) - 0.5, -0.5)
+                ax.boxplot(groups[group], positions=[y + (offset - 0.5) * 0.36], widths=0.3, **_horizontal(),
+                           patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6}, showfliers=False,
+                           manage_ticks=False)
+        ax.text(1.02, y, f"d {_stat(groups['cohens_d'], '.2f')}, p {_stat(groups['mann_whitney_p'], '.2g')}\n"
+                f"n {len(groups['correct'])} right / {len(groups['wrong'])} wrong", transform=ax.get_yaxis_transform(),
+                fontsize=7, va="center", clip_on=False)
+    if values:
+        low, high = min(values), max(values)
+        pad = (high - low) * 0.05 or abs(high) * 1e-4 or 1e-4
+        ax.set_xlim(low - pad, high + pad)
+        readable_ticks(ax.xaxis, low - pad, high + pad)
+    ax.tick_params(axis="x", labelsize=7)
     first, last = data["layers"]
     ax.set_xlabel(f"image attention at the answer position, layers {first}-{last} (blue: right, red: wrong)",
                   fontsize=8)
@@ -160,139 +214,106 @@ def _attention_plot(title: str, data: dict):
     return fig
 
 
-def _attention_data(run: dict, records: RecordSet) -> dict:
-    """Each readout's right and wrong answers' image attention (the run's layer mean per question),
-    with the d and p that score reports."""
-    table = run["image_attention"]
-    layers = tuple(table["layers"])
-    group = (run.get("dataset", ""), run["split"])
-    entries = sorted((e for e in records.entries if (e.dataset, e.split) == group and e.error is None),
-                     key=question_order)
-    values = [layer_mean(e.image_attention, layers) for e in entries]
-    readouts = {}
-    for name, stats in table["readouts"].items():
-        decided = predictions(records, name, entries)
-        answered = [(v, p == e.label) for v, p, e in zip(values, decided, entries) if p in (YES, NO)]
-        readouts[name] = {"correct": [v for v, right in answered if right],
-                          "wrong": [v for v, right in answered if not right],
-                          **{k: stats["correct_vs_wrong"][k] for k in ("mean_difference", "cohens_d",
-                                                                        "mann_whitney_p")}}
-    return {"layers": list(layers), "num_layers": table["num_layers"], "readouts": readouts}
+def _cell_color(value: float | None) -> str:
+    return "black" if value is not None and value > 0.6 else "white"
 
 
-def _token_data(run: dict, records: RecordSet) -> dict:
-    """The most frequent first tokens and every readout's ids, each with the readouts that count it."""
-    counts = {int(i): c for i, c in run["first_token_counts"].items()}
-    marked = [n for n in run["readouts"] if n in records.token_sets]
-    ids = list(counts)[:TOP_TOKENS]
-    ids += sorted({i for n in marked for i in records.token_sets[n].ids} - set(ids))
-    tokens = []
-    for i in ids:
-        marks = {n: ("yes" if i in records.token_sets[n].yes_ids else "no") for n in marked
-                 if i in records.token_sets[n].ids}
-        tokens.append({"id": i, "count": counts.get(i, 0), "readouts": marks})
-    return {"first_token_counts": run["first_token_counts"], "marked_readouts": marked, "tokens": tokens}
+def _grid_panel(ax, group: str, data: dict, first_in_row: bool) -> None:
+    from matplotlib.colors import ListedColormap
+
+    f1, best, readouts = data["f1"][group], data["best"][group], data["readouts"][group]
+    ax.imshow([[1.0] * len(row) for row in f1], cmap=ListedColormap([MISSING]), aspect="auto")
+    ax.imshow([[math.nan if v is None else v for v in row] for row in f1], cmap="viridis", vmin=0, vmax=1,
+              aspect="auto")
+    for i, row in enumerate(f1):
+        for j, v in enumerate(row):
+            ax.text(j, i, "-" if v is None else f"{v:.4f}", ha="center", va="center", fontsize=7,
+                    color="#555" if v is None else _cell_color(v), fontweight="bold" if best[i][j] else "normal")
+    ax.set_xticks(range(len(readouts)), readouts, rotation=90, fontsize=7)
+    ax.set_yticks(range(len(data["models"])), data["models"] if first_in_row else [], fontsize=8)
+    ax.set_title(group, fontsize=9)
 
 
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
+GRID_WIDTH = 1300  # panels wrap to a new row past this many pixels
 
 
-def _write(fig, data: dict, path: Path) -> Path:
+def _grid_rows(widths: list[int], left: int) -> list[list[int]]:
+    """Panel indices per row of the figure, as many as fit in GRID_WIDTH."""
+    rows, used = [[]], left
+    for k, w in enumerate(widths):
+        if rows[-1] and used + w > GRID_WIDTH:
+            rows.append([])
+            used = left
+        rows[-1].append(k)
+        used += w + 20
+    return rows
+
+
+def f1_grid(data: dict):
+    """One figure of every model's F1 under every readout and split: a panel per dataset and split (models as
+    rows, the readouts supplied there as columns)."""
+    groups, models = data["groups"], data["models"]
+    left = 30 + 6 * max(map(len, models))
+    widths = [50 * len(data["readouts"][g]) for g in groups]
+    rows = _grid_rows(widths, left)
+    panel_h = 28 * len(models)
+    under = [20 + 6 * max(len(n) for k in row for n in data["readouts"][groups[k]]) for row in rows]  # rotated names
+    width = max(360, max(left + sum(widths[k] + 20 for k in row) for row in rows))
+    fig = _figure(width, 40 + sum(panel_h + 30 + u for u in under))
+    fig.suptitle("F1 by model, readout and split", fontsize=10)
+    height, y = fig.bbox.height, fig.bbox.height - 40
+    for row, below in zip(rows, under):
+        x, y = left, y - panel_h - 30
+        for k in row:
+            ax = fig.add_axes((x / width, y / height, widths[k] / width, panel_h / height))
+            _grid_panel(ax, groups[k], data, first_in_row=k == row[0])
+            x += widths[k] + 20
+        y -= below
+    return fig
+
+
+def _delta_color(low: float, high: float) -> str:
+    return "C2" if low > 0 else "C3" if high < 0 else "0.45"
+
+
+def delta_f1(title: str, data: dict):
+    """Per split (a panel each) and readout: ΔF1 = F1(B) - F1(A) with its paired interval; green or red
+    where the interval excludes 0."""
+    splits = list(data["splits"])
+    names = list(data["readouts"])
+    fig = _figure(160 + 330 * len(splits), 110 + 30 * len(names))
+    fig.suptitle(title, fontsize=10)
+    width, height = fig.bbox.width, fig.bbox.height
+    for k, split in enumerate(splits):
+        ax = fig.add_axes(((160 + 330 * k) / width, 50 / height, 230 / width, 1 - 110 / height))
+        table = data["splits"][split]
+        _rows(ax, names)
+        if k:
+            ax.set_yticklabels([])
+        ax.axvline(0, color="black", linewidth=0.8)
+        spans = [abs(v) for r in table.values() for v in r["delta_f1_ci95"] + [r["delta_f1"]]]
+        reach = max(spans + [0.01]) * 1.1
+        for y, name in enumerate(names):
+            if name not in table:
+                ax.text(0, y, "not compared", ha="center", va="center", fontsize=7, color="#666")
+                continue
+            r = table[name]
+            low, high = r["delta_f1_ci95"]
+            ax.errorbar(r["delta_f1"], y, xerr=[[r["delta_f1"] - low], [high - r["delta_f1"]]], fmt="o",
+                        color=_delta_color(low, high), capsize=3)
+            ax.text(1.03, y, f"{r['delta_f1']:+.4f}\np {r['mcnemar_p']:.2g}", transform=ax.get_yaxis_transform(),
+                    fontsize=6.5, va="center", clip_on=False)
+        ax.set_xlim(-reach, reach)
+        readable_ticks(ax.xaxis, -reach, reach, count=4)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.set_title(f"{split} (n={data['questions'][split]})", fontsize=9)
+        ax.set_xlabel("ΔF1 (B - A), paired 95% interval", fontsize=7)
+    return fig
+
+
+def save(fig, data: dict, path: Path) -> Path:
+    """path.png and, beside it, path.json with the numbers drawn; returns the PNG's path."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path.with_suffix(".png"), dpi=DPI)
-    path.with_suffix(".json").write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+    path.with_suffix(".json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path.with_suffix(".png")
-
-
-def _run_figures(run: dict, records: RecordSet, model: str, out: Path) -> list[tuple[str, Path]]:
-    if not run["readouts"]:
-        return []
-    labels = [e.label for e in records.entries if (e.dataset, e.split) == (run.get("dataset", ""), run["split"])]
-    title = f"{model}, {group_name(run)} (n={run['n']})"
-    base = {k: run[k] for k in ("source", "dataset", "split", "n", "errors") if k in run}
-    readouts = run["readouts"]
-    confusion = {**base, "readouts": {n: {k: m[k] for k in ("tp", "tn", "fp", "fn", "unknown")}
-                                      for n, m in readouts.items()}}
-    f1 = {**base, "readouts": {n: {k: m[k] for k in ("f1", "f1_ci95")} for n, m in readouts.items()}}
-    yes = {**base, "label_yes_rate": round(labels.count("yes") / len(labels), 4),
-           "readouts": {n: {"yes_rate": m["yes_rate"]} for n, m in readouts.items()}}
-    tokens = {**base, **_token_data(run, records)}
-    folder = out / _slug(model) / _slug(group_name(run))
-    figures = [("confusion matrices", _write(_confusion_grid(title, confusion), confusion, folder / "confusion")),
-               ("F1 with 95% intervals", _write(_f1_intervals(title, f1), f1, folder / "f1")),
-               ("yes-rate against the labels", _write(_yes_rates(title, yes), yes, folder / "yes_rate"))]
-    if tokens["tokens"]:
-        figures.append(("first tokens", _write(_first_tokens(title, tokens), tokens, folder / "first_tokens")))
-    if "image_attention" in run:
-        attention = {**base, **_attention_data(run, records)}
-        figures.append(("image attention, right vs wrong answers",
-                        _write(_attention_plot(title, attention), attention, folder / "image_attention")))
-    return figures
-
-
-def _heatmaps(runs: list[dict], out: Path) -> list[tuple[str, Path]]:
-    labels = model_labels([r["source"] for r in runs])
-    figures = []
-    for table in f1_tables(runs):
-        by_model = {labels[r["source"]]: r for r in runs if group_name(r) == table["group"]}
-        f1 = [[by_model[row["model"]]["readouts"].get(n, {}).get("f1") for n in table["readouts"]]
-              for row in table["rows"]]
-        data = {"group": table["group"], "models": [r["model"] for r in table["rows"]],
-                "readouts": table["readouts"], "f1": f1}
-        path = _write(_f1_heatmap(table, f1), data, out / f"f1_heatmap_{_slug(table['group'])}")
-        figures.append((f"F1, models x readouts: {table['group']}", path))
-    return figures
-
-
-def _img(path: Path, alt: str) -> str:
-    encoded = base64.b64encode(path.read_bytes()).decode("ascii")
-    return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{encoded}"></figure>'
-
-
-def _html_table(table: dict) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["model", "n"] + table["readouts"])
-    rows = "".join("<tr><td>" + html.escape(r["model"]) + f"</td><td>{r['n']}</td>" + "".join(
-        f"<td><b>{c}</b></td>" if best else f"<td>{c}</td>" for c, best in zip(r["cells"], r["best"])) + "</tr>"
-        for r in table["rows"])
-    return (f"<h3>F1 by readout, {html.escape(table['group'])}</h3>"
-            f"<table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>")
-
-
-STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
-         "table{border-collapse:collapse;margin:1em 0}td,th{border-bottom:1px solid #ccc;padding:2px 8px;"
-         "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}")
-
-
-def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0, resamples: int = 1000) -> Path:
-    """Figures (PNG, each with its numbers as JSON), tables.md, tables.tex and report.html in out_dir;
-    returns the HTML page's path."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    names = list(READOUTS)  # as `pope-fast score` does with its default --readouts all
-    scored = []
-    for path in paths:
-        records = read_records(path)
-        scored += [(run, records) for run in score_records(records, names, seed=seed, resamples=resamples)]
-    runs = [run for run, _ in scored]
-    labels = model_labels([r["source"] for r in runs])
-    (out / "scores.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
-    (out / "tables.md").write_text(format_f1_tables(runs, "markdown") + "\n", encoding="utf-8")
-    (out / "tables.tex").write_text(format_f1_tables(runs, "latex") + "\n", encoding="utf-8")
-    body = ["<h1>POPE readout report</h1>",
-            "<p>Sources: " + ", ".join(f"{html.escape(labels[s])} (<code>{html.escape(s)}</code>)"
-                                       for s in labels) + "</p>",
-            "<h2>F1, models x readouts</h2>", *map(_html_table, f1_tables(runs))]
-    body += [_img(path, title) for title, path in _heatmaps(runs, out)]
-    for run, records in scored:
-        model = labels[run["source"]]
-        body.append(f"<h2>{html.escape(model)}: {html.escape(group_name(run))} (n={run['n']})</h2>")
-        if run.get("unavailable"):
-            body.append("<p>Unavailable: " + html.escape("; ".join(f"{n} ({why})" for n, why in
-                                                                  run["unavailable"].items())) + "</p>")
-        body += [_img(path, title) for title, path in _run_figures(run, records, model, out)]
-    page = out / "report.html"
-    page.write_text("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>POPE readout report</title>"
-                    f"<style>{STYLE}</style></head><body>\n" + "\n".join(body) + "\n</body></html>\n",
-                    encoding="utf-8")
-    return page

@@ -47,6 +47,13 @@ def tokenizer_info(tokenizer) -> dict:
             "vocab_size": len(tokenizer), "library_versions": library_versions()}
 
 
+def token_strings(tokenizer, ids) -> dict[str, str]:
+    """{id: token string} (`▁Yes`, `ĠNo`) for the ids the tokenizer has; an id past its vocabulary (a fixed
+    legacy id in a small one, a padded lm_head row) is left out."""
+    known = [i for i in ids if 0 <= i < len(tokenizer)]
+    return {str(i): s for i, s in zip(known, tokenizer.convert_ids_to_tokens(known)) if isinstance(s, str)}
+
+
 def _encode(tokenizer, text: str, special: bool) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=special))
 

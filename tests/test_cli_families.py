@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from tinymodels import make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl, write_pope_set
 
 from pope_fast.cli import main
-from pope_fast.readout import load_questions
+from pope_fast.readout import load_questions, load_tokenizer
 
 FAMILIES = {"llava": (make_tiny_llava, "llava_plain"), "llava_next": (make_tiny_llava_next, "mistral_inst"),
             "instructblip": (make_tiny_instructblip, "instructblip"), "qwen2_vl": (make_tiny_qwen2_vl, "qwen2_vl_chat")}
@@ -27,6 +27,11 @@ def test_eval_cli_runs_every_family(family, tmp_path):
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["model"]["family"] == family and meta["template"] == template
+    tokenizer = load_tokenizer(checkpoint)  # the report's token labels: every candidate id the tokenizer has
+    assert meta["token_strings"] == {str(i): tokenizer.convert_ids_to_tokens(i) for i in meta["candidate_ids"]
+                                     if i < len(tokenizer)}
+    assert set(meta["token_strings"]) >= {str(i) for s in meta["token_sets"].values() for i in s["yes_ids"]
+                                          if i < len(tokenizer)}
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
     assert len(records) == 16 and all("string_parse" in r["predictions"] and "decoded" in r for r in records)
     assert all(set(r["predictions"]) >= {"legacy_2tok", "template_aware", "first_token"} for r in records)

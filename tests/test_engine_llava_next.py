@@ -61,7 +61,7 @@ def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
     assert len({item.features.shape[0] for item in items}) >= 3
     for i, answers in enumerate(engine.run_images(items)):
         for q, answer in zip(QUESTIONS[:3], answers):
-            first, candidates, text = answer.first_token_id, answer.candidate_logits, answer.decoded
+            first, candidates = answer.first_token_id, answer.candidate_logits
             logits, generated, _ = oracle[i, q]
             worst, _ = worst_difference(candidates, logits)
             assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"

@@ -5,7 +5,6 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 from PIL import Image
 from safetensors.torch import load_file
 
@@ -134,6 +133,8 @@ def test_eval_cli_on_the_fixture(fixture, tmp_path):
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["model"]["family"] == "mplug_owl2" and meta["template"] == "mplug_owl2"
+    assert meta["token_strings"]["3869"] == "▁Yes" and meta["token_strings"]["1939"] == "▁No"  # the slow tokenizer
+    assert set(meta["token_strings"]) == {str(i) for i in meta["candidate_ids"]}
     records = {r["question_id"]: r for r in map(json.loads, (tmp_path / "out/records.jsonl").read_text().splitlines())}
     assert len(records) == len(cases)
     for case in cases:

@@ -62,9 +62,12 @@ def test_report_on_two_runs(tmp_path):
         numbers = {name: json.loads((folder / f"{name}.json").read_text())
                    for name in ("confusion", "f1", "yes_rate", "first_tokens")}
         for name, m in readouts.items():
+            answered = m["tp"] + m["tn"] + m["fp"] + m["fn"]
             assert numbers["confusion"]["readouts"][name] == {k: m[k] for k in ("tp", "tn", "fp", "fn", "unknown")}
-            assert numbers["f1"]["readouts"][name] == {"f1": m["f1"], "f1_ci95": m["f1_ci95"]}
-            assert numbers["yes_rate"]["readouts"][name] == {"yes_rate": m["yes_rate"]}
+            assert numbers["f1"]["readouts"][name] == {"f1": m["f1"], "f1_ci95": m["f1_ci95"], "unknown": m["unknown"]}
+            assert numbers["yes_rate"]["readouts"][name] == {
+                "yes_rate": m["yes_rate"] if answered else None, "yes_rate_all": m["yes_rate_all"],
+                "answered": answered, "unknown": m["unknown"]}
         assert numbers["yes_rate"]["label_yes_rate"] == 0.5   # 12 yes-labels of 24
         tokens = numbers["first_tokens"]
         assert tokens["first_token_counts"] == run["first_token_counts"]
@@ -76,16 +79,18 @@ def test_report_on_two_runs(tmp_path):
         # expected sizes at 100 dpi: a 4-column grid of 8 matrices, one row per readout in the bars
         assert _png_size(folder / "confusion.png") == (1000, 520)
         assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (800, 90 + 32 * 8)
-        assert _png_size(folder / "first_tokens.png") == (200 + 40 * len(tokens["tokens"]), 360 + 22 * 5)
-    for split in ("random", "adversarial"):
-        heat = json.loads((out / f"f1_heatmap_coco-{split}.json").read_text())
-        assert heat["models"] == ["llava-a", "llava-b"]
-        assert heat["f1"] == [[r["readouts"][n]["f1"] for n in heat["readouts"]]
-                              for r in score if r["split"] == split]
-        assert _png_size(out / f"f1_heatmap_coco-{split}.png") == (220 + 90 * 8, 150 + 40 * 2)
+        assert _png_size(folder / "first_tokens.png")[0] == 220 + 40 * len(tokens["tokens"])
+    grid = json.loads((out / "f1_models_readouts_splits.json").read_text())   # one figure: models x (readout, split)
+    assert grid["groups"] == ["coco random", "coco adversarial"] and grid["models"] == ["llava-a", "llava-b"]
+    for group in grid["groups"]:
+        split = group.split()[1]
+        assert grid["readouts"][group] == list(score[0]["readouts"])
+        assert grid["f1"][group] == [[r["readouts"][n]["f1"] for n in grid["readouts"][group]]
+                                     for r in score if r["split"] == split]
+        assert [row.count(True) >= 1 for row in grid["best"][group]] == [True, True]
 
     pngs = sorted(out.rglob("*.png"))
-    assert len(pngs) == 4 * 4 + 2
+    assert len(pngs) == 4 * 4 + 2 + 1   # per run and split; the paper's pair per run; the F1 grid
     for png in pngs:
         with Image.open(png) as image:
             image.verify()
@@ -158,12 +163,15 @@ def test_report_without_matplotlib_says_which_extra(tmp_path):
             f"r = CliRunner().invoke(main, ['report', {str(run)!r}, '--out', {str(tmp_path / 'out')!r}])\n"
             "print(r.exit_code, r.output)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.startswith("1 Error: pope-fast report draws with matplotlib: pip install \"pope-fast[report]\"")
+    assert done.stdout.startswith('1 Error: pope-fast report draws with matplotlib, which is not installed: '
+                                  'pip install -e ".[report]"')
+    assert not (tmp_path / "out").exists()  # refused before any table is written
     assert "Traceback" not in done.stdout
 
 
 def test_readout_and_cli_import_no_plotting_or_parquet_library():
-    code = ("import sys, pope_fast.readout, pope_fast.cli, pope_fast.readout.figures; "
+    code = ("import sys, pope_fast.readout, pope_fast.cli, pope_fast.readout.figures, "
+            "pope_fast.readout.report_page; "
             "assert not {'matplotlib', 'pyarrow'} & set(sys.modules), 'imported at import time'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -199,5 +207,212 @@ def test_report_draws_the_probe_by_outcome(tmp_path):
         assert groups["cohens_d"] == stats["cohens_d"] and groups["mann_whitney_p"] == stats["mann_whitney_p"]
         assert sorted(groups["correct"] + groups["wrong"]) == pytest.approx(sorted(attention))  # every one answered
         assert sum(groups["correct"]) / len(groups["correct"]) == pytest.approx(stats["a"]["mean"], abs=1e-6)
-    assert _png_size(out / "probed" / "coco-adversarial" / "image_attention.png")[0] == 800
-    assert "image attention, right vs wrong answers" in (out / "report.html").read_text()
+    assert _png_size(out / "probed" / "coco-adversarial" / "image_attention.png")[0] == 860
+    assert "coco adversarial (n=30): Image attention at the answer position (mean over layers 4-5 of 10," \
+        in (out / "report.html").read_text()
+
+
+META = {"model": {"path": "/models/llava-1.5-7b-hf", "family": "llava", "files": {}}, "template": "llava_plain",
+        "prompt_example": "USER: <image>\nIs there a dog in the image?\nASSISTANT:",
+        "settings": {"dtype": "fp16", "resolved_dtype": "float16", "quant": "nf4", "quantize_lm_head": False},
+        "method": {"name": "none", "settings": {}}, "created": "2026-11-30T12:00:00+00:00",
+        "pope_fast_version": "0.9.1"}
+
+
+def _figures(page: str) -> list[tuple[int, str]]:
+    """(number, caption) of every figure of the page, in order."""
+    found = re.findall(r'<figure id="figure-(\d+)" style="width:\d+px"><img alt="Figure \1" '
+                       r'src="data:image/png;base64,[A-Za-z0-9+/=]+">'
+                       r"<figcaption><b>Figure \1\.</b> (.*?)</figcaption></figure>", page)
+    return [(int(k), caption) for k, caption in found]
+
+
+def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
+    """The header row of each run: model, family, template, method, dtype, quantization, created, version,
+    "-" where meta.json records none; every figure numbered in order with a caption naming its numbers."""
+    made = _write_run(tmp_path / "llava-nf4", 1, groups=(("coco", "adversarial"),))
+    meta = json.loads((made / "meta.json").read_text())
+    (made / "meta.json").write_text(json.dumps({**meta, **META}))
+    older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),))
+    out = tmp_path / "report"
+    assert CliRunner().invoke(main, ["report", str(made), str(older), "--out", str(out)]).exit_code == 0
+    page = (out / "report.html").read_text()
+    header = re.search(r'<table class="runs"><thead><tr>(.*?)</tr></thead><tbody>(.*?)</tbody>', page)
+    assert re.findall(r"<th>(.*?)</th>", header[1]) == ["run", "model", "family", "template", "method", "dtype",
+                                                       "quantization", "created", "pope-fast"]
+    rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", header[2])]
+    assert rows == [["llava-nf4", "/models/llava-1.5-7b-hf", "llava", "llava_plain", "none", "float16", "nf4",
+                     "2026-11-30T12:00:00+00:00", "0.9.1"],
+                    ["older", "-", "-", "-", "none", "-", "-", "-", "-"]]
+    assert "Template llava_plain: <code>USER: &lt;image&gt;&#92;nIs there a dog in the image?&#92;nASSISTANT:</code>" \
+        in page
+    shown = _figures(page)
+    assert [k for k, _ in shown] == list(range(1, page.count("<figure") + 1)) and len(shown) == 1 + 2 + 2 * 4
+    for _, caption in shown:
+        numbers = re.search(r"Numbers: <code>(.*?)</code>\.$", caption)[1]
+        assert (out / numbers).is_file() and (out / numbers).with_suffix(".png").is_file()
+    captions = [c for _, c in shown]
+    assert captions[0].startswith("F1 of every model (rows) under every readout (columns)")
+    assert captions[1].startswith("llava-nf4: The paper&#x27;s Fig. 2 on coco adversarial (n=24)")
+    assert "legacy_2tok (yes 3582; no 1217) and by template_aware (yes 3869, 8241; no 1939, 694)" in captions[1]
+    assert sum(c.startswith("older, coco adversarial (n=24): Confusion matrix of every readout") for c in captions) == 1
+    assert sum("1000 resamples of the questions, seed 0" in c for c in captions) == 2   # each F1 figure
+
+
+def test_first_token_bars_are_labelled_with_token_strings(tmp_path):
+    """The histogram's labels are the token strings meta.json records (with the id), ids alone where it has
+    none; matplotlib's mathtext never reads a `$` in one."""
+    from pope_fast.readout import figures
+
+    run = _write_run(tmp_path / "run", 1, groups=(("coco", "random"),))
+    meta = json.loads((run / "meta.json").read_text())
+    strings = {"3869": "▁Yes", "1939": "▁No", "8241": "Yes", "694": "$no$", "3582": "yes", "1217": "no"}
+    (run / "meta.json").write_text(json.dumps({**meta, "token_strings": strings}))
+    older = _write_run(tmp_path / "older", 1, groups=(("coco", "random"),))
+    out = tmp_path / "report"
+    assert CliRunner().invoke(main, ["report", str(run), str(older), "--out", str(out)]).exit_code == 0
+    data = json.loads((out / "run" / "coco-random" / "first_tokens.json").read_text())
+    assert {t["id"]: t["token"] for t in data["tokens"]} == {int(i): s for i, s in strings.items()} | {29871: None}
+    fig = figures.first_tokens("t", data)
+    fig.canvas.draw()
+    labels = {t.get_text() for t in fig.axes[0].get_xticklabels()}
+    assert {"▁Yes  3869", "▁No  1939", r"\$no\$  694", "29871"} <= labels
+    assert all(t["token"] is None for t in json.loads((out / "older" / "coco-random" / "first_tokens.json")
+                                                       .read_text())["tokens"])
+    page = (out / "report.html").read_text()
+    assert "This run&#x27;s meta.json records no token strings" in page and "meta.json&#x27;s token_strings" in page
+
+
+def test_demo_report_labels_first_tokens_with_the_engines_strings(tmp_path):
+    """End to end: `pope-fast eval`'s meta.json carries the candidate ids' strings and the report draws them."""
+    assert CliRunner().invoke(main, ["eval", "--out", str(tmp_path / "demo")]).exit_code == 0
+    meta = json.loads((tmp_path / "demo" / "meta.json").read_text())
+    assert meta["token_strings"] and set(meta["token_strings"]) <= {str(i) for i in meta["candidate_ids"]}
+    assert CliRunner().invoke(main, ["report", str(tmp_path / "demo"), "--out", str(tmp_path / "r")]).exit_code == 0
+    tokens = json.loads((tmp_path / "r" / "demo" / "demo" / "first_tokens.json").read_text())["tokens"]
+    assert {str(t["id"]): t["token"] for t in tokens if t["token"] is not None} == meta["token_strings"]
+
+
+def test_yes_rate_marks_readouts_and_splits_with_no_answered_question(tmp_path):
+    """A readout that answered nothing (first_token when no first token is a candidate, text readouts on
+    text without yes or no) and a split whose every record is an error have no yes-rate: null, answered 0,
+    and a grey band that says so rather than a bar of 0."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    write_meta(folder, {"token_sets": {n: s.to_json() for n, s in SETS.items()}})
+    records = []
+    for i in range(12):
+        q = Question(i + 1, f"img{i}.jpg", "Is there a dog?", "yes" if i < 4 else "no", "random", "coco")
+        records.append(make_record(q, "llava_plain", first_token_id=29871, decoded="I cannot tell",
+                                   candidate_logits={t: float(t % 7) for t in IDS}))
+        q = Question(i + 1, f"img{i}.jpg", "Is there a dog?", "yes", "popular", "coco")
+        records.append(make_record(q, "llava_plain", error="unreadable image"))
+    with RecordWriter(folder) as w:
+        w.write(records)
+    out = tmp_path / "report"
+    assert CliRunner().invoke(main, ["report", str(folder), "--out", str(out)]).exit_code == 0
+    answered = json.loads((out / "run" / "coco-random" / "yes_rate.json").read_text())
+    assert answered["label_yes_rate"] == round(4 / 12, 4)
+    assert answered["readouts"]["first_token"] == {"yes_rate": None, "yes_rate_all": 0.0, "answered": 0,
+                                                   "unknown": 12}
+    assert answered["readouts"]["string_parse"]["yes_rate"] is None
+    legacy = answered["readouts"]["legacy_2tok"]   # 3582 % 7 = 5 against 1217 % 7 = 6: every answer no
+    assert legacy == {"yes_rate": 0.0, "yes_rate_all": 0.0, "answered": 12, "unknown": 0}
+    errors = json.loads((out / "run" / "coco-popular" / "yes_rate.json").read_text())
+    assert errors["errors"] == 12 and errors["label_yes_rate"] is None
+    assert all(r["yes_rate"] is None and r["answered"] == 0 for r in errors["readouts"].values())
+    grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
+    assert all(v is None for v in grid["f1"]["coco popular"][0])   # no answer at all: no F1 to show
+
+
+def _paired(out, seeds=(1, 3)):
+    """A paired folder as `pope-fast eval --method none --method vcd` leaves it: OUT/none, OUT/vcd and
+    OUT/compare.json written by compare_runs."""
+    from pope_fast.readout import compare_runs, format_compare
+
+    for name, seed in zip(("none", "vcd"), seeds):
+        folder = _write_run(out / name, seed)
+        meta = json.loads((folder / "meta.json").read_text())
+        (folder / "meta.json").write_text(json.dumps({**meta, "method": {"name": name, "settings": {}}}))
+    result = compare_runs([out / "none", out / "vcd"])
+    (out / "compare.json").write_text(format_compare(result, "json") + "\n")
+    return out
+
+
+def test_report_of_a_paired_folder_draws_delta_f1_from_compare_json(tmp_path):
+    """`pope-fast report OUT` on a paired folder: both runs' figures, and ΔF1 per readout and split with the
+    paired interval and McNemar's p, the numbers of compare.json, found where the folder lies now."""
+    written = _paired(tmp_path / "methods")
+    saved = json.loads((written / "compare.json").read_text())
+    moved = tmp_path / "elsewhere" / "methods"   # compare.json names the folders as they were
+    moved.parent.mkdir()
+    written.rename(moved)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["report", str(moved), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    data = json.loads((out / "compare-methods" / "delta_f1_vcd_vs_none.json").read_text())
+    [pair] = saved["pairs"]
+    assert data["splits"] == {split: {n: {k: r[k] for k in ("f1_a", "f1_b", "delta_f1", "delta_f1_ci95", "mcnemar_p")}
+                                      for n, r in table.items()} for split, table in pair["splits"].items()}
+    assert data["readouts"] == pair["readouts"] and data["questions"] == {"random": 24, "adversarial": 24}
+    assert any(r["delta_f1"] != 0 for t in data["splits"].values() for r in t.values())
+    assert (data["a"], data["b"], data["level"], data["resamples"]) == (pair["a"], pair["b"], 0.95, 1000)
+    assert (out / "none" / "coco-random" / "confusion.png").is_file() and (out / "vcd" / "coco-adversarial").is_dir()
+    page = (out / "report.html").read_text()
+    caption = next(c for _, c in _figures(page) if c.startswith("ΔF1"))
+    assert "B vcd (vcd) against A none (none)" in caption and str(moved / "compare.json") in caption
+    grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
+    assert grid["models"] == ["none", "vcd"]
+
+
+def test_attention_figure_puts_d_and_p_on_each_readouts_row_and_ticks_apart():
+    """Close values (0.97760 to 0.97763) get distinct tick labels that do not overlap; each readout's
+    d and p sit on its own row, at the right of the axes."""
+    import numpy as np
+
+    from pope_fast.readout import figures
+
+    rng = np.random.default_rng(3)
+    readouts = {name: {"correct": (0.9776 + rng.uniform(0, 3e-5, 20)).tolist(),
+                       "wrong": (0.9776 + rng.uniform(0, 3e-5, 9)).tolist(), "mean_difference": 1e-6,
+                       "cohens_d": 0.1 * k, "mann_whitney_p": 0.01 * (k + 1)}
+                for k, name in enumerate(list(SETS))}
+    fig = figures.attention_plot("t", {"layers": [14, 19], "num_layers": 32, "readouts": readouts})
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    ax = fig.axes[0]
+    ticks = [t for t in ax.get_xticklabels() if t.get_text()]
+    assert 3 <= len(ticks) <= 7 and len({t.get_text() for t in ticks}) == len(ticks)
+    boxes = sorted((t.get_window_extent(renderer) for t in ticks), key=lambda b: b.x0)
+    assert all(a.x1 < b.x0 for a, b in zip(boxes, boxes[1:]))
+    rows = {t.get_text(): t.get_window_extent(renderer) for t in ax.get_yticklabels()}
+    notes = [t for t in ax.texts if t.get_text().startswith("d ")]
+    assert len(notes) == len(SETS)
+    for k, (name, note) in enumerate(zip(SETS, notes)):
+        box, row = note.get_window_extent(renderer), rows[name]
+        assert note.get_text().startswith(f"d {0.1 * k:.2f}, p {0.01 * (k + 1):.2g}")
+        assert box.y0 < (row.y0 + row.y1) / 2 < box.y1 and box.x0 > ax.get_window_extent(renderer).x1
+
+
+def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
+    """A run and a published file: the grid has a panel per group with the readouts supplied there and a
+    row per model ("-" where a model has no such group); the paper's pair is legacy_2tok against
+    template_aware on the adversarial split (not the run's first), else the two readouts whose F1 differ most."""
+    run = _write_run(tmp_path / "llava-a", 1)   # coco random, then coco adversarial
+    published = shared / "fixtures" / "ugaa_pope_adversarial_2tok_vs_8tok_first600.json"
+    out = tmp_path / "report"
+    assert CliRunner().invoke(main, ["report", str(run), str(published), "--out", str(out)]).exit_code == 0
+    grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
+    assert grid["groups"] == ["coco random", "coco adversarial", "adversarial"]
+    assert grid["models"] == ["llava-a", published.stem]
+    assert grid["readouts"]["adversarial"] == ["legacy_2tok", "legacy_8tok"]
+    assert grid["f1"]["adversarial"] == [[None, None], [0.7642, 0.8209]]
+    assert grid["best"]["adversarial"] == [[False, False], [False, True]]
+    assert grid["f1"]["coco random"][1] == [None] * len(grid["readouts"]["coco random"])
+    ours = json.loads((out / "llava-a" / "two_readouts_coco-adversarial.json").read_text())
+    assert ours["split"] == "adversarial" and list(ours["readouts"]) == ["legacy_2tok", "template_aware"]
+    theirs = json.loads((out / published.stem / "two_readouts_adversarial.json").read_text())
+    assert theirs["readouts"] == {
+        "legacy_2tok": {"tp": 290, "tn": 131, "fp": 169, "fn": 10, "unknown": 0, "f1": 0.7642},
+        "legacy_8tok": {"tp": 236, "tn": 261, "fp": 39, "fn": 64, "unknown": 0, "f1": 0.8209}}
+    assert "the two readouts whose F1 differ most here" in (out / "report.html").read_text()

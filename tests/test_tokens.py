@@ -5,6 +5,7 @@ from click.testing import CliRunner
 
 from pope_fast.cli import main
 from pope_fast.readout import audit_tokens, derive_token_sets, get_template, load_tokenizer
+from pope_fast.readout.tokens import token_strings
 
 LEGACY_IDS = [3582, 8241, 4874, 3869, 1217, 3782, 694, 1939]
 
@@ -23,6 +24,14 @@ def test_legacy_ids_mean_yes_no_only_in_llama2(tokenizers):
     for name in ("mistral", "qwen2"):
         words = [t.replace("▁", "").replace("Ġ", "").lower() for t in tokenizers[name].convert_ids_to_tokens(LEGACY_IDS)]
         assert not {"yes", "no"} & set(words), (name, words)
+
+
+def test_token_strings_name_the_ids_the_tokenizer_has(tokenizers):
+    """What the report labels its first-token bars with: the tokenizer's own strings, ids past its
+    vocabulary (a padded lm_head row) left out rather than guessed."""
+    assert token_strings(tokenizers["llama2"], [3869, 1939, 3582, 32001, 32002, 40000]) == {
+        "3869": "▁Yes", "1939": "▁No", "3582": "yes", "32001": "<pad>"}
+    assert token_strings(tokenizers["qwen2"], [9454, 2753, 3869]) == {"9454": "Yes", "2753": "No", "3869": "Ġ}}"}
 
 
 @pytest.mark.parametrize("name, template, yes_id, no_id", [

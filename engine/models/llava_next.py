@@ -21,7 +21,7 @@ from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
 from ..images import normalize_table, to_rgb
-from ..loader import CheckpointError
+from ..loader import CheckpointError, quiet_fallback
 from ..settings import Settings
 from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
 from .llava import CLIP_L_336, CLIP_TINY_336, NAME_RULES, LlavaModel

@@ -1,0 +1,193 @@
+"""What each figure of `pope-fast report` shows: its numbers (the JSON written beside its PNG) and its caption.
+
+Every number comes from `score_records`, called as `pope-fast score` calls it, or from compare.json as
+`pope-fast compare` wrote it, so a figure's JSON equals the output it was drawn from.
+"""
+from __future__ import annotations
+
+from .attention import layer_mean
+from .protocols import NO, YES
+from .records import RecordSet
+from .report import f1_tables, group_name, model_labels
+from .score import predictions, question_order
+
+TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
+PAPER_PAIR = ("legacy_2tok", "template_aware")  # the paper's Fig. 2: the widely copied ids, the recommended rule
+PAPER_SPLIT = "adversarial"
+
+
+def _base(run: dict) -> dict:
+    return {k: run[k] for k in ("source", "dataset", "split", "n", "errors") if k in run}
+
+
+def _scored(run: dict) -> str:
+    errors = f"; {run['errors']} error records left out" if run.get("errors") else ""
+    return f"n={run['n']}{errors}"
+
+
+def confusion(run: dict) -> tuple[dict, str]:
+    data = {**_base(run), "readouts": {n: {k: m[k] for k in ("tp", "tn", "fp", "fn", "unknown")}
+                                       for n, m in run["readouts"].items()}}
+    return data, (f"Confusion matrix of every readout ({_scored(run)}). Rows: the label; columns: the readout's "
+                  "answer. Answers that are neither yes nor no (unknown) are counted in each panel's title, "
+                  "outside the matrix.")
+
+
+def f1(run: dict, seed: int, resamples: int) -> tuple[dict, str]:
+    data = {**_base(run), "readouts": {n: {k: m[k] for k in ("f1", "f1_ci95", "unknown")}
+                                       for n, m in run["readouts"].items()}}
+    return data, (f"F1 of each readout with its bootstrap 95% interval ({resamples} resamples of the questions, "
+                  f"seed {seed}; {_scored(run)}). An unknown answer counts as wrong, so a readout that answers "
+                  "nothing has F1 0; the number of unknown answers is given beside the value.")
+
+
+def yes_rate(run: dict, records: RecordSet) -> tuple[dict, str]:
+    labels = [e.label for e in records.entries
+              if (e.dataset, e.split) == (run.get("dataset", ""), run["split"]) and e.error is None]
+    readouts = {}
+    for name, m in run["readouts"].items():
+        answered = m["tp"] + m["tn"] + m["fp"] + m["fn"]
+        readouts[name] = {"yes_rate": m["yes_rate"] if answered else None, "yes_rate_all": m["yes_rate_all"],
+                          "answered": answered, "unknown": m["unknown"]}
+    data = {**_base(run), "label_yes_rate": round(labels.count(YES) / len(labels), 4) if labels else None,
+            "readouts": readouts}
+    return data, ("Share of yes among each readout's answered predictions, against the labels' share (dashed). "
+                  "A readout that answered no question has no yes-rate: it is drawn as a hatched grey band "
+                  "(null in the figure's JSON), not as a bar of 0. Where some answers are unknown, the number "
+                  "answered is given.")
+
+
+def first_tokens(run: dict, records: RecordSet) -> tuple[dict, str]:
+    """The most frequent first tokens and every readout's ids, each with its token string where the run
+    recorded one and the readouts that count it."""
+    counts = {int(i): c for i, c in run["first_token_counts"].items()}
+    marked = [n for n in run["readouts"] if n in records.token_sets]
+    strings = records.meta.get("token_strings") or {}
+    ids = list(counts)[:TOP_TOKENS]
+    ids += sorted({i for n in marked for i in records.token_sets[n].ids} - set(ids))
+    tokens = []
+    for i in ids:
+        marks = {n: (YES if i in records.token_sets[n].yes_ids else NO) for n in marked
+                 if i in records.token_sets[n].ids}
+        tokens.append({"id": i, "token": strings.get(str(i)), "count": counts.get(i, 0), "readouts": marks})
+    data = {**_base(run), "first_token_counts": run["first_token_counts"], "marked_readouts": marked,
+            "tokens": tokens}
+    source = ("Token strings as the run's tokenizer writes them (meta.json's token_strings, recorded for the "
+              "readouts' candidate ids); any other id is shown by its number." if strings else
+              "This run's meta.json records no token strings (older runs, imported files): ids only.")
+    return data, (f"How often each token was the greedy first answer token (the {TOP_TOKENS} most frequent, then "
+                  "every readout's candidate ids, counted or not); under the bars, the ids each logit readout "
+                  f"counts as yes (Y) or no (N). {source}")
+
+
+def attention(run: dict, records: RecordSet) -> tuple[dict, str]:
+    """Each readout's right and wrong answers' image attention (the run's layer mean per question),
+    with the d and p that score reports."""
+    table = run["image_attention"]
+    layers = tuple(table["layers"])
+    group = (run.get("dataset", ""), run["split"])
+    entries = sorted((e for e in records.entries if (e.dataset, e.split) == group and e.error is None),
+                     key=question_order)
+    values = [layer_mean(e.image_attention, layers) for e in entries]
+    readouts = {}
+    for name, stats in table["readouts"].items():
+        decided = predictions(records, name, entries)
+        answered = [(v, p == e.label) for v, p, e in zip(values, decided, entries) if p in (YES, NO)]
+        readouts[name] = {"correct": [v for v, right in answered if right],
+                          "wrong": [v for v, right in answered if not right],
+                          **{k: stats["correct_vs_wrong"][k] for k in ("mean_difference", "cohens_d",
+                                                                        "mann_whitney_p")}}
+    data = {**_base(run), "layers": list(layers), "num_layers": table["num_layers"], "readouts": readouts}
+    first, last = layers
+    return data, (f"Image attention at the answer position (mean over layers {first}-{last} of "
+                  f"{table['num_layers']}, averaged over heads) of each readout's right and wrong answers "
+                  "(boxes: quartiles; whiskers: 1.5 IQR; outliers not drawn; unknown answers left out). At the "
+                  "right of each row: Cohen's d (right - wrong, pooled sd) and the two-sided Mann-Whitney p "
+                  "(normal approximation, tie-corrected), as pope-fast score reports them.")
+
+
+def _sets_text(records: RecordSet, name: str) -> str:
+    s = records.token_sets.get(name)
+    if s is None:
+        return name
+    return f"{name} (yes {', '.join(map(str, s.yes_ids)) or '-'}; no {', '.join(map(str, s.no_ids)) or '-'})"
+
+
+def _pair_of(run: dict) -> tuple[list[str], bool] | None:
+    """The paper's two readouts where the run has both, else the two whose F1 differ most."""
+    readouts = run["readouts"]
+    if all(n in readouts for n in PAPER_PAIR):
+        return list(PAPER_PAIR), True
+    names = list(readouts)
+    pairs = [(abs(readouts[a]["f1"] - readouts[b]["f1"]), i, j) for i, a in enumerate(names)
+             for j, b in enumerate(names) if i < j]
+    if not pairs:
+        return None
+    _, i, j = max(pairs, key=lambda p: (p[0], -p[1], -p[2]))
+    return [names[i], names[j]], False
+
+
+def paper_pairs(scored: list[tuple[dict, RecordSet]]) -> list[tuple[dict, RecordSet, dict, str]]:
+    """Per record source and dataset, the paper's Fig. 2 on its adversarial split (else its first): two
+    readouts' confusion matrices side by side. (run, records, data, caption) each."""
+    chosen: dict[tuple[str, str], tuple[dict, RecordSet]] = {}
+    for run, records in scored:
+        key = (run["source"], run.get("dataset", ""))
+        if key not in chosen or (run["split"] == PAPER_SPLIT and chosen[key][0]["split"] != PAPER_SPLIT):
+            chosen[key] = (run, records)
+    out = []
+    for run, records in chosen.values():
+        pair = _pair_of(run)
+        if pair is None or run["n"] == run.get("errors", 0):
+            continue
+        names, paper = pair
+        data = {**_base(run), "readouts": {n: {k: run["readouts"][n][k] for k in ("tp", "tn", "fp", "fn",
+                                                                                 "unknown", "f1")} for n in names}}
+        why = ("the paper's pair" if paper else
+               f"the two readouts whose F1 differ most here ({' and '.join(PAPER_PAIR)} are not both supplied)")
+        caption = (f"The paper's Fig. 2 on {group_name(run)} ({_scored(run)}): one answer position read by "
+                   f"{_sets_text(records, names[0])} and by {_sets_text(records, names[1])}, {why}. Rows: the "
+                   "label; columns: the answer.")
+        out.append((run, records, data, caption))
+    return out
+
+
+def f1_grid(runs: list[dict]) -> tuple[dict, str]:
+    """Every model's F1 per readout in each dataset and split, as tables.md has them (None for "-"): per
+    group, the readouts some model supplies there, and a row for every model."""
+    models = list(dict.fromkeys(model_labels([r["source"] for r in runs]).values()))
+    data = {"groups": [], "models": models, "readouts": {}, "f1": {}, "best": {}}
+    for table in f1_tables(runs):
+        group, rows = table["group"], {row["model"]: row for row in table["rows"]}
+        cells = {m: dict(zip(table["readouts"], zip(rows[m]["cells"], rows[m]["best"]))) for m in rows}
+        data["groups"].append(group)
+        data["readouts"][group] = table["readouts"]
+        data["f1"][group] = [[None if cells.get(m, {}).get(n, ("-",))[0] == "-" else float(cells[m][n][0])
+                              for n in table["readouts"]] for m in models]
+        data["best"][group] = [[cells.get(m, {}).get(n, ("-", False))[1] for n in table["readouts"]] for m in models]
+    return data, ("F1 of every model (rows) under every readout (columns), a panel per dataset and split, the "
+                  "numbers of tables.md. Bold: the model's best readout in that split; grey \"-\": a readout the "
+                  "model's records cannot supply, or a split with no answered question.")
+
+
+def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> tuple[dict, str]:
+    """One pair of compare.json: ΔF1 per split and readout with its paired interval and McNemar's p."""
+    splits = {split: {n: {k: r[k] for k in ("f1_a", "f1_b", "delta_f1", "delta_f1_ci95", "mcnemar_p")}
+                      for n, r in table.items()} for split, table in pair["splits"].items()}
+    readouts = list(dict.fromkeys([*pair["readouts"], *(n for t in splits.values() for n in t)]))
+    data = {"compare": where, "a": pair["a"], "b": pair["b"], "method_a": pair["method_a"],
+            "method_b": pair["method_b"], "level": result["level"], "resamples": result["resamples"],
+            "seed": result["seed"], "readouts": readouts, "splits": splits,
+            "questions": {s: q["compared"] for s, q in pair["questions"].items()}}
+    changes = any(r["changes"] for r in pair["ranking"].values())
+    flags = "".join(f" {text}" for test, text in (
+        (changes, "The ranking of A and B changes with the readout."),
+        (pair["mismatches"], "MISMATCHED RUNS (compared with --allow-mismatch): " + "; ".join(pair["mismatches"])),
+        (pair.get("incomplete"), "INCOMPLETE RUNS: " + "; ".join(pair.get("incomplete") or []))) if test)
+    level = round(result["level"] * 100)
+    caption = (f"ΔF1 = F1(B) - F1(A), B {labels[1]} ({pair['method_b']['name']}) against A {labels[0]} "
+               f"({pair['method_a']['name']}), per readout and split, with the paired bootstrap {level}% interval "
+               f"({result['resamples']} resamples, seed {result['seed']}; questions resampled jointly) and "
+               f"McNemar's exact p on the paired correctness. Green or red: the interval excludes 0. From "
+               f"{where}.{flags}")
+    return data, caption

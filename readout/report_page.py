@@ -1,0 +1,236 @@
+"""`pope-fast report`: every figure with its numbers, the F1 tables, and one self-contained HTML page.
+
+Inputs are run folders, record files, and paired folders (`pope-fast eval --method ...`'s OUT, holding
+OUT/<method>/ and OUT/compare.json): a paired folder contributes each of its runs and a ΔF1 figure per
+pair of its compare.json. The page leads with what made each run (model, template, method, dtype,
+quantization, date, version), then the figures across runs, then each run's own; every figure has a
+number and a caption.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import figure_data, figures
+from .protocols import READOUTS
+from .records import RECORDS_FILE, RecordSet, expand_runs, read_records
+from .report import f1_tables, format_f1_tables, group_name, model_labels
+from .score import score_records
+
+COMPARE_FILE = "compare.json"
+STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+         "table{border-collapse:collapse;margin:1em 0}td,th{border-bottom:1px solid #ccc;padding:2px 8px;"
+         "text-align:right}td:first-child,th:first-child{text-align:left}img{max-width:100%}"
+         ".wide{overflow-x:auto}.wide table{font-size:0.85em}"
+         "figure{margin:1.5em 0;max-width:100%}figcaption{font-size:0.9em;color:#333}"
+         "table.runs td,table.runs th{text-align:left;vertical-align:top}code{font-size:0.9em}"
+         ".side{display:flex;flex-wrap:wrap;gap:0 24px}.side figure{margin:1em 0}")
+
+
+@dataclass
+class Inputs:
+    scored: list[tuple[dict, RecordSet]] = field(default_factory=list)  # one per run and split
+    metas: dict[str, dict] = field(default_factory=dict)  # records source → its meta.json
+    # (compare.json's path, its result, each run as compare.json names it → that run's records source)
+    comparisons: list[tuple[Path, dict, dict[str, str]]] = field(default_factory=list)
+
+
+def _paired(path: Path) -> bool:
+    """A paired folder: compare.json beside the method folders, no records of its own."""
+    return (path.is_dir() and (path / COMPARE_FILE).is_file() and not (path / RECORDS_FILE).exists()
+            and not any(path.glob("records.rank*.jsonl")))
+
+
+def _compared(folder: Path) -> tuple[dict, dict[str, Path]]:
+    """compare.json's result and where each run it names lies now: in the folder beside it (the paired
+    folder may have moved since it was written), else the path as written."""
+    try:
+        result = json.loads((folder / COMPARE_FILE).read_text(encoding="utf-8"))
+        names = [name for pair in result["pairs"] for name in (pair["a"], pair["b"])]
+    except (json.JSONDecodeError, KeyError, TypeError) as err:
+        raise ValueError(f"{folder / COMPARE_FILE}: not a pope-fast compare result ({err})") from None
+    located = {}
+    for name in dict.fromkeys(names):
+        here = folder / Path(name).name
+        located[name] = here if here.is_dir() else Path(name)
+    return result, located
+
+
+def read_inputs(paths: list[str | Path], *, seed: int, resamples: int) -> Inputs:
+    inputs = Inputs()
+    names = list(READOUTS)  # as `pope-fast score` does with its default --readouts all
+    read: dict[Path, str] = {}  # each run read once, even when named twice
+
+    def add(path: Path) -> str:
+        if path not in read:
+            records = read_records(path)
+            read[path] = records.source
+            inputs.metas[records.source] = records.meta
+            inputs.scored += [(run, records) for run in score_records(records, names, seed=seed,
+                                                                      resamples=resamples)]
+        return read[path]
+
+    for path in map(Path, paths):
+        if not _paired(path):  # a paired folder stopped before its compare.json: its runs, no ΔF1
+            for run in expand_runs([path]):
+                add(Path(run))
+            continue
+        result, located = _compared(path)
+        inputs.comparisons.append((path / COMPARE_FILE, result, {n: add(p) for n, p in located.items()}))
+    return inputs
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "run"
+
+
+class Page:
+    """The figures written so far and the HTML around them, numbered in the order they appear."""
+
+    def __init__(self, out: Path):
+        self.out, self.body, self.count = out, [], 0
+
+    def add(self, fig, data: dict, path: Path, caption: str) -> None:
+        png = figures.save(fig, data, path)
+        self.count += 1
+        encoded = base64.b64encode(png.read_bytes()).decode("ascii")
+        numbers = png.with_suffix(".json").relative_to(self.out).as_posix()
+        width = max(480, round(fig.bbox.width))  # the caption wraps at the figure's width, or a readable one
+        self.body.append(f'<figure id="figure-{self.count}" style="width:{width}px"><img alt="Figure {self.count}" '
+                         f'src="data:image/png;base64,{encoded}"><figcaption><b>Figure {self.count}.</b> '
+                         f"{html.escape(caption)} Numbers: <code>{html.escape(numbers)}</code>.</figcaption></figure>")
+
+    def html(self, text: str) -> None:
+        self.body.append(text)
+
+
+def _quantization(settings: dict) -> str:
+    quant = settings.get("quant")
+    if not quant:
+        return "-"
+    return quant + (" (lm_head too)" if settings.get("quantize_lm_head") and quant != "none" else "")
+
+
+def _method(meta: dict) -> str:
+    method = meta.get("method") or {"name": "none"}
+    settings = ", ".join(f"{k}={v}" for k, v in (method.get("settings") or {}).items())
+    return f"{method['name']} ({settings})" if settings else method["name"]
+
+
+def header_row(label: str, meta: dict) -> list[str]:
+    """One run's line of the header: what made it, "-" for what its meta.json does not record."""
+    if meta.get("imported_from"):
+        summary = meta.get("summary") or {}
+        return [label, str(summary.get("model") or "-"), f"imported {meta['imported_from']} file", "-", "-",
+                "-", "-", "-", "-"]
+    model, settings = meta.get("model") or {}, meta.get("settings") or {}
+    dtype = settings.get("resolved_dtype") or settings.get("dtype") or "-"
+    return [label, str(model.get("path") or "-"), str(model.get("family") or "-"), str(meta.get("template") or "-"),
+            _method(meta), str(dtype), _quantization(settings), str(meta.get("created") or "-"),
+            str(meta.get("pope_fast_version") or "-")]
+
+
+HEADER = ("run", "model", "family", "template", "method", "dtype", "quantization", "created", "pope-fast")
+
+
+def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int) -> str:
+    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in header_row(labels[s], meta)) + "</tr>"
+                   for s, meta in inputs.metas.items())
+    head = "".join(f"<th>{h}</th>" for h in HEADER)
+    prompts = dict.fromkeys((m["template"], m["prompt_example"]) for m in inputs.metas.values()
+                            if m.get("template") and m.get("prompt_example"))
+    lines = [f"<table class=\"runs\"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"]
+    lines += [f"<p>Template {html.escape(t)}: <code>{html.escape(p).replace(chr(10), '&#92;n')}</code></p>"
+              for t, p in prompts]
+    lines.append("<p>Sources: " + ", ".join(f"{html.escape(labels[s])} (<code>{html.escape(s)}</code>)"
+                                            for s in inputs.metas) + ". "
+                 f"Scored under every readout the records supply, bootstrap seed {seed}, {resamples} resamples; "
+                 "each figure's numbers lie beside its PNG as JSON, every score in scores.json "
+                 "(<code>pope-fast score --format json</code>).</p>")
+    return "\n".join(lines)
+
+
+def _html_table(table: dict) -> str:
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["model", "n"] + table["readouts"])
+    rows = "".join("<tr><td>" + html.escape(r["model"]) + f"</td><td>{r['n']}</td>" + "".join(
+        f"<td><b>{c}</b></td>" if best else f"<td>{c}</td>" for c, best in zip(r["cells"], r["best"])) + "</tr>"
+        for r in table["rows"])
+    return (f"<h3>F1 by readout, {html.escape(table['group'])}</h3>"
+            f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
+
+
+def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
+    runs = [run for run, _ in inputs.scored]
+    page.html("<h2>F1, models × readouts × splits</h2>")
+    page.body += map(_html_table, f1_tables(runs))
+    data, caption = figure_data.f1_grid(runs)
+    page.add(figures.f1_grid(data), data, page.out / "f1_models_readouts_splits", caption)
+    pairs = figure_data.paper_pairs(inputs.scored)
+    if pairs:
+        page.html('<h2>Two readouts of one answer position</h2>\n<div class="side">')
+    for run, _, data, caption in pairs:
+        model = labels[run["source"]]
+        page.add(figures.confusion_pair(f"{model}, {group_name(run)}", data), data,
+                 page.out / _slug(model) / f"two_readouts_{_slug(group_name(run))}", f"{model}: {caption}")
+    if pairs:
+        page.html("</div>")
+    if inputs.comparisons:
+        page.html('<h2>Methods compared: ΔF1 under each readout</h2>\n<div class="side">')
+    for where, result, sources in inputs.comparisons:
+        for pair in result["pairs"]:
+            names = (labels[sources[pair["a"]]], labels[sources[pair["b"]]])
+            data, caption = figure_data.delta_f1(pair, result, names, str(where))
+            title = f"ΔF1 of {names[1]} against {names[0]}" + (" (MISMATCHED RUNS)" if pair["mismatches"] else "")
+            path = page.out / f"compare-{_slug(where.parent.name)}" / f"delta_f1_{_slug(names[1])}_vs_{_slug(names[0])}"
+            page.add(figures.delta_f1(title, data), data, path, caption)
+    if inputs.comparisons:
+        page.html("</div>")
+
+
+def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: int, resamples: int) -> None:
+    title = f"{model}, {group_name(run)} (n={run['n']})"
+    page.html(f"<h2>{html.escape(title)}</h2>")
+    if run.get("unavailable"):
+        page.html("<p>Unavailable: " + html.escape("; ".join(f"{n} ({why})" for n, why in
+                                                            run["unavailable"].items())) + "</p>")
+    if not run["readouts"]:
+        return
+    folder = page.out / _slug(model) / _slug(group_name(run))
+    drawn = [(figures.confusion_grid, figure_data.confusion(run), "confusion"),
+             (figures.f1_intervals, figure_data.f1(run, seed, resamples), "f1"),
+             (figures.yes_rates, figure_data.yes_rate(run, records), "yes_rate")]
+    tokens = figure_data.first_tokens(run, records)
+    if tokens[0]["tokens"]:
+        drawn.append((figures.first_tokens, tokens, "first_tokens"))
+    if "image_attention" in run:
+        drawn.append((figures.attention_plot, figure_data.attention(run, records), "image_attention"))
+    for draw, (data, caption), name in drawn:
+        page.add(draw(title, data), data, folder / name, f"{title}: {caption}")
+
+
+def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0, resamples: int = 1000) -> Path:
+    """Figures (PNG, each with its numbers as JSON), tables.md, tables.tex and report.html in out_dir;
+    returns the HTML page's path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    inputs = read_inputs(paths, seed=seed, resamples=resamples)
+    runs = [run for run, _ in inputs.scored]
+    labels = model_labels(list(inputs.metas))
+    (out / "scores.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
+    (out / "tables.md").write_text(format_f1_tables(runs, "markdown") + "\n", encoding="utf-8")
+    (out / "tables.tex").write_text(format_f1_tables(runs, "latex") + "\n", encoding="utf-8")
+    page = Page(out)
+    page.html("<h1>POPE readout report</h1>")
+    page.html(_header(inputs, labels, seed, resamples))
+    _across(page, inputs, labels)
+    for run, records in inputs.scored:
+        _run_section(page, run, records, labels[run["source"]], seed, resamples)
+    path = out / "report.html"
+    path.write_text("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>POPE readout report</title>"
+                    f"<style>{STYLE}</style></head><body>\n" + "\n".join(page.body) + "\n</body></html>\n",
+                    encoding="utf-8")
+    return path
