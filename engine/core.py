@@ -22,7 +22,7 @@ from .fingerprint import checkpoint_digests
 from .images import DECODE_ERRORS, LoadedImage, read_image, to_rgb, undecodable
 from .interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
-from .models import Family, load_model
+from .models import Family, load_model, protocol_coverage
 from .plan import PromptLayout, PromptResult, Row, SuffixBatch
 from .runner import ImagePrompts, Runner
 from .settings import Settings
@@ -54,7 +54,8 @@ class Answer(PromptResult):
 
 class Engine:
     def __init__(self, model: Family, settings: Settings, template: Template | str | None = None,
-                 readouts: str | list[str] | None = None, cache: VisionCache | None = None):
+                 readouts: str | list[str] | None = None, cache: VisionCache | None = None,
+                 lengths: dict[str, int] | None = None):
         self.model, self.settings = model, settings
         self.template = get_template(template or model.default_template) if not isinstance(template, Template) \
             else template
@@ -63,7 +64,8 @@ class Engine:
                              f"but {model.family} expects {model.image_marker!r}")
         dims = model.lm.dims
         self.readout = ReadoutPlan.make(model.tokenizer, self.template, readouts, vocab_size=dims.vocab_size,
-                                        max_new_tokens=settings.max_new_tokens, positions=dims.max_positions)
+                                        max_new_tokens=settings.max_new_tokens, positions=dims.max_positions,
+                                        lengths=lengths)
         self.cache = cache or VisionCache()
         self.runner = Runner(model, settings, self.readout)
         self._preprocess = model.preprocess_settings()  # part of every feature-cache key
@@ -72,9 +74,11 @@ class Engine:
 
     @classmethod
     def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
-             readouts: str | list[str] | None = None, cache_dir: str | Path | None = None) -> "Engine":
+             readouts: str | list[str] | None = None, cache_dir: str | Path | None = None,
+             lengths: dict[str, int] | None = None) -> "Engine":
+        """`lengths`: new tokens per text readout where they are not its reference's (a protocol's tool's)."""
         settings = settings or Settings()
-        return cls(load_model(folder, settings), settings, template, readouts, VisionCache(cache_dir))
+        return cls(load_model(folder, settings), settings, template, readouts, VisionCache(cache_dir), lengths)
 
     @property
     def timings(self):
@@ -129,6 +133,7 @@ class Engine:
             "settings": self.settings.to_json(),
             "generation": plan["generation"],  # each text readout's length
             "method": method.to_json(self.model.lm.dims.num_layers),
+            "protocol_coverage": protocol_coverage(self.model.folder),  # what `score --protocol` checks against
         }
 
     def _loaded(self, image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:

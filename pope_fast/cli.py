@@ -8,11 +8,14 @@ from contextlib import contextmanager
 import click
 
 from . import __version__
-from .readout import (DataError, TEMPLATES, RunLock, audit_tokens, compare_runs, expand_runs, format_audit,
-                      format_compare, format_runs, get_template, load_tokenizer, parse_readouts, read_records,
-                      repair_records, score_records)
+from .readout import (TEMPLATES, RunLock, audit_tokens, compare_runs, expand_runs, format_audit, format_compare,
+                      format_runs, get_template, load_tokenizer, repair_records)
+from .readout.score import score_paths
 from .errors import EXPECTED, one_line
 from .readout.attention import parse_layers
+from .readout.published import PROTOCOLS, format_protocol_runs, get_protocol
+
+PROTOCOL_HELP = "score under a published protocol: its answer rule and aggregation, and whether the run is its"
 
 
 def _fail(message: str) -> None:
@@ -36,17 +39,15 @@ def main() -> None:
 @click.option("--layers", default=None, metavar="FIRST-LAST",
               help="image-attention probe: the decoder layers averaged (inclusive; default: 14-19 on 32-layer "
                    "models, as the paper, else the middle fifth)")
-def score(files, readouts, fmt, seed, resamples, layers) -> None:
+@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+def score(files, readouts, fmt, seed, resamples, layers, protocol) -> None:
     """Score pope-fast records or published ugaa-research record files, without the model."""
+    if protocol and fmt not in ("table", "json"):
+        _fail(f"--protocol {protocol} shows the tool's own table: --format table or json")
     with _failures():
-        names, span, runs = parse_readouts(readouts), parse_layers(layers), []
-        for path in expand_runs(files):
-            scored = score_records(read_records(path), names, strict=readouts.strip() != "all", seed=seed,
-                                   resamples=resamples, layers=span)
-            if not scored:
-                raise DataError(f"{path}: no records to score")
-            runs += scored
-    click.echo(format_runs(runs, fmt))
+        runs = score_paths(expand_runs(files), readouts, protocol, seed=seed, resamples=resamples,
+                           layers=parse_layers(layers))
+    click.echo(format_protocol_runs(runs, fmt) if protocol else format_runs(runs, fmt))
 
 
 @main.command()
@@ -57,15 +58,19 @@ def score(files, readouts, fmt, seed, resamples, layers) -> None:
 @click.option("--allow-mismatch", is_flag=True,
               help="compare runs that differ in more than their method (dtype, quantization, template, token sets, "
                    "questions, library versions, or an imported file without meta.json); every table is flagged")
-def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
+@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+def compare(runs, fmt, seed, resamples, allow_mismatch, protocol) -> None:
     """Compare runs with the first (the baseline) on the same questions: per readout and split, ΔF1 with
     a paired bootstrap interval, McNemar's exact p and the answers flipped."""
     if len(expand_runs(runs)) < 2:
         _fail("compare needs a baseline run and at least one more: pope-fast compare RUN_A RUN_B [...] (or a "
               "paired run's folder)")
     with _failures():
-        result = compare_runs(expand_runs(runs), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch)
-    click.echo(format_compare(result, fmt))
+        protocol = protocol and get_protocol(protocol)
+        result = compare_runs(expand_runs(runs), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch,
+                              protocol=protocol)
+        tables = protocol and format_protocol_runs(score_paths(expand_runs(runs), "all", protocol.name), "table")
+    click.echo(format_compare(result, fmt) + (f"\n\n{tables}" if tables and fmt == "markdown" else ""))
 
 
 @main.command()
@@ -73,7 +78,8 @@ def compare(runs, fmt, seed, resamples, allow_mismatch) -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="folder for the report")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
-def report(runs, out_dir, seed, resamples) -> None:
+@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+def report(runs, out_dir, seed, resamples, protocol) -> None:
     """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs, record files and
     paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""
     import importlib.util
@@ -84,7 +90,7 @@ def report(runs, out_dir, seed, resamples) -> None:
     if importlib.util.find_spec("matplotlib") is None:  # before any table is written
         _fail(NO_MATPLOTLIB)
     with _failures():
-        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples)
+        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples, protocol=protocol)
     click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
 
 
@@ -144,9 +150,12 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="disk cache of image features")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
               help="greedy tokens for every string readout (default: each as its reference runs it: string_parse "
-                   "6, exact_match 128, pope_official until the end; the demo: 6)")
-@click.option("--image-aspect", type=click.Choice(["processor", "pad"]), default="processor", show_default=True,
-              help="pad: original LLaVA's pad-to-square with the mean colour before the processor")
+                   "6, the others 128; the demo: 6)")
+@click.option("--image-aspect", type=click.Choice(["processor", "pad"]), default=None,
+              help="processor (the default) | pad: original LLaVA's pad-to-square with the mean colour first")
+@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)),
+              help="a published protocol's prompt, generation length and image preprocessing for this model (pope-fast "
+                   "protocols lists them); every readout is still recorded")
 @click.option("--nf4-weights", type=click.Choice(["dequantized", "packed"]), default="dequantized",
               show_default=True, help="NF4: dequantize once at load (same values) or keep packed (less memory)")
 @click.option("--quantize-lm-head", is_flag=True, help="NF4: quantize lm_head too (transformers keeps it fp16)")
@@ -167,27 +176,17 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
     transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
     """
-    from .evaluate import EvalJob, run_eval
-
-    from .evaluate import checked_folders
+    from .evaluate import EvalJob, checked_folders, run_eval
+    from .progress import progress_bar
 
     with _failures():
         out = checked_folders(options["model_dir"], out_dir, cache_dir)  # before anything is written
     device, shard = _device_and_shard(device)
     with _failures(shard):
         job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv), **options)
-        outcome = run_eval(job, shard, _progress_bar, lambda text: click.echo(text, err=True))
+        outcome = run_eval(job, shard, progress_bar, lambda text: click.echo(text, err=True))
     if outcome is not None:  # rank 0 (or the only process) reports
         click.echo(outcome.summary())
-
-
-@contextmanager
-def _progress_bar(total: int, shown: bool):
-    from tqdm import tqdm
-
-    # disable=None: no bar where the output is no terminal (a log file would fill with its redraws)
-    with tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, disable=None if shown else True) as bar:
-        yield bar.update
 
 
 def _device_and_shard(device: str | None):
@@ -251,9 +250,10 @@ def bench(device, fmt, **options) -> None:
     import json
 
     from .bench import BenchConfig, format_report, run_bench
+    from .progress import labelled_bars
 
     device, shard = _device_and_shard(device)  # under torchrun every rank times its share; rank 0 reports
-    with _labelled_bars() as progress, _failures(shard, (ValueError,)):
+    with labelled_bars() as progress, _failures(shard, (ValueError,)):
         report = run_bench(BenchConfig.from_options(device=device, shard=shard, **options), progress)
     if shard is not None:
         shard.leave()
@@ -261,23 +261,16 @@ def bench(device, fmt, **options) -> None:
         click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
 
 
-@contextmanager
-def _labelled_bars():
-    """progress(label, n, total): one bar per label, closed at the end."""
-    from tqdm import tqdm
+@main.command()
+@click.option("--tokenizer", "tokenizer_dir", default=None, type=click.Path(exists=True, file_okay=False),
+              help="a checkpoint or tokenizer folder whose chat template renders the chat prompts")
+def protocols(tokenizer_dir) -> None:
+    """The published protocols: sources, answer rule, aggregation, and the prompt each renders per family."""
+    from .protocol_table import describe_protocols
 
-    bars: dict[str, tqdm] = {}
-
-    def progress(label: str, n: int, total: int) -> None:
-        if label not in bars:
-            bars[label] = tqdm(total=total, desc=label, unit="q", dynamic_ncols=True, leave=False)
-        bars[label].update(n)
-
-    try:
-        yield progress
-    finally:
-        for bar in bars.values():
-            bar.close()
+    with _failures():
+        text = describe_protocols(load_tokenizer(tokenizer_dir) if tokenizer_dir else None)
+    click.echo(text)
 
 
 @main.command()

@@ -6,17 +6,20 @@ from __future__ import annotations
 
 import tempfile
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, ContextManager
 
 from .builtin import demo_inputs
 from .distributed import Shard, every_rank
 from .engine import Engine, Settings, Timings, parse_method
+from .engine.models import protocol_for
 from .progress import watched
 from .readout import (READOUTS, RunLock, compare_runs, find_question_files, format_compare, format_runs,
                       load_question_sources)
 from .readout.protocols import GENERATING
+from .readout.published import format_protocol_runs, get_protocol
+from .readout.score import score_paths
 from .readout.store import atomic_write
 from .sweep import SweepResult, run_paired, run_pope
 
@@ -41,18 +44,19 @@ class EvalJob:
     settings: dict = field(default_factory=dict)  # Settings fields, the device among them
     limit: int | None = None  # the first N questions of each split (a quick look, as lmms-eval's --limit)
     command: str | None = None  # the command line, recorded in meta.json
+    protocol: str | None = None  # a published protocol (readout/published.py): its prompt, length, image aspect
 
     @classmethod
     def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
                      no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, limit=None,
-                     command=None, **settings) -> "EvalJob":
+                     command=None, protocol=None, **settings) -> "EvalJob":
         """The job of `pope-fast eval`'s options (every other option is a Settings field)."""
         def path(p):
             return None if p is None else Path(p)
 
         return cls(Path(out_dir), path(model_dir), tuple(question_files), path(images_dir), demo_questions, split,
                    dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
-                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command)
+                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol)
 
 
 @dataclass
@@ -63,6 +67,7 @@ class EvalOutcome:
     paired: bool
     comparison: str | None  # the methods compared with the first, markdown (OUT/compare.json beside it)
     world_size: int | None  # under torchrun: the ranks of the job
+    protocol: str | None = None  # the job's published protocol: its table follows each run's
 
     def summary(self) -> str:
         """What the command line prints at the end of a sweep."""
@@ -76,6 +81,8 @@ class EvalOutcome:
         for result in self.results:
             lines += [f"\n{result.out_dir.name}:"] if self.paired else []
             lines.append(format_runs(result.runs, "table"))
+            if self.protocol:
+                lines.append("\n" + format_protocol_runs(score_paths([str(result.out_dir)], protocol=self.protocol)))
         lines += [f"\n{self.comparison}"] if self.comparison is not None else []
         lines.append(f"records, meta and summaries in {self.out_dir}" + ("/<method>/" if self.paired else ""))
         return "\n".join(lines)
@@ -89,10 +96,11 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         raise ValueError("with --model, give --questions (and --images unless the questions embed them)")
     device = job.settings["device"]
     progress = progress or no_progress
-    settings = Settings(**{**job.settings, "device": shard.device(device) if shard else device,
-                           # the demo's random model never ends a sentence: it reads 6 tokens
-                           "max_new_tokens": job.settings.get("max_new_tokens") or (6 if job.model_dir is None
-                                                                                     else None)})
+    protocol = _protocol_options(job)
+    demo_tokens = 6 if job.model_dir is None and protocol is None else None  # the random model never ends a sentence
+    options = {k: v for k, v in job.settings.items() if v is not None or k not in ("image_aspect",)}
+    settings = Settings(**{**options, "device": shard.device(device) if shard else device,
+                           "max_new_tokens": job.settings.get("max_new_tokens") or demo_tokens})
     methods = [parse_method(spec) for spec in job.methods]
     _check_method_readouts(methods, job.readouts)
     lead = shard is None or shard.lead
@@ -102,8 +110,10 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         counted = job.out_dir / methods[0].name if methods else job.out_dir
         update = stack.enter_context(_lazy(progress, len(questions), lead))
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
+        provenance = {**({"command": job.command} if job.command else {}),
+                      **({"protocol": job.protocol} if job.protocol else {})}
         run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard,
-                   provenance={"command": job.command} if job.command else None)
+                   provenance=provenance or None)
         if methods:
             results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
         else:
@@ -112,7 +122,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     if shard is not None:
         shard.leave()
     return EvalOutcome(job.out_dir, results, engine.timings, bool(methods), comparison,
-                       shard.world_size if shard else None) if lead else None
+                       shard.world_size if shard else None, job.protocol) if lead else None
 
 
 def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitStack, notice):
@@ -136,10 +146,36 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
                                                            job.split, notice)
         elif images_dir is None and any(q.image_data is None for q in questions):
             raise ValueError("the question files name image files: give --images (parquet files embed their images)")
-        engine = Engine.load(model_dir, settings, template=job.template, readouts=job.readouts,
-                             cache_dir=job.cache_dir)
+        template, settings, lengths = _under_protocol(job, model_dir, settings)
+        engine = Engine.load(model_dir, settings, template=template, readouts=job.readouts, cache_dir=job.cache_dir,
+                             lengths=lengths)
         engine.warmup()
     return lock, engine, _limited(questions, job.limit), images_dir
+
+
+def _protocol_options(job: EvalJob):
+    """The job's protocol, its options checked against what the protocol decides (before anything loads)."""
+    if job.protocol is None:
+        return None
+    protocol = get_protocol(job.protocol)
+    for option, value in (("--template", job.template), ("--max-new-tokens", job.settings.get("max_new_tokens")),
+                          ("--image-aspect", job.settings.get("image_aspect"))):
+        if value is not None:
+            raise ValueError(f"{option}: --protocol {protocol.name} decides the prompt, the generation length and the "
+                             "image preprocessing; drop the option, or run without --protocol")
+    if job.readouts.strip() != "all" and protocol.readout not in [n.strip() for n in job.readouts.split(",")]:
+        raise ValueError(f"--readouts {job.readouts}: --protocol {protocol.name} answers by {protocol.readout}; add it")
+    return protocol
+
+
+def _under_protocol(job: EvalJob, model_dir: Path, settings: Settings):
+    """The template, settings and text lengths of the job: its own, or its protocol's for this checkpoint."""
+    if job.protocol is None:
+        return job.template, settings, None
+    coverage = protocol_for(model_dir, job.protocol)
+    readout = get_protocol(job.protocol).readout
+    lengths = {readout: coverage.new_tokens} if coverage.new_tokens and READOUTS[readout].kind in GENERATING else None
+    return coverage.template, replace(settings, image_aspect=coverage.image_aspect), lengths
 
 
 def checked_folders(model_dir, out_dir, cache_dir) -> Path:

@@ -1,5 +1,6 @@
-"""Progress of a sweep for the command line: under torchrun, rank 0 counts the records of the whole job
-(records.jsonl and every rank's part) from the folder, read incrementally by a watcher thread."""
+"""Progress of a sweep for the command line: its bars (tqdm, on stderr), and under torchrun rank 0's count of
+the records of the whole job (records.jsonl and every rank's part) from the folder, read incrementally by a
+watcher thread."""
 from __future__ import annotations
 
 import os
@@ -63,3 +64,32 @@ def watched(out_dir: Path, update: Callable[[int], None], total: int, every: flo
         stop.set()
         thread.join()
     catch_up()
+
+
+@contextmanager
+def progress_bar(total: int, shown: bool):
+    """eval's bar of `total` questions (only where `shown`: rank 0); entered, the callable told of more done."""
+    from tqdm import tqdm
+
+    # disable=None: no bar where the output is no terminal (a log file would fill with its redraws)
+    with tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, disable=None if shown else True) as bar:
+        yield bar.update
+
+
+@contextmanager
+def labelled_bars():
+    """progress(label, n, total): one bar per label, closed at the end."""
+    from tqdm import tqdm
+
+    bars: dict[str, tqdm] = {}
+
+    def progress(label: str, n: int, total: int) -> None:
+        if label not in bars:
+            bars[label] = tqdm(total=total, desc=label, unit="q", dynamic_ncols=True, leave=False)
+        bars[label].update(n)
+
+    try:
+        yield progress
+    finally:
+        for bar in bars.values():
+            bar.close()

@@ -29,6 +29,9 @@ def _resume_fingerprint(meta: dict) -> dict:
     return {"model": {"family": model.get("family"), "files": model.get("files") or {}},
             "method": {"name": method.get("name", "none"), "settings": method.get("settings") or {}},
             "template": meta.get("template"), "token_sets": meta.get("token_sets"), "settings": settings,
+            # the prompt itself: a template's text fixed under the same name (llava_official's system text) is
+            # another run; absent before meta.json recorded it
+            **({"prompt_example": meta["prompt_example"]} if "prompt_example" in meta else {}),
             "tokenizer": tokenizer, "generation": meta.get("generation") or {}}
 
 

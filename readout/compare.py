@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .metrics import mcnemar_exact, summarize
-from .protocols import NO, READOUTS, YES
+from .protocols import NO, READOUTS, UNKNOWN, YES
 from .records import Entry, RecordSet, read_records
 from .score import Unavailable, predictions, question_order
 
@@ -44,25 +44,28 @@ def leaf_differences(a, b, first: str, second: str, width: int = 40, name: str =
     return [f"{name}: {short[0]} {first}, {short[1]} {second}"]
 
 
-def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch: bool = False) -> dict:
+def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch: bool = False,
+                 protocol=None) -> dict:
     """Compare every run after the first (B, C, ...) with the first (A): per pair, split and readout,
     both runs' metrics, B - A with bootstrap intervals, McNemar's p and the answers flipped from A to B.
 
     Runs that differ in more than their method raise ValueError naming each difference; with
     allow_mismatch they are compared on the questions both hold (with the same label) and each pair
-    lists its differences under "mismatches".
+    lists its differences under "mismatches". Under a `protocol` (published.Protocol): its answer rule alone,
+    an unknown answer counted as the protocol counts it (VLMEvalKit: a no).
     """
     paths = [str(p) for p in paths]
     if len(paths) < 2:
         raise ValueError("compare needs a baseline run and at least one run to compare with it")
     runs = [read_records(p) for p in paths]
-    pairs = [_pair(paths[0], runs[0], path, run, seed, resamples, allow_mismatch)
+    pairs = [_pair(paths[0], runs[0], path, run, seed, resamples, allow_mismatch, protocol)
              for path, run in zip(paths[1:], runs[1:])]
-    return {"seed": seed, "resamples": resamples, "level": LEVEL, "pairs": pairs}
+    return {"seed": seed, "resamples": resamples, "level": LEVEL, "pairs": pairs,
+            **({"protocol": protocol.name} if protocol else {})}
 
 
 def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resamples: int,
-          allow_mismatch: bool) -> dict:
+          allow_mismatch: bool, protocol=None) -> dict:
     groups, question_diffs = _join(a, b)
     mismatches = _meta_mismatches(name_a, a.meta, name_b, b.meta) + question_diffs
     if mismatches and not allow_mismatch:
@@ -70,12 +73,13 @@ def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resam
                          "pass --allow-mismatch to compare them anyway (every table is then flagged)")
     if not groups:
         raise ValueError(f"{name_a} vs {name_b}: the runs have no question in common")
-    names = [n for n in _readouts(a) if n in _readouts(b)]
+    names = [n for n in _readouts(a) if n in _readouts(b) and (protocol is None or n == protocol.readout)]
     one_dataset = len({dataset for dataset, _ in groups}) == 1
     splits, questions, unavailable = {}, {}, {}
     for (dataset, split), joined in groups.items():
         label = split if one_dataset or not dataset else f"{dataset} {split}"
-        splits[label], questions[label], missing = _split(a, b, joined, names, seed, resamples)
+        splits[label], questions[label], missing = _split(a, b, joined, names, seed, resamples,
+                                                          protocol is not None and protocol.unknown_is_no)
         if missing:
             unavailable[label] = missing
     pair = {"a": name_a, "b": name_b, "method_a": _method(a.meta), "method_b": _method(b.meta),
@@ -196,7 +200,7 @@ def _join(a: RecordSet, b: RecordSet) -> tuple[dict[tuple[str, str], list[tuple[
 # --- the paired statistics of one split ---
 
 def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names: list[str], seed: int,
-           resamples: int) -> tuple[dict, dict, dict]:
+           resamples: int, unknown_is_no: bool = False) -> tuple[dict, dict, dict]:
     kept = [(ea, eb) for ea, eb in joined if ea.error is None and eb.error is None]
     counts = {"joined": len(joined), "compared": len(kept), "errors_a": sum(ea.error is not None for ea, _ in joined),
               "errors_b": sum(eb.error is not None for _, eb in joined)}
@@ -208,8 +212,8 @@ def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names:
     table, unavailable = {}, {}
     for name in names:
         try:
-            decided_a = _decided(a, name, entries_a, "A")
-            decided_b = _decided(b, name, entries_b, "B")
+            decided_a = _decided(a, name, entries_a, "A", unknown_is_no)
+            decided_b = _decided(b, name, entries_b, "B", unknown_is_no)
         except Unavailable as why:
             unavailable[name] = str(why)
             continue
@@ -217,19 +221,19 @@ def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names:
     return table, counts, unavailable
 
 
-def _decided(run: RecordSet, name: str, entries: list[Entry], side: str) -> list[str]:
+def _decided(run: RecordSet, name: str, entries: list[Entry], side: str, unknown_is_no: bool = False) -> list[str]:
     try:
-        return predictions(run, name, entries)
+        decided = predictions(run, name, entries)
     except Unavailable as why:
         raise Unavailable(f"{side} ({run.source}): {why}") from None
+    return [NO if d == UNKNOWN else d for d in decided] if unknown_is_no else decided
 
 
 def _readout(labels: list[str], decided_a: list[str], decided_b: list[str], weights: np.ndarray, seed: int,
              resamples: int) -> dict:
     metrics_a = summarize(labels, decided_a, seed=seed, resamples=resamples)
     metrics_b = summarize(labels, decided_b, seed=seed, resamples=resamples)
-    # the difference of the reported (rounded) values, so that a table's three numbers agree
-    delta = {m: round(metrics_b[m] - metrics_a[m], 4) for m in DELTAS}
+    delta = {m: metrics_b[m] - metrics_a[m] for m in DELTAS}  # full precision: tables round for display
     intervals = delta_intervals(labels, decided_a, decided_b, weights)
     return {"f1_a": metrics_a["f1"], "f1_b": metrics_b["f1"], "delta_f1": delta["f1"],
             "delta_f1_ci95": intervals["f1"], "mcnemar_p": mcnemar_exact(labels, decided_a, decided_b),
@@ -268,7 +272,7 @@ def delta_intervals(labels: list[str], decided_a: list[str], decided_b: list[str
     """Percentile interval of each metric's B - A over the paired resamples."""
     by_a, by_b = resampled_metrics(labels, decided_a, weights), resampled_metrics(labels, decided_b, weights)
     tail = (1 - LEVEL) / 2
-    return {m: [round(float(q), 4) for q in np.quantile(by_b[m] - by_a[m], [tail, 1 - tail])] for m in DELTAS}
+    return {m: [float(q) for q in np.quantile(by_b[m] - by_a[m], [tail, 1 - tail])] for m in DELTAS}
 
 
 def _ranking(table: dict) -> dict:

@@ -16,10 +16,11 @@ from .protocols import GENERATING, READOUTS, Generation
 Decode = Callable[[Sequence[int]], str]  # token ids → text (the tokenizer's decode, special tokens skipped)
 
 
-def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_limit: int) -> dict[str, Generation]:
-    """The resolved generation of each requested text readout: its reference's length, within the model's
-    positions; `max_new_tokens` overrides every length (and the first-sentence end, so that an override
-    reproduces a fixed-length run exactly)."""
+def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_limit: int,
+                    lengths: Mapping[str, int] | None = None) -> dict[str, Generation]:
+    """The resolved generation of each requested text readout: its reference's length (or the one `lengths`
+    gives it: a protocol's tool's), within the model's positions; `max_new_tokens` overrides every length
+    (and the first-sentence end, so that an override reproduces a fixed-length run exactly)."""
     plan = {}
     for name in names:
         readout = READOUTS[name]
@@ -29,7 +30,7 @@ def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_
             plan[name] = Generation(max_new_tokens)
         else:
             g = readout.generation
-            plan[name] = Generation(min(g.new_tokens, positions_limit), g.first_sentence)
+            plan[name] = Generation(min((lengths or {}).get(name, g.new_tokens), positions_limit), g.first_sentence)
     return plan
 
 

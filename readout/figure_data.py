@@ -49,7 +49,7 @@ def yes_rate(run: dict, records: RecordSet) -> tuple[dict, str]:
         answered = m["tp"] + m["tn"] + m["fp"] + m["fn"]
         readouts[name] = {"yes_rate": m["yes_rate"] if answered else None, "yes_rate_all": m["yes_rate_all"],
                           "answered": answered, "unknown": m["unknown"]}
-    data = {**_base(run), "label_yes_rate": round(labels.count(YES) / len(labels), 4) if labels else None,
+    data = {**_base(run), "label_yes_rate": labels.count(YES) / len(labels) if labels else None,
             "readouts": readouts}
     return data, ("Share of yes among each readout's answered predictions, against the labels' share (dashed). "
                   "A readout that answered no question has no yes-rate: it is drawn as a hatched grey band "
@@ -159,15 +159,15 @@ def f1_grid(runs: list[dict]) -> tuple[dict, str]:
     data = {"groups": [], "models": models, "readouts": {}, "f1": {}, "best": {}}
     for table in f1_tables(runs):
         group, rows = table["group"], {row["model"]: row for row in table["rows"]}
-        cells = {m: dict(zip(table["readouts"], zip(rows[m]["cells"], rows[m]["best"]))) for m in rows}
+        cells = {m: dict(zip(table["readouts"], zip(rows[m]["values"], rows[m]["best"]))) for m in rows}
         data["groups"].append(group)
         data["readouts"][group] = table["readouts"]
-        data["f1"][group] = [[None if cells.get(m, {}).get(n, ("-",))[0] == "-" else float(cells[m][n][0])
-                              for n in table["readouts"]] for m in models]
-        data["best"][group] = [[cells.get(m, {}).get(n, ("-", False))[1] for n in table["readouts"]] for m in models]
+        data["f1"][group] = [[cells.get(m, {}).get(n, (None,))[0] for n in table["readouts"]] for m in models]
+        data["best"][group] = [[cells.get(m, {}).get(n, (None, False))[1] for n in table["readouts"]]
+                               for m in models]
     return data, ("F1 of every model (rows) under every readout (columns), a panel per dataset and split, the "
-                  "numbers of tables.md. Bold: the model's best readout in that split; grey \"-\": a readout the "
-                  "model's records cannot supply, or a split with no answered question.")
+                  "numbers of tables.md (here at full precision). Bold: the model's best readout in that split; "
+                  "grey \"-\": a readout the model's records cannot supply, or a split with no answered question.")
 
 
 def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> tuple[dict, str]:

@@ -1,5 +1,7 @@
 """POPE metrics with their uncertainty.
 
+Values are at full precision (tables round them for display only).
+
 Conventions (stated once, used everywhere): an `unknown` answer is kept out of the confusion matrix
 and counted on its own. Precision, recall, F1 and the yes-rate are computed over the answered
 questions (the yes-rate is that of the *predictions*, not of the labels as in lmms-eval's
@@ -60,7 +62,7 @@ def bootstrap_f1_ci(labels, predictions, *, seed: int = 0, resamples: int = 1000
     f1 = _f1(tp, fp, fn)
     alpha = (1 - level) / 2
     low, high = np.quantile(f1, [alpha, 1 - alpha])
-    return [round(float(low), 4), round(float(high), 4)]
+    return [float(low), float(high)]
 
 
 def summarize(labels, predictions, *, seed: int = 0, resamples: int = 1000) -> dict:
@@ -69,12 +71,12 @@ def summarize(labels, predictions, *, seed: int = 0, resamples: int = 1000) -> d
     precision = _ratio(c["tp"], c["tp"] + c["fp"])
     recall = _ratio(c["tp"], c["tp"] + c["fn"])
     return {**c,
-            "accuracy": round(_ratio(c["tp"] + c["tn"], answered + c["unknown"]), 4),
-            "precision": round(precision, 4),
-            "recall": round(recall, 4),
-            "f1": round(float(_f1(np.int64(c["tp"]), c["fp"], c["fn"])), 4),
+            "accuracy": _ratio(c["tp"] + c["tn"], answered + c["unknown"]),
+            "precision": precision,
+            "recall": recall,
+            "f1": float(_f1(np.int64(c["tp"]), c["fp"], c["fn"])),
             "f1_ci95": bootstrap_f1_ci(labels, predictions, seed=seed, resamples=resamples),
-            "yes_rate": round(_ratio(c["tp"] + c["fp"], answered), 4)}
+            "yes_rate": _ratio(c["tp"] + c["fp"], answered)}
 
 
 def mcnemar_exact(labels, pred_a, pred_b) -> float:

@@ -24,10 +24,11 @@ class ReadoutPlan:
 
     @classmethod
     def make(cls, tokenizer, template: Template, spec: str | list[str] | None, *, vocab_size: int,
-             max_new_tokens: int | None, positions: int) -> "ReadoutPlan":
+             max_new_tokens: int | None, positions: int, lengths: Mapping[str, int] | None = None) -> "ReadoutPlan":
         """The plan for `spec` ("all", None, or readout names) under this tokenizer and template, for a
         model of vocab_size lm_head rows and `positions` positions. A logit readout whose fixed ids lie
-        outside the vocabulary is dropped from "all", and refused (ValueError) when named."""
+        outside the vocabulary is dropped from "all", and refused (ValueError) when named. `lengths`: new
+        tokens for some text readouts (a protocol's tool's), in place of their references'."""
         spec = ",".join(spec) if isinstance(spec, list) else spec
         names = parse_readouts(spec)
         explicit = spec is not None and spec.strip() != "all"
@@ -40,7 +41,7 @@ class ReadoutPlan:
         token_sets = {n: s for n, s in sets.items() if n not in outside}
         names = [n for n in names if n not in outside]
         ids = sorted({i for n, s in token_sets.items() if READOUTS[n].kind == LOGIT for i in s.ids})
-        generation = generation_plan(names, max_new_tokens, positions)
+        generation = generation_plan(names, max_new_tokens, positions, lengths)
         if max_new_tokens is not None and generation and max_new_tokens >= positions:
             raise ValueError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
                              f"{positions} positions (max_position_embeddings)")

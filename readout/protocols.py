@@ -101,6 +101,35 @@ def exact_match(text: str) -> str:
     return answer if answer in (YES, NO) else UNKNOWN
 
 
+_MARKS = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!")
+_DIGIT_COMMA = re.compile(r"(\d)(,)(\d)")
+_PERIOD = re.compile(r"(?<!\d)\.(?!\d)")
+
+
+def _punctuation_removed(text: str) -> str:
+    """VLMEvalKit `process_punctuation` (vlmeval/smp/misc.py l.18-33 at e8e78f05): each mark is deleted
+    where the text has it beside a space (or holds a digit,digit anywhere), else replaced by a space,
+    each mark deciding on the text as given; then periods not beside a digit are deleted, at most 32 of
+    them (it passes re.UNICODE, 32, where `sub` takes its count)."""
+    out = text
+    digit_comma = _DIGIT_COMMA.search(text) is not None
+    for mark in _MARKS:
+        out = out.replace(mark, "" if mark + " " in text or " " + mark in text or digit_comma else " ")
+    return _PERIOD.sub("", out, count=32)
+
+
+def yorn(text: str) -> str:
+    """VLMEvalKit `YOrN_Extraction` (vlmeval/dataset/utils/yorn.py l.254-261): the lowercased answer, its
+    punctuation removed, split on whitespace; yes when the words hold 'yes' and not 'no', no for the
+    reverse, else unknown (both, or neither: "yes, there is no dog", "**yes**", "yes:")."""
+    words = _punctuation_removed(text.lower()).split()
+    if "yes" in words and "no" not in words:
+        return YES
+    if "no" in words and "yes" not in words:
+        return NO
+    return UNKNOWN
+
+
 @dataclass(frozen=True)
 class Generation:
     """How a text readout's reference generates: at most `new_tokens` greedy tokens (fewer where the
@@ -198,6 +227,10 @@ READOUTS: dict[str, Readout] = {
         # lmms-eval's pope.yaml: max_new_tokens 128.
         Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer equals yes or no", exact_match,
                 Generation(128)),
+        # VLMEvalKit generates 2048 tokens for most classes (mPLUG-Owl2 512); an ordinary run reads 128 as the
+        # others, and `--protocol vlmevalkit` the model class's own length.
+        Readout("yorn", TEXT, "VLMEvalKit YOrN_Extraction: 'yes' and not 'no' among the words (punctuation "
+                "removed), or the reverse; else unknown", yorn, Generation(128)),
     )
 }
 LOGIT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == LOGIT)

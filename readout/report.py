@@ -132,7 +132,9 @@ def f1_tables(runs: list[dict]) -> list[dict]:
         n = f"{run['n']} ({errors} errors)" if errors else run["n"]
         table["rows"].append({"model": labels[run["source"]], "n": n,
                               "cells": [f"{f1[n]:.4f}" if n in f1 else "-" for n in table["readouts"]],
-                              "best": [n in f1 and f1[n] == top for n in table["readouts"]]})
+                              "values": [f1.get(n) for n in table["readouts"]],  # full precision
+                              # bold what reads as the best: readouts tied at the shown 4 decimals all are
+                              "best": [n in f1 and f"{f1[n]:.4f}" == f"{top:.4f}" for n in table["readouts"]]})
     return list(tables.values())
 
 

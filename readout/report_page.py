@@ -17,6 +17,7 @@ from pathlib import Path
 
 from . import figure_data, figures
 from .protocols import READOUTS
+from .published import format_protocol_runs, get_protocol, score_protocol
 from .records import RECORDS_FILE, RecordSet, expand_runs, read_records
 from .report import f1_tables, format_f1_tables, group_name, model_labels
 from .score import score_records
@@ -212,9 +213,20 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
         page.add(draw(title, data), data, folder / name, f"{title}: {caption}")
 
 
-def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0, resamples: int = 1000) -> Path:
+def _protocol_section(page: "Page", out: Path, inputs: Inputs, protocol) -> None:
+    record_sets = {records.source: records for _, records in inputs.scored}  # each run once, in order
+    runs = [run for records in record_sets.values() for run in score_protocol(records, protocol)]
+    (out / "protocol.json").write_text(format_protocol_runs(runs, "json") + "\n", encoding="utf-8")
+    page.html(f"<h2>Under {html.escape(protocol.name)}: {html.escape(protocol.title)}, {html.escape(protocol.version)}"
+              f"</h2>\n<p>{html.escape(protocol.reproduces)}. Values in protocol.json at full precision.</p>\n"
+              f'<div class="wide"><pre>{html.escape(format_protocol_runs(runs, "table"))}</pre></div>')
+
+
+def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0, resamples: int = 1000,
+                 protocol: str | None = None) -> Path:
     """Figures (PNG, each with its numbers as JSON), tables.md, tables.tex and report.html in out_dir;
-    returns the HTML page's path."""
+    returns the HTML page's path. With a published `protocol`, the page leads with each run's numbers as
+    that tool prints them and what keeps them from being its own (also as protocol.json)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     inputs = read_inputs(paths, seed=seed, resamples=resamples)
@@ -226,6 +238,8 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
     page = Page(out)
     page.html("<h1>POPE readout report</h1>")
     page.html(_header(inputs, labels, seed, resamples))
+    if protocol is not None:
+        _protocol_section(page, out, inputs, get_protocol(protocol))
     _across(page, inputs, labels)
     for run, records in inputs.scored:
         _run_section(page, run, records, labels[run["source"]], seed, resamples)

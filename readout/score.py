@@ -11,8 +11,8 @@ from itertools import combinations
 
 from .attention import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
-from .protocols import READOUTS, UNKNOWN, Missing
-from .records import Entry, RecordSet
+from .protocols import READOUTS, UNKNOWN, Missing, parse_readouts
+from .records import DataError, Entry, RecordSet, read_records
 
 
 class Unavailable(Exception):
@@ -48,7 +48,7 @@ def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int) -
     """summarize()'s metrics plus `yes_rate_all`: yes answers over every scored question, unknowns
     included, as run_multi_model_audit.py divides (`yes_rate` divides by the answered ones)."""
     m = summarize(labels, decided, seed=seed, resamples=resamples)
-    m["yes_rate_all"] = round((m["tp"] + m["fp"]) / len(labels), 4) if labels else 0.0
+    m["yes_rate_all"] = (m["tp"] + m["fp"]) / len(labels) if labels else 0.0
     return m
 
 
@@ -119,3 +119,23 @@ def _attention(entries: list[Entry], labels: list[str], decided: dict[str, list[
     return {"layers": list(layers), "num_layers": depth,
             "readouts": {n: attention_by_outcome(values, labels, p, seed=seed, resamples=resamples)
                          for n, p in decided.items()}}
+
+
+def score_paths(paths: list[str], readouts: str = "all", protocol: str | None = None, *, seed: int = 0,
+                resamples: int = 1000, layers: tuple[int, int] | None = None) -> list[dict]:
+    """`pope-fast score`: every record file or run folder scored under `readouts` ("all", or names, each of
+    which the records must supply), or under a published protocol (published.score_protocol's runs)."""
+    from .published import get_protocol, score_protocol
+
+    names, runs = parse_readouts(readouts), []
+    for path in paths:
+        records = read_records(path)
+        if protocol is not None:
+            scored = score_protocol(records, get_protocol(protocol))
+        else:
+            scored = score_records(records, names, strict=readouts.strip() != "all", seed=seed, resamples=resamples,
+                                   layers=layers)
+        if not scored:
+            raise DataError(f"{path}: no records to score")
+        runs += scored
+    return runs

@@ -20,11 +20,16 @@ def test_each_readout_generates_as_its_reference_does():
     plan = generation_plan(list(READOUTS), None, positions_limit=4096)
     # every reference stops at 128 new tokens or fewer: none decodes to the model's positions
     assert plan == {"string_parse": Generation(6), "string_parse_with_prompt": Generation(6),
-                    "pope_official": Generation(128, first_sentence=True), "exact_match": Generation(128)}
+                    "pope_official": Generation(128, first_sentence=True), "exact_match": Generation(128),
+                    "yorn": Generation(128)}
     assert generation_plan(["template_aware", "string_parse"], 3, 4096) == {"string_parse": Generation(3)}
     # --max-new-tokens is every text readout's length, with no first-sentence end
     assert set(generation_plan(list(READOUTS), 6, 4096).values()) == {Generation(6)}
     assert generation_plan(["exact_match"], None, positions_limit=100) == {"exact_match": Generation(100)}
+    # a protocol's length for its readout (VLMEvalKit's 2048), within the positions; the others keep theirs
+    assert generation_plan(["yorn", "pope_official"], None, 4096, {"yorn": 2048}) == {
+        "yorn": Generation(2048), "pope_official": Generation(128, first_sentence=True)}
+    assert generation_plan(["yorn"], None, 1000, {"yorn": 2048}) == {"yorn": Generation(1000)}
 
 
 def test_a_sentence_that_ends_after_the_sixth_token():
@@ -105,9 +110,9 @@ def test_the_papers_instructblip_string_row_is_the_whole_sequence_readout(tmp_pa
     assert records.meta["whole_sequence"] and records.entries[1].decoded_sequence.endswith("Answer: No")
     [run] = score_records(records, ["string_parse", "string_parse_with_prompt", "pope_official"])
     m = run["readouts"]["string_parse_with_prompt"]
-    assert (m["tp"], m["fp"], m["tn"], m["fn"], m["f1"]) == (3, 3, 0, 0, 0.6667)
+    assert (m["tp"], m["fp"], m["tn"], m["fn"], m["f1"]) == (3, 3, 0, 0, 2 / 3)
     assert set(run["unavailable"]) == {"string_parse", "pope_official"}   # no new-token text in that file
     records.prefer_stored = False
     [again] = score_records(records, ["string_parse_with_prompt"])
-    assert again["readouts"]["string_parse_with_prompt"]["f1"] == 0.6667
+    assert again["readouts"]["string_parse_with_prompt"]["f1"] == 2 / 3
 

@@ -10,8 +10,9 @@ PACKAGES = ("readout", "engine", "kernels", "bench", "pope_fast")
 SOURCES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 FAMILIES = ("llava", "llava_next", "instructblip", "qwen2_vl", "mplug_owl2")
 # Strings equal to a family's model_type that are not about the family: template names (the template
-# registry, whose names records carry) and the adapter names of ugaa-research's published files.
-NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/ugaa.py"}
+# registry, whose names records carry), the adapter names of ugaa-research's published files, and the
+# protocol registry's names (`llava` is LLaVA's own evaluation scripts).
+NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/ugaa.py", ROOT / "readout/published.py"}
 
 
 def _tree(path: Path) -> ast.Module:

@@ -58,7 +58,7 @@ def test_report_on_two_runs(tmp_path):
     for run in score:
         folder = out / run["source"].split("/")[-2] / f"{run['dataset']}-{run['split']}"
         readouts = run["readouts"]
-        assert len(readouts) == 8   # every readout available: token sets, first tokens, texts
+        assert len(readouts) == 9   # every readout available: token sets, first tokens, texts
         numbers = {name: json.loads((folder / f"{name}.json").read_text())
                    for name in ("confusion", "f1", "yes_rate", "first_tokens")}
         for name, m in readouts.items():
@@ -76,9 +76,9 @@ def test_report_on_two_runs(tmp_path):
         by_id = {t["id"]: t["readouts"] for t in tokens["tokens"]}
         assert by_id[3582] == {"legacy_2tok": "yes", "legacy_8tok": "yes"} and by_id[29871] == {}
         assert by_id[694] == {"template_aware": "no", "first_token": "no"}
-        # expected sizes at 100 dpi: a 4-column grid of 8 matrices, one row per readout in the bars
-        assert _png_size(folder / "confusion.png") == (1000, 520)
-        assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (800, 90 + 32 * 8)
+        # expected sizes at 100 dpi: a 4-column grid of 9 matrices, one row per readout in the bars
+        assert _png_size(folder / "confusion.png") == (1000, 750)
+        assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (800, 90 + 32 * 9)
         assert _png_size(folder / "first_tokens.png")[0] == 220 + 40 * len(tokens["tokens"])
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())   # one figure: models x (readout, split)
     assert grid["groups"] == ["coco random", "coco adversarial"] and grid["models"] == ["llava-a", "llava-b"]
@@ -312,7 +312,7 @@ def test_yes_rate_marks_readouts_and_splits_with_no_answered_question(tmp_path):
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(folder), "--out", str(out)]).exit_code == 0
     answered = json.loads((out / "run" / "coco-random" / "yes_rate.json").read_text())
-    assert answered["label_yes_rate"] == round(4 / 12, 4)
+    assert answered["label_yes_rate"] == 4 / 12
     assert answered["readouts"]["first_token"] == {"yes_rate": None, "yes_rate_all": 0.0, "answered": 0,
                                                    "unknown": 12}
     assert answered["readouts"]["string_parse"]["yes_rate"] is None
@@ -406,13 +406,13 @@ def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
     assert grid["groups"] == ["coco random", "coco adversarial", "adversarial"]
     assert grid["models"] == ["llava-a", published.stem]
     assert grid["readouts"]["adversarial"] == ["legacy_2tok", "legacy_8tok"]
-    assert grid["f1"]["adversarial"] == [[None, None], [0.7642, 0.8209]]
+    assert grid["f1"]["adversarial"] == [[None, None], [2 * 290 / (2 * 290 + 169 + 10), 2 * 236 / (2 * 236 + 39 + 64)]]
     assert grid["best"]["adversarial"] == [[False, False], [False, True]]
     assert grid["f1"]["coco random"][1] == [None] * len(grid["readouts"]["coco random"])
     ours = json.loads((out / "llava-a" / "two_readouts_coco-adversarial.json").read_text())
     assert ours["split"] == "adversarial" and list(ours["readouts"]) == ["legacy_2tok", "template_aware"]
     theirs = json.loads((out / published.stem / "two_readouts_adversarial.json").read_text())
     assert theirs["readouts"] == {
-        "legacy_2tok": {"tp": 290, "tn": 131, "fp": 169, "fn": 10, "unknown": 0, "f1": 0.7642},
-        "legacy_8tok": {"tp": 236, "tn": 261, "fp": 39, "fn": 64, "unknown": 0, "f1": 0.8209}}
+        "legacy_2tok": {"tp": 290, "tn": 131, "fp": 169, "fn": 10, "unknown": 0, "f1": 2 * 290 / (2 * 290 + 169 + 10)},
+        "legacy_8tok": {"tp": 236, "tn": 261, "fp": 39, "fn": 64, "unknown": 0, "f1": 2 * 236 / (2 * 236 + 39 + 64)}}
     assert "the two readouts whose F1 differ most here" in (out / "report.html").read_text()

@@ -6,6 +6,10 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
+import json
+
+from ...readout import get_template
+from ...readout.published import PROTOCOLS, Coverage
 from ..loader import CheckpointError, read_config
 from ..settings import Settings
 from .base import Family
@@ -37,3 +41,38 @@ def load_model(folder: str | Path, settings: Settings) -> Family:
         raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not supported "
                               f"(supported: {', '.join(FAMILIES)})")
     return family_class(model_type)(folder, settings)
+
+
+def protocol_for(folder: str | Path, name: str) -> Coverage:
+    """How protocol `name` runs the checkpoint in `folder`, proven from its files before it loads: ValueError
+    (one line) where the protocol does not cover its family or the checkpoint lacks the chat template the
+    protocol's prompt is rendered with."""
+    folder = Path(folder).expanduser().resolve()
+    config = read_config(folder)
+    coverage = family_class(config.get("model_type")).protocol(name, config)
+    if get_template(coverage.template).chat and not _has_chat_template(folder):
+        raise CheckpointError(f"{folder}: protocol {name} renders its prompt ({coverage.template}) with the "
+                              "tokenizer's chat template, and the checkpoint has none (tokenizer_config.json's "
+                              "chat_template, chat_template.json or chat_template.jinja)")
+    return coverage
+
+
+def protocol_coverage(folder: str | Path) -> dict[str, dict]:
+    """Every protocol's coverage of this checkpoint, as meta.json records it (so that `score --protocol`
+    can say, without the checkpoint, whether a run asked the protocol's prompt at its length)."""
+    out = {}
+    for name in PROTOCOLS:
+        try:
+            out[name] = protocol_for(folder, name).to_json()
+        except ValueError as why:
+            out[name] = {"not_covered": str(why)}
+    return out
+
+
+def _has_chat_template(folder: Path) -> bool:
+    if (folder / "chat_template.jinja").is_file() or (folder / "chat_template.json").is_file():
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8")).get("chat_template"))
+    except (OSError, ValueError):
+        return False

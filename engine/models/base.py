@@ -17,6 +17,7 @@ from typing import ClassVar
 import torch
 from PIL import Image
 
+from ...readout.published import Coverage
 from ..layers import Linear, make_linear, replace_linears
 from ..llama import DecoderLayer, LlamaDims, LlamaLM
 from ..loader import CheckpointError, quiet_fallback, stop_ids
@@ -43,6 +44,9 @@ class Family:
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
     sizes: ClassVar[dict[str, dict]] = {}  # "tiny" and "7b": the shape of its random checkpoints
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
+    # Each published protocol (readout/published.py) by name: how it runs this family (the tool's model class,
+    # the template rendering its prompt, its length), or why the tool has no model class for it.
+    protocols: ClassVar[dict[str, Coverage | str]] = {}
 
     tokenizer: object
     lm: LlamaLM
@@ -55,6 +59,27 @@ class Family:
         self.folder, self.settings = folder, settings
         self.device, self.dtype = settings.torch_device, settings.torch_dtype
         self.quantize, self.packed = settings.quant == "nf4", settings.nf4_weights == "packed"
+
+    @classmethod
+    def protocol(cls, name: str, config: dict) -> Coverage:
+        """How protocol `name` runs a checkpoint of this family (its config.json: `config`); ValueError
+        saying why where the protocol's tool has no model class for it. The audit's and POPE's own
+        evaluate.py prescribe no model class: the family's default prompt."""
+        if name == "paper":
+            return Coverage("the audit's prompt for " + cls.seed_model, cls.default_template, None)
+        if name == "pope-official":
+            # evaluate.py scores any run's answers: the default prompt, at LLaVA's and lmms-eval's 128 tokens
+            return Coverage("any (evaluate.py scores whatever was run): the default prompt", cls.default_template, 128)
+        entry = cls.protocols.get(name, "no entry")
+        if isinstance(entry, str):
+            raise ValueError(f"protocol {name} does not cover {cls.name}: {entry}")
+        return entry
+
+    @classmethod
+    def protocol_variants(cls) -> dict[str, dict]:
+        """The checkpoints whose protocol coverage differs, by name → a config.json standing for them (what
+        `pope-fast protocols` lists)."""
+        return {cls.name: {}}
 
     # --- the scaffold ---------------------------------------------------------------------------
 

@@ -25,6 +25,7 @@ from ..settings import Settings
 from ..stats import Counts
 from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, builtin_bert_tokenizer, checkpoint_folder, save_checkpoint,
                          sized, tokenizer_for, with_vocab)
+from ...readout.published import Coverage
 from .base import Family
 
 NAME_RULES = [
@@ -61,6 +62,16 @@ class InstructBlipModel(Family):
     image_marker = ""  # the image enters through the Q-Former, ahead of the text
     features_per_prompt = True
     own_aspect = "resizes every image to a square"
+    protocols = {
+        "lmms-eval": Coverage("instructblip", "lmms_eval_instructblip", 128, deviations=(
+            "lmms-eval 0.7.2 decodes generate's whole output (models/simple/instructblip.py l.216), which from "
+            "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
+            "answers as transformers 4.46 and earlier returned them, the new tokens",
+            "lmms-eval passes no dtype (transformers' default applies); here --dtype does")),
+        "vlmevalkit": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
+                      "penalty 1.5; this engine decodes greedily",
+        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
+    }
     sizes = SIZES
 
     def __init__(self, folder: Path, settings: Settings):

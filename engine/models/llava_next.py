@@ -24,6 +24,7 @@ from ..images import normalize_table, to_rgb
 from ..loader import CheckpointError, quiet_fallback
 from ..settings import Settings
 from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
+from ...readout.published import Coverage
 from .llava import CLIP_L_336, CLIP_TINY_336, NAME_RULES, LlavaModel
 
 # The 336-px pinpoints of LLaVA-1.6: a 640 x 480 COCO image is 5 crops, 2,340 image tokens.
@@ -45,8 +46,29 @@ class LlavaNextModel(LlavaModel):
     seed_model = "LLaVA-1.6-Mistral-7B"
     default_template = "mistral_inst"
     own_aspect = "tiles every image its own way"
+    protocols = {"llava": "LLaVA's pope.sh evaluates LLaVA-1.5; LLaVA-NeXT's own numbers come from lmms-eval"}
     name_rules = [(r"^(?:model\.)?image_newline$", "extra.image_newline"), *NAME_RULES]
     sizes = {"7b": dict(vision=CLIP_L_336, text=MISTRAL_7B), "tiny": dict(vision=CLIP_TINY_336, text=MISTRAL_TINY)}
+
+    @classmethod
+    def protocol(cls, name: str, config: dict) -> Coverage:
+        """The tools render the checkpoint processor's template: LLaVA-1.6-Vicuna's or -Mistral's, by the
+        language model inside."""
+        vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
+        if name == "lmms-eval":
+            return Coverage("llava_hf (the chat class)", "lmms_eval_llava_hf" if vicuna else "lmms_eval_mistral", 128)
+        if name == "vlmevalkit":  # vlmeval/vlm/llava/llava.py LLaVA_Next l.280-281, l.373-394
+            return Coverage("LLaVA_Next (llava_next_vicuna_7b, llava_next_mistral_7b)",
+                            "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048,
+                            deviations=("VLMEvalKit cuts the answer out of the whole decoded sequence (at [/INST] or "
+                                        "ASSISTANT:, special tokens kept); the same text unless the answer repeats "
+                                        "that marker or holds a special token",))
+        return super().protocol(name, config)
+
+    @classmethod
+    def protocol_variants(cls) -> dict[str, dict]:
+        return {"LLaVA-NeXT (Mistral)": {"text_config": {"model_type": "mistral"}},
+                "LLaVA-NeXT (Vicuna)": {"text_config": {"model_type": "llama"}}}
 
     def __init__(self, folder: Path, settings: Settings):
         super().__init__(folder, settings)

@@ -1,0 +1,48 @@
+"""`pope-fast protocols`: each published protocol (readout/published.py) with its sources, its answer rule
+and aggregation, and per family the tool's model class, prompt and length, or why the tool has none."""
+from __future__ import annotations
+
+from .engine.models import FAMILIES, family_class
+from .readout import get_template
+from .readout.published import PROTOCOLS, Protocol
+from .readout.templates import SAMPLE_QUESTION
+
+
+def describe_protocols(tokenizer=None) -> str:
+    """The listing; chat prompts rendered with `tokenizer`'s chat template where one is given, else
+    described as the messages the template receives."""
+    return "\n\n".join(_describe(p, tokenizer) for p in PROTOCOLS.values())
+
+
+def _describe(protocol: Protocol, tokenizer) -> str:
+    unknown = "counted as no" if protocol.unknown_is_no else "left out of the confusion counts"
+    lines = [f"{protocol.name}: {protocol.title} ({protocol.version})",
+             f"  answer rule: {protocol.readout}; headline {protocol.headline}; "
+             f"{'per split and pooled (Overall)' if protocol.pooled else 'per split'}; an unknown answer {unknown}",
+             f"  reproduces: {protocol.reproduces}",
+             *[f"  source: {s}" for s in protocol.sources]]
+    for model_type in FAMILIES:
+        cls = family_class(model_type)
+        for label, config in cls.protocol_variants().items():
+            try:
+                coverage = cls.protocol(protocol.name, config)
+            except ValueError as why:
+                lines.append(f"  {label}: not covered: {str(why).split(': ', 1)[1]}")
+                continue
+            length = f"{coverage.new_tokens} new tokens" if coverage.new_tokens else "no generation"
+            lines.append(f"  {label}: {coverage.model_class}; template {coverage.template}, {length}, image "
+                         f"{coverage.image_aspect}")
+            lines.append(f"    prompt: {_prompt(coverage.template, tokenizer)}")
+            lines += [f"    not reproduced: {d}" for d in coverage.deviations]
+    return "\n".join(lines)
+
+
+def _prompt(name: str, tokenizer) -> str:
+    template = get_template(name)
+    if not template.chat:
+        return repr(template.render(SAMPLE_QUESTION))
+    if tokenizer is not None and getattr(tokenizer, "chat_template", None):
+        return repr(template.render(SAMPLE_QUESTION, tokenizer))
+    system = f"system {template.system!r}, " if template.system else "the template's default system, "
+    return (f"the chat template over {system}user [image, {SAMPLE_QUESTION + template.suffix!r}] "
+            "(--tokenizer renders it)")
