@@ -31,23 +31,30 @@ def main() -> None:
 @main.command()
 @click.argument("files", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--readouts", default="all", show_default=True, help="all, or a comma-separated list")
-@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "models", "latex"]), default="table",
-              show_default=True, help="models: one F1 table per split, models (files) as rows and readouts as "
-                                      "columns, best per row in bold, in markdown; latex: the same in LaTeX (booktabs)")
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown", "models", "latex", "csv"]),
+              default="table", show_default=True,
+              help="models: one F1 table per split, models (files) as rows and readouts as columns, best per row in "
+                   "bold, in markdown; latex: the same in LaTeX (booktabs); csv: a row per readout and split, "
+                   "Overall first (VLMEvalKit's score file, with source and readout columns), full precision")
+@click.option("--percent", is_flag=True, help="rates x100 (2 decimals in the tables); not with json or --protocol")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
 @click.option("--layers", default=None, metavar="FIRST-LAST",
               help="image-attention probe: the decoder layers averaged (inclusive; default: 14-19 on 32-layer "
                    "models, as the paper, else the middle fifth)")
 @click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
-def score(files, readouts, fmt, seed, resamples, layers, protocol) -> None:
+def score(files, readouts, fmt, percent, seed, resamples, layers, protocol) -> None:
     """Score pope-fast records or published ugaa-research record files, without the model."""
-    if protocol and fmt not in ("table", "json"):
-        _fail(f"--protocol {protocol} shows the tool's own table: --format table or json")
+    if protocol and fmt not in ("table", "json", "csv"):
+        _fail(f"--protocol {protocol} shows the tool's own table: --format table, csv or json")
+    if percent and protocol:
+        _fail(f"--percent: --protocol {protocol} prints in the tool's own unit")
+    if percent and fmt == "json":
+        _fail("--percent: JSON holds every value as a fraction at full precision")
     with _failures():
         runs = score_paths(expand_runs(files), readouts, protocol, seed=seed, resamples=resamples,
                            layers=parse_layers(layers))
-    click.echo(format_protocol_runs(runs, fmt) if protocol else format_runs(runs, fmt))
+    click.echo(format_protocol_runs(runs, fmt) if protocol else format_runs(runs, fmt, percent))
 
 
 @main.command()

@@ -22,7 +22,7 @@ import numpy as np
 from .metrics import mcnemar_exact, summarize
 from .protocols import NO, READOUTS, UNKNOWN, YES
 from .records import Entry, RecordSet, read_records
-from .score import Unavailable, predictions, question_order
+from .score import POOLED, Unavailable, predictions, question_order
 
 LEVEL = 0.95
 DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")
@@ -67,6 +67,7 @@ def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch:
 def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resamples: int,
           allow_mismatch: bool, protocol=None) -> dict:
     groups, question_diffs = _join(a, b)
+    groups = _with_pooled(groups)
     mismatches = _meta_mismatches(name_a, a.meta, name_b, b.meta) + question_diffs
     if mismatches and not allow_mismatch:
         raise ValueError(f"{name_a} vs {name_b}: not a paired comparison ({'; '.join(mismatches)}); "
@@ -195,6 +196,20 @@ def _join(a: RecordSet, b: RecordSet) -> tuple[dict[tuple[str, str], list[tuple[
     for joined in groups.values():
         joined.sort(key=lambda pair: question_order(pair[0]))
     return groups, diffs
+
+
+def _with_pooled(groups: dict[tuple[str, str], list]) -> dict[tuple[str, str], list]:
+    """After each dataset's splits, where it has several, those splits pooled (`Overall`), in the order
+    `score` pools them (split name, then question): the pooled ΔF1 has its own paired interval."""
+    splits: dict[str, list[str]] = {}
+    for dataset, split in groups:
+        splits.setdefault(dataset, []).append(split)
+    out = {}
+    for dataset, names in splits.items():
+        out.update({(dataset, s): groups[(dataset, s)] for s in names})
+        if len(names) > 1 and POOLED not in names:
+            out[(dataset, POOLED)] = [pair for s in sorted(names) for pair in groups[(dataset, s)]]
+    return out
 
 
 # --- the paired statistics of one split ---

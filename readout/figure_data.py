@@ -9,7 +9,7 @@ from .attention import layer_mean
 from .protocols import NO, YES
 from .records import RecordSet
 from .report import f1_tables, group_name, model_labels
-from .score import predictions, question_order
+from .score import predictions, run_entries
 
 TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
 PAPER_PAIR = ("legacy_2tok", "template_aware")  # the paper's Fig. 2: the widely copied ids, the recommended rule
@@ -17,7 +17,7 @@ PAPER_SPLIT = "adversarial"
 
 
 def _base(run: dict) -> dict:
-    return {k: run[k] for k in ("source", "dataset", "split", "n", "errors") if k in run}
+    return {k: run[k] for k in ("source", "dataset", "split", "pooled", "n", "errors") if k in run}
 
 
 def _scored(run: dict) -> str:
@@ -42,8 +42,7 @@ def f1(run: dict, seed: int, resamples: int) -> tuple[dict, str]:
 
 
 def yes_rate(run: dict, records: RecordSet) -> tuple[dict, str]:
-    labels = [e.label for e in records.entries
-              if (e.dataset, e.split) == (run.get("dataset", ""), run["split"]) and e.error is None]
+    labels = [e.label for e in run_entries(records, run)]
     readouts = {}
     for name, m in run["readouts"].items():
         answered = m["tp"] + m["tn"] + m["fp"] + m["fn"]
@@ -85,9 +84,7 @@ def attention(run: dict, records: RecordSet) -> tuple[dict, str]:
     with the d and p that score reports."""
     table = run["image_attention"]
     layers = tuple(table["layers"])
-    group = (run.get("dataset", ""), run["split"])
-    entries = sorted((e for e in records.entries if (e.dataset, e.split) == group and e.error is None),
-                     key=question_order)
+    entries = run_entries(records, run)
     values = [layer_mean(e.image_attention, layers) for e in entries]
     readouts = {}
     for name, stats in table["readouts"].items():

@@ -17,8 +17,7 @@ from typing import Callable, Mapping
 
 from .protocols import NO, YES
 from .records import RecordSet
-
-POOLED = "Overall"  # the row of every split together, where a protocol pools
+from .score import POOLED  # the row of every split together, where a protocol pools
 COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool's number format
 
 
@@ -265,13 +264,34 @@ def score_protocol(records: RecordSet, protocol: Protocol) -> list[dict]:
     return out
 
 
+def _protocol_csv(runs: list[dict]) -> str:
+    """The tool's rows as one CSV (its metric names and unit, full precision), Overall first as VLMEvalKit's
+    score file has it, each row named by its run (source, dataset); checks are not in it: see the table."""
+    import csv
+    import io
+
+    names = list(dict.fromkeys(k for run in runs for row in run["rows"] for k in row
+                               if k not in ("split", "n", "error")))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["source", "dataset", "split", "n", *names])
+    for run in runs:
+        for row in sorted(run["rows"], key=lambda r: r["split"] != POOLED):
+            writer.writerow([run["source"], run.get("dataset", ""), row["split"], row["n"],
+                             *("" if row.get(k) is None else repr(row[k]) for k in names)])
+    return out.getvalue().rstrip("\n")
+
+
 def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
     """The rows as the tool shows them (its metric names, its unit and number format), one table per run and
-    dataset, its checks under it ("! ..."); json: every value at full precision."""
+    dataset, its checks under it ("! ..."); json: every value at full precision; csv: the rows at full
+    precision, Overall first."""
     import json
 
     if fmt == "json":
         return json.dumps(runs, indent=2)
+    if fmt == "csv":
+        return _protocol_csv(runs)
     blocks = []
     for run in runs:
         protocol = PROTOCOLS[run["protocol"]]

@@ -7,19 +7,54 @@ from pathlib import Path
 from .protocols import READOUTS
 from .records import RECORDS_FILE
 
-COLUMNS = (("readout", "{}"), ("TP", "{}"), ("TN", "{}"), ("FP", "{}"), ("FN", "{}"), ("unk", "{}"),
-           ("acc", "{:.4f}"), ("prec", "{:.4f}"), ("rec", "{:.4f}"), ("F1", "{:.4f}"), ("F1 95% CI", "{}"),
-           ("yes-rate", "{:.4f}"), ("yes/all", "{:.4f}"))
+COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
+RATES = ("accuracy", "precision", "recall", "f1", "yes_rate", "yes_rate_all")  # what --percent multiplies
+# VLMEvalKit's POPE score file (vlmeval/dataset/utils/yorn.py l.162: split, Overall = F1, acc, precision,
+# recall), with the columns that say which run and readout a row is, and F1 under its own name
+CSV_COLUMNS = ("source", "dataset", "readout", "split", "n", "unknown", "F1", "acc", "precision", "recall",
+               "yes_rate")
 
 
-def _rows(run: dict) -> list[list[str]]:
+def rate(value: float, percent: bool = False) -> str:
+    """A fraction as the tables show it: 4 decimals, or in percent 2 (as papers print 85.27)."""
+    return f"{value * 100:.2f}" if percent else f"{value:.4f}"
+
+
+def _rows(run: dict, percent: bool = False) -> list[list[str]]:
     rows = []
     for name, m in run["readouts"].items():
-        values = (name, m["tp"], m["tn"], m["fp"], m["fn"], m["unknown"], m["accuracy"], m["precision"],
-                  m["recall"], m["f1"], f"{m['f1_ci95'][0]:.4f}-{m['f1_ci95'][1]:.4f}", m["yes_rate"],
-                  m["yes_rate_all"])
-        rows.append([fmt.format(v) for (_, fmt), v in zip(COLUMNS, values)])
+        low, high = m["f1_ci95"]
+        rows.append([name, *(str(m[k]) for k in ("tp", "tn", "fp", "fn", "unknown")),
+                     *(rate(m[k], percent) for k in ("accuracy", "precision", "recall", "f1")),
+                     f"{rate(low, percent)}-{rate(high, percent)}", rate(m["yes_rate"], percent),
+                     rate(m["yes_rate_all"], percent)])
     return rows
+
+
+def format_csv(runs: list[dict], percent: bool = False) -> str:
+    """One row per run, readout and split (a dataset's pooled `Overall` first, as VLMEvalKit writes it),
+    at full precision (x100 with percent)."""
+    import csv
+    import io
+
+    order = {id(run): (0 if run.get("pooled") else 1) for run in runs}
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    groups: dict[tuple, list[dict]] = {}
+    for run in runs:
+        groups.setdefault((run["source"], run.get("dataset", "")), []).append(run)
+    scale = 100 if percent else 1
+    for (source, dataset), group in groups.items():
+        names = list(dict.fromkeys(n for run in group for n in run["readouts"]))
+        for name in names:
+            for run in sorted(group, key=lambda r: order[id(r)]):  # stable: the splits keep their order
+                if name not in run["readouts"]:
+                    continue
+                m = run["readouts"][name]
+                writer.writerow([source, dataset, name, run["split"], run["n"] - run.get("errors", 0), m["unknown"],
+                                 *(repr(m[k] * scale) for k in ("f1", "accuracy", "precision", "recall", "yes_rate"))])
+    return out.getvalue().rstrip("\n")
 
 
 def _aligned(header: list[str], rows: list[list[str]]) -> str:
@@ -39,22 +74,29 @@ def _significant_pairs(run: dict, alpha: float = 0.05, shown: int = 4) -> list[s
     return listed + ([f"{len(pairs) - shown} more pairs (see --format json)"] if len(pairs) > shown else [])
 
 
-def format_runs(runs: list[dict], fmt: str = "table") -> str:
+def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> str:
+    """`pope-fast score`'s output: json (fractions at full precision), csv, the per-run tables (table,
+    markdown) or the models x readouts F1 tables (models, latex); percent: rates x100 in all but json."""
     if fmt == "json":
+        if percent:
+            raise ValueError("JSON holds every value as a fraction at full precision: --percent is for the tables")
         return json.dumps({"runs": runs}, indent=2)
+    if fmt == "csv":
+        return format_csv(runs, percent)
     if fmt in ("latex", "models"):
-        return format_f1_tables(runs, "latex" if fmt == "latex" else "markdown")
-    header = [c for c, _ in COLUMNS]
+        return format_f1_tables(runs, "latex" if fmt == "latex" else "markdown", percent)
+    header = list(COLUMNS)
     render = _markdown if fmt == "markdown" else _aligned
     blocks = []
     for run in runs:
         dataset = f"{run['dataset']} " if run.get("dataset") else ""
-        title = f"{run['source']} — {dataset}split {run['split']}, n={run['n']}"
+        split = f"{run['split']} (splits pooled: {', '.join(run['pooled'])})" if run.get("pooled") else run["split"]
+        title = f"{run['source']} — {dataset}split {split}, n={run['n']}"
         if run.get("asked"):
             title += f" of {run['asked']} asked (incomplete: the run stopped part way)"
         if run.get("errors"):
             title += f", {run['errors']} error records (left out of every metric)"
-        parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run))]
+        parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run, percent))]
         if run["first_token_counts"]:
             top = ", ".join(f"{i}: {c}" for i, c in list(run["first_token_counts"].items())[:8])
             parts.append(f"first tokens: {top}")
@@ -113,7 +155,7 @@ def model_labels(sources: list[str]) -> dict[str, str]:
     return labels
 
 
-def f1_tables(runs: list[dict]) -> list[dict]:
+def f1_tables(runs: list[dict], percent: bool = False) -> list[dict]:
     """The models x readouts F1 table of each dataset and split (the paper's multi-model table):
     {"group", "readouts", "rows": [{"model", "n", "cells", "best"}]}; a cell is F1 to 4 places, "-"
     where that model's records cannot supply the readout (or hold no answer at all); best marks each
@@ -131,10 +173,11 @@ def f1_tables(runs: list[dict]) -> list[dict]:
         errors = run.get("errors", 0)
         n = f"{run['n']} ({errors} errors)" if errors else run["n"]
         table["rows"].append({"model": labels[run["source"]], "n": n,
-                              "cells": [f"{f1[n]:.4f}" if n in f1 else "-" for n in table["readouts"]],
+                              "cells": [rate(f1[n], percent) if n in f1 else "-" for n in table["readouts"]],
                               "values": [f1.get(n) for n in table["readouts"]],  # full precision
-                              # bold what reads as the best: readouts tied at the shown 4 decimals all are
-                              "best": [n in f1 and f"{f1[n]:.4f}" == f"{top:.4f}" for n in table["readouts"]]})
+                              # bold what reads as the best: readouts tied at the shown decimals all are
+                              "best": [n in f1 and rate(f1[n], percent) == rate(top, percent)
+                                       for n in table["readouts"]]})
     return list(tables.values())
 
 
@@ -146,10 +189,15 @@ def latex_escape(text: str) -> str:
     return "".join(LATEX_SPECIAL.get(c, c) for c in text)
 
 
-def _latex_table(table: dict) -> str:
+def _unit(percent: bool) -> str:
+    return "F1 (%)" if percent else "F1"
+
+
+def _latex_table(table: dict, percent: bool = False) -> str:
     header = ["Model", "$n$"] + [latex_escape(n) for n in table["readouts"]]
     lines = [r"\begin{table}[ht]", r"\centering",
-             rf"\caption{{F1 by readout, {latex_escape(table['group'])} (best per model in bold)}}",
+             rf"\caption{{{latex_escape(_unit(percent))} by readout, {latex_escape(table['group'])} (best per model in "
+             r"bold)}",
              rf"\begin{{tabular}}{{lr{'r' * len(table['readouts'])}}}", r"\toprule", " & ".join(header) + r" \\",
              r"\midrule"]
     for row in table["rows"]:
@@ -158,17 +206,17 @@ def _latex_table(table: dict) -> str:
     return "\n".join(lines + [r"\bottomrule", r"\end{tabular}", r"\end{table}"])
 
 
-def _markdown_f1_table(table: dict) -> str:
+def _markdown_f1_table(table: dict, percent: bool = False) -> str:
     rows = [[row["model"], str(row["n"])] + [f"**{c}**" if best else c for c, best in zip(row["cells"], row["best"])]
             for row in table["rows"]]
-    return f"### F1 by readout, {table['group']} (best per model in bold)\n\n" + \
+    return f"### {_unit(percent)} by readout, {table['group']} (best per model in bold)\n\n" + \
         _markdown(["model", "n"] + table["readouts"], rows)
 
 
-def format_f1_tables(runs: list[dict], fmt: str = "markdown") -> str:
+def format_f1_tables(runs: list[dict], fmt: str = "markdown", percent: bool = False) -> str:
     """One models x readouts F1 table per dataset and split, in markdown or LaTeX (booktabs)."""
     render = _latex_table if fmt == "latex" else _markdown_f1_table
-    return "\n\n".join(render(t) for t in f1_tables(runs))
+    return "\n\n".join(render(t, percent) for t in f1_tables(runs, percent))
 
 
 def format_audit(audit: dict, fmt: str = "table") -> str:

@@ -15,6 +15,9 @@ from .protocols import READOUTS, UNKNOWN, Missing, parse_readouts
 from .records import DataError, Entry, RecordSet, read_records
 
 
+POOLED = "Overall"  # every split of a dataset together: VLMEvalKit's and lmms-eval's row, a run of its own here
+
+
 class Unavailable(Exception):
     """A readout this record set cannot supply; the message says why."""
 
@@ -54,9 +57,11 @@ def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int) -
 
 def score_records(records: RecordSet, names: list[str], *, strict: bool = False, seed: int = 0,
                   resamples: int = 1000, layers: tuple[int, int] | None = None) -> list[dict]:
-    """One run per dataset and split: metrics per readout, first-token counts, pairwise McNemar p-values,
-    and where the records hold the image-attention probe, its statistics per readout over `layers`
-    (inclusive; default: the paper's 14-19 on 32-layer models, else the middle fifth).
+    """One run per dataset and split, and per dataset of several splits one more of them pooled (split
+    `Overall`, `pooled`: its splits; skipped where a split has that name): metrics per readout,
+    first-token counts, pairwise McNemar p-values, and where the records hold the image-attention probe,
+    its statistics per readout over `layers` (inclusive; default: the paper's 14-19 on 32-layer models,
+    else the middle fifth).
 
     Error records (a question that got no answer: an unreadable image, a failed generate) are counted
     in `errors` and left out of every metric, as the paper's code drops them. With strict, a requested
@@ -64,43 +69,71 @@ def score_records(records: RecordSet, names: list[str], *, strict: bool = False,
     reason.
     """
     runs = []
-    groups = list(dict.fromkeys((e.dataset, e.split) for e in records.entries))
-    for dataset, split in groups:
-        # In question order, not file order: the bootstrap draws question indices, so a shuffled,
-        # resumed or merged record file must give the same interval.
-        everything = sorted((e for e in records.entries if (e.dataset, e.split) == (dataset, split)),
-                            key=question_order)
-        entries = [e for e in everything if e.error is None]
-        labels = [e.label for e in entries]
-        decided, unavailable = {}, {}
-        for name in names:
-            try:
-                decided[name] = predictions(records, name, entries)
-            except Unavailable as why:
-                if strict:
-                    raise Unavailable(f"{records.source}: readout {name}: {why}") from None
-                unavailable[name] = str(why)
-        first_tokens = Counter(str(e.first_token_id) for e in entries if e.first_token_id is not None)
-        asked = (records.meta.get("questions") or {}).get(f"{dataset}/{split}" if dataset else split)
-        run = {
-            "source": records.source,
-            **({"dataset": dataset} if dataset else {}),  # records before datasets were named: no key
-            "split": split,
-            "n": len(everything),
-            **({"asked": asked} if isinstance(asked, int) and asked > len(everything) else {}),  # a run that stopped
-            "errors": len(everything) - len(entries),
-            "readouts": {n: _metrics(labels, p, seed, resamples) for n, p in decided.items()},
-            "first_token_counts": dict(first_tokens.most_common()),
-            **_capped(entries, decided),
-            "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
-                        for a, b in combinations(decided, 2)},
-        }
-        if entries and all(e.image_attention is not None for e in entries):
-            run["image_attention"] = _attention(entries, labels, decided, layers, seed, resamples)
-        if unavailable:
-            run["unavailable"] = unavailable
-        runs.append(run)
+    datasets: dict[str, list[str]] = {}
+    for e in records.entries:
+        splits = datasets.setdefault(e.dataset, [])
+        if e.split not in splits:
+            splits.append(e.split)
+    for dataset, splits in datasets.items():
+        groups = [(split, [split]) for split in splits]
+        if len(splits) > 1 and POOLED not in splits:
+            groups.append((POOLED, splits))
+        for split, members in groups:
+            run = _score_group(records, dataset, split, members, names, strict, seed, resamples, layers)
+            if split == POOLED:
+                run["pooled"] = members
+            runs.append(run)
     return runs
+
+
+def group_entries(records: RecordSet, dataset: str, splits: list[str]) -> list[Entry]:
+    """One group's records (a split, or the splits pooled) in question order: by split name, then question
+    id, never file order: the bootstrap draws question indices, so a shuffled, resumed or merged record
+    file must give the same interval, and POPE's question ids repeat in every split."""
+    return sorted((e for e in records.entries if e.dataset == dataset and e.split in splits),
+                  key=lambda e: (e.split, *question_order(e)))
+
+
+def run_entries(records: RecordSet, run: dict) -> list[Entry]:
+    """The answered records a scored run (one of score_records') was computed from."""
+    splits = run.get("pooled") or [run["split"]]
+    return [e for e in group_entries(records, run.get("dataset", ""), splits) if e.error is None]
+
+
+def _score_group(records: RecordSet, dataset: str, split: str, members: list[str], names: list[str], strict: bool,
+                 seed: int, resamples: int, layers: tuple[int, int] | None) -> dict:
+    everything = group_entries(records, dataset, members)
+    entries = [e for e in everything if e.error is None]
+    labels = [e.label for e in entries]
+    decided, unavailable = {}, {}
+    for name in names:
+        try:
+            decided[name] = predictions(records, name, entries)
+        except Unavailable as why:
+            if strict:
+                raise Unavailable(f"{records.source}: readout {name}: {why}") from None
+            unavailable[name] = str(why)
+    first_tokens = Counter(str(e.first_token_id) for e in entries if e.first_token_id is not None)
+    questions = records.meta.get("questions") or {}
+    asked = sum(n if isinstance(n := questions.get(f"{dataset}/{s}" if dataset else s), int) else 0 for s in members)
+    run = {
+        "source": records.source,
+        **({"dataset": dataset} if dataset else {}),  # records before datasets were named: no key
+        "split": split,
+        "n": len(everything),
+        **({"asked": asked} if asked > len(everything) else {}),  # a run that stopped
+        "errors": len(everything) - len(entries),
+        "readouts": {n: _metrics(labels, p, seed, resamples) for n, p in decided.items()},
+        "first_token_counts": dict(first_tokens.most_common()),
+        **_capped(entries, decided),
+        "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")
+                    for a, b in combinations(decided, 2)},
+    }
+    if entries and all(e.image_attention is not None for e in entries):
+        run["image_attention"] = _attention(entries, labels, decided, layers, seed, resamples)
+    if unavailable:
+        run["unavailable"] = unavailable
+    return run
 
 
 def _capped(entries: list[Entry], decided: dict) -> dict:

@@ -174,7 +174,7 @@ def test_questions_join_by_id_not_position(tmp_path):
     permuted = compare_runs([interleaved_a, reversed_b], resamples=50)
     strip = lambda result: [{k: v for k, v in p.items() if k not in ("a", "b")} for p in result["pairs"]]
     assert strip(permuted) == strip(reference)
-    assert list(reference["pairs"][0]["splits"]) == ["popular", "random"]
+    assert list(reference["pairs"][0]["splits"]) == ["popular", "random", "Overall"]
     assert reference["pairs"][0]["splits"]["random"]["legacy_2tok"]["flips"] == {"yes_to_no": 7, "no_to_yes": 0}
 
 
@@ -258,10 +258,10 @@ def test_allow_mismatch_flags_every_table(tmp_path):
         ["settings.resolved_dtype: 'float32' in A, 'bfloat16' in B"], []]
     blocks = format_compare(result, "markdown").split("\n\n")
     tables = [i for i, block in enumerate(blocks) if block.startswith("| readout |")]
-    assert len(tables) == 2 * (1 + 2)  # per pair: the ΔF1 table and one per split
-    # the tables in order: A-B's ΔF1, A-C's ΔF1, then A-B's and A-C's two splits each
+    assert len(tables) == 2 * (1 + 3)  # per pair: the ΔF1 table and one per split and the splits pooled
+    # the tables in order: A-B's ΔF1, A-C's ΔF1, then A-B's and A-C's two splits and Overall each
     flagged = [i for i in tables if blocks[i - 1].startswith("> **MISMATCHED RUNS**")]
-    assert flagged == [tables[0], tables[2], tables[3]]  # every A-B table, no A-C table
+    assert flagged == [tables[0], tables[2], tables[3], tables[4]]  # every A-B table, no A-C table
     assert "bfloat16" in blocks[flagged[0] - 1]
 
 

@@ -215,7 +215,7 @@ def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
         by_prompt.setdefault((q.image, q.text), []).append(r["candidate_logits"])
     assert all(all(c == group[0] for c in group) for group in by_prompt.values())
     summary = json.loads((tmp_path / "out/summary.json").read_text())
-    assert {r["split"] for r in summary["runs"]} == {"random", "adversarial"}
+    assert {r["split"] for r in summary["runs"]} == {"random", "adversarial", "Overall"}  # and pooled
     assert (tmp_path / "out/summary.md").read_text().startswith("### ")
     meta = json.loads((tmp_path / "out/meta.json").read_text())
     assert meta["token_sets"]["template_aware"] == engine.readout.token_sets["template_aware"].to_json()
@@ -318,7 +318,8 @@ def test_two_datasets_in_one_run_and_an_old_folder_resumes(checkpoint, tmp_path)
     assert f"{unique} unique prompts evaluated for {2 * len(questions)} questions" in result.output
     runs = json.loads((tmp_path / "out/summary.json").read_text())["runs"]
     assert sorted((r["dataset"], r["split"]) for r in runs) == [
-        ("coco", "adversarial"), ("coco", "random"), ("gqa", "adversarial"), ("gqa", "random")]
+        ("coco", "Overall"), ("coco", "adversarial"), ("coco", "random"), ("gqa", "Overall"), ("gqa", "adversarial"),
+        ("gqa", "random")]
 
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     old = [q for f in files for q in load_questions(f, dataset="")]

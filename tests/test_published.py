@@ -304,6 +304,14 @@ def test_score_rescores_the_recorded_texts_under_each_protocol(llava, tmp_path):
     assert llava_rows["random"] == {"split": "random", "n": 6, **pope_evaluate_metrics(
         [labels[i] for i in first], [pope_official(texts[i]) for i in first])}
     assert lmms["Overall"]["pope_accuracy"] != rows("vlmevalkit")["Overall"]["acc"] / 100  # the rules differ here
+    # --format csv: VLMEvalKit's score file's rows, Overall first, its column names, full precision
+    import csv
+    import io
+    out = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--protocol", "vlmevalkit", "--format", "csv"])
+    table = list(csv.DictReader(io.StringIO(out.output)))
+    assert [r["split"] for r in table] == ["Overall", *(split for split in lmms if split != "Overall")]
+    assert {k: float(table[0][k]) for k in ("Overall", "acc", "precision", "recall")} == \
+        {k: v for k, v in rows("vlmevalkit")["Overall"].items() if k not in ("split", "n")}
 
 
 def test_compare_and_report_under_a_protocol(llava, tmp_path):

@@ -278,3 +278,72 @@ def test_datasets_score_apart_and_old_records_score_as_before(tmp_path):
     table = CliRunner().invoke(main, ["score", str(tmp_path / "old"), str(tmp_path / "new")]).output
     assert f"{tmp_path / 'old' / 'records.jsonl'} — split random, n=6" in table
     assert f"{tmp_path / 'new' / 'records.jsonl'} — gqa split random, n=6" in table
+
+
+def _three_splits(folder, order=None, seed=5):
+    """POPE's shape in small: three splits over the same question ids 1..20, random logits."""
+    import random
+
+    rng = random.Random(seed)
+    write_meta(folder, {"token_sets": {"legacy_2tok": TokenSets((5,), (6,)).to_json()}})
+    records = [make_record(Question(i, f"img{i}.jpg", "Is there a dog?", "yes" if i % 3 else "no", split, "coco"),
+                           "t", first_token_id=5, candidate_logits={5: rng.gauss(0, 1), 6: rng.gauss(0, 1)})
+               for split in ("random", "popular", "adversarial") for i in range(1, 21)]
+    with RecordWriter(folder) as w:
+        w.write(records if order is None else [records[i] for i in order])
+    return records
+
+
+def test_splits_pooled_into_overall_as_one_more_run(tmp_path):
+    """A dataset of several splits gets an `Overall` run over all its questions: counted over the 60, not
+    the mean of the splits; a split alone (or a dataset of one split) gets none."""
+    import random
+
+    (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
+    _three_splits(tmp_path / "a")
+    runs = score_records(read_records(tmp_path / "a"), ["legacy_2tok"], resamples=200)
+    assert [r["split"] for r in runs] == ["random", "popular", "adversarial", "Overall"]
+    pooled, splits = runs[-1], runs[:-1]
+    assert pooled["pooled"] == ["random", "popular", "adversarial"] and pooled["n"] == 60
+    m = pooled["readouts"]["legacy_2tok"]
+    for k in ("tp", "tn", "fp", "fn"):
+        assert m[k] == sum(r["readouts"]["legacy_2tok"][k] for r in splits)
+    assert m["f1"] == 2 * m["tp"] / (2 * m["tp"] + m["fp"] + m["fn"])
+    assert m["f1"] != pytest.approx(sum(r["readouts"]["legacy_2tok"]["f1"] for r in splits) / 3)
+    # question ids repeat in every split: the pooled bootstrap must not depend on the file's order either
+    _three_splits(tmp_path / "b", order=random.Random(1).sample(range(60), 60))
+    shuffled = score_records(read_records(tmp_path / "b"), ["legacy_2tok"], resamples=200)
+    assert [{k: v for k, v in r.items() if k != "source"} for r in shuffled] == \
+        [{k: v for k, v in r.items() if k != "source"} for r in runs]
+    assert m["f1_ci95"][0] < m["f1_ci95"][1]
+    # one split: nothing to pool
+    (tmp_path / "c").mkdir()
+    write_meta(tmp_path / "c", {"token_sets": {"legacy_2tok": TokenSets((5,), (6,)).to_json()}})
+    with RecordWriter(tmp_path / "c") as w:
+        w.write([make_record(q, "t", first_token_id=5, candidate_logits={5: 1.0, 6: 0.0}) for q in _questions()])
+    assert [r["split"] for r in score_records(read_records(tmp_path / "c"), ["legacy_2tok"])] == ["random"]
+
+
+def test_score_csv_in_vlmevalkit_shape_and_percent(tmp_path):
+    import csv
+    import io
+
+    _three_splits(tmp_path)
+    [*_, pooled] = score_records(read_records(tmp_path), ["legacy_2tok"])
+    out = CliRunner().invoke(main, ["score", str(tmp_path), "--readouts", "legacy_2tok", "--format", "csv"])
+    assert out.exit_code == 0, out.output
+    rows = list(csv.DictReader(io.StringIO(out.output)))
+    assert [r["split"] for r in rows] == ["Overall", "random", "popular", "adversarial"]  # VLMEvalKit's order
+    assert list(rows[0])[-5:] == ["F1", "acc", "precision", "recall", "yes_rate"]
+    assert float(rows[0]["F1"]) == pooled["readouts"]["legacy_2tok"]["f1"]  # full precision, round-trips
+    percent = list(csv.DictReader(io.StringIO(CliRunner().invoke(
+        main, ["score", str(tmp_path), "--readouts", "legacy_2tok", "--format", "csv", "--percent"]).output)))
+    assert float(percent[0]["F1"]) == pooled["readouts"]["legacy_2tok"]["f1"] * 100
+    table = CliRunner().invoke(main, ["score", str(tmp_path), "--readouts", "legacy_2tok", "--percent"]).output
+    assert "split Overall (splits pooled: random, popular, adversarial), n=60" in table
+    assert f"{pooled['readouts']['legacy_2tok']['f1'] * 100:.2f}" in table.split("split Overall")[1]
+    models = CliRunner().invoke(main, ["score", str(tmp_path), "--format", "models", "--percent"]).output
+    assert "### F1 (%) by readout, coco Overall" in models
+    for bad in (["--format", "json", "--percent"], ["--protocol", "lmms-eval", "--percent"]):
+        result = CliRunner().invoke(main, ["score", str(tmp_path), *bad])
+        assert result.exit_code != 0 and "--percent" in result.output and "Traceback" not in result.output

@@ -53,7 +53,7 @@ def test_report_on_two_runs(tmp_path):
     result = CliRunner().invoke(main, ["report", *map(str, runs), "--out", str(out)])
     assert result.exit_code == 0, result.output
     score = json.loads(CliRunner().invoke(main, ["score", *map(str, runs), "--format", "json"]).output)["runs"]
-    assert len(score) == 4 and json.loads((out / "scores.json").read_text())["runs"] == score
+    assert len(score) == 2 * 3 and json.loads((out / "scores.json").read_text())["runs"] == score
 
     for run in score:
         folder = out / run["source"].split("/")[-2] / f"{run['dataset']}-{run['split']}"
@@ -81,7 +81,7 @@ def test_report_on_two_runs(tmp_path):
         assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (800, 90 + 32 * 9)
         assert _png_size(folder / "first_tokens.png")[0] == 220 + 40 * len(tokens["tokens"])
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())   # one figure: models x (readout, split)
-    assert grid["groups"] == ["coco random", "coco adversarial"] and grid["models"] == ["llava-a", "llava-b"]
+    assert grid["groups"] == ["coco random", "coco adversarial", "coco Overall"] and grid["models"] == ["llava-a", "llava-b"]
     for group in grid["groups"]:
         split = group.split()[1]
         assert grid["readouts"][group] == list(score[0]["readouts"])
@@ -90,7 +90,7 @@ def test_report_on_two_runs(tmp_path):
         assert [row.count(True) >= 1 for row in grid["best"][group]] == [True, True]
 
     pngs = sorted(out.rglob("*.png"))
-    assert len(pngs) == 4 * 4 + 2 + 1   # per run and split; the paper's pair per run; the F1 grid
+    assert len(pngs) == 2 * 3 * 4 + 2 + 1   # per run and split (and Overall); the paper's pair per run; the F1 grid
     for png in pngs:
         with Image.open(png) as image:
             image.verify()
@@ -354,7 +354,8 @@ def test_report_of_a_paired_folder_draws_delta_f1_from_compare_json(tmp_path):
     [pair] = saved["pairs"]
     assert data["splits"] == {split: {n: {k: r[k] for k in ("f1_a", "f1_b", "delta_f1", "delta_f1_ci95", "mcnemar_p")}
                                       for n, r in table.items()} for split, table in pair["splits"].items()}
-    assert data["readouts"] == pair["readouts"] and data["questions"] == {"random": 24, "adversarial": 24}
+    assert data["readouts"] == pair["readouts"] and data["questions"] == {"random": 24, "adversarial": 24,
+                                                                                     "Overall": 48}
     assert any(r["delta_f1"] != 0 for t in data["splits"].values() for r in t.values())
     assert (data["a"], data["b"], data["level"], data["resamples"]) == (pair["a"], pair["b"], 0.95, 1000)
     assert (out / "none" / "coco-random" / "confusion.png").is_file() and (out / "vcd" / "coco-adversarial").is_dir()
@@ -403,7 +404,7 @@ def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(run), str(published), "--out", str(out)]).exit_code == 0
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
-    assert grid["groups"] == ["coco random", "coco adversarial", "adversarial"]
+    assert grid["groups"] == ["coco random", "coco adversarial", "coco Overall", "adversarial"]
     assert grid["models"] == ["llava-a", published.stem]
     assert grid["readouts"]["adversarial"] == ["legacy_2tok", "legacy_8tok"]
     assert grid["f1"]["adversarial"] == [[None, None], [2 * 290 / (2 * 290 + 169 + 10), 2 * 236 / (2 * 236 + 39 + 64)]]
