@@ -1,0 +1,79 @@
+"""What a yes/no benchmark declares, so that the rest of the code asks it instead of naming it.
+
+A benchmark is its question data (read into `Question`s, one per question, `dataset` its name, `split`
+the group its metric reports: MME's subtask, AMBER's dimension, HallusionBench's category), the answer
+rules of each tool that scores it (the benchmark's own code first), each with that tool's aggregation,
+and the result files those tools write (read back as answer texts keyed like its questions). The engine's
+records hold every readout; `score --benchmark` turns them into each rule's numbers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, ClassVar
+
+from ..data import Question
+
+
+@dataclass(frozen=True)
+class Answer:
+    """One question as a benchmark's metric sees it: its key (the record's question_id), group, image and
+    label (yes/no), and the decision read from the model (yes, no, or unknown: neither)."""
+    key: str
+    split: str
+    image: str | None
+    label: str
+    decision: str
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A tool's way to score the benchmark: how it reads an answer text (text -> yes/no/unknown), how it
+    aggregates the decisions (answers -> its metrics, named as the tool names them, in its unit), the
+    metrics a paper quotes (`headline`), the prompt change it makes to the benchmark's question (None:
+    the question as the data has it) and the source files and lines it follows."""
+    name: str
+    read: Callable[[str], str]
+    aggregate: Callable[[list[Answer]], dict]
+    headline: tuple[str, ...]
+    sources: tuple[str, ...]
+    prompt: Callable[[str], str] | None = None
+
+
+@dataclass(frozen=True)
+class Response:
+    """An answer text another tool wrote, keyed like the benchmark's questions (`key`, `split`), with the
+    label where the file holds one; `line` names where it was read (file:line) for error messages."""
+    key: str
+    split: str
+    text: str
+    label: str | None
+    image: str | None
+    line: str
+
+
+class Benchmark:
+    """A benchmark's room: subclasses set the class attributes and implement the three readers."""
+
+    name: ClassVar[str]
+    title: ClassVar[str]
+    data: ClassVar[str]  # where its data and images are published, and under which licence
+    rules: ClassVar[dict[str, Rule]]  # "official" first, then the tools that have it (lmms-eval, vlmevalkit)
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        """Whether `path` (a file or folder) is this benchmark's question data or one of its result files."""
+        raise NotImplementedError
+
+    @classmethod
+    def questions(cls, path: Path) -> list[Question]:
+        """Every question of the benchmark's data at `path`; bad input raises records.DataError naming the file
+        and line (or row)."""
+        raise NotImplementedError
+
+    @classmethod
+    def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
+        """The answer texts of a result file another tool wrote; `questions` supply labels and groups where the
+        file lacks them. An id the benchmark lacks, a malformed line, a missing column: DataError, one line
+        naming the file and line."""
+        raise NotImplementedError
