@@ -14,6 +14,7 @@ from .readout.score import score_paths
 from .errors import EXPECTED, one_line
 from .readout.attention import parse_layers
 from .readout.published import PROTOCOLS, format_protocol_runs, get_protocol
+from .readout.report import format_relabelled
 
 PROTOCOL_HELP = "score under a published protocol: its answer rule and aggregation, and whether the run is its"
 
@@ -43,7 +44,10 @@ def main() -> None:
               help="image-attention probe: the decoder layers averaged (inclusive; default: 14-19 on 32-layer "
                    "models, as the paper, else the middle fifth)")
 @click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
-def score(files, readouts, fmt, percent, seed, resamples, layers, protocol) -> None:
+@click.option("--labels", "labels", multiple=True, type=click.Path(exists=True, dir_okay=False),
+              help="corrected labels in POPE's format, one file per split named by it (RePOPE's "
+                   "annotations/coco_repope_{split}.json): the runs are scored under them too, side by side")
+def score(files, readouts, fmt, percent, seed, resamples, layers, protocol, labels) -> None:
     """Score pope-fast records or published ugaa-research record files, without the model."""
     if protocol and fmt not in ("table", "json", "csv"):
         _fail(f"--protocol {protocol} shows the tool's own table: --format table, csv or json")
@@ -53,8 +57,10 @@ def score(files, readouts, fmt, percent, seed, resamples, layers, protocol) -> N
         _fail("--percent: JSON holds every value as a fraction at full precision")
     with _failures():
         runs = score_paths(expand_runs(files), readouts, protocol, seed=seed, resamples=resamples,
-                           layers=parse_layers(layers))
+                           layers=parse_layers(layers), labels=list(labels))
     click.echo(format_protocol_runs(runs, fmt) if protocol else format_runs(runs, fmt, percent))
+    if labels and not protocol and fmt in ("table", "markdown"):
+        click.echo("\n" + format_relabelled(runs, percent))
 
 
 @main.command()

@@ -94,6 +94,8 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         title = f"{run['source']} — {dataset}split {split}, n={run['n']}"
         if run.get("asked"):
             title += f" of {run['asked']} asked (incomplete: the run stopped part way)"
+        if run.get("relabelled"):
+            title += ", " + relabel_note(run["relabelled"])
         if run.get("errors"):
             title += f", {run['errors']} error records (left out of every metric)"
         parts = [f"### {title}" if fmt == "markdown" else title, render(header, _rows(run, percent))]
@@ -113,6 +115,35 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         if "image_attention" in run:
             parts.append(_attention_block(run["image_attention"], render))
         blocks.append("\n".join(parts))
+    return "\n\n".join(blocks)
+
+
+def relabel_note(change: dict) -> str:
+    return (f"labels of {', '.join(change['labels'])}: {change['kept']} of {change['questions']} questions kept "
+            f"({change['removed']} removed), {change['yes_to_no']} yes→no, {change['no_to_yes']} no→yes"
+            + (f"; {change['labels_not_in_run']} labelled questions not in the run" if change["labels_not_in_run"]
+               else ""))
+
+
+def format_relabelled(runs: list[dict], percent: bool = False) -> str:
+    """Per run and split, every readout's F1 under the run's labels and under the corrected ones, side by
+    side, with the change and each readout's rank (1: the best F1) under both."""
+    originals = {(r["source"], r.get("dataset", ""), r["split"]): r for r in runs if not r.get("relabelled")}
+    blocks = []
+    for run in runs:
+        change = run.get("relabelled")
+        before = change and originals.get((run["source"], change["from"], run["split"]))
+        if before is None:
+            continue
+        names = [n for n in run["readouts"] if n in before["readouts"]]
+        f1 = {n: (before["readouts"][n]["f1"], run["readouts"][n]["f1"]) for n in names}
+        ranks = [{n: 1 + sum(f[i] > f1[n][i] for f in f1.values()) for n in names} for i in (0, 1)]
+        rows = [[n, rate(a, percent), rate(b, percent), "+" * (b >= a) + rate(b - a, percent), str(ranks[0][n]),
+                 str(ranks[1][n])] for n, (a, b) in f1.items()]
+        group = group_name(before)
+        title = f"### {run['source']} — {group}: F1 under its labels and {relabel_note(run['relabelled'])}"
+        blocks.append(title + "\n" + _markdown(["readout", f"F1 {group}", f"F1 {group_name(run)}", "ΔF1",
+                                                 "rank before", "rank after"], rows))
     return "\n\n".join(blocks)
 
 

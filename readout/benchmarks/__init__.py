@@ -1,0 +1,31 @@
+"""The yes/no benchmarks beside POPE, one module each (a room per benchmark), imported when asked for."""
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+from .base import Answer, Benchmark, Response, Rule
+
+# name -> module: a new benchmark is one module here and one line
+REGISTRY: dict[str, str] = {}
+
+
+def get_benchmark(name: str) -> type[Benchmark]:
+    if name not in REGISTRY:
+        raise ValueError(f"unknown benchmark {name!r}; known: pope, repope (score --labels), {', '.join(REGISTRY)}")
+    module = importlib.import_module(f".{REGISTRY[name]}", __name__)
+    return next(c for c in vars(module).values()
+                if isinstance(c, type) and issubclass(c, Benchmark) and c is not Benchmark and c.name == name)
+
+
+def detect_benchmark(path: str | Path) -> type[Benchmark] | None:
+    """The one benchmark whose data or result file `path` is, or None (POPE's files, or nothing known)."""
+    found = []
+    for name in REGISTRY:
+        benchmark = get_benchmark(name)
+        if benchmark.detect(Path(path)):
+            found.append(benchmark)
+    return found[0] if len(found) == 1 else None
+
+
+__all__ = ["Answer", "Benchmark", "REGISTRY", "Response", "Rule", "detect_benchmark", "get_benchmark"]
