@@ -9,12 +9,14 @@ import click
 
 from . import __version__
 from .readout import (TEMPLATES, RunLock, audit_tokens, compare_runs, expand_runs, format_audit, format_compare,
-                      format_runs, get_template, load_tokenizer, repair_records)
+                      get_template, load_tokenizer, repair_records)
 from .readout.score import score_paths
 from .errors import EXPECTED, one_line
-from .readout.attention import parse_layers
 from .readout.published import PROTOCOLS, format_protocol_runs, get_protocol
-from .readout.report import format_relabelled
+from .readout.benchmarks import REGISTRY
+from .scoring import ScoreJob
+
+BENCHMARKS = ["pope", "repope", *REGISTRY]
 
 PROTOCOL_HELP = "score under a published protocol: its answer rule and aggregation, and whether the run is its"
 
@@ -47,20 +49,16 @@ def main() -> None:
 @click.option("--labels", "labels", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="corrected labels in POPE's format, one file per split named by it (RePOPE's "
                    "annotations/coco_repope_{split}.json): the runs are scored under them too, side by side")
-def score(files, readouts, fmt, percent, seed, resamples, layers, protocol, labels) -> None:
-    """Score pope-fast records or published ugaa-research record files, without the model."""
-    if protocol and fmt not in ("table", "json", "csv"):
-        _fail(f"--protocol {protocol} shows the tool's own table: --format table, csv or json")
-    if percent and protocol:
-        _fail(f"--percent: --protocol {protocol} prints in the tool's own unit")
-    if percent and fmt == "json":
-        _fail("--percent: JSON holds every value as a fraction at full precision")
+@click.option("--benchmark", type=click.Choice(BENCHMARKS), default=None,
+              help="default: what the files are (a run's records, another tool's result file's layout)")
+@click.option("--data", type=click.Path(exists=True), default=None,
+              help="the benchmark's question data, for a result file that holds no labels (AMBER's)")
+def score(files, readouts, fmt, percent, seed, resamples, layers, protocol, labels, benchmark, data) -> None:
+    """Score pope-fast records, published ugaa-research record files, or other tools' result files of a
+    benchmark, without the model."""
     with _failures():
-        runs = score_paths(expand_runs(files), readouts, protocol, seed=seed, resamples=resamples,
-                           layers=parse_layers(layers), labels=list(labels))
-    click.echo(format_protocol_runs(runs, fmt) if protocol else format_runs(runs, fmt, percent))
-    if labels and not protocol and fmt in ("table", "markdown"):
-        click.echo("\n" + format_relabelled(runs, percent))
+        click.echo(ScoreJob(files, readouts, fmt, percent, seed, resamples, layers, protocol, labels, benchmark,
+                            data).run())
 
 
 @main.command()

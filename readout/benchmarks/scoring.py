@@ -1,0 +1,158 @@
+"""A benchmark's numbers from a pope-fast run or from another tool's result file, under every rule.
+
+From a run: each of the benchmark's rules reads the recorded answer text (the run's longest continuation)
+and aggregates as its tool does; every readout the records supply (logit readouts, first token, the text
+rules of readout/protocols.py) is aggregated with the benchmark's official formula. From a result file:
+the texts it holds, under each rule. Either way every number is the aggregation of yes/no/unknown
+decisions, so two rules that disagree on one answer text show it here.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..data import DataError
+from ..protocols import READOUTS
+from ..records import RECORDS_FILE, Entry, RecordSet
+from .base import Answer, Benchmark, Response
+
+OFFICIAL = "official"
+
+
+def _answers(entries: list[Entry], decisions: list[str]) -> list[Answer]:
+    return [Answer(e.key, e.split, e.image, e.label, d) for e, d in zip(entries, decisions)]
+
+
+def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str] | None = None) -> dict:
+    """{"source", "benchmark", "n", "errors", "rules": {rule: metrics}, "readouts": {readout: metrics},
+    "unavailable": {name: why}, "checks": [...]} over the records of the benchmark's dataset; error records
+    (no answer) are left out and counted."""
+    from ..score import Unavailable, predictions, question_order
+
+    mine = sorted((e for e in records.entries if e.dataset == benchmark.name),
+                  key=lambda e: (e.split, *question_order(e)))
+    if not mine:
+        found = sorted({e.dataset or "(none)" for e in records.entries})
+        raise DataError(f"{records.source}: no {benchmark.name} records (datasets here: {', '.join(found)})")
+    answered = [e for e in mine if e.error is None]
+    out = {"source": records.source, "benchmark": benchmark.name, "n": len(mine),
+           "errors": len(mine) - len(answered), "rules": {}, "readouts": {}, "unavailable": {}, "checks": []}
+    texts = [e.decoded for e in answered]
+    if any(t is None for t in texts):
+        out["unavailable"].update({name: "the run recorded no answer text (run with a text readout)"
+                                   for name in benchmark.rules})
+    else:
+        for name, rule in benchmark.rules.items():
+            out["rules"][name] = rule.aggregate(_answers(answered, [rule.read(t) for t in texts]))
+            if rule.prompt is not None:
+                out["checks"].append(f"{name} asks its own prompt; this run asked the benchmark's question as the "
+                                     "data has it, so these are its rule's reading of this run's answers")
+    official = benchmark.rules[OFFICIAL].aggregate
+    for name in readouts if readouts is not None else READOUTS:
+        try:
+            out["readouts"][name] = official(_answers(answered, predictions(records, name, answered)))
+        except Unavailable as why:
+            out["unavailable"][name] = str(why)
+    return out
+
+
+def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path: str | Path | None = None) -> dict:
+    """A result file another tool wrote, under each of the benchmark's rules: {"source", "benchmark", "n",
+    "rules": {rule: metrics}}. `questions_path` (the benchmark's data) supplies labels and groups where the
+    file has none."""
+    questions = benchmark.questions(Path(questions_path)) if questions_path is not None else None
+    responses = benchmark.responses(Path(path), questions)
+    unlabelled = [r for r in responses if r.label is None]
+    if unlabelled:
+        raise DataError(f"{unlabelled[0].line}: the file holds no label for question {unlabelled[0].key}: give the "
+                        f"benchmark's data (--data) to score it")
+    return {"source": str(path), "benchmark": benchmark.name, "n": len(responses),
+            "rules": {name: rule.aggregate(_from_responses(responses, rule.read))
+                      for name, rule in benchmark.rules.items()}}
+
+
+def _from_responses(responses: list[Response], read) -> list[Answer]:
+    return [Answer(r.key, r.split, r.image, r.label, read(r.text)) for r in responses]
+
+
+def format_benchmark(result: dict) -> str:
+    """The headline numbers: each rule's (named as its tool names them) and each readout's under the
+    official aggregation, one markdown table each; checks and what was unavailable under them."""
+    from ..report import _markdown
+
+    def cells(metrics: dict, names) -> list[str]:
+        return [f"{metrics[k]:.4f}" if isinstance(metrics.get(k), float) else str(metrics.get(k, "-")) for k in names]
+
+    from . import get_benchmark
+
+    benchmark = get_benchmark(result["benchmark"])
+    errors = f", {result['errors']} error records left out" if result.get("errors") else ""
+    blocks = [f"### {benchmark.title}: {result['source']} (n={result['n']}{errors})"]
+    for name, metrics in result["rules"].items():
+        rule = benchmark.rules[name]
+        blocks.append(f"answer rule and aggregation `{name}` ({'; '.join(rule.sources)}):\n"
+                      + _markdown(list(rule.headline), [cells(metrics, rule.headline)]))
+    if result.get("readouts"):
+        headline = benchmark.rules[OFFICIAL].headline
+        blocks.append("every readout, aggregated as the official code does:\n" + _markdown(
+            ["readout", *headline], [[n, *cells(m, headline)] for n, m in result["readouts"].items()]))
+    blocks += [f"! {note}" for note in result.get("checks", [])]
+    blocks += [f"unavailable: {name} ({why})" for name, why in result.get("unavailable", {}).items()]
+    return "\n\n".join(blocks)
+
+
+def is_run(path: str | Path) -> bool:
+    """A pope-fast run folder (or its records.jsonl), as opposed to another tool's result file."""
+    path = Path(path)
+    return (path.is_dir() and ((path / RECORDS_FILE).is_file() or any(path.glob("records.rank*.jsonl")))) \
+        or path.name == RECORDS_FILE
+
+
+def run_benchmark(records: RecordSet) -> type[Benchmark] | None:
+    """The benchmark a run's records are of, when every record is of one (none for POPE's datasets)."""
+    from . import REGISTRY, get_benchmark
+
+    datasets = {e.dataset for e in records.entries}
+    return get_benchmark(datasets.pop()) if len(datasets) == 1 and datasets <= set(REGISTRY) else None
+
+
+def score_benchmark_paths(paths: list[str], name: str | None = None, data: str | Path | None = None,
+                          readouts: list[str] | None = None) -> list[dict]:
+    """`pope-fast score --benchmark`: each run scored by score_run, each other tool's result file by
+    score_responses; the benchmark named, else told from each path's content (never guessed)."""
+    from . import REGISTRY, detect_benchmark, get_benchmark
+    from ..records import read_records
+
+    named = get_benchmark(name) if name is not None else None
+    out = []
+    for path in paths:
+        if is_run(path):
+            records = read_records(path)
+            benchmark = named or run_benchmark(records)
+            if benchmark is None:
+                raise DataError(f"{path}: its records are not of one benchmark ({', '.join(REGISTRY)}): "
+                                "give --benchmark")
+            out.append(score_run(records, benchmark, readouts))
+            continue
+        benchmark = named or detect_benchmark(path)
+        if benchmark is None:
+            raise DataError(f"{path}: neither a pope-fast run nor a result file of {', '.join(REGISTRY)} that its "
+                            "content tells apart: give --benchmark")
+        out.append(score_responses(path, benchmark, data))
+    return out
+
+
+def benchmark_of(paths: list[str]) -> str | None:
+    """The benchmark the paths' content names (each run's records, each result file's layout), or None where
+    none does (POPE); paths of two benchmarks are refused."""
+    from . import detect_benchmark
+    from ..records import read_records
+
+    found = {}
+    for path in paths:
+        benchmark = run_benchmark(read_records(path)) if is_run(path) else detect_benchmark(path)
+        found[path] = benchmark.name if benchmark is not None else None
+    names = set(found.values())
+    if len(names) > 1:
+        raise DataError("the paths are of different benchmarks: " + ", ".join(f"{p}: {n or 'pope'}"
+                                                                              for p, n in found.items()))
+    return names.pop() if names else None
