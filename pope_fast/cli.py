@@ -181,6 +181,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
                    "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="only the first N questions of each split")
+@click.option("--benchmark", type=click.Choice(BENCHMARKS), default=None,
+              help="default: what --questions is (MME's parquet, AMBER's data folder, HallusionBench.json; else POPE)")
 def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     """Run a POPE sweep of one checkpoint under every readout at once.
 

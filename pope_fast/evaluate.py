@@ -17,6 +17,8 @@ from .engine.models import protocol_for
 from .progress import watched
 from .readout import (READOUTS, RunLock, compare_runs, find_question_files, format_compare, format_runs,
                       load_question_sources)
+from .readout.benchmarks import REGISTRY, benchmark_questions
+from .readout.benchmarks.scoring import format_benchmark, score_benchmark_paths
 from .readout.protocols import GENERATING
 from .readout.published import format_protocol_runs, get_protocol
 from .readout.score import score_paths
@@ -45,18 +47,19 @@ class EvalJob:
     limit: int | None = None  # the first N questions of each split (a quick look, as lmms-eval's --limit)
     command: str | None = None  # the command line, recorded in meta.json
     protocol: str | None = None  # a published protocol (readout/published.py): its prompt, length, image aspect
+    benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
 
     @classmethod
     def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
                      no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, limit=None,
-                     command=None, protocol=None, **settings) -> "EvalJob":
+                     command=None, protocol=None, benchmark=None, **settings) -> "EvalJob":
         """The job of `pope-fast eval`'s options (every other option is a Settings field)."""
         def path(p):
             return None if p is None else Path(p)
 
         return cls(Path(out_dir), path(model_dir), tuple(question_files), path(images_dir), demo_questions, split,
                    dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
-                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol)
+                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol, benchmark)
 
 
 @dataclass
@@ -68,6 +71,7 @@ class EvalOutcome:
     comparison: str | None  # the methods compared with the first, markdown (OUT/compare.json beside it)
     world_size: int | None  # under torchrun: the ranks of the job
     protocol: str | None = None  # the job's published protocol: its table follows each run's
+    benchmark: str | None = None  # the job's benchmark other than POPE: its rules' numbers follow each run's
 
     def summary(self) -> str:
         """What the command line prints at the end of a sweep."""
@@ -83,6 +87,9 @@ class EvalOutcome:
             lines.append(format_runs(result.runs, "table"))
             if self.protocol:
                 lines.append("\n" + format_protocol_runs(score_paths([str(result.out_dir)], protocol=self.protocol)))
+            if self.benchmark:
+                [scored] = score_benchmark_paths([str(result.out_dir)], self.benchmark)
+                lines.append("\n" + format_benchmark(scored))
         lines += [f"\n{self.comparison}"] if self.comparison is not None else []
         lines.append(f"records, meta and summaries in {self.out_dir}" + ("/<method>/" if self.paired else ""))
         return "\n".join(lines)
@@ -110,8 +117,10 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         counted = job.out_dir / methods[0].name if methods else job.out_dir
         update = stack.enter_context(_lazy(progress, len(questions), lead))
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
+        benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
         provenance = {**({"command": job.command} if job.command else {}),
-                      **({"protocol": job.protocol} if job.protocol else {})}
+                      **({"protocol": job.protocol} if job.protocol else {}),
+                      **({"benchmark": benchmark} if benchmark else {})}
         run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard,
                    provenance=provenance or None)
         if methods:
@@ -122,7 +131,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     if shard is not None:
         shard.leave()
     return EvalOutcome(job.out_dir, results, engine.timings, bool(methods), comparison,
-                       shard.world_size if shard else None, job.protocol) if lead else None
+                       shard.world_size if shard else None, job.protocol, benchmark) if lead else None
 
 
 def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitStack, notice):
@@ -134,7 +143,11 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         if job.split and sum(len(find_question_files(s)) for s in job.question_sources) > 1:
             raise ValueError("--split names the split of a single question file")
         skipped: list = []
-        questions = load_question_sources(job.question_sources, job.split, job.dataset, skipped)
+        benchmark, questions = benchmark_questions(job.question_sources, job.benchmark)
+        if benchmark is not None and (job.split or job.dataset):
+            raise ValueError(f"--split/--dataset: {benchmark}'s data names its own groups")
+        if questions is None:
+            questions = load_question_sources(job.question_sources, job.split, job.dataset, skipped)
         for path, reason in skipped if lead else []:
             notice(f"{path}: skipped, {reason}")
         if job.model_dir is None and lead:

@@ -28,4 +28,22 @@ def detect_benchmark(path: str | Path) -> type[Benchmark] | None:
     return found[0] if len(found) == 1 else None
 
 
-__all__ = ["Answer", "Benchmark", "REGISTRY", "Response", "Rule", "detect_benchmark", "get_benchmark"]
+def benchmark_questions(sources: list[str | Path], name: str | None = None) -> tuple[str | None, list | None]:
+    """(benchmark, its questions) of `eval --questions`: the benchmark named, else the one every source's
+    content is; (None, None) for POPE's files, which readout/data.py reads."""
+    if name is None:
+        found = {getattr(detect_benchmark(s), "name", None) for s in sources}
+        if len(found) > 1:
+            raise ValueError(f"--questions: files of different benchmarks ({', '.join(sorted(map(str, found)))}); "
+                             "one benchmark a run")
+        name = found.pop() if found else None
+    if name in (None, "pope"):
+        return None, None
+    if name == "repope":
+        raise ValueError("--benchmark repope: RePOPE asks POPE's questions; run POPE and score it with --labels")
+    benchmark = get_benchmark(name)
+    return name, [q for source in sources for q in benchmark.questions(Path(source))]
+
+
+__all__ = ["Answer", "Benchmark", "REGISTRY", "Response", "Rule", "benchmark_questions", "detect_benchmark",
+           "get_benchmark"]
