@@ -74,13 +74,23 @@ def _from_responses(responses: list[Response], read) -> list[Answer]:
     return [Answer(r.key, r.split, r.image, r.label, read(r.text)) for r in responses]
 
 
+def metric(metrics: dict, name: str):
+    """A headline's value: `block/metric` names a nested one (AMBER's printed blocks); "-" where absent."""
+    value = metrics
+    for part in name.split("/"):
+        if not isinstance(value, dict) or part not in value:
+            return "-"
+        value = value[part]
+    return value
+
+
 def format_benchmark(result: dict) -> str:
     """The headline numbers: each rule's (named as its tool names them) and each readout's under the
     official aggregation, one markdown table each; checks and what was unavailable under them."""
     from ..report import _markdown
 
     def cells(metrics: dict, names) -> list[str]:
-        return [f"{metrics[k]:.4f}" if isinstance(metrics.get(k), float) else str(metrics.get(k, "-")) for k in names]
+        return [f"{v:.4f}" if isinstance(v := metric(metrics, k), float) else str(v) for k in names]
 
     from . import get_benchmark
 
