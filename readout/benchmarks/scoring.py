@@ -90,7 +90,7 @@ def format_benchmark(result: dict) -> str:
     from ..report import _markdown
 
     def cells(metrics: dict, names) -> list[str]:
-        return [f"{v:.4f}" if isinstance(v := metric(metrics, k), float) else str(v) for k in names]
+        return [f"{v:.6g}" if isinstance(v := metric(metrics, k), float) else str(v) for k in names]
 
     from . import get_benchmark
 
