@@ -57,7 +57,8 @@ def test_the_synthetic_file_reads_as_84_questions_on_42_images(shared):
 
 def test_keys_follow_file_order_within_an_image_and_shards_read_in_name_order(tmp_path):
     # image 1's No row comes first and image 2's rows sit between image 1's: k is the order in the file
-    a_yes, a_no, b_yes, b_no = _row("count", 1, "Yes"), _row("count", 1, "No"), _row("OCR", 2, "Yes"), _row("OCR", 2, "No")
+    a_yes, a_no = _row("count", 1, "Yes"), _row("count", 1, "No")
+    b_yes, b_no = _row("OCR", 2, "Yes"), _row("OCR", 2, "No")
     folder = tmp_path / "data"
     folder.mkdir()
     _parquet(folder / "test-00001-of-00002.parquet", [b_no, a_yes])
@@ -225,3 +226,170 @@ def test_vlmevalkits_product_agrees_with_both_right_for_two_answers_and_takes_th
         MME.rules["vlmevalkit"].aggregate(_answers("color", RIGHT[:1]))
     with pytest.raises(ValueError, match="not an MME subtask"):
         MME.rules["official"].aggregate(_answers("adversarial", RIGHT))
+
+
+# ---- the official result folder ----------------------------------------------------------------------------
+
+def _questions(*categories):
+    """Two images per category, the Yes question first, keyed as MME.questions keys the parquet."""
+    return [Question(f"{c}/{n:04d}.png#{k}", f"{c}/{n:04d}.png", f"Is it {c} {n} {a}?{SUFFIX}", a.lower(), c, "mme")
+            for c in categories for n in (1, 2) for k, a in enumerate(("Yes", "No"))]
+
+
+def test_written_result_folder_is_the_official_layout_and_reads_back(tmp_path):
+    questions = _questions("OCR", "code_reasoning")
+    texts = {q.key: f"Yes {i}" for i, q in enumerate(questions)}
+    texts[questions[1].key] = "No\tbecause\r\nit is not"
+    written = write_result_folder(tmp_path / "results", questions, texts)
+    assert [p.name for p in written] == ["OCR.txt", "code_reasoning.txt"]
+    lines = written[0].read_text().split("\n")
+    assert lines[:2] == [f"0001.png\tIs it OCR 1 Yes?{SUFFIX}\tYes\tYes 0",
+                         f"0001.png\tIs it OCR 1 No?{SUFFIX}\tNo\tNo because  it is not"]
+    assert len(lines) == 5 and lines[-1] == ""  # 4 lines, each ending in "\n"
+    expected = {k: v.replace("\t", " ").replace("\r", " ").replace("\n", " ") for k, v in texts.items()}
+    for given in (None, questions):
+        responses = MME.responses(tmp_path / "results", given)
+        assert {r.key: r.text for r in responses} == expected
+        assert {r.key: (r.split, r.label, r.image) for r in responses} == \
+            {q.key: (q.split, q.label, q.image) for q in questions}
+    assert responses[1].line == f"{written[0]}:2"
+    assert MME.detect(tmp_path / "results") and MME.detect(written[0])
+
+
+def test_reading_matches_questions_by_subtask_image_and_text_not_by_position(tmp_path):
+    # the data's k order (Yes first) differs from the file's (No first): with questions the keys follow the text
+    questions = _questions("color")
+    (tmp_path / "color.txt").write_text(
+        f"0001.png\tIs it color 1 No?{SUFFIX}\tNo\tno\n0001.png\tIs it color 1 Yes?{SUFFIX}\tYes\tyes\n"
+        f"0002.png\tIs it color 2 Yes?{SUFFIX}\tYes\tyes\n0002.png\tIs it color 2 No?{SUFFIX}\tNo\tno")
+    matched = MME.responses(tmp_path, questions)
+    assert [r.key for r in matched] == ["color/0001.png#1", "color/0001.png#0", "color/0002.png#0",
+                                        "color/0002.png#1"]
+    assert [r.key for r in MME.responses(tmp_path)][:2] == ["color/0001.png#0", "color/0001.png#1"]
+    assert matched[-1].text == "no"  # the last line has no "\n"; no other line keeps its own
+
+
+def test_a_crlf_result_file_reads_as_readlines_splits_it(tmp_path):
+    (tmp_path / "scene.txt").write_bytes(b"a.jpg\tq1\tYes\tYes\r\na.jpg\tq2\tNo\tNo\r\n")
+    assert [(r.key, r.text) for r in MME.responses(tmp_path / "scene.txt")] == [("scene/a.jpg#0", "Yes"),
+                                                                                ("scene/a.jpg#1", "No")]
+
+
+GOOD = "a.jpg\tq1\tYes\tyes\na.jpg\tq2\tNo\tno\n"
+
+
+@pytest.mark.parametrize("name, text, message", [
+    ("OCR.txt", "a.jpg\tq1\tYes\na.jpg\tq2\tNo\tno\n", r"OCR\.txt:1: 3 tab-separated fields, not 4"),
+    ("OCR.txt", "a.jpg\tq1\tYes\tyes\ta\na.jpg\tq2\tNo\tno\n", r"OCR\.txt:1: 5 tab-separated fields, not 4"),
+    ("OCR.txt", GOOD + "\n", r"OCR\.txt:3: 1 tab-separated fields, not 4"),
+    ("OCR.txt", "a.jpg\tq1\tyes\tyes\na.jpg\tq2\tNo\tno\n", r"OCR\.txt:1: gt 'yes' is not Yes or No$"),
+    ("OCR.txt", GOOD + "b.jpg\tq1\tYes\tyes\n", r"OCR\.txt:3: odd line count \(3\)"),
+    ("OCR.txt", "a.jpg\tq1\tYes\tyes\nb.jpg\tq2\tNo\tno\n", r"OCR\.txt:2: image 'b\.jpg' after 'a\.jpg'"),
+    ("OCR.txt", GOOD + GOOD, r"OCR\.txt:3: image 'a\.jpg' has more than 2 lines \(first at line 1\)$"),
+    ("Existence.txt", GOOD, r"Existence\.txt: 'Existence' is not an MME subtask"),
+    ("OCR.txt", "", r"OCR\.txt: no lines$"),
+])
+def test_malformed_result_lines_are_refused_naming_file_and_line(tmp_path, name, text, message):
+    (tmp_path / name).write_text(text, newline="")
+    with pytest.raises(DataError) as err:
+        MME.responses(tmp_path)
+    assert str(err.value).startswith(str(tmp_path / name)) and re.search(message, str(err.value)), err.value
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("line, message", [
+    (f"0003.png\tIs it OCR 1 Yes?{SUFFIX}\tYes\tyes", "no question of the data is OCR image '0003.png' asking"),
+    (f"0001.png\tIs it OCR 1 Yes?{SUFFIX}\tNo\tyes", "gt No but the data's label of question OCR/0001.png#0 is yes"),
+])
+def test_a_line_the_questions_lack_is_refused(tmp_path, line, message):
+    (tmp_path / "OCR.txt").write_text(f"{line}\n{line}\n")
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path / 'OCR.txt'}:1: {message}")):
+        MME.responses(tmp_path, _questions("OCR"))
+
+
+def test_the_writer_refuses_what_calculation_py_would_mispair(tmp_path):
+    questions = _questions("OCR")
+    with pytest.raises(DataError, match=r"question OCR/0002\.png#1: no answer text to write"):
+        write_result_folder(tmp_path, questions, {q.key: "yes" for q in questions[:3]})
+    with pytest.raises(DataError, match=r"OCR image 'OCR/0002\.png' has 1 questions; calculation\.py needs 2"):
+        write_result_folder(tmp_path, questions[:3], {q.key: "yes" for q in questions})
+
+
+def test_the_synthetic_file_through_the_official_folder(shared, tmp_path):
+    # every answer "Yes": each subtask has acc 1/2 and acc+ 0 (no image has both right): 50 + 0 = 50;
+    # Perception 10 × 50 = 500, Cognition 4 × 50 = 200, the same under every rule.
+    questions = MME.questions(shared / SYNTHETIC)
+    write_result_folder(tmp_path, questions, {q.key: "Yes" for q in questions})
+    responses = MME.responses(tmp_path, questions)
+    assert sorted(r.key for r in responses) == sorted(q.key for q in questions)
+    totals = []
+    for name, rule in MME.rules.items():
+        answers = [Answer(r.key, r.split, r.image, r.label, rule.read(r.text)) for r in responses]
+        totals.append([rule.aggregate(answers)[h] for h in rule.headline])
+    assert totals == [[500.0, 200.0]] * 3
+
+
+# ---- lmms-eval's samples log --------------------------------------------------------------------------------
+
+def _sample(doc_id, question, text, flat=True):
+    metric = "mme_perception_score" if question.split in PERCEPTION else "mme_cognition_score"
+    row = {"doc_id": doc_id, "target": question.label.capitalize(), "filtered_resps": text if flat else [text],
+           metric: {"question_id": question.image, "category": question.split, "score": 1.0}}
+    if not flat:  # before v0.7 the log kept the doc (images left out) and wrapped the response in a list
+        row["doc"] = {"question_id": question.image, "question": question.text, "answer": row["target"]}
+        row["resps"] = [[text]]
+    return json.dumps(row)
+
+
+@pytest.mark.parametrize("flat", [True, False], ids=["v0.7", "before-v0.7"])
+def test_lmms_eval_samples_are_keyed_by_question_id_in_doc_id_order(tmp_path, flat):
+    questions = _questions("count", "text_translation")
+    order = [5, 4, 0, 1, 7, 6, 2, 3]  # logged out of doc_id order
+    path = tmp_path / "20260806_samples_mme.jsonl"
+    path.write_text("\n".join(_sample(i, questions[i], f"text {i}", flat) for i in order) + "\n")
+    for given in (None, questions):
+        responses = MME.responses(path, given)
+        assert [(r.key, r.text, r.label, r.split) for r in responses] == \
+            [(q.key, f"text {i}", q.label, q.split) for i, q in enumerate(questions)]
+    assert responses[0].line == f"{path}:3" and MME.detect(path)
+
+
+@pytest.mark.parametrize("row, message", [
+    ({"doc_id": 0, "target": "Yes", "filtered_resps": "yes"}, "no mme_perception_score or mme_cognition_score"),
+    ({"doc_id": 0, "target": "yes", "filtered_resps": "yes",
+      "mme_perception_score": {"question_id": "count/0001.png", "category": "count"}}, "target 'yes' is not Yes or No"),
+    ({"doc_id": 0, "target": "Yes", "filtered_resps": ["a", "b"],
+      "mme_perception_score": {"question_id": "count/0001.png", "category": "count"}},
+     "filtered_resps ['a', 'b'] holds no one answer text"),
+    ({"doc_id": 0, "target": "Yes", "filtered_resps": "yes",
+      "mme_perception_score": {"question_id": "x/1.png", "category": "x"}}, "category 'x' is not an MME subtask"),
+])
+def test_a_bad_samples_row_is_refused_naming_its_line(tmp_path, row, message):
+    path = tmp_path / "samples_mme.jsonl"
+    path.write_text(_sample(1, _questions("count")[1], "no") + "\n" + json.dumps(row) + "\n")
+    with pytest.raises(DataError, match=re.escape(f"{path}:2: {message}")):
+        MME.responses(path)
+    assert not MME.detect(tmp_path / "nothing.jsonl")
+
+
+def test_a_sample_the_questions_lack_is_refused(tmp_path):
+    path = tmp_path / "samples_mme.jsonl"
+    path.write_text(_sample(0, _questions("count")[1], "no") + "\n")  # the No question, but as k = 0 here
+    with pytest.raises(DataError, match=re.escape(f"{path}:1: count/0001.png#0 (no) is no question of the data")):
+        MME.responses(path, _questions("count"))
+
+
+# ---- detect ------------------------------------------------------------------------------------------------
+
+def test_detect_refuses_what_is_not_mme(tmp_path):
+    pope = {"question_id": [1, 2], "question": ["Is there a dog?"] * 2, "answer": ["yes", "no"],
+            "image": [{"bytes": b"x", "path": "a.jpg"}] * 2, "category": ["adversarial"] * 2}
+    pq.write_table(pa.table(pope), tmp_path / "pope.parquet")
+    (tmp_path / "notes.jsonl").write_text('{"question_id": 1}\n')
+    others = tmp_path / "others"
+    others.mkdir()
+    (others / "OCR.txt").write_text(GOOD)
+    (others / "notes.txt").write_text("x")
+    mme = _parquet(tmp_path / "mme.parquet", _rows("OCR"))
+    assert [MME.detect(p) for p in (tmp_path / "pope.parquet", tmp_path / "notes.jsonl", others, mme,
+                                    others / "OCR.txt")] == [False, False, False, True, True]

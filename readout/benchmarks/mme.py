@@ -116,7 +116,7 @@ def _is_mme_parquet(path: Path) -> bool:
     try:
         table = _open(path)
         categories = {v for batch in table.iter_batches(columns=["category"]) for v in batch.column(0).to_pylist()}
-    except DataError:
+    except (DataError, OSError, ValueError):  # pyarrow's ArrowInvalid and ArrowIOError are these
         return False
     return bool(categories) and categories <= set(SUBTASKS)
 
