@@ -75,3 +75,41 @@ def test_amber_end_to_end(checkpoint, tmp_path):
     expected = official.aggregate([Answer(e.key, e.split, e.image, e.label, d)
                                    for e, d in zip(answered, predictions(records, "template_aware", answered))])
     assert scored["readouts"]["template_aware"] == expected
+
+
+def _mme(path):
+    """An lmms-lab/MME-shaped parquet: 2 subtasks (one perception, one cognition) x 2 images x (Yes, No)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = []
+    for category in ("color", "code_reasoning"):
+        for n, size in enumerate(((48, 32), (32, 48))):
+            buffer = io.BytesIO()
+            Image.new("RGB", size, (90 * n, 40, 160)).save(buffer, "PNG")
+            qid = f"{category}/{n:04d}.png"
+            for answer, thing in (("Yes", "red"), ("No", "blue")):
+                rows.append({"question_id": qid, "image": {"bytes": buffer.getvalue(), "path": f"{n:04d}.png"},
+                             "question": f"Is the {thing} shape shown? Please answer yes or no.", "answer": answer,
+                             "category": category})
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_mme_end_to_end(checkpoint, tmp_path):
+    from pope_fast.readout.benchmarks.mme import read_questions, write_result_folder
+
+    data = _mme(tmp_path / "mme.parquet")
+    printed = _eval(checkpoint, data, tmp_path, tmp_path / "run")  # images are embedded: --images unused
+    assert "### MME" in printed
+    records = read_records(tmp_path / "run")
+    assert {e.dataset for e in records.entries} == {"mme"} and len(records.entries) == 8
+    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
+    assert set(scored["rules"]) == {"official", "lmms-eval", "vlmevalkit"}
+    # the same texts as the official tool's result folder: the same numbers under every rule
+    write_result_folder(tmp_path / "results", read_questions(data), {e.key: e.decoded for e in records.entries})
+    assert score_responses(tmp_path / "results", get_benchmark("mme"), data)["rules"] == scored["rules"]
+    for group, total in (("Perception", "color/score"), ("Cognition", "code_reasoning/score")):
+        assert scored["readouts"]["template_aware"][group] == scored["readouts"]["template_aware"][total]

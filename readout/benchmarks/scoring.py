@@ -42,17 +42,28 @@ def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str
                                    for name in benchmark.rules})
     else:
         for name, rule in benchmark.rules.items():
-            out["rules"][name] = rule.aggregate(_answers(answered, [rule.read(t) for t in texts]))
+            _aggregate(out, "rules", name, rule.aggregate, _answers(answered, [rule.read(t) for t in texts]))
             if rule.prompt is not None:
                 out["checks"].append(f"{name} asks its own prompt; this run asked the benchmark's question as the "
                                      "data has it, so these are its rule's reading of this run's answers")
     official = benchmark.rules[OFFICIAL].aggregate
     for name in readouts if readouts is not None else READOUTS:
         try:
-            out["readouts"][name] = official(_answers(answered, predictions(records, name, answered)))
+            decided = predictions(records, name, answered)
         except Unavailable as why:
             out["unavailable"][name] = str(why)
+            continue
+        _aggregate(out, "readouts", name, official, _answers(answered, decided))
     return out
+
+
+def _aggregate(out: dict, where: str, name: str, aggregate, answers: list[Answer]) -> None:
+    """out[where][name] = the aggregation, or out["unavailable"][name] = why the tool's formula cannot take
+    these answers (an MME image left with one answer by an error record, say)."""
+    try:
+        out[where][name] = aggregate(answers)
+    except ValueError as err:
+        out["unavailable"][name] = str(err)
 
 
 def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path: str | Path | None = None) -> dict:
@@ -65,9 +76,10 @@ def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path
     if unlabelled:
         raise DataError(f"{unlabelled[0].line}: the file holds no label for question {unlabelled[0].key}: give the "
                         f"benchmark's data (--data) to score it")
-    return {"source": str(path), "benchmark": benchmark.name, "n": len(responses),
-            "rules": {name: rule.aggregate(_from_responses(responses, rule.read))
-                      for name, rule in benchmark.rules.items()}}
+    out = {"source": str(path), "benchmark": benchmark.name, "n": len(responses), "rules": {}, "unavailable": {}}
+    for name, rule in benchmark.rules.items():
+        _aggregate(out, "rules", name, rule.aggregate, _from_responses(responses, rule.read))
+    return out
 
 
 def _from_responses(responses: list[Response], read) -> list[Answer]:
@@ -76,6 +88,8 @@ def _from_responses(responses: list[Response], read) -> list[Answer]:
 
 def metric(metrics: dict, name: str):
     """A headline's value: `block/metric` names a nested one (AMBER's printed blocks); "-" where absent."""
+    if name in metrics:  # flat names (MME's `<subtask>/acc`)
+        return metrics[name]
     value = metrics
     for part in name.split("/"):
         if not isinstance(value, dict) or part not in value:
