@@ -7,7 +7,7 @@ from pathlib import Path
 from .base import Answer, Benchmark, Response, Rule
 
 # name -> module: a new benchmark is one module here and one line
-REGISTRY = {"mme": "mme", "amber": "amber"}
+REGISTRY = {"mme": "mme", "amber": "amber", "hallusionbench": "hallusionbench"}
 
 
 def get_benchmark(name: str) -> type[Benchmark]:

@@ -1,0 +1,208 @@
+"""HallusionBench (tianyi-lab/HallusionBench, CVPR 2024): 1,129 yes/no questions on sets of original and edited
+figures, 178 of them asked without a figure; its question file, its result file and each tool's rule.
+
+The official score comes from a GPT-4 judge (utils.py:26-73); pope-fast is judge-free, so its "official" rule
+reads a yes/no decision and compares it with gt_answer, then aggregates exactly as evaluation.py does
+(hallusionbench_metrics). A result file written by `write_results` can still be judged by the official script.
+Errors name the file and the row as `item N`, 1-based, as readout.data does for JSON arrays.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+from typing import Mapping
+
+from ..data import DataError, Question
+from ..protocols import NO, YES, yorn
+from . import hallusionbench_metrics as metrics
+from .base import Benchmark, Response, Rule
+
+NAME = "hallusionbench"
+KEY_FIELDS = ("category", "subcategory", "set_id", "figure_id", "question_id")
+ROW_FIELDS = KEY_FIELDS + ("visual_input",)  # what every question and result row must hold
+QUESTION_FIELDS = ROW_FIELDS + ("question", "gt_answer", "filename")
+PREDICTION = "model_prediction"  # the answer's field in a result file (evaluation.py:21)
+LABELS = {"1": YES, "0": NO}  # gt_answer
+OFFICIAL = "tianyi-lab/HallusionBench 67ba0de"
+
+
+def _load(path: Path) -> list:
+    """The file's JSON list."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: cannot read ({err})") from None
+    try:
+        items = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise DataError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    if not isinstance(items, list):
+        raise DataError(f"{path}: not a JSON list of HallusionBench rows")
+    return items
+
+
+def _checked(row, where: str, required: tuple[str, ...]) -> dict:
+    """A row with the fields the caller needs and ids the metrics can group by."""
+    if not isinstance(row, dict):
+        raise DataError(f"{where}: not a JSON object")
+    missing = [f for f in required if f not in row]
+    if missing:
+        raise DataError(f"{where}: missing field(s) {', '.join(missing)}")
+    if row["category"] not in metrics.CATEGORIES:
+        raise DataError(f"{where}: category {row['category']!r} is not VD or VS")
+    if str(row["visual_input"]) not in metrics.CONDITIONS:
+        raise DataError(f"{where}: visual_input {row['visual_input']!r} is not '0', '1' or '2'")
+    blank = [f for f in KEY_FIELDS if not str(row[f]) or (f != "subcategory" and "_" in str(row[f]))]
+    if blank:
+        raise DataError(f"{where}: {', '.join(blank)} cannot make a key (empty, or an id holding '_')")
+    return row
+
+
+def key_of(row: dict) -> str:
+    """A row's official key (utils.py:174)."""
+    return metrics.question_key(*(row[f] for f in KEY_FIELDS))
+
+
+def _unique(items: list, path: Path, required: tuple[str, ...]) -> list[tuple[str, str, dict]]:
+    """(key, where, row) per row; a key seen before is refused, as utils.py:175 asserts."""
+    seen: dict[str, int] = {}
+    out = []
+    for index, row in enumerate(items, start=1):
+        where = f"{path} item {index}"
+        key = key_of(_checked(row, where, required))
+        if key in seen:
+            raise DataError(f"{where}: question {key} repeats item {seen[key]}")
+        seen[key] = index
+        out.append((key, where, row))
+    return out
+
+
+def _label(row: dict, where: str) -> str:
+    value = str(row["gt_answer"])
+    if value not in LABELS:
+        raise DataError(f"{where}: gt_answer {row['gt_answer']!r} is not '1' or '0'")
+    return LABELS[value]
+
+
+def _image(row: dict, where: str) -> str:
+    """The figure's path under the unzipped hallusion_bench folder (`VD/illusion/0_0.png`: PurePosixPath drops the
+    file's './'), or "" for a question asked without one (visual_input '0', filename null): the engine runs those as
+    text-only prompts."""
+    filename = row.get("filename")
+    if str(row["visual_input"]) == "0":
+        if filename:
+            raise DataError(f"{where}: visual_input '0' (no figure) but filename {filename!r}")
+        return ""
+    if not isinstance(filename, str) or not filename:
+        raise DataError(f"{where}: visual_input {row['visual_input']!r} needs a filename")
+    return PurePosixPath(filename).as_posix()
+
+
+def rows(path: Path) -> list[dict]:
+    """HallusionBench.json's rows as the file holds them (for `write_results`), each checked, keys unique."""
+    return [row for _, _, row in _unique(_load(path), path, QUESTION_FIELDS)]
+
+
+def _question(key: str, where: str, row: dict) -> Question:
+    if not isinstance(row["question"], str) or not row["question"].strip():
+        raise DataError(f"{where}: question is not a non-empty string")
+    return Question(question_id=key, image=_image(row, where), text=row["question"], label=_label(row, where),
+                    split=metrics.split_name(row["category"], row["visual_input"]), dataset=NAME)
+
+
+def _response(key: str, where: str, row: dict, question: Question | None) -> Response:
+    """A result row's answer; where the question data is given, the row must agree with it."""
+    text = row[PREDICTION]
+    if not isinstance(text, str):
+        raise DataError(f"{where}: {PREDICTION} is not a string")
+    split = metrics.split_name(row["category"], row["visual_input"])
+    label = _label(row, where) if "gt_answer" in row else (question.label if question else None)
+    image = _image(row, where) if "filename" in row else (question.image if question else None)
+    if question is not None and (split, label, image) != (question.split, question.label, question.image):
+        raise DataError(f"{where}: question {key} differs from the question data (visual_input, gt_answer or "
+                        "filename): another version of HallusionBench?")
+    return Response(key=key, split=split, text=text, label=label, image=image, line=where)
+
+
+def write_results(path: Path, question_rows: list[dict], texts: Mapping[str, str]) -> Path:
+    """HallusionBench_result.json as evaluation.py:16, 21 reads it: every question row, in the question file's order
+    (the judge's cache is positional, utils.py:27-32), with `model_prediction` the text answering its key. Every row
+    needs an answer: the official script judges each row and pairs each question with its figure-0 row (utils.py:241).
+    ASCII JSON, so that its `open()` reads it under any locale."""
+    keys = [key_of(row) for row in question_rows]
+    missing = [k for k in keys if k not in texts]
+    unknown = sorted(set(texts) - set(keys))
+    if missing or unknown:
+        raise ValueError(f"{path}: {len(missing)} question(s) without an answer (first {missing[:1]}), "
+                         f"{len(unknown)} answer(s) to no question (first {unknown[:1]})")
+    out = [{**row, PREDICTION: texts[key]} for row, key in zip(question_rows, keys)]
+    Path(path).write_text(json.dumps(out, indent=1) + "\n", encoding="ascii")
+    return Path(path)
+
+
+def _is_rows(path: Path) -> bool:
+    """A JSON list whose rows are objects holding HallusionBench's ids; never raises."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read(64).lstrip()[:1] != "[":  # POPE's JSON lines start with '{'
+                return False
+        items = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return False
+    return isinstance(items, list) and bool(items) and all(
+        isinstance(row, dict) and all(f in row for f in ROW_FIELDS) for row in items)
+
+
+RULES = {
+    "official": Rule(
+        "official", yorn, metrics.official, ("qAcc", "fAcc", "easy aAcc", "hard aAcc", "aAcc"),
+        (f"{OFFICIAL} evaluation.py:62-135 (correctness, the leaderboard), :118-127 and :138-144 (stats)",
+         f"{OFFICIAL} utils.py:130-163 (fAcc), :165-203 (aAcc), :205-338 (qAcc), :340-402 (easy/hard), "
+         ":404-411 (assign_correctness), :414-427 (yes/no bias)",
+         "judge-free stand-in for utils.py:26-73's GPT-4 judge: readout.protocols.yorn's decision against gt_answer; "
+         "an unknown decision is the judge's 'unclear'")),
+    "lmms-eval-rule": Rule(
+        "lmms-eval-rule", metrics.lmms_eval_read, metrics.lmms_eval_rule, ("aAcc", "fAcc", "qAcc"),
+        ("lmms-eval 75571cfe lmms_eval/tasks/hallusion_bench/evaluate_hb.py:93-126 (hb_aggregation_result_intern), "
+         ":22-39 (the bare question, every doc's image)",
+         "lmms_eval/tasks/hallusion_bench/hallusion_bench_image.yaml (split image; these metrics commented out: "
+         "the task's default is the GPT judge)")),
+    "vlmevalkit": Rule(
+        "vlmevalkit", yorn, metrics.vlmevalkit, ("aAcc", "fAcc", "qAcc"),
+        ("VLMEvalKit e8e78f05 vlmeval/dataset/image_yorn.py:31-38 (the bare question), :91 (score)",
+         "vlmeval/dataset/utils/yorn.py:96-145 (Hallusion_rating), :254-261 (YOrN_Extraction)",
+         "results/HallusionBench.md at 92e31190 (no-visual questions skipped)")),
+}
+
+
+class HallusionBench(Benchmark):
+    name = NAME
+    title = "HallusionBench"
+    data = ("github.com/tianyi-lab/HallusionBench: HallusionBench.json (BSD-3-Clause); the figures are "
+            "hallusion_bench.zip, linked from its README (Google Drive)")
+    rules = RULES
+
+    @classmethod
+    def detect(cls, path: Path) -> bool:
+        """HallusionBench.json, a result file of it, or a folder holding one directly."""
+        path = Path(path)
+        if path.is_dir():
+            return any(_is_rows(p) for p in sorted(path.glob("*.json")))
+        return path.suffix == ".json" and _is_rows(path)
+
+    @classmethod
+    def questions(cls, path: Path) -> list[Question]:
+        """Every question, keyed by its official key, split `{category}-{condition}` (hallusionbench_metrics)."""
+        return [_question(key, where, row) for key, where, row in _unique(_load(path), path, QUESTION_FIELDS)]
+
+    @classmethod
+    def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
+        """HallusionBench_result.json's answers (question rows with `model_prediction`), keyed by the official key
+        built from each row's fields; with `questions`, a key they lack is refused."""
+        known = None if questions is None else {q.key: q for q in questions}
+        out = []
+        for key, where, row in _unique(_load(path), path, ROW_FIELDS + (PREDICTION,)):
+            if known is not None and key not in known:
+                raise DataError(f"{where}: question {key} is not in the question data")
+            out.append(_response(key, where, row, None if known is None else known[key]))
+        return out
