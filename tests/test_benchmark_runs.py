@@ -113,3 +113,43 @@ def test_mme_end_to_end(checkpoint, tmp_path):
     assert score_responses(tmp_path / "results", get_benchmark("mme"), data)["rules"] == scored["rules"]
     for group, total in (("Perception", "color/score"), ("Cognition", "code_reasoning/score")):
         assert scored["readouts"]["template_aware"][group] == scored["readouts"]["template_aware"][total]
+
+
+def _hallusionbench(root):
+    """A HallusionBench.json in small: a VD set (original and edited figure, one question pair) and a VS set
+    with its no-image question and one figure."""
+    def row(category, sub, set_id, figure, qid, visual, answer, filename):
+        return {"category": category, "subcategory": sub, "visual_input": visual, "set_id": set_id,
+                "figure_id": figure, "sample_note": "", "question_id": qid,
+                "question": f"Is the {sub} {set_id}/{figure} bigger than the other?", "gt_answer_details": "",
+                "gt_answer": answer, "filename": filename}
+    rows = [row("VD", "illusion", "0", "0", "0", "1", "1", "./VD/illusion/0_0.png"),
+            row("VD", "illusion", "0", "1", "0", "2", "0", "./VD/illusion/0_1.png"),
+            row("VS", "chart", "1", "0", "0", "0", "1", None),
+            row("VS", "chart", "1", "1", "0", "1", "0", "./VS/chart/1_1.png")]
+    for r in rows:
+        if r["filename"]:
+            (root / "images" / r["filename"]).parent.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (40, 30), (50 * int(r["figure_id"]), 90, 140)).save(root / "images" / r["filename"])
+    (root / "HallusionBench.json").write_text(json.dumps(rows))
+    return root / "HallusionBench.json", root / "images", rows
+
+
+def test_hallusionbench_end_to_end(checkpoint, tmp_path):
+    from pope_fast.readout.benchmarks.hallusionbench import write_results
+
+    data, images, rows = _hallusionbench(tmp_path)
+    refused = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(data), "--images",
+                                        str(images), "--out", str(tmp_path / "refused"), "--device", "cpu"])
+    assert refused.exit_code != 0 and "a text-only question (no image)" in refused.output and "--skip-bad" in refused.output
+    printed = _eval(checkpoint, data, images, tmp_path / "run", "--skip-bad")
+    assert "### HallusionBench" in printed and "1 error records" in printed
+    records = read_records(tmp_path / "run")
+    [text_only] = [e for e in records.entries if e.error is not None]
+    assert text_only.key == "VS_chart_1_0_0" and "text-only question" in text_only.error
+    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
+    assert scored["n"] == 4 and scored["errors"] == 1
+    # the answered questions' texts as HallusionBench_result.json: the same numbers under every rule
+    answered = [r for r in rows if r["filename"]]
+    file = write_results(tmp_path / "result.json", answered, {e.key: e.decoded for e in records.entries if not e.error})
+    assert score_responses(file, get_benchmark("hallusionbench"))["rules"] == scored["rules"]
