@@ -2,6 +2,7 @@
 the records scored by its rules (`score`, benchmark told from the records), and another tool's result
 file for the same questions scored the same way. The rooms' own tests check their rules against the
 official code; these check that the engine's answers reach them intact."""
+import ast
 import json
 
 import pytest
@@ -153,3 +154,22 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path):
     answered = [r for r in rows if r["filename"]]
     file = write_results(tmp_path / "result.json", answered, {e.key: e.decoded for e in records.entries if not e.error})
     assert score_responses(file, get_benchmark("hallusionbench"))["rules"] == scored["rules"]
+
+
+def test_readme_table_of_what_each_rule_reads():
+    """The README's table is what the rules read: each cell recomputed from the code."""
+    from pathlib import Path
+
+    from pope_fast.readout.protocols import exact_match, pope_official, yorn
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    table = readme.split("What each rule reads on the same answer text:\n\n")[1].split("\n\n")[0].splitlines()
+    rules = [get_benchmark("mme").rules["official"].read, get_benchmark("mme").rules["lmms-eval"].read, yorn,
+             get_benchmark("amber").rules["official"].read,
+             get_benchmark("hallusionbench").rules["lmms-eval-rule"].read, pope_official, exact_match]
+    rows = table[2:]
+    assert len(rows) == 10
+    for line in rows:
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        text = ast.literal_eval(cells[0].strip("`"))
+        assert cells[1:] == [read(text) for read in rules], line
