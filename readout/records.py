@@ -247,8 +247,8 @@ def _compared(path: Path) -> list[str]:
 
 
 def read_records(path: str | Path) -> RecordSet:
-    """Our records (a run folder, its rank parts included, or its records.jsonl) or a published
-    ugaa-research file."""
+    """Our records (a run folder, its rank parts included, or its records.jsonl), a published
+    ugaa-research file, or an lmms-eval POPE samples log."""
     path = Path(path)
     parts = sorted(path.glob("records.rank*.jsonl")) if path.is_dir() else []
     if path.is_dir():
@@ -268,8 +268,19 @@ def read_records(path: str | Path) -> RecordSet:
             from .ugaa import read_ugaa  # the importer builds on this module's Entry and RecordSet
 
             return read_ugaa(path, obj)
+        from .lmms_eval import is_samples_log, read_lmms_eval
+
+        if is_samples_log(_first_row(text)):
+            return read_lmms_eval(path, text)
         return _read_ours(path, files)
     raise DataError(f"{path}: neither pope-fast JSON-lines records nor a ugaa-research record file")
+
+
+def _first_row(text: str):
+    try:
+        return json.loads(text.lstrip().split("\n", 1)[0])
+    except json.JSONDecodeError:
+        return None
 
 
 def _text(path: Path) -> str:

@@ -354,3 +354,43 @@ def test_a_template_whose_text_changed_is_another_run(llava, tmp_path, monkeypat
             "cpu", "--template", "llava_official", "--max-new-tokens", "2", "--limit", "2"]
     result = CliRunner().invoke(main, args + [a for f in files for a in ("--questions", str(f))])
     assert result.exit_code != 0 and "prompt_example" in result.output, result.output
+
+
+def _samples_log(path, texts, labels):
+    """An lmms-eval POPE samples log as v0.7 writes it: each metric's entry from tasks/pope/utils.py l.17-28."""
+    lines = []
+    for i, (text, label) in enumerate(zip(texts, labels)):
+        pred = text.lower().strip()
+        entry = {"question_id": str(500 + i), "score": 1.0 if pred == label else 0.0, "prediction": pred,
+                 "ground_truth": label}
+        lines.append(json.dumps({"doc_id": i, "target": label, "arguments": [], "resps": [[text]],
+                                 "filtered_resps": [text] if i % 2 else text,  # before and since v0.7
+                                 **{m: entry for m in ("pope_accuracy", "pope_precision", "pope_recall",
+                                                       "pope_f1_score", "pope_yes_ratio")}}))
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_an_lmms_eval_samples_log_rescored_under_every_rule(tmp_path):
+    """lmms-eval's own numbers, from its own logged predictions, are what --protocol lmms-eval gives on its
+    log; the other rules read the same texts their own way."""
+    texts = ["Yes", "No", "yes.", "No, there is no dog.", " no ", "Not sure", "YES", "no"] * 3
+    labels = ["yes", "no", "yes", "no", "yes", "no", "no", "yes"] * 3
+    log = _samples_log(tmp_path / "20260101_101010_samples_pope_pop.jsonl", texts, labels)
+    [run] = json.loads(CliRunner().invoke(main, ["score", str(log), "--protocol", "lmms-eval", "--format",
+                                                 "json"]).output)
+    logged = [json.loads(line)["pope_accuracy"] for line in log.read_text().splitlines()]
+    theirs = lmms_eval_metrics([e["ground_truth"] for e in logged],
+                               [e["prediction"] if e["prediction"] in ("yes", "no") else "unknown" for e in logged])
+    assert run["rows"][0] == {"split": "popular", "n": 24, **theirs}
+    scored = json.loads(CliRunner().invoke(main, ["score", str(log), "--format", "json"]).output)["runs"][0]
+    assert scored["readouts"]["yorn"]["unknown"] == 3 and scored["readouts"]["exact_match"]["unknown"] == 9
+    assert "template_aware" in scored["unavailable"]  # the log holds no logits
+    bad = tmp_path / "samples.jsonl"
+    bad.write_text(log.read_text())
+    out = CliRunner().invoke(main, ["score", str(bad)])
+    assert out.exit_code != 0 and "names no POPE task" in out.output
+    torn = tmp_path / "20260101_samples_pope_adv.jsonl"
+    torn.write_text(log.read_text().replace('"filtered_resps": ["No"]', '"filtered_resps": 3', 1))
+    out = CliRunner().invoke(main, ["score", str(torn)])
+    assert f"{torn}:2: filtered_resps 3 holds no one answer text" in out.output
