@@ -188,3 +188,20 @@ def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> t
                f"McNemar's exact p on the paired correctness. Green or red: the interval excludes 0. From "
                f"{where}.{flags}")
     return data, caption
+
+
+def benchmark_bars(result: dict, benchmark) -> tuple[dict, str]:
+    """A benchmark run's official headline metric under every readout, and under each of its tools' rules
+    that reports that metric (the official rule always does), from score --benchmark's numbers."""
+    from .benchmarks.scoring import OFFICIAL, metric
+
+    name = benchmark.rules[OFFICIAL].headline[0]
+    bars = [{"name": f"rule: {rule}", "kind": "rule", "value": metric(m, name)} for rule, m in result["rules"].items()]
+    bars += [{"name": readout, "kind": "readout", "value": metric(m, name)}
+             for readout, m in result["readouts"].items()]
+    bars = [b for b in bars if isinstance(b["value"], (int, float))]
+    data = {"source": result["source"], "benchmark": benchmark.name, "metric": name, "bars": bars,
+            "scale": benchmark.scale}
+    return data, (f"{benchmark.title}: {name} as its official code computes it, from each readout's answers (blue) "
+                  f"and from the answer text read by each tool's rule that reports it (green; the others' numbers "
+                  "are in the table above). Every readout and rule reads the same run's answers.")

@@ -139,6 +139,23 @@ def yes_rates(title: str, data: dict):
     return fig
 
 
+def benchmark_bars(title: str, data: dict):
+    """One bar per readout (the benchmark's official aggregation) and per rule that reports the same metric,
+    the rules' bars in another colour; a readout the formula could not take is absent from `bars`."""
+    bars = data["bars"]
+    fig = _figure(*_bars_size(len(bars)))
+    ax = _axes(fig, 170, 50, 60, 35)
+    _rows(ax, [plain(b["name"]) for b in bars])
+    top = max([b["value"] for b in bars] + [data["scale"]])
+    for y, bar in enumerate(bars):
+        ax.barh(y, bar["value"], color="C2" if bar["kind"] == "rule" else "C0")
+        ax.text(bar["value"] + top * 0.01, y, f"{bar['value']:.6g}", va="center", fontsize=7)
+    ax.set_xlim(0, top * 1.12)
+    ax.set_xlabel(plain(data["metric"]), fontsize=8)
+    ax.set_title(title, fontsize=10)
+    return fig
+
+
 def _token_label(token: dict) -> str:
     return f"{plain(token['token'])}  {token['id']}" if token["token"] is not None else str(token["id"])
 

@@ -213,6 +213,25 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
         page.add(draw(title, data), data, folder / name, f"{title}: {caption}")
 
 
+def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str]) -> None:
+    """Per benchmark run (other than POPE): each rule's and readout's numbers as score prints them, and the
+    official headline across readouts and rules as a figure."""
+    from .benchmarks.scoring import format_benchmark, run_benchmark, score_run
+
+    record_sets = {records.source: records for _, records in inputs.scored}
+    for source, records in record_sets.items():
+        benchmark = run_benchmark(records)
+        if benchmark is None:
+            continue
+        result = score_run(records, benchmark)
+        model = labels[source]
+        page.html(f"<h2>{html.escape(model)}: {html.escape(benchmark.title)}</h2>\n"
+                  f'<div class="wide"><pre>{html.escape(format_benchmark(result))}</pre></div>')
+        data, caption = figure_data.benchmark_bars(result, benchmark)
+        page.add(figures.benchmark_bars(f"{model}, {benchmark.name}", data), data,
+                 page.out / _slug(model) / f"{benchmark.name}_headline", f"{model}: {caption}")
+
+
 def _protocol_section(page: "Page", out: Path, inputs: Inputs, protocol) -> None:
     record_sets = {records.source: records for _, records in inputs.scored}  # each run once, in order
     runs = [run for records in record_sets.values() for run in score_protocol(records, protocol)]
@@ -241,6 +260,7 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
     if protocol is not None:
         _protocol_section(page, out, inputs, get_protocol(protocol))
     _across(page, inputs, labels)
+    _benchmark_sections(page, inputs, labels)
     for run, records in inputs.scored:
         _run_section(page, run, records, labels[run["source"]], seed, resamples)
     path = out / "report.html"

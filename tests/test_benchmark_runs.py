@@ -76,6 +76,15 @@ def test_amber_end_to_end(checkpoint, tmp_path):
     expected = official.aggregate([Answer(e.key, e.split, e.image, e.label, d)
                                    for e, d in zip(answered, predictions(records, "template_aware", answered))])
     assert scored["readouts"]["template_aware"] == expected
+    # report: the benchmark's numbers and its headline figure, from the same scores
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    bars = json.loads((tmp_path / "report/run/amber_headline.json").read_text())
+    accuracy = "Descriminative Task/Accuracy"
+    assert bars["metric"] == accuracy and {b["name"]: b["value"] for b in bars["bars"]}["template_aware"] == \
+        expected["Descriminative Task"]["Accuracy"]
+    assert len(bars["bars"]) == 1 + len(scored["readouts"])  # the official rule reports it; vlmevalkit's is another
+    assert "AMBER (discriminative)</h2>" in (tmp_path / "report/report.html").read_text()
 
 
 def _mme(path):

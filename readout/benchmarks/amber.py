@@ -175,6 +175,7 @@ class Amber(Benchmark):
     title = "AMBER (discriminative)"
     data = ("github.com/junyangwang0410/AMBER data/ (Apache-2.0); its 1,004 images are linked from its README "
             "(Google Drive), not in the repository")
+    scale = 100.0  # accuracy in percent
     rules = {
         "official": Rule("official", read_official, amber_metrics.official,
                          headline=(f"{amber_metrics.OVERALL}/Accuracy", f"{amber_metrics.OVERALL}/F1"),

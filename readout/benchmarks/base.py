@@ -59,6 +59,7 @@ class Benchmark:
     title: ClassVar[str]
     data: ClassVar[str]  # where its data and images are published, and under which licence
     rules: ClassVar[dict[str, Rule]]  # "official" first, then the tools that have it (lmms-eval, vlmevalkit)
+    scale: ClassVar[float]  # the official headline's full mark (MME's Perception 2000, a percentage 100)
 
     @classmethod
     def detect(cls, path: Path) -> bool:

@@ -181,6 +181,7 @@ class HallusionBench(Benchmark):
     data = ("github.com/tianyi-lab/HallusionBench: HallusionBench.json (BSD-3-Clause); the figures are "
             "hallusion_bench.zip, linked from its README (Google Drive)")
     rules = RULES
+    scale = 100.0  # qAcc in percent
 
     @classmethod
     def detect(cls, path: Path) -> bool:

@@ -137,6 +137,7 @@ class MME(Benchmark):
             "parquet with embedded images; its licence is not established here (../shared's synthetic stand-in "
             "copies only the layout)")
     rules = RULES
+    scale = 2000.0  # Perception: 10 subtasks of 200
 
     @classmethod
     def detect(cls, path: Path) -> bool:
