@@ -93,10 +93,8 @@ def _where(path: Path, lineno: int) -> str:
     return f"{path}:{lineno}" if lineno > 0 else f"{path} item {-lineno}"
 
 
-def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]]:
-    """(-(row + 1), row as a POPE dict) per parquet row, its image bytes registered in `images` by
-    name: the first copy of each distinct content is kept and shared, so the 3 × 3,000 rows of the
-    lmms-lab files (each holding its own copy of one of 500 images) hold 500 images in memory."""
+def open_parquet(path: Path, columns: tuple[str, ...]):
+    """A parquet file (pyarrow's ParquetFile) that holds `columns`, or the DataError saying what is wrong."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -105,10 +103,18 @@ def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]
         table = pq.ParquetFile(path)
     except (OSError, ValueError) as err:
         raise DataError(f"{path}: not a readable parquet file ({err})") from None
-    names = table.schema_arrow.names
-    missing = [c for c in PARQUET_COLUMNS if c not in names]
+    missing = [c for c in columns if c not in table.schema_arrow.names]
     if missing:
         raise DataError(f"{path}: missing column(s) {', '.join(missing)}")
+    return table
+
+
+def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]]:
+    """(-(row + 1), row as a POPE dict) per parquet row, its image bytes registered in `images` by
+    name: the first copy of each distinct content is kept and shared, so the 3 × 3,000 rows of the
+    lmms-lab files (each holding its own copy of one of 500 images) hold 500 images in memory."""
+    table = open_parquet(path, PARQUET_COLUMNS)
+    names = table.schema_arrow.names
     columns = list(PARQUET_COLUMNS) + [c for c in ("category", "image_source") if c in names]
     by_content: dict[bytes, bytes] = {}  # sha256 → the one kept copy
     rows, index = [], 0

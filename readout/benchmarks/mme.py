@@ -11,7 +11,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from ..data import DataError, Question
+from ..data import DataError, Question, open_parquet
 from .base import Benchmark, Response
 from .mme_results import LMMS_EVAL_METRICS, read_lmms_eval_samples, read_result_folder, write_result_folder
 from .mme_rules import RULES, SUBTASKS
@@ -36,18 +36,7 @@ def parquet_files(path: Path) -> list[Path]:
 
 
 def _open(path: Path):
-    try:
-        import pyarrow.parquet as pq
-    except ImportError:
-        raise DataError(f'{path}: reading parquet needs pyarrow: pip install "pope-fast[parquet]"') from None
-    try:
-        table = pq.ParquetFile(path)
-    except (OSError, ValueError) as err:
-        raise DataError(f"{path}: not a readable parquet file ({err})") from None
-    missing = [c for c in COLUMNS if c not in table.schema_arrow.names]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {', '.join(missing)}")
-    return table
+    return open_parquet(path, COLUMNS)
 
 
 def _checked(row: dict, where: str) -> tuple[str, str, str, str, bytes]:
