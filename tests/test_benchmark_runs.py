@@ -182,3 +182,26 @@ def test_readme_table_of_what_each_rule_reads():
         cells = [c.strip() for c in line.strip("|").split("|")]
         text = ast.literal_eval(cells[0].strip("`"))
         assert cells[1:] == [read(text) for read in rules], line
+
+
+def test_bad_benchmark_input_is_one_line_naming_file_and_line(tmp_path):
+    """Through the command line: an AMBER response with an id the data lacks, an MME parquet without a column,
+    an MME result file with a malformed line: one line each, naming the file and where in it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data, _ = _amber(tmp_path)
+    responses = tmp_path / "responses.json"
+    responses.write_text(json.dumps([{"id": 1005, "response": "Yes"}, {"id": 99999, "response": "No"}]))
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results/color.txt").write_text("0001.png\tIs it red?\tYes\tYes\n0001.png\tIs it blue?\tNo\n")
+    pq.write_table(pa.Table.from_pylist([{"question_id": "color/1.png", "question": "q", "category": "color"}]),
+                   tmp_path / "mme.parquet")
+    cases = [(["score", str(responses), "--data", str(data)], f"{responses} item 2: id 99999"),
+             (["eval", "--questions", str(tmp_path / "mme.parquet"), "--benchmark", "mme", "--out", str(tmp_path / "o")],
+              f"{tmp_path / 'mme.parquet'}: missing column(s) image, answer"),
+             (["score", str(tmp_path / "results"), "--benchmark", "mme"], f"{tmp_path / 'results/color.txt'}:2:")]
+    for args, message in cases:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code != 0 and message in result.output, (args, result.output)
+        assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
