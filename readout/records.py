@@ -248,13 +248,17 @@ def _compared(path: Path) -> list[str]:
 
 def read_records(path: str | Path) -> RecordSet:
     """Our records (a run folder, its rank parts included, or its records.jsonl), a published
-    ugaa-research file, or an lmms-eval POPE samples log."""
+    ugaa-research file, an lmms-eval POPE samples log or a VLMEvalKit POPE prediction table."""
     path = Path(path)
     parts = sorted(path.glob("records.rank*.jsonl")) if path.is_dir() else []
     if path.is_dir():
         path = path / RECORDS_FILE
     if not path.is_file() and not parts:
         raise DataError(f"{path}: no such records file")
+    from .vlmevalkit import is_prediction_table, read_vlmevalkit  # importers build on Entry and RecordSet
+
+    if is_prediction_table(path):
+        return read_vlmevalkit(path)
     files = [(f, _text(f)) for f in ([path] if path.is_file() else []) + parts]
     text = next((t for _, t in files if t.strip()), None)
     if text is None:

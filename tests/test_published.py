@@ -394,3 +394,30 @@ def test_an_lmms_eval_samples_log_rescored_under_every_rule(tmp_path):
     torn.write_text(log.read_text().replace('"filtered_resps": ["No"]', '"filtered_resps": 3', 1))
     out = CliRunner().invoke(main, ["score", str(torn)])
     assert f"{torn}:2: filtered_resps 3 holds no one answer text" in out.output
+
+
+def test_a_vlmevalkit_prediction_table_rescored_under_every_rule(tmp_path):
+    """VLMEvalKit's POPE table (PRED_FORMAT=tsv: every field quoted, a question in two splits comma-joined):
+    --protocol vlmevalkit gives POPE_rating's rows on its exploded rows (yorn.py l.160-187), Overall first."""
+    import csv
+
+    texts = ["Yes", "No.", "There is no dog", "yes, a dog", "I can't tell", "No"] * 2
+    answers = ["Yes", "No", "No", "Yes", "Yes", "No"] * 2
+    categories = ["adversarial", "popular", "adversarial,popular", "random", "popular", "random"] * 2
+    path = tmp_path / "llava_v1.5_7b_POPE.tsv"
+    with path.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file, delimiter="\t", quoting=csv.QUOTE_ALL)
+        writer.writerow(["index", "question", "answer", "category", "prediction"])
+        writer.writerows([[i, f"Is there a dog{i}?", a, c, t] for i, (t, a, c) in enumerate(zip(texts, answers, categories))])
+    out = CliRunner().invoke(main, ["score", str(path), "--protocol", "vlmevalkit", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    rows = {r["split"]: r for r in json.loads(out.output)[0]["rows"]}
+    exploded = [(c, a.lower(), yorn(t)) for t, a, cs in zip(texts, answers, categories) for c in cs.split(",")]
+    assert rows["Overall"] == {"split": "Overall", "n": 14, **vlmevalkit_metrics([a for _, a, _ in exploded],
+                                                                                 [d for _, _, d in exploded])}
+    popular = [(a, d) for c, a, d in exploded if c == "popular"]
+    assert rows["popular"]["n"] == 6 and rows["popular"]["acc"] == vlmevalkit_metrics(*zip(*popular))["acc"]
+    xlsx = tmp_path / "llava_v1.5_7b_POPE.xlsx"
+    xlsx.write_bytes(b"PK\x03\x04")
+    result = CliRunner().invoke(main, ["score", str(xlsx)])
+    assert result.exit_code != 0 and "PRED_FORMAT=tsv" in result.output and "Traceback" not in result.output

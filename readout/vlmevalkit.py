@@ -1,0 +1,58 @@
+"""VLMEvalKit's POPE prediction tables (`<model>_POPE.tsv` with PRED_FORMAT=tsv, or `.csv`), read as records:
+each row's `prediction` becomes its decoded answer, so every text readout and protocol rescores it
+(`--protocol vlmevalkit` gives VLMEvalKit's own numbers under exact matching).
+
+The table holds POPE.tsv's columns plus `prediction` (vlmeval/inference.py; written by vlmeval/smp/file.py
+dump_tsv, l.176-177: tab-separated, every field quoted). `answer` is Yes/No; `category` names the split,
+or several joined by commas where one question stands in more than one split (yorn.py l.160 splits and
+explodes it; so does this reader: one record per split). The key is `index`. VLMEvalKit's default format,
+.xlsx, needs an Excel reader this project does not depend on: run VLMEvalKit with PRED_FORMAT=tsv.
+"""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from .data import KNOWN_SPLITS, DataError
+from .records import Entry, RecordSet
+
+COLUMNS = ("index", "answer", "category", "prediction")
+SUFFIXES = {".tsv": "\t", ".csv": ","}
+ANSWERS = {"Yes": "yes", "No": "no"}
+
+
+def is_prediction_table(path: Path) -> bool:
+    return path.suffix in SUFFIXES or path.suffix == ".xlsx"
+
+
+def read_vlmevalkit(path: Path) -> RecordSet:
+    if path.suffix == ".xlsx":
+        raise DataError(f"{path}: VLMEvalKit's .xlsx needs an Excel reader pope-fast does not depend on: run "
+                        "VLMEvalKit with PRED_FORMAT=tsv (or save the sheet as .tsv)")
+    try:
+        with path.open(encoding="utf-8", newline="") as file:
+            rows = list(csv.DictReader(file, delimiter=SUFFIXES[path.suffix]))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+    if not rows:
+        raise DataError(f"{path}: no rows")
+    missing = [c for c in COLUMNS if c not in rows[0]]
+    if missing:
+        raise DataError(f"{path}: missing column(s) {', '.join(missing)} (not a VLMEvalKit POPE prediction table?)")
+    entries, seen = [], {}
+    for number, row in enumerate(rows, start=1):  # rows, not lines: a quoted field may span lines
+        where = f"{path} row {number}"
+        if row["answer"] not in ANSWERS:
+            raise DataError(f"{where}: answer {row['answer']!r} is not Yes or No")
+        splits = [c.strip().lower() for c in (row["category"] or "").split(",")]
+        if not splits or any(s not in KNOWN_SPLITS for s in splits):
+            raise DataError(f"{where}: category {row['category']!r} is not POPE's splits "
+                            f"({', '.join(KNOWN_SPLITS)}, comma-joined)")
+        for split in splits:
+            key = (split, row["index"])
+            if key in seen:
+                raise DataError(f"{where}: index {row['index']} is in {split} twice (first at {seen[key]})")
+            seen[key] = where
+            entries.append(Entry(key=row["index"], split=split, label=ANSWERS[row["answer"]],
+                                 decoded=row["prediction"], text=row.get("question")))
+    return RecordSet(str(path), entries, {}, {"imported_from": "VLMEvalKit"}, prefer_stored=False)
