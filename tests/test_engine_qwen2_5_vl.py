@@ -6,10 +6,10 @@ import functools
 import numpy as np
 import pytest
 import torch
-from tinymodels import QUESTIONS, SHARED_QWEN2_5_TOKENIZER, generated_text, make_tiny_qwen2_5_vl, synthetic_image, \
-    worst_difference
+from tinymodels import (QUESTIONS, SHARED_QWEN2_5_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
+                        make_tiny_qwen2_5_vl, synthetic_image, worst_difference)
 
-from pope_fast.engine import Engine, ImagePrompts, Settings
+from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
 
 # Merged token grids 2 x 3 and 3 x 2 (one prefix length, two position layouts, windows of 2 x 2 and a
 # ragged one), 2 x 2 (exactly one window), 1 x 7 (four windows, the last of one token) and 5 x 5 (nine
@@ -204,3 +204,46 @@ def test_protocol_prompts_are_the_tools_messages(shared, checkpoint):
         "<|vision_end|>Is there a dog in the image?<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="does not cover Qwen2.5-VL: LLaVA's pope.sh"):
         protocol_for(checkpoint, "llava")
+
+
+def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
+    """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
+    rows), per patch: the windowed blocks, the gated MLP, the merger over a quarter of the rows."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    counted = []
+
+    def count(module, args, output):
+        rows = output.numel() // output.shape[-1] if isinstance(module, torch.nn.Linear) else output.shape[0]
+        counted.append(2 * module.weight.numel() * rows)
+
+    hooks = [m.register_forward_hook(count) for m in engine.model.vision.modules()
+             if isinstance(m, (torch.nn.Linear, torch.nn.Conv3d))]
+    try:
+        pixels = [engine.model.preprocess(image) for image in IMAGES]
+        engine.model.encode_images(pixels)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    patches = sum(engine.model.vision_tokens(p) for p in pixels)
+    assert patches == 4 * sum(r * c for r, c in GRIDS)
+    assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(sum(counted), rel=1e-12)
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes Qwen2.5-VL (every Linear but lm_head, the tower's included), against
+    transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats)."""
+    import bitsandbytes as bnb
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    checkpoint = make_tiny_qwen2_5_vl(tmp_path / "ckpt", vision_dim=64, seed=9)
+    model = bnb_nf4_oracle(Qwen2_5_VLForConditionalGeneration, checkpoint)
+    quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert quantized == {"visual", "language_model"}
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    for image in IMAGES[3:]:
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = _inputs(checkpoint, image, engine.prompt(answer.question))
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            assert_matches_nf4_oracle(engine, answer, theirs)
