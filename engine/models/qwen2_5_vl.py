@@ -1,4 +1,4 @@
-"""Qwen2.5-VL (transformers `model_type: qwen2_5_vl`; Qwen2.5-VL-7B-Instruct, -3B).
+"""Qwen2.5-VL (transformers `model_type: qwen2_5_vl`; Qwen2.5-VL-7B-Instruct).
 
 Qwen2-VL's pipeline with a new vision tower: the same processor (14-px patches of two frames, 2 x 2
 merging, images resized to multiples of 28 px within a pixel budget), the same Qwen2 language model
