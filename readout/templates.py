@@ -101,6 +101,9 @@ TEMPLATES: dict[str, Template] = {
         Template("vlmevalkit_qwen2_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "VLMEvalKit Qwen2VLChat (Qwen2-VL): [image, question + ' Please answer yes or no.'], the chat "
                  "template's default system", chat=True, suffix=" Please answer yes or no."),
+        Template("vlmevalkit_qwen2_5_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
+                 "VLMEvalKit Qwen2VLChat (Qwen2.5-VL, use_custom_prompt=False): [image, the bare question], the "
+                 "chat template's default system", chat=True, suffix=""),
         Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
                  "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
     )

@@ -11,7 +11,7 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
     cfg = BenchConfig(models=list(FAMILIES), size="tiny", device="cpu", quant="none", dtype=None,
                       n_questions=12, reference_sample=6, work_dir=tmp_path)
     report = run_bench(cfg)
-    supported = {"llava", "llava_next", "instructblip", "qwen2_vl"}  # with a transformers reference
+    supported = {"llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl"}  # with a transformers reference
     assert set(report["models"]) == {*supported, "mplug_owl2"}   # every seed family runs
     owl = report["models"]["mplug_owl2"]
     assert owl["pope_fast"]["questions"] == owl["pope_fast"]["unique_prompts"] == 12
@@ -42,7 +42,8 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
     the vision side is a real share: the tower's layers and patch embedding per token it reads."""
     from dataclasses import astuple
 
-    from tinymodels import make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl
+    from tinymodels import (make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_5_vl,
+                            make_tiny_qwen2_vl)
 
     from pope_fast.engine import Engine, Settings
     from pope_fast.engine.models.mplug_owl2 import MplugOwl2Model
@@ -53,7 +54,8 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
     def make_tiny_mplug_owl2(folder, builtin_tokenizer):
         return MplugOwl2Model.write_checkpoint(folder, "tiny")
 
-    for make in (make_tiny_llava, make_tiny_llava_next, make_tiny_instructblip, make_tiny_qwen2_vl, make_tiny_mplug_owl2):
+    for make in (make_tiny_llava, make_tiny_llava_next, make_tiny_instructblip, make_tiny_qwen2_vl, make_tiny_mplug_owl2,
+                 make_tiny_qwen2_5_vl):
         engine = Engine.load(make(tmp_path / make.__name__, builtin_tokenizer=True), Settings())
         model = engine.model
         assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from tinymodels import QUESTIONS, edited_eager_attention, make_tiny_llava, make_tiny_qwen2_vl, synthetic_image
+from tinymodels import (QUESTIONS, edited_eager_attention, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
+                        synthetic_image)
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
@@ -143,6 +144,15 @@ def test_every_method_matches_its_formula_on_qwen2_vl(qwen_checkpoint):
 
     oracle = _oracle(qwen_checkpoint, Qwen2VLForConditionalGeneration, _qwen_inputs)
     _check_methods(Engine.load(qwen_checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
+
+
+def test_every_method_matches_its_formula_on_qwen2_5_vl(tmp_path):
+    """Qwen2-VL's pipeline under Qwen2.5-VL's windowed tower: the noised patches run through the windows too."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    checkpoint = make_tiny_qwen2_5_vl(tmp_path / "ckpt")
+    oracle = _oracle(checkpoint, Qwen2_5_VLForConditionalGeneration, _qwen_inputs)
+    _check_methods(Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
 
 
 def test_diffusion_noise_follows_vcds_schedule():

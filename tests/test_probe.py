@@ -5,14 +5,14 @@ import json
 
 import pytest
 import torch
-from tinymodels import (QUESTIONS, make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_vl,
-                        synthetic_image)
+from tinymodels import (QUESTIONS, make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_5_vl,
+                        make_tiny_qwen2_vl, synthetic_image)
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
 
 IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate([(90, 40), (60, 60)])]
 MAKERS = {"llava": make_tiny_llava, "llava_next": make_tiny_llava_next, "instructblip": make_tiny_instructblip,
-          "qwen2_vl": make_tiny_qwen2_vl}
+          "qwen2_vl": make_tiny_qwen2_vl, "qwen2_5_vl": make_tiny_qwen2_5_vl}
 
 
 def _model_and_inputs(family, checkpoint):
@@ -21,7 +21,7 @@ def _model_and_inputs(family, checkpoint):
 
     model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), dtype=torch.float32,
                                                         attn_implementation="eager").eval()
-    if family != "qwen2_vl":
+    if family not in ("qwen2_vl", "qwen2_5_vl"):
         processor = AutoProcessor.from_pretrained(str(checkpoint))
         return model, lambda image, prompt: processor(images=image, text=prompt, return_tensors="pt")
     tokenizer, image_processor = (AutoTokenizer.from_pretrained(str(checkpoint)),

@@ -14,12 +14,14 @@ import torch
 from pope_fast.engine.models.instructblip import InstructBlipModel
 from pope_fast.engine.models.llava import LlavaModel
 from pope_fast.engine.models.llava_next import LlavaNextModel
+from pope_fast.engine.models.qwen2_5_vl import Qwen2_5_VLModel
 from pope_fast.engine.models.qwen2_vl import Qwen2VLModel
 from pope_fast.engine.synthetic import Weights, synthetic_image
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
 SHARED_QWEN2_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen2/qwen2-vl-7b-instruct"
+SHARED_QWEN2_5_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen2_5_vl/qwen2.5-vl-7b-instruct"
 SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/mistral/llava-v1.6-mistral-7b-hf"
 QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
              "Is there a dining table in the image?", "Is there a skis in the image?",
@@ -106,6 +108,27 @@ def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: 
     return Qwen2VLModel.write_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer),
                                      weights=Weights("model", seed=seed, std=init_std, dtype=dtype,
                                                      spread_ranks=(2, 3, 4, 5)))
+
+
+def make_tiny_qwen2_5_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_dim: int = 32,
+                         window_size: int = 56, init_std: float = 0.08, dtype=torch.float32,
+                         builtin_tokenizer: bool = False) -> Path:
+    """A random Qwen2.5-VL checkpoint: a 4-block windowed ViT (windows of window_size px, 2 x 2 merged tokens
+    at 56; whole-image attention in blocks 1 and 3), 2-layer Qwen2 with M-RoPE sections [2, 3, 3], the
+    processor keeping images between 4 and 30 merged tokens; the tokenizer is Qwen2.5-VL's from ../shared
+    when it is there."""
+    dims = dict(vision=dict(depth=4, hidden_size=vision_dim, intermediate_size=2 * vision_dim, num_heads=4,
+                            out_hidden_size=hidden, window_size=window_size, fullatt_block_indexes=[1, 3],
+                            tokens_per_second=2, hidden_act="silu"),
+                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096,
+                          rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
+                          initializer_range=init_std),
+                processor=dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
+                               temporal_patch_size=2))
+    return Qwen2_5_VLModel.write_checkpoint(
+        folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_5_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5)))
 
 
 def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50, 120)), splits=("random", "adversarial"),

@@ -98,13 +98,19 @@ class Qwen2VLModel(Family):
         self._expand = ExpandedPromptIds(self.tokenizer, IMAGE_PAD, self.image_token_id)
         self._fast_pixels = checked_fast_path(NativePixels.for_processor(self.image_processor), self._processor_pixels)
 
+    @staticmethod
+    def transformers_classes() -> tuple[type, type, type]:
+        """transformers' config, model and vision tower classes of the family."""
+        from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+
+        return Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VisionTransformerPretrainedModel
+
     def _load(self, dims: LlamaDims):
         """The language model's and the tower's tensors, and the empty transformers tower they go into; a
         tied checkpoint (the 2B model) reads its logits off the embedding matrix."""
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
-
         with no_init():
-            vision = Qwen2VisionTransformerPretrainedModel._from_config(self.config.vision_config)
+            vision = self.transformers_classes()[2]._from_config(self.config.vision_config)
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
         tied = bool(getattr(self.config, "tie_word_embeddings", False))
         if tied:
@@ -123,7 +129,7 @@ class Qwen2VLModel(Family):
         as the checkpoint's processor makes them."""
         if max(image.size) > MAX_ASPECT * min(image.size):  # the processor's smart_resize refuses these
             raise ImageError(f"{image.width} x {image.height} pixels: an aspect ratio of "
-                             f"{max(image.size) / min(image.size):.0f}:1 is over Qwen2-VL's limit of {MAX_ASPECT}:1")
+                             f"{max(image.size) / min(image.size):.0f}:1 is over {self.name}'s limit of {MAX_ASPECT}:1")
         if self._fast_pixels is not None:
             return self._fast_pixels(image)
         return self._processor_pixels(image)
@@ -195,8 +201,8 @@ class Qwen2VLModel(Family):
         `processor` says otherwise); the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad,
         else the built-in one."""
         with quiet_fallback():  # the processor classes' torchvision notice
-            from transformers import (AutoTokenizer, Qwen2VLConfig, Qwen2VLForConditionalGeneration,
-                                      Qwen2VLImageProcessor)
+            from transformers import AutoTokenizer, Qwen2VLImageProcessor
+        config_class, model_class, _ = cls.transformers_classes()
 
         dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
         tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
@@ -205,14 +211,14 @@ class Qwen2VLModel(Family):
         special = {t: tok.convert_tokens_to_ids(t) for t in (IMAGE_PAD, "<|vision_start|>", "<|vision_end|>")}
         text = dict(with_vocab(dims["text"], tok), bos_token_id=None,
                     eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-        config = Qwen2VLConfig(text_config=text, vision_config=dict(dims["vision"], patch_size=14, spatial_merge_size=2,
-                                                                   temporal_patch_size=2, in_channels=3),
-                               image_token_id=special[IMAGE_PAD], vision_start_token_id=special["<|vision_start|>"],
-                               vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)
+        vision = dict(dims["vision"], patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+        config = config_class(text_config=text, vision_config=vision, image_token_id=special[IMAGE_PAD],
+                              vision_start_token_id=special["<|vision_start|>"],
+                              vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)
         tok.save_pretrained(str(folder))
         # Saved apart: Qwen2VLProcessor also wants a video processor, which needs torchvision.
         processor = Qwen2VLImageProcessor(**dims.get("processor", {}))
-        return save_checkpoint(folder, config, Qwen2VLForConditionalGeneration, processor, weights or Weights(**stream))
+        return save_checkpoint(folder, config, model_class, processor, weights or Weights(**stream))
 
     @classmethod
     def reference_processor(cls, checkpoint: Path):

@@ -1,0 +1,70 @@
+"""Qwen2.5-VL (transformers `model_type: qwen2_5_vl`; Qwen2.5-VL-7B-Instruct).
+
+Qwen2-VL's pipeline with a new vision tower: the same processor (14-px patches of two frames, 2 x 2
+merging, images resized to multiples of 28 px within a pixel budget), the same Qwen2 language model
+with M-RoPE and the same positions for a still image (transformers spaces the temporal stream by
+tokens_per_second * second_per_grid_ts for videos only; an image has one frame at temporal 0). The
+tower differs: RMSNorm, a gated SiLU MLP, 2-D rotary embeddings, and attention within windows of
+window_size px (merge groups permuted window by window, the merger's output put back in raster order)
+except in the fullatt_block_indexes blocks, which attend over the whole image. The tower is
+transformers' own module, as for Qwen2-VL; everything else is Qwen2VLModel's.
+"""
+from __future__ import annotations
+
+from ...readout.published import Coverage
+from ..stats import Counts
+from .qwen2_vl import Qwen2VLModel
+
+# Qwen2.5-VL-7B-Instruct: a 32-block, 1280-wide ViT (windows of 112 px = 4 x 4 merged tokens, whole-image
+# attention in blocks 7, 15, 23, 31) merging 2 x 2 patches into Qwen2-7B's width, Qwen2-7B with M-RoPE.
+SIZES = {
+    "7b": dict(vision=dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16, out_hidden_size=3584,
+                           window_size=112, fullatt_block_indexes=[7, 15, 23, 31], tokens_per_second=2,
+                           hidden_act="silu"),
+               text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                         num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
+                         max_position_embeddings=128000, rope_theta=1e6,
+                         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})),
+    "tiny": dict(vision=dict(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
+                             window_size=112, fullatt_block_indexes=[1, 3], tokens_per_second=2, hidden_act="silu"),
+                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, vocab_size=152064, rms_norm_eps=1e-6,
+                           max_position_embeddings=32768, rope_theta=1e6,
+                           rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})),
+}
+
+
+class Qwen2_5_VLModel(Qwen2VLModel):
+    """Everything the engine needs from one Qwen2.5-VL checkpoint."""
+
+    family = "qwen2_5_vl"
+    name = "Qwen2.5-VL"
+    seed_model = "Qwen2.5-VL-7B-Instruct"
+    protocols = {
+        "lmms-eval": Coverage("qwen2_5_vl", "lmms_eval_qwen2_vl", 128, deviations=(
+            "lmms-eval re-encodes each image as JPEG quality 85 and resizes it with qwen_vl_utils (PIL, min_pixels "
+            "256*28*28, max_pixels 1605632) before the processor (models/simple/qwen2_5_vl.py l.44-45, l.170-177, "
+            "l.291); here the processor resizes the image as read",)),
+        "vlmevalkit": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048, deviations=(
+            "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
+            "(vlmeval/config.py l.2004-2010); here the checkpoint processor's min_pixels apply",)),
+        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
+    }
+    sizes = SIZES
+
+    @staticmethod
+    def transformers_classes() -> tuple[type, type, type]:
+        from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+
+        return Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VisionTransformerPretrainedModel
+
+    def vision_flops(self, counts: Counts) -> float:
+        """Per patch (14 x 14 x 2 frames x 3 channels in) the blocks (q/k/v and output projections, the
+        gated MLP's three matrices; windows change the attention scores only), the patch embedding, and
+        the merger, whose MLP runs once per four patches."""
+        vc = self.config.vision_config
+        d, merged = vc.hidden_size, vc.spatial_merge_size**2
+        per_patch = 2 * vc.depth * (4 * d * d + 3 * d * vc.intermediate_size) + 2 * 3 * vc.temporal_patch_size \
+            * vc.patch_size**2 * d + 2 * ((merged * d) ** 2 + merged * d * vc.out_hidden_size) / merged
+        return per_patch * counts.vision_tokens

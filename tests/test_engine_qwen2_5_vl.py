@@ -1,0 +1,249 @@
+"""Qwen2.5-VL against transformers' Qwen2_5_VLForConditionalGeneration, the oracle, on a tiny random
+checkpoint: a 4-block windowed ViT (windows of 2 x 2 merged tokens, whole-image attention in blocks 1
+and 3), Qwen2 with M-RoPE."""
+import functools
+
+import numpy as np
+import pytest
+import torch
+from tinymodels import (QUESTIONS, SHARED_QWEN2_5_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
+                        make_tiny_qwen2_5_vl, synthetic_image, worst_difference)
+
+from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
+
+# Merged token grids 2 x 3 and 3 x 2 (one prefix length, two position layouts, windows of 2 x 2 and a
+# ragged one), 2 x 2 (exactly one window), 1 x 7 (four windows, the last of one token) and 5 x 5 (nine
+# windows, ragged on both sides).
+SIZES = [(90, 40), (40, 90), (60, 60), (200, 30), (140, 140)]
+GRIDS = [(2, 3), (3, 2), (2, 2), (1, 7), (5, 5)]
+IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate(SIZES)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny_qwen2_5_vl") / "ckpt")
+
+
+@functools.cache
+def _processors(checkpoint):
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
+
+
+def _inputs(checkpoint, image, prompt):
+    """What Qwen2_5_VLProcessor makes (its image pad expanded, mm_token_type_ids), without its video half
+    (torchvision)."""
+    tokenizer, image_processor = _processors(checkpoint)
+    pixels = image_processor(images=image, return_tensors="pt")
+    tokens = int(pixels["image_grid_thw"].prod()) // 4
+    text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint, model):
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for q in QUESTIONS[:3]:
+            inputs = _inputs(checkpoint, image, engine.prompt(q))
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            out[i, q] = (logits, generated.tolist())
+    return out
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 2), (True, 32), (False, 1), (False, 3)],
+                         ids=["reuse-b1", "reuse-b2", "reuse-b32", "whole-b1", "whole-b3"])
+def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
+                         readouts="all")
+    assert engine.template.name == "qwen2_vl_chat"
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            logits, generated = oracle[i, answer.question]
+            worst, at = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+def test_mixed_grids_share_one_batch(checkpoint, oracle):
+    """Every image's prompts in one run: 2 x 3 and 3 x 2 (one prefix length, different M-RoPE positions)
+    and the other sizes together, eight prompts a prefill."""
+    engine = Engine.load(checkpoint, Settings(batch_size=8, max_new_tokens=6), readouts="all")
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    assert [tuple(item.features.shape[:2]) for item in items] == GRIDS
+    for i, answers in enumerate(engine.run_images(items)):
+        for q, answer in zip(QUESTIONS[:3], answers):
+            logits, generated = oracle[i, q]
+            worst, _ = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4 and answer.first_token_id == generated[0], f"image {i} {q!r}"
+
+
+def test_continuation_matches_generate(checkpoint, oracle):
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            _, generated = oracle[i, answer.question]
+            assert answer.decoded == generated_text(engine, generated)
+
+
+def test_pixels_are_the_processors_bit_for_bit(checkpoint):
+    """The fast pixel path (taken here) gives the image processor's patches and grid exactly."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    _, image_processor = _processors(checkpoint)
+    assert engine.model._fast_pixels is not None
+    for image, (rows, cols) in zip(IMAGES, GRIDS):
+        patches, grid = engine.model.preprocess(image)
+        theirs = image_processor(images=image, return_tensors="np")
+        assert grid == tuple(int(v) for v in theirs["image_grid_thw"][0]) == (1, 2 * rows, 2 * cols)
+        assert patches.dtype == theirs["pixel_values"].dtype and np.array_equal(patches, theirs["pixel_values"])
+
+
+def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
+    """Our features (every image in one tower call) are transformers' get_image_features of each image
+    alone, in raster order; the images do span several windows, partial ones included, and attending over
+    the whole image in every block instead would change the features."""
+    from transformers.vision_utils import get_vision_window_index
+
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    pixels = [engine.model.preprocess(image) for image in IMAGES]
+    ours = engine.model.encode_images(pixels)
+    vision = model.model.visual
+    assert vision.fullatt_block_indexes == [1, 3] and len(vision.blocks) == 4
+    grid = torch.tensor([g for _, g in pixels])
+    _, cu_windows = get_vision_window_index(grid, spatial_merge_size=2, window_size=vision.window_size, patch_size=14)
+    windows = (cu_windows.diff() // 4).tolist()   # merged tokens per window, image by image
+    assert windows == [4, 2] + [4, 2] + [4] + [2, 2, 2, 1] + [4, 4, 2, 4, 4, 2, 2, 2, 1]
+    alone = []
+    for feature, (patches, thw), (rows, cols) in zip(ours, pixels, GRIDS):
+        with torch.no_grad():
+            theirs = model.model.get_image_features(torch.from_numpy(patches), torch.tensor([thw])).pooler_output[0]
+        assert feature.shape == (rows, cols, 64)
+        torch.testing.assert_close(feature.reshape(rows * cols, -1), theirs, rtol=0, atol=1e-5)
+        alone.append(theirs)
+    vision.fullatt_block_indexes = [0, 1, 2, 3]
+    try:
+        with torch.no_grad():
+            unwindowed = vision(torch.from_numpy(np.concatenate([p for p, _ in pixels])), grid_thw=grid).pooler_output
+    finally:
+        vision.fullatt_block_indexes = [1, 3]
+    assert float((unwindowed - torch.cat(alone)).abs().max()) > 1e-2
+
+
+def test_positions_are_transformers_rope_index(checkpoint, model):
+    """M-RoPE streams as get_rope_index makes them for each grid; a still image's temporal stream stays at
+    its start (tokens_per_second and second_per_grid_ts space video frames only)."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    assert model.config.vision_config.tokens_per_second == 2
+    for image, (rows, cols) in zip(IMAGES, GRIDS):
+        features = engine.features(image)
+        ids = engine.model.prompt_ids(engine.prompt(QUESTIONS[0]), rows * cols)
+        ours = engine.model.positions(ids, features)
+        inputs = _inputs(checkpoint, image, engine.prompt(QUESTIONS[0]))
+        assert inputs["input_ids"][0].tolist() == ids
+        theirs, _ = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                               image_grid_thw=inputs["image_grid_thw"],
+                                               second_per_grid_ts=torch.tensor([5.0]))
+        assert torch.equal(ours, theirs[:, 0])
+        start = ids.index(engine.model.image_token_id)
+        assert set(ours[0, start:start + rows * cols].tolist()) == {start}
+        assert ours[:, start + rows * cols].tolist() == [start + max(rows, cols)] * 3
+
+
+def test_real_tokenizer_prompt_and_answer_tokens(shared, checkpoint):
+    """With ../shared's Qwen2.5-VL tokenizer: its chat template's prompt, its special ids, and the bare
+    `Yes`/`No` (no leading space) as the first answer tokens after `<|im_start|>assistant\\n`."""
+    if not (shared / "tokenizers/qwen2_5_vl/qwen2.5-vl-7b-instruct").is_dir() or not SHARED_QWEN2_5_TOKENIZER.is_dir():
+        pytest.skip("../shared has no Qwen2.5-VL tokenizer")
+    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    tokenizer = engine.model.tokenizer
+    assert len(tokenizer) == 151665 and engine.model.image_token_id == 151655
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>")] == [151652, 151653]
+    assert engine.prompt(QUESTIONS[0]) == (
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|>"
+        "<|vision_end|>Is there a dog in the image? Answer yes or no only.<|im_end|>\n<|im_start|>assistant\n")
+    prompt = engine.prompt(QUESTIONS[0])
+    for answer, first in (("Yes", 9454), ("No", 2753)):
+        assert tokenizer.encode(prompt + answer) == tokenizer.encode(prompt) + [first]
+    aware = engine.readout.token_sets["template_aware"]
+    assert 9454 in aware.yes_ids and 2753 in aware.no_ids and not set(aware.yes_ids) & set(aware.no_ids)
+    assert engine.model.stop_ids >= {151645}
+
+
+def test_protocol_prompts_are_the_tools_messages(shared, checkpoint):
+    """lmms-eval qwen2_5_vl: a system message, then [image, question + post_prompt]; VLMEvalKit Qwen2VLChat
+    for Qwen2.5-VL (use_custom_prompt=False): no system message, [image, the bare question]; both through the
+    checkpoint tokenizer's chat template."""
+    from pope_fast.engine.models import protocol_for
+    from pope_fast.readout import get_template
+    from pope_fast.readout.templates import SHORT_ANSWER
+
+    if not SHARED_QWEN2_5_TOKENIZER.is_dir():
+        pytest.skip("../shared has no Qwen2.5-VL tokenizer")
+    tokenizer, _ = _processors(checkpoint)
+    image, q = {"type": "image"}, QUESTIONS[0]
+    lmms = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [image, {"type": "text", "text": q + SHORT_ANSWER}]}]
+    vlmeval = [{"role": "user", "content": [image, {"type": "text", "text": q}]}]
+    for protocol, messages, length in (("lmms-eval", lmms, 128), ("vlmevalkit", vlmeval, 2048)):
+        coverage = protocol_for(checkpoint, protocol)
+        theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == length
+    assert get_template("vlmevalkit_qwen2_5_vl").render(q, tokenizer).endswith(
+        "<|vision_end|>Is there a dog in the image?<|im_end|>\n<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="does not cover Qwen2.5-VL: LLaVA's pope.sh"):
+        protocol_for(checkpoint, "llava")
+
+
+def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
+    """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
+    rows), per patch: the windowed blocks, the gated MLP, the merger over a quarter of the rows."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    counted = []
+
+    def count(module, args, output):
+        rows = output.numel() // output.shape[-1] if isinstance(module, torch.nn.Linear) else output.shape[0]
+        counted.append(2 * module.weight.numel() * rows)
+
+    hooks = [m.register_forward_hook(count) for m in engine.model.vision.modules()
+             if isinstance(m, (torch.nn.Linear, torch.nn.Conv3d))]
+    try:
+        pixels = [engine.model.preprocess(image) for image in IMAGES]
+        engine.model.encode_images(pixels)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    patches = sum(engine.model.vision_tokens(p) for p in pixels)
+    assert patches == 4 * sum(r * c for r, c in GRIDS)
+    assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(sum(counted), rel=1e-12)
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes Qwen2.5-VL (every Linear but lm_head, the tower's included), against
+    transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats)."""
+    import bitsandbytes as bnb
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    checkpoint = make_tiny_qwen2_5_vl(tmp_path / "ckpt", vision_dim=64, seed=9)
+    model = bnb_nf4_oracle(Qwen2_5_VLForConditionalGeneration, checkpoint)
+    quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert quantized == {"visual", "language_model"}
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    for image in IMAGES[3:]:
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = _inputs(checkpoint, image, engine.prompt(answer.question))
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            assert_matches_nf4_oracle(engine, answer, theirs)
