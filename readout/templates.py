@@ -80,6 +80,9 @@ TEMPLATES: dict[str, Template] = {
         Template("qwen2_vl_chat", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "the tokenizer's chat template, one user message [image, question + yes/no instruction]",
                  chat=True),
+        Template("llava_onevision_chat", "", "<image>",
+                 "the tokenizer's chat template (llava-hf OneVision's processor template), one user message "
+                 "[image, question + yes/no instruction]", chat=True),
         # lmms-eval v0.7.2: its post_prompt after the question, in each model class's own prompt.
         Template("lmms_eval_llava_hf", "USER: <image>\n{question}" + SHORT_ANSWER + " ASSISTANT:", "<image>",
                  "lmms-eval llava_hf (chat class): the llava-hf processor's template (LLaVA-1.5, LLaVA-1.6-Vicuna)"),

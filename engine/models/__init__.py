@@ -21,6 +21,7 @@ FAMILIES: dict[str, str] = {
     "instructblip": "instructblip:InstructBlipModel",
     "qwen2_vl": "qwen2_vl:Qwen2VLModel",
     "mplug_owl2": "mplug_owl2:MplugOwl2Model",
+    "llava_onevision": "llava_onevision:LlavaOnevisionModel",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 
