@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tinymodels import QUESTIONS, generated_text, synthetic_image, worst_difference
+from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, synthetic_image,
+                        worst_difference)
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
 from pope_fast.engine.models import family_class, protocol_for
@@ -30,8 +31,8 @@ ONEVISION = family_class("llava_onevision")
 
 
 def make_tiny_onevision(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, tied: bool = False,
-                        init_std: float = 0.08) -> Path:
-    dims = dict(vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                        vision_hidden: int = 32, init_std: float = 0.08) -> Path:
+    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2, num_attention_heads=4,
                             image_size=42, patch_size=14, vision_use_head=False),
                 text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                           num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096, rope_theta=1e6,
@@ -233,3 +234,23 @@ def test_flop_floor_counts_the_siglip_tower(checkpoint):
     d, h = 32, 64  # the tiny tower's and language model's widths
     per_token = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 14 * 14 * d + 2 * (d * h + h * h)
     assert model.vision_flops(Counts(vision_tokens=10)) == 10 * per_token
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes OneVision (the LM's, projector's and SigLIP's Linears; image_newline stays
+    fp16), against transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats), on a
+    reduced grid and an unreduced one."""
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    checkpoint = make_tiny_onevision(tmp_path / "ckpt", vision_hidden=64, seed=5)
+    model = bnb_nf4_oracle(LlavaOnevisionForConditionalGeneration, checkpoint)
+    processor = ONEVISION.reference_processor(checkpoint)
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    assert torch.equal(engine.model.newline, model.model.image_newline.data)
+    for image in (IMAGES[1], IMAGES[3]):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            assert_matches_nf4_oracle(engine, answer, theirs)
