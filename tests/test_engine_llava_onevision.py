@@ -279,3 +279,17 @@ def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse
             ours = torch.tensor(result.probe["image_attention_heads"])
             assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
             assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+
+
+def test_every_method_matches_its_formula_on_transformers(checkpoint):
+    """VCD, PAI and ICD as test_methods checks them on LLaVA, here over anyres crops (noise on every crop), the
+    processor's chat template (ICD's instruction as a system turn) and the text-only prompt without the image."""
+    from test_methods import _check_methods, _oracle
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    def inputs_of(folder):
+        processor = ONEVISION.reference_processor(folder)
+        return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
+
+    oracle = _oracle(checkpoint, LlavaOnevisionForConditionalGeneration, inputs_of)
+    _check_methods(Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
