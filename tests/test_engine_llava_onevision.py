@@ -1,7 +1,7 @@
 """LLaVA-OneVision against transformers' LlavaOnevisionForConditionalGeneration, the oracle, on a tiny random
-checkpoint whose crops are 42 px (3 x 3 SigLIP patch features) and whose pinpoints reach a 4 x 4 grid, so that
-both unpad directions, one-crop grids and the anyres_max_9 interpolation (a grid of over 1.1² x 9 crops'
-features) appear at small image sizes. LlavaOnevisionProcessor cannot be built without torchvision; the
+checkpoint whose crops are 42 px (3 x 3 SigLIP patch features) and whose pinpoints reach a 4 x 4 grid
+(tinymodels.ONEVISION_PINPOINTS), so that both unpad directions, one-crop grids and the anyres_max_9
+interpolation (a grid of over 1.1² x 9 crops' features) appear at small image sizes. LlavaOnevisionProcessor cannot be built without torchvision; the
 oracle's prompt ids come from the family's reference processor (the image processor and the processor's own
 replace_image_token count), and the oracle model itself refuses a wrong image-token count."""
 import json
@@ -10,18 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, synthetic_image,
-                        worst_difference)
+from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_llava_onevision,
+                        synthetic_image, worst_difference)
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
 from pope_fast.engine.models import family_class, protocol_for
-from pope_fast.engine.synthetic import Weights
 
-SHARED_ONEVISION_TOKENIZER = (Path(__file__).resolve().parents[2]
-                              / "shared/tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf")
-# (height, width) pinpoints of 42-px crops: 1 x 1 up to 4 x 4 grids
-PINPOINTS = [[42, 42], [42, 84], [84, 42], [84, 84], [42, 126], [126, 42], [126, 126], [168, 168], [84, 168],
-             [168, 84]]
 # (width, height): square on a 4 x 4 grid (reduced), wide on 4 x 4 (unpad rows, then reduced), wide and tall
 # on 2-crop grids (unpad rows / columns), one crop, very wide (a 1 x 3 grid)
 SIZES = [(200, 200), (220, 170), (90, 40), (40, 90), (30, 30), (300, 100)]
@@ -30,23 +24,9 @@ IMAGES = [synthetic_image(i + 11, size) for i, size in enumerate(SIZES)]
 ONEVISION = family_class("llava_onevision")
 
 
-def make_tiny_onevision(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, tied: bool = False,
-                        vision_hidden: int = 32, init_std: float = 0.08) -> Path:
-    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2, num_attention_heads=4,
-                            image_size=42, patch_size=14, vision_use_head=False),
-                text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096, rope_theta=1e6,
-                          initializer_range=init_std, tie_word_embeddings=tied),
-                pinpoints=PINPOINTS, config=dict(initializer_range=init_std, tie_word_embeddings=tied))
-    tokenizer = SHARED_ONEVISION_TOKENIZER if SHARED_ONEVISION_TOKENIZER.is_dir() and not builtin_tokenizer else None
-    return ONEVISION.write_checkpoint(folder, dims, tokenizer_dir=tokenizer,
-                                      weights=Weights("model", seed=seed, std=init_std,
-                                                      extra={"model.image_newline": 0.5}))
-
-
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    return make_tiny_onevision(tmp_path_factory.mktemp("tiny_llava_onevision") / "ckpt")
+    return make_tiny_llava_onevision(tmp_path_factory.mktemp("tiny_llava_onevision") / "ckpt")
 
 
 def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4) -> dict:
@@ -142,7 +122,7 @@ def test_pixels_match_the_image_processor(checkpoint):
 
 def test_tied_embeddings_read_the_logits_off_the_embedding(tmp_path):
     """A checkpoint without lm_head (OneVision-0.5B ties it) loads and matches the oracle."""
-    checkpoint = make_tiny_onevision(tmp_path / "ckpt", seed=3, tied=True)
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=3, tied=True)
     from safetensors import safe_open
 
     with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
@@ -179,7 +159,7 @@ def test_real_tokenizer_renders_the_processor_template(shared, checkpoint):
 def test_the_processor_chat_template_renders_the_prompt(tmp_path):
     """A checkpoint whose tokenizer carries a text-only template (as a hub tokenizer_config may) and whose
     chat_template.json holds the processor's: the processor's renders the prompt."""
-    checkpoint = make_tiny_onevision(tmp_path / "ckpt", seed=2)
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=2)
     tokenizer_template = checkpoint / "chat_template.jinja"  # where transformers 5 saves the tokenizer's
     processor_template = tokenizer_template.read_text()
     tokenizer_template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
@@ -195,7 +175,7 @@ def test_the_processor_chat_template_renders_the_prompt(tmp_path):
 def test_builtin_tokenizer_stands_in(tmp_path):
     """Without ../shared the built-in Qwen2 stand-in carries <image> and OneVision's template shape, and the
     checkpoint still matches the oracle."""
-    checkpoint = make_tiny_onevision(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
     engine = Engine.load(checkpoint, Settings(), readouts="all")
     assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
     oracle = _oracle(checkpoint, engine.prompt, IMAGES[3:4], QUESTIONS[:1], new_tokens=1)
@@ -242,7 +222,7 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     reduced grid and an unreduced one."""
     from transformers import LlavaOnevisionForConditionalGeneration
 
-    checkpoint = make_tiny_onevision(tmp_path / "ckpt", vision_hidden=64, seed=5)
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", vision_hidden=64, seed=5)
     model = bnb_nf4_oracle(LlavaOnevisionForConditionalGeneration, checkpoint)
     processor = ONEVISION.reference_processor(checkpoint)
     engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
