@@ -104,6 +104,10 @@ TEMPLATES: dict[str, Template] = {
         Template("vlmevalkit_qwen2_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "VLMEvalKit Qwen2VLChat (Qwen2-VL): [image, question + ' Please answer yes or no.'], the chat "
                  "template's default system", chat=True, suffix=" Please answer yes or no."),
+        Template("vlmevalkit_llava_onevision",
+                 "<|im_start|>user \n<image>\n{question}<|im_end|><|im_start|>assistant\n", "<image>",
+                 "VLMEvalKit LLaVA_OneVision_HF: the llava-hf processor's chat template over one text part, "
+                 "'<image>\\n' + question (the image part becomes text, so the template renders no image)"),
         Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
                  "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
     )

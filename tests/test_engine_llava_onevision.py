@@ -156,6 +156,30 @@ def test_real_tokenizer_renders_the_processor_template(shared, checkpoint):
     assert engine.model.image_token_id == 151646 and engine.model.stop_ids == {151645}
 
 
+def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
+    """VLMEvalKit's LLaVA_OneVision_HF joins [image, question] into one text part, '<image>\\n' + question, and
+    renders it with the processor's chat template: the template vlmevalkit_llava_onevision is that rendering, and
+    its ids hold one image run as the processor expands it."""
+    from transformers import AutoTokenizer
+
+    from pope_fast.readout import get_template
+
+    folder = shared / "tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is absent")
+    template = json.loads((folder / "chat_template.json").read_text())["chat_template"]
+    conversation = [{"role": "user", "content": [{"type": "text", "text": "<image>\n" + QUESTIONS[0]}]}]
+    theirs = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        conversation, chat_template=template, add_generation_prompt=True, tokenize=False)
+    assert get_template("vlmevalkit_llava_onevision").render(QUESTIONS[0]) == theirs
+    engine = Engine.load(checkpoint, Settings(), template="vlmevalkit_llava_onevision", readouts="all")
+    oracle = _oracle(checkpoint, engine.prompt, IMAGES[2:3], QUESTIONS[:1], new_tokens=1)
+    answer = engine.score(IMAGES[2], QUESTIONS[:1])[0]
+    logits, _, _ = oracle[0, QUESTIONS[0]]
+    worst, at = worst_difference(answer.candidate_logits, logits)
+    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
+
+
 def test_the_processor_chat_template_renders_the_prompt(tmp_path):
     """A checkpoint whose tokenizer carries a text-only template (as a hub tokenizer_config may) and whose
     chat_template.json holds the processor's: the processor's renders the prompt."""
@@ -192,7 +216,9 @@ def test_pad_aspect_is_refused(checkpoint):
 
 def test_protocols(checkpoint):
     assert protocol_for(checkpoint, "paper").template == "llava_onevision_chat"
-    for name in ("lmms-eval", "vlmevalkit", "llava"):
+    vlmevalkit = protocol_for(checkpoint, "vlmevalkit")
+    assert (vlmevalkit.template, vlmevalkit.new_tokens) == ("vlmevalkit_llava_onevision", 2048)
+    for name in ("lmms-eval", "llava"):
         with pytest.raises(ValueError, match=f"protocol {name} does not cover LLaVA-OneVision"):
             protocol_for(checkpoint, name)
 

@@ -68,10 +68,14 @@ class LlavaOnevisionModel(LlavaNextModel):
     default_template = "llava_onevision_chat"
     own_aspect = "tiles every image its own way"
     protocols = {
-        "lmms-eval": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT repository on lmms-lab's "
-                     "checkpoints (conv qwen_1_5), not llava-hf's; its llava_hf class's OneVision prompt is not "
-                     "verified here",
-        "vlmevalkit": "VLMEvalKit's LLaVA-OneVision classes are not verified here",
+        "lmms-eval": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's checkpoints "
+                     "(conv qwen_1_5); its llava_hf class passes OneVision's chat template a string content, whose "
+                     "rendering under the hub tokenizer's own template is not verified here",
+        # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens); image_base.py build_prompt
+        "vlmevalkit": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
+                               2048, deviations=(
+                                   "VLMEvalKit converts each image with PIL's convert('RGB'), dropping alpha where the "
+                                   "processor composites it; the same pixels for POPE's RGB JPEGs",)),
         "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
     }
     tower_class = "SiglipVisionModel"
