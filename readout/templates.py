@@ -80,6 +80,9 @@ TEMPLATES: dict[str, Template] = {
         Template("qwen2_vl_chat", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "the tokenizer's chat template, one user message [image, question + yes/no instruction]",
                  chat=True),
+        Template("llava_onevision_chat", "", "<image>",
+                 "the tokenizer's chat template (llava-hf OneVision's processor template), one user message "
+                 "[image, question + yes/no instruction]", chat=True),
         # lmms-eval v0.7.2: its post_prompt after the question, in each model class's own prompt.
         Template("lmms_eval_llava_hf", "USER: <image>\n{question}" + SHORT_ANSWER + " ASSISTANT:", "<image>",
                  "lmms-eval llava_hf (chat class): the llava-hf processor's template (LLaVA-1.5, LLaVA-1.6-Vicuna)"),
@@ -104,6 +107,10 @@ TEMPLATES: dict[str, Template] = {
         Template("vlmevalkit_qwen2_5_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "VLMEvalKit Qwen2VLChat (Qwen2.5-VL, use_custom_prompt=False): [image, the bare question], the "
                  "chat template's default system", chat=True, suffix=""),
+        Template("vlmevalkit_llava_onevision",
+                 "<|im_start|>user \n<image>\n{question}<|im_end|><|im_start|>assistant\n", "<image>",
+                 "VLMEvalKit LLaVA_OneVision_HF: the llava-hf processor's chat template over one text part, "
+                 "'<image>\\n' + question (the image part becomes text, so the template renders no image)"),
         Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
                  "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
     )

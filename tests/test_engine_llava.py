@@ -10,6 +10,7 @@ from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, make_tiny_llava, synt
 
 from pope_fast.cli import main
 from pope_fast.engine import Engine, ImagePrompts, Intervention, Settings
+from pope_fast.engine.models import FAMILIES
 from pope_fast.sweep import run_pope
 from pope_fast.readout import READOUTS, load_questions
 
@@ -397,7 +398,7 @@ def _edit_tensors(folder, edit):
 @pytest.mark.parametrize("breakage, message", [
     ("no-folder", r"no such checkpoint folder"),
     ("no-config", r"config\.json: missing"),
-    ("model-type", r"model_type 'mllama' is not supported \(supported: llava, llava_next, instructblip, qwen2_vl, mplug_owl2, qwen2_5_vl\)"),
+    ("model-type", rf"model_type 'mllama' is not supported \(supported: {', '.join(FAMILIES)}\)"),
     ("missing-tensor", r"missing tensors: lm\.layers\.1\.mlp\.up_proj\.weight"),
     ("unexpected-tensor", r"unexpected tensors: language_model\.model\.layers\.9\.extra\.weight"),
     ("bad-shape", r"tensor multi_modal_projector\.linear_2\.weight has shape \(64, 32\)"),

@@ -14,6 +14,7 @@ import torch
 from pope_fast.engine.models.instructblip import InstructBlipModel
 from pope_fast.engine.models.llava import LlavaModel
 from pope_fast.engine.models.llava_next import LlavaNextModel
+from pope_fast.engine.models.llava_onevision import LlavaOnevisionModel
 from pope_fast.engine.models.qwen2_5_vl import Qwen2_5_VLModel
 from pope_fast.engine.models.qwen2_vl import Qwen2VLModel
 from pope_fast.engine.synthetic import Weights, synthetic_image
@@ -23,6 +24,8 @@ SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers
 SHARED_QWEN2_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen2/qwen2-vl-7b-instruct"
 SHARED_QWEN2_5_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen2_5_vl/qwen2.5-vl-7b-instruct"
 SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/mistral/llava-v1.6-mistral-7b-hf"
+SHARED_ONEVISION_TOKENIZER = (Path(__file__).resolve().parents[2]
+                              / "shared/tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf")
 QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
              "Is there a dining table in the image?", "Is there a skis in the image?",
              "Is there a traffic light in the image?"]
@@ -71,6 +74,27 @@ def make_tiny_llava_next(folder: Path, *, seed: int = 0, layers: int = 2, kv_hea
     return LlavaNextModel.write_checkpoint(
         folder, dims, tokenizer_dir=_shared(SHARED_MISTRAL_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, extra={"model.image_newline": 0.5}))
+
+
+# OneVision's crops of 42 px (3 x 3 SigLIP patches), in grids of 1 x 1 up to 4 x 4: large images pass
+# anyres_max_9's limit of 1.1² x 9 crops of features.
+ONEVISION_PINPOINTS = [[42, 42], [42, 84], [84, 42], [84, 84], [42, 126], [126, 42], [126, 126], [168, 168],
+                       [84, 168], [168, 84]]
+
+
+def make_tiny_llava_onevision(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, tied: bool = False,
+                              vision_hidden: int = 32, init_std: float = 0.08) -> Path:
+    """A random LLaVA-OneVision checkpoint (2-layer SigLIP, 2-layer Qwen2, tied embeddings on request) with
+    its image processor and tokenizer; the tokenizer is OneVision's from ../shared when it is there."""
+    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
+                            num_attention_heads=4, image_size=42, patch_size=14, vision_use_head=False),
+                text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096, rope_theta=1e6,
+                          initializer_range=init_std, tie_word_embeddings=tied),
+                pinpoints=ONEVISION_PINPOINTS, config=dict(initializer_range=init_std, tie_word_embeddings=tied))
+    return LlavaOnevisionModel.write_checkpoint(
+        folder, dims, tokenizer_dir=_shared(SHARED_ONEVISION_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, extra={"model.image_newline": 0.5}))
 
 
 def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_hidden: int = 32,

@@ -9,6 +9,7 @@ transformers 5 save format (`vision_tower.*` without `vision_model`), and the re
 from __future__ import annotations
 
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -69,6 +70,7 @@ class LlavaModel(Family):
         "llava": Coverage("model_vqa_loader --conv-mode vicuna_v1", "llava_official", 128, image_aspect="pad"),
     }
     name_rules = NAME_RULES
+    tower_class: ClassVar[str] = "CLIPVisionModel"  # the transformers vision tower the checkpoint's config builds
     sizes = {"7b": dict(vision=CLIP_L_336, text=LLAMA_7B), "tiny": dict(vision=CLIP_TINY_336, text=LLAMA_TINY)}
 
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
@@ -93,7 +95,7 @@ class LlavaModel(Family):
                                   f"{self.image_token_id} (it encodes {self.image_marker!r} as {marker_ids})")
         self.image_processor = self.pretrained(
             AutoImageProcessor, "image processor config (preprocessor_config.json or processor_config.json)")
-        dims = LlamaDims.from_config(cfg.text_config)
+        dims = self.text_dims(cfg.text_config)
         parts = self._load(dims)
         proj, extra = parts.get("projector", {}), parts.get("extra", {})
         # The cached image features depend on exactly these weights (and the dtype and quantization).
@@ -110,13 +112,17 @@ class LlavaModel(Family):
         self._fast_pixels = self._checked_fast_pixels(self._fast_pixel_path())
         self._expand = ExpandedPromptIds(self.tokenizer, self.image_marker, self.image_token_id)
 
+    def text_dims(self, text_config) -> LlamaDims:
+        return LlamaDims.from_config(text_config)
+
     def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
-        """Every tensor of the checkpoint, grouped: lm, vision, projector, extra."""
-        from transformers import CLIPVisionModel
+        """Every tensor of the checkpoint, grouped: lm, vision, projector, extra; a tied checkpoint reads
+        its logits off the embedding matrix."""
+        import transformers
 
         cfg = self.config
         with no_init():
-            self.vision = CLIPVisionModel(cfg.vision_config)
+            self.vision = getattr(transformers, self.tower_class)(cfg.vision_config)
         vision_shapes = {f"vision.{k}": tuple(v.shape) for k, v in self.vision.state_dict().items()}
         n_layers = 1 if isinstance(self.feature_layer, int) else len(self.feature_layer)
         proj_in, h = cfg.vision_config.hidden_size * n_layers, dims.hidden_size
@@ -128,7 +134,13 @@ class LlavaModel(Family):
             expected.update({"projector.linear_1.bias": (h,), "projector.linear_2.bias": (h,)})
         # position_ids-style buffers are not stored in checkpoints
         stored_optional = {k for k in vision_shapes if k.endswith("position_ids")}
-        return load_grouped(self.folder, self.name_rules, expected, stored_optional)
+        tied = bool(getattr(cfg, "tie_word_embeddings", False))
+        if tied:
+            expected.pop("lm.lm_head.weight")
+        parts = load_grouped(self.folder, self.name_rules, expected, stored_optional)
+        if tied:
+            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        return parts
 
     def _vision_tower(self, weights: dict[str, torch.Tensor]) -> None:
         """The CLIP tower with its weights, cut after the last layer LLaVA reads: hidden_states[0] is the

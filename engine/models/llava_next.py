@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ class LlavaNextModel(LlavaModel):
     protocols = {"llava": "LLaVA's pope.sh evaluates LLaVA-1.5; LLaVA-NeXT's own numbers come from lmms-eval"}
     name_rules = [(r"^(?:model\.)?image_newline$", "extra.image_newline"), *NAME_RULES]
     sizes = {"7b": dict(vision=CLIP_L_336, text=MISTRAL_7B), "tiny": dict(vision=CLIP_TINY_336, text=MISTRAL_TINY)}
+    packed_strategy: ClassVar[str] = "default"  # the select strategy that leaves side² patch features per crop
 
     @classmethod
     def protocol(cls, name: str, config: dict) -> Coverage:
@@ -72,9 +74,10 @@ class LlavaNextModel(LlavaModel):
 
     def __init__(self, folder: Path, settings: Settings):
         super().__init__(folder, settings)
-        if self.select_strategy != "default":
-            raise CheckpointError(f"{folder}/config.json: LLaVA-NeXT packs a square grid of patch features per "
-                                  f"crop; vision_feature_select_strategy {self.select_strategy!r} keeps CLS")
+        if self.select_strategy != self.packed_strategy:
+            raise CheckpointError(f"{folder}/config.json: {self.name} packs a square grid of patch features per "
+                                  f"crop, which vision_feature_select_strategy {self.packed_strategy!r} leaves; "
+                                  f"{self.select_strategy!r} does not")
         vision = self.config.vision_config
         self.crop_size = vision.image_size  # pixels per crop side
         self.side = vision.image_size // vision.patch_size  # patch features per crop side
@@ -131,9 +134,13 @@ class LlavaNextModel(LlavaModel):
         hidden = features.shape[-1]
         # [rows * cols, side * side, hidden] → the whole grid [hidden, rows * side, cols * side]
         grid = tiles.view(rows, cols, self.side, self.side, hidden).permute(4, 0, 2, 1, 3)
-        grid = _unpad(grid.reshape(hidden, rows * self.side, cols * self.side), *size)
+        grid = self._reduce(_unpad(grid.reshape(hidden, rows * self.side, cols * self.side), *size))
         grid = torch.cat([grid, newline[:, None, None].expand(hidden, grid.shape[1], 1)], dim=2)
         return torch.cat([base, grid.flatten(1).T])
+
+    def _reduce(self, grid: torch.Tensor) -> torch.Tensor:
+        """The unpadded grid [hidden, H, W] as the language model reads it (LLaVA-NeXT: all of it)."""
+        return grid
 
     @classmethod
     def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,

@@ -1,0 +1,210 @@
+"""LLaVA-OneVision (llava-hf `model_type: llava_onevision`; llava-onevision-qwen2-7b-ov-hf, -0.5b-ov-hf).
+
+LLaVA-NeXT's anyres packing (best pinpoint resolution, crops, unpad, `image_newline` closing every row,
+the base view first) over a SigLIP tower and a Qwen2 language model (biased q/k/v, plain RoPE). SigLIP
+has no class token, so the "full" select strategy keeps a square grid of patch features per crop.
+
+What OneVision adds is "anyres_max_9" (config `vision_aspect_ratio`): where the unpadded grid holds
+more than 1.1² times the features of 9 crops, it is bilinearly interpolated down by that ratio before
+the newlines join it. A 640 x 480 COCO image takes a 2 x 2 grid of 384-px crops, unpadded to 40 x 54
+features, under the limit: 729 + 40 x 55 = 2,929 image tokens. The tower is transformers' own SigLIP
+module; the rest is LLaVA-NeXT's.
+
+transformers' LlavaOnevisionProcessor also builds a video processor, which needs torchvision; the
+checkpoints written here keep the image processor and tokenizer apart, and the reference pipeline
+expands the image token with the processor's own counting where the processor cannot be built.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from ..llama import LlamaDims
+from ..loader import CheckpointError, quiet_fallback
+from ..settings import Settings
+from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
+from ...readout.published import Coverage
+from .llava_next import AnyresPixels, LlavaNextModel
+from .qwen2_vl import builtin_qwen2_tokenizer
+
+IMAGE = "<image>"
+# llava-hf's processor template (chat_template.json): images first, then "\n" + text, no newline after <|im_end|>.
+ONEVISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'image') %}{{ '<image>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'video') %}{{ '<video>' }}{% endfor %}"
+    "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\n' + content['text'] }}"
+    "{% endfor %}{{'<|im_end|>'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+# SigLIP so400m-patch14-384 as OneVision cuts it (26 layers, no head), and a tiny tower at the real image size.
+SIGLIP_384 = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16,
+                  image_size=384, patch_size=14, vision_use_head=False)
+SIGLIP_TINY_384 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       image_size=384, patch_size=14, vision_use_head=False)
+# Qwen2-7B-Instruct, and its tiny stand-in.
+QWEN2_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                rope_theta=1e6)
+QWEN2_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
+                  rope_theta=1e6)
+# The checkpoints' pinpoints: 384-px crops in grids of 1 x 1 up to 6 x 6.
+ONEVISION_PINPOINTS = [[384 * r, 384 * c] for r in range(1, 7) for c in range(1, 7)]
+
+
+class LlavaOnevisionModel(LlavaNextModel):
+    """Everything the engine needs from one LLaVA-OneVision checkpoint."""
+
+    family = "llava_onevision"
+    name = "LLaVA-OneVision"
+    seed_model = "LLaVA-OneVision-Qwen2-7B-OV"
+    default_template = "llava_onevision_chat"
+    own_aspect = "tiles every image its own way"
+    protocols = {
+        "lmms-eval": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's checkpoints "
+                     "(conv qwen_1_5); its llava_hf class passes OneVision's chat template a string content, whose "
+                     "rendering under the hub tokenizer's own template is not verified here",
+        # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens); image_base.py build_prompt
+        "vlmevalkit": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
+                               2048, deviations=(
+                                   "VLMEvalKit converts each image with PIL's convert('RGB'), dropping alpha where the "
+                                   "processor composites it; the same pixels for POPE's RGB JPEGs",)),
+        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
+    }
+    tower_class = "SiglipVisionModel"
+    packed_strategy = "full"  # SigLIP has no class token to drop
+    sizes = {"7b": dict(vision=SIGLIP_384, text=QWEN2_7B), "tiny": dict(vision=SIGLIP_TINY_384, text=QWEN2_TINY)}
+
+    @classmethod
+    def protocol(cls, name: str, config: dict) -> Coverage:
+        return super(LlavaNextModel, cls).protocol(name, config)
+
+    @classmethod
+    def protocol_variants(cls) -> dict[str, dict]:
+        return {cls.name: {}}
+
+    def __init__(self, folder: Path, settings: Settings):
+        super().__init__(folder, settings)
+        aspect = getattr(self.config, "vision_aspect_ratio", "anyres_max_9")
+        if not re.fullmatch(r"anyres_max_\d+", str(aspect)):
+            raise CheckpointError(f"{folder}/config.json: vision_aspect_ratio {aspect!r} is not supported "
+                                  "(anyres_max_<crops> only)")
+        self.max_crops = int(aspect[len("anyres_max_"):])
+        if any(h % self.crop_size or w % self.crop_size for h, w in self.pinpoints):
+            raise CheckpointError(f"{folder}/config.json: image_grid_pinpoints {self.pinpoints} are not multiples "
+                                  f"of the tower's {self.crop_size}-px crops")
+        self.feature_fingerprint = self.fingerprint({}, packing=self.feature_fingerprint, vision_aspect_ratio=aspect)
+        self._processor_chat_template(folder / "chat_template.json")
+
+    def _processor_chat_template(self, path: Path) -> None:
+        """The processor's chat template (chat_template.json) renders OneVision's prompt where there is one: a
+        hub checkpoint's tokenizer_config may hold Qwen2-Instruct's text-only template instead."""
+        if not path.is_file():
+            return
+        try:
+            template = json.loads(path.read_text(encoding="utf-8"))["chat_template"]
+        except (ValueError, KeyError, TypeError) as err:
+            raise CheckpointError(f"{path}: no chat_template string ({type(err).__name__})") from None
+        if not isinstance(template, str):
+            raise CheckpointError(f"{path}: chat_template is not a string")
+        self.tokenizer.chat_template = template
+
+    def text_dims(self, text_config) -> LlamaDims:
+        return replace(LlamaDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+
+    def _reduce(self, grid: torch.Tensor) -> torch.Tensor:
+        """anyres_max_N: a grid [hidden, H, W] of more than 1.1² times N crops' features, interpolated
+        bilinearly down to [hidden, int(H // ratio), int(W // ratio)], as transformers does."""
+        _, height, width = grid.shape
+        ratio = math.sqrt(height * width / (self.max_crops * self.side**2))
+        if ratio <= 1.1:
+            return grid
+        return F.interpolate(grid[None], [int(height // ratio), int(width // ratio)], mode="bilinear")[0]
+
+    def _fast_pixel_path(self):
+        """transformers' PIL-backend OneVision processor computes what LLaVA-NeXT's does without the centre
+        crop: the base view resized straight to one crop, the fitted and zero-padded image cut into crops."""
+        p = self.image_processor
+        if type(p).__name__ != "LlavaOnevisionImageProcessorPil" or np.size(p.image_mean) != 3:
+            return None
+        if not all((p.do_resize, p.do_rescale, p.do_normalize, p.do_convert_rgb)) or p.do_center_crop:
+            return None
+        side = p.size.height
+        if not side or side != p.size.width or any(h % side or w % side for h, w in p.image_grid_pinpoints):
+            return None
+        return AnyresPixels([tuple(q) for q in p.image_grid_pinpoints], side, int(p.resample), p.rescale_factor,
+                            p.image_mean, p.image_std)
+
+    def _processor_pixels(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
+        out = self.image_processor(images=image, return_tensors="np")
+        height, width = (int(v) for v in out["image_sizes"][0])
+        return np.asarray(out["pixel_values"][0]), (height, width)
+
+    def vision_tokens(self, pixels) -> int:
+        """Patches per crop (SigLIP has no class token), over every crop."""
+        return self.crops(pixels) * self.side**2
+
+    @classmethod
+    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                         weights: Weights | None = None, **stream) -> Path:
+        """A random-weight llava-hf OneVision checkpoint: a SigLIP tower, a Qwen2 language model, anyres
+        pinpoints (dims' `pinpoints`, default the checkpoints' 384-px ones), the image processor and the
+        tokenizer (tokenizer_dir's where it has <image>, else a built-in stand-in with OneVision's template)."""
+        with quiet_fallback():  # the processor classes' torchvision notice
+            from transformers import (AutoTokenizer, LlavaOnevisionConfig, LlavaOnevisionForConditionalGeneration,
+                                      LlavaOnevisionImageProcessor, Qwen2Config, SiglipVisionConfig)
+
+        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
+        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
+        if tok is None or tok.convert_tokens_to_ids(IMAGE) in (None, tok.unk_token_id):
+            tok = builtin_qwen2_tokenizer(folder)
+            tok.add_tokens([IMAGE, "<video>"], special_tokens=True)
+            tok.chat_template = ONEVISION_CHAT_TEMPLATE
+        tok.save_pretrained(str(folder))
+        pinpoints = dims.get("pinpoints", ONEVISION_PINPOINTS)
+        text = Qwen2Config(**with_vocab(dims["text"], tok), bos_token_id=None,
+                           eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+                           pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+        config = LlavaOnevisionConfig(vision_config=SiglipVisionConfig(**dims["vision"]), text_config=text,
+                                      image_token_index=tok.convert_tokens_to_ids(IMAGE),
+                                      video_token_index=tok.convert_tokens_to_ids("<video>"),
+                                      image_grid_pinpoints=pinpoints, vision_feature_select_strategy="full",
+                                      vision_feature_layer=-1, **dims.get("config", {}))
+        size = dims["vision"]["image_size"]
+        processor = LlavaOnevisionImageProcessor(size={"height": size, "width": size}, image_grid_pinpoints=pinpoints)
+        return save_checkpoint(folder, config, LlavaOnevisionForConditionalGeneration, processor,
+                               weights or Weights(**stream))
+
+    @classmethod
+    def reference_processor(cls, checkpoint: Path):
+        """The checkpoint's processor; where transformers cannot build it (its video processor needs
+        torchvision), a stand-in that does what it does for one image: the image processor, and the image
+        token repeated as LlavaOnevisionProcessor.replace_image_token counts (its own code, on its fields)."""
+        from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer, LlavaOnevisionProcessor
+
+        try:
+            return AutoProcessor.from_pretrained(str(checkpoint))
+        except (ImportError, AttributeError, OSError, ValueError):
+            pass
+        config = AutoConfig.from_pretrained(str(checkpoint))
+        counter = LlavaOnevisionProcessor.__new__(LlavaOnevisionProcessor)
+        counter.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
+        counter.image_processor = AutoImageProcessor.from_pretrained(str(checkpoint))
+        counter.num_image_tokens = (config.vision_config.image_size // config.vision_config.patch_size) ** 2
+        counter.vision_feature_select_strategy = config.vision_feature_select_strategy
+        counter.vision_aspect_ratio, counter.image_token = config.vision_aspect_ratio, IMAGE
+
+        def process(images, text: str, return_tensors: str):
+            pixels = counter.image_processor(images=images, return_tensors=return_tensors)
+            expanded = text.replace(IMAGE, counter.replace_image_token(pixels, 0))
+            encoded = counter.tokenizer(expanded, return_tensors=return_tensors)
+            return {**encoded, "pixel_values": pixels["pixel_values"], "image_sizes": pixels["image_sizes"]}
+
+        return process

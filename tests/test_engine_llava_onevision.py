@@ -1,0 +1,301 @@
+"""LLaVA-OneVision against transformers' LlavaOnevisionForConditionalGeneration, the oracle, on a tiny random
+checkpoint whose crops are 42 px (3 x 3 SigLIP patch features) and whose pinpoints reach a 4 x 4 grid
+(tinymodels.ONEVISION_PINPOINTS), so that both unpad directions, one-crop grids and the anyres_max_9
+interpolation (a grid of over 1.1² x 9 crops' features) appear at small image sizes. LlavaOnevisionProcessor cannot be built without torchvision; the
+oracle's prompt ids come from the family's reference processor (the image processor and the processor's own
+replace_image_token count), and the oracle model itself refuses a wrong image-token count."""
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_llava_onevision,
+                        synthetic_image, worst_difference)
+
+from pope_fast.engine import Engine, ImagePrompts, Settings
+from pope_fast.engine.models import family_class, protocol_for
+
+# (width, height): square on a 4 x 4 grid (reduced), wide on 4 x 4 (unpad rows, then reduced), wide and tall
+# on 2-crop grids (unpad rows / columns), one crop, very wide (a 1 x 3 grid)
+SIZES = [(200, 200), (220, 170), (90, 40), (40, 90), (30, 30), (300, 100)]
+REDUCED = [0, 1]  # the images whose grid anyres_max_9 interpolates
+IMAGES = [synthetic_image(i + 11, size) for i, size in enumerate(SIZES)]
+ONEVISION = family_class("llava_onevision")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_llava_onevision(tmp_path_factory.mktemp("tiny_llava_onevision") / "ckpt")
+
+
+def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4) -> dict:
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    model = LlavaOnevisionForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    processor = ONEVISION.reference_processor(checkpoint)
+    out = {}
+    for i, image in enumerate(images):
+        for q in questions:
+            inputs = processor(images=image, text=prompt(q), return_tensors="pt")
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+            tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
+            out[i, q] = (logits, generated[0, inputs["input_ids"].shape[1]:].tolist(), tokens)
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    """transformers' answer-position logits, greedy continuation and image-token count per (image, question),
+    on the engine's own default prompt."""
+    engine = Engine.load(checkpoint, Settings())
+    return _oracle(checkpoint, engine.prompt, IMAGES, QUESTIONS[:3])
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (True, 32), (False, 3)],
+                         ids=["reuse-b2", "reuse-b32", "whole-b3"])
+def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
+                         readouts="all")
+    assert engine.template.name == "llava_onevision_chat"
+    for i, image in enumerate(IMAGES):
+        features = engine.features(image)
+        for answer in engine.score(image, QUESTIONS[:3]):
+            logits, generated, tokens = oracle[i, answer.question]
+            assert features.shape[0] == tokens, f"image {i}: {features.shape[0]} image tokens, transformers {tokens}"
+            worst, at = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
+    """A batch whose images have different prefix lengths, and whose question rows span images."""
+    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=6), readouts="all")
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    assert len({item.features.shape[0] for item in items}) == len(IMAGES)
+    for i, answers in enumerate(engine.run_images(items)):
+        for q, answer in zip(QUESTIONS[:3], answers):
+            logits, generated, _ = oracle[i, q]
+            worst, _ = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4 and answer.first_token_id == generated[0], f"image {i} {q!r}"
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
+def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse, batch_size=2),
+                         readouts="string_parse")
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            _, generated, _ = oracle[i, answer.question]
+            assert answer.decoded == generated_text(engine, generated)
+
+
+def test_max_crops_interpolation_is_what_the_oracle_counts(checkpoint, oracle):
+    """The images of REDUCED are interpolated down (without anyres_max_9 their grids would be longer than the
+    oracle's prompt), the others are not (a reduction that fired too early would shorten them)."""
+    engine = Engine.load(checkpoint, Settings())
+    model = engine.model
+    reduced = [model.encode_images([model.preprocess(image)])[0].shape[0] for image in IMAGES]
+    model.max_crops = 10**6
+    unreduced = [model.encode_images([model.preprocess(image)])[0].shape[0] for image in IMAGES]
+    for i in range(len(IMAGES)):
+        assert reduced[i] == oracle[i, QUESTIONS[0]][2]
+        assert (unreduced[i] > reduced[i]) == (i in REDUCED), (i, reduced[i], unreduced[i])
+
+
+def test_pixels_match_the_image_processor(checkpoint):
+    """The fast anyres path (in use) gives the processor's crops and size bit for bit: base view first, every
+    crop of the best pinpoint, for every shape of grid."""
+    from transformers import AutoImageProcessor
+
+    engine = Engine.load(checkpoint, Settings())
+    assert engine.model._fast_pixels is not None
+    processor = AutoImageProcessor.from_pretrained(str(checkpoint))
+    for image in IMAGES + [synthetic_image(5, (333, 251)).convert("RGBA")]:
+        crops, size = engine.model.preprocess(image)
+        out = processor(images=image, return_tensors="np")
+        assert crops.dtype == np.float32 and np.array_equal(crops, out["pixel_values"][0]), image.size
+        assert size == tuple(int(v) for v in out["image_sizes"][0]) == (image.height, image.width)
+
+
+def test_tied_embeddings_read_the_logits_off_the_embedding(tmp_path):
+    """A checkpoint without lm_head (OneVision-0.5B ties it) loads and matches the oracle."""
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=3, tied=True)
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert any(k.endswith("embed_tokens.weight") for k in names) and not any("lm_head" in k for k in names)
+    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    oracle = _oracle(checkpoint, engine.prompt, IMAGES[2:3], QUESTIONS[:2], new_tokens=1)
+    for answer in engine.score(IMAGES[2], QUESTIONS[:2]):
+        logits, _, _ = oracle[0, answer.question]
+        worst, at = worst_difference(answer.candidate_logits, logits)
+        assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
+
+
+def test_real_tokenizer_renders_the_processor_template(shared, checkpoint):
+    """With the real tokenizer, the default prompt is llava-hf's processor template (chat_template.json)
+    over [image, question + suffix], and Yes/No are its bare single tokens."""
+    from transformers import AutoTokenizer
+
+    folder = shared / "tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is absent")
+    engine = Engine.load(checkpoint, Settings())
+    template = json.loads((folder / "chat_template.json").read_text())["chat_template"]
+    question = QUESTIONS[0] + " Answer yes or no only."
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}]
+    expected = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        messages, chat_template=template, add_generation_prompt=True, tokenize=False)
+    assert engine.prompt(QUESTIONS[0]) == expected == (f"<|im_start|>user <image>\n{question}<|im_end|>"
+                                                       "<|im_start|>assistant\n")
+    assert engine.model.tokenizer.encode("Yes", add_special_tokens=False) == [9454]
+    assert engine.model.image_token_id == 151646 and engine.model.stop_ids == {151645}
+
+
+def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
+    """VLMEvalKit's LLaVA_OneVision_HF joins [image, question] into one text part, '<image>\\n' + question, and
+    renders it with the processor's chat template: the template vlmevalkit_llava_onevision is that rendering, and
+    its ids hold one image run as the processor expands it."""
+    from transformers import AutoTokenizer
+
+    from pope_fast.readout import get_template
+
+    folder = shared / "tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is absent")
+    template = json.loads((folder / "chat_template.json").read_text())["chat_template"]
+    conversation = [{"role": "user", "content": [{"type": "text", "text": "<image>\n" + QUESTIONS[0]}]}]
+    theirs = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
+        conversation, chat_template=template, add_generation_prompt=True, tokenize=False)
+    assert get_template("vlmevalkit_llava_onevision").render(QUESTIONS[0]) == theirs
+    engine = Engine.load(checkpoint, Settings(), template="vlmevalkit_llava_onevision", readouts="all")
+    oracle = _oracle(checkpoint, engine.prompt, IMAGES[2:3], QUESTIONS[:1], new_tokens=1)
+    answer = engine.score(IMAGES[2], QUESTIONS[:1])[0]
+    logits, _, _ = oracle[0, QUESTIONS[0]]
+    worst, at = worst_difference(answer.candidate_logits, logits)
+    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
+
+
+def test_the_processor_chat_template_renders_the_prompt(tmp_path):
+    """A checkpoint whose tokenizer carries a text-only template (as a hub tokenizer_config may) and whose
+    chat_template.json holds the processor's: the processor's renders the prompt."""
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=2)
+    tokenizer_template = checkpoint / "chat_template.jinja"  # where transformers 5 saves the tokenizer's
+    processor_template = tokenizer_template.read_text()
+    tokenizer_template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+                                  "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
+    with pytest.raises(ValueError, match="exactly one <image>"):
+        Engine.load(checkpoint, Settings()).score(IMAGES[4], QUESTIONS[:1])
+    (checkpoint / "chat_template.json").write_text(json.dumps({"chat_template": processor_template}))
+    engine = Engine.load(checkpoint, Settings())
+    assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
+    assert engine.score(IMAGES[4], QUESTIONS[:1])[0].question == QUESTIONS[0]
+
+
+def test_builtin_tokenizer_stands_in(tmp_path):
+    """Without ../shared the built-in Qwen2 stand-in carries <image> and OneVision's template shape, and the
+    checkpoint still matches the oracle."""
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
+    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
+    oracle = _oracle(checkpoint, engine.prompt, IMAGES[3:4], QUESTIONS[:1], new_tokens=1)
+    answer = engine.score(IMAGES[3], QUESTIONS[:1])[0]
+    logits, _, tokens = oracle[0, QUESTIONS[0]]
+    worst, at = worst_difference(answer.candidate_logits, logits)
+    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()) and tokens > 0, (at, worst)
+
+
+def test_pad_aspect_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="LLaVA-OneVision tiles every image"):
+        Engine.load(checkpoint, Settings(image_aspect="pad"))
+
+
+def test_protocols(checkpoint):
+    assert protocol_for(checkpoint, "paper").template == "llava_onevision_chat"
+    vlmevalkit = protocol_for(checkpoint, "vlmevalkit")
+    assert (vlmevalkit.template, vlmevalkit.new_tokens) == ("vlmevalkit_llava_onevision", 2048)
+    for name in ("lmms-eval", "llava"):
+        with pytest.raises(ValueError, match=f"protocol {name} does not cover LLaVA-OneVision"):
+            protocol_for(checkpoint, name)
+
+
+def test_flop_floor_counts_the_siglip_tower(checkpoint):
+    """Linear in the work, the vision side a real share: per token it reads, the tower's layers and patch
+    embedding (no class token: a crop is side² tokens) and the projector."""
+    from pope_fast.engine import Counts
+
+    engine = Engine.load(checkpoint, Settings())
+    model = engine.model
+    pixels = model.preprocess(IMAGES[0])
+    assert model.vision_tokens(pixels) == pixels[0].shape[0] * 9
+    once = Counts(images_encoded=1, vision_tokens=model.vision_tokens(pixels), prompts=3, prefix_tokens=12,
+                  suffix_tokens=9)
+    twice = Counts(images_encoded=2, vision_tokens=2 * once.vision_tokens, prompts=6, prefix_tokens=24,
+                   suffix_tokens=18)
+    assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0
+    d, h = 32, 64  # the tiny tower's and language model's widths
+    per_token = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 14 * 14 * d + 2 * (d * h + h * h)
+    assert model.vision_flops(Counts(vision_tokens=10)) == 10 * per_token
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes OneVision (the LM's, projector's and SigLIP's Linears; image_newline stays
+    fp16), against transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats), on a
+    reduced grid and an unreduced one."""
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", vision_hidden=64, seed=5)
+    model = bnb_nf4_oracle(LlavaOnevisionForConditionalGeneration, checkpoint)
+    processor = ONEVISION.reference_processor(checkpoint)
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    assert torch.equal(engine.model.newline, model.model.image_newline.data)
+    for image in (IMAGES[1], IMAGES[3]):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            assert_matches_nf4_oracle(engine, answer, theirs)
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
+def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse, batch_size):
+    """The image-attention probe at the answer position, per layer and head, against transformers' eager
+    attention, on a reduced grid and an unreduced one."""
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    model = LlavaOnevisionForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                                   attn_implementation="eager").eval()
+    processor = ONEVISION.reference_processor(checkpoint)
+    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
+                                              batch_size=batch_size), readouts="template_aware")
+    images = [IMAGES[0], IMAGES[2]]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
+    for image, results in zip(images, engine.run_images(items)):
+        for q, result in zip(QUESTIONS[:2], results):
+            inputs = processor(images=image, text=engine.prompt(q), return_tensors="pt")
+            with torch.no_grad():
+                attentions = model(**inputs, output_attentions=True).attentions
+            image_keys = inputs["input_ids"][0] == model.config.image_token_id
+            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
+            ours = torch.tensor(result.probe["image_attention_heads"])
+            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
+            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+
+
+def test_every_method_matches_its_formula_on_transformers(checkpoint):
+    """VCD, PAI and ICD as test_methods checks them on LLaVA, here over anyres crops (noise on every crop), the
+    processor's chat template (ICD's instruction as a system turn) and the text-only prompt without the image."""
+    from test_methods import _check_methods, _oracle
+    from transformers import LlavaOnevisionForConditionalGeneration
+
+    def inputs_of(folder):
+        processor = ONEVISION.reference_processor(folder)
+        return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
+
+    oracle = _oracle(checkpoint, LlavaOnevisionForConditionalGeneration, inputs_of)
+    _check_methods(Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
