@@ -49,6 +49,8 @@ INTERNVIT_300M = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layer
 INTERNVIT_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       image_size=448, patch_size=14, norm_type="layer_norm", use_qk_norm=False, use_mean_pooling=True,
                       layer_norm_eps=1e-6, attention_bias=True)
+# Qwen2.5-7B as InternVL3-8B-hf carries it (its vocabulary: Qwen2.5's 151,665 + InternVL's nine tokens).
+QWEN2_5_7B = {**QWEN2_7B, "vocab_size": 151674}
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -74,7 +76,7 @@ class InternVLModel(LlavaModel):
     }
     name_rules = NAME_RULES
     tower_class = "InternVLVisionModel"
-    sizes = {"7b": dict(vision=INTERNVIT_300M, text=QWEN2_7B), "tiny": dict(vision=INTERNVIT_TINY, text=QWEN2_TINY)}
+    sizes = {"7b": dict(vision=INTERNVIT_300M, text=QWEN2_5_7B), "tiny": dict(vision=INTERNVIT_TINY, text=QWEN2_TINY)}
 
     def __init__(self, folder: Path, settings: Settings):
         super().__init__(folder, settings)
