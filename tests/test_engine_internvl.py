@@ -241,3 +241,62 @@ def test_flop_floor_counts_the_internvit_tower(checkpoint):
     per_token = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 14 * 14 * d
     per_tile = PER_TILE * 2 * (4 * d * h + h * h)
     assert model.vision_flops(Counts(vision_tokens=2 * 17)) == 2 * 17 * per_token + 2 * per_tile
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes InternVL3 (the LM's, projector's and InternViT's Linears; the projector's
+    LayerNorm, the layer scales and the patch embedding stay fp16), against transformers + bitsandbytes on CPU
+    (see test_engine_nf4 for the two CPU caveats), on a one-tile image and a many-tile one."""
+    from transformers import InternVLForConditionalGeneration
+
+    checkpoint = make_tiny_internvl(tmp_path / "ckpt", vision_hidden=64, seed=5)
+    model = bnb_nf4_oracle(InternVLForConditionalGeneration, checkpoint)
+    processor = INTERNVL.reference_processor(checkpoint)
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    assert torch.equal(engine.model.projector_norm[0], model.model.multi_modal_projector.layer_norm.weight.data)
+    for image in (IMAGES[3], IMAGES[5]):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            assert_matches_nf4_oracle(engine, answer, theirs)
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
+def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse, batch_size):
+    """The image-attention probe at the answer position, per layer and head, against transformers' eager
+    attention over the context tokens (not <img> / </img>), on a one-tile image and a many-tile one."""
+    from transformers import InternVLForConditionalGeneration
+
+    model = InternVLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                             attn_implementation="eager").eval()
+    processor = INTERNVL.reference_processor(checkpoint)
+    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
+                                              batch_size=batch_size), readouts="template_aware")
+    images = [IMAGES[5], IMAGES[3]]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
+    for image, results in zip(images, engine.run_images(items)):
+        for q, result in zip(QUESTIONS[:2], results):
+            inputs = processor(images=image, text=engine.prompt(q), return_tensors="pt")
+            with torch.no_grad():
+                attentions = model(**inputs, output_attentions=True).attentions
+            image_keys = inputs["input_ids"][0] == model.config.image_token_id
+            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
+            ours = torch.tensor(result.probe["image_attention_heads"])
+            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
+            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+
+
+def test_every_method_matches_its_formula_on_transformers(checkpoint):
+    """VCD, PAI and ICD as test_methods checks them on LLaVA, here over dynamic tiles (noise on every tile and the
+    thumbnail), the chat template (ICD's instruction as a system turn) and the text-only prompt without the image."""
+    from test_methods import _check_methods, _oracle
+    from transformers import InternVLForConditionalGeneration
+
+    def inputs_of(folder):
+        processor = INTERNVL.reference_processor(folder)
+        return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
+
+    oracle = _oracle(checkpoint, InternVLForConditionalGeneration, inputs_of)
+    _check_methods(Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
