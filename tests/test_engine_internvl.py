@@ -152,6 +152,20 @@ def test_tied_embeddings_read_the_logits_off_the_embedding(tmp_path):
         assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
 
 
+def test_a_stored_head_under_a_tied_config_is_refused(checkpoint, tmp_path):
+    """A config.json without top-level tie_word_embeddings reads as tied (InternVLConfig's default), and transformers
+    5 would drop a stored lm_head: the loader says so instead of choosing a head."""
+    import shutil
+
+    folder = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    config.pop("tie_word_embeddings", None)
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="ties lm_head to the embeddings .* stores an lm_head"):
+        Engine.load(folder, Settings())
+
+
 def _real_tokenizer(shared):
     from transformers import AutoTokenizer
 

@@ -15,6 +15,7 @@ context token with the processor's own replace_image_token where the processor c
 """
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from PIL import Image
 
 from ..images import normalize_table, to_rgb
 from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
+from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback, tensor_files
 from ..settings import Settings
 from ..stats import Counts
 from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
@@ -115,6 +116,12 @@ class InternVLModel(LlavaModel):
         tied = bool(getattr(cfg, "tie_word_embeddings", False))
         if tied:
             expected.pop("lm.lm_head.weight")
+            if any(re.match(r"^(?:model\.)?(?:language_model\.)?lm_head\.", k) for k in tensor_files(self.folder)):
+                # InternVLConfig's tie_word_embeddings defaults to true, and transformers 5 ties by it: a config
+                # written without it reads as tied, and transformers would drop the stored head.
+                raise CheckpointError(f"{self.folder}: config.json ties lm_head to the embeddings (top-level "
+                                      "tie_word_embeddings, true where absent) but the checkpoint stores an lm_head; "
+                                      "set tie_word_embeddings to false in config.json if that head is meant")
         parts = load_grouped(self.folder, self.name_rules, expected)
         if tied:
             parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
