@@ -69,7 +69,9 @@ class InternVLModel(LlavaModel):
         # messages (tasks/pope: question + post_prompt), the processor with min/max_patches 1/12, 128 new tokens.
         "lmms-eval": Coverage("internvl_hf (the chat class)", "lmms_eval_internvl_hf", 128, deviations=(
             "lmms-eval converts each image with PIL's convert('RGB'), dropping alpha where the processor composites "
-            "it; the same pixels for POPE's RGB JPEGs",)),
+            "it; the same pixels for POPE's RGB JPEGs",
+            "lmms-eval passes min_patches 1 and max_patches 12 to the processor; the checkpoint's own values are used "
+            "here (the same for InternVL3's -hf checkpoints)")),
         "vlmevalkit": "VLMEvalKit's InternVLChat runs OpenGVLab's original (non -hf) InternVL3 code through "
                       "trust_remote_code, with its own conversation template and preprocessing; its prompt on an -hf "
                       "checkpoint is not verified here",
