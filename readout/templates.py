@@ -83,6 +83,9 @@ TEMPLATES: dict[str, Template] = {
         Template("llava_onevision_chat", "", "<image>",
                  "the tokenizer's chat template (llava-hf OneVision's processor template), one user message "
                  "[image, question + yes/no instruction]", chat=True),
+        Template("internvl_chat", "", "<IMG_CONTEXT>",
+                 "the tokenizer's chat template (InternVL3-hf's: images as '<IMG_CONTEXT>\\n'), one user message "
+                 "[image, question + yes/no instruction]", chat=True),
         # lmms-eval v0.7.2: its post_prompt after the question, in each model class's own prompt.
         Template("lmms_eval_llava_hf", "USER: <image>\n{question}" + SHORT_ANSWER + " ASSISTANT:", "<image>",
                  "lmms-eval llava_hf (chat class): the llava-hf processor's template (LLaVA-1.5, LLaVA-1.6-Vicuna)"),
@@ -93,6 +96,9 @@ TEMPLATES: dict[str, Template] = {
         Template("lmms_eval_qwen2_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "lmms-eval qwen2_vl: its system message, then [image, question + post_prompt]", chat=True,
                  system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
+        Template("lmms_eval_internvl_hf", "", "<IMG_CONTEXT>",
+                 "lmms-eval internvl_hf (chat class): the processor's chat template over [image, question + "
+                 "post_prompt], no system message", chat=True, suffix=SHORT_ANSWER),
         # VLMEvalKit e8e78f05: POPE adds no suffix but for Qwen2-VL.
         Template("vlmevalkit_llava", "USER:  <image> {question} ASSISTANT: ", "<image>",
                  "VLMEvalKit LLaVA: system + 'USER: ' + ' <image> ' + question + ' ASSISTANT: '",

@@ -11,7 +11,8 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
     cfg = BenchConfig(models=list(FAMILIES), size="tiny", device="cpu", quant="none", dtype=None,
                       n_questions=12, reference_sample=6, work_dir=tmp_path)
     report = run_bench(cfg)
-    supported = {"llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl", "llava_onevision"}  # with a transformers reference
+    supported = {"llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl", "llava_onevision",
+                 "internvl"}  # with a transformers reference
     assert set(report["models"]) == {*supported, "mplug_owl2"}   # every seed family runs
     owl = report["models"]["mplug_owl2"]
     assert owl["pope_fast"]["questions"] == owl["pope_fast"]["unique_prompts"] == 12

@@ -5,8 +5,8 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from tinymodels import (make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_llava_onevision,
-                        make_tiny_qwen2_5_vl, make_tiny_qwen2_vl, write_pope_set)
+from tinymodels import (make_tiny_instructblip, make_tiny_internvl, make_tiny_llava, make_tiny_llava_next,
+                        make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl, write_pope_set)
 
 from pope_fast.cli import main
 from pope_fast.readout import load_questions, load_tokenizer
@@ -14,7 +14,8 @@ from pope_fast.readout import load_questions, load_tokenizer
 FAMILIES = {"llava": (make_tiny_llava, "llava_plain"), "llava_next": (make_tiny_llava_next, "mistral_inst"),
             "instructblip": (make_tiny_instructblip, "instructblip"), "qwen2_vl": (make_tiny_qwen2_vl, "qwen2_vl_chat"),
             "qwen2_5_vl": (make_tiny_qwen2_5_vl, "qwen2_vl_chat"),
-            "llava_onevision": (make_tiny_llava_onevision, "llava_onevision_chat")}
+            "llava_onevision": (make_tiny_llava_onevision, "llava_onevision_chat"),
+            "internvl": (make_tiny_internvl, "internvl_chat")}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

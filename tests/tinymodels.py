@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from pope_fast.engine.models.instructblip import InstructBlipModel
+from pope_fast.engine.models.internvl import InternVLModel
 from pope_fast.engine.models.llava import LlavaModel
 from pope_fast.engine.models.llava_next import LlavaNextModel
 from pope_fast.engine.models.llava_onevision import LlavaOnevisionModel
@@ -26,6 +27,7 @@ SHARED_QWEN2_5_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokeniz
 SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/mistral/llava-v1.6-mistral-7b-hf"
 SHARED_ONEVISION_TOKENIZER = (Path(__file__).resolve().parents[2]
                               / "shared/tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf")
+SHARED_INTERNVL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/internvl3/internvl3-8b-hf"
 QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
              "Is there a dining table in the image?", "Is there a skis in the image?",
              "Is there a traffic light in the image?"]
@@ -95,6 +97,32 @@ def make_tiny_llava_onevision(folder: Path, *, seed: int = 0, builtin_tokenizer:
     return LlavaOnevisionModel.write_checkpoint(
         folder, dims, tokenizer_dir=_shared(SHARED_ONEVISION_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, extra={"model.image_newline": 0.5}))
+
+
+def make_tiny_internvl(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, tied: bool = False,
+                       vision_hidden: int = 32, tile: int = 56, max_patches: int = 6, init_std: float = 0.08,
+                       feature_layer: int = -1) -> Path:
+    """A random InternVL3-hf checkpoint (2-layer InternViT on 56-px tiles: 4 x 4 patches, 4 tokens per tile
+    after the pixel shuffle; up to 6 tiles + a thumbnail; 2-layer Qwen2, tied embeddings on request) with its
+    image processor and tokenizer; the tokenizer is InternVL3-8B-hf's from ../shared when it is there. Layer
+    scales and the projector's LayerNorm are drawn too, so that a model ignoring them differs."""
+    layers = 2
+    extra = {f"model.vision_tower.encoder.layer.{i}.{name}": 0.5
+             for i in range(layers) for name in ("lambda_1", "lambda_2")}
+    extra.update({f"model.{name}": 0.5 for name in (
+        "multi_modal_projector.layer_norm.bias", "vision_tower.embeddings.cls_token",
+        "vision_tower.embeddings.position_embeddings")})
+    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=layers,
+                            num_attention_heads=4, image_size=tile, patch_size=14, use_mean_pooling=True,
+                            attention_bias=True),
+                text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096, rope_theta=1e6,
+                          initializer_range=init_std),
+                max_patches=max_patches,
+                config=dict(initializer_range=init_std, tie_word_embeddings=tied, vision_feature_layer=feature_layer))
+    return InternVLModel.write_checkpoint(
+        folder, dims, tokenizer_dir=_shared(SHARED_INTERNVL_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, extra=extra))
 
 
 def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_hidden: int = 32,

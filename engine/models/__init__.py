@@ -23,6 +23,7 @@ FAMILIES: dict[str, str] = {
     "mplug_owl2": "mplug_owl2:MplugOwl2Model",
     "qwen2_5_vl": "qwen2_5_vl:Qwen2_5_VLModel",
     "llava_onevision": "llava_onevision:LlavaOnevisionModel",
+    "internvl": "internvl:InternVLModel",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 
