@@ -249,3 +249,27 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
             with torch.no_grad():
                 theirs = model(**inputs).logits[0, -1].float()
             assert_matches_nf4_oracle(engine, answer, theirs)
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
+def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse, batch_size):
+    """The image-attention probe at the answer position, per layer and head (q/k norms and DeepStack
+    inside), against transformers' eager attention over the image pads."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
+                                              batch_size=batch_size), readouts="template_aware")
+    images = [IMAGES[0], IMAGES[4]]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
+    for image, results in zip(images, engine.run_images(items)):
+        for q, result in zip(QUESTIONS[:2], results):
+            inputs = _inputs(checkpoint, image, engine.prompt(q))
+            with torch.no_grad():
+                attentions = model(**inputs, output_attentions=True).attentions
+            image_keys = inputs["input_ids"][0] == model.config.image_token_id
+            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
+            ours = torch.tensor(result.probe["image_attention_heads"])
+            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
+            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
