@@ -80,13 +80,15 @@ class Rotary:
     """Default RoPE, computed as transformers does: fp32 frequencies, cos/sin cast to the model dtype.
     With mrope_section (Qwen2-VL's M-RoPE), image tokens carry three position streams (temporal,
     height, width) and each section of the frequencies takes its own stream; text tokens carry three
-    equal streams, which is plain RoPE, so only positions that hold an image need cos_sin_3d."""
+    equal streams, which is plain RoPE, so only positions that hold an image need cos_sin_3d. Interleaved
+    (Qwen3-VL's), frequency j takes stream j % 3 within the first 3 x section[1] (height) and 3 x section[2]
+    (width) frequencies, temporal elsewhere, instead of one chunk of frequencies per stream."""
 
     def __init__(self, head_dim: int, theta: float, device: torch.device,
-                 mrope_section: tuple[int, ...] | None = None):
+                 mrope_section: tuple[int, ...] | None = None, interleaved: bool = False):
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
         self.inv_freq = 1.0 / (theta**exponent)
-        self.mrope_section = mrope_section
+        self.mrope_section, self.interleaved = mrope_section, interleaved
         if mrope_section is not None and sum(mrope_section) != head_dim // 2:
             raise ValueError(f"mrope_section {mrope_section} does not cover {head_dim // 2} frequencies")
 
@@ -101,8 +103,15 @@ class Rotary:
         if self.mrope_section is None:
             raise ValueError("three position streams need an M-RoPE model (mrope_section)")
         freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [3, ..., S, D/2]
-        freqs = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(list(self.mrope_section), dim=-1))],
-                          dim=-1)
+        if self.interleaved:  # transformers' Qwen3VLTextRotaryEmbedding.recomposition_frequencies
+            out = freqs[0].clone()
+            for stream in (1, 2):
+                every = slice(stream, 3 * self.mrope_section[stream], 3)
+                out[..., every] = freqs[stream, ..., every]
+            freqs = out
+        else:
+            freqs = torch.cat([part[i % 3] for i, part in enumerate(freqs.split(list(self.mrope_section), dim=-1))],
+                              dim=-1)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 

@@ -42,6 +42,11 @@ class LlamaDims:
     sliding_window: int | None = None  # Mistral: keys further back than this are not attended
     qkv_bias: bool = False  # LLaMA configs with attention_bias; Qwen2 always (its family sets it)
     mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's M-RoPE: frequencies per position stream
+    mrope_interleaved: bool = False  # Qwen3-VL's M-RoPE: the streams' frequencies interleaved, not in chunks
+    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
+    # DeepStack (Qwen3-VL): image features carry 1 + deepstack blocks of hidden_size along their last axis;
+    # block 0 is the input embedding, block i + 1 is added to the image positions' output of layer i.
+    deepstack: int = 0
     max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
 
     @classmethod
@@ -67,6 +72,7 @@ class LlamaDims:
                    else None,
                    qkv_bias=bool(getattr(cfg, "attention_bias", False)),
                    mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None,
+                   mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
                    max_positions=getattr(cfg, "max_position_embeddings", None) or 4096)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
@@ -85,6 +91,8 @@ class LlamaDims:
                 p + "mlp.up_proj.weight": (self.intermediate_size, h),
                 p + "mlp.down_proj.weight": (h, self.intermediate_size),
             })
+            if self.qk_norm:
+                shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
             if self.qkv_bias:
                 shapes.update({p + "self_attn.q_proj.bias": (self.num_heads * d,),
                                p + "self_attn.k_proj.bias": (self.num_kv_heads * d,),
@@ -102,6 +110,9 @@ class DecoderLayer(nn.Module):
             linear(weights[f"self_attn.{n}_proj.weight"], weights.get(f"self_attn.{n}_proj.bias")) for n in "qkvo")
         self.gate_proj, self.up_proj, self.down_proj = (
             linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))
+        if dims.qk_norm:
+            self.q_norm, self.k_norm = (nn.Parameter(weights[f"self_attn.{n}_norm.weight"], requires_grad=False)
+                                        for n in "qk")
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, need_q: bool = True,
             image: torch.Tensor | None = None):
@@ -111,12 +122,16 @@ class DecoderLayer(nn.Module):
         b, s, _ = x.shape
         d = self.dims
         h = rms_norm(x, self.input_norm, d.rms_eps)
-        k = self.k_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
+        k = self.head_norm(self.k_proj(h).view(b, s, d.num_kv_heads, d.head_dim), "k").transpose(1, 2)
         v = self.v_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
         if not need_q:
             return None, apply_rotary(k, cos, sin), v
-        q = self.q_proj(h).view(b, s, d.num_heads, d.head_dim).transpose(1, 2)
+        q = self.head_norm(self.q_proj(h).view(b, s, d.num_heads, d.head_dim), "q").transpose(1, 2)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def head_norm(self, x: torch.Tensor, which: str) -> torch.Tensor:
+        """x [B, S, heads, D] through q_norm or k_norm (which: "q", "k") where the model has them (Qwen3)."""
+        return rms_norm(x, getattr(self, f"{which}_norm"), self.dims.rms_eps) if self.dims.qk_norm else x
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
         """Residual + o_proj, then the MLP block. attn [B, Hq, S, D]."""
@@ -147,10 +162,11 @@ class LlamaLM(nn.Module):
         for i in range(dims.num_layers):
             prefix = f"layers.{i}."
             own = {k[len(prefix):]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
-            norms = {k: v.to(device=device, dtype=dtype) for k, v in own.items() if "layernorm" in k}
+            norms = {k: v.to(device=device, dtype=dtype) for k, v in own.items()
+                     if "layernorm" in k or k.endswith(("q_norm.weight", "k_norm.weight"))}
             layers.append(layer_class(dims, {**own, **norms}, linear))
         self.layers = nn.ModuleList(layers)
-        self.rotary = Rotary(dims.head_dim, dims.rope_theta, device, dims.mrope_section)
+        self.rotary = Rotary(dims.head_dim, dims.rope_theta, device, dims.mrope_section, dims.mrope_interleaved)
 
     def embed(self, ids: torch.Tensor, image_mask: torch.Tensor | None = None,
               features: torch.Tensor | None = None) -> torch.Tensor:
@@ -162,7 +178,17 @@ class LlamaLM(nn.Module):
         if int(image_mask.sum()) != features.shape[0]:
             raise ValueError(f"{int(image_mask.sum())} image tokens in the prompt but {features.shape[0]} "
                              "image features")
-        x[image_mask] = features.to(x.dtype)
+        x[image_mask] = features[:, :x.shape[-1]].to(x.dtype)  # block 0 (DeepStack's further blocks: deepstack())
+        return x
+
+    def deepstack(self, x: torch.Tensor, layer: int, batch: TokenBatch) -> torch.Tensor:
+        """x after layer `layer` with DeepStack's block layer + 1 of the image features added at the image
+        positions (Qwen3-VL's first `deepstack` layers); x unchanged for any other model, layer or batch."""
+        if layer >= self.dims.deepstack or batch.image_mask is None:
+            return x
+        h = x.shape[-1]
+        x = x.clone()
+        x[batch.image_mask] = x[batch.image_mask] + batch.features[:, (layer + 1) * h:(layer + 2) * h].to(x.dtype)
         return x
 
     def rotary_of(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
@@ -187,7 +213,7 @@ class LlamaLM(nn.Module):
             if last:
                 break
             x = layer.finish(x, causal_attention(q, k, v), image=batch.image_mask)
-            x = hidden_hook(intervention, i, x, "prefix")
+            x = self.deepstack(hidden_hook(intervention, i, x, "prefix"), i, batch)
         return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans, batch.image_mask)
 
     @torch.inference_mode()
@@ -211,7 +237,7 @@ class LlamaLM(nn.Module):
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
             attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend)
             x = layer.finish(x, attn, image=batch.image_mask)
-            x = hidden_hook(intervention, i, x, "suffix")
+            x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
         last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
         return SuffixOut(last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
                          torch.stack(probes, dim=1) if probe else None)

@@ -12,7 +12,7 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
                       n_questions=12, reference_sample=6, work_dir=tmp_path)
     report = run_bench(cfg)
     supported = {"llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl", "llava_onevision",
-                 "internvl"}  # with a transformers reference
+                 "internvl", "qwen3_vl"}  # with a transformers reference
     assert set(report["models"]) == {*supported, "mplug_owl2"}   # every seed family runs
     owl = report["models"]["mplug_owl2"]
     assert owl["pope_fast"]["questions"] == owl["pope_fast"]["unique_prompts"] == 12
@@ -44,7 +44,7 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
     from dataclasses import astuple
 
     from tinymodels import (make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_5_vl,
-                            make_tiny_qwen2_vl)
+                            make_tiny_qwen2_vl, make_tiny_qwen3_vl)
 
     from pope_fast.engine import Engine, Settings
     from pope_fast.engine.models.mplug_owl2 import MplugOwl2Model
@@ -56,7 +56,7 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
         return MplugOwl2Model.write_checkpoint(folder, "tiny")
 
     for make in (make_tiny_llava, make_tiny_llava_next, make_tiny_instructblip, make_tiny_qwen2_vl, make_tiny_mplug_owl2,
-                 make_tiny_qwen2_5_vl):
+                 make_tiny_qwen2_5_vl, make_tiny_qwen3_vl):
         engine = Engine.load(make(tmp_path / make.__name__, builtin_tokenizer=True), Settings())
         model = engine.model
         assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0

@@ -18,12 +18,14 @@ from pope_fast.engine.models.llava_next import LlavaNextModel
 from pope_fast.engine.models.llava_onevision import LlavaOnevisionModel
 from pope_fast.engine.models.qwen2_5_vl import Qwen2_5_VLModel
 from pope_fast.engine.models.qwen2_vl import Qwen2VLModel
+from pope_fast.engine.models.qwen3_vl import Qwen3VLModel
 from pope_fast.engine.synthetic import Weights, synthetic_image
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
 SHARED_QWEN2_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen2/qwen2-vl-7b-instruct"
 SHARED_QWEN2_5_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen2_5_vl/qwen2.5-vl-7b-instruct"
+SHARED_QWEN3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/qwen3_vl/qwen3-vl-8b-instruct"
 SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/mistral/llava-v1.6-mistral-7b-hf"
 SHARED_ONEVISION_TOKENIZER = (Path(__file__).resolve().parents[2]
                               / "shared/tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf")
@@ -181,6 +183,30 @@ def make_tiny_qwen2_5_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden
     return Qwen2_5_VLModel.write_checkpoint(
         folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_5_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5)))
+
+
+def make_tiny_qwen3_vl(folder: Path, *, seed: int = 0, layers: int = 3, hidden: int = 64, vision_dim: int = 32,
+                       deepstack=(0, 2), init_std: float = 0.08, dtype=torch.float32,
+                       builtin_tokenizer: bool = False) -> Path:
+    """A random Qwen3-VL checkpoint: a 4-block ViT of 16-px patches (a 4 x 4 learned position grid, resampled
+    to each image's) with DeepStack mergers on blocks `deepstack`, whose features enter after language-model
+    layers 0 and 1 of 3; Qwen3 (q_norm and k_norm drawn, so that a model ignoring them differs) with
+    interleaved M-RoPE sections [6, 5, 5] of its 16 frequencies; the processor keeps images between 4 and 30
+    merged tokens; the tokenizer is Qwen3-VL's from ../shared when it is there."""
+    dims = dict(vision=dict(depth=4, hidden_size=vision_dim, intermediate_size=2 * vision_dim, num_heads=4,
+                            out_hidden_size=hidden, patch_size=16, num_position_embeddings=16,
+                            deepstack_visual_indexes=list(deepstack), hidden_act="gelu_pytorch_tanh"),
+                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=32064,
+                          max_position_embeddings=4096, initializer_range=init_std,
+                          rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
+                                           "mrope_interleaved": True}),
+                processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
+                               image_std=[0.5] * 3, min_pixels=4 * 32 * 32, max_pixels=30 * 32 * 32))
+    extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(layers) for n in "qk"}
+    return Qwen3VLModel.write_checkpoint(
+        folder, dims, tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 
 def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50, 120)), splits=("random", "adversarial"),

@@ -24,6 +24,7 @@ FAMILIES: dict[str, str] = {
     "qwen2_5_vl": "qwen2_5_vl:Qwen2_5_VLModel",
     "llava_onevision": "llava_onevision:LlavaOnevisionModel",
     "internvl": "internvl:InternVLModel",
+    "qwen3_vl": "qwen3_vl:Qwen3VLModel",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 

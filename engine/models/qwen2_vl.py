@@ -87,7 +87,7 @@ class Qwen2VLModel(Family):
         self.image_processor = self.pretrained(AutoImageProcessor, "image processor files")
         if self.tokenizer.convert_tokens_to_ids(IMAGE_PAD) != self.image_token_id:
             raise CheckpointError(f"{folder}: the tokenizer has no {IMAGE_PAD} token with id {self.image_token_id}")
-        dims = replace(LlamaDims.from_config(cfg.text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+        dims = self.text_dims(cfg.text_config)
         if dims.mrope_section is None:
             raise CheckpointError(f"{folder}/config.json: text_config has no mrope_section (M-RoPE)")
         lm_weights, vision_weights, vision = self._load(dims)
@@ -97,6 +97,9 @@ class Qwen2VLModel(Family):
         self.lm = self.language_model(dims, lm_weights)
         self._expand = ExpandedPromptIds(self.tokenizer, IMAGE_PAD, self.image_token_id)
         self._fast_pixels = checked_fast_path(NativePixels.for_processor(self.image_processor), self._processor_pixels)
+
+    def text_dims(self, text_config) -> LlamaDims:
+        return replace(LlamaDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
 
     @staticmethod
     def transformers_classes() -> tuple[type, type, type]:
@@ -211,7 +214,7 @@ class Qwen2VLModel(Family):
         special = {t: tok.convert_tokens_to_ids(t) for t in (IMAGE_PAD, "<|vision_start|>", "<|vision_end|>")}
         text = dict(with_vocab(dims["text"], tok), bos_token_id=None,
                     eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-        vision = dict(dims["vision"], patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+        vision = dict(dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3), **dims["vision"])
         config = config_class(text_config=text, vision_config=vision, image_token_id=special[IMAGE_PAD],
                               vision_start_token_id=special["<|vision_start|>"],
                               vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)

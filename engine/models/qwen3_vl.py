@@ -1,0 +1,115 @@
+"""Qwen3-VL (transformers `model_type: qwen3_vl`; Qwen3-VL-8B-Instruct).
+
+Qwen2-VL's pipeline with four changes, each transformers' (models/qwen3_vl/modeling_qwen3_vl.py):
+- the processor is Qwen2-VL's with 16-px patches (images resized to multiples of 32 px within its pixel
+  budget, mean and std 0.5; a 640 x 480 image: 20 x 15 = 300 merged tokens); the tower (transformers'
+  own module) adds learned position embeddings, bilinearly resampled to each grid, to 2-D rotary ones;
+- M-RoPE is interleaved (`mrope_interleaved`): frequency j takes the height stream where j % 3 == 1,
+  the width stream where j % 3 == 2 (within 3 x mrope_section of each), the temporal one elsewhere; the
+  positions themselves are Qwen2-VL's (get_rope_index gives a still image the same streams);
+- the language model is Qwen3: no q/k/v biases, an RMSNorm over each head of q and k before RoPE;
+- DeepStack: the tower's blocks in deepstack_visual_indexes each feed a merger of their own, whose
+  output is added to the image positions' hidden states after language-model layers 0, 1, ... . The
+  features the cache keeps are [rows, cols, (1 + deepstack) x hidden]: the merged features, then each
+  DeepStack block (LlamaDims.deepstack). Image positions lie in the prefix, so its prefill adds them.
+A thinking checkpoint (its chat template opens a <think> block after the assistant turn) is refused:
+its first answer token is the reasoning's, not a yes/no.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from ..llama import LlamaDims
+from ..loader import CheckpointError
+from ..stats import Counts
+from .qwen2_vl import Qwen2VLModel
+
+# The processor of Qwen3-VL-8B-Instruct's preprocessor_config.json: 16-px patches, 2 x 2 merging, 2 frames.
+PROCESSOR = dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
+                 min_pixels=65536, max_pixels=16777216)
+# Qwen3-VL-8B-Instruct ("7b" is the table's name for the seed size): a 27-block, 1152-wide ViT with
+# DeepStack from blocks 8, 16, 24, merging 2 x 2 patches into Qwen3-8B's width; Qwen3-8B with
+# interleaved M-RoPE.
+SIZES = {
+    "7b": dict(vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
+                           patch_size=16, num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24],
+                           hidden_act="gelu_pytorch_tanh"),
+               text=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                         num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
+                         max_position_embeddings=262144,
+                         rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20],
+                                          "mrope_interleaved": True}),
+               processor=PROCESSOR),
+    "tiny": dict(vision=dict(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
+                             patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[1, 2],
+                             hidden_act="gelu_pytorch_tanh"),
+                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=32, vocab_size=151936, rms_norm_eps=1e-6,
+                           max_position_embeddings=32768,
+                           rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
+                                            "mrope_interleaved": True}),
+                 processor=dict(PROCESSOR, max_pixels=1024 * 32 * 32)),
+}
+NOT_CHECKED = "the tool's Qwen3-VL model class has not been checked against the engine yet"
+
+
+class Qwen3VLModel(Qwen2VLModel):
+    """Everything the engine needs from one Qwen3-VL checkpoint."""
+
+    family = "qwen3_vl"
+    name = "Qwen3-VL"
+    seed_model = "Qwen3-VL-8B-Instruct"
+    protocols = {"lmms-eval": NOT_CHECKED, "vlmevalkit": NOT_CHECKED, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
+    sizes = SIZES
+
+    def __init__(self, folder, settings):
+        super().__init__(folder, settings)
+        if not getattr(self.tokenizer, "chat_template", None):
+            return
+        opening = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True,
+                                                     tokenize=False)
+        if "<think>" in opening[opening.rfind("<|im_start|>"):]:
+            raise CheckpointError(f"{folder}: a thinking checkpoint (its chat template opens a <think> block), whose "
+                                  "first answer token begins its reasoning, not a yes/no; use an Instruct checkpoint")
+
+    def text_dims(self, text_config) -> LlamaDims:
+        """Qwen3: q_norm and k_norm, no q/k/v biases; one DeepStack block per deepstack_visual_indexes entry."""
+        deepstack = len(self.config.vision_config.deepstack_visual_indexes)
+        if deepstack > text_config.num_hidden_layers:
+            raise CheckpointError(f"{self.folder}/config.json: {deepstack} DeepStack blocks for "
+                                  f"{text_config.num_hidden_layers} language-model layers")
+        return replace(LlamaDims.from_config(text_config), qk_norm=True, deepstack=deepstack)
+
+    @staticmethod
+    def transformers_classes() -> tuple[type, type, type]:
+        from transformers import Qwen3VLConfig, Qwen3VLForConditionalGeneration
+        from transformers.models.qwen3_vl.modeling_qwen3_vl import Qwen3VLVisionModel
+
+        return Qwen3VLConfig, Qwen3VLForConditionalGeneration, Qwen3VLVisionModel
+
+    @torch.inference_mode()
+    def encode_images(self, pixels: list[tuple[np.ndarray, tuple[int, int, int]]]) -> list[torch.Tensor]:
+        """preprocess() outputs → per image [rows, cols, (1 + deepstack) x hidden]: the merger's features,
+        then each DeepStack merger's, in deepstack_visual_indexes order."""
+        device, dtype = self.settings.torch_device, self.settings.torch_dtype
+        patches = torch.from_numpy(np.concatenate([p for p, _ in pixels])).to(device, dtype)
+        grid = torch.tensor([g for _, g in pixels], device=device)
+        out = self.vision(hidden_states=patches, grid_thw=grid)
+        merged = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
+        sizes = [h * w // self.merge**2 for _, (_, h, w) in pixels]
+        return [f.reshape(h // self.merge, w // self.merge, -1)
+                for f, (_, (_, h, w)) in zip(merged.split(sizes), pixels)]
+
+    def vision_flops(self, counts: Counts) -> float:
+        """Per patch (16 x 16 x 2 frames x 3 channels in) the blocks (q/k/v and output projections, the
+        two-matrix MLP), the patch embedding, and the merger and each DeepStack merger, whose MLPs run
+        once per four patches (the learned position embeddings are a lookup, not a matmul)."""
+        vc = self.config.vision_config
+        d, merged = vc.hidden_size, vc.spatial_merge_size**2
+        mergers = 1 + len(vc.deepstack_visual_indexes)
+        per_patch = 2 * vc.depth * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.temporal_patch_size \
+            * vc.patch_size**2 * d + 2 * mergers * ((merged * d) ** 2 + merged * d * vc.out_hidden_size) / merged
+        return per_patch * counts.vision_tokens

@@ -1,0 +1,275 @@
+"""Qwen3-VL against transformers' Qwen3VLForConditionalGeneration, the oracle, on a tiny random checkpoint:
+a 4-block ViT of 16-px patches with DeepStack mergers on blocks 0 and 2 (their features added after
+language-model layers 0 and 1 of 3), Qwen3 (q_norm, k_norm) with interleaved M-RoPE."""
+import functools
+
+import numpy as np
+import pytest
+import torch
+from tinymodels import (QUESTIONS, SHARED_QWEN3_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
+                        make_tiny_qwen3_vl, synthetic_image, worst_difference)
+
+from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
+
+# Merged token grids (32-px units) 2 x 3 and 3 x 2 (one prefix length, two position layouts), 2 x 2,
+# 1 x 7 and 5 x 5.
+SIZES = [(100, 60), (60, 100), (64, 64), (230, 35), (160, 160)]
+GRIDS = [(2, 3), (3, 2), (2, 2), (1, 7), (5, 5)]
+IMAGES = [synthetic_image(i + 61, size) for i, size in enumerate(SIZES)]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl") / "ckpt")
+
+
+@functools.cache
+def _processors(checkpoint):
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
+
+
+def _inputs(checkpoint, image, prompt):
+    """What Qwen3VLProcessor makes for one image (its image pad expanded, mm_token_type_ids), without its
+    video half (torchvision)."""
+    tokenizer, image_processor = _processors(checkpoint)
+    pixels = image_processor(images=image, return_tensors="pt")
+    tokens = int(pixels["image_grid_thw"].prod()) // 4
+    text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
+
+
+@pytest.fixture(scope="module")
+def model(checkpoint):
+    from transformers import Qwen3VLForConditionalGeneration
+
+    return Qwen3VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint, model):
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for q in QUESTIONS[:3]:
+            inputs = _inputs(checkpoint, image, engine.prompt(q))
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            out[i, q] = (logits, generated.tolist())
+    return out
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 2), (True, 32), (False, 1), (False, 3)],
+                         ids=["reuse-b1", "reuse-b2", "reuse-b32", "whole-b1", "whole-b3"])
+def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
+                         readouts="all")
+    assert engine.template.name == "qwen2_vl_chat"
+    assert engine.model.lm.dims.qk_norm and engine.model.lm.dims.deepstack == 2
+    assert engine.model.lm.dims.mrope_interleaved and not engine.model.lm.dims.qkv_bias
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            logits, generated = oracle[i, answer.question]
+            worst, at = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+def test_mixed_grids_share_one_batch(checkpoint, oracle):
+    """Every image's prompts in one run: 2 x 3 and 3 x 2 (one prefix length, different M-RoPE positions)
+    and the other sizes together, eight prompts a prefill."""
+    engine = Engine.load(checkpoint, Settings(batch_size=8, max_new_tokens=6), readouts="all")
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    assert [tuple(item.features.shape[:2]) for item in items] == GRIDS
+    for i, answers in enumerate(engine.run_images(items)):
+        for q, answer in zip(QUESTIONS[:3], answers):
+            logits, generated = oracle[i, q]
+            worst, _ = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4 and answer.first_token_id == generated[0], f"image {i} {q!r}"
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
+def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse), readouts="string_parse")
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            _, generated = oracle[i, answer.question]
+            assert answer.decoded == generated_text(engine, generated)
+
+
+def test_pixels_are_the_processors_bit_for_bit(checkpoint):
+    """16-px patches: the fast pixel path (taken here) gives the image processor's patches and grid exactly."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    _, image_processor = _processors(checkpoint)
+    assert engine.model._fast_pixels is not None and image_processor.patch_size == 16
+    for image, (rows, cols) in zip(IMAGES, GRIDS):
+        patches, grid = engine.model.preprocess(image)
+        theirs = image_processor(images=image, return_tensors="np")
+        assert grid == tuple(int(v) for v in theirs["image_grid_thw"][0]) == (1, 2 * rows, 2 * cols)
+        assert patches.shape[1] == 3 * 2 * 16 * 16
+        assert patches.dtype == theirs["pixel_values"].dtype and np.array_equal(patches, theirs["pixel_values"])
+
+
+def test_features_hold_the_towers_deepstack(checkpoint, model):
+    """Our features (every image in one tower call) are transformers' get_image_features of each image
+    alone: the merger's output, then each DeepStack merger's, in raster order."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    pixels = [engine.model.preprocess(image) for image in IMAGES]
+    ours = engine.model.encode_images(pixels)
+    assert model.config.vision_config.deepstack_visual_indexes == [0, 2]
+    for feature, (patches, thw), (rows, cols) in zip(ours, pixels, GRIDS):
+        with torch.no_grad():
+            out = model.model.get_image_features(torch.from_numpy(patches), torch.tensor([thw]))
+        theirs = torch.cat([out.pooler_output[0], *(f[0] for f in out.deepstack_features)], dim=-1)
+        assert feature.shape == (rows, cols, 3 * 64)
+        torch.testing.assert_close(feature.reshape(rows * cols, -1), theirs, rtol=0, atol=1e-5)
+
+
+def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
+    """The test sees DeepStack: with its blocks zeroed the logits move far past the tolerance (and the
+    unzeroed ones are transformers'); q_norm and k_norm are drawn, so ignoring them would fail above."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    for i, image in enumerate(IMAGES[:3]):
+        features = engine.features(image)
+        flat = features.clone()
+        flat[..., 64:] = 0
+        prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
+        plain, zeroed = (engine.run_images([ImagePrompts(f, prompts)])[0] for f in (features, flat))
+        for q, a, b in zip(QUESTIONS[:3], plain, zeroed):
+            logits, _ = oracle[i, q]
+            assert worst_difference(a.candidate_logits, logits)[0] <= 1e-4
+            assert worst_difference(b.candidate_logits, logits)[0] > 1e-2
+
+
+def test_positions_and_interleaved_rotary_are_transformers(checkpoint, model):
+    """M-RoPE streams as get_rope_index makes them for each grid, and cos/sin of those streams as
+    Qwen3VLTextRotaryEmbedding interleaves them (chunked sections, Qwen2-VL's, would differ)."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    rotary = model.model.language_model.rotary_emb
+    for image, (rows, cols) in zip(IMAGES, GRIDS):
+        features = engine.features(image)
+        ids = engine.model.prompt_ids(engine.prompt(QUESTIONS[0]), rows * cols)
+        ours = engine.model.positions(ids, features)
+        inputs = _inputs(checkpoint, image, engine.prompt(QUESTIONS[0]))
+        assert inputs["input_ids"][0].tolist() == ids
+        theirs, _ = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                               image_grid_thw=inputs["image_grid_thw"])
+        assert torch.equal(ours, theirs[:, 0])
+        cos, sin = engine.model.lm.rotary.cos_sin_3d(ours[:, None], torch.float32)
+        their_cos, their_sin = rotary(torch.zeros(1, dtype=torch.float32), theirs)
+        assert torch.equal(cos, their_cos) and torch.equal(sin, their_sin)
+        engine.model.lm.rotary.interleaved = False
+        try:
+            chunked, _ = engine.model.lm.rotary.cos_sin_3d(ours[:, None], torch.float32)
+        finally:
+            engine.model.lm.rotary.interleaved = True
+        assert not torch.equal(chunked, cos)
+
+
+def test_real_tokenizer_prompt_and_answer_tokens(checkpoint):
+    """With ../shared's Qwen3-VL tokenizer: its chat template's prompt (no default system turn), its special
+    ids, and the bare `Yes`/`No` as the first answer tokens after `<|im_start|>assistant\\n`."""
+    if not SHARED_QWEN3_TOKENIZER.is_dir():
+        pytest.skip("../shared has no Qwen3-VL tokenizer")
+    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    tokenizer = engine.model.tokenizer
+    assert engine.model.image_token_id == 151655
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>")] == [151652, 151653]
+    prompt = engine.prompt(QUESTIONS[0])
+    assert prompt == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Is there a dog in the image? "
+                      "Answer yes or no only.<|im_end|>\n<|im_start|>assistant\n")
+    for answer, first in (("Yes", 9454), ("No", 2753)):
+        assert tokenizer.encode(prompt + answer) == tokenizer.encode(prompt) + [first]
+    aware = engine.readout.token_sets["template_aware"]
+    assert 9454 in aware.yes_ids and 2753 in aware.no_ids and not set(aware.yes_ids) & set(aware.no_ids)
+    assert engine.model.stop_ids >= {151645}
+
+
+def test_a_thinking_checkpoint_is_refused(tmp_path):
+    """A chat template that opens a <think> block after the assistant turn (Qwen3-VL-*-Thinking's) is
+    refused at load, in one line."""
+    import json
+
+    from pope_fast.engine.loader import CheckpointError
+
+    folder = make_tiny_qwen3_vl(tmp_path / "ckpt", builtin_tokenizer=True)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    jinja = folder / "chat_template.jinja"
+    template = jinja.read_text() if jinja.is_file() else config.pop("chat_template")
+    template = template.replace("<|im_start|>assistant\n", "<|im_start|>assistant\n<think>\n")
+    assert "<think>" in template
+    jinja.write_text(template)
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="thinking checkpoint") as err:
+        Engine.load(folder, Settings(), readouts="template_aware")
+    assert "\n" not in str(err.value)
+
+
+def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
+    """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
+    rows), per patch: the blocks, the merger and both DeepStack mergers over a quarter of the rows."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    counted = []
+
+    def count(module, args, output):
+        rows = output.numel() // output.shape[-1] if isinstance(module, torch.nn.Linear) else output.shape[0]
+        counted.append(2 * module.weight.numel() * rows)
+
+    hooks = [m.register_forward_hook(count) for m in engine.model.vision.modules()
+             if isinstance(m, (torch.nn.Linear, torch.nn.Conv3d))]
+    try:
+        pixels = [engine.model.preprocess(image) for image in IMAGES]
+        engine.model.encode_images(pixels)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    patches = sum(engine.model.vision_tokens(p) for p in pixels)
+    assert patches == 4 * sum(r * c for r, c in GRIDS)
+    assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(sum(counted), rel=1e-12)
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes Qwen3-VL (every Linear but lm_head, the tower's and the DeepStack
+    mergers' included), against transformers + bitsandbytes on CPU (see test_engine_nf4 for the caveats)."""
+    import bitsandbytes as bnb
+    from transformers import Qwen3VLForConditionalGeneration
+
+    checkpoint = make_tiny_qwen3_vl(tmp_path / "ckpt", vision_dim=64, seed=9)
+    model = bnb_nf4_oracle(Qwen3VLForConditionalGeneration, checkpoint)
+    quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
+    assert quantized == {"visual", "language_model"}
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    for image in IMAGES[3:]:
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = _inputs(checkpoint, image, engine.prompt(answer.question))
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            assert_matches_nf4_oracle(engine, answer, theirs)
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
+def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse, batch_size):
+    """The image-attention probe at the answer position, per layer and head (q/k norms and DeepStack
+    inside), against transformers' eager attention over the image pads."""
+    from transformers import Qwen3VLForConditionalGeneration
+
+    model = Qwen3VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
+                                                            attn_implementation="eager").eval()
+    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
+                                              batch_size=batch_size), readouts="template_aware")
+    images = [IMAGES[0], IMAGES[4]]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
+    for image, results in zip(images, engine.run_images(items)):
+        for q, result in zip(QUESTIONS[:2], results):
+            inputs = _inputs(checkpoint, image, engine.prompt(q))
+            with torch.no_grad():
+                attentions = model(**inputs, output_attentions=True).attentions
+            image_keys = inputs["input_ids"][0] == model.config.image_token_id
+            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
+            ours = torch.tensor(result.probe["image_attention_heads"])
+            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
+            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
