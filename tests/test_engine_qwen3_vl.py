@@ -273,3 +273,25 @@ def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse
             ours = torch.tensor(result.probe["image_attention_heads"])
             assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
             assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+
+
+def test_lmms_eval_prompt_is_its_qwen3_vl_classs_messages(checkpoint):
+    """lmms-eval v0.7.2 models/simple/qwen3_vl.py: a system message (l.84), then [image, question + POPE's
+    post_prompt] (l.328), through the checkpoint's chat template; 128 new tokens. VLMEvalKit's class is not
+    checked yet: refused with why."""
+    from pope_fast.engine.models import protocol_for
+    from pope_fast.readout import get_template
+    from pope_fast.readout.templates import SHORT_ANSWER
+
+    if not SHARED_QWEN3_TOKENIZER.is_dir():
+        pytest.skip("../shared has no Qwen3-VL tokenizer")
+    tokenizer, _ = _processors(checkpoint)
+    q = QUESTIONS[0]
+    messages = [{"role": "system", "content": "You are a helpful assistant."},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q + SHORT_ANSWER}]}]
+    coverage = protocol_for(checkpoint, "lmms-eval")
+    theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == 128
+    assert theirs.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
+    with pytest.raises(ValueError, match="not been checked"):
+        protocol_for(checkpoint, "vlmevalkit")

@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ...readout.published import Coverage
 from ..llama import LlamaDims
 from ..loader import CheckpointError
 from ..stats import Counts
@@ -54,6 +55,12 @@ SIZES = {
                  processor=dict(PROCESSOR, max_pixels=1024 * 32 * 32)),
 }
 NOT_CHECKED = "the tool's Qwen3-VL model class has not been checked against the engine yet"
+# lmms-eval v0.7.2 (cb45ac4d) models/simple/qwen3_vl.py: Qwen2.5-VL's messages (l.84 the system prompt, l.328
+# the image then the text), the processor's chat template over them, POPE's 128 new tokens.
+LMMS_EVAL = Coverage("qwen3_vl", "lmms_eval_qwen2_vl", 128, deviations=(
+    "lmms-eval resizes each image with qwen_vl_utils (image_patch_size 16, min_pixels 256*28*28, max_pixels "
+    "1605632: models/simple/qwen3_vl.py l.79-80, l.360) before the processor; here the processor resizes the "
+    "image as read",))
 
 
 class Qwen3VLModel(Qwen2VLModel):
@@ -62,7 +69,7 @@ class Qwen3VLModel(Qwen2VLModel):
     family = "qwen3_vl"
     name = "Qwen3-VL"
     seed_model = "Qwen3-VL-8B-Instruct"
-    protocols = {"lmms-eval": NOT_CHECKED, "vlmevalkit": NOT_CHECKED, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
+    protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": NOT_CHECKED, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
     sizes = SIZES
 
     def __init__(self, folder, settings):
