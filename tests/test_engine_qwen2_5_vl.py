@@ -1,13 +1,13 @@
 """Qwen2.5-VL against transformers' Qwen2_5_VLForConditionalGeneration, the oracle, on a tiny random
 checkpoint: a 4-block windowed ViT (windows of 2 x 2 merged tokens, whole-image attention in blocks 1
 and 3), Qwen2 with M-RoPE."""
-import functools
 
 import numpy as np
 import pytest
 import torch
 from tinymodels import (QUESTIONS, SHARED_QWEN2_5_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
                         make_tiny_qwen2_5_vl, synthetic_image, worst_difference)
+from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
 
@@ -22,24 +22,6 @@ IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate(SIZES)]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny_qwen2_5_vl") / "ckpt")
-
-
-@functools.cache
-def _processors(checkpoint):
-    from transformers import AutoImageProcessor, AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
-
-
-def _inputs(checkpoint, image, prompt):
-    """What Qwen2_5_VLProcessor makes (its image pad expanded, mm_token_type_ids), without its video half
-    (torchvision)."""
-    tokenizer, image_processor = _processors(checkpoint)
-    pixels = image_processor(images=image, return_tensors="pt")
-    tokens = int(pixels["image_grid_thw"].prod()) // 4
-    text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
-    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
 
 
 @pytest.fixture(scope="module")

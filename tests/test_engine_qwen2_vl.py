@@ -1,11 +1,11 @@
 """Qwen2-VL against transformers' Qwen2VLForConditionalGeneration, the oracle, on a tiny random
 checkpoint (native-resolution ViT with 2 x 2 merging, Qwen2 with M-RoPE)."""
-import functools
 
 import pytest
 import torch
 from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_qwen2_vl,
                         synthetic_image, worst_difference)
+from tinymodels import qwen_inputs as _inputs
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
 
@@ -18,23 +18,6 @@ IMAGES = [synthetic_image(i + 41, size) for i, size in enumerate(SIZES)]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return make_tiny_qwen2_vl(tmp_path_factory.mktemp("tiny_qwen2_vl") / "ckpt")
-
-
-@functools.cache
-def _processors(checkpoint):
-    from transformers import AutoImageProcessor, AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
-
-
-def _inputs(checkpoint, image, prompt):
-    """What Qwen2VLProcessor makes (its image pad expanded, mm_token_type_ids), without its video half."""
-    tokenizer, image_processor = _processors(checkpoint)
-    pixels = image_processor(images=image, return_tensors="pt")
-    tokens = int(pixels["image_grid_thw"].prod()) // 4
-    text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
-    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
 
 
 @pytest.fixture(scope="module")

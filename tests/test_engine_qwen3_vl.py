@@ -1,13 +1,13 @@
 """Qwen3-VL against transformers' Qwen3VLForConditionalGeneration, the oracle, on a tiny random checkpoint:
 a 4-block ViT of 16-px patches with DeepStack mergers on blocks 0 and 2 (their features added after
 language-model layers 0 and 1 of 3), Qwen3 (q_norm, k_norm) with interleaved M-RoPE."""
-import functools
 
 import numpy as np
 import pytest
 import torch
 from tinymodels import (QUESTIONS, SHARED_QWEN3_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
                         make_tiny_qwen3_vl, synthetic_image, worst_difference)
+from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
 
@@ -21,24 +21,6 @@ IMAGES = [synthetic_image(i + 61, size) for i, size in enumerate(SIZES)]
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     return make_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl") / "ckpt")
-
-
-@functools.cache
-def _processors(checkpoint):
-    from transformers import AutoImageProcessor, AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
-
-
-def _inputs(checkpoint, image, prompt):
-    """What Qwen3VLProcessor makes for one image (its image pad expanded, mm_token_type_ids), without its
-    video half (torchvision)."""
-    tokenizer, image_processor = _processors(checkpoint)
-    pixels = image_processor(images=image, return_tensors="pt")
-    tokens = int(pixels["image_grid_thw"].prod()) // 4
-    text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
-    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
-    return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
 
 
 @pytest.fixture(scope="module")

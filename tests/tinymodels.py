@@ -6,6 +6,7 @@ word-level ones stand in, so these tests run on any clone.
 """
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -302,3 +303,23 @@ def edited_eager_attention(edit_scores):
         return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
 
     return attention
+
+
+@functools.cache
+def qwen_processors(checkpoint: Path):
+    """(tokenizer, image processor) of a Qwen-VL family checkpoint; its full processor also wants a video
+    processor, which needs torchvision."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
+
+
+def qwen_inputs(checkpoint: Path, image, prompt: str) -> dict:
+    """What Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's processors make for one image (the image pad expanded to
+    the merged grid, mm_token_type_ids), without their video half."""
+    tokenizer, image_processor = qwen_processors(checkpoint)
+    pixels = image_processor(images=image, return_tensors="pt")
+    tokens = int(pixels["image_grid_thw"].prod()) // 4
+    text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
+    image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
+    return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
