@@ -165,15 +165,27 @@ def score_benchmark_paths(paths: list[str], name: str | None = None, data: str |
     return out
 
 
+def _recorded_benchmark(path: str | Path) -> str | None:
+    """The benchmark a run's meta.json names (eval records it), without reading its records."""
+    from . import REGISTRY
+    from ..records import META_FILE, read_meta
+
+    folder = Path(path) if Path(path).is_dir() else Path(path).parent
+    name = read_meta(folder / META_FILE).get("benchmark")
+    return name if name in REGISTRY else None
+
+
 def benchmark_of(paths: list[str]) -> str | None:
-    """The benchmark the paths' content names (each run's records, each result file's layout), or None where
-    none does (POPE); paths of two benchmarks are refused."""
+    """The benchmark the paths name (each run's meta.json, each result file's layout), or None where none
+    does (POPE); paths of two benchmarks are refused."""
     from . import detect_benchmark
-    from ..records import read_records
 
     found = {}
     for path in paths:
-        benchmark = run_benchmark(read_records(path)) if is_run(path) else detect_benchmark(path)
+        if is_run(path):
+            found[path] = _recorded_benchmark(path)
+            continue
+        benchmark = detect_benchmark(path)
         found[path] = benchmark.name if benchmark is not None else None
     names = set(found.values())
     if len(names) > 1:
