@@ -7,7 +7,7 @@ import pytest
 import torch
 from tinymodels import (QUESTIONS, SHARED_QWEN2_5_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
                         make_tiny_qwen2_5_vl, synthetic_image, worst_difference)
-from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
+from tinymodels import qwen_inputs as _inputs, qwen_oracle, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
 
@@ -33,16 +33,7 @@ def model(checkpoint):
 
 @pytest.fixture(scope="module")
 def oracle(checkpoint, model):
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
-    out = {}
-    for i, image in enumerate(IMAGES):
-        for q in QUESTIONS[:3]:
-            inputs = _inputs(checkpoint, image, engine.prompt(q))
-            with torch.no_grad():
-                logits = model(**inputs).logits[0, -1]
-                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-            out[i, q] = (logits, generated.tolist())
-    return out
+    return qwen_oracle(checkpoint, model, IMAGES, QUESTIONS[:3])
 
 
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 2), (True, 32), (False, 1), (False, 3)],
