@@ -248,10 +248,11 @@ def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse
             assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
 
 
-def test_lmms_eval_prompt_is_its_qwen3_vl_classs_messages(checkpoint):
+def test_protocol_prompts_are_the_tools_messages(checkpoint):
     """lmms-eval v0.7.2 models/simple/qwen3_vl.py: a system message (l.84), then [image, question + POPE's
-    post_prompt] (l.328), through the checkpoint's chat template; 128 new tokens. VLMEvalKit's class is not
-    checked yet: refused with why."""
+    post_prompt] (l.328), 128 new tokens. VLMEvalKit e8e78f05 Qwen3VLChat (config.py l.1451-1462,
+    use_custom_prompt=False): image_base.py l.329-336's [image, question], no system message (model.py
+    l.360-363), 16384 new tokens, sampled: said as a deviation. Both through the checkpoint's chat template."""
     from pope_fast.engine.models import protocol_for
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
@@ -259,12 +260,14 @@ def test_lmms_eval_prompt_is_its_qwen3_vl_classs_messages(checkpoint):
     if not SHARED_QWEN3_TOKENIZER.is_dir():
         pytest.skip("../shared has no Qwen3-VL tokenizer")
     tokenizer, _ = _processors(checkpoint)
-    q = QUESTIONS[0]
-    messages = [{"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q + SHORT_ANSWER}]}]
-    coverage = protocol_for(checkpoint, "lmms-eval")
-    theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == 128
-    assert theirs.startswith("<|im_start|>system\nYou are a helpful assistant.<|im_end|>")
-    with pytest.raises(ValueError, match="not been checked"):
-        protocol_for(checkpoint, "vlmevalkit")
+    q, image = QUESTIONS[0], {"type": "image"}
+    lmms = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [image, {"type": "text", "text": q + SHORT_ANSWER}]}]
+    vlmeval = [{"role": "user", "content": [image, {"type": "text", "text": q}]}]
+    for protocol, messages, length in (("lmms-eval", lmms, 128), ("vlmevalkit", vlmeval, 16384)):
+        coverage = protocol_for(checkpoint, protocol)
+        theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == length
+    assert theirs == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Is there a dog in the image?"
+                      "<|im_end|>\n<|im_start|>assistant\n")  # Qwen3-VL's template opens with no system turn
+    assert any("samples" in d and "greedy" in d for d in protocol_for(checkpoint, "vlmevalkit").deviations)
