@@ -33,7 +33,8 @@ PROCESSOR = dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=
                  min_pixels=65536, max_pixels=16777216)
 # Qwen3-VL-8B-Instruct ("7b" is the table's name for the seed size): a 27-block, 1152-wide ViT with
 # DeepStack from blocks 8, 16, 24, merging 2 x 2 patches into Qwen3-8B's width; Qwen3-8B with
-# interleaved M-RoPE.
+# interleaved M-RoPE (field for field the published config.json as public copies of it give it, e.g.
+# TensorRT-LLM's Qwen3-VL-8B-Instruct test config; its lm_head is not tied).
 SIZES = {
     "7b": dict(vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
                            patch_size=16, num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24],
