@@ -206,3 +206,21 @@ def test_bad_index_is_named(tiny_bin, tmp_path, index_text, expected):
     folder = broken_copy(tiny_bin, tmp_path / "broken")
     (folder / "pytorch_model.bin.index.json").write_text(index_text)
     assert re.search(expected, load_error(folder))
+
+
+@pytest.mark.parametrize("model_type, says", [
+    ("qwen3_vl_moe", r"'qwen3_vl_moe' is not supported \(Qwen3VLMoeForConditionalGeneration\): the engine does not "
+                     r"implement its mixture-of-experts MLP layers"),
+    ("kosmos-2", r"'kosmos-2' is not supported \(Kosmos2ForConditionalGeneration\): no family module implements it"),
+    ("bert", r"'bert' is not supported \(supported: llava, "),
+])
+def test_a_model_without_a_family_is_refused_naming_what_is_missing(tmp_path, model_type, says):
+    """A transformers class whose pieces the engine lacks says which; one it could host says no family module
+    implements it; a model_type transformers has no vision-language class for says only that. One line."""
+    from pope_fast.engine.loader import CheckpointError
+    from pope_fast.engine.models import load_model
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+    with pytest.raises(CheckpointError, match=says) as err:
+        load_model(tmp_path, Settings())
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"{tmp_path}/config.json: model_type")

@@ -398,7 +398,8 @@ def _edit_tensors(folder, edit):
 @pytest.mark.parametrize("breakage, message", [
     ("no-folder", r"no such checkpoint folder"),
     ("no-config", r"config\.json: missing"),
-    ("model-type", rf"model_type 'mllama' is not supported \(supported: {', '.join(FAMILIES)}\)"),
+    ("model-type", rf"model_type 'mllama' is not supported \(MllamaForConditionalGeneration\): the engine does not "
+                   rf"implement its cross-attention layers .* \(supported: {', '.join(FAMILIES)}\)"),
     ("missing-tensor", r"missing tensors: lm\.layers\.1\.mlp\.up_proj\.weight"),
     ("unexpected-tensor", r"unexpected tensors: language_model\.model\.layers\.9\.extra\.weight"),
     ("bad-shape", r"tensor multi_modal_projector\.linear_2\.weight has shape \(64, 32\)"),

@@ -28,11 +28,47 @@ FAMILIES: dict[str, str] = {
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 
+# Vision-language classes transformers has whose pieces no family here implements: what is missing, so a
+# user knows whether a family module would do or the language model itself needs new parts.
+_MOE = "mixture-of-experts MLP layers (the engine's decoder layers have one dense MLP)"
+NOT_IMPLEMENTED: dict[str, str] = {
+    "mllama": "cross-attention layers (its language model reads the image through gated cross-attention to the "
+              "vision features, not as tokens of its own sequence)",
+    "paligemma": "prefix-LM attention (the image and the whole prompt attend to each other bidirectionally)",
+    "fuyu": "a tower-free image path (patches enter the decoder through one linear layer) and Persimmon's decoder "
+            "(LayerNorm, partial rotary)",
+    "chameleon": "images as discrete VQ codebook tokens (no vision features)",
+    "emu3": "images as discrete VQ codebook tokens (no vision features)",
+    "idefics2": "the Perceiver resampler between the vision tower and the language model",
+    "idefics3": "the pixel-shuffle connector over image splits",
+    "smolvlm": "the pixel-shuffle connector over image splits",
+    "gemma3n": "per-layer embeddings, AltUp and the MobileNet vision tower",
+    "llama4": _MOE + " and chunked attention",
+    "qwen3_vl_moe": _MOE,
+    "qwen3_5_moe": _MOE,
+    "aria": _MOE,
+    "glm4v_moe": _MOE,
+    "ernie4_5_vl_moe": _MOE,
+}
+
+
+def unsupported(model_type: str | None) -> str:
+    """Why a model_type has no family, in words for a one-line error: what the engine lacks where that is
+    known, or that no family module implements transformers' class for it; the supported ones after."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as CLASSES
+
+    why = f"model_type {model_type!r} is not supported"
+    if model_type in CLASSES:
+        missing = NOT_IMPLEMENTED.get(model_type)
+        why += f" ({CLASSES[model_type]}): " + (f"the engine does not implement its {missing}" if missing
+                                                  else "no family module implements it yet")
+    return f"{why} (supported: {', '.join(FAMILIES)})"
+
 
 def family_class(model_type: str) -> type[Family]:
-    """The family of a model_type; ValueError naming the supported ones for any other."""
+    """The family of a model_type; ValueError saying why any other has none."""
     if model_type not in FAMILIES:
-        raise ValueError(f"model family {model_type!r} is not supported (supported: {', '.join(FAMILIES)})")
+        raise ValueError(unsupported(model_type))
     module, _, name = FAMILIES[model_type].partition(":")
     return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
@@ -42,8 +78,7 @@ def load_model(folder: str | Path, settings: Settings) -> Family:
     folder = Path(folder).expanduser().resolve()
     model_type = read_config(folder).get("model_type")
     if model_type not in FAMILIES:
-        raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not supported "
-                              f"(supported: {', '.join(FAMILIES)})")
+        raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}")
     return family_class(model_type)(folder, settings)
 
 
