@@ -3,8 +3,9 @@ checkpoint (28-px ViT, 2-layer Q-Former with 4 queries, LLaMA)."""
 
 import pytest
 import torch
-from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_instructblip,
-                        synthetic_image, worst_difference, write_pope_set)
+from familychecks import (assert_continuations_match, assert_nf4_matches, assert_run_matches, assert_scores_match,
+                          image_items, processor_inputs, processor_oracle)
+from tinymodels import QUESTIONS, bnb_nf4_oracle, make_tiny_instructblip, synthetic_image, write_pope_set
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
 from pope_fast.sweep import run_pope
@@ -20,33 +21,20 @@ def checkpoint(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def oracle(checkpoint):
-    """transformers' answer-position logits and greedy continuation per (image, question)."""
+    """transformers' answer-position logits, greedy continuation and prompt ids per (image, question), on
+    InstructBLIP's prompt as written here."""
     from transformers import AutoProcessor, InstructBlipForConditionalGeneration
 
-    model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(checkpoint))
-    out = {}
-    for i, image in enumerate(IMAGES):
-        for q in QUESTIONS[:4]:
-            text = f"Question: {q} Answer yes or no only. Answer:"
-            inputs = processor(images=image, text=text, return_tensors="pt")
-            with torch.no_grad():
-                logits = model(**inputs).logits[0, -1]
-                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-            out[i, q] = (logits, generated.tolist())
-    return out
+    return processor_oracle(InstructBlipForConditionalGeneration, checkpoint, processor,
+                            lambda q: f"Question: {q} Answer yes or no only. Answer:", IMAGES, QUESTIONS[:4])
 
 
 @pytest.mark.parametrize("batch_size", [1, 5, 32])
 def test_candidate_logits_match_transformers(checkpoint, oracle, batch_size):
     engine = Engine.load(checkpoint, Settings(batch_size=batch_size, max_new_tokens=6), readouts="all")
     assert engine.template.name == "instructblip"
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:4]):
-            logits, generated = oracle[i, answer.question]
-            worst, at = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
-            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:4])
 
 
 def test_the_question_reaches_the_image_tokens(checkpoint):
@@ -59,21 +47,13 @@ def test_the_question_reaches_the_image_tokens(checkpoint):
 
 def test_images_and_questions_in_one_batch(checkpoint, oracle):
     engine = Engine.load(checkpoint, Settings(batch_size=7, max_new_tokens=6), readouts="all")
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:4]]) for image in IMAGES]
-    for i, answers in enumerate(engine.run_images(items)):
-        for q, answer in zip(QUESTIONS[:4], answers):
-            first, candidates = answer.first_token_id, answer.candidate_logits
-            logits, generated = oracle[i, q]
-            worst, _ = worst_difference(candidates, logits)
-            assert worst <= 1e-4 and first == generated[0], f"image {i} {q!r}"
+    items = image_items(engine, IMAGES, QUESTIONS[:4])
+    assert_run_matches(engine, oracle, items, QUESTIONS[:4])
 
 
 def test_continuation_matches_generate(checkpoint, oracle):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:4]):
-            _, generated = oracle[i, answer.question]
-            assert answer.decoded == generated_text(engine, generated)
+    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:4])
 
 
 def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
@@ -128,10 +108,5 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     assert quantized == {"vision_model", "qformer", "language_projection", "language_model"}
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
-    for image in IMAGES[:2]:
-        for answer in engine.score(image, QUESTIONS[:3]):
-            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
-            inputs["pixel_values"] = inputs["pixel_values"].half()
-            with torch.no_grad():
-                theirs = model(**inputs).logits[0, -1].float()
-            assert_matches_nf4_oracle(engine, answer, theirs)
+    inputs_of = processor_inputs(processor)
+    assert_nf4_matches(engine, model, inputs_of, IMAGES[:2], QUESTIONS[:3])

@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text, make_tiny_internvl,
-                        synthetic_image, worst_difference)
+from familychecks import (assert_continuations_match, assert_probe_matches_eager, assert_run_matches,
+                          assert_scores_match, image_items, processor_inputs, processor_oracle)
+from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, make_tiny_internvl, synthetic_image,
+                        worst_difference)
 
-from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
+from pope_fast.engine import Counts, Engine, Settings
 from pope_fast.engine.models import family_class, protocol_for
 
 # (width, height) → tiles: 2 x 1 + thumbnail, 1 x 3 + thumbnail, square 2 x 2 (the tie with 1 x 1 goes to more
@@ -34,17 +36,9 @@ def checkpoint(tmp_path_factory):
 def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4) -> dict:
     from transformers import InternVLForConditionalGeneration
 
-    model = InternVLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     processor = INTERNVL.reference_processor(checkpoint)
-    out = {}
-    for i, image in enumerate(images):
-        for q in questions:
-            inputs = processor(images=image, text=prompt(q), return_tensors="pt")
-            with torch.no_grad():
-                logits = model(**inputs).logits[0, -1]
-                generated = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
-            out[i, q] = (logits, generated[0, inputs["input_ids"].shape[1]:].tolist(), inputs["input_ids"][0].tolist())
-    return out
+    return processor_oracle(InternVLForConditionalGeneration, checkpoint, processor, prompt, images,
+                            questions, new_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +58,7 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
     for i, image in enumerate(IMAGES):
         features = engine.features(image)
         assert features.shape[0] == TILES[i] * PER_TILE, f"image {i}: {features.shape[0]} image tokens"
-        for answer in engine.score(image, QUESTIONS[:3]):
-            logits, generated, _ = oracle[i, answer.question]
-            worst, at = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
-            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_prompt_ids_are_the_processors(checkpoint, oracle):
@@ -89,23 +79,16 @@ def test_prompt_ids_are_the_processors(checkpoint, oracle):
 def test_images_of_different_tile_counts_in_one_batch(checkpoint, oracle):
     """A batch whose images have different prefix lengths, and whose question rows span images."""
     engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=6), readouts="all")
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    items = image_items(engine, IMAGES, QUESTIONS[:3])
     assert len({item.features.shape[0] for item in items}) == len(IMAGES)
-    for i, answers in enumerate(engine.run_images(items)):
-        for q, answer in zip(QUESTIONS[:3], answers):
-            logits, generated, _ = oracle[i, q]
-            worst, _ = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4 and answer.first_token_id == generated[0], f"image {i} {q!r}"
+    assert_run_matches(engine, oracle, items, QUESTIONS[:3])
 
 
 @pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
 def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse, batch_size=2),
                          readouts="string_parse")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:3]):
-            _, generated, _ = oracle[i, answer.question]
-            assert answer.decoded == generated_text(engine, generated)
+    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_pixels_match_the_image_processor(checkpoint):
@@ -289,17 +272,8 @@ def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse
     engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
                                               batch_size=batch_size), readouts="template_aware")
     images = [IMAGES[5], IMAGES[3]]
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
-    for image, results in zip(images, engine.run_images(items)):
-        for q, result in zip(QUESTIONS[:2], results):
-            inputs = processor(images=image, text=engine.prompt(q), return_tensors="pt")
-            with torch.no_grad():
-                attentions = model(**inputs, output_attentions=True).attentions
-            image_keys = inputs["input_ids"][0] == model.config.image_token_id
-            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
-            ours = torch.tensor(result.probe["image_attention_heads"])
-            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
-            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+    inputs_of = processor_inputs(processor)
+    assert_probe_matches_eager(engine, model, inputs_of, images, QUESTIONS[:2])
 
 
 def test_every_method_matches_its_formula_on_transformers(checkpoint):

@@ -2,14 +2,17 @@
 checkpoint: a 4-block windowed ViT (windows of 2 x 2 merged tokens, whole-image attention in blocks 1
 and 3), Qwen2 with M-RoPE."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
-from tinymodels import (QUESTIONS, SHARED_QWEN2_5_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
-                        make_tiny_qwen2_5_vl, synthetic_image, worst_difference)
-from tinymodels import qwen_inputs as _inputs, qwen_oracle, qwen_processors as _processors
+from familychecks import (assert_continuations_match, assert_nf4_matches, assert_run_matches, assert_scores_match,
+                          image_items, qwen_oracle)
+from tinymodels import QUESTIONS, SHARED_QWEN2_5_TOKENIZER, bnb_nf4_oracle, make_tiny_qwen2_5_vl, synthetic_image
+from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
-from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
+from pope_fast.engine import Counts, Engine, Settings
 
 # Merged token grids 2 x 3 and 3 x 2 (one prefix length, two position layouts, windows of 2 x 2 and a
 # ragged one), 2 x 2 (exactly one window), 1 x 7 (four windows, the last of one token) and 5 x 5 (nine
@@ -42,33 +45,21 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
     engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
                          readouts="all")
     assert engine.template.name == "qwen2_vl_chat"
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:3]):
-            logits, generated = oracle[i, answer.question]
-            worst, at = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
-            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_mixed_grids_share_one_batch(checkpoint, oracle):
     """Every image's prompts in one run: 2 x 3 and 3 x 2 (one prefix length, different M-RoPE positions)
     and the other sizes together, eight prompts a prefill."""
     engine = Engine.load(checkpoint, Settings(batch_size=8, max_new_tokens=6), readouts="all")
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    items = image_items(engine, IMAGES, QUESTIONS[:3])
     assert [tuple(item.features.shape[:2]) for item in items] == GRIDS
-    for i, answers in enumerate(engine.run_images(items)):
-        for q, answer in zip(QUESTIONS[:3], answers):
-            logits, generated = oracle[i, q]
-            worst, _ = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4 and answer.first_token_id == generated[0], f"image {i} {q!r}"
+    assert_run_matches(engine, oracle, items, QUESTIONS[:3])
 
 
 def test_continuation_matches_generate(checkpoint, oracle):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:3]):
-            _, generated = oracle[i, answer.question]
-            assert answer.decoded == generated_text(engine, generated)
+    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_pixels_are_the_processors_bit_for_bit(checkpoint):
@@ -213,10 +204,4 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
     assert quantized == {"visual", "language_model"}
     engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
-    for image in IMAGES[3:]:
-        for answer in engine.score(image, QUESTIONS[:3]):
-            inputs = _inputs(checkpoint, image, engine.prompt(answer.question))
-            inputs["pixel_values"] = inputs["pixel_values"].half()
-            with torch.no_grad():
-                theirs = model(**inputs).logits[0, -1].float()
-            assert_matches_nf4_oracle(engine, answer, theirs)
+    assert_nf4_matches(engine, model, partial(_inputs, checkpoint), IMAGES[3:], QUESTIONS[:3])

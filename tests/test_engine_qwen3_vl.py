@@ -2,12 +2,16 @@
 a 4-block ViT of 16-px patches with DeepStack mergers on blocks 0 and 2 (their features added after
 language-model layers 0 and 1 of 3), Qwen3 (q_norm, k_norm) with interleaved M-RoPE."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
-from tinymodels import (QUESTIONS, SHARED_QWEN3_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle, generated_text,
-                        make_tiny_qwen3_vl, synthetic_image, worst_difference)
-from tinymodels import qwen_inputs as _inputs, qwen_oracle, qwen_processors as _processors
+from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
+                          assert_run_matches, assert_scores_match, image_items, qwen_oracle)
+from tinymodels import (QUESTIONS, SHARED_QWEN3_TOKENIZER, bnb_nf4_oracle, make_tiny_qwen3_vl, synthetic_image,
+                        worst_difference)
+from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
 
@@ -43,34 +47,22 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
     assert engine.template.name == "qwen2_vl_chat"
     assert engine.model.lm.dims.qk_norm and engine.model.lm.dims.deepstack == 2
     assert engine.model.lm.dims.mrope_interleaved and not engine.model.lm.dims.qkv_bias
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:3]):
-            logits, generated = oracle[i, answer.question]
-            worst, at = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
-            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_mixed_grids_share_one_batch(checkpoint, oracle):
     """Every image's prompts in one run: 2 x 3 and 3 x 2 (one prefix length, different M-RoPE positions)
     and the other sizes together, eight prompts a prefill."""
     engine = Engine.load(checkpoint, Settings(batch_size=8, max_new_tokens=6), readouts="all")
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    items = image_items(engine, IMAGES, QUESTIONS[:3])
     assert [tuple(item.features.shape[:2]) for item in items] == GRIDS
-    for i, answers in enumerate(engine.run_images(items)):
-        for q, answer in zip(QUESTIONS[:3], answers):
-            logits, generated = oracle[i, q]
-            worst, _ = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4 and answer.first_token_id == generated[0], f"image {i} {q!r}"
+    assert_run_matches(engine, oracle, items, QUESTIONS[:3])
 
 
 @pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
 def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse), readouts="string_parse")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:3]):
-            _, generated = oracle[i, answer.question]
-            assert answer.decoded == generated_text(engine, generated)
+    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_pixels_are_the_processors_bit_for_bit(checkpoint):
@@ -112,7 +104,7 @@ def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
         prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
         plain, zeroed = (engine.run_images([ImagePrompts(f, prompts)])[0] for f in (features, flat))
         for q, a, b in zip(QUESTIONS[:3], plain, zeroed):
-            logits, _ = oracle[i, q]
+            logits, *_ = oracle[i, q]
             assert worst_difference(a.candidate_logits, logits)[0] <= 1e-4
             assert worst_difference(b.candidate_logits, logits)[0] > 1e-2
 
@@ -215,13 +207,7 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
     assert quantized == {"visual", "language_model"}
     engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
-    for image in IMAGES[3:]:
-        for answer in engine.score(image, QUESTIONS[:3]):
-            inputs = _inputs(checkpoint, image, engine.prompt(answer.question))
-            inputs["pixel_values"] = inputs["pixel_values"].half()
-            with torch.no_grad():
-                theirs = model(**inputs).logits[0, -1].float()
-            assert_matches_nf4_oracle(engine, answer, theirs)
+    assert_nf4_matches(engine, model, partial(_inputs, checkpoint), IMAGES[3:], QUESTIONS[:3])
 
 
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
@@ -235,17 +221,7 @@ def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse
     engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
                                               batch_size=batch_size), readouts="template_aware")
     images = [IMAGES[0], IMAGES[4]]
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
-    for image, results in zip(images, engine.run_images(items)):
-        for q, result in zip(QUESTIONS[:2], results):
-            inputs = _inputs(checkpoint, image, engine.prompt(q))
-            with torch.no_grad():
-                attentions = model(**inputs, output_attentions=True).attentions
-            image_keys = inputs["input_ids"][0] == model.config.image_token_id
-            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
-            ours = torch.tensor(result.probe["image_attention_heads"])
-            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
-            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+    assert_probe_matches_eager(engine, model, partial(_inputs, checkpoint), images, QUESTIONS[:2])
 
 
 def test_protocol_prompts_are_the_tools_messages(checkpoint):

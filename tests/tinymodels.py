@@ -323,20 +323,3 @@ def qwen_inputs(checkpoint: Path, image, prompt: str) -> dict:
     text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
     image_id = tokenizer.convert_tokens_to_ids("<|image_pad|>")
     return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == image_id).int())
-
-
-def qwen_oracle(checkpoint: Path, model, images, questions) -> dict:
-    """{(image index, question): (transformers' last-position logits, its 4 greedy new tokens)} of a Qwen-VL
-    family's transformers class, over the prompts our engine renders for them."""
-    from pope_fast.engine import Engine, Settings
-
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
-    out = {}
-    for i, image in enumerate(images):
-        for q in questions:
-            inputs = qwen_inputs(checkpoint, image, engine.prompt(q))
-            with torch.no_grad():
-                logits = model(**inputs).logits[0, -1]
-                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-            out[i, q] = (logits, generated.tolist())
-    return out
