@@ -15,6 +15,7 @@ from typing import Mapping
 from ..data import DataError, Question
 from ..protocols import NO, YES, yorn
 from . import hallusionbench_metrics as metrics
+from . import vlmevalkit_tables as tables
 from .base import Benchmark, Response, Rule
 
 NAME = "hallusionbench"
@@ -140,6 +141,42 @@ def write_results(path: Path, question_rows: list[dict], texts: Mapping[str, str
     return Path(path)
 
 
+# Hallusion_rating reads the category (VD/VS), l2-category (the subcategory) and the set, figure and question ids
+# as the 4th-6th '_'-separated parts of `index` (VLMEvalKit yorn.py:102, 110, 117-119); answer is matched
+# case-sensitively against "Yes"/"No" (image_yorn.py:91).
+TABLE_COLUMNS = tables.BASE + ("l2-category",)
+TABLE_ANSWERS = {"Yes": YES, "No": NO}
+
+
+def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[Response]:
+    """A VLMEvalKit HallusionBench prediction table, each row joined to the question data by its official key
+    `category_l2-category_set_id_figure_id_question_id`. The table has no visual_input, and the official easy/hard
+    split is decided by it (hallusionbench_metrics), so the question data is needed; the label is the table's
+    `answer` and must agree with the data's."""
+    if questions is None:
+        raise DataError(f"{path}: a VLMEvalKit HallusionBench table has no visual_input (original or edited figure): "
+                        "give HallusionBench.json (--data)")
+    known = {q.key: q for q in questions}
+    out, seen = [], {}
+    for where, row in tables.read_table(path, TABLE_COLUMNS, "HallusionBench"):
+        ids = row["index"].strip().split("_")
+        if len(ids) < 6:
+            raise DataError(f"{where}: index {row['index']!r} has no set, figure and question ids (its 4th-6th "
+                            "'_'-separated parts, as VLMEvalKit's Hallusion_rating reads them)")
+        key = metrics.question_key(row["category"], row["l2-category"], *ids[3:6])
+        if key not in known:
+            raise DataError(f"{where}: question {key} is not in the question data")
+        if key in seen:  # two indices naming one question: every metric would count it twice
+            raise DataError(f"{where}: question {key} repeats {seen[key]}")
+        seen[key] = where
+        question, label = known[key], tables.label(where, row["answer"], TABLE_ANSWERS)
+        if label != question.label:
+            raise DataError(f"{where}: question {key} has answer {row['answer']!r}; the question data says "
+                            f"{question.label}: another version of HallusionBench?")
+        out.append(Response(key, question.split, row["prediction"], label, question.image, where))
+    return out
+
+
 def _is_rows(path: Path) -> bool:
     """A JSON list whose rows are objects holding HallusionBench's ids; never raises."""
     try:
@@ -185,8 +222,11 @@ class HallusionBench(Benchmark):
 
     @classmethod
     def detect(cls, path: Path) -> bool:
-        """HallusionBench.json, a result file of it, or a folder holding one directly."""
+        """HallusionBench.json, a result file of it, a folder holding one directly, or a VLMEvalKit prediction
+        table (.tsv/.csv: its columns, only VD/VS categories)."""
         path = Path(path)
+        if tables.is_table(path):
+            return tables.fits(path, TABLE_COLUMNS, metrics.CATEGORIES)
         if path.is_dir():
             return any(_is_rows(p) for p in sorted(path.glob("*.json")))
         return path.suffix == ".json" and _is_rows(path)
@@ -199,7 +239,10 @@ class HallusionBench(Benchmark):
     @classmethod
     def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
         """HallusionBench_result.json's answers (question rows with `model_prediction`), keyed by the official key
-        built from each row's fields; with `questions`, a key they lack is refused."""
+        built from each row's fields; with `questions`, a key they lack is refused. A VLMEvalKit prediction table
+        (.tsv/.csv) is read by read_vlmevalkit_table."""
+        if tables.is_table(Path(path)):
+            return read_vlmevalkit_table(Path(path), questions)
         known = None if questions is None else {q.key: q for q in questions}
         out = []
         for key, where, row in _unique(_load(path), path, ROW_FIELDS + (PREDICTION,)):
