@@ -12,7 +12,7 @@ from .readout import (TEMPLATES, RunLock, audit_tokens, compare_runs, expand_run
                       get_template, load_tokenizer, repair_records)
 from .readout.score import score_paths
 from .errors import EXPECTED, one_line
-from .readout.published import PROTOCOLS, format_protocol_runs, get_protocol
+from .readout.published import PROTOCOLS, SCORING_PROTOCOLS, format_protocol_runs, get_protocol
 from .readout.benchmarks import REGISTRY
 from .scoring import ScoreJob
 
@@ -45,7 +45,7 @@ def main() -> None:
 @click.option("--layers", default=None, metavar="FIRST-LAST",
               help="image-attention probe: the decoder layers averaged (inclusive; default: 14-19 on 32-layer "
                    "models, as the paper, else the middle fifth)")
-@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+@click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
 @click.option("--labels", "labels", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="corrected labels in POPE's format, one file per split named by it (RePOPE's "
                    "annotations/coco_repope_{split}.json): the runs are scored under them too, side by side")
@@ -69,7 +69,7 @@ def score(files, readouts, fmt, percent, seed, resamples, layers, protocol, labe
 @click.option("--allow-mismatch", is_flag=True,
               help="compare runs that differ in more than their method (dtype, quantization, template, token sets, "
                    "questions, library versions, or an imported file without meta.json); every table is flagged")
-@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+@click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
 def compare(runs, fmt, seed, resamples, allow_mismatch, protocol) -> None:
     """Compare runs with the first (the baseline) on the same questions: per readout and split, ΔF1 with
     a paired bootstrap interval, McNemar's exact p and the answers flipped."""
@@ -89,7 +89,7 @@ def compare(runs, fmt, seed, resamples, allow_mismatch, protocol) -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="folder for the report")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
-@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+@click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
 def report(runs, out_dir, seed, resamples, protocol) -> None:
     """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs, record files and
     paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""
