@@ -9,6 +9,7 @@ Errors name the file and the row as `item N`, 1-based, as readout.data does for 
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Mapping
 
@@ -219,6 +220,7 @@ class HallusionBench(Benchmark):
             "hallusion_bench.zip, linked from its README (Google Drive)")
     rules = RULES
     scale = 100.0  # qAcc in percent
+    unit_name = "set (subcategory and set_id)"
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -230,6 +232,21 @@ class HallusionBench(Benchmark):
         if path.is_dir():
             return any(_is_rows(p) for p in sorted(path.glob("*.json")))
         return path.suffix == ".json" and _is_rows(path)
+
+    @classmethod
+    def unit(cls, answer) -> str:
+        """The set of figures, as `subcategory_set_id`: fAcc groups a figure's questions, qAcc a question across the
+        set's figures, easy/hard pairs a question with its figure-0 row (utils.py:241), and VLMEvalKit's groups
+        leave the VD/VS category out (yorn.py:102, 110), so VD's and VS's sets of one subcategory and id go together."""
+        ids = metrics.fields(answer.key)
+        return f"{ids.subcategory}_{ids.set_id}"
+
+    @classmethod
+    def copy(cls, answer, draw: int):
+        ids = metrics.fields(answer.key)  # the set id made distinct: every group's key holds it
+        key = metrics.question_key(ids.category, ids.subcategory, f"{ids.set_id}r{draw}", ids.figure_id,
+                                   ids.question_id)
+        return replace(answer, key=key)
 
     @classmethod
     def questions(cls, path: Path) -> list[Question]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import replace
 from pathlib import Path
 
 from ..data import DataError, Question, open_parquet
@@ -146,6 +147,7 @@ class MME(Benchmark):
             "copies only the layout)")
     rules = RULES
     scale = 2000.0  # Perception: 10 subtasks of 200
+    unit_name = "image"
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -170,6 +172,15 @@ class MME(Benchmark):
     @classmethod
     def questions(cls, path: Path) -> list[Question]:
         return read_questions(path)
+
+    @classmethod
+    def unit(cls, answer) -> str:
+        """The image: acc+ takes an image's two answers together (every rule groups by subtask, then image)."""
+        return f"{answer.split}/{answer.image}"
+
+    @classmethod
+    def copy(cls, answer, draw: int):
+        return replace(answer, key=f"{answer.key}~{draw}", image=f"{answer.image}~{draw}")
 
     @classmethod
     def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
