@@ -90,3 +90,50 @@ def test_runs_of_different_benchmarks_are_refused(tmp_path, mme_pair):
     amber = _run(tmp_path / "amber", "amber", AMBER_QUESTIONS, ["No"] * 4)
     result = CliRunner().invoke(main, ["compare", str(mme_pair[0]), str(amber)])
     assert result.exit_code != 0 and "different benchmarks" in result.output and "Traceback" not in result.output
+
+
+def test_ambers_per_question_counts_are_its_aggregation_at_weight_one():
+    """Rule.resampled with every question drawn once is the rule's own headline (inference.py:270-273 and
+    AMBER_rating's Avg ACC), and a question drawn twice counts twice: the weights compare draws stand for copies."""
+    import numpy as np
+
+    from pope_fast.readout.benchmarks.amber import Amber
+    from pope_fast.readout.benchmarks.base import Answer
+    from pope_fast.readout.benchmarks.scoring import metric
+
+    said = ["No", "Yes", "Yes", "No", "no", "No"]
+    splits = ["existence", "existence", "attribute-state", "attribute-number", "relation", "relation"]
+    labels = ["no", "no", "yes", "yes", "no", "yes"]
+    for name, rule in Amber.rules.items():
+        answers = [Answer(str(i), s, None, y, rule.read(t)) for i, (s, y, t) in enumerate(zip(splits, labels, said))]
+        once = rule.resampled(answers, np.ones((1, len(answers))))
+        assert {n: float(v[0]) for n, v in once.items()} == pytest.approx(
+            {n: metric(rule.aggregate(answers), n) for n in rule.headline}), name
+        twice = rule.resampled(answers, np.array([[2.0, 1, 1, 1, 1, 1]]))
+        doubled = rule.aggregate([answers[0], *answers])
+        assert {n: float(v[0]) for n, v in twice.items()} == pytest.approx(
+            {n: metric(doubled, n) for n in rule.headline}), name
+
+
+def test_hallusionbench_resamples_whole_sets(tmp_path):
+    """Two VD sets of two figures, one question each. A misses set 0's edited figure, B nothing. Hallusion_rating
+    (yorn.py:96-145): aAcc 75 -> 100, fAcc 3 of 4 figures -> 4, qAcc 1 of 2 question pairs -> 2 (delta 50). Resampling
+    the 2 sets: both draws set 0 -> qAcc delta 100, both set 1 -> 0, one of each -> 50; each pure draw has
+    probability 1/4, past the 2.5% tails."""
+    from pope_fast.readout.benchmarks.hallusionbench import HallusionBench
+
+    rows = [{"category": "VD", "subcategory": "illusion", "visual_input": visual, "set_id": s, "figure_id": f,
+             "sample_note": "", "question_id": "0", "question": f"Q {s}/{f}?", "gt_answer_details": "",
+             "gt_answer": gt, "filename": f"./VD/illusion/{s}_{f}.png"}
+            for s, f, visual, gt in (("0", "0", "1", "1"), ("0", "1", "2", "0"), ("1", "0", "1", "0"), ("1", "1", "2", "1"))]
+    (tmp_path / "hb.json").write_text(json.dumps(rows))
+    questions = HallusionBench.questions(tmp_path / "hb.json")
+    a = _run(tmp_path / "a", "hallusionbench", questions, ["Yes", "Yes", "No", "Yes"])
+    b = _run(tmp_path / "b", "hallusionbench", questions, ["Yes", "No", "No", "Yes"])
+    result = compare_benchmark_runs([str(a), str(b)], resamples=300)
+    (pair,) = result["pairs"]
+    assert result["unit"] == "set (subcategory and set_id)" and pair["questions"]["units"] == 2
+    vlmevalkit = pair["rules"]["vlmevalkit"]
+    assert {n: m["delta"] for n, m in vlmevalkit.items()} == {"aAcc": 25.0, "fAcc": 25.0, "qAcc": 50.0}
+    assert vlmevalkit["qAcc"]["delta_ci95"] == [0.0, 100.0]
+    assert list(pair["rules"])[0] == "official" and pair["rules"]["official"]["qAcc"]["delta"] == 50.0

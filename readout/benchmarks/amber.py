@@ -204,11 +204,12 @@ class Amber(Benchmark):
         "official": Rule("official", read_official, amber_metrics.official,
                          headline=(f"{amber_metrics.OVERALL}/Accuracy", f"{amber_metrics.OVERALL}/F1"),
                          sources=("junyangwang0410/AMBER@534babf6:inference.py:174-256 (reading, counting)",
-                                  "inference.py:269-338 (blocks)", "data/metrics.txt (counters start at 0.001)")),
+                                  "inference.py:269-338 (blocks)", "data/metrics.txt (counters start at 0.001)"),
+                         resampled=amber_metrics.official_resampled),
         "vlmevalkit": Rule("vlmevalkit", yorn, amber_metrics.vlmevalkit, headline=("Avg ACC",),
                            sources=("open-compass/VLMEvalKit@e8e78f05:vlmeval/dataset/image_yorn.py:33-37, 88-89",
                                     "vlmeval/dataset/utils/yorn.py:9-47 (AMBER_rating), 254-261 (YOrN_Extraction)"),
-                           prompt=prompt_vlmevalkit),
+                           prompt=prompt_vlmevalkit, resampled=amber_metrics.vlmevalkit_resampled),
     }
 
     @classmethod

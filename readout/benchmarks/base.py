@@ -8,7 +8,7 @@ records hold every readout; `score --benchmark` turns them into each rule's numb
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, ClassVar
 
@@ -38,6 +38,10 @@ class Rule:
     headline: tuple[str, ...]
     sources: tuple[str, ...]
     prompt: Callable[[str], str] | None = None
+    # Where the headline metrics are functions of per-question counts: them under bootstrap weights
+    # (answers, [resamples, n] draws per question) -> {headline: [resamples]}, so that `compare` can resample
+    # questions as readout/compare.py does; None: it recomputes `aggregate` on resampled units.
+    resampled: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -91,5 +95,5 @@ class Benchmark:
     def copy(cls, answer: Answer, draw: int) -> Answer:
         """The answer as the `draw`-th unit of a resample: a unit drawn twice must count as two units, so every id
         a rule groups by is made distinct."""
-        return replace(answer, key=f"{answer.key}~{draw}")
+        return Answer(f"{answer.key}~{draw}", answer.split, answer.image, answer.label, answer.decision)
 

@@ -6,9 +6,12 @@ question_id), the same answer settings, or --allow-mismatch); a question with an
 leaves the pair. POPE's F1 is a function of per-question counts, so readout/compare.py resamples questions
 with weights; these metrics are not all per question: MME's acc+ takes an image's two answers together,
 HallusionBench's fAcc and qAcc a figure's questions and a question across figures, AMBER's official numbers
-are rounded ratios of counters. So the bootstrap here resamples the benchmark's units (Benchmark.unit: MME's
-image, HallusionBench's set, AMBER's question), the same draws for A and B, and recomputes each rule's own
-aggregation on every resample; the interval is the percentile interval of B - A.
+are rounded ratios of counters. Where every rule declares its headline
+as a function of per-question counts (`Rule.resampled`: AMBER's), questions are resampled with the weights
+readout/compare.py draws, for every rule and readout. Otherwise (MME, HallusionBench) the bootstrap resamples
+the benchmark's units (Benchmark.unit: MME's image, HallusionBench's set), the same draws for A and B, and
+recomputes each rule's own aggregation on every resample, for the rules only (readouts get A, B and B - A).
+The interval is the percentile interval of B - A.
 """
 from __future__ import annotations
 
@@ -66,7 +69,8 @@ def _answers(entries: list[Entry], decisions: list[str]) -> list[Answer]:
 
 
 def _decisions(benchmark, a: RecordSet, b: RecordSet, kept) -> tuple[dict, dict]:
-    """{("rules"|"readouts", name): (aggregate, headline, decisions of A, decisions of B)} and what is unavailable."""
+    """{("rules"|"readouts", name): (the rule that aggregates, decisions of A, decisions of B)}, and what is
+    unavailable; a readout aggregates as the official rule does."""
     from ..compare import _readouts
 
     entries_a, entries_b = [ea for ea, _ in kept], [eb for _, eb in kept]
@@ -75,13 +79,12 @@ def _decisions(benchmark, a: RecordSet, b: RecordSet, kept) -> tuple[dict, dict]
         unavailable.update({name: "a run recorded no answer text" for name in benchmark.rules})
     else:
         for name, rule in benchmark.rules.items():
-            out[("rules", name)] = (rule.aggregate, rule.headline, [rule.read(e.decoded) for e in entries_a],
+            out[("rules", name)] = (rule, [rule.read(e.decoded) for e in entries_a],
                                     [rule.read(e.decoded) for e in entries_b])
     official = benchmark.rules[OFFICIAL]
     for name in (n for n in _readouts(a) if n in _readouts(b)):
         try:
-            out[("readouts", name)] = (official.aggregate, official.headline, predictions(a, name, entries_a),
-                                       predictions(b, name, entries_b))
+            out[("readouts", name)] = (official, predictions(a, name, entries_a), predictions(b, name, entries_b))
         except Unavailable as why:
             unavailable[name] = str(why)
     return out, unavailable
@@ -93,37 +96,71 @@ def _headline(aggregate, names, answers: list[Answer]) -> dict:
     return {n: float(v) for n in names if isinstance(v := metric(metrics, n), (int, float)) and not isinstance(v, bool)}
 
 
+def _per_question(decided: dict, entries: list[Entry], deltas: dict, seed: int, resamples: int) -> None:
+    """Every rule's (and readout's) B - A under the per-question draws readout/compare.py makes
+    (resample_weights: one set for all), from the rule's `resampled` counts."""
+    from ..compare import resample_weights
+
+    weights = resample_weights(len(entries), seed, resamples)
+    for key, (rule, decided_a, decided_b) in decided.items():
+        by_a = rule.resampled(_answers(entries, decided_a), weights)
+        by_b = rule.resampled(_answers(entries, decided_b), weights)
+        for n, found in deltas[key].items():
+            if n in by_a and n in by_b:
+                found.extend(float(v) for v in by_b[n] - by_a[n] if not np.isnan(v))
+
+
+def _per_unit(benchmark, decided: dict, entries: list[Entry], deltas: dict, seed: int, resamples: int) -> int:
+    """The rules' B - A recomputed by each rule's own aggregation on resampled units (the same draws for A and B);
+    returns the number of units. Only the rules: a resample costs an aggregation per rule and side (about 6 ms
+    on an MME run of 2,374 answers), and the readouts, ten or more, would multiply that."""
+    units: dict[str, list[int]] = {}
+    template = _answers(entries, ["unknown"] * len(entries))
+    for i, answer in enumerate(template):
+        units.setdefault(benchmark.unit(answer), []).append(i)
+    members = list(units.values())
+    resampled = {k: v for k, v in decided.items() if k[0] == "rules"}
+    for draw in np.random.default_rng(seed).integers(0, len(members), size=(resamples, len(members))):
+        # (answer index, its ids in this resample): a unit drawn twice counts twice, with ids of its own
+        picked = [(i, benchmark.copy(template[i], k)) for k, unit in enumerate(draw) for i in members[unit]]
+        for key, (rule, decided_a, decided_b) in resampled.items():
+            got_a = _headline(rule.aggregate, deltas[key], [Answer(c.key, c.split, c.image, c.label, decided_a[i])
+                                                            for i, c in picked])
+            got_b = _headline(rule.aggregate, deltas[key], [Answer(c.key, c.split, c.image, c.label, decided_b[i])
+                                                            for i, c in picked])
+            for n, found in deltas[key].items():
+                if n in got_a and n in got_b:
+                    found.append(got_b[n] - got_a[n])
+    return len(members)
+
+
 def _pair(benchmark, name_a, a, name_b, b, seed, resamples, allow_mismatch) -> dict:
     kept, counts, mismatches, method_a, method_b = _joined(benchmark, name_a, a, name_b, b, allow_mismatch)
     decided, unavailable = _decisions(benchmark, a, b, kept)
     entries = [ea for ea, _ in kept]
-    units: dict[str, list[int]] = {}
-    for i, e in enumerate(entries):
-        units.setdefault(benchmark.unit(_answers([e], ["unknown"])[0]), []).append(i)
-    members = list(units.values())
-    draws = np.random.default_rng(seed).integers(0, len(members), size=(resamples, len(members)))
-    pair = {"a": name_a, "b": name_b, "method_a": method_a, "method_b": method_b, "mismatches": mismatches,
-            "questions": {**counts, "units": len(members)}, "rules": {}, "readouts": {}, "unavailable": unavailable}
-    for (where, name), (aggregate, names, decided_a, decided_b) in decided.items():
-        answers_a, answers_b = _answers(entries, decided_a), _answers(entries, decided_b)
+    values, deltas = {}, {}
+    for key, (rule, decided_a, decided_b) in list(decided.items()):
         try:
-            value_a, value_b = _headline(aggregate, names, answers_a), _headline(aggregate, names, answers_b)
-            deltas = {n: [] for n in value_a if n in value_b}
-            for draw in draws:
-                picked = [(k, i) for k, unit in enumerate(draw) for i in members[unit]]
-                resampled_a = _headline(aggregate, deltas, [benchmark.copy(answers_a[i], k) for k, i in picked])
-                resampled_b = _headline(aggregate, deltas, [benchmark.copy(answers_b[i], k) for k, i in picked])
-                for n, values in deltas.items():
-                    if n in resampled_a and n in resampled_b:
-                        values.append(resampled_b[n] - resampled_a[n])
+            value_a = _headline(rule.aggregate, rule.headline, _answers(entries, decided_a))
+            value_b = _headline(rule.aggregate, rule.headline, _answers(entries, decided_b))
         except ValueError as err:  # the tool's formula cannot take these answers (an MME image with one answer)
-            unavailable[name] = str(err)
+            unavailable[key[1]] = str(err)
+            del decided[key]
             continue
-        tail = (1 - LEVEL) / 2
+        values[key], deltas[key] = (value_a, value_b), {n: [] for n in value_a if n in value_b}
+    if all(rule.resampled is not None for rule in benchmark.rules.values()):
+        _per_question(decided, entries, deltas, seed, resamples)
+        units = len(entries)
+    else:
+        units = _per_unit(benchmark, decided, entries, deltas, seed, resamples)
+    pair = {"a": name_a, "b": name_b, "method_a": method_a, "method_b": method_b, "mismatches": mismatches,
+            "questions": {**counts, "units": units}, "rules": {}, "readouts": {}, "unavailable": unavailable}
+    tail = (1 - LEVEL) / 2
+    for (where, name), (value_a, value_b) in values.items():
         pair[where][name] = {n: {"a": value_a[n], "b": value_b[n], "delta": value_b[n] - value_a[n],
-                                 "delta_ci95": [float(q) for q in np.quantile(values, [tail, 1 - tail])]
-                                 if values else None}
-                             for n, values in deltas.items()}
+                                 "delta_ci95": [float(q) for q in np.quantile(found, [tail, 1 - tail])]
+                                 if found else None}
+                             for n, found in deltas[(where, name)].items()}
     return pair
 
 

@@ -9,7 +9,6 @@ Errors name the file and the row as `item N`, 1-based, as readout.data does for 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path, PurePosixPath
 from typing import Mapping
 
@@ -17,7 +16,7 @@ from ..data import DataError, Question
 from ..protocols import NO, YES, yorn
 from . import hallusionbench_metrics as metrics
 from . import vlmevalkit_tables as tables
-from .base import Benchmark, Response, Rule
+from .base import Answer, Benchmark, Response, Rule
 
 NAME = "hallusionbench"
 KEY_FIELDS = ("category", "subcategory", "set_id", "figure_id", "question_id")
@@ -246,7 +245,7 @@ class HallusionBench(Benchmark):
         ids = metrics.fields(answer.key)  # the set id made distinct: every group's key holds it
         key = metrics.question_key(ids.category, ids.subcategory, f"{ids.set_id}r{draw}", ids.figure_id,
                                    ids.question_id)
-        return replace(answer, key=key)
+        return Answer(key, answer.split, answer.image, answer.label, answer.decision)
 
     @classmethod
     def questions(cls, path: Path) -> list[Question]:

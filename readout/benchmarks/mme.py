@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from dataclasses import replace
 from pathlib import Path
 
 from ..data import DataError, Question, open_parquet
-from .base import Benchmark, Response
+from .base import Answer, Benchmark, Response
 from .mme_results import LMMS_EVAL_METRICS, read_lmms_eval_samples, read_result_folder, write_result_folder
 from .mme_rules import RULES, SUBTASKS
 from . import vlmevalkit_tables as tables
@@ -180,7 +179,7 @@ class MME(Benchmark):
 
     @classmethod
     def copy(cls, answer, draw: int):
-        return replace(answer, key=f"{answer.key}~{draw}", image=f"{answer.image}~{draw}")
+        return Answer(f"{answer.key}~{draw}", answer.split, f"{answer.image}~{draw}", answer.label, answer.decision)
 
     @classmethod
     def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
