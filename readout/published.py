@@ -224,8 +224,9 @@ SCORE_ONLY: dict[str, Protocol] = {
          "src/evaluate.py l.55-67 (one set of responses scored under POPE's and RePOPE's labels)"),
         "its results JSON per subset (TP, FP, TN, FN, Precision, Recall, F1, ACC, Yes Ratio), for POPE's labels and, "
         "with score --labels annotations/coco_repope_{split}.json, RePOPE's",
-        unprescribed="RePOPE prescribes no prompt or length: each of its evaluators (src/vlms/) runs the model's own "
-                     "code on POPE's question text, with its own max_new_tokens (15 to 1024): this run's are unchecked"),
+        unprescribed="RePOPE prescribes no prompt or length: each of its evaluators (src/vlms/) runs the model's "
+                     "own code on POPE's question text, with its own max_new_tokens (15 to 1024): this run's are "
+                     "unchecked"),
 }
 SCORING_PROTOCOLS: dict[str, Protocol] = {**PROTOCOLS, **SCORE_ONLY}
 

@@ -192,5 +192,5 @@ class MME(Benchmark):
             return read_lmms_eval_samples(path, questions)
         if path.is_dir() or path.suffix == ".txt":
             return read_result_folder(path, questions)
-        raise DataError(f"{path}: not an MME result folder, <subtask>.txt, lmms-eval samples log (*.jsonl) or VLMEvalKit "
-                        "prediction table (.tsv, .csv)")
+        raise DataError(f"{path}: not an MME result folder, <subtask>.txt, lmms-eval samples log (*.jsonl) or "
+                        "VLMEvalKit prediction table (.tsv, .csv)")
