@@ -8,13 +8,12 @@ from contextlib import contextmanager
 import click
 
 from . import __version__
-from .readout import (TEMPLATES, RunLock, audit_tokens, compare_runs, expand_runs, format_audit, format_compare,
-                      get_template, load_tokenizer, repair_records)
-from .readout.score import score_paths
+from .readout import (TEMPLATES, RunLock, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer,
+                      repair_records)
 from .errors import EXPECTED, one_line
-from .readout.published import PROTOCOLS, format_protocol_runs, get_protocol
+from .readout.published import PROTOCOLS, SCORING_PROTOCOLS
 from .readout.benchmarks import REGISTRY
-from .scoring import ScoreJob
+from .scoring import CompareJob, ScoreJob
 
 BENCHMARKS = ["pope", "repope", *REGISTRY]
 
@@ -45,7 +44,7 @@ def main() -> None:
 @click.option("--layers", default=None, metavar="FIRST-LAST",
               help="image-attention probe: the decoder layers averaged (inclusive; default: 14-19 on 32-layer "
                    "models, as the paper, else the middle fifth)")
-@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+@click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
 @click.option("--labels", "labels", multiple=True, type=click.Path(exists=True, dir_okay=False),
               help="corrected labels in POPE's format, one file per split named by it (RePOPE's "
                    "annotations/coco_repope_{split}.json): the runs are scored under them too, side by side")
@@ -69,19 +68,18 @@ def score(files, readouts, fmt, percent, seed, resamples, layers, protocol, labe
 @click.option("--allow-mismatch", is_flag=True,
               help="compare runs that differ in more than their method (dtype, quantization, template, token sets, "
                    "questions, library versions, or an imported file without meta.json); every table is flagged")
-@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
-def compare(runs, fmt, seed, resamples, allow_mismatch, protocol) -> None:
+@click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
+@click.option("--benchmark", type=click.Choice(list(REGISTRY)), default=None,
+              help="default: the runs' meta.json; a benchmark's runs compare on its own metrics, per rule")
+def compare(runs, fmt, seed, resamples, allow_mismatch, protocol, benchmark) -> None:
     """Compare runs with the first (the baseline) on the same questions: per readout and split, ΔF1 with
-    a paired bootstrap interval, McNemar's exact p and the answers flipped."""
+    a paired bootstrap interval, McNemar's exact p and the answers flipped; a benchmark's runs on its metrics."""
     if len(expand_runs(runs)) < 2:
         _fail("compare needs a baseline run and at least one more: pope-fast compare RUN_A RUN_B [...] (or a "
               "paired run's folder)")
     with _failures():
-        protocol = protocol and get_protocol(protocol)
-        result = compare_runs(expand_runs(runs), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch,
-                              protocol=protocol)
-        tables = protocol and format_protocol_runs(score_paths(expand_runs(runs), "all", protocol.name), "table")
-    click.echo(format_compare(result, fmt) + (f"\n\n{tables}" if tables and fmt == "markdown" else ""))
+        job = CompareJob(tuple(expand_runs(runs)), fmt, seed, resamples, allow_mismatch, protocol, benchmark)
+        click.echo(job.run())
 
 
 @main.command()
@@ -89,7 +87,7 @@ def compare(runs, fmt, seed, resamples, allow_mismatch, protocol) -> None:
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="folder for the report")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
-@click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)), help=PROTOCOL_HELP)
+@click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
 def report(runs, out_dir, seed, resamples, protocol) -> None:
     """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs, record files and
     paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""

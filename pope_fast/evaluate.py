@@ -18,6 +18,7 @@ from .progress import watched
 from .readout import (READOUTS, RunLock, compare_runs, find_question_files, format_compare, format_runs,
                       load_question_sources)
 from .readout.benchmarks import REGISTRY, benchmark_questions
+from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.scoring import format_benchmark, score_benchmark_paths
 from .readout.protocols import GENERATING
 from .readout.published import format_protocol_runs, get_protocol
@@ -85,7 +86,7 @@ class EvalOutcome:
         for result in self.results:
             lines += [f"\n{result.out_dir.name}:"] if self.paired else []
             lines.append(format_runs(result.runs, "table"))
-            if self.protocol:
+            if self.protocol and not self.benchmark:  # a benchmark's protocol is one of its rules, shown below
                 lines.append("\n" + format_protocol_runs(score_paths([str(result.out_dir)], protocol=self.protocol)))
             if self.benchmark:
                 [scored] = score_benchmark_paths([str(result.out_dir)], self.benchmark)
@@ -112,7 +113,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     _check_method_readouts(methods, job.readouts)
     lead = shard is None or shard.lead
     with ExitStack() as stack:
-        lock, engine, questions, images_dir = _setup(job, settings, shard, stack, notice)
+        lock, engine, questions, images_dir, asked = _setup(job, settings, shard, stack, notice)
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
         update = stack.enter_context(_lazy(progress, len(questions), lead))
@@ -120,7 +121,8 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
         provenance = {**({"command": job.command} if job.command else {}),
                       **({"protocol": job.protocol} if job.protocol else {}),
-                      **({"benchmark": benchmark} if benchmark else {})}
+                      **({"benchmark": benchmark} if benchmark else {}),
+                      **({"benchmark_prompt": asked} if asked else {})}
         run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard,
                    provenance=provenance or None)
         if methods:
@@ -146,6 +148,8 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         benchmark, questions = benchmark_questions(job.question_sources, job.benchmark)
         if benchmark is not None and (job.split or job.dataset):
             raise ValueError(f"--split/--dataset: {benchmark}'s data names its own groups")
+        if benchmark is not None and job.protocol:
+            check_protocol(benchmark, job.protocol)  # before the model loads
         if questions is None:
             questions = load_question_sources(job.question_sources, job.split, job.dataset, skipped)
         for path, reason in skipped if lead else []:
@@ -160,10 +164,13 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         elif images_dir is None and any(q.image_data is None for q in questions):
             raise ValueError("the question files name image files: give --images (parquet files embed their images)")
         template, settings, lengths = _under_protocol(job, model_dir, settings)
+        asked = None
+        if benchmark is not None and job.protocol:  # the tool's task prompt, inside its model class's template
+            questions, asked = asked_questions(benchmark, job.protocol, questions, template)
         engine = Engine.load(model_dir, settings, template=template, readouts=job.readouts, cache_dir=job.cache_dir,
                              lengths=lengths)
         engine.warmup()
-    return lock, engine, _limited(questions, job.limit), images_dir
+    return lock, engine, _limited(questions, job.limit), images_dir, asked
 
 
 def _protocol_options(job: EvalJob):

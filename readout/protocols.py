@@ -130,6 +130,19 @@ def yorn(text: str) -> str:
     return UNKNOWN
 
 
+def repope(text: str) -> str:
+    """RePOPE's `compute_answer` (YanNeu/RePOPE bcf22e5 src/eval_utils.py l.5-13): yes when "yes" occurs
+    anywhere in the lowercased answer ("yesterday", "yes, no doubt"), else no when "no" does ("not", "none",
+    "know"); its third branch, "not", can never decide, since "not" holds "no". Anything else is its None:
+    unknown here, and left out of every count (compute_results l.45-56)."""
+    lowered = text.lower()
+    if "yes" in lowered:
+        return YES
+    if "no" in lowered:
+        return NO
+    return UNKNOWN
+
+
 @dataclass(frozen=True)
 class Generation:
     """How a text readout's reference generates: at most `new_tokens` greedy tokens (fewer where the
@@ -231,6 +244,9 @@ READOUTS: dict[str, Readout] = {
         # others, and `--protocol vlmevalkit` the model class's own length.
         Readout("yorn", TEXT, "VLMEvalKit YOrN_Extraction: 'yes' and not 'no' among the words (punctuation "
                 "removed), or the reverse; else unknown", yorn, Generation(128)),
+        # RePOPE's evaluators generate per model (src/vlms/: 15 to 1024 new tokens); an ordinary run reads 128.
+        Readout("repope", TEXT, "RePOPE compute_answer: 'yes' anywhere in the lowercased text, else 'no' anywhere; "
+                "else unknown (left out of its counts)", repope, Generation(128)),
     )
 }
 LOGIT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == LOGIT)

@@ -97,6 +97,26 @@ def pope_evaluate_metrics(labels: list[str], decided: list[str]) -> dict:
             "F1 score": f1}
 
 
+def repope_metrics(labels: list[str], decided: list[str]) -> dict:
+    """RePOPE's compute_results (YanNeu/RePOPE bcf22e5 src/eval_utils.py l.37-79), one subset: an answer
+    compute_answer left None (unknown) is in none of TP/FP/TN/FN (l.49-56), so it leaves accuracy's and the
+    yes-ratio's denominators too (l.65-66); precision, recall, F1 2PR/(P+R) in its order of operations.
+    Fractions. `unknown` counts the answers left out (the script prints none). Where it divides by zero
+    (no yes answer, or none right) it stops with ZeroDivisionError: those values are None, `error` says so."""
+    tp, fp = _count(labels, decided, YES, YES), _count(labels, decided, NO, YES)
+    tn, fn = _count(labels, decided, NO, NO), _count(labels, decided, YES, NO)
+    out = {"TP": tp, "FP": fp, "TN": tn, "FN": fn, "Precision": None, "Recall": None, "F1": None, "ACC": None,
+           "Yes Ratio": None, "unknown": sum(1 for d in decided if d not in (YES, NO))}
+    try:
+        precision = float(tp) / float(tp + fp)
+        recall = float(tp) / float(tp + fn)
+        f1 = 2 * precision * recall / (precision + recall)
+    except ZeroDivisionError:
+        return {**out, "error": "the script stops here with ZeroDivisionError (no yes answer, or no yes answer right)"}
+    return {**out, "Precision": precision, "Recall": recall, "F1": f1, "ACC": (tp + tn) / (tp + tn + fp + fn),
+            "Yes Ratio": (tp + fp) / (tp + tn + fp + fn)}
+
+
 def audit_metrics(labels: list[str], decided: list[str]) -> dict:
     """The audit's (ugaa-research run_multi_model_audit.py), as pope-fast scores every readout: an unknown
     answer kept out of the confusion matrix and wrong in accuracy; F1 2TP/(2TP+FP+FN); the yes-rate of
@@ -121,6 +141,10 @@ class Protocol:
     reproduces: str  # which published numbers it is
     unknown_is_no: bool = False  # whether its F1 counts an answer neither yes nor no as a no (else leaves it out)
     mean_of_splits: bool = False  # whether its users quote the mean of the splits' F1 (LLaVA-1.5's paper)
+    # A tool that prescribes no prompt, model class or length (it runs each model through its own code): why,
+    # in one line; such a protocol scores runs but is no `eval --protocol` (the engine's families have no
+    # Coverage for it), and `checks` says this line instead of comparing the run with a Coverage.
+    unprescribed: str | None = None
 
     def score_group(self, labels: list[str], decided: list[str]) -> dict:
         """The tool's metrics of one group; every decision must be one (a readout's yes/no/unknown)."""
@@ -190,11 +214,28 @@ PROTOCOLS: dict[str, Protocol] = {
 }
 
 
+# Protocols that only score: no family declares a Coverage for them (engine/models), so `eval --protocol`
+# keeps to PROTOCOLS and score, compare and report take these too.
+SCORE_ONLY: dict[str, Protocol] = {
+    "repope": Protocol(
+        "repope", "RePOPE's src/evaluate.py (POPE's questions, its labels and POPE's)", "YanNeu/RePOPE bcf22e5",
+        "repope", repope_metrics, "F1", False, str,
+        ("src/eval_utils.py l.5-13 (compute_answer), l.37-79 (compute_results, per subset)",
+         "src/evaluate.py l.55-67 (one set of responses scored under POPE's and RePOPE's labels)"),
+        "its results JSON per subset (TP, FP, TN, FN, Precision, Recall, F1, ACC, Yes Ratio), for POPE's labels and, "
+        "with score --labels annotations/coco_repope_{split}.json, RePOPE's",
+        unprescribed="RePOPE prescribes no prompt or length: each of its evaluators (src/vlms/) runs the model's "
+                     "own code on POPE's question text, with its own max_new_tokens (15 to 1024): this run's are "
+                     "unchecked"),
+}
+SCORING_PROTOCOLS: dict[str, Protocol] = {**PROTOCOLS, **SCORE_ONLY}
+
+
 def get_protocol(name: str) -> Protocol:
     try:
-        return PROTOCOLS[name]
+        return SCORING_PROTOCOLS[name]
     except KeyError:
-        raise ValueError(f"unknown protocol {name!r}; known: {', '.join(PROTOCOLS)}") from None
+        raise ValueError(f"unknown protocol {name!r}; known: {', '.join(SCORING_PROTOCOLS)}") from None
 
 
 def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
@@ -202,6 +243,8 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     difference (the prompt, the length, the image preprocessing, a method), or what the tool's pipeline
     does that this engine does not; [] when the run is the protocol's as far as the engine reproduces it.
     `capped`: how many of the run's answers its length cut for the protocol's readout."""
+    if protocol.unprescribed is not None:
+        return [protocol.unprescribed]
     coverage = (meta.get("protocol_coverage") or {}).get(protocol.name)
     if coverage is None:
         return [f"meta.json does not record {protocol.name}'s prompt for this model (a run made before --protocol, "
@@ -294,7 +337,7 @@ def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
         return _protocol_csv(runs)
     blocks = []
     for run in runs:
-        protocol = PROTOCOLS[run["protocol"]]
+        protocol = SCORING_PROTOCOLS[run["protocol"]]
         where = run["source"] + (f" ({run['dataset']})" if run.get("dataset") else "")
         names = [k for k in run["rows"][0] if k not in ("split", "n", "error")] if run["rows"] else []
         lines = [f"{protocol.name}: {protocol.title}, {protocol.version}; answer rule {protocol.readout}; {where}",

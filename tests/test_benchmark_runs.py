@@ -118,6 +118,9 @@ def test_mme_end_to_end(checkpoint, tmp_path):
     assert {e.dataset for e in records.entries} == {"mme"} and len(records.entries) == 8
     scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
     assert set(scored["rules"]) == {"official", "lmms-eval", "vlmevalkit"}
+    # asked as the data has it: lmms-eval's rule is flagged (its task asks another prompt), no "asked with" note
+    assert scored["notes"] == [] and any(c.startswith("lmms-eval asks its own prompt; this run asked the benchmark's "
+                                                      "question as the data has it") for c in scored["checks"])
     # the same texts as the official tool's result folder: the same numbers under every rule
     write_result_folder(tmp_path / "results", read_questions(data), {e.key: e.decoded for e in records.entries})
     assert score_responses(tmp_path / "results", get_benchmark("mme"), data)["rules"] == scored["rules"]
@@ -205,3 +208,49 @@ def test_bad_benchmark_input_is_one_line_naming_file_and_line(tmp_path):
         result = CliRunner().invoke(main, args)
         assert result.exit_code != 0 and message in result.output, (args, result.output)
         assert len(result.output.strip().splitlines()) == 1 and "Traceback" not in result.output
+
+
+def test_eval_asks_lmms_evals_mme_prompt_and_score_says_so(checkpoint, tmp_path):
+    """`eval --protocol lmms-eval` on MME: lmms-eval's mme_doc_to_text (utils.py:37-45 at cb45ac4d: stripped, " Please
+    answer yes or no." replaced, mme.yaml:29's post_prompt appended) inside its llava_hf class's prompt, which
+    renders that post_prompt itself (templates.py lmms_eval_llava_hf): asked once, recorded in meta.json."""
+    from pope_fast.readout.templates import get_template
+
+    data = _mme(tmp_path / "mme.parquet")
+    result = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(data), "--images",
+                                       str(tmp_path), "--out", str(tmp_path / "run"), "--device", "cpu", "--protocol",
+                                       "lmms-eval", "--limit", "2"])
+    assert result.exit_code == 0, result.output
+    meta = json.loads((tmp_path / "run/meta.json").read_text())
+    assert meta["protocol"] == "lmms-eval" and meta["template"] == "lmms_eval_llava_hf"
+    assert meta["benchmark_prompt"] == {"rule": "lmms-eval", "changed": True,
+                                        "template_renders": "\nAnswer the question using a single word or phrase."}
+    texts = {json.loads(line)["text"] for line in (tmp_path / "run/records.jsonl").read_text().splitlines()}
+    assert texts == {"Is the red shape shown?", "Is the blue shape shown?"}
+    assert get_template(meta["template"]).render("Is the red shape shown?") == (
+        "USER: <image>\nIs the red shape shown?\nAnswer the question using a single word or phrase. ASSISTANT:")
+    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
+    assert scored["notes"] == ["asked with lmms-eval's prompt (its task's prompt, in lmms-eval's model-class "
+                               "template): the lmms-eval rule scores its own run"]
+    assert not any(c.startswith("lmms-eval asks its own prompt") for c in scored["checks"])
+    assert any(c.startswith("this run asked lmms-eval's prompt: the other rules") for c in scored["checks"])
+    printed = CliRunner().invoke(main, ["score", str(tmp_path / "run")]).output
+    assert "\nasked with lmms-eval's prompt" in printed and "! lmms-eval asks" not in printed
+
+
+def test_each_tools_task_prompt_and_the_protocols_a_benchmark_takes():
+    """Rule.prompt per tool: VLMEvalKit's AMBER suffix (image_yorn.py:33-37) after the bare query; lmms-eval's MME
+    post_prompt in full where the template does not render it; VLMEvalKit's MME question as is (image_base.py:320-337)."""
+    from pope_fast.readout.benchmarks.asking import asked_questions, check_protocol
+    from pope_fast.readout.data import Question
+
+    amber = [Question(1005, "AMBER_1.jpg", "Is there a dog in this image?", "no", EXISTENCE, "amber")]
+    (q,), asked = asked_questions("amber", "vlmevalkit", amber, "vlmevalkit_llava")
+    assert q.text == "Is there a dog in this image?\nPlease answer yes or no." and asked["template_renders"] == ""
+    mme = [Question("color/0.png#0", "color/0.png", " Is it red? Please answer yes or no.", "yes", "color", "mme")]
+    (q,), asked = asked_questions("mme", "lmms-eval", mme, "llava_plain")
+    assert q.text == "Is it red?\nAnswer the question using a single word or phrase." and asked["changed"]
+    (q,), asked = asked_questions("mme", "vlmevalkit", mme, "vlmevalkit_llava")
+    assert q.text == mme[0].text and asked == {"rule": "vlmevalkit", "changed": False, "template_renders": ""}
+    with pytest.raises(ValueError, match="--protocol llava: mme's rules are official, lmms-eval, vlmevalkit"):
+        check_protocol("mme", "llava")

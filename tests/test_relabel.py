@@ -112,3 +112,60 @@ def test_bad_labels_files_name_the_file_and_question(tmp_path):
                                                                               _questions("popular")))])
     assert out.exit_code != 0 and "no record of the relabelled splits (coco popular)" in out.output
     assert "Traceback" not in out.output
+
+
+@pytest.mark.parametrize("text, decision", [
+    ("Yes, there is.", "yes"), ("yesterday", "yes"), ("Yes, no doubt.", "yes"),  # "yes" anywhere wins (l.7)
+    ("No", "no"), ("Not sure", "no"), ("I don't know.", "no"), ("None", "no"),  # "no" anywhere (l.9)
+    ("Maybe.", "unknown"), ("It is a cat", "unknown"), ("", "unknown")])  # its None (l.6, 13)
+def test_repope_reads_as_compute_answer(text, decision):
+    """RePOPE src/eval_utils.py compute_answer l.5-13: substring tests on the lowercased response."""
+    from pope_fast.readout.protocols import READOUTS
+
+    assert READOUTS["repope"].decide(text) == decision
+
+
+def test_repope_metrics_leave_unknown_answers_out_of_every_count():
+    """compute_results l.45-66: an answer compute_answer left None is none of TP/FP/TN/FN, so accuracy and the
+    yes-ratio divide by the answered only: TP 2, FN 1, FP 1, TN 1 and one unknown -> ACC 3/5, not 3/6."""
+    from pope_fast.readout.published import repope_metrics
+
+    m = repope_metrics(["yes", "yes", "yes", "no", "no", "no"], ["yes", "yes", "no", "yes", "no", "unknown"])
+    assert (m["TP"], m["FP"], m["TN"], m["FN"], m["unknown"]) == (2, 1, 1, 1, 1)
+    assert m["Precision"] == 2 / 3 and m["Recall"] == 2 / 3 and m["F1"] == pytest.approx(2 / 3)
+    assert m["ACC"] == 3 / 5 and m["Yes Ratio"] == 3 / 5
+    stopped = repope_metrics(["yes", "no"], ["no", "no"])  # no yes answer: l.62 divides by zero
+    assert stopped["F1"] is None and "ZeroDivisionError" in stopped["error"]
+
+
+def test_score_labels_protocol_repope_gives_its_numbers_for_both_label_sets(tmp_path):
+    """One run's answers under POPE's labels and RePOPE's (src/evaluate.py l.63-67), each per split as
+    compute_results prints it. Questions 1-6 (odd yes): 1 "Yes, there is." yes, 2 "I don't know." no, 3
+    "Maybe." left out, 4 "Yesterday's photo" yes, 5 "No" no, 6 "There is not" no.
+    POPE's labels: TP 1 (1), TN 2 (2, 6), FP 1 (4), FN 1 (5) -> P 1/2, R 1/2, F1 1/2, ACC 3/5, Yes Ratio 2/5.
+    RePOPE's (6 removed, 5 flipped to no): TP 1, TN 2 (2, 5), FP 1, FN 0 -> P 1/2, R 1, F1 2/3, ACC 3/4, Yes 2/4."""
+    said = {1: "Yes, there is.", 2: "I don't know.", 3: "Maybe.", 4: "Yesterday's photo", 5: "No", 6: "There is not"}
+    questions = [q for q in _questions("random") if q.question_id in said]
+    (tmp_path / "run").mkdir()
+    write_meta(tmp_path / "run", {"token_sets": SETS})
+    with RecordWriter(tmp_path / "run") as w:
+        w.write([make_record(q, "llava_plain", first_token_id=5, candidate_logits={5: 0.0, 6: 1.0},
+                             decoded=said[q.question_id]) for q in questions])
+    labels = _labels(tmp_path / "coco_repope_random.json", questions, removed={6}, flipped={5})
+    out = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--labels", str(labels), "--protocol", "repope",
+                                    "--format", "json"])
+    assert out.exit_code == 0, out.output
+    pope, repope = json.loads(out.output)
+    assert (pope["dataset"], repope["dataset"]) == ("coco", "repope") and pope["readout"] == "repope"
+    (row,) = pope["rows"]
+    assert (row["n"], row["TP"], row["TN"], row["FP"], row["FN"], row["unknown"]) == (6, 1, 2, 1, 1, 1)
+    assert (row["Precision"], row["Recall"], row["F1"], row["ACC"], row["Yes Ratio"]) == (0.5, 0.5, 0.5, 0.6, 0.4)
+    (row,) = repope["rows"]
+    assert (row["n"], row["TP"], row["TN"], row["FP"], row["FN"], row["unknown"]) == (5, 1, 2, 1, 0, 1)
+    assert (row["Precision"], row["Recall"], row["ACC"], row["Yes Ratio"]) == (0.5, 1.0, 0.75, 0.5)
+    assert row["F1"] == pytest.approx(2 / 3)
+    # RePOPE runs each model's own code: nothing to compare the run's prompt with, and no Coverage asked for
+    assert pope["checks"] == repope["checks"] and pope["checks"][0].startswith("RePOPE prescribes no prompt or length")
+    table = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--protocol", "repope"]).output
+    assert "| split | n | TP | FP | TN | FN | Precision | Recall | F1 | ACC | Yes Ratio | unknown |" in table
+    assert "| random | 6 | 1 | 1 | 2 | 1 | 0.5 | 0.5 | 0.5 | 0.6 | 0.4 | 1 |" in table

@@ -58,7 +58,7 @@ def test_report_on_two_runs(tmp_path):
     for run in score:
         folder = out / run["source"].split("/")[-2] / f"{run['dataset']}-{run['split']}"
         readouts = run["readouts"]
-        assert len(readouts) == 9   # every readout available: token sets, first tokens, texts
+        assert len(readouts) == 10  # every readout available: token sets, first tokens, texts (all but the sequence)
         numbers = {name: json.loads((folder / f"{name}.json").read_text())
                    for name in ("confusion", "f1", "yes_rate", "first_tokens")}
         for name, m in readouts.items():
@@ -76,9 +76,9 @@ def test_report_on_two_runs(tmp_path):
         by_id = {t["id"]: t["readouts"] for t in tokens["tokens"]}
         assert by_id[3582] == {"legacy_2tok": "yes", "legacy_8tok": "yes"} and by_id[29871] == {}
         assert by_id[694] == {"template_aware": "no", "first_token": "no"}
-        # expected sizes at 100 dpi: a 4-column grid of 9 matrices, one row per readout in the bars
+        # expected sizes at 100 dpi: a 4-column grid of 10 matrices, one row per readout in the bars
         assert _png_size(folder / "confusion.png") == (1000, 750)
-        assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (800, 90 + 32 * 9)
+        assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (800, 90 + 32 * 10)
         assert _png_size(folder / "first_tokens.png")[0] == 220 + 40 * len(tokens["tokens"])
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())   # one figure: models x (readout, split)
     assert grid["groups"] == ["coco random", "coco adversarial", "coco Overall"] and grid["models"] == ["llava-a", "llava-b"]

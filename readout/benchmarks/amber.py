@@ -15,6 +15,7 @@ from ..data import DataError, Question
 from ..protocols import NO, UNKNOWN, YES, yorn
 from . import amber_metrics
 from .amber_metrics import ACTION, EXISTENCE, NUMBER, RELATION, STATE
+from . import vlmevalkit_tables as tables
 from .base import Benchmark, Response, Rule
 
 QUERY_FILE = Path("query") / "query_discriminative.json"  # the union of the three per-dimension files
@@ -148,6 +149,27 @@ def write_responses(path: Path, texts: dict[int, str]) -> Path:
     return path
 
 
+# AMBER_rating groups by category (the annotation type, mapped to Attribute/Existence/Relation, yorn.py:13-28) and
+# image_path (24-32); the answer is compared lower-cased (image_yorn.py:88-89), so Yes/yes/YES are all labels.
+TABLE_COLUMNS = tables.BASE + ("image_path",)
+
+
+def read_vlmevalkit_table(path: Path) -> list[Response]:
+    """A VLMEvalKit AMBER prediction table: key `index`, split from `category` (annotations.json's type, as
+    AMBER_rating's category_mapping names it; the official blocks need the state/number/action type, so a category
+    already folded into "Attribute" is refused), image `image_path`, label `answer` lower-cased. The table holds all
+    the rules need; no question data is read."""
+    out = []
+    for where, row in tables.read_table(path, TABLE_COLUMNS, "AMBER"):
+        if row["category"] not in TYPES:
+            raise DataError(f"{where}: category {row['category']!r} is not one of AMBER's discriminative types "
+                            f"({', '.join(TYPES)})")
+        label = tables.label(where, row["answer"].lower(), {YES: YES, NO: NO})
+        out.append(Response(row["index"].strip(), TYPES[row["category"]], row["prediction"], label,
+                            row["image_path"], where))
+    return out
+
+
 def _entries_have(path: Path, keys: set[str], exact: bool) -> bool:
     """Whether `path` is a non-empty JSON list of objects with these keys and an int id (never raises)."""
     try:
@@ -161,6 +183,8 @@ def _entries_have(path: Path, keys: set[str], exact: bool) -> bool:
 
 
 def _detect(path: Path) -> bool:
+    if tables.is_table(path):
+        return tables.fits(path, TABLE_COLUMNS, TYPES)
     if path.is_dir():
         return (path / QUERY_FILE).is_file() and (path / ANNOTATIONS).is_file()
     if not path.is_file():
@@ -180,16 +204,18 @@ class Amber(Benchmark):
         "official": Rule("official", read_official, amber_metrics.official,
                          headline=(f"{amber_metrics.OVERALL}/Accuracy", f"{amber_metrics.OVERALL}/F1"),
                          sources=("junyangwang0410/AMBER@534babf6:inference.py:174-256 (reading, counting)",
-                                  "inference.py:269-338 (blocks)", "data/metrics.txt (counters start at 0.001)")),
+                                  "inference.py:269-338 (blocks)", "data/metrics.txt (counters start at 0.001)"),
+                         resampled=amber_metrics.official_resampled),
         "vlmevalkit": Rule("vlmevalkit", yorn, amber_metrics.vlmevalkit, headline=("Avg ACC",),
                            sources=("open-compass/VLMEvalKit@e8e78f05:vlmeval/dataset/image_yorn.py:33-37, 88-89",
                                     "vlmeval/dataset/utils/yorn.py:9-47 (AMBER_rating), 254-261 (YOrN_Extraction)"),
-                           prompt=prompt_vlmevalkit),
+                           prompt=prompt_vlmevalkit, resampled=amber_metrics.vlmevalkit_resampled),
     }
 
     @classmethod
     def detect(cls, path: Path) -> bool:
-        """AMBER's data folder, a query file of it (annotations.json in the folder above), or a response file."""
+        """AMBER's data folder, a query file of it (annotations.json in the folder above), a response file or a
+        VLMEvalKit prediction table (.tsv/.csv: its columns, only AMBER's annotation types as categories)."""
         return _detect(Path(path))
 
     @classmethod
@@ -202,5 +228,8 @@ class Amber(Benchmark):
     def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
         """AMBER's response file (inference.py's --inference_data): a JSON list of {"id": int, "response": str}.
         `questions` supply each answer's split, label and image, and the ids allowed; without them the split
-        is "" and the id must be a discriminative one. A duplicate id is refused: the scorer counts it twice."""
+        is "" and the id must be a discriminative one. A duplicate id is refused: the scorer counts it twice.
+        A VLMEvalKit prediction table (.tsv/.csv) is read by read_vlmevalkit_table."""
+        if tables.is_table(Path(path)):
+            return read_vlmevalkit_table(Path(path))
         return _responses(Path(path), questions)

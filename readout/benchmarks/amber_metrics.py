@@ -107,3 +107,38 @@ def vlmevalkit(answers: list[Answer]) -> dict[str, float]:
     result = {category: float(np.mean(values) * 100) for category, values in scores.items()}
     result["Avg ACC"] = float(np.mean(list(result.values()))) if result else float("nan")
     return result
+
+
+def _weighted(weights: np.ndarray, mask) -> np.ndarray:
+    return weights @ np.asarray(mask, dtype=np.float64)
+
+
+def official_resampled(answers: list[Answer], weights: np.ndarray) -> dict[str, np.ndarray]:
+    """The overall block's Accuracy and F1 (inference.py:270-273) under per-question bootstrap weights
+    ([resamples, n]): each counter a weighted sum from 0.001 as `_Tally.add` counts it, then `_block`'s
+    formula, rounded by numpy (round half to even on x*10, which Python's round(x, 1) can differ from in the
+    last digit: these feed intervals, never a reported number)."""
+    truth_yes = np.array([a.label == YES for a in answers])
+    said_yes, said_no = np.array([a.decision == YES for a in answers]), np.array([a.decision == NO for a in answers])
+    score = _weighted(weights, (truth_yes & said_yes) | (~truth_yes & said_no))
+    num = 0.001 + weights.sum(axis=1)
+    no_score, no_num = _weighted(weights, ~truth_yes & said_no), 0.001 + _weighted(weights, ~truth_yes)
+    ans_no_score = _weighted(weights, said_no & np.array([a.label == NO for a in answers]))
+    ans_no_num = 0.001 + _weighted(weights, said_no)
+    precision, recall = np.round(ans_no_score / ans_no_num * 100, 1), np.round(no_score / no_num * 100, 1)
+    f1 = np.round(2 * (precision / 100) * (recall / 100) / ((precision / 100) + (recall / 100) + 0.0001) * 100, 1)
+    return {f"{OVERALL}/Accuracy": np.round(score / num * 100, 1), f"{OVERALL}/F1": f1}
+
+
+def vlmevalkit_resampled(answers: list[Answer], weights: np.ndarray) -> dict[str, np.ndarray]:
+    """AMBER_rating's Avg ACC under per-question bootstrap weights: each category's weighted accuracy, their
+    plain mean over the categories a resample holds."""
+    right = np.array([a.decision == a.label for a in answers])
+    categories = [VLMEVALKIT_CATEGORIES.get(a.split, a.split) for a in answers]
+    per = []
+    for category in dict.fromkeys(categories):
+        held = np.array([c == category for c in categories])
+        total = _weighted(weights, held)
+        per.append(np.where(total > 0, _weighted(weights, right & held) / np.maximum(total, 1e-300) * 100, np.nan))
+    return {"Avg ACC": np.nanmean(np.vstack(per), axis=0)}
+

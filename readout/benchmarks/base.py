@@ -38,6 +38,10 @@ class Rule:
     headline: tuple[str, ...]
     sources: tuple[str, ...]
     prompt: Callable[[str], str] | None = None
+    # Where the headline metrics are functions of per-question counts: them under bootstrap weights
+    # (answers, [resamples, n] draws per question) -> {headline: [resamples]}, so that `compare` can resample
+    # questions as readout/compare.py does; None: it recomputes `aggregate` on resampled units.
+    resampled: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,7 @@ class Benchmark:
     data: ClassVar[str]  # where its data and images are published, and under which licence
     rules: ClassVar[dict[str, Rule]]  # "official" first, then the tools that have it (lmms-eval, vlmevalkit)
     scale: ClassVar[float]  # the official headline's full mark (MME's Perception 2000, a percentage 100)
+    unit_name: ClassVar[str] = "question"  # what `unit` resamples, in words
 
     @classmethod
     def detect(cls, path: Path) -> bool:
@@ -78,3 +83,17 @@ class Benchmark:
         file lacks them. An id the benchmark lacks, a malformed line, a missing column: DataError, one line
         naming the file and line."""
         raise NotImplementedError
+
+    @classmethod
+    def unit(cls, answer: Answer) -> str:
+        """The bootstrap's resampling unit an answer belongs to (compare): the smallest group that holds every
+        group any rule's metric takes together, so that a resample keeps each such group whole. Per question by
+        default (metrics that are sums over questions: AMBER's)."""
+        return answer.key
+
+    @classmethod
+    def copy(cls, answer: Answer, draw: int) -> Answer:
+        """The answer as the `draw`-th unit of a resample: a unit drawn twice must count as two units, so every id
+        a rule groups by is made distinct."""
+        return Answer(f"{answer.key}~{draw}", answer.split, answer.image, answer.label, answer.decision)
+

@@ -15,7 +15,8 @@ from typing import Mapping
 from ..data import DataError, Question
 from ..protocols import NO, YES, yorn
 from . import hallusionbench_metrics as metrics
-from .base import Benchmark, Response, Rule
+from . import vlmevalkit_tables as tables
+from .base import Answer, Benchmark, Response, Rule
 
 NAME = "hallusionbench"
 KEY_FIELDS = ("category", "subcategory", "set_id", "figure_id", "question_id")
@@ -140,6 +141,42 @@ def write_results(path: Path, question_rows: list[dict], texts: Mapping[str, str
     return Path(path)
 
 
+# Hallusion_rating reads the category (VD/VS), l2-category (the subcategory) and the set, figure and question ids
+# as the 4th-6th '_'-separated parts of `index` (VLMEvalKit yorn.py:102, 110, 117-119); answer is matched
+# case-sensitively against "Yes"/"No" (image_yorn.py:91).
+TABLE_COLUMNS = tables.BASE + ("l2-category",)
+TABLE_ANSWERS = {"Yes": YES, "No": NO}
+
+
+def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[Response]:
+    """A VLMEvalKit HallusionBench prediction table, each row joined to the question data by its official key
+    `category_l2-category_set_id_figure_id_question_id`. The table has no visual_input, and the official easy/hard
+    split is decided by it (hallusionbench_metrics), so the question data is needed; the label is the table's
+    `answer` and must agree with the data's."""
+    if questions is None:
+        raise DataError(f"{path}: a VLMEvalKit HallusionBench table has no visual_input (original or edited figure): "
+                        "give HallusionBench.json (--data)")
+    known = {q.key: q for q in questions}
+    out, seen = [], {}
+    for where, row in tables.read_table(path, TABLE_COLUMNS, "HallusionBench"):
+        ids = row["index"].strip().split("_")
+        if len(ids) < 6:
+            raise DataError(f"{where}: index {row['index']!r} has no set, figure and question ids (its 4th-6th "
+                            "'_'-separated parts, as VLMEvalKit's Hallusion_rating reads them)")
+        key = metrics.question_key(row["category"], row["l2-category"], *ids[3:6])
+        if key not in known:
+            raise DataError(f"{where}: question {key} is not in the question data")
+        if key in seen:  # two indices naming one question: every metric would count it twice
+            raise DataError(f"{where}: question {key} repeats {seen[key]}")
+        seen[key] = where
+        question, label = known[key], tables.label(where, row["answer"], TABLE_ANSWERS)
+        if label != question.label:
+            raise DataError(f"{where}: question {key} has answer {row['answer']!r}; the question data says "
+                            f"{question.label}: another version of HallusionBench?")
+        out.append(Response(key, question.split, row["prediction"], label, question.image, where))
+    return out
+
+
 def _is_rows(path: Path) -> bool:
     """A JSON list whose rows are objects holding HallusionBench's ids; never raises."""
     try:
@@ -182,14 +219,33 @@ class HallusionBench(Benchmark):
             "hallusion_bench.zip, linked from its README (Google Drive)")
     rules = RULES
     scale = 100.0  # qAcc in percent
+    unit_name = "set (subcategory and set_id)"
 
     @classmethod
     def detect(cls, path: Path) -> bool:
-        """HallusionBench.json, a result file of it, or a folder holding one directly."""
+        """HallusionBench.json, a result file of it, a folder holding one directly, or a VLMEvalKit prediction
+        table (.tsv/.csv: its columns, only VD/VS categories)."""
         path = Path(path)
+        if tables.is_table(path):
+            return tables.fits(path, TABLE_COLUMNS, metrics.CATEGORIES)
         if path.is_dir():
             return any(_is_rows(p) for p in sorted(path.glob("*.json")))
         return path.suffix == ".json" and _is_rows(path)
+
+    @classmethod
+    def unit(cls, answer) -> str:
+        """The set of figures, as `subcategory_set_id`: fAcc groups a figure's questions, qAcc a question across the
+        set's figures, easy/hard pairs a question with its figure-0 row (utils.py:241), and VLMEvalKit's groups
+        leave the VD/VS category out (yorn.py:102, 110), so VD's and VS's sets of one subcategory and id go together."""
+        ids = metrics.fields(answer.key)
+        return f"{ids.subcategory}_{ids.set_id}"
+
+    @classmethod
+    def copy(cls, answer, draw: int):
+        ids = metrics.fields(answer.key)  # the set id made distinct: every group's key holds it
+        key = metrics.question_key(ids.category, ids.subcategory, f"{ids.set_id}r{draw}", ids.figure_id,
+                                   ids.question_id)
+        return Answer(key, answer.split, answer.image, answer.label, answer.decision)
 
     @classmethod
     def questions(cls, path: Path) -> list[Question]:
@@ -199,7 +255,10 @@ class HallusionBench(Benchmark):
     @classmethod
     def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
         """HallusionBench_result.json's answers (question rows with `model_prediction`), keyed by the official key
-        built from each row's fields; with `questions`, a key they lack is refused."""
+        built from each row's fields; with `questions`, a key they lack is refused. A VLMEvalKit prediction table
+        (.tsv/.csv) is read by read_vlmevalkit_table."""
+        if tables.is_table(Path(path)):
+            return read_vlmevalkit_table(Path(path), questions)
         known = None if questions is None else {q.key: q for q in questions}
         out = []
         for key, where, row in _unique(_load(path), path, ROW_FIELDS + (PREDICTION,)):

@@ -12,12 +12,16 @@ from collections import defaultdict
 from pathlib import Path
 
 from ..data import DataError, Question, open_parquet
-from .base import Benchmark, Response
+from .base import Answer, Benchmark, Response
 from .mme_results import LMMS_EVAL_METRICS, read_lmms_eval_samples, read_result_folder, write_result_folder
 from .mme_rules import RULES, SUBTASKS
+from . import vlmevalkit_tables as tables
 
 COLUMNS = ("question_id", "image", "question", "answer", "category")
 ANSWERS = {"Yes": "yes", "No": "no"}
+# MME_rating groups by category, then image_path (VLMEvalKit yorn.py:56-61); answer is matched case-sensitively
+# against "Yes"/"No" (image_yorn.py:91), so only those two spellings are labels.
+TABLE_COLUMNS = tables.BASE + ("image_path",)
 
 __all__ = ["MME", "write_result_folder"]
 
@@ -110,6 +114,21 @@ def _is_mme_parquet(path: Path) -> bool:
     return bool(categories) and categories <= set(SUBTASKS)
 
 
+def read_vlmevalkit_table(path: Path) -> list[Response]:
+    """A VLMEvalKit MME prediction table: key `index`, split `category` (MME's subtask names, which its
+    MME_rating sums into perception and reasoning, yorn.py:77-91), image `image_path` (how it pairs an image's
+    two answers), label `answer`. The table holds all the rules need, so no question data is read."""
+    out = []
+    for where, row in tables.read_table(path, TABLE_COLUMNS, "MME"):
+        if row["category"] not in SUBTASKS:
+            raise DataError(f"{where}: category {row['category']!r} is not one of MME's 14 subtasks")
+        if not row["image_path"].strip():
+            raise DataError(f"{where}: blank image_path (MME pairs an image's two answers by it)")
+        out.append(Response(row["index"].strip(), row["category"], row["prediction"],
+                            tables.label(where, row["answer"], ANSWERS), row["image_path"], where))
+    return out
+
+
 def _is_samples_log(path: Path) -> bool:
     try:
         with path.open(encoding="utf-8") as file:
@@ -127,12 +146,16 @@ class MME(Benchmark):
             "copies only the layout)")
     rules = RULES
     scale = 2000.0  # Perception: 10 subtasks of 200
+    unit_name = "image"
 
     @classmethod
     def detect(cls, path: Path) -> bool:
         """An MME parquet (file or folder of shards: MME's columns, only MME's categories), an official result
-        folder or file (`<subtask>.txt` named by MME's subtasks only) or an lmms-eval MME samples log."""
+        folder or file (`<subtask>.txt` named by MME's subtasks only), an lmms-eval MME samples log or a VLMEvalKit
+        prediction table (.tsv/.csv: its columns, only MME's categories)."""
         path = Path(path)
+        if tables.is_table(path):
+            return tables.fits(path, TABLE_COLUMNS, SUBTASKS)
         if path.is_dir():
             shards = sorted(p for p in path.iterdir() if p.suffix == ".parquet")
             if shards:
@@ -150,11 +173,24 @@ class MME(Benchmark):
         return read_questions(path)
 
     @classmethod
+    def unit(cls, answer) -> str:
+        """The image: acc+ takes an image's two answers together (every rule groups by subtask, then image)."""
+        return f"{answer.split}/{answer.image}"
+
+    @classmethod
+    def copy(cls, answer, draw: int):
+        return Answer(f"{answer.key}~{draw}", answer.split, f"{answer.image}~{draw}", answer.label, answer.decision)
+
+    @classmethod
     def responses(cls, path: Path, questions: list[Question] | None = None) -> list[Response]:
-        """An official result folder (or one `<subtask>.txt`), or lmms-eval's samples log (`*.jsonl`)."""
+        """An official result folder (or one `<subtask>.txt`), lmms-eval's samples log (`*.jsonl`) or a VLMEvalKit
+        prediction table (.tsv/.csv)."""
         path = Path(path)
+        if tables.is_table(path):
+            return read_vlmevalkit_table(path)
         if path.suffix == ".jsonl":
             return read_lmms_eval_samples(path, questions)
         if path.is_dir() or path.suffix == ".txt":
             return read_result_folder(path, questions)
-        raise DataError(f"{path}: not an MME result folder, <subtask>.txt or lmms-eval samples log (*.jsonl)")
+        raise DataError(f"{path}: not an MME result folder, <subtask>.txt, lmms-eval samples log (*.jsonl) or "
+                        "VLMEvalKit prediction table (.tsv, .csv)")

@@ -31,7 +31,9 @@ OFFICIAL_SOURCE = "BradyFU/Awesome-Multimodal-Large-Language-Models@dd295090 too
 LMMS_EVAL_SOURCE = "EvolvingLMMs-Lab/lmms-eval@75571cfe lmms_eval/tasks/mme/utils.py"
 VLMEVALKIT_SOURCE = "open-compass/VLMEvalKit@e8e78f05"
 LMMS_EVAL_REMOVED = " Please answer yes or no."  # utils.py:30
-LMMS_EVAL_POST_PROMPT = "\nAnswer the question using a single word or phrase."  # mme.yaml, lmms_eval_specific_kwargs
+# mme.yaml:26-29 (lmms_eval_specific_kwargs.default.post_prompt), the same at v0.7.2 (cb45ac4d) and 75571cfe;
+# its generation_kwargs (10-15) are greedy, max_new_tokens 16.
+LMMS_EVAL_POST_PROMPT = "\nAnswer the question using a single word or phrase."
 
 
 def _first_four(pred: str) -> str:

@@ -37,15 +37,21 @@ def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str
     out = {"source": records.source, "benchmark": benchmark.name, "n": len(mine),
            "errors": len(mine) - len(answered), "rules": {}, "readouts": {}, "unavailable": {}, "checks": []}
     texts = [e.decoded for e in answered]
+    asked = (records.meta.get("benchmark_prompt") or {}).get("rule")  # eval --protocol TOOL: TOOL's prompt
+    out["notes"] = [_asked_note(asked, records.meta["benchmark_prompt"])] if asked else []
     if any(t is None for t in texts):
         out["unavailable"].update({name: "the run recorded no answer text (run with a text readout)"
                                    for name in benchmark.rules})
     else:
         for name, rule in benchmark.rules.items():
             _aggregate(out, "rules", name, rule.aggregate, _answers(answered, [rule.read(t) for t in texts]))
-            if rule.prompt is not None:
-                out["checks"].append(f"{name} asks its own prompt; this run asked the benchmark's question as the "
-                                     "data has it, so these are its rule's reading of this run's answers")
+            if rule.prompt is not None and name != asked:
+                what = f"{asked}'s prompt" if asked else "the benchmark's question as the data has it"
+                out["checks"].append(f"{name} asks its own prompt; this run asked {what}, so these are its rule's "
+                                     "reading of this run's answers")
+    if asked:
+        out["checks"].append(f"this run asked {asked}'s prompt: the other rules and the readouts read answers to it, "
+                             "not to the question as the data has it")
     official = benchmark.rules[OFFICIAL].aggregate
     for name in readouts if readouts is not None else READOUTS:
         try:
@@ -55,6 +61,12 @@ def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str
             continue
         _aggregate(out, "readouts", name, official, _answers(answered, decided))
     return out
+
+
+def _asked_note(rule: str, recorded: dict) -> str:
+    """The line that says a run was asked as `rule`'s tool asks (meta.json's benchmark_prompt, from eval)."""
+    how = "its task's prompt" if recorded.get("changed") else "the question as the data has it"
+    return f"asked with {rule}'s prompt ({how}, in {rule}'s model-class template): the {rule} rule scores its own run"
 
 
 def _aggregate(out: dict, where: str, name: str, aggregate, answers: list[Answer]) -> None:
@@ -119,6 +131,7 @@ def format_benchmark(result: dict) -> str:
         headline = benchmark.rules[OFFICIAL].headline
         blocks.append("every readout, aggregated as the official code does:\n" + _markdown(
             ["readout", *headline], [[n, *cells(m, headline)] for n, m in result["readouts"].items()]))
+    blocks += result.get("notes", [])
     blocks += [f"! {note}" for note in result.get("checks", [])]
     blocks += [f"unavailable: {name} ({why})" for name, why in result.get("unavailable", {}).items()]
     return "\n\n".join(blocks)
