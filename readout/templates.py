@@ -112,7 +112,8 @@ TEMPLATES: dict[str, Template] = {
                  "template's default system", chat=True, suffix=" Please answer yes or no."),
         Template("vlmevalkit_qwen2_5_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "VLMEvalKit Qwen2VLChat (Qwen2.5-VL) and Qwen3VLChat, use_custom_prompt=False: [image, the bare "
-                 "question] through the checkpoint's chat template (its default system, if it has one)", chat=True, suffix=""),
+                 "question] through the checkpoint's chat template (its default system, if it has one)", chat=True,
+                 suffix=""),
         Template("vlmevalkit_llava_onevision",
                  "<|im_start|>user \n<image>\n{question}<|im_end|><|im_start|>assistant\n", "<image>",
                  "VLMEvalKit LLaVA_OneVision_HF: the llava-hf processor's chat template over one text part, "
