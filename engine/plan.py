@@ -80,12 +80,12 @@ def image_runs(ids: list[int] | tuple[int, ...], image_token_id: int) -> tuple[t
 @dataclass
 class Row:
     """One (image, prompt) pair of a call: where its result goes, its layout and the features its
-    image slots take (one row per slot, in order)."""
+    image slots take (one row per slot, in order; None for a text-only prompt)."""
 
     item: int
     prompt: int
     layout: PromptLayout
-    features: torch.Tensor
+    features: torch.Tensor | None
 
 
 @dataclass
