@@ -154,3 +154,37 @@ def test_instructblip_refuses_in_one_line(tmp_path):
                               "the image through the Q-Former's query tokens, and "
                               "InstructBlipForConditionalGeneration requires pixel_values")
     assert engine.counts.images_encoded == 0 and engine.text_only_refusal() == str(err.value)
+
+
+def test_mplug_owl2_text_only_is_its_text_path(shared):
+    """mPLUG-Owl2 has no transformers class: upstream's prepare_inputs_labels_for_multimodal gives a prompt
+    without images modality indicators of 0 at every position, so each MultiwayNetwork takes its text module
+    (multiway.0) throughout: a LLaMA with those weights. Against transformers' LlamaForCausalLM built so from
+    the upstream fixture (ids as upstream's tokenizer_image_token makes them for a prompt with no <|image|>)."""
+    from safetensors.torch import load_file
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    from pope_fast.engine.models.mplug_owl2 import tokenizer_image_token
+
+    folder = shared / "fixtures/mplug_owl2_tiny/checkpoint"
+    config = json.loads((folder / "config.json").read_text())
+    llama = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in config.items() if k not in (
+        "visual_config", "architectures", "model_type", "torch_dtype", "transformers_version")})).eval()
+    text = {k.replace(".multiway.0.", "."): v for k, v in load_file(str(folder / "model.safetensors")).items()
+            if ".multiway.1." not in k and "rotary_emb" not in k
+            and not k.startswith(("model.vision_model.", "model.visual_abstractor."))}
+    missing, unexpected = llama.load_state_dict(text, strict=False)
+    assert not unexpected and all("rotary" in k for k in missing)
+    engine = Engine.load(folder, Settings(max_new_tokens=4), readouts="all")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    for answer in engine.score(None, ASKED):
+        prompt = engine.prompt(answer.question, image=False)
+        ids = tokenizer_image_token(tokenizer, prompt)
+        assert list(engine.model.text_layout(prompt).ids) == ids and ids == list(tokenizer(prompt)["input_ids"])
+        with torch.no_grad():
+            logits = llama(input_ids=torch.tensor([ids])).logits[0, -1]
+            generated = llama.generate(input_ids=torch.tensor([ids]), max_new_tokens=4, do_sample=False)[0, len(ids):]
+        worst, at = worst_difference(answer.candidate_logits, logits)
+        assert worst <= 1e-4, f"{answer.question!r}: id {at} differs by {worst:.2e}"
+        assert answer.first_token_id == int(logits.argmax()) == int(generated[0])
+        assert answer.decoded == generated_text(engine, generated.tolist())
