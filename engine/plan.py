@@ -8,6 +8,8 @@ From image to record:
     (features, prompt text) ──family.layout──▶ PromptLayout: ids with image slots marked, M-RoPE
         positions where the family has them, the image-token spans, the prefix cut (the tokens every
         prompt of the image shares: up to its last image token)
+    (no image, prompt text) ──family.text_layout──▶ PromptLayout without image slots or a prefix cut
+        (a text-only prompt runs whole, batched with the other whole prompts)
     Rows of layouts ──make_plan──▶ Stages: one PrefixGroup (distinct prefixes of one length, prefilled
         together) and the SuffixBatches that continue it (or whole-prompt batches where nothing is shared)
     PrefixGroup / SuffixBatch ──TokenBatch.of──▶ ids, features, positions, image mask and spans

@@ -188,3 +188,21 @@ def test_mplug_owl2_text_only_is_its_text_path(shared):
         assert worst <= 1e-4, f"{answer.question!r}: id {at} differs by {worst:.2e}"
         assert answer.first_token_id == int(logits.argmax()) == int(generated[0])
         assert answer.decoded == generated_text(engine, generated.tolist())
+
+
+def test_eval_of_questions_without_images_needs_no_image_folder(llava, tmp_path):
+    """HallusionBench rows without a figure alone: `eval` answers them with no --images folder."""
+    from click.testing import CliRunner
+
+    from pope_fast.cli import main
+
+    rows = [{"category": "VS", "subcategory": "chart", "visual_input": "0", "set_id": "1", "figure_id": "0",
+             "sample_note": "", "question_id": str(i), "question": q, "gt_answer_details": "", "gt_answer": "1",
+             "filename": None} for i, q in enumerate(ASKED[:2])]
+    (tmp_path / "HallusionBench.json").write_text(json.dumps(rows))
+    result = CliRunner().invoke(main, ["eval", "--model", str(llava.model.folder), "--questions",
+                                       str(tmp_path / "HallusionBench.json"), "--out", str(tmp_path / "run"),
+                                       "--device", "cpu", "--max-new-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    records = [json.loads(line) for line in (tmp_path / "run/records.jsonl").read_text().splitlines()]
+    assert [r["image"] for r in records] == ["", ""] and all("error" not in r and r["decoded"] for r in records)

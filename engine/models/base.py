@@ -40,7 +40,10 @@ class Family:
     """One model family's checkpoint, as the engine sees it.
 
     Subclasses set the class facts below and, in __init__ (after super().__init__), `tokenizer`, `lm`,
-    `image_token_id` and `feature_fingerprint`; they implement the methods that raise here."""
+    `image_token_id` and `feature_fingerprint`; they implement the methods that raise here. A question
+    asked without an image runs through `text_layout` (the prompt rendered without the image marker, its
+    ids `text_ids`): a family overrides text_ids where its processor tokenizes text otherwise, or sets
+    `text_only_refusal` where its transformers class cannot answer without an image."""
 
     family: ClassVar[str]  # the checkpoint's config.json model_type
     name: ClassVar[str]  # what messages call it
