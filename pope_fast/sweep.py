@@ -240,8 +240,8 @@ class _Sweep:
             self._tell(sum(_key(q) in pending for q, _ in failed + answered))
 
     def _write(self, sinks: list[_Sink], answered: list[tuple[Question, dict]]) -> None:
-        """Each sink's records of the questions it lacks: error fields go to every sink, answers to the
-        sink of their method."""
+        """Each sink's records of the questions it lacks: error fields go to every sink, answers (or a
+        method's own error, a text-only question it refuses) to the sink of their method."""
         for sink in sinks:
             own = [(q, fields if "error" in fields else fields[sink.method.name]) for q, fields in answered]
             records = [make_record(q, self.engine.template.name, **fields)
