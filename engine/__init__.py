@@ -14,7 +14,7 @@ from .interventions import (AttentionEdit, ImageAttentionAmplification, ImageAtt
                             PAIAttention)
 from .loader import CheckpointError
 from .methods import METHODS, Method, parse_method
-from .models import FAMILIES, Family, load_model
+from .models import FAMILIES, Family, TextOnlyRefused, load_model
 from .plan import PromptLayout, PromptResult
 from .runner import ImagePrompts
 from .settings import Settings
@@ -24,4 +24,4 @@ from .vision_cache import VisionCache
 __all__ = ["Answer", "Engine", "Prepared", "ImagePrompts", "FAMILIES", "Family", "load_model", "ImageError",
            "LoadedImage", "check_images", "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification",
            "ImageAttentionTemperature", "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "METHODS",
-           "Method", "parse_method", "Settings", "Counts", "Timings", "VisionCache"]
+           "Method", "parse_method", "Settings", "Counts", "Timings", "VisionCache", "TextOnlyRefused"]

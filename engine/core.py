@@ -22,7 +22,8 @@ from .fingerprint import checkpoint_digests
 from .images import DECODE_ERRORS, LoadedImage, read_image, to_rgb, undecodable
 from .interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
-from .models import Family, load_model, protocol_coverage
+from .models import Family, TextOnlyRefused, load_model, protocol_coverage
+from .models.base import refusal
 from .plan import PromptLayout, PromptResult, Row, SuffixBatch
 from .runner import ImagePrompts, Runner
 from .settings import Settings
@@ -174,10 +175,13 @@ class Engine:
         """item's pixels: an entry seen as cached while preparing may have left the in-memory cache since."""
         return item.pixels if item.pixels is not None else self.model.preprocess(item.image.open())
 
-    def encode(self, prepared: list[Prepared]) -> list[torch.Tensor]:
-        """Projected features [T, hidden] per prepared image, from the cache or the vision tower."""
-        out = [self.cache.get(p.key, self.settings.torch_device) if p.pixels is None else None for p in prepared]
-        return self._encode_into(out, [(i, p.key, self._pixels(p)) for i, p in enumerate(prepared) if out[i] is None])
+    def encode(self, prepared: list[Prepared | None]) -> list[torch.Tensor | None]:
+        """Projected features [T, hidden] per prepared image, from the cache or the vision tower; None for
+        None (a text-only question's place: the cache is not asked)."""
+        out = [self.cache.get(p.key, self.settings.torch_device) if p is not None and p.pixels is None else None
+               for p in prepared]
+        return self._encode_into(out, [(i, p.key, self._pixels(p)) for i, p in enumerate(prepared)
+                                       if p is not None and out[i] is None])
 
     def _encode_into(self, out: list[torch.Tensor | None], todo: list[tuple[int, str, object]]) -> list[torch.Tensor]:
         """out with each (index, cache key, pixels) of todo encoded and cached. Each image is its own vision
@@ -208,9 +212,18 @@ class Engine:
                 for i, p in enumerate(prepared) if out[i] is None]
         return self._encode_into(out, todo)
 
-    def prompt(self, question: str, system: str | None = None) -> str:
-        """The template's prompt for a question; `system` replaces its system text (ICD)."""
-        return self.template.render(question, self.model.tokenizer, system)
+    def text_only_refusal(self, method: Method | None = None) -> str | None:
+        """Why this engine's family (or `method`, when given) cannot answer a question asked without an
+        image, as one line; None where it can."""
+        if method is not None:
+            return refusal(f"method {method.name}", method.text_only_refusal) if method.text_only_refusal else None
+        why = self.model.text_only_refusal
+        return refusal(self.model.name, why) if why else None
+
+    def prompt(self, question: str, system: str | None = None, image: bool = True) -> str:
+        """The template's prompt for a question; `system` replaces its system text (ICD); without image,
+        the prompt of a question asked with no image (no image marker)."""
+        return self.template.render(question, self.model.tokenizer, system, image)
 
     def decide(self, result: PromptResult) -> dict[str, str]:
         """Every requested readout's decision from one answer position's outputs (a text readout whose
@@ -218,11 +231,13 @@ class Engine:
         return self.readout.decide(result)
 
     def score(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
-        """Answer questions about one image (a path, a PIL image or a LoadedImage)."""
+        """Answer questions about one image (a path, a PIL image or a LoadedImage), or with image None
+        questions asked without one (text-only prompts, TextOnlyRefused where the family cannot)."""
         if isinstance(questions, str) or not all(isinstance(q, str) for q in questions):
             raise TypeError("questions must be a list of question strings (one string is not a list of them)")
-        results = self.run_images([ImagePrompts(self.features(image), [self.prompt(q) for q in questions])],
-                                  intervention)[0]
+        features = None if image is None else self.features(image)
+        prompts = [self.prompt(q, image=image is not None) for q in questions]
+        results = self.run_images([ImagePrompts(features, prompts)], intervention)[0]
         return [Answer(**vars(r), question=q, predictions=self.decide(r)) for q, r in zip(questions, results)]
 
     def run_images(self, items: list[ImagePrompts], intervention: Intervention | None = None
@@ -256,12 +271,18 @@ class Engine:
     def run_methods(self, prepared: list[Prepared], questions: list[list[str]], methods: list[Method]
                     ) -> dict[str, list[list[PromptResult]]]:
         """Each method's PromptResults for the questions of each prepared image (per method, per image,
-        per question). Every distinct pass of the methods runs once (methods.Pass): passes on the same
-        features and prompts share their prefixes, the text-only pass is computed once per distinct
-        prompt for the engine's lifetime. Only the baseline's plain pass decodes (text readouts)."""
+        per question); a prepared None stands for questions asked without an image (text-only prompts),
+        which a method that needs the image refuses (TextOnlyRefused, its text_only_refusal). Every
+        distinct pass of the methods runs once (methods.Pass): passes on the same features and prompts
+        share their prefixes, the text-only pass is computed once per distinct prompt for the engine's
+        lifetime. Only the baseline's plain pass decodes (text readouts)."""
         if len(prepared) != len(questions):
             raise ValueError(f"run_methods: {len(prepared)} prepared images but {len(questions)} question lists; "
                              "give one list of questions per image")
+        if any(p is None for p in prepared):
+            for why in [self.text_only_refusal(), *(self.text_only_refusal(m) for m in methods)]:
+                if why:
+                    raise TextOnlyRefused(why)
         features = self.encode(prepared)
         layers = self.model.lm.dims.num_layers
         wanted = {m.name: m.passes(layers) for m in methods}
@@ -293,7 +314,8 @@ class Engine:
                 shared.setdefault((p.image, p.system, p.noise_step, p.seed), []).append(p)
         for (kind, system, step, seed), passes in shared.items():
             feats = features if kind == "image" else self.noised_features(prepared, step, seed)
-            items = [ImagePrompts(f, [self.prompt(q, system) for q in qs]) for f, qs in zip(feats, questions)]
+            items = [ImagePrompts(f, [self.prompt(q, system, f is not None) for q in qs])
+                     for f, qs in zip(feats, questions)]
             runs = self.run_passes(items, [p.edit for p in passes], vocab=vocab,
                                    decode=[plain_decodes and p == Pass() for p in passes])
             got.update(zip(passes, runs))

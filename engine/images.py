@@ -81,15 +81,16 @@ def embedded_path(name: str) -> Path:
 def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
                  embedded: dict[str, bytes] | None = None) -> dict[str, str]:
     """Problems by image name ({} when every file is present and decodes); reads each file once, in
-    `workers` threads (decoding releases the GIL). Names in `embedded` are checked from those bytes."""
+    `workers` threads (decoding releases the GIL). Names in `embedded` are checked from those bytes; an
+    empty name is a question asked without an image (HallusionBench's), which has no file to check."""
     embedded = embedded or {}
     folder = None if folder is None else Path(folder)
     if any(name and name not in embedded for name in names) and (folder is None or not folder.is_dir()):
         raise ImageError(f"{folder}: image folder not found" if folder else "no image folder given for image files")
 
     def problem(name: str) -> str | None:
-        if not name:  # HallusionBench's questions without a figure: an error record, retried on resume
-            return "a text-only question (no image): this engine runs image prompts only so far"
+        if not name:
+            return None
         try:
             if name in embedded:
                 read_image(embedded_path(name), data=embedded[name])

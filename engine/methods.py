@@ -107,6 +107,8 @@ class Method:
 
     name = ""
     reference = ""
+    # Why the method cannot answer a question asked without an image (None: it runs on one as on any prompt).
+    text_only_refusal: str | None = None
     defaults: dict = {}
     params: dict[str, Param] = {}
 
@@ -151,6 +153,7 @@ class VCD(Method):
                  "Contrastive Decoding, CVPR 2024 (DAMO-NLP-SG/VCD): (1 + alpha) l - alpha l_noised where "
                  "l >= log(beta) + max l, else -inf; noise step 500, alpha 1, beta 0.1 as its POPE scripts")
     defaults = {"alpha": 1.0, "beta": 0.1, "noise_step": 500, "seed": 0}
+    text_only_refusal = "it contrasts the image with a noised copy of it, and there is no image to noise"
     params = {"alpha": ALPHA, "beta": BETA, "noise_step": Param(int, 0, DIFFUSION_STEPS - 1), "seed": Param(int, 0)}
 
     def passes(self, num_layers):
@@ -192,6 +195,8 @@ class PAI(Method):
                  "at the answer position in layers 2..31, then gamma (log p - log p_text) + log p_text where "
                  "log p >= log(beta) + max log p, else -inf; alpha 0.2, gamma 1.1, beta 0.1 as its POPE command")
     defaults = {"alpha": 0.2, "gamma": 1.1, "beta": 0.1, "layers": None}
+    text_only_refusal = ("it scales attention to the image and contrasts the prompt with itself without the image; "
+                         "with no image it would record the baseline under PAI's name")
     params = {"alpha": ALPHA, "gamma": Param(float, 0.0), "beta": BETA}
 
     def check(self, key, value):

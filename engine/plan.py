@@ -8,6 +8,8 @@ From image to record:
     (features, prompt text) ──family.layout──▶ PromptLayout: ids with image slots marked, M-RoPE
         positions where the family has them, the image-token spans, the prefix cut (the tokens every
         prompt of the image shares: up to its last image token)
+    (no image, prompt text) ──family.text_layout──▶ PromptLayout without image slots or a prefix cut
+        (a text-only prompt runs whole, batched with the other whole prompts)
     Rows of layouts ──make_plan──▶ Stages: one PrefixGroup (distinct prefixes of one length, prefilled
         together) and the SuffixBatches that continue it (or whole-prompt batches where nothing is shared)
     PrefixGroup / SuffixBatch ──TokenBatch.of──▶ ids, features, positions, image mask and spans
@@ -80,12 +82,12 @@ def image_runs(ids: list[int] | tuple[int, ...], image_token_id: int) -> tuple[t
 @dataclass
 class Row:
     """One (image, prompt) pair of a call: where its result goes, its layout and the features its
-    image slots take (one row per slot, in order)."""
+    image slots take (one row per slot, in order; None for a text-only prompt)."""
 
     item: int
     prompt: int
     layout: PromptLayout
-    features: torch.Tensor
+    features: torch.Tensor | None
 
 
 @dataclass

@@ -23,9 +23,10 @@ from .stats import Clock, Counts, Timings
 
 @dataclass(frozen=True)
 class ImagePrompts:
-    """One image's features (what its family's encode_images gave) and the prompts asked of it."""
+    """One image's features (what its family's encode_images gave) and the prompts asked of it;
+    features None: text-only prompts, asked of no image (rendered without the image marker)."""
 
-    features: torch.Tensor
+    features: torch.Tensor | None
     prompts: list[str]
 
 
@@ -40,14 +41,20 @@ class Runner:
 
     def rows(self, items: list[ImagePrompts]) -> list[Row]:
         """One Row per (image, prompt): its layout and the features its image slots take (InstructBLIP's
-        come from a Q-Former that reads the prompt, run here for every prompt in one batch)."""
+        come from a Q-Former that reads the prompt, run here for every prompt in one batch). An item
+        without features holds text-only prompts: their layouts come from the family's text_layout (which
+        refuses where the family cannot run one) before any image work."""
         model = self.model
-        if model.features_per_prompt:
+        text = {(i, j): self._checked(model.text_layout(prompt)) for i, item in enumerate(items)
+                if item.features is None for j, prompt in enumerate(item.prompts)}
+        with_image = [item for item in items if item.features is not None]
+        if model.features_per_prompt and with_image:
             with Clock(self.timings, "image_encode", self.settings.torch_device):
-                per_prompt = model.prompt_features(items)
+                encoded = iter(model.prompt_features(with_image))
         else:
-            per_prompt = [[item.features] * len(item.prompts) for item in items]
-        return [Row(i, j, self._checked(model.layout(prompt, f)), f)
+            encoded = iter([item.features] * len(item.prompts) for item in with_image)
+        per_prompt = [[None] * len(item.prompts) if item.features is None else next(encoded) for item in items]
+        return [Row(i, j, text[i, j] if f is None else self._checked(model.layout(prompt, f)), f)
                 for i, (item, features) in enumerate(zip(items, per_prompt))
                 for j, (prompt, f) in enumerate(zip(item.prompts, features))]
 
@@ -95,9 +102,11 @@ class Runner:
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
             texts = self._continue(prefix, batch, out.kv, first, intervention)
+        # per layer: heads averaged, and each head; none for a row with no image keys (a text-only prompt)
         probes = [None] * len(batch.rows) if out.image_attention is None else \
-            [{"image_attention": layers, "image_attention_heads": heads}  # per layer: heads averaged, and each head
-             for layers, heads in zip(out.image_attention.mean(dim=-1).tolist(), out.image_attention.tolist())]
+            [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
+             for layers, heads, row in zip(out.image_attention.mean(dim=-1).tolist(), out.image_attention.tolist(),
+                                           batch.rows)]
         rows = [None] * len(batch.rows) if everything is None else list(everything)
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
                 for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]

@@ -161,7 +161,7 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         if model_dir is None:
             model_dir, questions, images_dir = demo_inputs(job.out_dir, questions, images_dir, job.demo_questions,
                                                            job.split, notice)
-        elif images_dir is None and any(q.image_data is None for q in questions):
+        elif images_dir is None and any(q.image and q.image_data is None for q in questions):
             raise ValueError("the question files name image files: give --images (parquet files embed their images)")
         template, settings, lengths = _under_protocol(job, model_dir, settings)
         asked = None

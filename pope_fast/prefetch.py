@@ -25,11 +25,14 @@ def embedded_images(questions: list[Question]) -> dict[str, bytes]:
 
 def prepared_steps(engine: Engine, images_dir: Path | None, steps: list[list[str]], workers: int,
                    embedded: dict[str, bytes]) -> Iterator[list[tuple[str, Prepared | ImageError]]]:
-    """Per step, (image name, the image prepared or the ImageError that stopped it) per image, in order;
+    """Per step, (image name, the image prepared or the ImageError that stopped it) per image, in order
+    (None for the empty name: questions asked without an image, nothing to prepare);
     `workers` threads run ahead of the model by at most one step plus one image per worker, so memory
     stays bounded. Whole steps, not a ramp of 1, 2, 4, ... images that would start the model sooner: the
     small first steps cost more than the wait (bench/RESULTS.md)."""
     def prepare(name):
+        if not name:
+            return None
         data = embedded.get(name)
         path = images_dir / name if data is None else embedded_path(name)
         try:

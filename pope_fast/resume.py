@@ -69,13 +69,14 @@ def check_done(writer: RecordWriter, questions: list[Question], images_dir: Path
     recorded = [(q, writer.done[keys[q]]) for q in questions if keys[q] in writer.done]
     for q, rec in recorded:
         where = f"{writer.path}: question {q.question_id} of split {q.split}"
-        if "text" not in rec or "image_sha256" not in rec:
+        if "text" not in rec or ("image_sha256" not in rec and q.image):  # a text-only question has no image
             raise ValueError(f"{where} was recorded without its question text or image hash (an older "
                              "pope-fast), so resuming cannot prove it is this question; choose a new --out")
         for field, now in (("image", q.image), ("label", q.label), ("text", q.text)):
             if rec.get(field) != now:
                 raise ValueError(f"{where} was recorded with {field} {rec.get(field)!r}, but the question file "
                                  f"has {now!r}; choose a new --out")
+    recorded = [(q, rec) for q, rec in recorded if q.image]  # the bytes of the questions asked of an image
     names = list(dict.fromkeys(q.image for q, _ in recorded))
 
     def digest(name):

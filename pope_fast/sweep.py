@@ -159,15 +159,21 @@ class _Sweep:
         a question some folder lacks, each to be run whole (under torchrun, this rank's share of them).
         The questions of unusable images are error records, or with skip_bad off the run stops."""
         problems = check_images(self.images_dir, [q.image for q in asked], self.workers, self.embedded)
+        text_only = any(not q.image for q in asked)
+        if text_only and (why := self.engine.text_only_refusal()):
+            problems[""] = why
         if problems and not self.skip_bad:
             listed = "; ".join(list(problems.values())[:5])
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
                              "fix them or pass --skip-bad to record them as errors")
-        names = list(dict.fromkeys(q.image for q in asked if q.image not in problems))
+        names = list(dict.fromkeys(q.image for q in asked if q.image and q.image not in problems))
         batch = self.engine.settings.image_batch
         lacking = {q.image for q in asked if _key(q) in pending}
-        steps = [step for step in (names[i:i + batch] for i in range(0, len(names), batch)) if lacking & set(step)]
+        # the questions asked without an image are one step of their own, after the images' (text-only
+        # prompts, batched with each other)
+        steps = [step for step in [*(names[i:i + batch] for i in range(0, len(names), batch)),
+                                   *([[""]] if text_only and "" not in problems else [])] if lacking & set(step)]
         if self.shard is None or self.shard.lead:
             errors = [q for q in asked if q.image in problems and _key(q) in pending]
             self._write(sinks, [(q, {"error": problems[q.image]}) for q in errors])
@@ -229,16 +235,17 @@ class _Sweep:
             answered = _answer(engine, step, by_image, methods) if step else []
             self.evaluated += sum(len(by_image[name]) for name, _ in step)
             self._write(sinks, failed + answered)
-            self.errors += sum(_key(q) in pending for q, _ in failed)
+            refused = [q for q, fields in answered if any("error" in f for f in fields.values())]  # a method's
+            self.errors += sum(_key(q) in pending for q, _ in failed) + sum(_key(q) in pending for q in refused)
             self._tell(sum(_key(q) in pending for q, _ in failed + answered))
 
     def _write(self, sinks: list[_Sink], answered: list[tuple[Question, dict]]) -> None:
-        """Each sink's records of the questions it lacks: error fields go to every sink, answers to the
-        sink of their method."""
+        """Each sink's records of the questions it lacks: error fields go to every sink, answers (or a
+        method's own error, a text-only question it refuses) to the sink of their method."""
         for sink in sinks:
-            records = [make_record(q, self.engine.template.name,
-                                   **(fields if "error" in fields else fields[sink.method.name]))
-                       for q, fields in answered if _key(q) in sink.todo
+            own = [(q, fields if "error" in fields else fields[sink.method.name]) for q, fields in answered]
+            records = [make_record(q, self.engine.template.name, **fields)
+                       for q, fields in own if _key(q) in sink.todo
                        # a rerun that meets the same error again records nothing new
                        and not ("error" in fields and sink.writer.errors.get(_key(q)) == fields["error"])]
             if records:
@@ -288,17 +295,23 @@ def canonical_order(questions: list[Question], prompt: Callable[[str], str]) -> 
 
 def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, dict[str, list[Question]]],
             methods: list[Method]) -> list[tuple[Question, dict]]:
-    """(question, record fields per method name) for every question of these images."""
+    """(question, record fields per method name) for every question of these images (prepared None: the
+    questions asked without an image, for which a method that needs one gets an error field)."""
     group = [name for name, _ in step]
-    digests = {name: hashlib.sha256(prepared.image.data).hexdigest() for name, prepared in step}
+    digests = {name: hashlib.sha256(prepared.image.data).hexdigest() if prepared is not None else None
+               for name, prepared in step}
     texts = [list(by_image[name]) for name in group]
     # the question text of each prompt: the methods render their own prompts from it
     asked = [[by_image[name][text][0].text for text in image_texts] for name, image_texts in zip(group, texts)]
-    per_method = engine.run_methods([p for _, p in step], asked, methods)
+    text_only = any(p is None for _, p in step)
+    refused = {m.name: {"error": why} for m in methods if text_only and (why := engine.text_only_refusal(m))}
+    runnable = [m for m in methods if m.name not in refused]
+    per_method = engine.run_methods([p for _, p in step], asked, runnable) if runnable else {}
     out = []
     for i, (name, image_texts) in enumerate(zip(group, texts)):
         for j, text in enumerate(image_texts):
             fields = {m: _fields(engine, results[i][j], digests[name]) for m, results in per_method.items()}
+            fields.update(refused)
             out += [(q, fields) for q in by_image[name][text]]
     return out
 

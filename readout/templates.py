@@ -42,21 +42,35 @@ class Template:
     # templates; "" leaves the chat template's own default, if it has one).
     system: str = ""
     suffix: str = YES_NO_SUFFIX  # chat templates: the text after the question in the user message
+    # Plain templates: the text the image adds to the prompt, which a text-only prompt leaves out; None
+    # means the marker and the newline after it where one follows, else the marker alone.
+    image_part: str | None = None
 
-    def render(self, question: str, tokenizer=None, system: str | None = None) -> str:
+    def render(self, question: str, tokenizer=None, system: str | None = None, image: bool = True) -> str:
         """The prompt; `system` replaces the template's system text (ICD's disturbance instruction),
-        for a chat template as a system message."""
+        for a chat template as a system message. Without `image`, the prompt of a question asked with
+        no image: a chat template's user message holds the text part alone, a plain template drops its
+        `image_part`."""
         system = self.system if system is None else system
         if not self.chat:
-            text = self.text.format(question=question)
+            text = self.text if image else self.text.replace(self.without_image(), "", 1)
+            text = text.format(question=question)
             return f"{system} {text}" if system else text
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
             raise ValueError(f"template {self.name} needs a tokenizer with a chat template")
         messages = [{"role": "user", "content": [
-            {"type": "image"}, {"type": "text", "text": question + self.suffix}]}]
+            {"type": "image"}] * image + [{"type": "text", "text": question + self.suffix}]}]
         if system:
             messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+    def without_image(self) -> str:
+        """What a plain template's text loses when no image is asked about (image_part)."""
+        if self.image_part is not None:
+            return self.image_part
+        if not self.image_marker:
+            return ""
+        return self.image_marker + "\n" if self.image_marker + "\n" in self.text else self.image_marker
 
 
 TEMPLATES: dict[str, Template] = {
@@ -102,7 +116,7 @@ TEMPLATES: dict[str, Template] = {
         # VLMEvalKit e8e78f05: POPE adds no suffix but for Qwen2-VL.
         Template("vlmevalkit_llava", "USER:  <image> {question} ASSISTANT: ", "<image>",
                  "VLMEvalKit LLaVA: system + 'USER: ' + ' <image> ' + question + ' ASSISTANT: '",
-                 system=LLAVA_V1_SYSTEM),
+                 system=LLAVA_V1_SYSTEM, image_part=" <image> "),
         Template("vlmevalkit_mistral", "[INST] <image>\n{question} [/INST]", "<image>",
                  "VLMEvalKit LLaVA_Next: the LLaVA-1.6-Mistral processor's template over the bare question"),
         Template("vlmevalkit_vicuna_hf", "USER: <image>\n{question} ASSISTANT:", "<image>",

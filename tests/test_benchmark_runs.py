@@ -148,23 +148,41 @@ def _hallusionbench(root):
     return root / "HallusionBench.json", root / "images", rows
 
 
-def test_hallusionbench_end_to_end(checkpoint, tmp_path):
+def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
+    """The no-image question is answered as a text-only prompt (its record has no image hash); a run that
+    recorded it as an error (a family that refused it) answers it on resume."""
+    from pope_fast.engine.models.llava import LlavaModel
     from pope_fast.readout.benchmarks.hallusionbench import write_results
 
     data, images, rows = _hallusionbench(tmp_path)
-    refused = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(data), "--images",
-                                        str(images), "--out", str(tmp_path / "refused"), "--device", "cpu"])
-    assert refused.exit_code != 0 and "a text-only question (no image)" in refused.output and "--skip-bad" in refused.output
-    printed = _eval(checkpoint, data, images, tmp_path / "run", "--skip-bad")
-    assert "### HallusionBench" in printed and "1 error records" in printed
+    with monkeypatch.context() as patched:  # a family that cannot run text-only prompts
+        patched.setattr(LlavaModel, "text_only_refusal", "no text path")
+        refused = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(data),
+                                            "--images", str(images), "--out", str(tmp_path / "refused"), "--device",
+                                            "cpu"])
+        assert refused.exit_code != 0 and "cannot answer a text-only question (no image): no text path" in \
+            refused.output and "--skip-bad" in refused.output
+        assert "1 error records" in _eval(checkpoint, data, images, tmp_path / "run", "--skip-bad")
+        [error] = [e for e in read_records(tmp_path / "run").entries if e.error is not None]
+        assert error.key == "VS_chart_1_0_0" and "no text path" in error.error
+    printed = _eval(checkpoint, data, images, tmp_path / "run")  # resumed: the error record's question is asked
+    assert "### HallusionBench" in printed and "3 of 4 questions were already recorded" in printed
+    assert "1 unique prompts evaluated for 4 questions; 0 error records" in printed
     records = read_records(tmp_path / "run")
-    [text_only] = [e for e in records.entries if e.error is not None]
-    assert text_only.key == "VS_chart_1_0_0" and "text-only question" in text_only.error
+    assert len(records.entries) == 4 and all(e.error is None for e in records.entries)
+    stored = {r["question_id"]: r for r in map(json.loads, (tmp_path / "run/records.jsonl").read_text().splitlines())}
+    text_only = stored["VS_chart_1_0_0"]
+    assert text_only["image"] == "" and "image_sha256" not in text_only and text_only["decoded"]
+    assert all("image_sha256" in r for k, r in stored.items() if k != "VS_chart_1_0_0")
     scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
-    assert scored["n"] == 4 and scored["errors"] == 1
-    # the answered questions' texts as HallusionBench_result.json: the same numbers under every rule
-    answered = [r for r in rows if r["filename"]]
-    file = write_results(tmp_path / "result.json", answered, {e.key: e.decoded for e in records.entries if not e.error})
+    assert scored["n"] == 4 and scored["errors"] == 0
+    # a fresh run gives the text-only question the same answer as the resumed one
+    _eval(checkpoint, data, images, tmp_path / "fresh")
+    fresh = {e.key: e for e in read_records(tmp_path / "fresh").entries}
+    assert {e.key: (e.decoded, e.first_token_id) for e in records.entries} == \
+        {k: (e.decoded, e.first_token_id) for k, e in fresh.items()}
+    # every question's text as HallusionBench_result.json: the same numbers under every rule
+    file = write_results(tmp_path / "result.json", rows, {e.key: e.decoded for e in records.entries})
     assert score_responses(file, get_benchmark("hallusionbench"))["rules"] == scored["rules"]
 
 

@@ -12,7 +12,7 @@ from ...readout import get_template
 from ...readout.published import PROTOCOLS, Coverage
 from ..loader import CheckpointError, read_config
 from ..settings import Settings
-from .base import Family
+from .base import Family, TextOnlyRefused
 
 # model_type → "module:class" within this package, in the order tables list them.
 FAMILIES: dict[str, str] = {

@@ -27,11 +27,23 @@ from ..stats import Counts
 from ..vision_cache import tensor_fingerprint
 
 
+class TextOnlyRefused(ValueError):
+    """A text-only question a family (or a method) cannot answer; the message is one line saying why."""
+
+
+def refusal(who: str, why: str) -> str:
+    """The one-line message of a text-only question that `who` (a family or a method) cannot answer."""
+    return f"{who} cannot answer a text-only question (no image): {why}"
+
+
 class Family:
     """One model family's checkpoint, as the engine sees it.
 
     Subclasses set the class facts below and, in __init__ (after super().__init__), `tokenizer`, `lm`,
-    `image_token_id` and `feature_fingerprint`; they implement the methods that raise here."""
+    `image_token_id` and `feature_fingerprint`; they implement the methods that raise here. A question
+    asked without an image runs through `text_layout` (the prompt rendered without the image marker, its
+    ids `text_ids`): a family overrides text_ids where its processor tokenizes text otherwise, or sets
+    `text_only_refusal` where its transformers class cannot answer without an image."""
 
     family: ClassVar[str]  # the checkpoint's config.json model_type
     name: ClassVar[str]  # what messages call it
@@ -39,6 +51,9 @@ class Family:
     default_template: ClassVar[str]
     image_marker: ClassVar[str]  # where the image goes in a rendered prompt ("" when it enters otherwise)
     features_per_prompt: ClassVar[bool] = False  # True when the image tokens depend on the prompt
+    # Why a question asked without an image cannot be run as the family's transformers class runs it
+    # (None: it can, through text_layout).
+    text_only_refusal: ClassVar[str | None] = None
     # How the family's own preprocessing shapes an image, for refusing Settings.image_aspect "pad"
     # (original LLaVA's pad to square); None where pad applies.
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
@@ -149,6 +164,24 @@ class Family:
 
     def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
         raise NotImplementedError
+
+    def text_ids(self, prompt: str) -> list[int]:
+        """A text-only prompt's ids: what the processor makes of text without images (its tokenizer's ids,
+        specials added)."""
+        return list(self.tokenizer(prompt)["input_ids"])
+
+    def text_layout(self, prompt: str) -> PromptLayout:
+        """The layout of a prompt rendered without an image: no image slots, nothing shared (it runs
+        whole), positions 0 .. L-1, on all three streams where the model has M-RoPE (get_rope_index's
+        text-only positions). TextOnlyRefused where the family cannot run one."""
+        if self.text_only_refusal is not None:
+            raise TextOnlyRefused(refusal(self.name, self.text_only_refusal))
+        ids = self.text_ids(prompt)
+        if self.image_token_id in ids:
+            raise ValueError(f"a text-only prompt holds the image token {self.image_token_id}: {prompt!r}")
+        mrope = self.lm.dims.mrope_section is not None
+        return PromptLayout.of(ids, self.image_token_id, share_prefix=False,
+                               positions=torch.arange(len(ids)).expand(3, -1) if mrope else None)
 
     def prompt_features(self, items: list) -> list[list[torch.Tensor]]:
         """Only where features_per_prompt: per image, per prompt, the features of its image slots."""

@@ -61,6 +61,8 @@ class InstructBlipModel(Family):
     default_template = "instructblip"
     image_marker = ""  # the image enters through the Q-Former, ahead of the text
     features_per_prompt = True
+    text_only_refusal = ("its language model reads the image through the Q-Former's query tokens, and "
+                         "InstructBlipForConditionalGeneration requires pixel_values")
     own_aspect = "resizes every image to a square"
     protocols = {
         "lmms-eval": Coverage("instructblip", "lmms_eval_instructblip", 128, deviations=(
