@@ -212,10 +212,7 @@ class LlamaLM(nn.Module):
 
     def _per_layer(self, cos_sin) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """cos_sin(rotary) for each layer's RoPE, computed once per distinct one."""
-        done = {}
-        for rotary in self.layer_rotary:
-            if id(rotary) not in done:
-                done[id(rotary)] = cos_sin(rotary)
+        done = {id(rotary): cos_sin(rotary) for rotary in dict.fromkeys(self.layer_rotary)}
         return [done[id(rotary)] for rotary in self.layer_rotary]
 
     def final_norm(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -121,6 +121,17 @@ def test_attention_scale_and_norms_are_gemmas(checkpoint, oracle):
     assert worst_difference(answer.candidate_logits, oracle[0, QUESTIONS[0]][0])[0] > 1e-2
 
 
+def test_tied_lm_head_is_the_embedding(checkpoint):
+    """The published checkpoints store no lm_head: the logits are read off the (unscaled) embedding matrix."""
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert any(k.endswith("embed_tokens.weight") for k in names) and not any("lm_head" in k for k in names)
+    lm = Engine.load(checkpoint, Settings()).model.lm
+    assert lm.lm_head.weight.data_ptr() == lm.embed_tokens.data_ptr() and lm.lm_head.weight.shape == (262208, 64)
+
+
 def test_layout_is_the_processors(checkpoint):
     """The engine's prompt ids are Gemma3Processor's (the image sequence expanded, no second <bos>), the prefix
     runs through the last image soft token, and only the soft tokens are image slots (token_type_ids 1)."""
@@ -153,8 +164,9 @@ def test_real_tokenizer_renders_the_chat_template(checkpoint):
     assert engine.prompt(QUESTIONS[0]) == (f"<bos><start_of_turn>user\n<start_of_image>{question}<end_of_turn>\n"
                                            "<start_of_turn>model\n")
     processor = AutoProcessor.from_pretrained(str(checkpoint))
-    messages = [{"role": "user", "content": [{"type": "image", "image": IMAGES[0]}, {"type": "text", "text": question}]}]
-    ids = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    content = [{"type": "image", "image": IMAGES[0]}, {"type": "text", "text": question}]
+    ids = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]
     ids = ids[0] if isinstance(ids[0], list) else ids
     assert list(engine.model.layout(engine.prompt(QUESTIONS[0]), engine.features(IMAGES[0])).ids) == list(ids)
     tokenizer = engine.model.tokenizer

@@ -44,7 +44,7 @@ from torch import nn
 from ..images import checked_fast_path, normalize_table, to_rgb
 from ..layers import apply_rotary, offset_rms_norm
 from ..llama import DecoderLayer, LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
+from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback, rename, tensor_files
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
@@ -160,7 +160,8 @@ def text_dims(cfg, where: Path) -> tuple[LlamaDims, float]:
     a one-line CheckpointError for what the engine does not implement."""
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(cfg, name, None) is not None:
-            raise CheckpointError(f"{where}/config.json: {name} is set; Gemma 3 has none and the engine implements none")
+            raise CheckpointError(f"{where}/config.json: {name} is set; Gemma 3 has none and the engine "
+                                  "implements none")
     if getattr(cfg, "use_bidirectional_attention", False):
         raise CheckpointError(f"{where}/config.json: use_bidirectional_attention (an encoder) is not supported")
     if getattr(cfg, "hidden_activation", "gelu_pytorch_tanh") != "gelu_pytorch_tanh":
@@ -256,12 +257,13 @@ class Gemma3Model(Family):
         expected.update({f"vision.{k}": tuple(v.shape) for k, v in self.vision.state_dict().items()})
         expected.update({f"projector.{k}": tuple(v.shape) for k, v in self.projector.state_dict().items()})
         optional = {k for k in expected if k.endswith("position_ids")}
-        tied = bool(getattr(cfg, "tie_word_embeddings", getattr(cfg.text_config, "tie_word_embeddings", True)))
-        if tied:
+        # tied (the published checkpoints store no lm_head): the logits are read off the embedding matrix, unless
+        # an lm_head is stored all the same (as the stream writer's is), which transformers 5 then keeps untied
+        stored = any(rename(name, NAME_RULES) == "lm.lm_head.weight" for name in tensor_files(self.folder))
+        if getattr(cfg, "tie_word_embeddings", getattr(cfg.text_config, "tie_word_embeddings", True)) and not stored:
             expected.pop("lm.lm_head.weight")
         parts = load_grouped(self.folder, NAME_RULES, expected, optional)
-        if tied:
-            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        parts["lm"].setdefault("lm_head.weight", parts["lm"]["embed_tokens.weight"])
         return parts
 
     def preprocess_settings(self) -> dict:
@@ -281,7 +283,8 @@ class Gemma3Model(Family):
 
     @torch.inference_mode()
     def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
-        """preprocess() outputs → per image the projected features [mm_tokens_per_image, hidden] (get_image_features)."""
+        """preprocess() outputs → per image the projected features [mm_tokens_per_image, hidden]
+        (Gemma3Model.get_image_features)."""
         x = torch.from_numpy(np.stack(pixels)).to(self.device, self.dtype)
         return list(self.projector(self.vision(pixel_values=x).last_hidden_state))
 
