@@ -14,7 +14,9 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
   placed unscaled (Gemma3TextScaledWordEmbedding, Gemma3Model.forward);
 - attention scaled by query_pre_attn_scalar**-0.5 (Gemma3Attention.scaling), folded here into q's norm as
   sqrt(head_dim / query_pre_attn_scalar), so every attention path (SDPA, the prefix kernel, decode, probe)
-  applies it with its own head_dim**-0.5 (a factor of exactly 1 for the 4B and 12B, 256 = 256);
+  applies it with its own head_dim**-0.5: a factor of exactly 1 where the two are equal (256 and 256 in the
+  4B's config, from memory also the 12B's), else applied in fp32 before q's one cast (q then rounds scaled,
+  where transformers rounds it unscaled: equal in fp32, within a rounding step in fp16/bf16);
 - local and global RoPE (rope_parameters["sliding_attention"] / ["full_attention"], the 4B's global one
   linearly scaled by 8) per layer_types; sliding layers attend like full ones within their window
   (masking_utils.sliding_window_overlay keeps keys with q - k < window), so the engine refuses longer
@@ -25,10 +27,10 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
   suffixes, after it, stay causal.
 
 The vocabulary is 262,208 rows (tied to the embedding): at the 4B's width one full-vocabulary argmax pass
-is 2 x 2560 x 262,208 = 1.34 GFLOP per prompt, against 2 x 2560 x n = 5,120 n FLOP for n candidate rows
-(about 41 kFLOP for 8 candidates): the argmax costs about 33,000 times the candidates, and a [S, V] logits
-tensor over a ~270-token prompt would be 270 such passes (362 GFLOP, more than the 4B's 34 layers over the
-prompt, 2 x 3.9 G x 270 = 2.1 TFLOP, a sixth of it). bench's floor counts one argmax pass per prompt.
+is 2 x 2560 x 262,208 = 1.34 GFLOP per prompt, against 2 x 2560 x n FLOP for n candidate rows (41 kFLOP for
+8): the argmax costs 32,776 times the candidates. The 34 layers' matmuls are 6.42 GFLOP per token (2 x 34 x
+(2560 x 256 x 24 + 3 x 2560 x 10240)), 1.73 TFLOP over a ~270-token prompt; [S, V] logits over that prompt
+would add 362 GFLOP (a fifth more), the one argmax pass bench's floor counts adds 0.08 %.
 """
 from __future__ import annotations
 
