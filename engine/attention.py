@@ -59,11 +59,29 @@ def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
 
 
+def image_blocks(image: torch.Tensor) -> torch.Tensor:
+    """image [B, S] → [B, S, S] bool: key k is visible from query q where k <= q or both lie in one run of
+    image tokens (transformers' get_block_sequence_ids_for_mask and blockwise_overlay, Gemma 3's)."""
+    start = image & ~F.pad(image, (1, 0))[:, :-1]
+    group = torch.where(image, start.cumsum(dim=1), 0)  # 0: text; n: the n-th image run
+    same = (group[:, :, None] == group[:, None, :]) & image[:, :, None]
+    length = image.shape[1]
+    return same | torch.ones(length, length, dtype=torch.bool, device=image.device).tril()
+
+
+def image_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+    """causal_attention, but the tokens of each image run attend to each other both ways (image_blocks);
+    SDPA in the model dtype with that boolean mask, as transformers' sdpa attention runs Gemma 3."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=image_blocks(image)[:, None],
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
 def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor,
-                            edit: AttentionEdit) -> torch.Tensor:
+                            edit: AttentionEdit, blocks: bool = False) -> torch.Tensor:
     """Causal attention of whole prompts with the image keys' logits edited (per query head) as seen
     from every query after the row's last image token; explicit, in fp32 (the softmax's dtype in
-    transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]."""
+    transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]; with blocks, each
+    image run's tokens see each other both ways (image_blocks)."""
     b, hq, length, d = q.shape
     group = hq // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
@@ -73,7 +91,7 @@ def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     after = (columns[None] > last_image[:, None])[:, None, :, None]  # queries after the image
     edited = edit.apply(scores, lambda x: x.view(1, hq, 1, 1))
     scores = torch.where(after & image[:, None, None, :], edited, scores)
-    causal = columns[None, :] <= columns[:, None]
+    causal = image_blocks(image)[:, None] if blocks else columns[None, :] <= columns[:, None]
     scores = scores.masked_fill(~causal, float("-inf"))
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
@@ -108,18 +126,21 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: Attention
 
 
 def suffix_attention(q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
-                     edit: AttentionEdit | None, backend: str) -> torch.Tensor:
+                     edit: AttentionEdit | None, backend: str, image_bidirectional: bool = False) -> torch.Tensor:
     """One layer's attention of a suffix batch [B, Hq, S, D]: every row's queries over its prefix (one
     fused call for every image's rows: each run reads its prefix once) and causally over its own keys,
     or whole prompts causally; an edit of every query is applied inside, an answer-only one by
-    recomputing each row's answer position."""
+    recomputing each row's answer position. With image_bidirectional, a whole prompt's image tokens see each other
+    both ways (a suffix's own tokens are text: its image lies in the prefix, prefilled so)."""
     every = edit if edit is not None and not edit.answer_only else None
     if prefix is not None:
         key_edit = None if every is None or prefix.image_mask is None else (prefix.image_mask, every.scale, every.bias)
         attn = prefix_attention(q, prefix.keys[layer], prefix.values[layer], k, v, batch.lengths, backend=backend,
                                 prefix_index=runs, key_edit=key_edit)
     elif every is not None and batch.image_mask is not None:
-        attn = edited_causal_attention(q, k, v, batch.image_mask, every)
+        attn = edited_causal_attention(q, k, v, batch.image_mask, every, blocks=image_bidirectional)
+    elif image_bidirectional and batch.image_mask is not None:
+        attn = image_block_attention(q, k, v, batch.image_mask)
     else:
         attn = causal_attention(q, k, v)
     if edit is not None and edit.answer_only:

@@ -85,9 +85,11 @@ class Rotary:
     (width) frequencies, temporal elsewhere, instead of one chunk of frequencies per stream."""
 
     def __init__(self, head_dim: int, theta: float, device: torch.device,
-                 mrope_section: tuple[int, ...] | None = None, interleaved: bool = False):
+                 mrope_section: tuple[int, ...] | None = None, interleaved: bool = False, factor: float = 1.0):
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
         self.inv_freq = 1.0 / (theta**exponent)
+        if factor != 1.0:  # linear RoPE scaling (transformers' _compute_linear_scaling_rope_parameters)
+            self.inv_freq = self.inv_freq / factor
         self.mrope_section, self.interleaved = mrope_section, interleaved
         if mrope_section is not None and sum(mrope_section) != head_dim // 2:
             raise ValueError(f"mrope_section {mrope_section} does not cover {head_dim // 2} frequencies")
@@ -114,6 +116,14 @@ class Rotary:
                               dim=-1)
         emb = torch.cat((freqs, freqs), dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: float = 1.0) -> torch.Tensor:
+    """transformers' Gemma3RMSNorm: normalise and scale by (1 + w) in fp32, then cast once (LLaMA's casts
+    before scaling); `scale` (applied in fp32 too, where not 1) folds a constant into the output."""
+    y = x.float()
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
+    return (y if scale == 1.0 else y * scale).to(x.dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -22,9 +22,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import PrefixRuns, gather_logits, prefix_runs, resolve_backend, rms_norm, vocab_argmax
-from .attention import PrefixKV, SuffixKV, causal_attention, masked_attention, probe_attention, suffix_attention
+from .attention import (PrefixKV, SuffixKV, causal_attention, image_block_attention, masked_attention, probe_attention,
+                        suffix_attention)
 from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
-from .layers import Rotary, apply_rotary, make_linear
+from .layers import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .plan import TokenBatch
 
 
@@ -47,6 +48,12 @@ class LlamaDims:
     # DeepStack (Qwen3-VL): image features carry 1 + deepstack blocks of hidden_size along their last axis;
     # block 0 is the input embedding, block i + 1 is added to the image positions' output of layer i.
     deepstack: int = 0
+    # Gemma 3: per layer (RoPE theta, linear scaling factor), where layers differ (local and global RoPE)
+    layer_rope: tuple[tuple[float, float], ...] | None = None
+    embed_scale: float | None = None  # Gemma: text embeddings times this, in the embedding's dtype
+    norm_unit_offset: bool = False  # Gemma: the final RMSNorm scales by (1 + w), in fp32 before the cast
+    # Gemma 3: the tokens of one image attend to each other both ways (its other attention stays causal)
+    image_bidirectional: bool = False
     max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
 
     @classmethod
@@ -166,13 +173,19 @@ class LlamaLM(nn.Module):
                      if "layernorm" in k or k.endswith(("q_norm.weight", "k_norm.weight"))}
             layers.append(layer_class(dims, {**own, **norms}, linear))
         self.layers = nn.ModuleList(layers)
-        self.rotary = Rotary(dims.head_dim, dims.rope_theta, device, dims.mrope_section, dims.mrope_interleaved)
+        specs = dims.layer_rope or ((dims.rope_theta, 1.0),) * dims.num_layers
+        rotaries = {spec: Rotary(dims.head_dim, spec[0], device, dims.mrope_section, dims.mrope_interleaved,
+                                 factor=spec[1]) for spec in dict.fromkeys(specs)}
+        self.layer_rotary = [rotaries[spec] for spec in specs]  # one object per distinct RoPE, shared by its layers
+        self.rotary = self.layer_rotary[0]  # every layer's, where they share one
 
     def embed(self, ids: torch.Tensor, image_mask: torch.Tensor | None = None,
               features: torch.Tensor | None = None) -> torch.Tensor:
         """ids [...] → input embeddings [..., H]; where image_mask is True the rows of features
         [N, H] (one per image slot, in order) stand instead."""
         x = F.embedding(ids, self.embed_tokens)
+        if self.dims.embed_scale is not None:  # Gemma3TextScaledWordEmbedding: the scale cast to the weights' dtype
+            x = x * torch.tensor(self.dims.embed_scale, device=x.device).to(x.dtype)
         if image_mask is None:
             return x
         if int(image_mask.sum()) != features.shape[0]:
@@ -191,11 +204,23 @@ class LlamaLM(nn.Module):
         x[batch.image_mask] = x[batch.image_mask] + batch.features[:, (layer + 1) * h:(layer + 2) * h].to(x.dtype)
         return x
 
-    def rotary_of(self, batch: TokenBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [S, D] (positions shared by every row) or [B, S, D]."""
+    def rotary_of(self, batch: TokenBatch) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Per layer cos, sin [S, D] (positions shared by every row) or [B, S, D]."""
         if batch.positions.dim() == 3:
-            return self.rotary.cos_sin_3d(batch.positions, self.dtype)
-        return self.rotary.cos_sin(batch.positions, self.dtype)
+            return self._per_layer(lambda rotary: rotary.cos_sin_3d(batch.positions, self.dtype))
+        return self._per_layer(lambda rotary: rotary.cos_sin(batch.positions, self.dtype))
+
+    def _per_layer(self, cos_sin) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """cos_sin(rotary) for each layer's RoPE, computed once per distinct one."""
+        done = {id(rotary): cos_sin(rotary) for rotary in dict.fromkeys(self.layer_rotary)}
+        return [done[id(rotary)] for rotary in self.layer_rotary]
+
+    def final_norm(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden, and the final norm's weight for the lm_head kernels to fuse (LLaMA's RMSNorm); Gemma's
+        (1 + w) norm, which rounds once after scaling in fp32, is applied here instead (None to fuse)."""
+        if self.dims.norm_unit_offset:
+            return offset_rms_norm(hidden, self.norm, self.dims.rms_eps), None
+        return hidden, self.norm
 
     @torch.inference_mode()
     def prefill_prefix(self, batch: TokenBatch, intervention: Intervention | None = None) -> PrefixKV:
@@ -203,16 +228,18 @@ class LlamaLM(nn.Module):
         attention output and MLP are never needed (no prefix position is read out), so the pass stops
         at its K and V; prefix hooks therefore see layers 0 .. L-2."""
         x = self.embed(batch.ids, batch.image_mask, batch.features)
-        cos, sin = self.rotary_of(batch)
+        ropes = self.rotary_of(batch)
+        blocks = self.dims.image_bidirectional and batch.image_mask is not None
         keys, values = [], []
         for i, layer in enumerate(self.layers):
             last = i == len(self.layers) - 1
-            q, k, v = layer.qkv(x, cos, sin, need_q=not last, image=batch.image_mask)
+            q, k, v = layer.qkv(x, *ropes[i], need_q=not last, image=batch.image_mask)
             keys.append(k)
             values.append(v)
             if last:
                 break
-            x = layer.finish(x, causal_attention(q, k, v), image=batch.image_mask)
+            attn = image_block_attention(q, k, v, batch.image_mask) if blocks else causal_attention(q, k, v)
+            x = layer.finish(x, attn, image=batch.image_mask)
             x = self.deepstack(hidden_hook(intervention, i, x, "prefix"), i, batch)
         return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans, batch.image_mask)
 
@@ -224,18 +251,19 @@ class LlamaLM(nn.Module):
         the hidden state of each row's last token, the suffixes' own KV and, with probe, the image
         attention at that token (SuffixOut)."""
         x = self.embed(batch.ids, batch.image_mask, batch.features)
-        cos, sin = self.rotary_of(batch)
+        ropes = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
         runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         keys, values, probes = [], [], []
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(x, cos, sin, image=batch.image_mask)
+            q, k, v = layer.qkv(x, *ropes[i], image=batch.image_mask)
             keys.append(k)
             values.append(v)
             edit = layer_edit(intervention, i, self.dims.num_heads, self.device)
             if probe:
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
-            attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend)
+            attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
+                                    image_bidirectional=self.dims.image_bidirectional)
             x = layer.finish(x, attn, image=batch.image_mask)
             x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
         last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
@@ -251,7 +279,8 @@ class LlamaLM(nn.Module):
         """
         backend = resolve_backend(self.kernels, self.device)
         index = torch.tensor(ids, dtype=torch.long, device=self.device)
-        norm = dict(norm_weight=self.norm, eps=self.dims.rms_eps, backend=backend)  # the final norm, fused
+        last_hidden, weight = self.final_norm(last_hidden)
+        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)  # the final norm, fused
         logits = gather_logits(last_hidden, self.lm_head.matrix, index, **norm).to(self.dtype).float()
         return logits, vocab_argmax(last_hidden, self.lm_head.matrix, **norm, logits_dtype=self.dtype)
 
@@ -261,7 +290,8 @@ class LlamaLM(nn.Module):
         dtype as `answer`'s are), for methods that combine passes over every token. One answer
         position per row: [B, V], never [B, S, V]; the lm_head rows go `chunk` at a time."""
         backend = resolve_backend(self.kernels, self.device)
-        norm = dict(norm_weight=self.norm, eps=self.dims.rms_eps, backend=backend)
+        last_hidden, weight = self.final_norm(last_hidden)
+        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)
         vocab = self.lm_head.matrix.shape[0]
         out = torch.empty(last_hidden.shape[0], vocab, dtype=torch.float32, device=self.device)
         for start in range(0, vocab, chunk):
@@ -288,7 +318,8 @@ class LlamaLM(nn.Module):
             if bool(done.all()) or (finished is not None and finished(torch.stack(tokens, dim=1).tolist())):
                 break
             x = self._decode_step(cache, tokens[-1], t, edits, intervention)
-            nxt = vocab_argmax(x[:, 0], self.lm_head.matrix, self.norm, self.dims.rms_eps, backend=backend,
+            hidden, weight = self.final_norm(x[:, 0])
+            nxt = vocab_argmax(hidden, self.lm_head.matrix, weight, self.dims.rms_eps, backend=backend,
                                logits_dtype=self.dtype)
             tokens.append(nxt)
             done |= torch.isin(nxt, stops)
@@ -299,9 +330,9 @@ class LlamaLM(nn.Module):
         """Generated token t of every row [B] through every layer → its last hidden states [B, 1, H]."""
         x = self.embed(token)[:, None]
         slot, valid, own_image = cache.next_slot(t, any(e is not None for e in edits))
-        cos, sin = self.rotary.cos_sin((cache.suffix.next_position + t)[:, None], self.dtype)
+        ropes = self._per_layer(lambda rotary: rotary.cos_sin((cache.suffix.next_position + t)[:, None], self.dtype))
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.qkv(x, cos, sin)
+            q, k, v = layer.qkv(x, *ropes[i])
             cache.own_k[i][:, :, slot] = k[:, :, 0]
             cache.own_v[i][:, :, slot] = v[:, :, 0]
             attn = [masked_attention(q[a:e], *cache.prefix_kv(i, g), cache.own_k[i][a:e], cache.own_v[i][a:e],

@@ -97,6 +97,9 @@ TEMPLATES: dict[str, Template] = {
         Template("llava_onevision_chat", "", "<image>",
                  "the tokenizer's chat template (llava-hf OneVision's processor template), one user message "
                  "[image, question + yes/no instruction]", chat=True),
+        Template("gemma3_chat", "", "<start_of_image>",
+                 "the tokenizer's chat template (Gemma 3's: the image as '<start_of_image>'), one user message "
+                 "[image, question + yes/no instruction]", chat=True),
         Template("internvl_chat", "", "<IMG_CONTEXT>",
                  "the tokenizer's chat template (InternVL3-hf's: images as '<IMG_CONTEXT>\\n'), one user message "
                  "[image, question + yes/no instruction]", chat=True),

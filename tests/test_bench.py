@@ -12,7 +12,7 @@ def test_bench_runs_both_pipelines_and_they_agree(tmp_path):
                       n_questions=12, reference_sample=6, work_dir=tmp_path)
     report = run_bench(cfg)
     supported = {"llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl", "llava_onevision",
-                 "internvl", "qwen3_vl"}  # with a transformers reference
+                 "internvl", "qwen3_vl", "gemma3"}  # with a transformers reference
     assert set(report["models"]) == {*supported, "mplug_owl2"}   # every seed family runs
     owl = report["models"]["mplug_owl2"]
     assert owl["pope_fast"]["questions"] == owl["pope_fast"]["unique_prompts"] == 12
@@ -43,8 +43,8 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
     the vision side is a real share: the tower's layers and patch embedding per token it reads."""
     from dataclasses import astuple
 
-    from tinymodels import (make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_5_vl,
-                            make_tiny_qwen2_vl, make_tiny_qwen3_vl)
+    from tinymodels import (make_tiny_gemma3, make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next,
+                            make_tiny_qwen2_5_vl, make_tiny_qwen2_vl, make_tiny_qwen3_vl)
 
     from pope_fast.engine import Engine, Settings
     from pope_fast.engine.models.mplug_owl2 import MplugOwl2Model
@@ -56,7 +56,7 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
         return MplugOwl2Model.write_checkpoint(folder, "tiny")
 
     for make in (make_tiny_llava, make_tiny_llava_next, make_tiny_instructblip, make_tiny_qwen2_vl, make_tiny_mplug_owl2,
-                 make_tiny_qwen2_5_vl, make_tiny_qwen3_vl):
+                 make_tiny_qwen2_5_vl, make_tiny_qwen3_vl, make_tiny_gemma3):
         engine = Engine.load(make(tmp_path / make.__name__, builtin_tokenizer=True), Settings())
         model = engine.model
         assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0
@@ -86,3 +86,15 @@ def test_bench_times_a_paired_run_cold_beside_the_baseline(tmp_path):
     assert "| llava | none + vcd |" in format_report(report)
     refused = CliRunner().invoke(main, ["bench", "--models", "llava", "--device", "cpu", "--method", "dola"])
     assert refused.exit_code != 0 and "unknown method 'dola'" in refused.output
+
+
+def test_bench_gemma3_tiny_runs_both_pipelines_and_they_agree(tmp_path):
+    """Gemma 3 alone (its 262,208-row vocabulary makes it the slowest tiny family): the reference is
+    Gemma3ForConditionalGeneration on Gemma3Processor's inputs (token_type_ids, no second <bos>), and every
+    decision of it is ours."""
+    cfg = BenchConfig(models=["gemma3"], size="tiny", device="cpu", quant="none", dtype=None, n_questions=8,
+                      reference_sample=4, work_dir=tmp_path)
+    entry = run_bench(cfg)["models"]["gemma3"]
+    ours, ref = entry["pope_fast"], entry["reference"]
+    assert ours["questions"] == ours["unique_prompts"] == 8 and ref["questions"] == 4
+    assert set(entry["agreement"]) == set(BENCH_READOUTS) and set(entry["agreement"].values()) == {1.0}

@@ -5,9 +5,9 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from tinymodels import (make_tiny_instructblip, make_tiny_internvl, make_tiny_llava, make_tiny_llava_next,
-                        make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl, make_tiny_qwen3_vl,
-                        write_pope_set)
+from tinymodels import (make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl, make_tiny_llava,
+                        make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
+                        make_tiny_qwen3_vl, write_pope_set)
 
 from pope_fast.cli import main
 from pope_fast.readout import load_questions, load_tokenizer
@@ -16,7 +16,8 @@ FAMILIES = {"llava": (make_tiny_llava, "llava_plain"), "llava_next": (make_tiny_
             "instructblip": (make_tiny_instructblip, "instructblip"), "qwen2_vl": (make_tiny_qwen2_vl, "qwen2_vl_chat"),
             "qwen2_5_vl": (make_tiny_qwen2_5_vl, "qwen2_vl_chat"),
             "llava_onevision": (make_tiny_llava_onevision, "llava_onevision_chat"),
-            "internvl": (make_tiny_internvl, "internvl_chat"), "qwen3_vl": (make_tiny_qwen3_vl, "qwen2_vl_chat")}
+            "internvl": (make_tiny_internvl, "internvl_chat"), "qwen3_vl": (make_tiny_qwen3_vl, "qwen2_vl_chat"),
+            "gemma3": (make_tiny_gemma3, "gemma3_chat")}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -9,7 +9,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("readout", "engine", "kernels", "bench", "pope_fast")
 SOURCES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
 FAMILIES = ("llava", "llava_next", "instructblip", "qwen2_vl", "mplug_owl2", "qwen2_5_vl", "llava_onevision", "internvl",
-            "qwen3_vl")
+            "qwen3_vl", "gemma3")
 # Strings equal to a family's model_type that are not about the family: template names (the template
 # registry, whose names records carry), the adapter names of ugaa-research's published files, and the
 # protocol registry's names (`llava` is LLaVA's own evaluation scripts).

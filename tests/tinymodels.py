@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from pope_fast.engine.models.gemma3 import Gemma3Model
 from pope_fast.engine.models.instructblip import InstructBlipModel
 from pope_fast.engine.models.internvl import InternVLModel
 from pope_fast.engine.models.llava import LlavaModel
@@ -31,6 +32,8 @@ SHARED_MISTRAL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokeniz
 SHARED_ONEVISION_TOKENIZER = (Path(__file__).resolve().parents[2]
                               / "shared/tokenizers/llava_onevision/llava-onevision-qwen2-7b-ov-hf")
 SHARED_INTERNVL_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/internvl3/internvl3-8b-hf"
+# Under the Gemma Terms of Use: read from ../shared, never copied into the repository.
+SHARED_GEMMA3_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/gemma3/gemma-3-4b-it"
 QUESTIONS = ["Is there a dog in the image?", "Is there a person in the image?", "Is there a car in the image?",
              "Is there a dining table in the image?", "Is there a skis in the image?",
              "Is there a traffic light in the image?"]
@@ -207,6 +210,28 @@ def make_tiny_qwen3_vl(folder: Path, *, seed: int = 0, layers: int = 3, hidden: 
     extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(layers) for n in "qk"}
     return Qwen3VLModel.write_checkpoint(
         folder, dims, tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
+
+
+def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, vision_hidden: int = 32,
+                     init_std: float = 0.08, dtype=torch.float32, text: dict | None = None,
+                     config: dict | None = None) -> Path:
+    """A random Gemma 3 checkpoint (Gemma3Model.sizes["tiny"]: a 2-layer SigLIP on 64-px images, 8 x 8 patches
+    pooled to 16 tokens; four layers local, local, global, local with two RoPE bases, head_dim 32 against a
+    query_pre_attn_scalar of 24; `text` / `config` override its fields) with Gemma3Processor's files; every
+    RMSNorm weight is drawn too (Gemma's scale by 1 + w, so a model scaling by w differs). The tokenizer is
+    gemma-3-4b-it's from ../shared when it is there, else the built-in stand-in at Gemma's special-token ids."""
+    dims = Gemma3Model.sizes["tiny"]
+    dims = dict(dims, vision=dict(dims["vision"], hidden_size=vision_hidden, intermediate_size=2 * vision_hidden),
+                text=dict(dims["text"], initializer_range=init_std, **(text or {})),
+                config=dict(initializer_range=init_std, **(config or {})))
+    layers = dims["text"]["num_hidden_layers"]
+    extra = {f"model.language_model.layers.{i}.{name}.weight": 0.5 for i in range(layers) for name in (
+        "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+        "self_attn.q_norm", "self_attn.k_norm")}
+    extra.update({"model.language_model.norm.weight": 0.5, "model.multi_modal_projector.mm_soft_emb_norm.weight": 0.5})
+    return Gemma3Model.write_checkpoint(
+        folder, dims, tokenizer_dir=_shared(SHARED_GEMMA3_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 

@@ -25,6 +25,7 @@ FAMILIES: dict[str, str] = {
     "llava_onevision": "llava_onevision:LlavaOnevisionModel",
     "internvl": "internvl:InternVLModel",
     "qwen3_vl": "qwen3_vl:Qwen3VLModel",
+    "gemma3": "gemma3:Gemma3Model",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 

@@ -1,0 +1,361 @@
+"""Gemma 3 against transformers' Gemma3ForConditionalGeneration, the oracle, on a tiny random checkpoint
+(tinymodels.make_tiny_gemma3: 64-px images pooled to 16 image tokens; four layers, local, local, global,
+local, with two RoPE bases, the global one linearly scaled; head_dim 32 against a query_pre_attn_scalar of
+24; every (1 + w) norm weight drawn). The oracle's inputs are Gemma3Processor's (token_type_ids included,
+which turn on its bidirectional image mask); the tokenizer is gemma-3-4b-it's from ../shared, or the built-in
+stand-in at Gemma's ids where that is absent (the tests that need the real one skip)."""
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from tinymodels import (QUESTIONS, SHARED_GEMMA3_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle,
+                        generated_text, make_tiny_gemma3, synthetic_image, worst_difference)
+
+from pope_fast.engine import Engine, ImagePrompts, Settings
+from pope_fast.engine.loader import CheckpointError
+from pope_fast.engine.models import family_class, protocol_for
+
+IMAGES = [synthetic_image(i + 31, size) for i, size in enumerate([(90, 70), (40, 90), (64, 64)])]
+GEMMA3 = family_class("gemma3")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return make_tiny_gemma3(tmp_path_factory.mktemp("tiny_gemma3") / "ckpt")
+
+
+def _model(checkpoint: Path, **kwargs):
+    from transformers import Gemma3ForConditionalGeneration
+
+    return Gemma3ForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32, **kwargs).eval()
+
+
+def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4, causal: bool = False) -> dict:
+    """Per (image, question): transformers' answer-position logits and greedy tokens; with causal, without
+    token_type_ids (so without the bidirectional image mask: what a causal-only prefix would compute)."""
+    model, processor = _model(checkpoint), GEMMA3.reference_processor(checkpoint)
+    out = {}
+    for i, image in enumerate(images):
+        for q in questions:
+            inputs = processor(images=image, text=prompt(q), return_tensors="pt")
+            if causal:
+                del inputs["token_type_ids"]
+            with torch.no_grad():
+                logits = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
+            out[i, q] = (logits, generated[0, inputs["input_ids"].shape[1]:].tolist())
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle(checkpoint):
+    return _oracle(checkpoint, Engine.load(checkpoint, Settings()).prompt, IMAGES, QUESTIONS[:3])
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 32), (False, 3)],
+                         ids=["reuse-b1", "reuse-b32", "whole-b3"])
+def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
+    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
+                         readouts="all")
+    assert engine.template.name == "gemma3_chat"
+    for i, image in enumerate(IMAGES):
+        assert engine.features(image).shape == (16, 64)
+        for answer in engine.score(image, QUESTIONS[:3]):
+            logits, generated = oracle[i, answer.question]
+            worst, at = worst_difference(answer.candidate_logits, logits)
+            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
+            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+
+
+def test_images_in_one_batch(checkpoint, oracle):
+    """Several images' question rows in one suffix batch (rows span prefixes), and whole prompts of different
+    images in one batch."""
+    for reuse in (True, False):
+        engine = Engine.load(checkpoint, Settings(batch_size=4, prefix_reuse=reuse), readouts="all")
+        items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+        for i, answers in enumerate(engine.run_images(items)):
+            for q, answer in zip(QUESTIONS[:3], answers):
+                logits, _ = oracle[i, q]
+                worst, _ = worst_difference(answer.candidate_logits, logits)
+                assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (reuse, i, q)
+
+
+@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
+def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse, batch_size=2),
+                         readouts="string_parse")
+    continuations = set()
+    for i, image in enumerate(IMAGES):
+        for answer in engine.score(image, QUESTIONS[:3]):
+            _, generated = oracle[i, answer.question]
+            assert answer.decoded == generated_text(engine, generated)
+            continuations.add(tuple(generated))
+    assert len(continuations) > 1  # the random model does not say one thing to everything
+
+
+def test_the_image_attends_both_ways(checkpoint, oracle):
+    """The bidirectional image mask matters: transformers without token_type_ids (a causal-only prefix) is far
+    from the engine, and so is the engine with the flag off, on both paths; with it, they match (above)."""
+    causal = _oracle(checkpoint, Engine.load(checkpoint, Settings()).prompt, IMAGES[:1], QUESTIONS[:2], new_tokens=1,
+                     causal=True)
+    for reuse in (True, False):
+        engine = Engine.load(checkpoint, Settings(prefix_reuse=reuse), readouts="all")
+        lm = engine.model.lm
+        lm.dims = replace(lm.dims, image_bidirectional=False)
+        for answer in engine.score(IMAGES[0], QUESTIONS[:2]):
+            theirs_causal, _ = causal[0, answer.question]
+            assert worst_difference(answer.candidate_logits, theirs_causal)[0] <= 1e-4  # the causal oracle, matched
+            assert worst_difference(answer.candidate_logits, oracle[0, answer.question][0])[0] > 1e-2
+
+
+def test_attention_scale_and_norms_are_gemmas(checkpoint, oracle):
+    """query_pre_attn_scalar (24, not head_dim 32) scales the attention: the engine at head_dim**-0.5 differs."""
+    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    assert engine.model.q_scale == pytest.approx((32 / 24) ** 0.5)
+    for layer in engine.model.lm.layers:
+        layer.q_scale = 1.0
+    answer = engine.score(IMAGES[0], QUESTIONS[:1])[0]
+    assert worst_difference(answer.candidate_logits, oracle[0, QUESTIONS[0]][0])[0] > 1e-2
+
+
+def test_tied_lm_head_is_the_embedding(checkpoint):
+    """The published checkpoints store no lm_head: the logits are read off the (unscaled) embedding matrix."""
+    from safetensors import safe_open
+
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert any(k.endswith("embed_tokens.weight") for k in names) and not any("lm_head" in k for k in names)
+    lm = Engine.load(checkpoint, Settings()).model.lm
+    assert torch.equal(lm.lm_head.weight, lm.embed_tokens) and lm.lm_head.weight.shape == (262208, 64)
+
+
+def test_layout_is_the_processors(checkpoint):
+    """The engine's prompt ids are Gemma3Processor's (the image sequence expanded, no second <bos>), the prefix
+    runs through the last image soft token, and only the soft tokens are image slots (token_type_ids 1)."""
+    engine = Engine.load(checkpoint, Settings())
+    model = engine.model
+    processor = GEMMA3.reference_processor(checkpoint)
+    for q in QUESTIONS[:3]:
+        prompt = engine.prompt(q)
+        inputs = processor(images=IMAGES[0], text=prompt, return_tensors="pt")
+        layout = model.layout(prompt, engine.features(IMAGES[0]))
+        assert list(layout.ids) == inputs["input_ids"][0].tolist()
+        assert layout.ids.count(model.tokenizer.bos_token_id) == 1
+        slots = [i for i, t in enumerate(layout.ids) if t == model.image_token_id]
+        assert slots == torch.nonzero(inputs["token_type_ids"][0]).flatten().tolist() and len(slots) == 16
+        assert layout.image_spans == ((slots[0], slots[-1] + 1),) and layout.prefix_cut == slots[-1] + 1
+        assert layout.ids[slots[0] - 1] == 255999 and layout.ids[slots[-1] + 1] == 256000
+    with pytest.raises(ValueError, match="exactly one <start_of_image>"):
+        model.layout("no image here", engine.features(IMAGES[0]))
+
+
+def test_real_tokenizer_renders_the_chat_template(checkpoint):
+    """With gemma-3-4b-it's tokenizer: the default prompt is its chat template's rendering, the processor's own
+    apply_chat_template gives the engine's ids, and Yes/No are the bare 10784 / 3771."""
+    from transformers import AutoProcessor
+
+    if not SHARED_GEMMA3_TOKENIZER.is_dir():
+        pytest.skip(f"{SHARED_GEMMA3_TOKENIZER} is absent (the Gemma tokenizer is not bundled)")
+    engine = Engine.load(checkpoint, Settings())
+    question = QUESTIONS[0] + " Answer yes or no only."
+    assert engine.prompt(QUESTIONS[0]) == (f"<bos><start_of_turn>user\n<start_of_image>{question}<end_of_turn>\n"
+                                           "<start_of_turn>model\n")
+    processor = AutoProcessor.from_pretrained(str(checkpoint))
+    content = [{"type": "image", "image": IMAGES[0]}, {"type": "text", "text": question}]
+    ids = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
+                                        tokenize=True, return_dict=True)["input_ids"]
+    ids = ids[0] if isinstance(ids[0], list) else ids
+    assert list(engine.model.layout(engine.prompt(QUESTIONS[0]), engine.features(IMAGES[0])).ids) == list(ids)
+    tokenizer = engine.model.tokenizer
+    assert tokenizer.encode("Yes", add_special_tokens=False) == [10784]
+    assert tokenizer.encode("No", add_special_tokens=False) == [3771]
+    assert engine.model.image_token_id == 262144 and 106 in engine.model.stop_ids
+
+
+def test_pixels_match_the_image_processor(checkpoint):
+    """The NumPy path (in use) gives Gemma3ImageProcessor's pixels bit for bit, alpha and odd sizes included."""
+    from transformers import AutoImageProcessor
+
+    engine = Engine.load(checkpoint, Settings())
+    assert engine.model._fast_pixels is not None
+    processor = AutoImageProcessor.from_pretrained(str(checkpoint))
+    assert type(processor).__name__ == "Gemma3ImageProcessorPil" and not processor.do_pan_and_scan
+    for image in IMAGES + [synthetic_image(5, (333, 251)).convert("RGBA"), synthetic_image(6, (17, 200))]:
+        ours = engine.model.preprocess(image)
+        theirs = processor(images=image, return_tensors="np")["pixel_values"][0]
+        assert ours.dtype == np.float32 and ours.shape == (3, 64, 64) and np.array_equal(ours, theirs), image.size
+
+
+def _window_checkpoint(tmp_path: Path, window: int) -> Path:
+    return make_tiny_gemma3(tmp_path / f"window{window}", seed=1, text=dict(sliding_window=window))
+
+
+def test_sliding_window_boundary(tmp_path):
+    """transformers' sliding layers keep keys with q - k < window: a prompt of exactly `window` tokens attends
+    as under full attention (the engine runs it, matching the oracle), one token longer does not (the oracle
+    then differs from full attention, and the engine refuses it)."""
+    probe = Engine.load(make_tiny_gemma3(tmp_path / "probe", seed=1), Settings())
+    length = len(probe.model.layout(probe.prompt(QUESTIONS[0]), probe.features(IMAGES[0])))
+    at = _window_checkpoint(tmp_path, length)
+    engine = Engine.load(at, Settings(), readouts="template_aware")
+    logits, _ = _oracle(at, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
+    answer = engine.score(IMAGES[0], QUESTIONS[:1])[0]
+    assert worst_difference(answer.candidate_logits, logits)[0] <= 1e-4
+    below = _window_checkpoint(tmp_path, length - 1)
+    narrow, _ = _oracle(below, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
+    assert float((narrow - logits).abs().max()) > 1e-4  # at length - 1 the window cuts a key off
+    with pytest.raises(NotImplementedError, match=f"exceeds the model's sliding window of {length - 1}"):
+        Engine.load(below, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS[:1])
+
+
+def _edit_config(checkpoint: Path, tmp_path: Path, edit) -> Path:
+    import shutil
+
+    folder = tmp_path / "edited"
+    shutil.copytree(checkpoint, folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["text_config"].update(final_logit_softcapping=30.0), "final_logit_softcapping is set"),
+    (lambda c: c["text_config"].update(attn_logit_softcapping=50.0), "attn_logit_softcapping is set"),
+    (lambda c: c["text_config"]["rope_parameters"]["full_attention"].update(rope_type="dynamic"),
+     "full_attention rope_type 'dynamic' is not supported"),
+], ids=["final-softcap", "attn-softcap", "rope-dynamic"])
+def test_unsupported_configs_are_refused(checkpoint, tmp_path, edit, message):
+    with pytest.raises(CheckpointError, match=message):
+        Engine.load(_edit_config(checkpoint, tmp_path, edit), Settings())
+
+
+def test_pan_and_scan_is_refused(checkpoint, tmp_path):
+    import shutil
+
+    folder = tmp_path / "pas"
+    shutil.copytree(checkpoint, folder)
+    path = folder / "processor_config.json"
+    if not path.is_file():
+        path = folder / "preprocessor_config.json"
+    config = json.loads(path.read_text())
+    (config.get("image_processor", config))["do_pan_and_scan"] = True
+    path.write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="do_pan_and_scan is on"):
+        Engine.load(folder, Settings())
+
+
+def test_pad_aspect_is_refused(checkpoint):
+    with pytest.raises(ValueError, match="Gemma 3 resizes every image to its square"):
+        Engine.load(checkpoint, Settings(image_aspect="pad"))
+
+
+def test_protocols(checkpoint):
+    assert protocol_for(checkpoint, "paper").template == "gemma3_chat"
+    for name, why in (("lmms-eval", "JPEG"), ("vlmevalkit", "system prompt"), ("llava", "LLaVA-1.5")):
+        with pytest.raises(ValueError, match=f"protocol {name} does not cover Gemma 3: .*{why}"):
+            protocol_for(checkpoint, name)
+
+
+def test_flop_floor(checkpoint):
+    """Linear in the work; per patch the SigLIP layers and patch embedding, per pooled token the projection;
+    the lm_head's argmax pass over all 262,208 rows per prompt."""
+    from pope_fast.engine import Counts
+
+    model = Engine.load(checkpoint, Settings()).model
+    pixels = model.preprocess(IMAGES[0])
+    assert model.vision_tokens(pixels) == 64
+    once = Counts(images_encoded=1, vision_tokens=64, prompts=3, prefix_tokens=12, suffix_tokens=9)
+    twice = Counts(images_encoded=2, vision_tokens=128, prompts=6, prefix_tokens=24, suffix_tokens=18)
+    assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0
+    d, h = 32, 64
+    per_patch = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 8 * 8 * d + 2 * d * h * 16 / 64
+    assert model.vision_flops(Counts(vision_tokens=10)) == pytest.approx(10 * per_patch)
+    assert model.matmul_flops(Counts(prompts=1)) == 2 * h * 262208
+
+
+def test_builtin_tokenizer_stands_in(tmp_path):
+    """Without ../shared the built-in stand-in carries Gemma's special-token ids and turn format, and the
+    checkpoint still matches the oracle."""
+    checkpoint = make_tiny_gemma3(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
+    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    assert engine.prompt(QUESTIONS[0]).startswith("<bos><start_of_turn>user\n<start_of_image>Is there a dog")
+    tokenizer = engine.model.tokenizer
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<start_of_image>", "<end_of_image>", "<image_soft_token>",
+                                                          "Yes", "No")] == [255999, 256000, 262144, 10784, 3771]
+    logits, _ = _oracle(checkpoint, engine.prompt, IMAGES[1:2], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
+    answer = engine.score(IMAGES[1], QUESTIONS[:1])[0]
+    worst, at = worst_difference(answer.candidate_logits, logits)
+    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
+
+
+def test_nf4_decisions_match_transformers_bnb(tmp_path):
+    """NF4 as transformers quantizes Gemma 3 (the language model's and SigLIP's Linears; the projector's
+    mm_input_projection_weight is a plain parameter and stays fp16), against transformers + bitsandbytes."""
+    from transformers import Gemma3ForConditionalGeneration
+
+    checkpoint = make_tiny_gemma3(tmp_path / "ckpt", vision_hidden=64, seed=5)
+    model = bnb_nf4_oracle(Gemma3ForConditionalGeneration, checkpoint)
+    processor = GEMMA3.reference_processor(checkpoint)
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    assert engine.model.lm.layers[0].q_proj.packed is not None or engine.model.settings.nf4_weights != "packed"
+    for image in IMAGES[:2]:
+        for answer in engine.score(image, QUESTIONS[:3]):
+            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1].float()
+            assert_matches_nf4_oracle(engine, answer, theirs)
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
+def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse, batch_size):
+    """The image-attention probe at the answer position, per layer and head, against transformers' eager
+    attention (query_pre_attn_scalar's scale included)."""
+    model = _model(checkpoint, attn_implementation="eager")
+    processor = GEMMA3.reference_processor(checkpoint)
+    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
+                                              batch_size=batch_size), readouts="template_aware")
+    images = IMAGES[:2]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
+    for image, results in zip(images, engine.run_images(items)):
+        for q, result in zip(QUESTIONS[:2], results):
+            inputs = processor(images=image, text=engine.prompt(q), return_tensors="pt")
+            with torch.no_grad():
+                attentions = model(**inputs, output_attentions=True).attentions
+            image_keys = inputs["input_ids"][0] == model.config.image_token_id
+            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
+            ours = torch.tensor(result.probe["image_attention_heads"])
+            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
+            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+
+
+@pytest.fixture(scope="module")
+def methods_oracle(checkpoint):
+    """test_methods' oracle, its PAI attention given transformers' eager mask: a registered attention function
+    otherwise gets no mask and falls back to causal, dropping Gemma's bidirectional image block."""
+    from test_methods import _oracle as oracle_of
+    from transformers import AttentionMaskInterface, Gemma3ForConditionalGeneration
+    from transformers.masking_utils import eager_mask
+
+    AttentionMaskInterface.register("pope_fast_pai", eager_mask)
+
+    def inputs_of(folder):
+        processor = GEMMA3.reference_processor(folder)
+        return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
+
+    return oracle_of(checkpoint, Gemma3ForConditionalGeneration, inputs_of)
+
+
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (False, 3)], ids=["reuse-b2", "whole-b3"])
+def test_every_method_matches_its_formula_on_transformers(checkpoint, methods_oracle, prefix_reuse, batch_size):
+    """VCD, PAI and ICD as test_methods checks them on LLaVA, here with Gemma's processor (token_type_ids: the
+    bidirectional image mask in every pass but the text-only one), ICD's instruction as a system turn, on both
+    paths (PAI's edit inside the whole prompt's block-masked attention)."""
+    from test_methods import _check_methods
+
+    _check_methods(Engine.load(checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size),
+                               readouts="template_aware"), methods_oracle)
