@@ -113,6 +113,9 @@ TEMPLATES: dict[str, Template] = {
         Template("lmms_eval_qwen2_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "lmms-eval qwen2_vl: its system message, then [image, question + post_prompt]", chat=True,
                  system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
+        Template("lmms_eval_gemma3", "", "<start_of_image>",
+                 "lmms-eval gemma3: its system message, then [image, question + post_prompt], through the "
+                 "processor's chat template", chat=True, system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
         Template("lmms_eval_internvl_hf", "", "<IMG_CONTEXT>",
                  "lmms-eval internvl_hf (chat class): the processor's chat template over [image, question + "
                  "post_prompt], no system message", chat=True, suffix=SHORT_ANSWER),

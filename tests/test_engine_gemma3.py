@@ -254,8 +254,22 @@ def test_pad_aspect_is_refused(checkpoint):
 
 
 def test_protocols(checkpoint):
+    """lmms-eval v0.7.2 models/simple/gemma3.py: a system message (l.242), then [image, question + POPE's
+    post_prompt] (l.263-266) through the chat template, 128 new tokens, the JPEG round trip said as a
+    deviation; VLMEvalKit's 4,096-token allowance and LLaVA's script are refused, saying why."""
+    from pope_fast.readout import get_template
+    from pope_fast.readout.templates import SHORT_ANSWER
+
     assert protocol_for(checkpoint, "paper").template == "gemma3_chat"
-    for name, why in (("lmms-eval", "JPEG"), ("vlmevalkit", "system prompt"), ("llava", "LLaVA-1.5")):
+    tokenizer = Engine.load(checkpoint, Settings()).model.tokenizer
+    q = "Is there a dog in the image?"
+    messages = [{"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
+                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q + SHORT_ANSWER}]}]
+    coverage = protocol_for(checkpoint, "lmms-eval")
+    theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == 128
+    assert "You are a helpful assistant." in theirs and any("JPEG" in d for d in coverage.deviations)
+    for name, why in (("vlmevalkit", "4,096 new tokens"), ("llava", "LLaVA-1.5")):
         with pytest.raises(ValueError, match=f"protocol {name} does not cover Gemma 3: .*{why}"):
             protocol_for(checkpoint, name)
 

@@ -6,9 +6,9 @@ import json
 
 import pytest
 import torch
-from tinymodels import (QUESTIONS, generated_text, make_tiny_instructblip, make_tiny_internvl, make_tiny_llava,
-                        make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
-                        make_tiny_qwen3_vl, synthetic_image, worst_difference)
+from tinymodels import (QUESTIONS, generated_text, make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl,
+                        make_tiny_llava, make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl,
+                        make_tiny_qwen2_vl, make_tiny_qwen3_vl, synthetic_image, worst_difference)
 
 from pope_fast.engine import METHODS, Engine, ImagePrompts, Settings, TextOnlyRefused
 
@@ -21,6 +21,7 @@ FAMILIES = {
     "qwen3_vl": (make_tiny_qwen3_vl, "Qwen3VLForConditionalGeneration"),
     "llava_onevision": (make_tiny_llava_onevision, "LlavaOnevisionForConditionalGeneration"),
     "internvl": (make_tiny_internvl, "InternVLForConditionalGeneration"),
+    "gemma3": (make_tiny_gemma3, "Gemma3ForConditionalGeneration"),
 }
 ASKED = QUESTIONS[:3] + ["Is the left bar taller than the right one in 2019?"]
 IMAGE = synthetic_image(7, (60, 44))
@@ -38,17 +39,19 @@ def family(request, tmp_path_factory):
 
 def _oracle_ids(engine, question: str) -> list[int]:
     """The processor's text-only ids for the question, rendered independently of Template.render: the chat
-    template over a user message holding a text part alone (as the processor's is given it), or the plain template's text with its
-    '<image>\\n' left out; tokenized as processors tokenize text without images."""
+    template over a user message holding a text part alone, tokenized as a processor's apply_chat_template
+    does (the template's own specials, none added); or the plain template's text with its '<image>\\n' left
+    out, tokenized as processors tokenize text without images."""
     template, tokenizer = engine.template, engine.model.tokenizer
     if template.chat:
         message = {"role": "user", "content": [{"type": "text", "text": question + template.suffix}]}
-        text = tokenizer.apply_chat_template([message], add_generation_prompt=True, tokenize=False)
+        ids = tokenizer.apply_chat_template([message], add_generation_prompt=True, tokenize=True)
+        ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     else:
         assert "<image>\n" in template.text
-        text = template.text.replace("<image>\n", "").format(question=question)
-    assert engine.template.image_marker not in text
-    return list(tokenizer(text)["input_ids"])
+        ids = list(tokenizer(template.text.replace("<image>\n", "").format(question=question))["input_ids"])
+    assert engine.model.image_token_id not in ids
+    return ids
 
 
 def test_text_only_matches_transformers(family):

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from ...readout.published import Coverage
 from ..images import checked_fast_path, normalize_table, to_rgb
 from ..layers import apply_rotary, offset_rms_norm
 from ..llama import DecoderLayer, LlamaDims
@@ -92,12 +93,16 @@ STANDIN_CHAT_TEMPLATE = (
     "{% if c['type'] == 'image' %}{{ '<start_of_image>' }}{% elif c['type'] == 'text' %}{{ c['text'] | trim }}"
     "{% endif %}{% endfor %}{% endif %}{{ '<end_of_turn>\n' }}{% endfor %}"
     "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
-NO_LMMS_EVAL = ("lmms-eval v0.7.2's gemma3 class (models/simple/gemma3.py) re-encodes every image as a JPEG data URL "
-                "(l.176-180, l.257) and left-pads each batch to max_length (l.271), with the system prompt 'You are "
-                "a helpful assistant.' (l.47); the JPEG round trip is not reproduced here")
-NO_VLMEVALKIT = ("VLMEvalKit's Gemma3 class (vlmeval/vlm/gemma.py) adds the system prompt 'You are a helpful "
-                 "assistant. ' (l.108) and 4,096 new tokens (l.111); its POPE message order has not been checked "
-                 "against the engine yet")
+# lmms-eval v0.7.2 (cb45ac4d) models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47,
+# l.242), then [image, the task's text] (l.263-266) through the processor's chat template (l.271), greedy, the
+# POPE task's 128 new tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
+LMMS_EVAL = Coverage("gemma3", "lmms_eval_gemma3", 128, deviations=(
+    "lmms-eval re-encodes every image as a JPEG data URL of quality 85 (models/simple/gemma3.py l.176-183, l.257) "
+    "and pads each prompt to its max_length (l.271); here the image as read, unpadded",))
+# VLMEvalKit e8e78f05 vlmeval/vlm/gemma.py: greedy with 4,096 new tokens (l.109-112), which the engine cannot
+# allow Gemma 3 (runner._checked refuses a sequence that may outgrow the 1,024-token sliding window).
+NO_VLMEVALKIT = ("VLMEvalKit's Gemma3 class allows 4,096 new tokens (vlmeval/vlm/gemma.py l.109-112), past the "
+                 "sliding window within which the engine runs Gemma 3 exactly")
 
 
 class GemmaPixels:
@@ -202,7 +207,7 @@ class Gemma3Model(Family):
     default_template = "gemma3_chat"
     image_marker = BOI
     own_aspect = "resizes every image to its square"
-    protocols = {"lmms-eval": NO_LMMS_EVAL, "vlmevalkit": NO_VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
+    protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": NO_VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
     sizes = {"7b": dict(vision=SIGLIP_896, text=GEMMA3_4B, mm_tokens=256),
              "tiny": dict(vision=SIGLIP_TINY, text=GEMMA3_TINY, mm_tokens=16)}
 
@@ -300,6 +305,11 @@ class Gemma3Model(Family):
                 self._ids.clear()
             self._ids[prompt] = self.tokenizer.encode(prompt.replace(BOI, self.full_image), add_special_tokens=False)
         return self._ids[prompt]
+
+    def text_ids(self, prompt: str) -> list[int]:
+        """A text-only prompt's ids, as for an image prompt without special tokens added: the chat template
+        writes <bos> itself (a second one is what tokenizing the rendered text with them would add)."""
+        return self.tokenizer.encode(prompt, add_special_tokens=False)
 
     def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
         if features.shape[0] != self.mm_tokens:
