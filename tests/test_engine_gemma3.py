@@ -11,10 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tinymodels import (QUESTIONS, SHARED_GEMMA3_TOKENIZER, assert_matches_nf4_oracle, bnb_nf4_oracle,
-                        generated_text, make_tiny_gemma3, synthetic_image, worst_difference)
+from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
+                          assert_run_matches, assert_scores_match, image_items, processor_inputs, transformers_oracle)
+from tinymodels import (QUESTIONS, SHARED_GEMMA3_TOKENIZER, bnb_nf4_oracle, make_tiny_gemma3, synthetic_image,
+                        worst_difference)
 
-from pope_fast.engine import Engine, ImagePrompts, Settings
+from pope_fast.engine import Engine, Settings
 from pope_fast.engine.loader import CheckpointError
 from pope_fast.engine.models import family_class, protocol_for
 
@@ -34,20 +36,17 @@ def _model(checkpoint: Path, **kwargs):
 
 
 def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4, causal: bool = False) -> dict:
-    """Per (image, question): transformers' answer-position logits and greedy tokens; with causal, without
-    token_type_ids (so without the bidirectional image mask: what a causal-only prefix would compute)."""
-    model, processor = _model(checkpoint), GEMMA3.reference_processor(checkpoint)
-    out = {}
-    for i, image in enumerate(images):
-        for q in questions:
-            inputs = processor(images=image, text=prompt(q), return_tensors="pt")
-            if causal:
-                del inputs["token_type_ids"]
-            with torch.no_grad():
-                logits = model(**inputs).logits[0, -1]
-                generated = model.generate(**inputs, max_new_tokens=new_tokens, do_sample=False)
-            out[i, q] = (logits, generated[0, inputs["input_ids"].shape[1]:].tolist())
-    return out
+    """familychecks' oracle of Gemma3ForConditionalGeneration; with causal, without token_type_ids (so without
+    the bidirectional image mask: what a causal-only prefix would compute)."""
+    processor = GEMMA3.reference_processor(checkpoint)
+
+    def inputs_of(image, text):
+        inputs = processor(images=image, text=text, return_tensors="pt")
+        if causal:
+            del inputs["token_type_ids"]
+        return inputs
+
+    return transformers_oracle(_model(checkpoint), inputs_of, prompt, images, questions, new_tokens)
 
 
 @pytest.fixture(scope="module")
@@ -61,13 +60,8 @@ def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, b
     engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
                          readouts="all")
     assert engine.template.name == "gemma3_chat"
-    for i, image in enumerate(IMAGES):
-        assert engine.features(image).shape == (16, 64)
-        for answer in engine.score(image, QUESTIONS[:3]):
-            logits, generated = oracle[i, answer.question]
-            worst, at = worst_difference(answer.candidate_logits, logits)
-            assert worst <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {worst:.2e}"
-            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+    assert all(engine.features(image).shape == (16, 64) for image in IMAGES)
+    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_images_in_one_batch(checkpoint, oracle):
@@ -75,25 +69,16 @@ def test_images_in_one_batch(checkpoint, oracle):
     images in one batch."""
     for reuse in (True, False):
         engine = Engine.load(checkpoint, Settings(batch_size=4, prefix_reuse=reuse), readouts="all")
-        items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
-        for i, answers in enumerate(engine.run_images(items)):
-            for q, answer in zip(QUESTIONS[:3], answers):
-                logits, _ = oracle[i, q]
-                worst, _ = worst_difference(answer.candidate_logits, logits)
-                assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (reuse, i, q)
+        items = image_items(engine, IMAGES, QUESTIONS[:3])
+        assert_run_matches(engine, oracle, items, QUESTIONS[:3])
 
 
 @pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
 def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse, batch_size=2),
                          readouts="string_parse")
-    continuations = set()
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS[:3]):
-            _, generated = oracle[i, answer.question]
-            assert answer.decoded == generated_text(engine, generated)
-            continuations.add(tuple(generated))
-    assert len(continuations) > 1  # the random model does not say one thing to everything
+    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:3])
+    assert len({tuple(generated) for _, generated, _ in oracle.values()}) > 1  # not one thing to everything
 
 
 def test_the_image_attends_both_ways(checkpoint, oracle):
@@ -106,7 +91,7 @@ def test_the_image_attends_both_ways(checkpoint, oracle):
         lm = engine.model.lm
         lm.dims = replace(lm.dims, image_bidirectional=False)
         for answer in engine.score(IMAGES[0], QUESTIONS[:2]):
-            theirs_causal, _ = causal[0, answer.question]
+            theirs_causal, *_ = causal[0, answer.question]
             assert worst_difference(answer.candidate_logits, theirs_causal)[0] <= 1e-4  # the causal oracle, matched
             assert worst_difference(answer.candidate_logits, oracle[0, answer.question][0])[0] > 1e-2
 
@@ -201,11 +186,11 @@ def test_sliding_window_boundary(tmp_path):
     length = len(probe.model.layout(probe.prompt(QUESTIONS[0]), probe.features(IMAGES[0])))
     at = _window_checkpoint(tmp_path, length)
     engine = Engine.load(at, Settings(), readouts="template_aware")
-    logits, _ = _oracle(at, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
+    logits, *_ = _oracle(at, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
     answer = engine.score(IMAGES[0], QUESTIONS[:1])[0]
     assert worst_difference(answer.candidate_logits, logits)[0] <= 1e-4
     below = _window_checkpoint(tmp_path, length - 1)
-    narrow, _ = _oracle(below, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
+    narrow, *_ = _oracle(below, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
     assert float((narrow - logits).abs().max()) > 1e-4  # at length - 1 the window cuts a key off
     with pytest.raises(NotImplementedError, match=f"exceeds the model's sliding window of {length - 1}"):
         Engine.load(below, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS[:1])
@@ -300,7 +285,7 @@ def test_builtin_tokenizer_stands_in(tmp_path):
     tokenizer = engine.model.tokenizer
     assert [tokenizer.convert_tokens_to_ids(t) for t in ("<start_of_image>", "<end_of_image>", "<image_soft_token>",
                                                           "Yes", "No")] == [255999, 256000, 262144, 10784, 3771]
-    logits, _ = _oracle(checkpoint, engine.prompt, IMAGES[1:2], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
+    logits, *_ = _oracle(checkpoint, engine.prompt, IMAGES[1:2], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
     answer = engine.score(IMAGES[1], QUESTIONS[:1])[0]
     worst, at = worst_difference(answer.candidate_logits, logits)
     assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
@@ -316,13 +301,7 @@ def test_nf4_decisions_match_transformers_bnb(tmp_path):
     processor = GEMMA3.reference_processor(checkpoint)
     engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
     assert engine.model.lm.layers[0].q_proj.packed is not None or engine.model.settings.nf4_weights != "packed"
-    for image in IMAGES[:2]:
-        for answer in engine.score(image, QUESTIONS[:3]):
-            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
-            inputs["pixel_values"] = inputs["pixel_values"].half()
-            with torch.no_grad():
-                theirs = model(**inputs).logits[0, -1].float()
-            assert_matches_nf4_oracle(engine, answer, theirs)
+    assert_nf4_matches(engine, model, processor_inputs(processor), IMAGES[:2], QUESTIONS[:3])
 
 
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
@@ -334,17 +313,7 @@ def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse
     engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
                                               batch_size=batch_size), readouts="template_aware")
     images = IMAGES[:2]
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:2]]) for image in images]
-    for image, results in zip(images, engine.run_images(items)):
-        for q, result in zip(QUESTIONS[:2], results):
-            inputs = processor(images=image, text=engine.prompt(q), return_tensors="pt")
-            with torch.no_grad():
-                attentions = model(**inputs, output_attentions=True).attentions
-            image_keys = inputs["input_ids"][0] == model.config.image_token_id
-            theirs = torch.stack([a[0, :, -1, image_keys].sum(-1) for a in attentions])  # [layers, heads]
-            ours = torch.tensor(result.probe["image_attention_heads"])
-            assert ours.shape == theirs.shape and float((ours - theirs).abs().max()) <= 1e-5, (image.size, q)
-            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
+    assert_probe_matches_eager(engine, model, processor_inputs(processor), images, QUESTIONS[:2])
 
 
 @pytest.fixture(scope="module")

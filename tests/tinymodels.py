@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from pope_fast.engine.models.gemma3 import Gemma3Model
+from pope_fast.engine.models.gemma3 import GEMMA3_TINY, SIGLIP_TINY, Gemma3Model
 from pope_fast.engine.models.instructblip import InstructBlipModel
 from pope_fast.engine.models.internvl import InternVLModel
 from pope_fast.engine.models.llava import LlavaModel
@@ -216,14 +216,13 @@ def make_tiny_qwen3_vl(folder: Path, *, seed: int = 0, layers: int = 3, hidden: 
 def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, vision_hidden: int = 32,
                      init_std: float = 0.08, dtype=torch.float32, text: dict | None = None,
                      config: dict | None = None) -> Path:
-    """A random Gemma 3 checkpoint (Gemma3Model.sizes["tiny"]: a 2-layer SigLIP on 64-px images, 8 x 8 patches
-    pooled to 16 tokens; four layers local, local, global, local with two RoPE bases, head_dim 32 against a
+    """A random Gemma 3 checkpoint (gemma3's SIGLIP_TINY and GEMMA3_TINY: a 2-layer SigLIP on 64-px images,
+    8 x 8 patches pooled to 16 tokens; four layers local, local, global, local with two RoPE bases, head_dim 32 against a
     query_pre_attn_scalar of 24; `text` / `config` override its fields) with Gemma3Processor's files; every
     RMSNorm weight is drawn too (Gemma's scale by 1 + w, so a model scaling by w differs). The tokenizer is
     gemma-3-4b-it's from ../shared when it is there, else the built-in stand-in at Gemma's special-token ids."""
-    dims = Gemma3Model.sizes["tiny"]
-    dims = dict(dims, vision=dict(dims["vision"], hidden_size=vision_hidden, intermediate_size=2 * vision_hidden),
-                text=dict(dims["text"], initializer_range=init_std, **(text or {})),
+    dims = dict(vision=dict(SIGLIP_TINY, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden),
+                text=dict(GEMMA3_TINY, initializer_range=init_std, **(text or {})), mm_tokens=16,
                 config=dict(initializer_range=init_std, **(config or {})))
     layers = dims["text"]["num_hidden_layers"]
     extra = {f"model.language_model.layers.{i}.{name}.weight": 0.5 for i in range(layers) for name in (

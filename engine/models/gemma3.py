@@ -70,9 +70,10 @@ GEMMA3_4B = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34
                  rms_norm_eps=1e-6, sliding_window=1024, sliding_window_pattern=6, max_position_embeddings=131072,
                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
-# The tiny stand-ins: 64-px images of 8 x 8 patches pooled to 4 x 4 = 16 tokens; four layers, local, local,
-# global (linearly scaled RoPE), local, with a window longer than any test prompt; head_dim 32 against a
-# query_pre_attn_scalar of 24, so that a wrong attention scale shows.
+# The tiny stand-ins (the tests'): 64-px images of 8 x 8 patches pooled to 4 x 4 = 16 tokens; four layers,
+# local, local, global (linearly scaled RoPE), local, with a window longer than any test prompt; head_dim 32
+# against a query_pre_attn_scalar of 24, so that a wrong attention scale shows. The bench's `tiny` size keeps
+# the real image: 896 px, 64 x 64 patches pooled to 256 tokens.
 SIGLIP_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=64,
                    patch_size=8, vision_use_head=False, layer_norm_eps=1e-6)
 GEMMA3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -209,7 +210,7 @@ class Gemma3Model(Family):
     own_aspect = "resizes every image to its square"
     protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": NO_VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
     sizes = {"7b": dict(vision=SIGLIP_896, text=GEMMA3_4B, mm_tokens=256),
-             "tiny": dict(vision=SIGLIP_TINY, text=GEMMA3_TINY, mm_tokens=16)}
+             "tiny": dict(vision=dict(SIGLIP_TINY, image_size=896, patch_size=14), text=GEMMA3_TINY, mm_tokens=256)}
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
