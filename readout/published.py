@@ -74,6 +74,17 @@ def vlmevalkit_metrics(labels: list[str], decided: list[str]) -> dict:
             "recall": recall * 100}
 
 
+SCRIPT_STOPS = "the script stops here with ZeroDivisionError (no yes answer, or no yes answer right)"
+
+
+def _script_prf(tp: int, fp: int, fn: int) -> tuple[float, float, float]:
+    """Precision, recall and F1 in the order of operations POPE's evaluate.py and RePOPE's compute_results
+    share (float divisions, then 2PR/(P+R)); ZeroDivisionError where those scripts stop."""
+    precision = float(tp) / float(tp + fp)
+    recall = float(tp) / float(tp + fn)
+    return precision, recall, 2 * precision * recall / (precision + recall)
+
+
 def pope_evaluate_metrics(labels: list[str], decided: list[str]) -> dict:
     """RUCAIBox/POPE evaluate.py (3df3ba1) l.23-62, which LLaVA's llava/eval/eval_pope.py copies (l.22-61):
     every answer not "no" a yes prediction; precision, recall, F1 2PR/(P+R) in that order of operations,
@@ -88,11 +99,9 @@ def pope_evaluate_metrics(labels: list[str], decided: list[str]) -> dict:
     out = {"TP": tp, "FP": fp, "TN": tn, "FN": fn, "Accuracy": None, "Precision": None, "Recall": None,
            "F1 score": None, "Yes ratio": pred.count(1) / len(pred)}
     try:
-        precision = float(tp) / float(tp + fp)
-        recall = float(tp) / float(tp + fn)
-        f1 = 2 * precision * recall / (precision + recall)
+        precision, recall, f1 = _script_prf(tp, fp, fn)
     except ZeroDivisionError:
-        return {**out, "error": "the script stops here with ZeroDivisionError (no yes answer, or no yes answer right)"}
+        return {**out, "error": SCRIPT_STOPS}
     return {**out, "Accuracy": (tp + tn) / (tp + tn + fp + fn), "Precision": precision, "Recall": recall,
             "F1 score": f1}
 
@@ -108,11 +117,9 @@ def repope_metrics(labels: list[str], decided: list[str]) -> dict:
     out = {"TP": tp, "FP": fp, "TN": tn, "FN": fn, "Precision": None, "Recall": None, "F1": None, "ACC": None,
            "Yes Ratio": None, "unknown": sum(1 for d in decided if d not in (YES, NO))}
     try:
-        precision = float(tp) / float(tp + fp)
-        recall = float(tp) / float(tp + fn)
-        f1 = 2 * precision * recall / (precision + recall)
+        precision, recall, f1 = _script_prf(tp, fp, fn)
     except ZeroDivisionError:
-        return {**out, "error": "the script stops here with ZeroDivisionError (no yes answer, or no yes answer right)"}
+        return {**out, "error": SCRIPT_STOPS}
     return {**out, "Precision": precision, "Recall": recall, "F1": f1, "ACC": (tp + tn) / (tp + tn + fp + fn),
             "Yes Ratio": (tp + fp) / (tp + tn + fp + fn)}
 
