@@ -64,15 +64,19 @@ class Runner:
 
     def _checked(self, layout: PromptLayout) -> PromptLayout:
         window = self.model.lm.dims.sliding_window
-        longest = len(layout) + (self._steps(len(layout)) - 1 if self.readout.generates else 0)
-        if window is not None and longest > window:  # shorter sequences attend exactly as without one
-            raise NotImplementedError(f"a {longest}-token sequence exceeds the model's sliding window of "
+        if window is not None and len(layout) > window:  # shorter sequences attend exactly as without one
+            raise NotImplementedError(f"a {len(layout)}-token prompt exceeds the model's sliding window of "
                                       f"{window} tokens, which the engine does not implement")
         return layout
 
     def _steps(self, prompt_length: int) -> int:
-        """Greedy tokens a prompt of this length may take: the longest a readout asks, within the model's positions."""
-        return max(1, min(self.readout.new_tokens, self.model.lm.dims.max_positions - prompt_length))
+        """Greedy tokens a prompt of this length may take: the longest a readout asks, within the model's
+        positions and within its sliding window (token k is read off a sequence of prompt_length + k - 1
+        tokens, exact while that is at most the window); a continuation cut there is `capped`, as one the
+        positions cut, and its readouts say so."""
+        dims = self.model.lm.dims
+        window = dims.max_positions if dims.sliding_window is None else dims.sliding_window + 1
+        return max(1, min(self.readout.new_tokens, dims.max_positions - prompt_length, window - prompt_length))
 
     def _tokens(self, rows: list[Row], start: int, end: int | None) -> TokenBatch:
         return TokenBatch.of(rows, start, end, self.settings.torch_device,
@@ -113,12 +117,13 @@ class Runner:
 
     def _continue(self, prefix, batch: SuffixBatch, kv, first: torch.Tensor, intervention) -> list[dict]:
         """The batch's greedy continuation, and what each row's gives its text readouts."""
-        steps = self._steps(max(len(row.layout) for row in batch.rows))
+        # each row takes its own allowance, whatever it is batched with: the batch runs to the longest
+        allowed = [self._steps(len(row.layout)) for row in batch.rows]
         with Clock(self.timings, "decode", self.settings.torch_device):
-            generated = self.model.lm.decode(prefix, batch.slots, kv, first, steps, self.model.stop_ids,
+            generated = self.model.lm.decode(prefix, batch.slots, kv, first, max(allowed), self.model.stop_ids,
                                              intervention, self._finished)
         self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
         # the prompt's own ids: image slots are special tokens, skipped when decoded anyway
-        return [self.readout.texts(tokens, self.model.stop_ids, self._decode,
+        return [self.readout.texts(tokens[:steps], self.model.stop_ids, self._decode,
                                    [t for t in row.layout.ids if t != row.layout.image_token_id])
-                for row, tokens in zip(batch.rows, generated.tolist())]
+                for row, tokens, steps in zip(batch.rows, generated.tolist(), allowed)]

@@ -134,6 +134,10 @@ TEMPLATES: dict[str, Template] = {
                  "VLMEvalKit Qwen2VLChat (Qwen2.5-VL) and Qwen3VLChat, use_custom_prompt=False: [image, the bare "
                  "question] through the checkpoint's chat template (its default system, if it has one)", chat=True,
                  suffix=""),
+        Template("vlmevalkit_gemma3", "", "<start_of_image>",
+                 "VLMEvalKit Gemma3: its system prompt 'You are a helpful assistant. ', then [image, the bare "
+                 "question], through the processor's chat template", chat=True, system="You are a helpful assistant. ",
+                 suffix=""),
         Template("vlmevalkit_llava_onevision",
                  "<|im_start|>user \n<image>\n{question}<|im_end|><|im_start|>assistant\n", "<image>",
                  "VLMEvalKit LLaVA_OneVision_HF: the llava-hf processor's chat template over one text part, "

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 import torch
 from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
-                          assert_run_matches, assert_scores_match, image_items, processor_inputs, transformers_oracle)
+                          assert_run_matches, assert_scores_match, generated_text, image_items, processor_inputs,
+                          transformers_oracle)
 from tinymodels import (QUESTIONS, SHARED_GEMMA3_TOKENIZER, bnb_nf4_oracle, make_tiny_gemma3, synthetic_image,
                         worst_difference)
 
@@ -192,8 +193,29 @@ def test_sliding_window_boundary(tmp_path):
     below = _window_checkpoint(tmp_path, length - 1)
     narrow, *_ = _oracle(below, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
     assert float((narrow - logits).abs().max()) > 1e-4  # at length - 1 the window cuts a key off
-    with pytest.raises(NotImplementedError, match=f"exceeds the model's sliding window of {length - 1}"):
+    with pytest.raises(NotImplementedError, match=f"prompt exceeds the model's sliding window of {length - 1}"):
         Engine.load(below, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS[:1])
+
+
+def test_a_continuation_stops_at_the_sliding_window(tmp_path):
+    """A prompt 3 tokens inside the window may take 4 new tokens exactly (token k is read off length + k - 1
+    tokens): asked for 10, the continuation is generate's first 4 and marked capped (its readouts say the
+    length cut it); the same row in a batch with a shorter prompt, which may go further, is cut the same."""
+    probe = Engine.load(make_tiny_gemma3(tmp_path / "probe", seed=1), Settings())
+    length = len(probe.model.layout(probe.prompt(QUESTIONS[0]), probe.features(IMAGES[0])))
+    folder = _window_checkpoint(tmp_path, length + 3)
+    engine = Engine.load(folder, Settings(max_new_tokens=10), readouts="string_parse")
+    model = _model(folder)
+    inputs = GEMMA3.reference_processor(folder)(images=IMAGES[0], text=engine.prompt(QUESTIONS[0]),
+                                                return_tensors="pt")
+    assert inputs["input_ids"].shape[1] == length
+    with torch.no_grad():
+        theirs = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, length:].tolist()
+    assert len(theirs) == 4 and not set(theirs) & engine.model.stop_ids  # no stop: the window is what cuts it
+    short = "Is there a cat?"
+    for questions in ([QUESTIONS[0]], [QUESTIONS[0], short]):
+        answer = engine.score(IMAGES[0], questions)[0]
+        assert answer.decoded == generated_text(engine, theirs) and "string_parse" in answer.capped, questions
 
 
 def _edit_config(checkpoint: Path, tmp_path: Path, edit) -> Path:
@@ -241,7 +263,8 @@ def test_pad_aspect_is_refused(checkpoint):
 def test_protocols(checkpoint):
     """lmms-eval v0.7.2 models/simple/gemma3.py: a system message (l.242), then [image, question + POPE's
     post_prompt] (l.263-266) through the chat template, 128 new tokens, the JPEG round trip said as a
-    deviation; VLMEvalKit's 4,096-token allowance and LLaVA's script are refused, saying why."""
+    deviation; VLMEvalKit's Gemma3: its system prompt, the bare question, 4,096 new tokens (cut at the sliding
+    window); LLaVA's script refused, saying why."""
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
 
@@ -254,9 +277,15 @@ def test_protocols(checkpoint):
     theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == 128
     assert "You are a helpful assistant." in theirs and any("JPEG" in d for d in coverage.deviations)
-    for name, why in (("vlmevalkit", "4,096 new tokens"), ("llava", "LLaVA-1.5")):
-        with pytest.raises(ValueError, match=f"protocol {name} does not cover Gemma 3: .*{why}"):
-            protocol_for(checkpoint, name)
+    # VLMEvalKit e8e78f05 vlm/gemma.py: its system prompt (l.108), then [image, the bare question] (l.116-129)
+    vlmeval = [{"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant. "}]},
+               {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]
+    coverage = protocol_for(checkpoint, "vlmevalkit")
+    theirs = tokenizer.apply_chat_template(vlmeval, add_generation_prompt=True, tokenize=False)
+    assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == 4096
+    assert any("sliding window" in d for d in coverage.deviations)
+    with pytest.raises(ValueError, match="protocol llava does not cover Gemma 3: .*LLaVA-1.5"):
+        protocol_for(checkpoint, "llava")
 
 
 def test_flop_floor(checkpoint):

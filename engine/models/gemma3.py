@@ -100,10 +100,15 @@ STANDIN_CHAT_TEMPLATE = (
 LMMS_EVAL = Coverage("gemma3", "lmms_eval_gemma3", 128, deviations=(
     "lmms-eval re-encodes every image as a JPEG data URL of quality 85 (models/simple/gemma3.py l.176-183, l.257) "
     "and pads each prompt to its max_length (l.271); here the image as read, unpadded",))
-# VLMEvalKit e8e78f05 vlmeval/vlm/gemma.py: greedy with 4,096 new tokens (l.109-112), which the engine cannot
-# allow Gemma 3 (runner._checked refuses a sequence that may outgrow the 1,024-token sliding window).
-NO_VLMEVALKIT = ("VLMEvalKit's Gemma3 class allows 4,096 new tokens (vlmeval/vlm/gemma.py l.109-112), past the "
-                 "sliding window within which the engine runs Gemma 3 exactly")
+# VLMEvalKit e8e78f05 vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question]
+# (image_base.py l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template
+# (l.187), greedy with 4,096 new tokens (l.109-112).
+VLMEVALKIT = Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, deviations=(
+    "VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), which drops the bidirectional "
+    "mask over the image tokens (transformers' Gemma3 sets _supports_flash_attn False for it); here the mask "
+    "applies",
+    "a continuation that reaches the 1,024-token sliding window is cut there (and marked capped): past it the "
+    "engine would not attend as the sliding layers do"))
 
 
 class GemmaPixels:
@@ -208,7 +213,7 @@ class Gemma3Model(Family):
     default_template = "gemma3_chat"
     image_marker = BOI
     own_aspect = "resizes every image to its square"
-    protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": NO_VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
+    protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
     sizes = {"7b": dict(vision=SIGLIP_896, text=GEMMA3_4B, mm_tokens=256),
              "tiny": dict(vision=dict(SIGLIP_TINY, image_size=896, patch_size=14), text=GEMMA3_TINY, mm_tokens=256)}
 
