@@ -347,13 +347,9 @@ def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse
 
 @pytest.fixture(scope="module")
 def methods_oracle(checkpoint):
-    """test_methods' oracle, its PAI attention given transformers' eager mask: a registered attention function
-    otherwise gets no mask and falls back to causal, dropping Gemma's bidirectional image block."""
+    """test_methods' oracle (its PAI attention under the model's own mask, Gemma's bidirectional image block)."""
     from test_methods import _oracle as oracle_of
-    from transformers import AttentionMaskInterface, Gemma3ForConditionalGeneration
-    from transformers.masking_utils import eager_mask
-
-    AttentionMaskInterface.register("pope_fast_pai", eager_mask)
+    from transformers import Gemma3ForConditionalGeneration
 
     def inputs_of(folder):
         processor = GEMMA3.reference_processor(folder)

@@ -72,10 +72,14 @@ def _oracle(checkpoint, model_class, make_inputs):
     """Per (image, question): each method's full-vocabulary logits by its paper's formula, from the
     transformers model run on the image, its noised copy (the same noise), the prompt without its image
     tokens, the prompt under ICD's instruction, and with PAI's edit in its eager attention."""
-    from transformers import AttentionInterface
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
 
     state = {}
     AttentionInterface.register("pope_fast_pai", _pai_attention(0.5, (0, 1), state))
+    # the model's own mask for the edited attention: a registered function otherwise gets none and falls back
+    # to causal, which drops a mask that is not (Gemma 3's bidirectional image block)
+    AttentionMaskInterface.register("pope_fast_pai", eager_mask)
     plain = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     edited = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="pope_fast_pai").eval()
     state["language"] = {id(m) for m in edited.model.language_model.modules()}
