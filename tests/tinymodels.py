@@ -274,7 +274,7 @@ def generated_text(engine, generated: list[int]) -> str:
 def bnb_nf4_oracle(model_class, checkpoint: Path):
     """transformers + bitsandbytes NF4 as the paper ran it (double quant, fp16 compute), on CPU, with
     bitsandbytes' CPU-only bf16-scale repack switched off so it computes the GPU path's numerics
-    (see test_engine_nf4)."""
+    (see engine/test_engine_nf4)."""
     import bitsandbytes as bnb
     from transformers import BitsAndBytesConfig
 

@@ -6,7 +6,7 @@ position tables, a SwiGLU MLP with `ffn_ln`), projected by `visual_fc` and follo
 65 image tokens. The language model is LLaMA-2 made modality-adaptive: image positions use their own
 (`multiway.1`) k_proj, v_proj, input_layernorm and post_attention_layernorm, text positions
 `multiway.0`; q_proj, o_proj and the MLP are shared. transformers has no class for it, so every
-module here is ours, checked against the upstream code's outputs (tests/test_engine_mplug_owl2.py).
+module here is ours, checked against the upstream code's outputs (tests/families/test_mplug_owl2.py).
 
 The prompt: upstream's `tokenizer_image_token` splits at `<|image|>`, tokenizes each chunk with BOS
 under the slow (sentencepiece) LlamaTokenizer of transformers 4.31 and drops the BOS of later chunks;

@@ -1,7 +1,7 @@
 """mPLUG-Owl2's networks (engine/models/mplug_owl2.py is the family): its ViT, its visual abstractor
 and its modality-adaptive decoder layer, with their config dims and checkpoint shapes. transformers has
 no class for any of them, so every module here is ours, checked against the upstream code's outputs
-(tests/test_engine_mplug_owl2.py)."""
+(tests/families/test_mplug_owl2.py)."""
 from __future__ import annotations
 
 import math

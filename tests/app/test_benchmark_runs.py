@@ -194,7 +194,7 @@ def test_readme_table_of_what_each_rule_reads():
 
     from pope_fast.readout.protocols import exact_match, pope_official, yorn
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("What each rule reads on the same answer text:\n\n")[1].split("\n\n")[0].splitlines()
     rules = [get_benchmark("mme").rules["official"].read, get_benchmark("mme").rules["lmms-eval"].read, yorn,
              get_benchmark("amber").rules["official"].read,

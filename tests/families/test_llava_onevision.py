@@ -226,7 +226,7 @@ def test_flop_floor_counts_the_siglip_tower(checkpoint):
 
 def test_nf4_decisions_match_transformers_bnb(tmp_path):
     """NF4 as transformers quantizes OneVision (the LM's, projector's and SigLIP's Linears; image_newline stays
-    fp16), against transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats), on a
+    fp16), against transformers + bitsandbytes on CPU (see engine/test_engine_nf4 for the two CPU caveats), on a
     reduced grid and an unreduced one."""
     from transformers import LlavaOnevisionForConditionalGeneration
 

@@ -57,7 +57,7 @@ def test_continuation_matches_generate(checkpoint, oracle):
 
 
 def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
-    """(The CLI sweep of every family is tests/test_cli_families.py.)"""
+    """(The CLI sweep of every family is tests/app/test_cli_families.py.)"""
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     questions = [q for f in files for q in load_questions(f)]
     engine = Engine.load(checkpoint, Settings(image_batch=2, max_new_tokens=6), readouts="all")
@@ -98,7 +98,7 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
 
 def test_nf4_decisions_match_transformers_bnb(tmp_path):
     """NF4 as transformers quantizes InstructBLIP (every Linear but lm_head: ViT, Q-Former, projection,
-    LM; query_tokens stay fp32), against transformers + bitsandbytes on CPU (see test_engine_nf4)."""
+    LM; query_tokens stay fp32), against transformers + bitsandbytes on CPU (see engine/test_engine_nf4)."""
     import bitsandbytes as bnb
     from transformers import AutoProcessor, InstructBlipForConditionalGeneration
 

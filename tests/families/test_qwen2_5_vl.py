@@ -195,7 +195,7 @@ def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
 
 def test_nf4_decisions_match_transformers_bnb(tmp_path):
     """NF4 as transformers quantizes Qwen2.5-VL (every Linear but lm_head, the tower's included), against
-    transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats)."""
+    transformers + bitsandbytes on CPU (see engine/test_engine_nf4 for the two CPU caveats)."""
     import bitsandbytes as bnb
     from transformers import Qwen2_5_VLForConditionalGeneration
 

@@ -243,7 +243,7 @@ def test_flop_floor_counts_the_internvit_tower(checkpoint):
 def test_nf4_decisions_match_transformers_bnb(tmp_path):
     """NF4 as transformers quantizes InternVL3 (the LM's, projector's and InternViT's Linears; the projector's
     LayerNorm, the layer scales and the patch embedding stay fp16), against transformers + bitsandbytes on CPU
-    (see test_engine_nf4 for the two CPU caveats), on a one-tile image and a many-tile one."""
+    (see engine/test_engine_nf4 for the two CPU caveats), on a one-tile image and a many-tile one."""
     from transformers import InternVLForConditionalGeneration
 
     checkpoint = make_tiny_internvl(tmp_path / "ckpt", vision_hidden=64, seed=5)

@@ -63,7 +63,7 @@ def test_pad_aspect_is_refused(checkpoint):
 
 def test_nf4_decisions_match_transformers_bnb(tmp_path):
     """NF4 as transformers quantizes LLaVA-NeXT (LM, projector and tower Linears; image_newline stays
-    fp16), against transformers + bitsandbytes on CPU (see test_engine_nf4 for the two CPU caveats)."""
+    fp16), against transformers + bitsandbytes on CPU (see engine/test_engine_nf4 for the two CPU caveats)."""
     from transformers import AutoProcessor, LlavaNextForConditionalGeneration
 
     checkpoint = make_tiny_llava_next(tmp_path / "ckpt", vision_hidden=64, seed=5)

@@ -3,7 +3,7 @@ namespace, on the built-in demo (written under a temporary cache folder), from a
 import re
 from pathlib import Path
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def _api_blocks() -> list[str]:
