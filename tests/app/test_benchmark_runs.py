@@ -188,14 +188,14 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     assert score_responses(file, get_benchmark("hallusionbench"))["rules"] == scored["rules"]
 
 
-def test_readme_table_of_what_each_rule_reads():
-    """The README's table is what the rules read: each cell recomputed from the code."""
+def test_documented_table_of_what_each_rule_reads():
+    """docs/benchmarks.md's table is what the rules read: each cell recomputed from the code."""
     from pathlib import Path
 
     from pope_fast.readout.protocols import exact_match, pope_official, yorn
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    table = readme.split("What each rule reads on the same answer text:\n\n")[1].split("\n\n")[0].splitlines()
+    page = (Path(__file__).resolve().parents[2] / "docs/benchmarks.md").read_text()
+    table = page.split("What each rule reads on the same answer text:\n\n")[1].split("\n\n")[0].splitlines()
     rules = [get_benchmark("mme").rules["official"].read, get_benchmark("mme").rules["lmms-eval"].read, yorn,
              get_benchmark("amber").rules["official"].read,
              get_benchmark("hallusionbench").rules["lmms-eval-rule"].read, pope_official, exact_match]
