@@ -106,8 +106,8 @@ def report(runs, out_dir, seed, resamples, protocol) -> None:
 @main.command()
 @click.argument("run_dir", type=click.Path(exists=True, file_okay=False))
 def repair(run_dir) -> None:
-    """Keep the last complete record of each question in a run folder (one left with duplicates by
-    two runs that wrote to it at once, before runs locked their folder); drop torn lines."""
+    """Keep the last complete record of each question in a run folder that holds duplicates (writers
+    that did not take its lock, a copy gone wrong); drop torn lines."""
     with _failures(), RunLock(run_dir):
         kept, dropped = repair_records(run_dir)
     click.echo(f"{run_dir}: kept {kept} records, dropped {dropped} line(s); run the same eval again to "

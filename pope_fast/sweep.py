@@ -142,8 +142,9 @@ class _Sweep:
     def run(self, questions: list[Question], folders: list[RunFolder]) -> list[SweepResult]:
         with ExitStack() as stack:
             sinks = [self._open(f, questions, stack) for f in folders]
-            # The questions as the first folder names them (a resumed pre-dataset plain run drops the
-            # dataset name, and is the only folder of its sweep), and those some folder lacks.
+            # The questions as the first folder names them (a plain run resumed into a folder whose records
+            # name no dataset asks them without one, and is the only folder of its sweep), and those some
+            # folder lacks.
             asked = sinks[0].questions
             pending = {_key(q) for i, q in enumerate(asked) if any(_key(s.questions[i]) in s.todo for s in sinks)}
             before = len(questions) - len(pending)
@@ -203,7 +204,7 @@ class _Sweep:
             shard.begin(folder)
         writer = stack.enter_context(RecordWriter(folder) if shard is None else shard.writer(folder))
         if writer.done and not any(dataset for dataset, _, _ in writer.done):
-            # A folder begun before records named their dataset goes on without it, as the one run it is.
+            # A folder whose records name no dataset goes on without one, as the one run it is.
             questions = [replace(q, dataset="") for q in questions]
         check_done(writer, questions, self.images_dir, self.embedded, self.workers)
         if shard is None or shard.lead:
