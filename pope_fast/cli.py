@@ -11,7 +11,7 @@ from . import __version__
 from .readout import (TEMPLATES, RunLock, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer,
                       repair_records)
 from .errors import EXPECTED, one_line
-from .readout.published import PROTOCOLS, SCORING_PROTOCOLS
+from .readout.protocols import PROTOCOLS, SCORING_PROTOCOLS
 from .readout.benchmarks import REGISTRY
 from .scoring import CompareJob, ScoreJob
 

@@ -4,8 +4,8 @@ from .data import (DataError, Question, dataset_from_name, find_question_files, 
                    split_from_name)
 from .compare import compare_runs
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
-from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
-                        Readout, TokenSets, parse_readouts)
+from .readouts import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES, Readout, TokenSets,
+                       parse_readouts)
 from .records import (META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta,
                       read_records)
 from .store import FolderBusy, RecordWriter, RunLock, repair_records, write_meta

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from .metrics import mcnemar_exact, summarize
-from .protocols import NO, READOUTS, UNKNOWN, YES
+from .readouts import NO, READOUTS, UNKNOWN, YES
 from .records import Entry, RecordSet, read_records
 from .score import POOLED, Unavailable, predictions, question_order
 
@@ -51,7 +51,7 @@ def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch:
 
     Runs that differ in more than their method raise ValueError naming each difference; with
     allow_mismatch they are compared on the questions both hold (with the same label) and each pair
-    lists its differences under "mismatches". Under a `protocol` (published.Protocol): its answer rule alone,
+    lists its differences under "mismatches". Under a `protocol` (protocols.Protocol): its answer rule alone,
     an unknown answer counted as the protocol counts it (VLMEvalKit: a no).
     """
     paths = [str(p) for p in paths]

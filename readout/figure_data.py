@@ -5,8 +5,8 @@ Every number comes from `score_records`, called as `pope-fast score` calls it, o
 """
 from __future__ import annotations
 
-from .attention import layer_mean
-from .protocols import NO, YES
+from .attention_stats import layer_mean
+from .readouts import NO, YES
 from .records import RecordSet
 from .report import f1_tables, group_name, model_labels
 from .score import predictions, run_entries

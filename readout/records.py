@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import LABELS, DataError, Question
-from .protocols import DECISIONS, READOUTS, TokenSets
+from .readouts import DECISIONS, READOUTS, TokenSets
 
 RECORDS_FILE, META_FILE = "records.jsonl", "meta.json"
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from .data import KNOWN_SPLITS, DataError, Question, dataset_from_name, load_questions, split_from_name
-from .protocols import NO, YES
+from .readouts import NO, YES
 from .records import RecordSet
 
 POPE_DATASET = "coco"  # RePOPE relabels COCO's three files; a labels file naming no dataset is COCO's

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .protocols import READOUTS
+from .readouts import READOUTS
 from .records import RECORDS_FILE
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figure_data, figures
-from .protocols import READOUTS
-from .published import format_protocol_runs, get_protocol, score_protocol
+from .readouts import READOUTS
+from .protocols import format_protocol_runs, get_protocol, score_protocol
 from .records import RECORDS_FILE, RecordSet, expand_runs, read_records
 from .report import f1_tables, format_f1_tables, group_name, model_labels
 from .score import score_records

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections import Counter
 from itertools import combinations
 
-from .attention import attention_by_outcome, default_layers, layer_mean
+from .attention_stats import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
-from .protocols import READOUTS, UNKNOWN, Missing, parse_readouts
+from .readouts import READOUTS, UNKNOWN, Missing, parse_readouts
 from .records import DataError, Entry, RecordSet, read_records
 
 
@@ -158,10 +158,10 @@ def score_paths(paths: list[str], readouts: str = "all", protocol: str | None = 
                 resamples: int = 1000, layers: tuple[int, int] | None = None,
                 labels: list[str] | None = None) -> list[dict]:
     """`pope-fast score`: every record file or run folder scored under `readouts` ("all", or names, each of
-    which the records must supply), or under a published protocol (published.score_protocol's runs). With
+    which the records must supply), or under a published protocol (protocols.score_protocol's runs). With
     `labels` (RePOPE's files), each run's relabelled records are scored too, after its own: runs of dataset
     `repope`, each with `relabelled`: the labels files and what they changed in its split(s)."""
-    from .published import get_protocol, score_protocol
+    from .protocols import get_protocol, score_protocol
     from .relabel import read_labels, relabel
 
     names, runs = parse_readouts(readouts), []

@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from ..data import DataError, Question
-from ..protocols import NO, UNKNOWN, YES, yorn
+from ..readouts import NO, UNKNOWN, YES, yorn
 from . import amber_metrics
 from .amber_metrics import ACTION, EXISTENCE, NUMBER, RELATION, STATE
 from . import vlmevalkit_tables as tables

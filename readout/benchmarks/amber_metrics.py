@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..protocols import NO, YES
+from ..readouts import NO, YES
 from .base import Answer
 
 EXISTENCE, STATE, NUMBER, ACTION, RELATION = (

@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping
 
 from ..data import DataError, Question
-from ..protocols import NO, YES, yorn
+from ..readouts import NO, YES, yorn
 from . import hallusionbench_metrics as metrics
 from . import vlmevalkit_tables as tables
 from .base import Answer, Benchmark, Response, Rule
@@ -196,7 +196,7 @@ RULES = {
         (f"{OFFICIAL} evaluation.py:62-135 (correctness, the leaderboard), :118-127 and :138-144 (stats)",
          f"{OFFICIAL} utils.py:130-163 (fAcc), :165-203 (aAcc), :205-338 (qAcc), :340-402 (easy/hard), "
          ":404-411 (assign_correctness), :414-427 (yes/no bias)",
-         "judge-free stand-in for utils.py:26-73's GPT-4 judge: readout.protocols.yorn's decision against gt_answer; "
+         "judge-free stand-in for utils.py:26-73's GPT-4 judge: readout.readouts.yorn's decision against gt_answer; "
          "an unknown decision is the judge's 'unclear'")),
     "lmms-eval-rule": Rule(
         "lmms-eval-rule", metrics.lmms_eval_read, metrics.lmms_eval_rule, ("aAcc", "fAcc", "qAcc"),

@@ -16,7 +16,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..protocols import NO, UNKNOWN, YES
+from ..readouts import NO, UNKNOWN, YES
 from .base import Answer
 
 CATEGORIES = ("VD", "VS")

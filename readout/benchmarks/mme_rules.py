@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ..protocols import NO, UNKNOWN, YES, yorn
+from ..readouts import NO, UNKNOWN, YES, yorn
 from .base import Answer, Rule
 
 # The 14 subtasks (the parquet's exact `category` names), in calculation.py's eval_type_dict order, which

@@ -2,7 +2,7 @@
 
 From a run: each of the benchmark's rules reads the recorded answer text (the run's longest continuation)
 and aggregates as its tool does; every readout the records supply (logit readouts, first token, the text
-rules of readout/protocols.py) is aggregated with the benchmark's official formula. From a result file:
+rules of readout/readouts.py) is aggregated with the benchmark's official formula. From a result file:
 the texts it holds, under each rule. Either way every number is the aggregation of yes/no/unknown
 decisions, so two rules that disagree on one answer text show it here.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..data import DataError
-from ..protocols import READOUTS
+from ..readouts import READOUTS
 from ..records import RECORDS_FILE, Entry, RecordSet
 from .base import Answer, Benchmark, Response
 

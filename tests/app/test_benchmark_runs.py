@@ -192,7 +192,7 @@ def test_readme_table_of_what_each_rule_reads():
     """The README's table is what the rules read: each cell recomputed from the code."""
     from pathlib import Path
 
-    from pope_fast.readout.protocols import exact_match, pope_official, yorn
+    from pope_fast.readout.readouts import exact_match, pope_official, yorn
 
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     table = readme.split("What each rule reads on the same answer text:\n\n")[1].split("\n\n")[0].splitlines()

@@ -12,7 +12,7 @@ from pope_fast.readout.benchmarks.mme import MME, read_questions, write_result_f
 from pope_fast.readout.benchmarks.mme_rules import (COGNITION, PERCEPTION, SUBTASKS, lmms_eval_prompt,
                                                     lmms_eval_read, official_read)
 from pope_fast.readout.data import DataError, Question
-from pope_fast.readout.protocols import yorn
+from pope_fast.readout.readouts import yorn
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from pope_fast.readout.attention import (attention_by_outcome, bootstrap_difference, cohens_d, default_layers,
-                                         layer_mean, mann_whitney_p)
+from pope_fast.readout.attention_stats import (attention_by_outcome, bootstrap_difference, cohens_d, default_layers,
+                                               layer_mean, mann_whitney_p)
 
 A = np.array([0.1, 0.2, 0.2, 0.35, 0.5, 0.5, 0.7])
 B = np.array([0.3, 0.45, 0.5, 0.6, 0.65, 0.8, 0.9, 0.95])
