@@ -8,12 +8,12 @@ from contextlib import contextmanager
 import click
 
 from . import __version__
-from .readout import (TEMPLATES, RunLock, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer,
-                      repair_records)
 from .errors import EXPECTED, one_line
-from .readout.protocols import PROTOCOLS, SCORING_PROTOCOLS
+from .readout import TEMPLATES, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer
 from .readout.benchmarks import REGISTRY
+from .readout.protocols import PROTOCOLS, SCORING_PROTOCOLS
 from .scoring import CompareJob, ScoreJob
+from .store import RunLock, repair_records
 
 BENCHMARKS = ["pope", "repope", *REGISTRY]
 

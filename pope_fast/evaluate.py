@@ -15,15 +15,14 @@ from .distributed import Shard, every_rank
 from .engine import Engine, Settings, Timings, parse_method
 from .engine.models import protocol_for
 from .progress import watched
-from .readout import (READOUTS, RunLock, compare_runs, find_question_files, format_compare, format_runs,
-                      load_question_sources)
+from .readout import READOUTS, compare_runs, find_question_files, format_compare, format_runs, load_question_sources
 from .readout.benchmarks import REGISTRY, benchmark_questions
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.scoring import format_benchmark, score_benchmark_paths
-from .readout.readouts import GENERATING
 from .readout.protocols import format_protocol_runs, get_protocol
+from .readout.readouts import GENERATING
 from .readout.score import score_paths
-from .readout.store import atomic_write
+from .store import RunLock, atomic_write
 from .sweep import SweepResult, run_paired, run_pope
 
 # A progress display for `total` questions: entered, it gives the callable that hears of more done.

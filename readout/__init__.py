@@ -1,16 +1,14 @@
 """Readout core: POPE data, readout protocols, token sets, metrics, records. Pure Python + numpy;
 importing it never imports torch."""
+from .compare import compare_runs
 from .data import (DataError, Question, dataset_from_name, find_question_files, load_question_sources, load_questions,
                    split_from_name)
-from .compare import compare_runs
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
 from .readouts import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES, Readout, TokenSets,
                        parse_readouts)
-from .records import (META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta,
-                      read_records)
-from .store import FolderBusy, RecordWriter, RunLock, repair_records, write_meta
-from .score import Unavailable, score_records
+from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta, read_records
 from .report import format_audit, format_compare, format_runs
+from .score import Unavailable, score_records
 from .templates import TEMPLATES, Template, get_template
 from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info
 
@@ -21,8 +19,7 @@ __all__ = [
     "bootstrap_f1_ci", "confusion", "mcnemar_exact", "summarize",
     "DEFAULT_READOUT", "LOGIT_READOUTS", "NO", "READOUTS", "TEXT_READOUTS", "UNKNOWN", "YES",
     "Readout", "TokenSets", "parse_readouts",
-    "META_FILE", "RECORDS_FILE", "Entry", "expand_runs", "FolderBusy", "RecordSet", "RecordWriter", "RunLock",
-    "make_record", "read_meta", "read_records", "repair_records", "write_meta",
+    "META_FILE", "RECORDS_FILE", "Entry", "expand_runs", "RecordSet", "make_record", "read_meta", "read_records",
     "Unavailable", "score_records",
     "format_audit", "format_runs",
     "TEMPLATES", "Template", "get_template",

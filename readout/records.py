@@ -1,10 +1,11 @@
 """Per-question records: the schema of a record line (what `make_record` writes and `checked_record`
 accepts), and reading records back for scoring, ours (a run folder's records.jsonl with its meta.json)
 or a published ugaa-research file (`ugaa.py`). Where records and meta are written, locked, repaired
-and ordered is the run-folder store (`store.py`)."""
+and ordered is the application's run-folder store (`pope_fast/store.py`)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,19 @@ from .data import LABELS, DataError, Question
 from .readouts import DECISIONS, READOUTS, TokenSets
 
 RECORDS_FILE, META_FILE = "records.jsonl", "meta.json"
+# A torchrun job's ranks each write a part, records.rank<R>.jsonl, folded into records.jsonl when the job ends
+# (the store does that); a stopped job leaves them, and reading the folder reads them too.
+PARTS_GLOB = "records.rank*.jsonl"
+PART = re.compile(r"records\.rank(\d+)\.jsonl")
+
+
+def part_name(rank: int) -> str:
+    return f"records.rank{rank}.jsonl"
+
+
+def rank_parts(folder: Path) -> list[Path]:
+    """The rank parts in a run folder, by name."""
+    return sorted(Path(folder).glob(PARTS_GLOB))
 
 
 def make_record(question: Question, template: str, *, first_token_id: int | None = None,
@@ -234,7 +248,7 @@ def expand_runs(paths) -> list[str]:
 
 
 def _holds_records(folder: Path) -> bool:
-    return (folder / RECORDS_FILE).is_file() or any(folder.glob("records.rank*.jsonl"))
+    return (folder / RECORDS_FILE).is_file() or bool(rank_parts(folder))
 
 
 def _compared(path: Path) -> list[str]:
@@ -250,7 +264,7 @@ def read_records(path: str | Path) -> RecordSet:
     """Our records (a run folder, its rank parts included, or its records.jsonl), a published
     ugaa-research file, an lmms-eval POPE samples log or a VLMEvalKit POPE prediction table."""
     path = Path(path)
-    parts = sorted(path.glob("records.rank*.jsonl")) if path.is_dir() else []
+    parts = rank_parts(path) if path.is_dir() else []
     if path.is_dir():
         path = path / RECORDS_FILE
     if not path.is_file() and not parts:

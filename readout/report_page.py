@@ -16,9 +16,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figure_data, figures
-from .readouts import READOUTS
 from .protocols import format_protocol_runs, get_protocol, score_protocol
-from .records import RECORDS_FILE, RecordSet, expand_runs, read_records
+from .readouts import READOUTS
+from .records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, read_records
 from .report import f1_tables, format_f1_tables, group_name, model_labels
 from .score import score_records
 
@@ -43,7 +43,7 @@ class Inputs:
 def _paired(path: Path) -> bool:
     """A paired folder: compare.json beside the method folders, no records of its own."""
     return (path.is_dir() and (path / COMPARE_FILE).is_file() and not (path / RECORDS_FILE).exists()
-            and not any(path.glob("records.rank*.jsonl")))
+            and not rank_parts(path))
 
 
 def _compared(folder: Path) -> tuple[dict, dict[str, Path]]:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..data import DataError
 from ..readouts import READOUTS
-from ..records import RECORDS_FILE, Entry, RecordSet
+from ..records import RECORDS_FILE, Entry, RecordSet, rank_parts
 from .base import Answer, Benchmark, Response
 
 OFFICIAL = "official"
@@ -140,7 +140,7 @@ def format_benchmark(result: dict) -> str:
 def is_run(path: str | Path) -> bool:
     """A pope-fast run folder (or its records.jsonl), as opposed to another tool's result file."""
     path = Path(path)
-    return (path.is_dir() and ((path / RECORDS_FILE).is_file() or any(path.glob("records.rank*.jsonl")))) \
+    return (path.is_dir() and ((path / RECORDS_FILE).is_file() or bool(rank_parts(path)))) \
         or path.name == RECORDS_FILE
 
 

@@ -13,7 +13,8 @@ from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, write_pope_s
 from pope_fast.cli import main
 from pope_fast.engine import CheckpointError, Engine, Settings, parse_method
 from pope_fast.readout import Question, make_record
-from pope_fast.readout.store import part_name, write_meta
+from pope_fast.readout.records import part_name
+from pope_fast.store import write_meta
 
 READOUTS = "template_aware,legacy_2tok"
 

@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import Question, RecordWriter, make_record, write_meta
+from pope_fast.readout import Question, make_record
 from pope_fast.readout.benchmarks.compare import compare_benchmark_runs
+from pope_fast.store import RecordWriter, write_meta
 
 
 def _run(folder, benchmark, questions, said):

@@ -62,7 +62,8 @@ def test_score_reports_the_probe_by_outcome(tmp_path):
     from click.testing import CliRunner
 
     from pope_fast.cli import main
-    from pope_fast.readout import Question, RecordWriter, TokenSets, make_record, read_records, score_records, write_meta
+    from pope_fast.readout import Question, TokenSets, make_record, read_records, score_records
+    from pope_fast.store import RecordWriter, write_meta
 
     rng = np.random.default_rng(5)
     sets = {"legacy_2tok": TokenSets((5,), (6,))}

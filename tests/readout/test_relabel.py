@@ -7,9 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import Question, RecordWriter, TokenSets, make_record, read_records, score_records, write_meta
+from pope_fast.readout import Question, TokenSets, make_record, read_records, score_records
 from pope_fast.readout.data import DataError
 from pope_fast.readout.relabel import read_labels, relabel
+from pope_fast.store import RecordWriter, write_meta
 
 SETS = {"legacy_2tok": TokenSets((5,), (6,)).to_json(), "first_token": TokenSets((5,), (6,)).to_json()}
 SPLITS = ("random", "popular", "adversarial")

@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import Question, RecordWriter, TokenSets, make_record, write_meta
+from pope_fast.readout import Question, TokenSets, make_record
 from pope_fast.readout.report import f1_tables, format_f1_tables
+from pope_fast.store import RecordWriter, write_meta
 
 SETS = {"legacy_2tok": TokenSets((3582,), (1217,)), "legacy_8tok": TokenSets((3582, 3869), (1217, 1939)),
         "dynamic_single": TokenSets((3869,), (1939,)), "template_aware": TokenSets((3869, 8241), (1939, 694)),
