@@ -93,8 +93,8 @@ def report(runs, out_dir, seed, resamples, protocol) -> None:
     paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""
     import importlib.util
 
-    from .readout.figures import NO_MATPLOTLIB
-    from .readout.report_page import write_report
+    from .readout.report.figures import NO_MATPLOTLIB
+    from .readout.report.page import write_report
 
     if importlib.util.find_spec("matplotlib") is None:  # before any table is written
         _fail(NO_MATPLOTLIB)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from .readout import expand_runs, format_runs
 from .readout.attention_stats import parse_layers
 from .readout.benchmarks.scoring import benchmark_of, format_benchmark, score_benchmark_paths
-from .readout.readouts import parse_readouts
 from .readout.protocols import format_protocol_runs, get_protocol
-from .readout.report import format_relabelled
+from .readout.readouts import parse_readouts
+from .readout.report.tables import format_relabelled
 from .readout.score import score_paths
 
 

@@ -7,7 +7,7 @@ from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
 from .readouts import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES, Readout, TokenSets,
                        parse_readouts)
 from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta, read_records
-from .report import format_audit, format_compare, format_runs
+from .report.tables import format_audit, format_compare, format_runs
 from .score import Unavailable, score_records
 from .templates import TEMPLATES, Template, get_template
 from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info

@@ -167,7 +167,7 @@ def _pair(benchmark, name_a, a, name_b, b, seed, resamples, allow_mismatch) -> d
 def format_benchmark_compare(result: dict) -> str:
     """Per pair, one markdown table: each rule's headline metrics (official first), then each readout's under
     the official aggregation, with A, B, B - A and its interval."""
-    from ..report import _markdown
+    from ..report.tables import markdown_table
 
     level = round(result["level"] * 100)
     blocks = [f"## {result['benchmark']}: B - A on its own metrics",
@@ -185,7 +185,7 @@ def format_benchmark_compare(result: dict) -> str:
                 for n, m in metrics.items():
                     ci = "-" if m["delta_ci95"] is None else f"[{m['delta_ci95'][0]:+.4g}, {m['delta_ci95'][1]:+.4g}]"
                     rows.append([f"{label} `{name}`", n, f"{m['a']:.6g}", f"{m['b']:.6g}", f"{m['delta']:+.6g}", ci])
-        blocks.append(_markdown(["scored by", "metric", "A", "B", "B - A", f"{level}% interval"], rows))
+        blocks.append(markdown_table(["scored by", "metric", "A", "B", "B - A", f"{level}% interval"], rows))
         blocks += [f"! {m}" for m in pair["mismatches"]]
         blocks += [f"unavailable: {n} ({why})" for n, why in pair["unavailable"].items()]
     return "\n\n".join(blocks)

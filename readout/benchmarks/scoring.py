@@ -113,7 +113,7 @@ def metric(metrics: dict, name: str):
 def format_benchmark(result: dict) -> str:
     """The headline numbers: each rule's (named as its tool names them) and each readout's under the
     official aggregation, one markdown table each; checks and what was unavailable under them."""
-    from ..report import _markdown
+    from ..report.tables import markdown_table
 
     def cells(metrics: dict, names) -> list[str]:
         return [f"{v:.6g}" if isinstance(v := metric(metrics, k), float) else str(v) for k in names]
@@ -126,10 +126,10 @@ def format_benchmark(result: dict) -> str:
     for name, metrics in result["rules"].items():
         rule = benchmark.rules[name]
         blocks.append(f"answer rule and aggregation `{name}` ({'; '.join(rule.sources)}):\n"
-                      + _markdown(list(rule.headline), [cells(metrics, rule.headline)]))
+                      + markdown_table(list(rule.headline), [cells(metrics, rule.headline)]))
     if result.get("readouts"):
         headline = benchmark.rules[OFFICIAL].headline
-        blocks.append("every readout, aggregated as the official code does:\n" + _markdown(
+        blocks.append("every readout, aggregated as the official code does:\n" + markdown_table(
             ["readout", *headline], [[n, *cells(m, headline)] for n, m in result["readouts"].items()]))
     blocks += result.get("notes", [])
     blocks += [f"! {note}" for note in result.get("checks", [])]

@@ -168,7 +168,7 @@ def test_an_empty_records_file_says_so(tmp_path):
 
 def test_f1_tables_of_a_run_with_only_errors_bold_nothing(tmp_path):
     from pope_fast.readout import read_records, score_records
-    from pope_fast.readout.report import format_f1_tables
+    from pope_fast.readout.report.tables import format_f1_tables
 
     run = _folder(tmp_path / "run", {"records.jsonl": [_rec(1, error="img1.jpg: image file not found")]})
     table = format_f1_tables(score_records(read_records(run), ["legacy_2tok"]))
