@@ -12,7 +12,7 @@ from .errors import EXPECTED, one_line
 from .readout import TEMPLATES, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer
 from .readout.benchmarks import REGISTRY
 from .readout.protocols import PROTOCOLS, SCORING_PROTOCOLS
-from .scoring import CompareJob, ScoreJob
+from .score_jobs import CompareJob, ScoreJob
 from .store import RunLock, repair_records
 
 BENCHMARKS = ["pope", "repope", *REGISTRY]

@@ -18,7 +18,7 @@ from .progress import watched
 from .readout import READOUTS, compare_runs, find_question_files, format_compare, format_runs, load_question_sources
 from .readout.benchmarks import REGISTRY, benchmark_questions
 from .readout.benchmarks.asking import asked_questions, check_protocol
-from .readout.benchmarks.scoring import format_benchmark, score_benchmark_paths
+from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING
 from .readout.score import score_paths

@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from .metrics import mcnemar_exact, summarize
+from .reading import read_records
 from .readouts import NO, READOUTS, UNKNOWN, YES
-from .records import Entry, RecordSet, read_records
+from .records import Entry, RecordSet
 from .score import POOLED, Unavailable, predictions, question_order
 
 LEVEL = 0.95

@@ -11,8 +11,9 @@ from itertools import combinations
 
 from .attention_stats import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
+from .reading import read_records
 from .readouts import READOUTS, UNKNOWN, Missing, parse_readouts
-from .records import DataError, Entry, RecordSet, read_records
+from .records import DataError, Entry, RecordSet
 
 
 POOLED = "Overall"  # every split of a dataset together: VLMEvalKit's and lmms-eval's row, a run of its own here
@@ -161,8 +162,8 @@ def score_paths(paths: list[str], readouts: str = "all", protocol: str | None = 
     which the records must supply), or under a published protocol (protocols.score_protocol's runs). With
     `labels` (RePOPE's files), each run's relabelled records are scored too, after its own: runs of dataset
     `repope`, each with `relabelled`: the labels files and what they changed in its split(s)."""
+    from .benchmarks.pope.relabel import read_labels, relabel
     from .protocols import get_protocol, score_protocol
-    from .relabel import read_labels, relabel
 
     names, runs = parse_readouts(readouts), []
     corrected = read_labels(labels) if labels else None

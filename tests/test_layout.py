@@ -13,7 +13,7 @@ FAMILIES = ("llava", "llava_next", "instructblip", "qwen2_vl", "mplug_owl2", "qw
 # Strings equal to a family's model_type that are not about the family: template names (the template
 # registry, whose names records carry), the adapter names of ugaa-research's published files, and the
 # protocol registry's names (`llava` is LLaVA's own evaluation scripts).
-NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/ugaa.py", ROOT / "readout/protocols.py"}
+NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/benchmarks/pope/ugaa.py", ROOT / "readout/protocols.py"}
 
 
 def _tree(path: Path) -> ast.Module:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import numpy as np
 
 from ..data import DataError
-from ..records import Entry, RecordSet, read_records
+from ..reading import read_records
+from ..records import Entry, RecordSet
 from ..score import Unavailable, predictions, question_order
 from .base import Answer, Benchmark
-from .scoring import OFFICIAL, metric, run_benchmark
+from .score import OFFICIAL, metric, run_benchmark
 
 LEVEL = 0.95
 

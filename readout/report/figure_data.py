@@ -193,7 +193,7 @@ def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> t
 def benchmark_bars(result: dict, benchmark) -> tuple[dict, str]:
     """A benchmark run's official headline metric under every readout, and under each of its tools' rules
     that reports that metric (the official rule always does), from score --benchmark's numbers."""
-    from ..benchmarks.scoring import OFFICIAL, metric
+    from ..benchmarks.score import OFFICIAL, metric
 
     name = benchmark.rules[OFFICIAL].headline[0]
     bars = [{"name": f"rule: {rule}", "kind": "rule", "value": metric(m, name)} for rule, m in result["rules"].items()]

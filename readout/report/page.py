@@ -17,8 +17,9 @@ from pathlib import Path
 
 from . import figure_data, figures
 from ..protocols import format_protocol_runs, get_protocol, score_protocol
+from ..reading import read_records
 from ..readouts import READOUTS
-from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, read_records
+from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts
 from ..score import score_records
 from .tables import f1_tables, format_f1_tables, group_name, model_labels
 
@@ -216,7 +217,7 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
 def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str]) -> None:
     """Per benchmark run (other than POPE): each rule's and readout's numbers as score prints them, and the
     official headline across readouts and rules as a figure."""
-    from ..benchmarks.scoring import format_benchmark, run_benchmark, score_run
+    from ..benchmarks.score import format_benchmark, run_benchmark, score_run
 
     record_sets = {records.source: records for _, records in inputs.scored}
     for source, records in record_sets.items():

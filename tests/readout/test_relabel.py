@@ -1,4 +1,4 @@
-"""RePOPE-style relabelling: a run rescored under corrected labels without the model (readout/relabel.py).
+"""RePOPE-style relabelling: a run rescored under corrected labels without the model (readout/benchmarks/pope/relabel.py).
 RePOPE's own files ship without a licence, so these tests write labels files of their own in its format."""
 import json
 import random
@@ -8,8 +8,8 @@ from click.testing import CliRunner
 
 from pope_fast.cli import main
 from pope_fast.readout import Question, TokenSets, make_record, read_records, score_records
+from pope_fast.readout.benchmarks.pope.relabel import read_labels, relabel
 from pope_fast.readout.data import DataError
-from pope_fast.readout.relabel import read_labels, relabel
 from pope_fast.store import RecordWriter, write_meta
 
 SETS = {"legacy_2tok": TokenSets((5,), (6,)).to_json(), "first_token": TokenSets((5,), (6,)).to_json()}

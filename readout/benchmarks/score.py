@@ -157,7 +157,7 @@ def score_benchmark_paths(paths: list[str], name: str | None = None, data: str |
     """`pope-fast score --benchmark`: each run scored by score_run, each other tool's result file by
     score_responses; the benchmark named, else told from each path's content (never guessed)."""
     from . import REGISTRY, detect_benchmark, get_benchmark
-    from ..records import read_records
+    from ..reading import read_records
 
     named = get_benchmark(name) if name is not None else None
     out = []

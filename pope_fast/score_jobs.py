@@ -1,6 +1,6 @@
 """`pope-fast score` and `compare` as one call each: their options → the text they print. POPE's records (with
 RePOPE's labels, under a protocol) go to readout/score.py and readout/compare.py; a benchmark's runs and other
-tools' result files to readout/benchmarks/scoring.py and compare.py. Every refusal is a ValueError the command
+tools' result files to readout/benchmarks/score.py and compare.py. Every refusal is a ValueError the command
 line shows as one line."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from .readout import expand_runs, format_runs
 from .readout.attention_stats import parse_layers
-from .readout.benchmarks.scoring import benchmark_of, format_benchmark, score_benchmark_paths
+from .readout.benchmarks.score import benchmark_of, format_benchmark, score_benchmark_paths
 from .readout.protocols import format_protocol_runs, get_protocol
 from .readout.readouts import parse_readouts
 from .readout.report.tables import format_relabelled
