@@ -21,7 +21,7 @@ from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING
-from .readout.score import score_paths
+from .score_jobs import score_paths
 from .store import RunLock, atomic_write
 from .sweep import SweepResult, run_paired, run_pope
 

@@ -15,9 +15,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
+from .metrics import summarize
 from .readouts import NO, YES
 from .records import RecordSet
-from .score import POOLED  # the row of every split together, where a protocol pools
+from .score import POOLED, Unavailable, predictions, question_order
+
 COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool's number format
 
 
@@ -128,8 +130,6 @@ def audit_metrics(labels: list[str], decided: list[str]) -> dict:
     """The audit's (ugaa-research run_multi_model_audit.py), as pope-fast scores every readout: an unknown
     answer kept out of the confusion matrix and wrong in accuracy; F1 2TP/(2TP+FP+FN); the yes-rate of
     the answered predictions."""
-    from .metrics import summarize
-
     m = summarize(labels, decided, resamples=1)
     return {k: m[k] for k in ("f1", "accuracy", "precision", "recall", "yes_rate", "unknown")}
 
@@ -285,8 +285,6 @@ def score_protocol(records: RecordSet, protocol: Protocol) -> list[dict]:
     """Per dataset of the records: the tool's rows (one per split, then `Overall` where it pools), the
     number its users derive (`summary`), and `checks`: what keeps this from being the tool's own number.
     Error records (questions that got no answer) are left out and counted; the tool would have stopped."""
-    from .score import Unavailable, predictions, question_order
-
     out = []
     for dataset in dict.fromkeys(e.dataset for e in records.entries):
         entries = sorted((e for e in records.entries if e.dataset == dataset), key=question_order)

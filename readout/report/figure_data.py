@@ -6,6 +6,7 @@ Every number comes from `score_records`, called as `pope-fast score` calls it, o
 from __future__ import annotations
 
 from ..attention_stats import layer_mean
+from ..benchmarks.score import OFFICIAL, metric
 from ..readouts import NO, YES
 from ..records import RecordSet
 from ..score import predictions, run_entries
@@ -193,8 +194,6 @@ def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> t
 def benchmark_bars(result: dict, benchmark) -> tuple[dict, str]:
     """A benchmark run's official headline metric under every readout, and under each of its tools' rules
     that reports that metric (the official rule always does), from score --benchmark's numbers."""
-    from ..benchmarks.score import OFFICIAL, metric
-
     name = benchmark.rules[OFFICIAL].headline[0]
     bars = [{"name": f"rule: {rule}", "kind": "rule", "value": metric(m, name)} for rule, m in result["rules"].items()]
     bars += [{"name": readout, "kind": "readout", "value": metric(m, name)}

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figure_data, figures
+from ..benchmarks.score import format_benchmark, run_benchmark, score_run
 from ..protocols import format_protocol_runs, get_protocol, score_protocol
 from ..reading import read_records
 from ..readouts import READOUTS
@@ -217,8 +218,6 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
 def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str]) -> None:
     """Per benchmark run (other than POPE): each rule's and readout's numbers as score prints them, and the
     official headline across readouts and rules as a figure."""
-    from ..benchmarks.score import format_benchmark, run_benchmark, score_run
-
     record_sets = {records.source: records for _, records in inputs.scored}
     for source, records in record_sets.items():
         benchmark = run_benchmark(records)
