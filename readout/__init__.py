@@ -1,5 +1,18 @@
-"""Readout core: POPE data, readout protocols, token sets, metrics, records. Pure Python + numpy;
-importing it never imports torch."""
+"""Reading a model's answers: pure Python + numpy, importing it never imports torch. The names most callers
+need are here; the rooms, by concern:
+
+- readouts.py: the readouts (how a yes/no is read off a model's output) and their token sets (tokens.py),
+  the prompt templates (templates.py), what a run asks the engine for (readout_plan.py, continuation.py);
+- records.py: a record line's schema and our run folders read back; reading.py reads any records file,
+  ours or another tool's;
+- score.py, compare.py, metrics.py, attention_stats.py: a run scored and two runs compared;
+- protocols.py: the published protocols `--protocol` selects (each tool's prompt, answer rule, aggregation);
+- benchmarks/: a room per benchmark (pope/, mme/, amber/, hallusionbench/), each with its data, rules and
+  importers of other tools' files, and the benchmark-level score.py and compare.py; formats/: readers of
+  other tools' formats more than one room reads;
+- report/: the text tables the CLI prints, the report page and its figures.
+
+Where a run's records are written (the lock, the rank parts, repair) is the application's: pope_fast/store.py."""
 from .benchmarks.pope.questions import (dataset_from_name, find_question_files, load_question_sources, load_questions,
                                         split_from_name)
 from .compare import compare_runs
