@@ -14,7 +14,7 @@ import torch
 from ..engine import PromptResult, Settings
 from ..engine.models import family_class
 from ..readout import Question
-from ..readout.planning import ReadoutPlan
+from ..readout.readout_plan import ReadoutPlan
 from .measure import median_run, peak_memory_mb, reset_peak_memory
 
 

@@ -21,7 +21,7 @@ from ..engine import FAMILIES, Engine, Settings, parse_method
 from ..engine.models import family_class
 from ..engine.synthetic import builtin_questions, write_images
 from ..readout import READOUTS, Question, load_questions
-from ..readout.protocols import FIRST_TOKEN, LOGIT
+from ..readout.readouts import FIRST_TOKEN, LOGIT
 from ..readout.records import json_lines
 from ..sweep import run_paired, run_pope
 from .measure import device_name, floor_figures, median_run, peak_memory_mb, reset_peak_memory

@@ -15,7 +15,7 @@ import torch
 from PIL import Image
 
 from ..readout import Template, get_template
-from ..readout.planning import ReadoutPlan
+from ..readout.readout_plan import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import token_strings, tokenizer_info
 from .fingerprint import checkpoint_digests

@@ -12,7 +12,7 @@ from functools import partial
 
 import torch
 
-from ..readout.planning import ReadoutPlan
+from ..readout.readout_plan import ReadoutPlan
 from .attention import PrefixKV
 from .interventions import Intervention
 from .models import Family

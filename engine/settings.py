@@ -63,7 +63,7 @@ class Settings:
             if device.index is not None and device.index >= torch.cuda.device_count():
                 raise ValueError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
         if self.kernels == "triton":
-            from ..kernels import resolve_backend
+            from ..kernels import resolve_backend  # triton: only when its kernels are asked for
 
             try:
                 resolve_backend("triton", device)

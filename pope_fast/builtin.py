@@ -19,7 +19,7 @@ def demo_inputs(out_dir: Path, questions: list[Question], images_dir: Path | Non
     questions that name image files without an image folder, synthetic stand-ins named after them."""
     import torch
 
-    from .engine.models import DEMO, family_class
+    from .engine.models import DEMO, family_class  # torch: the demo's writers need it, importing builtin not
     from .engine.synthetic import builtin_questions, write_images
 
     demo, family = Path(out_dir) / "demo", family_class(DEMO)

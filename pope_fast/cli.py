@@ -8,12 +8,12 @@ from contextlib import contextmanager
 import click
 
 from . import __version__
-from .readout import (TEMPLATES, RunLock, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer,
-                      repair_records)
 from .errors import EXPECTED, one_line
-from .readout.published import PROTOCOLS, SCORING_PROTOCOLS
+from .readout import TEMPLATES, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer
 from .readout.benchmarks import REGISTRY
-from .scoring import CompareJob, ScoreJob
+from .readout.protocols import PROTOCOLS, SCORING_PROTOCOLS
+from .score_jobs import CompareJob, ScoreJob
+from .store import RunLock, repair_records
 
 BENCHMARKS = ["pope", "repope", *REGISTRY]
 
@@ -93,8 +93,8 @@ def report(runs, out_dir, seed, resamples, protocol) -> None:
     paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""
     import importlib.util
 
-    from .readout.figures import NO_MATPLOTLIB
-    from .readout.report_page import write_report
+    from .readout.report.figures import NO_MATPLOTLIB  # the report's modules load only for `report`
+    from .readout.report.page import write_report
 
     if importlib.util.find_spec("matplotlib") is None:  # before any table is written
         _fail(NO_MATPLOTLIB)
@@ -187,7 +187,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
     transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
     """
-    from .evaluate import EvalJob, checked_folders, run_eval
+    from .evaluate import EvalJob, checked_folders, run_eval  # torch: only a command that runs a model loads it
     from .progress import progress_bar
 
     with _failures():
@@ -204,7 +204,7 @@ def _device_and_shard(device: str | None):
     """The device (cuda when available) and this process's torchrun Shard, joined (None outside torchrun)."""
     import torch
 
-    from .distributed import join_job
+    from .distributed import join_job  # torch, as eval's imports
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
@@ -260,7 +260,7 @@ def bench(device, fmt, **options) -> None:
     """Throughput of pope-fast against the paper's transformers pipeline, side by side."""
     import json
 
-    from .bench import BenchConfig, format_report, run_bench
+    from .bench import BenchConfig, format_report, run_bench  # torch: bench runs models
     from .progress import labelled_bars
 
     device, shard = _device_and_shard(device)  # under torchrun every rank times its share; rank 0 reports
@@ -277,7 +277,7 @@ def bench(device, fmt, **options) -> None:
               help="a checkpoint or tokenizer folder whose chat template renders the chat prompts")
 def protocols(tokenizer_dir) -> None:
     """The published protocols: sources, answer rule, aggregation, and the prompt each renders per family."""
-    from .protocol_table import describe_protocols
+    from .protocol_table import describe_protocols  # torch (the family registry): only `protocols` loads it
 
     with _failures():
         text = describe_protocols(load_tokenizer(tokenizer_dir) if tokenizer_dir else None)

@@ -41,9 +41,9 @@ import torch
 import torch.distributed as dist
 from PIL import Image
 
-from .readout import DataError, Question, RecordWriter
-from .readout.records import RECORDS_FILE
-from .readout.store import fold_parts, part_name
+from .readout import DataError, Question
+from .readout.records import RECORDS_FILE, part_name
+from .store import RecordWriter, fold_parts
 
 TIMEOUT_ENV = "POPE_FAST_DIST_TIMEOUT"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"  # where torchrun's agent reads a rank's failure

@@ -15,15 +15,14 @@ from .distributed import Shard, every_rank
 from .engine import Engine, Settings, Timings, parse_method
 from .engine.models import protocol_for
 from .progress import watched
-from .readout import (READOUTS, RunLock, compare_runs, find_question_files, format_compare, format_runs,
-                      load_question_sources)
+from .readout import READOUTS, compare_runs, find_question_files, format_compare, format_runs, load_question_sources
 from .readout.benchmarks import REGISTRY, benchmark_questions
 from .readout.benchmarks.asking import asked_questions, check_protocol
-from .readout.benchmarks.scoring import format_benchmark, score_benchmark_paths
-from .readout.protocols import GENERATING
-from .readout.published import format_protocol_runs, get_protocol
-from .readout.score import score_paths
-from .readout.store import atomic_write
+from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
+from .readout.protocols import format_protocol_runs, get_protocol
+from .readout.readouts import GENERATING
+from .score_jobs import score_paths
+from .store import RunLock, atomic_write
 from .sweep import SweepResult, run_paired, run_pope
 
 # A progress display for `total` questions: entered, it gives the callable that hears of more done.
@@ -47,7 +46,7 @@ class EvalJob:
     settings: dict = field(default_factory=dict)  # Settings fields, the device among them
     limit: int | None = None  # the first N questions of each split (a quick look, as lmms-eval's --limit)
     command: str | None = None  # the command line, recorded in meta.json
-    protocol: str | None = None  # a published protocol (readout/published.py): its prompt, length, image aspect
+    protocol: str | None = None  # a published protocol (readout/protocols.py): its prompt, length, image aspect
     benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
 
     @classmethod

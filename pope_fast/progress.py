@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
 
-from .readout.records import RECORDS_FILE
+from .readout.records import RECORDS_FILE, rank_parts
 
 
 class RecordCount:
@@ -22,7 +22,7 @@ class RecordCount:
 
     def __call__(self) -> int:
         total = 0
-        for path in [self.dir / RECORDS_FILE, *self.dir.glob("records.rank*.jsonl")]:
+        for path in [self.dir / RECORDS_FILE, *rank_parts(self.dir)]:
             try:
                 with open(path, "rb") as f:
                     inode, size = os.fstat(f.fileno()).st_ino, os.fstat(f.fileno()).st_size

@@ -1,10 +1,10 @@
-"""`pope-fast protocols`: each published protocol (readout/published.py) with its sources, its answer rule
+"""`pope-fast protocols`: each published protocol (readout/protocols.py) with its sources, its answer rule
 and aggregation, and per family the tool's model class, prompt and length, or why the tool has none."""
 from __future__ import annotations
 
 from .engine.models import FAMILIES, family_class
 from .readout import get_template
-from .readout.published import PROTOCOLS, Protocol
+from .readout.protocols import PROTOCOLS, Protocol
 from .readout.templates import SAMPLE_QUESTION
 
 

@@ -9,9 +9,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from .engine.images import embedded_path
-from .readout import META_FILE, RECORDS_FILE, Question, RecordWriter
+from .readout import META_FILE, RECORDS_FILE, Question
 from .readout.compare import leaf_differences
-from .readout.records import record_key
+from .readout.records import rank_parts, record_key
+from .store import RecordWriter
 
 # Settings that only change how work is batched, never a value; any other difference between the
 # run on disk and this one (dtype, quantization, image aspect, kernels, continuation length, ...)
@@ -51,7 +52,7 @@ def check_has_meta(out_dir: Path) -> None:
     be proven to be this run's: refused, rather than mixed with this run's."""
     if (out_dir / META_FILE).exists():
         return
-    files = [out_dir / RECORDS_FILE, *sorted(out_dir.glob("records.rank*.jsonl"))]
+    files = [out_dir / RECORDS_FILE, *rank_parts(out_dir)]
     held = [f for f in files if f.is_file() and f.read_bytes().strip()]
     if held:
         raise ValueError(f"{held[0]}: holds records but {out_dir / META_FILE} is missing, so nothing proves they "

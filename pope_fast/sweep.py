@@ -20,17 +20,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from .distributed import Shard
-from .engine import Engine, ImageError, check_images
 from . import __version__
-from .engine import Intervention
+from .distributed import Shard
+from .engine import Engine, ImageError, Intervention, check_images
 from .engine.methods import METHODS, Intervened, Method
 from .prefetch import embedded_images, prepared_steps
-from .readout import META_FILE, Question, RecordWriter, RunLock, format_runs, make_record, read_meta, read_records
-from .readout import score_records, write_meta
+from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
 from .readout.records import record_key
-from .readout.store import atomic_write, fold_parts, order_records
 from .resume import check_done, check_has_meta, check_resumable
+from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
 
 Progress = Callable[[int], None]  # told how many more questions are recorded
 

@@ -1,16 +1,29 @@
-"""Readout core: POPE data, readout protocols, token sets, metrics, records. Pure Python + numpy;
-importing it never imports torch."""
-from .data import (DataError, Question, dataset_from_name, find_question_files, load_question_sources, load_questions,
-                   split_from_name)
+"""Reading a model's answers: pure Python + numpy, importing it never imports torch. The names most callers
+need are here; the rooms, by concern:
+
+- readouts.py: the readouts (how a yes/no is read off a model's output) and their token sets (tokens.py),
+  the prompt templates (templates.py), what a run asks the engine for (readout_plan.py, continuation.py);
+- records.py: a record line's schema and our run folders read back; reading.py reads any records file,
+  ours or another tool's;
+- score.py, compare.py, metrics.py, attention_stats.py: a run scored and two runs compared;
+- protocols.py: the published protocols `--protocol` selects (each tool's prompt, answer rule, aggregation);
+- benchmarks/: a room per benchmark (pope/, mme/, amber/, hallusionbench/), each with its data, rules and
+  importers of other tools' files, and the benchmark-level score.py and compare.py; formats/: readers of
+  other tools' formats more than one room reads;
+- report/: the text tables the CLI prints, the report page and its figures.
+
+Where a run's records are written (the lock, the rank parts, repair) is the application's: pope_fast/store.py."""
+from .benchmarks.pope.questions import (dataset_from_name, find_question_files, load_question_sources, load_questions,
+                                        split_from_name)
 from .compare import compare_runs
+from .data import DataError, Question
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
-from .protocols import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES,
-                        Readout, TokenSets, parse_readouts)
-from .records import (META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta,
-                      read_records)
-from .store import FolderBusy, RecordWriter, RunLock, repair_records, write_meta
+from .reading import read_records
+from .readouts import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES, Readout, TokenSets,
+                       parse_readouts)
+from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta
+from .report.tables import format_audit, format_compare, format_runs
 from .score import Unavailable, score_records
-from .report import format_audit, format_compare, format_runs
 from .templates import TEMPLATES, Template, get_template
 from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info
 
@@ -21,8 +34,7 @@ __all__ = [
     "bootstrap_f1_ci", "confusion", "mcnemar_exact", "summarize",
     "DEFAULT_READOUT", "LOGIT_READOUTS", "NO", "READOUTS", "TEXT_READOUTS", "UNKNOWN", "YES",
     "Readout", "TokenSets", "parse_readouts",
-    "META_FILE", "RECORDS_FILE", "Entry", "expand_runs", "FolderBusy", "RecordSet", "RecordWriter", "RunLock",
-    "make_record", "read_meta", "read_records", "repair_records", "write_meta",
+    "META_FILE", "RECORDS_FILE", "Entry", "expand_runs", "RecordSet", "make_record", "read_meta", "read_records",
     "Unavailable", "score_records",
     "format_audit", "format_runs",
     "TEMPLATES", "Template", "get_template",

@@ -20,8 +20,9 @@ from __future__ import annotations
 import numpy as np
 
 from .metrics import mcnemar_exact, summarize
-from .protocols import NO, READOUTS, UNKNOWN, YES
-from .records import Entry, RecordSet, read_records
+from .reading import read_records
+from .readouts import NO, READOUTS, UNKNOWN, YES
+from .records import Entry, RecordSet
 from .score import POOLED, Unavailable, predictions, question_order
 
 LEVEL = 0.95
@@ -51,7 +52,7 @@ def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch:
 
     Runs that differ in more than their method raise ValueError naming each difference; with
     allow_mismatch they are compared on the questions both hold (with the same label) and each pair
-    lists its differences under "mismatches". Under a `protocol` (published.Protocol): its answer rule alone,
+    lists its differences under "mismatches". Under a `protocol` (protocols.Protocol): its answer rule alone,
     an unknown answer counted as the protocol counts it (VLMEvalKit: a no).
     """
     paths = [str(p) for p in paths]
@@ -66,15 +67,15 @@ def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch:
 
 def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resamples: int,
           allow_mismatch: bool, protocol=None) -> dict:
-    groups, question_diffs = _join(a, b)
+    groups, question_diffs = join_questions(a, b)
     groups = _with_pooled(groups)
-    mismatches = _meta_mismatches(name_a, a.meta, name_b, b.meta) + question_diffs
+    mismatches = meta_mismatches(name_a, a.meta, name_b, b.meta) + question_diffs
     if mismatches and not allow_mismatch:
         raise ValueError(f"{name_a} vs {name_b}: not a paired comparison ({'; '.join(mismatches)}); "
                          "pass --allow-mismatch to compare them anyway (every table is then flagged)")
     if not groups:
         raise ValueError(f"{name_a} vs {name_b}: the runs have no question in common")
-    names = [n for n in _readouts(a) if n in _readouts(b) and (protocol is None or n == protocol.readout)]
+    names = [n for n in run_readouts(a) if n in run_readouts(b) and (protocol is None or n == protocol.readout)]
     one_dataset = len({dataset for dataset, _ in groups}) == 1
     splits, questions, unavailable = {}, {}, {}
     for (dataset, split), joined in groups.items():
@@ -83,7 +84,7 @@ def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resam
                                                           protocol is not None and protocol.unknown_is_no)
         if missing:
             unavailable[label] = missing
-    pair = {"a": name_a, "b": name_b, "method_a": _method(a.meta), "method_b": _method(b.meta),
+    pair = {"a": name_a, "b": name_b, "method_a": run_method(a.meta), "method_b": run_method(b.meta),
             "same_model": _same_model(a.meta, b.meta), "mismatches": mismatches, "readouts": names, "splits": splits,
             "questions": questions, "ranking": {s: _ranking(t) for s, t in splits.items()}}
     if unavailable:
@@ -105,7 +106,7 @@ def _incomplete(which: str, records: RecordSet) -> list[str]:
             if isinstance(n, int) and counts.get(name, 0) < n and name in counts]
 
 
-def _method(meta: dict) -> dict:
+def run_method(meta: dict) -> dict:
     """The method that made a run; runs from before methods existed are the baseline."""
     return meta.get("method") or {"name": "none"}
 
@@ -116,7 +117,7 @@ def _same_model(meta_a: dict, meta_b: dict) -> bool | None:
     return None if not files_a or not files_b else files_a == files_b
 
 
-def _readouts(run: RecordSet) -> list[str]:
+def run_readouts(run: RecordSet) -> list[str]:
     """The readouts a run was made with (every readout for an imported file, whose stored predictions
     say which it has), in registry order."""
     made = run.meta.get("readouts")
@@ -148,7 +149,7 @@ def _fingerprint(meta: dict, other: dict) -> dict:
             "tokenizer": {"library_versions": (meta.get("tokenizer") or {}).get("library_versions")}}
 
 
-def _meta_mismatches(name_a: str, meta_a: dict, name_b: str, meta_b: dict) -> list[str]:
+def meta_mismatches(name_a: str, meta_a: dict, name_b: str, meta_b: dict) -> list[str]:
     missing = [f"{name} {_no_meta(meta)}" for name, meta in ((name_a, meta_a), (name_b, meta_b)) if _no_meta(meta)]
     if missing:
         return missing
@@ -176,7 +177,7 @@ def _listed(what: str, items: list[str]) -> list[str]:
     return [f"{len(items)} question{'s' if len(items) > 1 else ''} {what} ({', '.join(items[:SHOWN])}{more})"]
 
 
-def _join(a: RecordSet, b: RecordSet) -> tuple[dict[tuple[str, str], list[tuple[Entry, Entry]]], list[str]]:
+def join_questions(a: RecordSet, b: RecordSet) -> tuple[dict[tuple[str, str], list[tuple[Entry, Entry]]], list[str]]:
     """The questions both runs hold with the same label, grouped by (dataset, split) in A's order and in
     question order within, and every difference between the two question sets (a text or an image
     name counts where both records keep it)."""

@@ -1,6 +1,6 @@
 """One greedy continuation shared by every text readout, each reading its own prefix of it.
 
-Each text readout generates as its reference does (`Generation` in protocols.py): the engine decodes
+Each text readout generates as its reference does (`Generation` in readouts.py): the engine decodes
 once, to the longest length any requested readout needs, and stops early once every row is complete
 for every readout (a stop token, or the readout's own end: its length, or the first sentence). Each
 readout's text is then cut from the shared tokens, so it is exactly what a separate run of that length
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
-from .protocols import GENERATING, READOUTS, Generation
+from .readouts import GENERATING, READOUTS, Generation
 
 Decode = Callable[[Sequence[int]], str]  # token ids → text (the tokenizer's decode, special tokens skipped)
 

@@ -14,7 +14,7 @@ from math import comb
 
 import numpy as np
 
-from .protocols import NO, UNKNOWN, YES
+from .readouts import NO, UNKNOWN, YES
 
 
 def _codes(values) -> np.ndarray:

@@ -1,17 +1,31 @@
 """Per-question records: the schema of a record line (what `make_record` writes and `checked_record`
-accepts), and reading records back for scoring, ours (a run folder's records.jsonl with its meta.json)
-or a published ugaa-research file (`ugaa.py`). Where records and meta are written, locked, repaired
-and ordered is the run-folder store (`store.py`)."""
+accepts), and reading ours back for scoring (a run folder's records.jsonl with its meta.json: `read_ours`;
+reading any records file, ours or another tool's, is reading.py). Where records and meta are written,
+locked, repaired and ordered is the application's run-folder store (`pope_fast/store.py`)."""
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .data import LABELS, DataError, Question
-from .protocols import DECISIONS, READOUTS, TokenSets
+from .readouts import DECISIONS, READOUTS, TokenSets
 
 RECORDS_FILE, META_FILE = "records.jsonl", "meta.json"
+# A torchrun job's ranks each write a part, records.rank<R>.jsonl, folded into records.jsonl when the job ends
+# (the store does that); a stopped job leaves them, and reading the folder reads them too.
+PARTS_GLOB = "records.rank*.jsonl"
+PART = re.compile(r"records\.rank(\d+)\.jsonl")
+
+
+def part_name(rank: int) -> str:
+    return f"records.rank{rank}.jsonl"
+
+
+def rank_parts(folder: Path) -> list[Path]:
+    """The rank parts in a run folder, by name."""
+    return sorted(Path(folder).glob(PARTS_GLOB))
 
 
 def make_record(question: Question, template: str, *, first_token_id: int | None = None,
@@ -153,13 +167,13 @@ class RecordSet:
     prefer_stored: bool  # imported records: their stored predictions are the readouts they name
 
 
-def _check_decision(value, where: str, name: str) -> str:
+def check_decision(value, where: str, name: str) -> str:
     if value not in DECISIONS:
         raise DataError(f"{where}: prediction {name}={value!r} is not yes/no/unknown")
     return value
 
 
-def _read_ours(source: Path, files: list[tuple[Path, str]]) -> RecordSet:
+def read_ours(source: Path, files: list[tuple[Path, str]]) -> RecordSet:
     """Our records from records.jsonl (`source`) and a stopped torchrun job's rank parts: (path, text) each."""
     folder = source.parent
     meta = read_meta(folder / META_FILE)
@@ -200,7 +214,7 @@ def _entry(rec: dict, where: str) -> Entry:
                  decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
                  decoded_sequence=rec.get("decoded_sequence"), image_attention=rec.get("image_attention"),
                  text=rec.get("text"), image=rec.get("image"), capped=tuple(rec.get("capped") or ()),
-                 stored={n: _check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
+                 stored={n: check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                          if n in READOUTS},
                  error=rec.get("error"))
 
@@ -234,7 +248,7 @@ def expand_runs(paths) -> list[str]:
 
 
 def _holds_records(folder: Path) -> bool:
-    return (folder / RECORDS_FILE).is_file() or any(folder.glob("records.rank*.jsonl"))
+    return (folder / RECORDS_FILE).is_file() or bool(rank_parts(folder))
 
 
 def _compared(path: Path) -> list[str]:
@@ -244,51 +258,3 @@ def _compared(path: Path) -> list[str]:
         return list(dict.fromkeys(Path(p[k]).name for p in pairs for k in ("a", "b")))
     except (OSError, ValueError, KeyError, TypeError):
         return []
-
-
-def read_records(path: str | Path) -> RecordSet:
-    """Our records (a run folder, its rank parts included, or its records.jsonl), a published
-    ugaa-research file, an lmms-eval POPE samples log or a VLMEvalKit POPE prediction table."""
-    path = Path(path)
-    parts = sorted(path.glob("records.rank*.jsonl")) if path.is_dir() else []
-    if path.is_dir():
-        path = path / RECORDS_FILE
-    if not path.is_file() and not parts:
-        raise DataError(f"{path}: no such records file")
-    from .vlmevalkit import is_prediction_table, read_vlmevalkit  # importers build on Entry and RecordSet
-
-    if is_prediction_table(path):
-        return read_vlmevalkit(path)
-    files = [(f, _text(f)) for f in ([path] if path.is_file() else []) + parts]
-    text = next((t for _, t in files if t.strip()), None)
-    if text is None:
-        raise DataError(f"{path}: no records yet (the file is empty)")
-    if text.lstrip().startswith("{"):
-        try:
-            obj = json.loads(text)
-        except json.JSONDecodeError:
-            obj = None  # JSON lines: several objects
-        if isinstance(obj, dict) and isinstance(obj.get("results"), list):
-            from .ugaa import read_ugaa  # the importer builds on this module's Entry and RecordSet
-
-            return read_ugaa(path, obj)
-        from .lmms_eval import is_samples_log, read_lmms_eval
-
-        if is_samples_log(_first_row(text)):
-            return read_lmms_eval(path, text)
-        return _read_ours(path, files)
-    raise DataError(f"{path}: neither pope-fast JSON-lines records nor a ugaa-research record file")
-
-
-def _first_row(text: str):
-    try:
-        return json.loads(text.lstrip().split("\n", 1)[0])
-    except json.JSONDecodeError:
-        return None
-
-
-def _text(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None

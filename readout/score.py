@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections import Counter
 from itertools import combinations
 
-from .attention import attention_by_outcome, default_layers, layer_mean
+from .attention_stats import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
-from .protocols import READOUTS, UNKNOWN, Missing, parse_readouts
-from .records import DataError, Entry, RecordSet, read_records
+from .readouts import READOUTS, UNKNOWN, Missing
+from .records import Entry, RecordSet
 
 
 POOLED = "Overall"  # every split of a dataset together: VLMEvalKit's and lmms-eval's row, a run of its own here
@@ -152,42 +152,3 @@ def _attention(entries: list[Entry], labels: list[str], decided: dict[str, list[
     return {"layers": list(layers), "num_layers": depth,
             "readouts": {n: attention_by_outcome(values, labels, p, seed=seed, resamples=resamples)
                          for n, p in decided.items()}}
-
-
-def score_paths(paths: list[str], readouts: str = "all", protocol: str | None = None, *, seed: int = 0,
-                resamples: int = 1000, layers: tuple[int, int] | None = None,
-                labels: list[str] | None = None) -> list[dict]:
-    """`pope-fast score`: every record file or run folder scored under `readouts` ("all", or names, each of
-    which the records must supply), or under a published protocol (published.score_protocol's runs). With
-    `labels` (RePOPE's files), each run's relabelled records are scored too, after its own: runs of dataset
-    `repope`, each with `relabelled`: the labels files and what they changed in its split(s)."""
-    from .published import get_protocol, score_protocol
-    from .relabel import read_labels, relabel
-
-    names, runs = parse_readouts(readouts), []
-    corrected = read_labels(labels) if labels else None
-    for path in paths:
-        records = read_records(path)
-        sets = [(records, None)]
-        if corrected is not None:
-            sets.append(relabel(records, corrected))
-        for which, changes in sets:
-            if protocol is not None:
-                scored = score_protocol(which, get_protocol(protocol))
-            else:
-                scored = score_records(which, names, strict=readouts.strip() != "all", seed=seed,
-                                       resamples=resamples, layers=layers)
-            if not scored:
-                raise DataError(f"{path}: no records to score")
-            for run in scored if changes is not None else ():
-                run["relabelled"] = _changed(run, changes)
-            runs += scored
-    return runs
-
-
-def _changed(run: dict, changes: dict[str, dict]) -> dict:
-    """What the labels changed in a relabelled run's split, or summed over the splits it pools."""
-    # a protocol's run (its `rows`) holds every split of its dataset
-    splits = list(changes) if "rows" in run else run.get("pooled") or [run["split"]]
-    counts = {k: sum(changes[s][k] for s in splits) for k, v in changes[splits[0]].items() if isinstance(v, int)}
-    return {"labels": [changes[s]["labels"] for s in splits], "from": changes[splits[0]]["from"], **counts}

@@ -6,7 +6,7 @@ rendered prompt, so the template-aware token sets are derived from this same ren
 
 Besides the audit's own prompts, the templates named after a tool render that tool's POPE prompt for one
 model class exactly, byte for byte (`pope-fast protocols` shows them per family; the sources are cited
-in `published.py`).
+in `protocols.py`).
 """
 from __future__ import annotations
 

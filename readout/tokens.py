@@ -9,7 +9,7 @@ import functools
 from importlib import metadata
 from pathlib import Path
 
-from .protocols import FIRST_TOKEN, LEGACY_2TOK, LEGACY_8TOK, LOGIT, READOUTS, TokenSets
+from .readouts import FIRST_TOKEN, LEGACY_2TOK, LEGACY_8TOK, LOGIT, READOUTS, TokenSets
 from .templates import SAMPLE_QUESTION, Template, get_template
 
 YES_FORMS = ("yes", "Yes", " yes", " Yes")

@@ -1,6 +1,8 @@
-"""The floor plan, checked on the source itself (../shared/STYLE.md): imports flow one way, a family is
-named only in its own room, and no module or function grows past what a reader can hold."""
+"""The floor plan, checked on the source itself (../shared/STYLE.md): imports flow one way, with no circle
+(imports inside functions included) and no private name reached across modules; a family is named only in its
+own room, and no module or function grows past what a reader can hold."""
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -13,9 +15,11 @@ FAMILIES = ("llava", "llava_next", "instructblip", "qwen2_vl", "mplug_owl2", "qw
 # Strings equal to a family's model_type that are not about the family: template names (the template
 # registry, whose names records carry), the adapter names of ugaa-research's published files, and the
 # protocol registry's names (`llava` is LLaVA's own evaluation scripts).
-NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/ugaa.py", ROOT / "readout/published.py"}
+NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/benchmarks/pope/ugaa.py",
+                   ROOT / "readout/protocols.py"}
 
 
+@functools.cache  # one tree a file: the checks below tell its nodes apart by identity
 def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
@@ -27,6 +31,38 @@ def _layer(path: Path) -> str:
     if parts[0] != "pope_fast":
         return parts[0]
     return "cli" if parts[-1] in ("cli.py", "__main__.py") else "app"
+
+
+def _module(path: Path) -> str:
+    """pope_fast.<...> of a source file (a package's __init__.py is the package)."""
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts if parts[0] == "pope_fast" else ["pope_fast", *parts])
+
+
+MODULES = {_module(p): p for p in SOURCES}
+
+
+def _imported(path: Path):
+    """(node, module, names) of each import of ours in a module, inside functions too: `module` the dotted
+    module imported from (a `from package import submodule` counts as importing the submodule)."""
+    here = _module(path).split(".")
+    package = here if path.name == "__init__.py" else here[:-1]
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            dotted = ".".join(base + (node.module.split(".") if node.module else []))
+            if dotted.split(".")[0] != "pope_fast":
+                continue
+            subs = [f"{dotted}.{a.name}" for a in node.names if f"{dotted}.{a.name}" in MODULES]
+            yield node, dotted, [a.name for a in node.names if f"{dotted}.{a.name}" not in subs]
+            for sub in subs:
+                yield node, sub, []
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.split(".")[0] == "pope_fast":
+                    yield node, alias.name, []
 
 
 def _module_layer(dotted: list[str]) -> str:
@@ -134,3 +170,90 @@ def test_setup_installs_every_module(monkeypatch):
         parts = path.relative_to(ROOT).parts[:-1]
         package = ".".join(parts) if parts[0] == "pope_fast" else ".".join(("pope_fast", *parts))
         assert package in installed, f"{path.relative_to(ROOT)}: its package {package} is not installed by setup.py"
+
+
+def _import_graph() -> dict[str, set[str]]:
+    """module -> the modules of ours it imports, at the top or inside a function. Importing pope_fast.a.b runs
+    the package pope_fast.a first: an edge to it too, unless it is a package of the importer's own (Python has
+    begun that one already); names imported from a package itself (`from . import x`) are an edge to it."""
+    graph = {}
+    for module, path in MODULES.items():
+        targets = set()
+        for _, dotted, _ in _imported(path):
+            parts = dotted.split(".")
+            targets |= {".".join(parts[:i]) for i in range(2, len(parts))} & set(MODULES)
+            targets -= {t for t in targets if module.startswith(t + ".")}
+            if dotted in MODULES:
+                targets.add(dotted)
+        graph[module] = targets - {module}
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import circle (its modules in order, the first again at the end), or None."""
+    state: dict[str, int] = {}  # 1 on the current path, 2 done
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_circles_even_inside_functions():
+    """A function-level import is no way round a circle: every module can be imported only after what it
+    needs, so the modules read in one order, bottom up."""
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    graph = _import_graph()
+    assert "pope_fast.readout.records" in graph["pope_fast.readout.reading"]  # the graph sees our imports
+    cycle = _cycle(graph)
+    assert cycle is None, "import circle: " + " -> ".join(cycle)
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_private_name_crosses_modules(path):
+    """A name another module needs is public where it is defined: no `from x import _name`, no `x._name` of
+    a module of ours (dunders such as __version__ are public)."""
+    found = [(node.lineno, name) for node, _, names in _imported(path) for name in names if _private(name)]
+    modules = {alias.asname or alias.name for node, dotted, names in _imported(path) if not names
+               for alias in node.names}
+    found += [(node.lineno, f"{node.value.id}.{node.attr}") for node in ast.walk(_tree(path))
+              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
+              and _private(node.attr)]
+    assert not found, f"{path.relative_to(ROOT)} reaches private names of other modules: {found}"
+
+
+@pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_function_level_import_says_why(path):
+    """An import of ours inside a function is there for a reason the top of the module cannot serve (torch or
+    matplotlib only when a command needs them, a lazy registry): a comment on its line, or on the line above,
+    says which. (A circle is no reason: test_no_import_circles_even_inside_functions.) A comment above a
+    block of such imports speaks for the block."""
+    lines = path.read_text().split("\n")
+    top = {id(node) for node in _tree(path).body}
+
+    def explained(node) -> bool:  # a comment on the import, or on the imports and comment lines just above it
+        first = node.lineno - 1
+        while first > 0 and lines[first - 1].strip().startswith(("from ", "import ", "#")):
+            first -= 1
+        return "#" in "".join(lines[first:node.end_lineno])
+
+    unexplained = [node.lineno for node, _, _ in _imported(path) if id(node) not in top and not explained(node)]
+    assert not unexplained, f"{path.relative_to(ROOT)}: imports inside functions at lines {sorted(set(unexplained))}" \
+                            " say not why"

@@ -293,7 +293,7 @@ def assert_matches_nf4_oracle(engine, answer, theirs: torch.Tensor) -> None:
     steps (both round to fp16; attention and norms accumulate in another order), the same first
     token, and identical decisions under every logit readout, near-ties included."""
     from pope_fast.readout import LOGIT_READOUTS
-    from pope_fast.readout.protocols import compare_max_logits
+    from pope_fast.readout.readouts import compare_max_logits
 
     ids = list(engine.readout.candidate_ids)
     ours = torch.tensor([answer.candidate_logits[i] for i in ids])

@@ -9,7 +9,7 @@ from pathlib import Path
 import json
 
 from ...readout import get_template
-from ...readout.published import PROTOCOLS, Coverage
+from ...readout.protocols import PROTOCOLS, Coverage
 from ..loader import CheckpointError, read_config
 from ..settings import Settings
 from .base import Family, TextOnlyRefused

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 from PIL import Image
 
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from ..layers import Linear, make_linear, replace_linears
 from ..llama import DecoderLayer, LlamaDims, LlamaLM
 from ..loader import CheckpointError, quiet_fallback, stop_ids

@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from ..images import checked_fast_path, normalize_table, to_rgb
 from ..layers import apply_rotary, offset_rms_norm
 from ..llama import DecoderLayer, LlamaDims

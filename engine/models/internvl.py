@@ -30,7 +30,7 @@ from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_
 from ..settings import Settings
 from ..stats import Counts
 from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from .llava import NAME_RULES, LlavaModel
 from .llava_onevision import QWEN2_7B, QWEN2_TINY
 from .qwen2_vl import builtin_qwen2_tokenizer

@@ -25,7 +25,7 @@ from ..settings import Settings
 from ..stats import Counts
 from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for,
                          with_vocab)
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from .base import Family
 
 # checkpoint name → our name; first match wins.

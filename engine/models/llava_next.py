@@ -25,7 +25,7 @@ from ..images import normalize_table, to_rgb
 from ..loader import CheckpointError, quiet_fallback
 from ..settings import Settings
 from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from .llava import CLIP_L_336, CLIP_TINY_336, NAME_RULES, LlavaModel
 
 # The 336-px pinpoints of LLaVA-1.6: a 640 x 480 COCO image is 5 crops, 2,340 image tokens.

@@ -31,7 +31,7 @@ from ..llama import LlamaDims
 from ..loader import CheckpointError, quiet_fallback
 from ..settings import Settings
 from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from .llava_next import AnyresPixels, LlavaNextModel
 from .qwen2_vl import builtin_qwen2_tokenizer
 

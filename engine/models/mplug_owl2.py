@@ -29,7 +29,7 @@ from ..settings import Settings
 from ..stats import Counts
 from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, sized, tokenizer_for, with_vocab,
                          write_tensors)
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from .base import Family
 from .mplug_owl2_nets import (ACTIVATIONS, AbstractorDims, MultiwayDecoderLayer, VisionDims, VisionTower,
                               VisualAbstractor, config_dims, lm_expected_shapes)

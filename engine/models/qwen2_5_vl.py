@@ -11,7 +11,7 @@ transformers' own module, as for Qwen2-VL; everything else is Qwen2VLModel's.
 """
 from __future__ import annotations
 
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from ..stats import Counts
 from .qwen2_vl import Qwen2VLModel
 

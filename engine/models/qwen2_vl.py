@@ -27,7 +27,7 @@ from ..prompts import ExpandedPromptIds
 from ..settings import Settings
 from ..stats import Counts
 from ..synthetic import COCO_CATEGORIES, Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from .base import Family
 
 IMAGE_PAD = "<|image_pad|>"

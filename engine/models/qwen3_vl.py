@@ -22,7 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ...readout.published import Coverage
+from ...readout.protocols import Coverage
 from ..llama import LlamaDims
 from ..loader import CheckpointError
 from ..stats import Counts

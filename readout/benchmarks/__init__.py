@@ -6,8 +6,8 @@ from pathlib import Path
 
 from .base import Answer, Benchmark, Response, Rule
 
-# name -> module: a new benchmark is one module here and one line
-REGISTRY = {"mme": "mme", "amber": "amber", "hallusionbench": "hallusionbench"}
+# name -> the module of its Benchmark: a new benchmark is a room (a folder) here and one line
+REGISTRY = {"mme": "mme.benchmark", "amber": "amber.benchmark", "hallusionbench": "hallusionbench.benchmark"}
 
 
 def get_benchmark(name: str) -> type[Benchmark]:
@@ -30,7 +30,7 @@ def detect_benchmark(path: str | Path) -> type[Benchmark] | None:
 
 def benchmark_questions(sources: list[str | Path], name: str | None = None) -> tuple[str | None, list | None]:
     """(benchmark, its questions) of `eval --questions`: the benchmark named, else the one every source's
-    content is; (None, None) for POPE's files, which readout/data.py reads."""
+    content is; (None, None) for POPE's files, which its room reads (pope/questions.py)."""
     if name is None:
         found = {getattr(detect_benchmark(s), "name", None) for s in sources}
         if len(found) > 1:

@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..compare import join_questions, meta_mismatches, resample_weights, run_method, run_readouts
 from ..data import DataError
-from ..records import Entry, RecordSet, read_records
+from ..reading import read_records
+from ..records import Entry, RecordSet
+from ..report.tables import markdown_table
 from ..score import Unavailable, predictions, question_order
 from .base import Answer, Benchmark
-from .scoring import OFFICIAL, metric, run_benchmark
+from .score import OFFICIAL, metric, run_benchmark
 
 LEVEL = 0.95
 
@@ -47,10 +50,8 @@ def compare_benchmark_runs(paths: list[str], benchmark: type[Benchmark] | None =
 
 
 def _joined(benchmark, name_a: str, a: RecordSet, name_b: str, b: RecordSet, allow_mismatch: bool):
-    from ..compare import _join, _meta_mismatches, _method  # the POPE comparison's pairing, unchanged
-
-    groups, question_diffs = _join(a, b)
-    mismatches = _meta_mismatches(name_a, a.meta, name_b, b.meta) + question_diffs
+    groups, question_diffs = join_questions(a, b)
+    mismatches = meta_mismatches(name_a, a.meta, name_b, b.meta) + question_diffs
     if mismatches and not allow_mismatch:
         raise ValueError(f"{name_a} vs {name_b}: not a paired comparison ({'; '.join(mismatches)}); "
                          "pass --allow-mismatch to compare them anyway (every table is then flagged)")
@@ -61,7 +62,7 @@ def _joined(benchmark, name_a: str, a: RecordSet, name_b: str, b: RecordSet, all
     kept = [(ea, eb) for ea, eb in joined if ea.error is None and eb.error is None]
     counts = {"joined": len(joined), "compared": len(kept), "errors_a": sum(ea.error is not None for ea, _ in joined),
               "errors_b": sum(eb.error is not None for _, eb in joined)}
-    return kept, counts, mismatches, _method(a.meta), _method(b.meta)
+    return kept, counts, mismatches, run_method(a.meta), run_method(b.meta)
 
 
 def _answers(entries: list[Entry], decisions: list[str]) -> list[Answer]:
@@ -71,8 +72,6 @@ def _answers(entries: list[Entry], decisions: list[str]) -> list[Answer]:
 def _decisions(benchmark, a: RecordSet, b: RecordSet, kept) -> tuple[dict, dict]:
     """{("rules"|"readouts", name): (the rule that aggregates, decisions of A, decisions of B)}, and what is
     unavailable; a readout aggregates as the official rule does."""
-    from ..compare import _readouts
-
     entries_a, entries_b = [ea for ea, _ in kept], [eb for _, eb in kept]
     out, unavailable = {}, {}
     if any(e.decoded is None for e in entries_a + entries_b):
@@ -82,7 +81,7 @@ def _decisions(benchmark, a: RecordSet, b: RecordSet, kept) -> tuple[dict, dict]
             out[("rules", name)] = (rule, [rule.read(e.decoded) for e in entries_a],
                                     [rule.read(e.decoded) for e in entries_b])
     official = benchmark.rules[OFFICIAL]
-    for name in (n for n in _readouts(a) if n in _readouts(b)):
+    for name in (n for n in run_readouts(a) if n in run_readouts(b)):
         try:
             out[("readouts", name)] = (official, predictions(a, name, entries_a), predictions(b, name, entries_b))
         except Unavailable as why:
@@ -99,8 +98,6 @@ def _headline(aggregate, names, answers: list[Answer]) -> dict:
 def _per_question(decided: dict, entries: list[Entry], deltas: dict, seed: int, resamples: int) -> None:
     """Every rule's (and readout's) B - A under the per-question draws readout/compare.py makes
     (resample_weights: one set for all), from the rule's `resampled` counts."""
-    from ..compare import resample_weights
-
     weights = resample_weights(len(entries), seed, resamples)
     for key, (rule, decided_a, decided_b) in decided.items():
         by_a = rule.resampled(_answers(entries, decided_a), weights)
@@ -167,8 +164,6 @@ def _pair(benchmark, name_a, a, name_b, b, seed, resamples, allow_mismatch) -> d
 def format_benchmark_compare(result: dict) -> str:
     """Per pair, one markdown table: each rule's headline metrics (official first), then each readout's under
     the official aggregation, with A, B, B - A and its interval."""
-    from ..report import _markdown
-
     level = round(result["level"] * 100)
     blocks = [f"## {result['benchmark']}: B - A on its own metrics",
               f"Intervals: paired bootstrap over the benchmark's units ({result['unit']}), {level}%, "
@@ -185,7 +180,7 @@ def format_benchmark_compare(result: dict) -> str:
                 for n, m in metrics.items():
                     ci = "-" if m["delta_ci95"] is None else f"[{m['delta_ci95'][0]:+.4g}, {m['delta_ci95'][1]:+.4g}]"
                     rows.append([f"{label} `{name}`", n, f"{m['a']:.6g}", f"{m['b']:.6g}", f"{m['delta']:+.6g}", ci])
-        blocks.append(_markdown(["scored by", "metric", "A", "B", "B - A", f"{level}% interval"], rows))
+        blocks.append(markdown_table(["scored by", "metric", "A", "B", "B - A", f"{level}% interval"], rows))
         blocks += [f"! {m}" for m in pair["mismatches"]]
         blocks += [f"unavailable: {n} ({why})" for n, why in pair["unavailable"].items()]
     return "\n\n".join(blocks)

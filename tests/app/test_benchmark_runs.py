@@ -12,9 +12,9 @@ from PIL import Image
 from pope_fast.cli import main
 from pope_fast.readout import read_records
 from pope_fast.readout.benchmarks import get_benchmark
-from pope_fast.readout.benchmarks.amber import write_responses
-from pope_fast.readout.benchmarks.amber_metrics import ACTION, EXISTENCE, NUMBER, RELATION, STATE
-from pope_fast.readout.benchmarks.scoring import score_responses
+from pope_fast.readout.benchmarks.amber.benchmark import write_responses
+from pope_fast.readout.benchmarks.amber.metrics import ACTION, EXISTENCE, NUMBER, RELATION, STATE
+from pope_fast.readout.benchmarks.score import score_responses
 from tinymodels import make_tiny_llava
 
 
@@ -109,7 +109,7 @@ def _mme(path):
 
 
 def test_mme_end_to_end(checkpoint, tmp_path):
-    from pope_fast.readout.benchmarks.mme import read_questions, write_result_folder
+    from pope_fast.readout.benchmarks.mme.benchmark import read_questions, write_result_folder
 
     data = _mme(tmp_path / "mme.parquet")
     printed = _eval(checkpoint, data, tmp_path, tmp_path / "run")  # images are embedded: --images unused
@@ -152,7 +152,7 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     """The no-image question is answered as a text-only prompt (its record has no image hash); a run that
     recorded it as an error (a family that refused it) answers it on resume."""
     from pope_fast.engine.models.llava import LlavaModel
-    from pope_fast.readout.benchmarks.hallusionbench import write_results
+    from pope_fast.readout.benchmarks.hallusionbench.benchmark import write_results
 
     data, images, rows = _hallusionbench(tmp_path)
     with monkeypatch.context() as patched:  # a family that cannot run text-only prompts
@@ -192,7 +192,7 @@ def test_documented_table_of_what_each_rule_reads():
     """docs/benchmarks.md's table is what the rules read: each cell recomputed from the code."""
     from pathlib import Path
 
-    from pope_fast.readout.protocols import exact_match, pope_official, yorn
+    from pope_fast.readout.readouts import exact_match, pope_official, yorn
 
     page = (Path(__file__).resolve().parents[2] / "docs/benchmarks.md").read_text()
     table = page.split("What each rule reads on the same answer text:\n\n")[1].split("\n\n")[0].splitlines()

@@ -21,9 +21,10 @@ from pope_fast.distributed import RankError, Shard, assign_steps
 from pope_fast.engine.models.llava import LlavaModel
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 from pope_fast.engine.vision_cache import VisionCache
-from pope_fast.readout import Question, RunLock, make_record
 from pope_fast.progress import RecordCount
-from pope_fast.readout.store import fold_parts, order_records, part_name
+from pope_fast.readout import Question, make_record
+from pope_fast.readout.records import part_name
+from pope_fast.store import RunLock, fold_parts, order_records
 from pope_fast.sweep import canonical_order
 
 
@@ -228,14 +229,15 @@ def job(tmp_path_factory):
 # FAULT_HOW=kill, the rank SIGKILLs itself) right after it writes its first image step's records.
 FAULTY = """
 import os, signal
+from pope_fast import store
 from pope_fast.cli import main
-from pope_fast.readout import store
+from pope_fast.readout.records import part_name
 
 write = store.RecordWriter.write
 
 def faulty(self, records):
     write(self, records)
-    if self.path.name == store.part_name(int(os.environ["FAULT_RANK"])):
+    if self.path.name == part_name(int(os.environ["FAULT_RANK"])):
         if os.environ.get("FAULT_HOW") == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected: stopped after writing {len(records)} records")

@@ -13,7 +13,8 @@ from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, write_pope_s
 from pope_fast.cli import main
 from pope_fast.engine import CheckpointError, Engine, Settings, parse_method
 from pope_fast.readout import Question, make_record
-from pope_fast.readout.store import part_name, write_meta
+from pope_fast.readout.records import part_name
+from pope_fast.store import write_meta
 
 READOUTS = "template_aware,legacy_2tok"
 
@@ -167,7 +168,7 @@ def test_an_empty_records_file_says_so(tmp_path):
 
 def test_f1_tables_of_a_run_with_only_errors_bold_nothing(tmp_path):
     from pope_fast.readout import read_records, score_records
-    from pope_fast.readout.report import format_f1_tables
+    from pope_fast.readout.report.tables import format_f1_tables
 
     run = _folder(tmp_path / "run", {"records.jsonl": [_rec(1, error="img1.jpg: image file not found")]})
     table = format_f1_tables(score_records(read_records(run), ["legacy_2tok"]))

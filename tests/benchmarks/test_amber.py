@@ -5,8 +5,8 @@ from collections import Counter
 
 import pytest
 
-from pope_fast.readout.benchmarks import amber_metrics
-from pope_fast.readout.benchmarks.amber import Amber, read_official, write_responses
+from pope_fast.readout.benchmarks.amber import metrics as amber_metrics
+from pope_fast.readout.benchmarks.amber.benchmark import Amber, read_official, write_responses
 from pope_fast.readout.benchmarks.base import Answer
 from pope_fast.readout.data import DataError
 

@@ -9,8 +9,9 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import Question, RecordWriter, make_record, write_meta
+from pope_fast.readout import Question, make_record
 from pope_fast.readout.benchmarks.compare import compare_benchmark_runs
+from pope_fast.store import RecordWriter, write_meta
 
 
 def _run(folder, benchmark, questions, said):
@@ -97,9 +98,9 @@ def test_ambers_per_question_counts_are_its_aggregation_at_weight_one():
     AMBER_rating's Avg ACC), and a question drawn twice counts twice: the weights compare draws stand for copies."""
     import numpy as np
 
-    from pope_fast.readout.benchmarks.amber import Amber
+    from pope_fast.readout.benchmarks.amber.benchmark import Amber
     from pope_fast.readout.benchmarks.base import Answer
-    from pope_fast.readout.benchmarks.scoring import metric
+    from pope_fast.readout.benchmarks.score import metric
 
     said = ["No", "Yes", "Yes", "No", "no", "No"]
     splits = ["existence", "existence", "attribute-state", "attribute-number", "relation", "relation"]
@@ -120,7 +121,7 @@ def test_hallusionbench_resamples_whole_sets(tmp_path):
     (yorn.py:96-145): aAcc 75 -> 100, fAcc 3 of 4 figures -> 4, qAcc 1 of 2 question pairs -> 2 (delta 50). Resampling
     the 2 sets: both draws set 0 -> qAcc delta 100, both set 1 -> 0, one of each -> 50; each pure draw has
     probability 1/4, past the 2.5% tails."""
-    from pope_fast.readout.benchmarks.hallusionbench import HallusionBench
+    from pope_fast.readout.benchmarks.hallusionbench.benchmark import HallusionBench
 
     rows = [{"category": "VD", "subcategory": "illusion", "visual_input": visual, "set_id": s, "figure_id": f,
              "sample_note": "", "question_id": "0", "question": f"Q {s}/{f}?", "gt_answer_details": "",

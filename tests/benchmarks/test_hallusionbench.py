@@ -5,8 +5,8 @@ import json
 import pytest
 
 from pope_fast.readout.benchmarks.base import Answer
-from pope_fast.readout.benchmarks.hallusionbench import HallusionBench, rows, write_results
-from pope_fast.readout.benchmarks.hallusionbench_metrics import fields, lmms_eval_read
+from pope_fast.readout.benchmarks.hallusionbench.benchmark import HallusionBench, rows, write_results
+from pope_fast.readout.benchmarks.hallusionbench.metrics import fields, lmms_eval_read
 from pope_fast.readout.data import DataError
 
 

@@ -1,4 +1,4 @@
-"""MME (readout/benchmarks/mme*.py): the lmms-lab parquet, the three tools' rules and aggregations as
+"""MME (readout/benchmarks/mme/): the lmms-lab parquet, the three tools' rules and aggregations as
 ../shared/benchmarks/mme_synthetic/README.md states them, the official result folder and lmms-eval's samples log.
 Most inputs are built here in tmp_path; the synthetic shared file is read where ../shared is present."""
 import json
@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 
 from pope_fast.readout.benchmarks.base import Answer
-from pope_fast.readout.benchmarks.mme import MME, read_questions, write_result_folder
-from pope_fast.readout.benchmarks.mme_rules import (COGNITION, PERCEPTION, SUBTASKS, lmms_eval_prompt,
-                                                    lmms_eval_read, official_read)
+from pope_fast.readout.benchmarks.mme.benchmark import MME, read_questions, write_result_folder
+from pope_fast.readout.benchmarks.mme.rules import (COGNITION, PERCEPTION, SUBTASKS, lmms_eval_prompt, lmms_eval_read,
+                                                    official_read)
 from pope_fast.readout.data import DataError, Question
-from pope_fast.readout.protocols import yorn
+from pope_fast.readout.readouts import yorn
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")

@@ -1,4 +1,4 @@
-"""VLMEvalKit's prediction tables for MME, AMBER and HallusionBench (readout/benchmarks/vlmevalkit_tables.py and
+"""VLMEvalKit's prediction tables for MME, AMBER and HallusionBench (readout/formats/vlmevalkit.py and
 each room's reader), on tables built here as vlmeval/smp/file.py:173-177 writes them (every field quoted). The
 expected numbers are worked by hand from the rules as their sources state them: YOrN_Extraction
 (vlmeval/dataset/utils/yorn.py:254-261), MME_rating (yorn.py:50-93), AMBER_rating (yorn.py:9-47),
@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from pope_fast.cli import main
 from pope_fast.readout.benchmarks import detect_benchmark
-from pope_fast.readout.benchmarks.amber import Amber
-from pope_fast.readout.benchmarks.hallusionbench import HallusionBench
-from pope_fast.readout.benchmarks.mme import MME
-from pope_fast.readout.benchmarks.scoring import score_responses
+from pope_fast.readout.benchmarks.amber.benchmark import Amber
+from pope_fast.readout.benchmarks.hallusionbench.benchmark import HallusionBench
+from pope_fast.readout.benchmarks.mme.benchmark import MME
+from pope_fast.readout.benchmarks.score import score_responses
 from pope_fast.readout.data import DataError
 
 
@@ -78,7 +78,7 @@ def test_missing_column_and_other_dataset_name_file_and_line(tmp_path):
     with pytest.raises(DataError, match=r"a\.tsv:2: category 'discriminative-hallucination' is not one of MME"):
         MME.responses(amber)
     pope = [{**r, "category": "random"} for r in _mme_rows()]
-    assert detect_benchmark(_table(tmp_path / "p.tsv", pope)) is None  # POPE's table: readout/vlmevalkit.py's
+    assert detect_benchmark(_table(tmp_path / "p.tsv", pope)) is None  # POPE's table: benchmarks/pope/vlmevalkit.py's
 
 
 def _amber_rows():

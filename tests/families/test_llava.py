@@ -456,7 +456,7 @@ def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
     transformers: candidate logits within 1e-4 and the same decision under every readout."""
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    from pope_fast.readout.protocols import FIRST_TOKEN, LOGIT, SEQUENCE, TokenSets
+    from pope_fast.readout.readouts import FIRST_TOKEN, LOGIT, SEQUENCE, TokenSets
 
     checkpoint = make_tiny_llava(tmp_path / "unseen", seed=11, layers=3, kv_heads=4, image_size=56)
     images, files = write_pope_set(tmp_path / "pope", n_images=3)

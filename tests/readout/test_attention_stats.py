@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
-from pope_fast.readout.attention import (attention_by_outcome, bootstrap_difference, cohens_d, default_layers,
-                                         layer_mean, mann_whitney_p)
+from pope_fast.readout.attention_stats import (attention_by_outcome, bootstrap_difference, cohens_d, default_layers,
+                                               layer_mean, mann_whitney_p)
 
 A = np.array([0.1, 0.2, 0.2, 0.35, 0.5, 0.5, 0.7])
 B = np.array([0.3, 0.45, 0.5, 0.6, 0.65, 0.8, 0.9, 0.95])
@@ -62,7 +62,8 @@ def test_score_reports_the_probe_by_outcome(tmp_path):
     from click.testing import CliRunner
 
     from pope_fast.cli import main
-    from pope_fast.readout import Question, RecordWriter, TokenSets, make_record, read_records, score_records, write_meta
+    from pope_fast.readout import Question, TokenSets, make_record, read_records, score_records
+    from pope_fast.store import RecordWriter, write_meta
 
     rng = np.random.default_rng(5)
     sets = {"legacy_2tok": TokenSets((5,), (6,))}

@@ -7,8 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import (Question, RecordWriter, compare_runs, format_compare, make_record, read_records,
-                               score_records, write_meta)
+from pope_fast.readout import Question, compare_runs, format_compare, make_record, read_records, score_records
+from pope_fast.store import RecordWriter, write_meta
 
 YES_IDS = {"legacy_2tok": (3582, 1217), "template_aware": (3869, 1939)}
 

@@ -4,7 +4,7 @@ import json
 
 from pope_fast.readout import read_records, score_records
 from pope_fast.readout.continuation import all_finished, cut, generation_plan
-from pope_fast.readout.protocols import READOUTS, Generation, exact_match, pope_official, string_parse
+from pope_fast.readout.readouts import READOUTS, Generation, exact_match, pope_official, string_parse
 
 # A SentencePiece-like vocabulary: '▁' is a space, the first leading space is dropped, 0 ends the sequence.
 PIECES = {0: "</s>", 1: "▁Yes", 2: "▁there", 3: "▁is", 4: "▁a", 5: "▁dog", 6: "▁but", 7: "▁not", 8: "▁here",
@@ -73,7 +73,7 @@ def test_whole_sequence_parse_on_an_instructblip_prompt(shared):
     from pope_fast.readout import load_tokenizer
 
     from pope_fast.readout import get_template
-    from pope_fast.readout.planning import ReadoutPlan
+    from pope_fast.readout.readout_plan import ReadoutPlan
 
     tokenizer = load_tokenizer(shared / "tokenizers/llama2/vicuna-7b-v1.5")
     prompt = "Question: Is there a dog in the image? Answer yes or no only. Answer:"

@@ -15,7 +15,7 @@ import re
 
 import pytest
 
-from pope_fast.readout.protocols import exact_match, pope_official, string_parse
+from pope_fast.readout.readouts import exact_match, pope_official, string_parse
 
 
 def reference_pope_official(text):

@@ -6,8 +6,8 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import (Question, RecordWriter, TokenSets, make_record, read_records, score_records,
-                               write_meta)
+from pope_fast.readout import Question, TokenSets, make_record, read_records, score_records
+from pope_fast.store import RecordWriter, write_meta
 
 FIXTURE = "fixtures/ugaa_pope_adversarial_2tok_vs_8tok_first600.json"
 

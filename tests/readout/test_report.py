@@ -11,8 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import Question, RecordWriter, TokenSets, make_record, write_meta
-from pope_fast.readout.report import f1_tables, format_f1_tables
+from pope_fast.readout import Question, TokenSets, make_record
+from pope_fast.readout.report.tables import f1_tables, format_f1_tables
+from pope_fast.store import RecordWriter, write_meta
 
 SETS = {"legacy_2tok": TokenSets((3582,), (1217,)), "legacy_8tok": TokenSets((3582, 3869), (1217, 1939)),
         "dynamic_single": TokenSets((3869,), (1939,)), "template_aware": TokenSets((3869, 8241), (1939, 694)),
@@ -170,8 +171,8 @@ def test_report_without_matplotlib_says_which_extra(tmp_path):
 
 
 def test_readout_and_cli_import_no_plotting_or_parquet_library():
-    code = ("import sys, pope_fast.readout, pope_fast.cli, pope_fast.readout.figures, "
-            "pope_fast.readout.report_page; "
+    code = ("import sys, pope_fast.readout, pope_fast.cli, pope_fast.readout.report.figures, "
+            "pope_fast.readout.report.page; "
             "assert not {'matplotlib', 'pyarrow'} & set(sys.modules), 'imported at import time'")
     subprocess.run([sys.executable, "-c", code], check=True)
 
@@ -262,7 +263,7 @@ def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
 def test_first_token_bars_are_labelled_with_token_strings(tmp_path):
     """The histogram's labels are the token strings meta.json records (with the id), ids alone where it has
     none; matplotlib's mathtext never reads a `$` in one."""
-    from pope_fast.readout import figures
+    from pope_fast.readout.report import figures
 
     run = _write_run(tmp_path / "run", 1, groups=(("coco", "random"),))
     meta = json.loads((run / "meta.json").read_text())
@@ -371,7 +372,7 @@ def test_attention_figure_puts_d_and_p_on_each_readouts_row_and_ticks_apart():
     d and p sit on its own row, at the right of the axes."""
     import numpy as np
 
-    from pope_fast.readout import figures
+    from pope_fast.readout.report import figures
 
     rng = np.random.default_rng(3)
     readouts = {name: {"correct": (0.9776 + rng.uniform(0, 3e-5, 20)).tolist(),

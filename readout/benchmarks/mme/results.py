@@ -12,9 +12,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Mapping
 
-from ..data import DataError, Question
-from .base import Response
-from .mme_rules import SUBTASKS
+from ...data import DataError, Question
+from ..base import Response
+from .rules import SUBTASKS
 
 GT = {"Yes": "yes", "No": "no"}
 LMMS_EVAL_METRICS = ("mme_perception_score", "mme_cognition_score")  # lmms-eval utils.py:87
@@ -35,7 +35,7 @@ def _subtask(path: Path) -> str:
 def _result_lines(path: Path) -> list[tuple[int, list[str]]]:
     """(line number, [image, question, gt, response]) per line. Lines split as calculation.py's readlines()
     splits them (universal newlines); the response loses its line's "\\n", which never changes the official
-    reading (mme_rules.official_read)."""
+    reading (rules.official_read)."""
     try:
         with path.open(encoding="utf-8") as file:
             lines = file.readlines()

@@ -1,19 +1,60 @@
 """`pope-fast score` and `compare` as one call each: their options → the text they print. POPE's records (with
 RePOPE's labels, under a protocol) go to readout/score.py and readout/compare.py; a benchmark's runs and other
-tools' result files to readout/benchmarks/scoring.py and compare.py. Every refusal is a ValueError the command
+tools' result files to readout/benchmarks/score.py and compare.py. Every refusal is a ValueError the command
 line shows as one line."""
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
 
-from .readout import expand_runs, format_runs
-from .readout.attention import parse_layers
-from .readout.benchmarks.scoring import benchmark_of, format_benchmark, score_benchmark_paths
-from .readout.protocols import parse_readouts
-from .readout.published import format_protocol_runs, get_protocol
-from .readout.report import format_relabelled
-from .readout.score import score_paths
+from .readout import compare_runs, expand_runs, format_compare, format_runs
+from .readout.attention_stats import parse_layers
+from .readout.benchmarks import get_benchmark
+from .readout.benchmarks.compare import compare_benchmark_runs, format_benchmark_compare
+from .readout.benchmarks.pope.relabel import read_labels, relabel
+from .readout.benchmarks.score import benchmark_of, format_benchmark, score_benchmark_paths
+from .readout.data import DataError
+from .readout.protocols import format_protocol_runs, get_protocol, score_protocol
+from .readout.reading import read_records
+from .readout.readouts import parse_readouts
+from .readout.report.tables import format_relabelled
+from .readout.score import score_records
+
+
+def score_paths(paths: list[str], readouts: str = "all", protocol: str | None = None, *, seed: int = 0,
+                resamples: int = 1000, layers: tuple[int, int] | None = None,
+                labels: list[str] | None = None) -> list[dict]:
+    """`pope-fast score`: every record file or run folder scored under `readouts` ("all", or names, each of
+    which the records must supply), or under a published protocol (protocols.score_protocol's runs). With
+    `labels` (RePOPE's files), each run's relabelled records are scored too, after its own: runs of dataset
+    `repope`, each with `relabelled`: the labels files and what they changed in its split(s)."""
+    names, runs = parse_readouts(readouts), []
+    corrected = read_labels(labels) if labels else None
+    for path in paths:
+        records = read_records(path)
+        sets = [(records, None)]
+        if corrected is not None:
+            sets.append(relabel(records, corrected))
+        for which, changes in sets:
+            if protocol is not None:
+                scored = score_protocol(which, get_protocol(protocol))
+            else:
+                scored = score_records(which, names, strict=readouts.strip() != "all", seed=seed,
+                                       resamples=resamples, layers=layers)
+            if not scored:
+                raise DataError(f"{path}: no records to score")
+            for run in scored if changes is not None else ():
+                run["relabelled"] = _changed(run, changes)
+            runs += scored
+    return runs
+
+
+def _changed(run: dict, changes: dict[str, dict]) -> dict:
+    """What the labels changed in a relabelled run's split, or summed over the splits it pools."""
+    # a protocol's run (its `rows`) holds every split of its dataset
+    splits = list(changes) if "rows" in run else run.get("pooled") or [run["split"]]
+    counts = {k: sum(changes[s][k] for s in splits) for k, v in changes[splits[0]].items() if isinstance(v, int)}
+    return {"labels": [changes[s]["labels"] for s in splits], "from": changes[splits[0]]["from"], **counts}
 
 
 @dataclass(frozen=True)
@@ -73,8 +114,6 @@ class CompareJob:
 
     def run(self) -> str:
         """A benchmark's runs (named, or told from each run's meta.json) on its own metrics; POPE's by F1."""
-        from .readout import compare_runs, format_compare
-
         benchmark = self.benchmark or benchmark_of(list(self.runs))
         if benchmark not in (None, "pope", "repope"):
             return self._benchmark(benchmark)
@@ -85,9 +124,6 @@ class CompareJob:
         return format_compare(result, self.fmt) + (f"\n\n{tables}" if tables and self.fmt == "markdown" else "")
 
     def _benchmark(self, name: str) -> str:
-        from .readout.benchmarks import get_benchmark
-        from .readout.benchmarks.compare import compare_benchmark_runs, format_benchmark_compare
-
         if self.protocol:
             raise ValueError(f"--protocol {self.protocol}: {name}'s runs compare under its tools' own rules, each "
                              "shown; --protocol is POPE's")

@@ -11,8 +11,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
-from ..protocols import NO, YES
-from .base import Answer
+from ...readouts import NO, YES
+from ..base import Answer
 
 EXISTENCE, STATE, NUMBER, ACTION, RELATION = (
     "existence", "attribute-state", "attribute-number", "attribute-action", "relation")

@@ -1,4 +1,4 @@
-"""RePOPE-style relabelling: a run rescored under corrected labels without the model (readout/relabel.py).
+"""RePOPE-style relabelling: a run rescored under corrected labels without the model (readout/benchmarks/pope/relabel.py).
 RePOPE's own files ship without a licence, so these tests write labels files of their own in its format."""
 import json
 import random
@@ -7,9 +7,10 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import Question, RecordWriter, TokenSets, make_record, read_records, score_records, write_meta
+from pope_fast.readout import Question, TokenSets, make_record, read_records, score_records
+from pope_fast.readout.benchmarks.pope.relabel import read_labels, relabel
 from pope_fast.readout.data import DataError
-from pope_fast.readout.relabel import read_labels, relabel
+from pope_fast.store import RecordWriter, write_meta
 
 SETS = {"legacy_2tok": TokenSets((5,), (6,)).to_json(), "first_token": TokenSets((5,), (6,)).to_json()}
 SPLITS = ("random", "popular", "adversarial")
@@ -120,7 +121,7 @@ def test_bad_labels_files_name_the_file_and_question(tmp_path):
     ("Maybe.", "unknown"), ("It is a cat", "unknown"), ("", "unknown")])  # its None (l.6, 13)
 def test_repope_reads_as_compute_answer(text, decision):
     """RePOPE src/eval_utils.py compute_answer l.5-13: substring tests on the lowercased response."""
-    from pope_fast.readout.protocols import READOUTS
+    from pope_fast.readout.readouts import READOUTS
 
     assert READOUTS["repope"].decide(text) == decision
 
@@ -128,7 +129,7 @@ def test_repope_reads_as_compute_answer(text, decision):
 def test_repope_metrics_leave_unknown_answers_out_of_every_count():
     """compute_results l.45-66: an answer compute_answer left None is none of TP/FP/TN/FN, so accuracy and the
     yes-ratio divide by the answered only: TP 2, FN 1, FP 1, TN 1 and one unknown -> ACC 3/5, not 3/6."""
-    from pope_fast.readout.published import repope_metrics
+    from pope_fast.readout.protocols import repope_metrics
 
     m = repope_metrics(["yes", "yes", "yes", "no", "no", "no"], ["yes", "yes", "no", "yes", "no", "unknown"])
     assert (m["TP"], m["FP"], m["TN"], m["FN"], m["unknown"]) == (2, 1, 1, 1, 1)

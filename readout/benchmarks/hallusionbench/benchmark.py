@@ -3,8 +3,8 @@ figures, 178 of them asked without a figure; its question file, its result file 
 
 The official score comes from a GPT-4 judge (utils.py:26-73); pope-fast is judge-free, so its "official" rule
 reads a yes/no decision and compares it with gt_answer, then aggregates exactly as evaluation.py does
-(hallusionbench_metrics). A result file written by `write_results` can still be judged by the official script.
-Errors name the file and the row as `item N`, 1-based, as readout.data does for JSON arrays.
+(metrics.py). A result file written by `write_results` can still be judged by the official script.
+Errors name the file and the row as `item N`, 1-based, as POPE's question reader does for JSON arrays.
 """
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ import json
 from pathlib import Path, PurePosixPath
 from typing import Mapping
 
-from ..data import DataError, Question
-from ..protocols import NO, YES, yorn
-from . import hallusionbench_metrics as metrics
-from . import vlmevalkit_tables as tables
-from .base import Answer, Benchmark, Response, Rule
+from . import metrics
+from ...data import DataError, Question
+from ...formats import vlmevalkit as tables
+from ...readouts import NO, YES, yorn
+from ..base import Answer, Benchmark, Response, Rule
 
 NAME = "hallusionbench"
 KEY_FIELDS = ("category", "subcategory", "set_id", "figure_id", "question_id")
@@ -151,7 +151,7 @@ TABLE_ANSWERS = {"Yes": YES, "No": NO}
 def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[Response]:
     """A VLMEvalKit HallusionBench prediction table, each row joined to the question data by its official key
     `category_l2-category_set_id_figure_id_question_id`. The table has no visual_input, and the official easy/hard
-    split is decided by it (hallusionbench_metrics), so the question data is needed; the label is the table's
+    split is decided by it (metrics.py), so the question data is needed; the label is the table's
     `answer` and must agree with the data's."""
     if questions is None:
         raise DataError(f"{path}: a VLMEvalKit HallusionBench table has no visual_input (original or edited figure): "
@@ -196,7 +196,7 @@ RULES = {
         (f"{OFFICIAL} evaluation.py:62-135 (correctness, the leaderboard), :118-127 and :138-144 (stats)",
          f"{OFFICIAL} utils.py:130-163 (fAcc), :165-203 (aAcc), :205-338 (qAcc), :340-402 (easy/hard), "
          ":404-411 (assign_correctness), :414-427 (yes/no bias)",
-         "judge-free stand-in for utils.py:26-73's GPT-4 judge: readout.protocols.yorn's decision against gt_answer; "
+         "judge-free stand-in for utils.py:26-73's GPT-4 judge: readout.readouts.yorn's decision against gt_answer; "
          "an unknown decision is the judge's 'unclear'")),
     "lmms-eval-rule": Rule(
         "lmms-eval-rule", metrics.lmms_eval_read, metrics.lmms_eval_rule, ("aAcc", "fAcc", "qAcc"),
@@ -249,7 +249,7 @@ class HallusionBench(Benchmark):
 
     @classmethod
     def questions(cls, path: Path) -> list[Question]:
-        """Every question, keyed by its official key, split `{category}-{condition}` (hallusionbench_metrics)."""
+        """Every question, keyed by its official key, split `{category}-{condition}` (metrics.py)."""
         return [_question(key, where, row) for key, where, row in _unique(_load(path), path, QUESTION_FIELDS)]
 
     @classmethod

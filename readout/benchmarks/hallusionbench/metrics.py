@@ -16,8 +16,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Callable, Iterable
 
-from ..protocols import NO, UNKNOWN, YES
-from .base import Answer
+from ...readouts import NO, UNKNOWN, YES
+from ..base import Answer
 
 CATEGORIES = ("VD", "VS")
 CONDITIONS = {"0": "none", "1": "original", "2": "edited"}  # visual_input → the split's condition

@@ -15,8 +15,8 @@ import json
 import re
 from pathlib import Path
 
-from .data import DataError, LABELS
-from .records import Entry, RecordSet
+from ...data import LABELS, DataError
+from ...records import Entry, RecordSet
 
 METRIC = "pope_accuracy"  # every POPE metric's entry holds the same fields; this one is always logged
 TASK_SPLITS = {"pope_adv": "adversarial", "pope_pop": "popular", "pope_random": "random", "pope": "all"}

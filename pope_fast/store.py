@@ -8,17 +8,16 @@ import fcntl
 import functools
 import json
 import os
-import re
 import socket
 import tempfile
 from pathlib import Path
 
-from .data import DataError
-from .records import META_FILE, RECORDS_FILE, checked_record, duplicate_message, json_lines, record_key
+from .readout.data import DataError
+from .readout.records import (META_FILE, PART, RECORDS_FILE, checked_record, duplicate_message, json_lines, rank_parts,
+                              record_key)
 
 LOCK_FILE = ".lock"
 FORMAT = "pope-fast/records-v1"
-PART = re.compile(r"records\.rank(\d+)\.jsonl")
 
 
 class RecordWriter:
@@ -168,8 +167,7 @@ def repair_records(run_dir: str | Path) -> tuple[int, int]:
     rank parts are folded in (and removed). The caller holds the folder's RunLock. Returns (records kept,
     lines dropped)."""
     path = Path(run_dir) / RECORDS_FILE
-    parts = sorted((p for p in Path(run_dir).glob("records.rank*.jsonl") if PART.fullmatch(p.name)),
-                   key=lambda p: int(PART.fullmatch(p.name).group(1)))
+    parts = _ranked_parts(Path(run_dir))
     if not path.is_file() and not parts:
         raise DataError(f"{path}: no such records file")
     kept: dict[tuple[str, str, str], str] = {}
@@ -248,8 +246,10 @@ def write_meta(out_dir: str | Path, meta: dict) -> Path:
     return path
 
 
-def part_name(rank: int) -> str:
-    return f"records.rank{rank}.jsonl"
+def _ranked_parts(folder: Path) -> list[Path]:
+    """The rank parts in rank order (a fold appends them in it)."""
+    ranked = [p for p in rank_parts(folder) if PART.fullmatch(p.name)]
+    return sorted(ranked, key=lambda p: int(PART.fullmatch(p.name).group(1)))
 
 
 def fold_parts(out_dir: str | Path) -> int:
@@ -257,8 +257,7 @@ def fold_parts(out_dir: str | Path) -> int:
     parts; a line already there (a fold that stopped before removing its parts) is not added twice, and
     a torn last line of a part (a rank killed mid-write) is dropped. Returns the records added."""
     out_dir = Path(out_dir)
-    parts = sorted((p for p in out_dir.glob("records.rank*.jsonl") if PART.fullmatch(p.name)),
-                   key=lambda p: int(PART.fullmatch(p.name).group(1)))
+    parts = _ranked_parts(out_dir)
     if not parts:
         return 0
     added = 0

@@ -13,7 +13,7 @@ import math
 
 import numpy as np
 
-from .protocols import NO, YES
+from .readouts import NO, YES
 
 PAPER_LAYERS = (14, 19)  # inclusive; the paper's layers [14:20] of a 32-layer model
 

@@ -16,11 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figure_data, figures
-from .protocols import READOUTS
-from .published import format_protocol_runs, get_protocol, score_protocol
-from .records import RECORDS_FILE, RecordSet, expand_runs, read_records
-from .report import f1_tables, format_f1_tables, group_name, model_labels
-from .score import score_records
+from ..benchmarks.score import format_benchmark, run_benchmark, score_run
+from ..protocols import format_protocol_runs, get_protocol, score_protocol
+from ..reading import read_records
+from ..readouts import READOUTS
+from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts
+from ..score import score_records
+from .tables import f1_tables, format_f1_tables, group_name, model_labels
 
 COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -43,7 +45,7 @@ class Inputs:
 def _paired(path: Path) -> bool:
     """A paired folder: compare.json beside the method folders, no records of its own."""
     return (path.is_dir() and (path / COMPARE_FILE).is_file() and not (path / RECORDS_FILE).exists()
-            and not any(path.glob("records.rank*.jsonl")))
+            and not rank_parts(path))
 
 
 def _compared(folder: Path) -> tuple[dict, dict[str, Path]]:
@@ -216,8 +218,6 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
 def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str]) -> None:
     """Per benchmark run (other than POPE): each rule's and readout's numbers as score prints them, and the
     official headline across readouts and rules as a figure."""
-    from .benchmarks.scoring import format_benchmark, run_benchmark, score_run
-
     record_sets = {records.source: records for _, records in inputs.scored}
     for source, records in record_sets.items():
         benchmark = run_benchmark(records)

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from .data import KNOWN_SPLITS, DataError, Question, dataset_from_name, load_questions, split_from_name
-from .protocols import NO, YES
-from .records import RecordSet
+from ...data import DataError, Question
+from ...readouts import NO, YES
+from ...records import RecordSet
+from .questions import KNOWN_SPLITS, dataset_from_name, load_questions, split_from_name
 
 POPE_DATASET = "coco"  # RePOPE relabels COCO's three files; a labels file naming no dataset is COCO's
 RELABELLED = "repope"

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .data import DataError, split_from_name
-from .records import Entry, RecordSet, _check_decision
+from ...data import DataError
+from ...records import Entry, RecordSet, check_decision
+from .questions import split_from_name
 
 # stored-prediction keys → our readout names, per schema.
 PAIRWISE = {"pred_2tok": "legacy_2tok", "pred_8tok": "legacy_8tok"}
@@ -50,7 +51,7 @@ def read_ugaa(path: Path, obj: dict) -> RecordSet:
             first_token_id=rec.get("top_token_id"),
             decoded=None if whole else rec.get("decoded_response"),
             decoded_sequence=rec.get("decoded_response") if whole else None,
-            stored={ours: _check_decision(str(rec[theirs]).lower(), where, theirs)
+            stored={ours: check_decision(str(rec[theirs]).lower(), where, theirs)
                     for theirs, ours in mapping.items() if theirs in rec}))
     meta = {"imported_from": "ugaa-research", "schema": "pairwise" if mapping is PAIRWISE
             else "cross_model", "whole_sequence": whole, "summary": summary}

@@ -10,30 +10,19 @@ explodes it; so does this reader: one record per split). The key is `index`. VLM
 """
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
-from .data import KNOWN_SPLITS, DataError
-from .records import Entry, RecordSet
+from ...data import DataError
+from ...formats.vlmevalkit import read_rows
+from ...records import Entry, RecordSet
+from .questions import KNOWN_SPLITS
 
 COLUMNS = ("index", "answer", "category", "prediction")
-SUFFIXES = {".tsv": "\t", ".csv": ","}
 ANSWERS = {"Yes": "yes", "No": "no"}
 
 
-def is_prediction_table(path: Path) -> bool:
-    return path.suffix in SUFFIXES or path.suffix == ".xlsx"
-
-
 def read_vlmevalkit(path: Path) -> RecordSet:
-    if path.suffix == ".xlsx":
-        raise DataError(f"{path}: VLMEvalKit's .xlsx needs an Excel reader pope-fast does not depend on: run "
-                        "VLMEvalKit with PRED_FORMAT=tsv (or save the sheet as .tsv)")
-    try:
-        with path.open(encoding="utf-8", newline="") as file:
-            rows = list(csv.DictReader(file, delimiter=SUFFIXES[path.suffix]))
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+    rows = read_rows(path)
     if not rows:
         raise DataError(f"{path}: no rows")
     missing = [c for c in COLUMNS if c not in rows[0]]

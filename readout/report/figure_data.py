@@ -5,11 +5,12 @@ Every number comes from `score_records`, called as `pope-fast score` calls it, o
 """
 from __future__ import annotations
 
-from .attention import layer_mean
-from .protocols import NO, YES
-from .records import RecordSet
-from .report import f1_tables, group_name, model_labels
-from .score import predictions, run_entries
+from ..attention_stats import layer_mean
+from ..benchmarks.score import OFFICIAL, metric
+from ..readouts import NO, YES
+from ..records import RecordSet
+from ..score import predictions, run_entries
+from .tables import f1_tables, group_name, model_labels
 
 TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
 PAPER_PAIR = ("legacy_2tok", "template_aware")  # the paper's Fig. 2: the widely copied ids, the recommended rule
@@ -193,8 +194,6 @@ def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> t
 def benchmark_bars(result: dict, benchmark) -> tuple[dict, str]:
     """A benchmark run's official headline metric under every readout, and under each of its tools' rules
     that reports that metric (the official rule always does), from score --benchmark's numbers."""
-    from .benchmarks.scoring import OFFICIAL, metric
-
     name = benchmark.rules[OFFICIAL].headline[0]
     bars = [{"name": f"rule: {rule}", "kind": "rule", "value": metric(m, name)} for rule, m in result["rules"].items()]
     bars += [{"name": readout, "kind": "readout", "value": metric(m, name)}

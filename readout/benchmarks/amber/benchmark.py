@@ -11,12 +11,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..data import DataError, Question
-from ..protocols import NO, UNKNOWN, YES, yorn
-from . import amber_metrics
-from .amber_metrics import ACTION, EXISTENCE, NUMBER, RELATION, STATE
-from . import vlmevalkit_tables as tables
-from .base import Benchmark, Response, Rule
+from . import metrics as amber_metrics
+from ...data import DataError, Question
+from ...formats import vlmevalkit as tables
+from ...readouts import NO, UNKNOWN, YES, yorn
+from ..base import Benchmark, Response, Rule
+from .metrics import ACTION, EXISTENCE, NUMBER, RELATION, STATE
 
 QUERY_FILE = Path("query") / "query_discriminative.json"  # the union of the three per-dimension files
 ANNOTATIONS = "annotations.json"
@@ -58,7 +58,7 @@ def _list(path: Path, what: str) -> list:
 
 
 def _where(path: Path, index: int) -> str:
-    """An entry of a JSON list, numbered from 1 like data.py's array items (annotations.json item n has id n)."""
+    """An entry of a JSON list, numbered from 1 like POPE's JSON arrays' items (annotations.json item n has id n)."""
     return f"{path} item {index + 1}"
 
 

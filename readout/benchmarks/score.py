@@ -2,7 +2,7 @@
 
 From a run: each of the benchmark's rules reads the recorded answer text (the run's longest continuation)
 and aggregates as its tool does; every readout the records supply (logit readouts, first token, the text
-rules of readout/protocols.py) is aggregated with the benchmark's official formula. From a result file:
+rules of readout/readouts.py) is aggregated with the benchmark's official formula. From a result file:
 the texts it holds, under each rule. Either way every number is the aggregation of yes/no/unknown
 decisions, so two rules that disagree on one answer text show it here.
 """
@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import REGISTRY, detect_benchmark, get_benchmark
 from ..data import DataError
-from ..protocols import READOUTS
-from ..records import RECORDS_FILE, Entry, RecordSet
+from ..reading import read_records
+from ..readouts import READOUTS
+from ..records import META_FILE, RECORDS_FILE, Entry, RecordSet, rank_parts, read_meta
+from ..report.tables import markdown_table
+from ..score import Unavailable, predictions, question_order
 from .base import Answer, Benchmark, Response
 
 OFFICIAL = "official"
@@ -26,8 +30,6 @@ def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str
     """{"source", "benchmark", "n", "errors", "rules": {rule: metrics}, "readouts": {readout: metrics},
     "unavailable": {name: why}, "checks": [...]} over the records of the benchmark's dataset; error records
     (no answer) are left out and counted."""
-    from ..score import Unavailable, predictions, question_order
-
     mine = sorted((e for e in records.entries if e.dataset == benchmark.name),
                   key=lambda e: (e.split, *question_order(e)))
     if not mine:
@@ -113,12 +115,8 @@ def metric(metrics: dict, name: str):
 def format_benchmark(result: dict) -> str:
     """The headline numbers: each rule's (named as its tool names them) and each readout's under the
     official aggregation, one markdown table each; checks and what was unavailable under them."""
-    from ..report import _markdown
-
     def cells(metrics: dict, names) -> list[str]:
         return [f"{v:.6g}" if isinstance(v := metric(metrics, k), float) else str(v) for k in names]
-
-    from . import get_benchmark
 
     benchmark = get_benchmark(result["benchmark"])
     errors = f", {result['errors']} error records left out" if result.get("errors") else ""
@@ -126,10 +124,10 @@ def format_benchmark(result: dict) -> str:
     for name, metrics in result["rules"].items():
         rule = benchmark.rules[name]
         blocks.append(f"answer rule and aggregation `{name}` ({'; '.join(rule.sources)}):\n"
-                      + _markdown(list(rule.headline), [cells(metrics, rule.headline)]))
+                      + markdown_table(list(rule.headline), [cells(metrics, rule.headline)]))
     if result.get("readouts"):
         headline = benchmark.rules[OFFICIAL].headline
-        blocks.append("every readout, aggregated as the official code does:\n" + _markdown(
+        blocks.append("every readout, aggregated as the official code does:\n" + markdown_table(
             ["readout", *headline], [[n, *cells(m, headline)] for n, m in result["readouts"].items()]))
     blocks += result.get("notes", [])
     blocks += [f"! {note}" for note in result.get("checks", [])]
@@ -140,14 +138,12 @@ def format_benchmark(result: dict) -> str:
 def is_run(path: str | Path) -> bool:
     """A pope-fast run folder (or its records.jsonl), as opposed to another tool's result file."""
     path = Path(path)
-    return (path.is_dir() and ((path / RECORDS_FILE).is_file() or any(path.glob("records.rank*.jsonl")))) \
+    return (path.is_dir() and ((path / RECORDS_FILE).is_file() or bool(rank_parts(path)))) \
         or path.name == RECORDS_FILE
 
 
 def run_benchmark(records: RecordSet) -> type[Benchmark] | None:
     """The benchmark a run's records are of, when every record is of one (none for POPE's datasets)."""
-    from . import REGISTRY, get_benchmark
-
     datasets = {e.dataset for e in records.entries}
     return get_benchmark(datasets.pop()) if len(datasets) == 1 and datasets <= set(REGISTRY) else None
 
@@ -156,9 +152,6 @@ def score_benchmark_paths(paths: list[str], name: str | None = None, data: str |
                           readouts: list[str] | None = None) -> list[dict]:
     """`pope-fast score --benchmark`: each run scored by score_run, each other tool's result file by
     score_responses; the benchmark named, else told from each path's content (never guessed)."""
-    from . import REGISTRY, detect_benchmark, get_benchmark
-    from ..records import read_records
-
     named = get_benchmark(name) if name is not None else None
     out = []
     for path in paths:
@@ -180,9 +173,6 @@ def score_benchmark_paths(paths: list[str], name: str | None = None, data: str |
 
 def _recorded_benchmark(path: str | Path) -> str | None:
     """The benchmark a run's meta.json names (eval records it), without reading its records."""
-    from . import REGISTRY
-    from ..records import META_FILE, read_meta
-
     folder = Path(path) if Path(path).is_dir() else Path(path).parent
     name = read_meta(folder / META_FILE).get("benchmark")
     return name if name in REGISTRY else None
@@ -191,8 +181,6 @@ def _recorded_benchmark(path: str | Path) -> str | None:
 def benchmark_of(paths: list[str]) -> str | None:
     """The benchmark the paths name (each run's meta.json, each result file's layout), or None where none
     does (POPE); paths of two benchmarks are refused."""
-    from . import detect_benchmark
-
     found = {}
     for path in paths:
         if is_run(path):

@@ -3,7 +3,7 @@ plus acc+ (both questions of an image right), each subtask out of 200.
 
 The data is the lmms-lab/MME parquet layout (../shared/benchmarks/mme_synthetic/README.md, "Layout of the real
 HF parquet"): question_id `<category>/<image file>`, shared by an image's two questions, an embedded image,
-question, answer Yes/No, category. The rules are in `mme_rules`, the result files in `mme_results`.
+question, answer Yes/No, category. The rules are in `rules.py`, the result files in `results.py`.
 """
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from ..data import DataError, Question, open_parquet
-from .base import Answer, Benchmark, Response
-from .mme_results import LMMS_EVAL_METRICS, read_lmms_eval_samples, read_result_folder, write_result_folder
-from .mme_rules import RULES, SUBTASKS
-from . import vlmevalkit_tables as tables
+from ...data import DataError, Question, open_parquet
+from ...formats import vlmevalkit as tables
+from ..base import Answer, Benchmark, Response
+from .results import LMMS_EVAL_METRICS, read_lmms_eval_samples, read_result_folder, write_result_folder
+from .rules import RULES, SUBTASKS
 
 COLUMNS = ("question_id", "image", "question", "answer", "category")
 ANSWERS = {"Yes": "yes", "No": "no"}

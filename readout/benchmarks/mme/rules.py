@@ -10,14 +10,14 @@ The three aggregations give the same numbers up to float rounding whenever each 
 results match the tool's to the last bit. The tools pair an image's answers differently: calculation.py pairs
 consecutive lines of a result file (99), lmms-eval groups by question_id (100-107), VLMEvalKit by image_path
 (yorn.py:54-61). Answers carry their image, so all three group by it here; calculation.py would differ only on
-a file whose two lines of an image are not consecutive, which `mme_results` refuses to read.
+a file whose two lines of an image are not consecutive, which `results.py` refuses to read.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-from ..protocols import NO, UNKNOWN, YES, yorn
-from .base import Answer, Rule
+from ...readouts import NO, UNKNOWN, YES, yorn
+from ..base import Answer, Rule
 
 # The 14 subtasks (the parquet's exact `category` names), in calculation.py's eval_type_dict order, which
 # lmms-eval's utils.py:8-27 copies.

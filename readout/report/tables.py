@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .protocols import READOUTS
-from .records import RECORDS_FILE
+from ..readouts import READOUTS
+from ..records import RECORDS_FILE
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
 RATES = ("accuracy", "precision", "recall", "f1", "yes_rate", "yes_rate_all")  # what --percent multiplies
@@ -63,7 +63,7 @@ def _aligned(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
 
 
-def _markdown(header: list[str], rows: list[list[str]]) -> str:
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
                       *("| " + " | ".join(r) + " |" for r in rows)])
 
@@ -86,7 +86,7 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
     if fmt in ("latex", "models"):
         return format_f1_tables(runs, "latex" if fmt == "latex" else "markdown", percent)
     header = list(COLUMNS)
-    render = _markdown if fmt == "markdown" else _aligned
+    render = markdown_table if fmt == "markdown" else _aligned
     blocks = []
     for run in runs:
         dataset = f"{run['dataset']} " if run.get("dataset") else ""
@@ -142,7 +142,7 @@ def format_relabelled(runs: list[dict], percent: bool = False) -> str:
                  str(ranks[1][n])] for n, (a, b) in f1.items()]
         group = group_name(before)
         title = f"### {run['source']} — {group}: F1 under its labels and {relabel_note(run['relabelled'])}"
-        blocks.append(title + "\n" + _markdown(["readout", f"F1 {group}", f"F1 {group_name(run)}", "ΔF1",
+        blocks.append(title + "\n" + markdown_table(["readout", f"F1 {group}", f"F1 {group_name(run)}", "ΔF1",
                                                  "rank before", "rank after"], rows))
     return "\n\n".join(blocks)
 
@@ -241,7 +241,7 @@ def _markdown_f1_table(table: dict, percent: bool = False) -> str:
     rows = [[row["model"], str(row["n"])] + [f"**{c}**" if best else c for c, best in zip(row["cells"], row["best"])]
             for row in table["rows"]]
     return f"### {_unit(percent)} by readout, {table['group']} (best per model in bold)\n\n" + \
-        _markdown(["model", "n"] + table["readouts"], rows)
+        markdown_table(["model", "n"] + table["readouts"], rows)
 
 
 def format_f1_tables(runs: list[dict], fmt: str = "markdown", percent: bool = False) -> str:

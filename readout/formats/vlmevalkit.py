@@ -1,12 +1,13 @@
-"""VLMEvalKit's prediction tables for MME, AMBER and HallusionBench, read as each room's `Response`s.
+"""VLMEvalKit's prediction tables, the one reader of them: POPE's room (benchmarks/pope/vlmevalkit.py) and the
+MME, AMBER and HallusionBench rooms each say what the rows mean for their questions.
 
 VLMEvalKit (open-compass/VLMEvalKit@e8e78f05) writes, per model and dataset, the dataset's TSV rows less the
 base64 `image` column plus `prediction` (vlmeval/inference.py:280-285), as .xlsx by default or as .tsv/.csv with
 PRED_FORMAT (vlmeval/smp/file.py:173-177: every field quoted). Its scorer then reads, per row: `prediction`
 (str()-ed, image_yorn.py:47), `answer` (compared with the extraction, image_yorn.py:88-91), `category` and
 `image_path` (MME_rating and AMBER_rating group by them, yorn.py:24-32, 56-61) and, for HallusionBench,
-`l2-category` and the ids in `index` (yorn.py:102, 110, 117-119). Those are the columns required here; the
-rooms say what each means for their questions. .xlsx stays refused by readout/vlmevalkit.py (no Excel reader).
+`l2-category` and the ids in `index` (yorn.py:102, 110, 117-119). Those are the columns the rooms require.
+.xlsx is refused (`read_rows`): it needs an Excel reader this project does not depend on.
 """
 from __future__ import annotations
 
@@ -14,9 +15,14 @@ import csv
 from pathlib import Path
 
 from ..data import DataError
-from ..vlmevalkit import SUFFIXES
 
 BASE = ("index", "question", "answer", "category", "prediction")
+SUFFIXES = {".tsv": "\t", ".csv": ","}
+
+
+def is_prediction_table(path: Path) -> bool:
+    """Whether `path` is named as a prediction table (.xlsx included, which `read_rows` refuses)."""
+    return path.suffix in SUFFIXES or path.suffix == ".xlsx"
 
 
 def is_table(path: Path) -> bool:
@@ -25,6 +31,18 @@ def is_table(path: Path) -> bool:
 
 def _reader(file, path: Path):
     return csv.DictReader(file, delimiter=SUFFIXES[path.suffix])
+
+
+def read_rows(path: Path) -> list[dict]:
+    """Every row of a prediction table as a dict by column (rows, not lines: a quoted field may span lines)."""
+    if path.suffix == ".xlsx":
+        raise DataError(f"{path}: VLMEvalKit's .xlsx needs an Excel reader pope-fast does not depend on: run "
+                        "VLMEvalKit with PRED_FORMAT=tsv (or save the sheet as .tsv)")
+    try:
+        with path.open(encoding="utf-8", newline="") as file:
+            return list(_reader(file, path))
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err})") from None
 
 
 def header(path: Path) -> list[str] | None:

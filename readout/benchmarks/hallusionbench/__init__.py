@@ -1,0 +1,1 @@
+"""HallusionBench's room: its data (benchmark.py) and its metrics (metrics.py)."""

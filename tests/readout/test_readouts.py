@@ -1,0 +1,66 @@
+import math
+
+import pytest
+
+from pope_fast.readout import READOUTS, TokenSets, parse_readouts
+from pope_fast.readout.readouts import (compare_max_logits, exact_match, first_token_decision, pope_official,
+                                        string_parse)
+
+SETS = TokenSets(yes_ids=(10, 11), no_ids=(20, 21))
+
+
+@pytest.mark.parametrize("logits, expected", [
+    ({10: 1.0, 11: 3.0, 20: 2.9, 21: -5.0}, "yes"),   # max vs max, the second yes id wins
+    ({10: 1.0, 11: 2.0, 20: 2.0, 21: 0.0}, "no"),     # a tie is no: yes needs strictly larger
+    ({10: 5.0, 11: 0.0, 20: 0.0, 21: 5.5}, "no"),
+    ({10: math.nan, 11: 1.0, 20: 0.0, 21: 0.0}, "unknown"),
+], ids=["yes-max", "tie-is-no", "no-max", "nan-unknown"])
+def test_compare_max_logits(logits, expected):
+    assert compare_max_logits(logits, SETS) == expected
+
+
+def test_empty_side_is_unknown():
+    assert compare_max_logits({10: 9.0}, TokenSets((10,), ())) == "unknown"
+    assert first_token_decision(10, TokenSets((), (20,))) == "unknown"
+
+
+@pytest.mark.parametrize("token, expected", [(11, "yes"), (21, "no"), (99, "unknown"), (None, "unknown")])
+def test_first_token(token, expected):
+    assert first_token_decision(token, SETS) == expected
+
+
+@pytest.mark.parametrize("text, parse, official, exact", [
+    ("", "unknown", "yes", "unknown"),
+    ("Yes, there is", "yes", "yes", "unknown"),
+    ("There is no", "no", "no", "unknown"),
+    ("not sure", "unknown", "no", "unknown"),
+    ("No.", "no", "no", "unknown"),
+    ("I cannot tell", "unknown", "yes", "unknown"),
+    (" yes ", "yes", "yes", "yes"),
+    ("No", "no", "no", "no"),
+    ("Yes. But there is no dog.", "yes", "yes", "unknown"),   # official reads only the first sentence
+    ("Noted: yes", "yes", "yes", "unknown"),                  # whole words only: 'Noted' is not 'no'
+    ("x" * 64 + " yes", "unknown", "yes", "unknown"),          # string_parse reads 64 characters
+    ("Yes, but not in this image", "yes", "no", "unknown"),   # official: any 'not' makes it no
+], ids=lambda v: repr(v)[:20])
+def test_string_rules(text, parse, official, exact):
+    assert string_parse(text) == parse
+    assert pope_official(text) == official
+    assert exact_match(text) == exact
+
+
+def test_registry_dispatch_checks_inputs():
+    assert READOUTS["template_aware"](SETS, {10: 0.0, 11: 1.0, 20: 0.5, 21: 0.0}, None, None) == "yes"
+    assert READOUTS["first_token"](SETS, None, 20, None) == "no"
+    assert READOUTS["string_parse"](None, None, None, "no way") == "no"
+    with pytest.raises(ValueError, match="decoded"):
+        READOUTS["exact_match"](None, None, None, None)
+    with pytest.raises(ValueError, match="logits"):
+        READOUTS["legacy_2tok"](SETS, None, 3, "yes")
+
+
+def test_parse_readouts():
+    assert parse_readouts("all") == list(READOUTS)
+    assert parse_readouts("string_parse, legacy_2tok") == ["legacy_2tok", "string_parse"]
+    with pytest.raises(ValueError, match="unknown readout"):
+        parse_readouts("legacy_3tok")
