@@ -4,7 +4,7 @@ the language model, the feature fingerprint, the stop ids, loading a processor w
 
 A family is one module of this package: a `Family` subclass built from a checkpoint folder and the
 engine's Settings, owning the checkpoint's tokenizer, processor, vision side and language model (a
-LlamaLM), and declaring the facts the rest of the code needs about it: its default template and image
+DecoderLM), and declaring the facts the rest of the code needs about it: its default template and image
 marker, its tiny and 7B dimensions and how to write a random checkpoint of them, its vision FLOPs, and
 its transformers reference pipeline (or why it has none).
 """
@@ -19,7 +19,7 @@ from PIL import Image
 
 from ...readout.published import Coverage
 from ..layers import Linear, make_linear, replace_linears
-from ..llama import DecoderLayer, LlamaDims, LlamaLM
+from ..decoder import DecoderDims, DecoderLayer, DecoderLM
 from ..loader import CheckpointError, quiet_fallback, stop_ids
 from ..plan import PromptLayout
 from ..settings import Settings
@@ -64,7 +64,7 @@ class Family:
     protocols: ClassVar[dict[str, Coverage | str]] = {}
 
     tokenizer: object
-    lm: LlamaLM
+    lm: DecoderLM
     image_token_id: int
     feature_fingerprint: str  # everything besides the pixels that the cached features depend on
 
@@ -115,9 +115,9 @@ class Family:
                             kernels=self.settings.kernels)
         return module
 
-    def language_model(self, dims: LlamaDims, weights: dict[str, torch.Tensor],
-                       layer_class: type[DecoderLayer] = DecoderLayer) -> LlamaLM:
-        return LlamaLM(dims, weights, dtype=self.dtype, device=self.device, quantize=self.quantize,
+    def language_model(self, dims: DecoderDims, weights: dict[str, torch.Tensor],
+                       layer_class: type[DecoderLayer] = DecoderLayer) -> DecoderLM:
+        return DecoderLM(dims, weights, dtype=self.dtype, device=self.device, quantize=self.quantize,
                        keep_packed=self.packed, quantize_lm_head=self.settings.quantize_lm_head,
                        kernels=self.settings.kernels, layer_class=layer_class)
 

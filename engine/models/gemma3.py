@@ -6,7 +6,7 @@ RMS-normed and projected (Gemma3MultiModalProjector, also transformers'); the ca
 and the prompt's `<start_of_image>` becomes "\\n\\n<start_of_image>" + 256 x `<image_soft_token>` +
 "<end_of_image>\\n\\n" (processing_gemma3.py, full_image_sequence).
 
-The language model differs from LLaMA's in ways the shared LlamaLM takes as LlamaDims flags or this
+The language model differs from LLaMA's in ways the shared DecoderLM takes as DecoderDims flags or this
 module's layer (transformers models/gemma3/modeling_gemma3.py):
 - RMSNorm scales by (1 + w) in fp32 and casts once (Gemma3RMSNorm); four per layer: input, post-attention
   (on the attention output, before the residual add), pre- and post-feedforward; q and k norms of that kind;
@@ -22,7 +22,7 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
   (masking_utils.sliding_window_overlay keeps keys with q - k < window), so the engine refuses longer
   sequences (runner._checked: a sequence of exactly `window` tokens is exact);
 - the tokens of one image attend to each other both ways (create_masks_for_vision_model: OR(causal,
-  same image run), from token_type_ids = 1 on the image soft tokens only): LlamaDims.image_bidirectional;
+  same image run), from token_type_ids = 1 on the image soft tokens only): DecoderDims.image_bidirectional;
   the image lies in the prefix, so the prefix prefill (and a whole prompt) runs that mask and the question
   suffixes, after it, stay causal.
 
@@ -46,7 +46,7 @@ from torch import nn
 from ...readout.published import Coverage
 from ..images import checked_fast_path, normalize_table, to_rgb
 from ..layers import apply_rotary, offset_rms_norm
-from ..llama import DecoderLayer, LlamaDims
+from ..decoder import DecoderDims, DecoderLayer
 from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback, rename, tensor_files
 from ..plan import PromptLayout
 from ..settings import Settings
@@ -141,7 +141,7 @@ class Gemma3DecoderLayer(DecoderLayer):
     """Gemma3DecoderLayer: (1 + w) RMSNorms (input, post-attention, pre- and post-feedforward, q and k),
     tanh-GELU GeGLU, the attention scale folded into q's norm (see the module docstring)."""
 
-    def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], linear, q_scale: float = 1.0):
+    def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], linear, q_scale: float = 1.0):
         super().__init__(dims, weights, linear)
         self.pre_ff_norm, self.post_ff_norm = (
             nn.Parameter(weights[f"{n}_feedforward_layernorm.weight"], requires_grad=False) for n in ("pre", "post"))
@@ -168,8 +168,8 @@ class Gemma3DecoderLayer(DecoderLayer):
         return x + offset_rms_norm(h, self.post_ff_norm, eps)
 
 
-def text_dims(cfg, where: Path) -> tuple[LlamaDims, float]:
-    """LlamaDims of a Gemma3TextConfig and the factor folded into q (sqrt(head_dim / query_pre_attn_scalar));
+def text_dims(cfg, where: Path) -> tuple[DecoderDims, float]:
+    """DecoderDims of a Gemma3TextConfig and the factor folded into q (sqrt(head_dim / query_pre_attn_scalar));
     a one-line CheckpointError for what the engine does not implement."""
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(cfg, name, None) is not None:
@@ -193,7 +193,7 @@ def text_dims(cfg, where: Path) -> tuple[LlamaDims, float]:
         raise CheckpointError(f"{where}/config.json: layer_types {kinds} do not name the {cfg.num_hidden_layers} "
                               "layers' attention (sliding_attention or full_attention)")
     heads = cfg.num_attention_heads
-    dims = LlamaDims(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+    dims = DecoderDims(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                      num_layers=cfg.num_hidden_layers, num_heads=heads, num_kv_heads=cfg.num_key_value_heads,
                      head_dim=cfg.head_dim, rms_eps=cfg.rms_norm_eps, rope_theta=ropes["full_attention"][0],
                      sliding_window=cfg.sliding_window if "sliding_attention" in kinds else None,
@@ -253,7 +253,7 @@ class Gemma3Model(Family):
         self.full_image = f"\n\n{BOI}{IMAGE * self.mm_tokens}{EOI}\n\n"
         self._ids: dict[str, list[int]] = {}
 
-    def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
+    def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor, grouped lm / vision / projector; a tied checkpoint (the published ones) reads its
         logits off the embedding matrix."""
         from transformers import AutoModel

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
 from ..plan import PromptLayout
 from ..settings import Settings
@@ -88,7 +88,7 @@ class InstructBlipModel(Family):
         self.image_processor = processor.image_processor
         if self.tokenizer.convert_tokens_to_ids("<image>") != self.image_token_id:
             raise CheckpointError(f"{folder}: the tokenizer has no <image> token with id {self.image_token_id}")
-        dims = LlamaDims.from_config(cfg.text_config)
+        dims = DecoderDims.from_config(cfg.text_config)
         parts, vision, qformer = self._load(dims)
         # The cached ViT output depends on the tower's weights only; the Q-Former runs per prompt.
         self.feature_fingerprint = self.fingerprint({f"vision.{k}": v for k, v in parts["vision"].items()})
@@ -100,7 +100,7 @@ class InstructBlipModel(Family):
         self.projector = self.linear(parts["projector"]["weight"], parts["projector"]["bias"])
         self.lm = self.language_model(dims, parts["lm"])
 
-    def _load(self, dims: LlamaDims):
+    def _load(self, dims: DecoderDims):
         """The checkpoint's tensors grouped (lm, vision, qformer, extra, projector), and the empty
         transformers ViT and Q-Former they go into."""
         from transformers import InstructBlipQFormerModel, InstructBlipVisionModel

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..images import normalize_table, to_rgb
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback, tensor_files
 from ..settings import Settings
 from ..stats import Counts
@@ -97,10 +97,10 @@ class InternVLModel(LlavaModel):
         self.tokens_per_tile = int(self.side * self.scale) ** 2
         self.feature_fingerprint = self.fingerprint({}, tiling=self.feature_fingerprint, downsample_ratio=self.scale)
 
-    def text_dims(self, text_config) -> LlamaDims:
-        return replace(LlamaDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+    def text_dims(self, text_config) -> DecoderDims:
+        return replace(DecoderDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
 
-    def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
+    def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor, grouped (lm, vision, projector): the projector is LayerNorm + two Linears over the
         pixel-shuffled width (the tower's x 1/ratio²)."""
         import transformers

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..images import ClipPixels, checked_fast_path
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
@@ -112,10 +112,10 @@ class LlavaModel(Family):
         self._fast_pixels = self._checked_fast_pixels(self._fast_pixel_path())
         self._expand = ExpandedPromptIds(self.tokenizer, self.image_marker, self.image_token_id)
 
-    def text_dims(self, text_config) -> LlamaDims:
-        return LlamaDims.from_config(text_config)
+    def text_dims(self, text_config) -> DecoderDims:
+        return DecoderDims.from_config(text_config)
 
-    def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
+    def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor of the checkpoint, grouped: lm, vision, projector, extra; a tied checkpoint reads
         its logits off the embedding matrix."""
         import transformers

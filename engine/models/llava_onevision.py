@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError, quiet_fallback
 from ..settings import Settings
 from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
@@ -116,8 +116,8 @@ class LlavaOnevisionModel(LlavaNextModel):
             raise CheckpointError(f"{path}: chat_template is not a string")
         self.tokenizer.chat_template = template
 
-    def text_dims(self, text_config) -> LlamaDims:
-        return replace(LlamaDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+    def text_dims(self, text_config) -> DecoderDims:
+        return replace(DecoderDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
 
     def _reduce(self, grid: torch.Tensor) -> torch.Tensor:
         """anyres_max_N: a grid [hidden, H, W] of more than 1.1² times N crops' features, interpolated

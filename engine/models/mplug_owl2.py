@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from ..images import ClipPixels, checked_fast_path
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError, load_grouped, quiet_fallback, read_config
 from ..plan import PromptLayout
 from ..settings import Settings
@@ -63,7 +63,7 @@ SIZES = {
 }
 
 
-def parse_config(folder: Path) -> tuple[dict, LlamaDims, VisionDims, AbstractorDims]:
+def parse_config(folder: Path) -> tuple[dict, DecoderDims, VisionDims, AbstractorDims]:
     """config.json → (the raw config, the language model's, the ViT's and the abstractor's dims)."""
     from transformers import LlamaConfig
 
@@ -77,7 +77,7 @@ def parse_config(folder: Path) -> tuple[dict, LlamaDims, VisionDims, AbstractorD
     text.setdefault("rms_norm_eps", 1e-6)  # upstream's LlamaConfig default
     if text.get("rope_scaling") is None:
         text.pop("rope_scaling", None)
-    dims = LlamaDims.from_config(LlamaConfig(**text))
+    dims = DecoderDims.from_config(LlamaConfig(**text))
     vision = config_dims(VisionDims, visual.get("visual_model"), f"{folder}/config.json visual_config.visual_model")
     abstractor = config_dims(AbstractorDims, visual.get("visual_abstractor"),
                        f"{folder}/config.json visual_config.visual_abstractor")
@@ -127,7 +127,7 @@ def tokenizer_image_token(tokenizer, prompt: str) -> list[int]:
 
 
 class MplugOwl2Model(Family):
-    """Everything the engine needs from one mPLUG-Owl2 checkpoint: its language model is a LlamaLM of
+    """Everything the engine needs from one mPLUG-Owl2 checkpoint: its language model is a DecoderLM of
     MultiwayDecoderLayers, which route each position by the image mask of the prompt's layout."""
 
     family = MODEL_TYPE
@@ -244,7 +244,7 @@ class MplugOwl2Model(Family):
                "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0,
                "tie_word_embeddings": False,
                "visual_config": {"visual_model": dims["vision"], "visual_abstractor": dims["abstractor"]}}
-        lm = LlamaDims.from_config(LlamaConfig(**{k: v for k, v in raw.items() if k not in TOP_LEVEL}))
+        lm = DecoderDims.from_config(LlamaConfig(**{k: v for k, v in raw.items() if k not in TOP_LEVEL}))
         shapes = {(k if k == "lm_head.weight" else f"model.{k}"): v for k, v in lm_expected_shapes(lm).items()}
         shapes.update({f"model.vision_model.{k}": v for k, v in VisionDims(**dims["vision"]).expected_shapes().items()})
         shapes.update({f"model.visual_abstractor.{k}": v

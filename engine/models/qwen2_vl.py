@@ -20,7 +20,7 @@ import torch
 from PIL import Image
 
 from ..images import ImageError, checked_fast_path, normalize_table, to_rgb
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
@@ -98,8 +98,8 @@ class Qwen2VLModel(Family):
         self._expand = ExpandedPromptIds(self.tokenizer, IMAGE_PAD, self.image_token_id)
         self._fast_pixels = checked_fast_path(NativePixels.for_processor(self.image_processor), self._processor_pixels)
 
-    def text_dims(self, text_config) -> LlamaDims:
-        return replace(LlamaDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+    def text_dims(self, text_config) -> DecoderDims:
+        return replace(DecoderDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
 
     @staticmethod
     def transformers_classes() -> tuple[type, type, type]:
@@ -109,7 +109,7 @@ class Qwen2VLModel(Family):
 
         return Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VisionTransformerPretrainedModel
 
-    def _load(self, dims: LlamaDims):
+    def _load(self, dims: DecoderDims):
         """The language model's and the tower's tensors, and the empty transformers tower they go into; a
         tied checkpoint (the 2B model) reads its logits off the embedding matrix."""
         with no_init():

@@ -11,7 +11,7 @@ Qwen2-VL's pipeline with four changes, each transformers' (models/qwen3_vl/model
 - DeepStack: the tower's blocks in deepstack_visual_indexes each feed a merger of their own, whose
   output is added to the image positions' hidden states after language-model layers 0, 1, ... . The
   features the cache keeps are [rows, cols, (1 + deepstack) x hidden]: the merged features, then each
-  DeepStack block (LlamaDims.deepstack). Image positions lie in the prefix, so its prefill adds them.
+  DeepStack block (DecoderDims.deepstack). Image positions lie in the prefix, so its prefill adds them.
 A thinking checkpoint (its chat template opens a <think> block after the assistant turn) is refused:
 its first answer token is the reasoning's, not a yes/no.
 """
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from ...readout.published import Coverage
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError
 from ..stats import Counts
 from .qwen2_vl import Qwen2VLModel
@@ -90,13 +90,13 @@ class Qwen3VLModel(Qwen2VLModel):
             raise CheckpointError(f"{folder}: a thinking checkpoint (its chat template opens a <think> block), whose "
                                   "first answer token begins its reasoning, not a yes/no; use an Instruct checkpoint")
 
-    def text_dims(self, text_config) -> LlamaDims:
+    def text_dims(self, text_config) -> DecoderDims:
         """Qwen3: q_norm and k_norm, no q/k/v biases; one DeepStack block per deepstack_visual_indexes entry."""
         deepstack = len(self.config.vision_config.deepstack_visual_indexes)
         if deepstack > text_config.num_hidden_layers:
             raise CheckpointError(f"{self.folder}/config.json: {deepstack} DeepStack blocks for "
                                   f"{text_config.num_hidden_layers} language-model layers")
-        return replace(LlamaDims.from_config(text_config), qk_norm=True, deepstack=deepstack)
+        return replace(DecoderDims.from_config(text_config), qk_norm=True, deepstack=deepstack)
 
     @staticmethod
     def transformers_classes() -> tuple[type, type, type]:
