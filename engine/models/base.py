@@ -5,8 +5,9 @@ the language model, the feature fingerprint, the stop ids, loading a processor w
 A family is one module of this package: a `Family` subclass built from a checkpoint folder and the
 engine's Settings, owning the checkpoint's tokenizer, processor, vision side and language model (a
 DecoderLM), and declaring the facts the rest of the code needs about it: its default template and image
-marker, its tiny and 7B dimensions and how to write a random checkpoint of them, its vision FLOPs, and
-its transformers reference pipeline (or why it has none).
+marker, its vision FLOPs, and its transformers reference pipeline (or why it has none). Its random
+checkpoints (their shapes, the writer, stand-in tokenizers) are the synthetic side's:
+engine/synthetic/<model_type>.py.
 """
 from __future__ import annotations
 
@@ -57,7 +58,6 @@ class Family:
     # How the family's own preprocessing shapes an image, for refusing Settings.image_aspect "pad"
     # (original LLaVA's pad to square); None where pad applies.
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
-    sizes: ClassVar[dict[str, dict]] = {}  # "tiny" and "7b": the shape of its random checkpoints
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
     # Each published protocol (readout/published.py) by name: how it runs this family (the tool's model class,
     # the template rendering its prompt, its length), or why the tool has no model class for it.
@@ -201,13 +201,6 @@ class Family:
                                          + 3 * h * lm.intermediate_size)
         return (self.vision_flops(counts) + per_token * (counts.prefix_tokens + counts.suffix_tokens)
                 + 2 * counts.prompts * h * lm.vocab_size)
-
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights=None, **stream) -> Path:
-        """A random-weight checkpoint of this family: dims a `sizes` name or a dict of the same shape;
-        keyword arguments are synthetic.Weights fields."""
-        raise NotImplementedError
 
     @classmethod
     def reference_processor(cls, checkpoint: Path):
