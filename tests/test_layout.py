@@ -8,8 +8,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("readout", "engine", "kernels", "bench", "pope_fast")
 SOURCES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
-FAMILIES = ("llava", "llava_next", "instructblip", "qwen2_vl", "mplug_owl2", "qwen2_5_vl", "llava_onevision", "internvl",
-            "qwen3_vl", "gemma3")
+
+
+def _registered_families() -> tuple[str, ...]:
+    """The model_types of engine/models/__init__.py's FAMILIES, read from its source (a new family is one line
+    there, and nothing here)."""
+    for node in ast.parse((ROOT / "engine/models/__init__.py").read_text()).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "FAMILIES":
+            return tuple(key.value for key in node.value.keys)
+    raise AssertionError("engine/models/__init__.py has no FAMILIES registry")
+
+
+FAMILIES = _registered_families()
 # Strings equal to a family's model_type that are not about the family: template names (the template
 # registry, whose names records carry), the adapter names of ugaa-research's published files, and the
 # protocol registry's names (`llava` is LLaVA's own evaluation scripts).

@@ -21,7 +21,7 @@ from PIL import Image
 from ...readout.published import Coverage
 from ..layers import Linear, make_linear, replace_linears
 from ..decoder import DecoderDims, DecoderLayer, DecoderLM
-from ..loader import CheckpointError, quiet_fallback, stop_ids
+from ..loader import CheckpointError, load_grouped, quiet_fallback, stop_ids
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
@@ -120,6 +120,29 @@ class Family:
         return DecoderLM(dims, weights, dtype=self.dtype, device=self.device, quantize=self.quantize,
                        keep_packed=self.packed, quantize_lm_head=self.settings.quantize_lm_head,
                        kernels=self.settings.kernels, layer_class=layer_class)
+
+    def auto_config(self):
+        """The checkpoint's transformers config: its config.json through AutoConfig (never the hub)."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(self.folder), local_files_only=True)
+
+    def tied(self) -> bool:
+        """Whether the checkpoint reads its logits off the embedding matrix and stores no lm_head: its
+        config's tie_word_embeddings, false where absent (a family whose class ties otherwise says so)."""
+        return bool(getattr(self.config, "tie_word_embeddings", False))
+
+    def load_parts(self, rules: list[tuple[str, str]], expected: dict[str, tuple[int, ...]],
+                   **kwargs) -> dict[str, dict[str, torch.Tensor]]:
+        """load_grouped of this checkpoint (kwargs: its optional, ignore); where tied(), no lm_head is read
+        and the language model's is its embedding matrix."""
+        tied = self.tied()
+        if tied:
+            expected = {k: v for k, v in expected.items() if k != "lm.lm_head.weight"}
+        parts = load_grouped(self.folder, rules, expected, **kwargs)
+        if tied:
+            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        return parts
 
     def fingerprint(self, tensors: dict[str, torch.Tensor], **extra) -> str:
         """The cached features' dependence on the weights that make them, the compute settings and `extra`."""

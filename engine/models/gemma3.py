@@ -41,8 +41,9 @@ from ...readout.published import Coverage
 from ..images import checked_fast_path, normalize_table, to_rgb
 from ..layers import apply_rotary, offset_rms_norm
 from ..decoder import DecoderDims, DecoderLayer
-from ..loader import CheckpointError, load_grouped, load_module, no_init, rename, tensor_files
+from ..loader import CheckpointError, load_module, no_init, rename, tensor_files
 from ..plan import PromptLayout
+from ..prompts import PromptMemo
 from ..settings import Settings
 from ..stats import Counts
 from .base import Family
@@ -176,10 +177,10 @@ class Gemma3Model(Family):
     protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
         self.image_token_id = cfg.image_token_id
         self.mm_tokens = cfg.mm_tokens_per_image
@@ -209,7 +210,8 @@ class Gemma3Model(Family):
                                       layer_class=lambda d, w, linear: Gemma3DecoderLayer(d, w, linear, q_scale))
         self._fast_pixels = checked_fast_path(GemmaPixels.for_processor(self.image_processor), self._processor_pixels)
         self.full_image = f"\n\n{BOI}{IMAGE * self.mm_tokens}{EOI}\n\n"
-        self._ids: dict[str, list[int]] = {}
+        self._ids = PromptMemo(lambda prompt: self.tokenizer.encode(prompt.replace(BOI, self.full_image),
+                                                                    add_special_tokens=False))
 
     def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor, grouped lm / vision / projector; a tied checkpoint (the published ones) reads its
@@ -227,15 +229,15 @@ class Gemma3Model(Family):
                              for n in ("pre", "post")})
         expected.update({f"vision.{k}": tuple(v.shape) for k, v in self.vision.state_dict().items()})
         expected.update({f"projector.{k}": tuple(v.shape) for k, v in self.projector.state_dict().items()})
-        optional = {k for k in expected if k.endswith("position_ids")}
-        # tied (the published checkpoints store no lm_head): the logits are read off the embedding matrix, unless
-        # an lm_head is stored all the same (as the stream writer's is), which transformers 5 then keeps untied
+        return self.load_parts(NAME_RULES, expected)
+
+    def tied(self) -> bool:
+        """Tied (true where config.json does not say; the published checkpoints store no lm_head), unless an
+        lm_head is stored all the same (as the stream writer's is), which transformers 5 then keeps untied."""
+        cfg = self.config
         stored = any(rename(name, NAME_RULES) == "lm.lm_head.weight" for name in tensor_files(self.folder))
-        if getattr(cfg, "tie_word_embeddings", getattr(cfg.text_config, "tie_word_embeddings", True)) and not stored:
-            expected.pop("lm.lm_head.weight")
-        parts = load_grouped(self.folder, NAME_RULES, expected, optional)
-        parts["lm"].setdefault("lm_head.weight", parts["lm"]["embed_tokens.weight"])
-        return parts
+        return bool(getattr(cfg, "tie_word_embeddings", getattr(cfg.text_config, "tie_word_embeddings", True))) \
+            and not stored
 
     def preprocess_settings(self) -> dict:
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
@@ -264,11 +266,7 @@ class Gemma3Model(Family):
         writes <bos> itself): <start_of_image> expanded to the full image sequence, the text tokenized whole."""
         if prompt.count(BOI) != 1:
             raise ValueError(f"prompt must hold exactly one {BOI}: {prompt!r}")
-        if prompt not in self._ids:
-            if len(self._ids) >= 4096:
-                self._ids.clear()
-            self._ids[prompt] = self.tokenizer.encode(prompt.replace(BOI, self.full_image), add_special_tokens=False)
-        return self._ids[prompt]
+        return self._ids(prompt)
 
     def text_ids(self, prompt: str) -> list[int]:
         """A text-only prompt's ids, as for an image prompt without special tokens added: the chat template

@@ -61,10 +61,10 @@ class InstructBlipModel(Family):
     }
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoProcessor
+        from transformers import AutoProcessor
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.image_token_id = cfg.image_token_id
         self.num_queries = cfg.num_query_tokens
         processor = self.pretrained(AutoProcessor, "processor files (tokenizer, qformer_tokenizer/, image processor)")
@@ -99,8 +99,7 @@ class InstructBlipModel(Family):
         q_hidden = cfg.qformer_config.hidden_size
         expected.update({"extra.query_tokens": (1, self.num_queries, q_hidden),
                          "projector.weight": (dims.hidden_size, q_hidden), "projector.bias": (dims.hidden_size,)})
-        optional = {k for k in expected if k.endswith("position_ids")}
-        return load_grouped(self.folder, NAME_RULES, expected, optional), vision, qformer
+        return load_grouped(self.folder, NAME_RULES, expected), vision, qformer
 
     def preprocess_settings(self) -> dict:
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}

@@ -26,7 +26,7 @@ from PIL import Image
 
 from ..images import normalize_table, to_rgb
 from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, tensor_files
+from ..loader import CheckpointError, load_module, no_init, tensor_files
 from ..settings import Settings
 from ..stats import Counts
 from ...readout.published import Coverage
@@ -95,22 +95,22 @@ class InternVLModel(LlavaModel):
         expected.update({"projector.layer_norm.weight": (wide,), "projector.layer_norm.bias": (wide,),
                          "projector.linear_1.weight": (h, wide), "projector.linear_1.bias": (h,),
                          "projector.linear_2.weight": (h, h), "projector.linear_2.bias": (h,)})
-        tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        if tied:
-            expected.pop("lm.lm_head.weight")
-            if any(re.match(r"^(?:model\.)?(?:language_model\.)?lm_head\.", k) for k in tensor_files(self.folder)):
-                # InternVLConfig's tie_word_embeddings defaults to true, and transformers 5 ties by it: a config
-                # written without it reads as tied, and transformers would drop the stored head.
-                raise CheckpointError(f"{self.folder}: config.json ties lm_head to the embeddings (top-level "
-                                      "tie_word_embeddings, true where absent) but the checkpoint stores an lm_head; "
-                                      "set tie_word_embeddings to false in config.json if that head is meant")
-        parts = load_grouped(self.folder, self.name_rules, expected)
-        if tied:
-            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        parts = self.load_parts(self.name_rules, expected)
         proj = parts["projector"]
         self.projector_norm = (proj["layer_norm.weight"].to(self.device, self.dtype),
                                proj["layer_norm.bias"].to(self.device, self.dtype))
         return parts
+
+    def tied(self) -> bool:
+        """The config's tie_word_embeddings, refused where the checkpoint stores an lm_head all the same."""
+        tied = super().tied()
+        if tied and any(re.match(r"^(?:model\.)?(?:language_model\.)?lm_head\.", k) for k in tensor_files(self.folder)):
+            # InternVLConfig's tie_word_embeddings defaults to true, and transformers 5 ties by it: a config
+            # written without it reads as tied, and transformers would drop the stored head.
+            raise CheckpointError(f"{self.folder}: config.json ties lm_head to the embeddings (top-level "
+                                  "tie_word_embeddings, true where absent) but the checkpoint stores an lm_head; "
+                                  "set tie_word_embeddings to false in config.json if that head is meant")
+        return tied
 
     def _vision_tower(self, weights: dict[str, torch.Tensor]) -> None:
         """InternViT with its weights, cut after the layer read (hidden_states[i]: the output of layer i;

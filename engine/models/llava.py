@@ -18,7 +18,7 @@ from PIL import Image
 
 from ..images import ClipPixels, checked_fast_path
 from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..loader import CheckpointError, load_module, no_init
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
@@ -69,10 +69,10 @@ class LlavaModel(Family):
         return {}
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.feature_layer = cfg.vision_feature_layer
         self.select_strategy = cfg.vision_feature_select_strategy
         self.image_token_id = cfg.image_token_id
@@ -123,15 +123,7 @@ class LlavaModel(Family):
         expected.update({f"extra.{k}": v for k, v in self.extra_shapes(h).items()})
         if cfg.multimodal_projector_bias:
             expected.update({"projector.linear_1.bias": (h,), "projector.linear_2.bias": (h,)})
-        # position_ids-style buffers are not stored in checkpoints
-        stored_optional = {k for k in vision_shapes if k.endswith("position_ids")}
-        tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        if tied:
-            expected.pop("lm.lm_head.weight")
-        parts = load_grouped(self.folder, self.name_rules, expected, stored_optional)
-        if tied:
-            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
-        return parts
+        return self.load_parts(self.name_rules, expected)
 
     def _vision_tower(self, weights: dict[str, torch.Tensor]) -> None:
         """The CLIP tower with its weights, cut after the last layer LLaVA reads: hidden_states[0] is the

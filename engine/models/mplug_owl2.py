@@ -25,6 +25,7 @@ from ..images import ClipPixels, checked_fast_path
 from ..decoder import DecoderDims
 from ..loader import CheckpointError, load_grouped, read_config
 from ..plan import PromptLayout
+from ..prompts import PromptMemo
 from ..settings import Settings
 from ..stats import Counts
 from ...readout.published import Coverage
@@ -150,7 +151,7 @@ class MplugOwl2Model(Family):
         self.abstractor = VisualAbstractor(abstractor_dims, parts["abstractor"], self.linear, self.dtype,
                                            self.device).eval()
         self.lm = self.language_model(self.dims, parts["lm"], layer_class=MultiwayDecoderLayer)
-        self._ids: dict[str, list[int]] = {}
+        self._ids = PromptMemo(lambda prompt: tokenizer_image_token(self.tokenizer, prompt))
         self._fast_pixels = checked_fast_path(ClipPixels.for_processor(self.image_processor), self._processor_pixels)
 
     def preprocess_settings(self) -> dict:
@@ -184,11 +185,7 @@ class MplugOwl2Model(Family):
         times (one position per image feature, as upstream splices them)."""
         if prompt.count(IMAGE_MARKER) != 1:
             raise ValueError(f"prompt must hold exactly one {IMAGE_MARKER}: {prompt!r}")
-        if prompt not in self._ids:
-            if len(self._ids) >= 4096:
-                self._ids.clear()
-            self._ids[prompt] = tokenizer_image_token(self.tokenizer, prompt)
-        ids = self._ids[prompt]
+        ids = self._ids(prompt)
         at = ids.index(IMAGE_TOKEN_INDEX)
         return ids[:at] + [IMAGE_TOKEN_INDEX] * num_image_tokens + ids[at + 1:]
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..images import ImageError, checked_fast_path, normalize_table, to_rgb
 from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init
+from ..loader import CheckpointError, load_module, no_init
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
@@ -60,10 +60,10 @@ class Qwen2VLModel(Family):
     }
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.image_token_id = cfg.image_token_id
         self.merge = cfg.vision_config.spatial_merge_size
         # not AutoProcessor: Qwen2VLProcessor also builds a video processor, which needs torchvision
@@ -99,13 +99,8 @@ class Qwen2VLModel(Family):
         with no_init():
             vision = self.transformers_classes()[2]._from_config(self.config.vision_config)
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
-        tied = bool(getattr(self.config, "tie_word_embeddings", False))
-        if tied:
-            expected.pop("lm.lm_head.weight")
         expected.update({f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()})
-        parts = load_grouped(self.folder, NAME_RULES, expected)
-        if tied:
-            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        parts = self.load_parts(NAME_RULES, expected)
         return parts["lm"], parts["vision"], vision
 
     def preprocess_settings(self) -> dict:
