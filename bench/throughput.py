@@ -19,7 +19,7 @@ import torch
 from ..distributed import Shard
 from ..engine import FAMILIES, Engine, Settings, parse_method
 from ..engine.models import family_class
-from ..engine.synthetic import builtin_questions, write_images
+from ..engine.synthetic import builtin_questions, write_checkpoint, write_images
 from ..readout import READOUTS, Question, load_questions
 from ..readout.readouts import FIRST_TOKEN, LOGIT
 from ..readout.records import json_lines
@@ -101,8 +101,8 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
                         probe=cfg.probe)
     checkpoint = cfg.model_dirs.get(name)
     if checkpoint is None:
-        checkpoint = family_class(name).write_checkpoint(
-            work / f"{name}-{cfg.size}", cfg.size, tokenizer_dir=cfg.tokenizer_dir,
+        checkpoint = write_checkpoint(
+            name, work / f"{name}-{cfg.size}", cfg.size, tokenizer_dir=cfg.tokenizer_dir,
             dtype=torch.float32 if settings.torch_dtype == torch.float32 else torch.float16,
             device=cfg.device if cfg.size == "7b" else "cpu")
     questions = _questions(cfg)

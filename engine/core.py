@@ -2,7 +2,7 @@
 
 Per call: projected features per image (cached by content) → the prompts of each image run through
 the one-step prefill (`runner.Runner`) → one PromptResult per prompt, and its decisions from the
-readout plan (`readout.planning.ReadoutPlan`). Mitigation methods are passes of that same step whose
+readout plan (`readout.readout_plan.ReadoutPlan`). Mitigation methods are passes of that same step whose
 answer-position logits they combine (`run_methods`).
 """
 from __future__ import annotations

@@ -41,7 +41,8 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-# Buffers that checkpoints store as integers (indices, not weights).
+# Buffers that checkpoints store as integers (indices, not weights) where they store them at all: the
+# modules recompute them, so load_grouped takes them as optional and load_module does not miss them.
 INDEX_BUFFERS = ("position_ids",)
 # Index file → the weight format it indexes; safetensors first, as transformers prefers them.
 INDEXES = (("model.safetensors.index.json", "*.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model*.bin"))
@@ -173,8 +174,9 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
 def load_grouped(folder: Path, rules: list[tuple[str, str]], expected: dict[str, tuple[int, ...]],
                  optional: set[str] = frozenset(), ignore: tuple[str, ...] = ()) -> dict[str, dict[str, torch.Tensor]]:
     """Every expected tensor, named ours ("group.rest") by the first matching rule, read, shape-checked
-    and grouped by the first part of its name; names in `optional` may be absent, and checkpoint names
-    matching an `ignore` pattern (stored buffers the model recomputes) are skipped."""
+    and grouped by the first part of its name; names in `optional` (and INDEX_BUFFERS) may be absent, and
+    checkpoint names matching an `ignore` pattern (stored buffers the model recomputes) are skipped."""
+    optional = set(optional) | {k for k in expected if k.endswith(INDEX_BUFFERS)}
     files = {k: v for k, v in tensor_files(folder).items() if not any(re.match(p, k) for p in ignore)}
     names = map_names(files, lambda n: rename(n, rules),
                       {k: v for k, v in expected.items() if k not in optional}, folder)
@@ -188,7 +190,7 @@ def load_grouped(folder: Path, rules: list[tuple[str, str]], expected: dict[str,
 def load_module(module: torch.nn.Module, weights: dict[str, torch.Tensor], folder: Path, what: str) -> None:
     """A borrowed transformers module gets its tensors; position_ids buffers are never stored."""
     missing, unexpected = module.load_state_dict(weights, strict=False)
-    missing = [m for m in missing if not m.endswith("position_ids")]
+    missing = [m for m in missing if not m.endswith(INDEX_BUFFERS)]
     if missing or unexpected:
         raise CheckpointError(f"{folder}: {what} tensors missing {missing}, unexpected {unexpected}")
 

@@ -13,8 +13,8 @@ From image to record:
     Rows of layouts ──make_plan──▶ Stages: one PrefixGroup (distinct prefixes of one length, prefilled
         together) and the SuffixBatches that continue it (or whole-prompt batches where nothing is shared)
     PrefixGroup / SuffixBatch ──TokenBatch.of──▶ ids, features, positions, image mask and spans
-        ──LlamaLM.prefill_prefix / prefill_suffix──▶ the hidden state at each answer position
-    ──LlamaLM.answer (+ decode for string readouts)──▶ PromptResult
+        ──DecoderLM.prefill_prefix / prefill_suffix──▶ the hidden state at each answer position
+    ──DecoderLM.answer (+ decode for string readouts)──▶ PromptResult
     ──Engine.decide──▶ predictions ──▶ record
 """
 from __future__ import annotations

@@ -1,6 +1,28 @@
-"""Prompt token ids with the image expanded, shared by the families whose processors repeat one
-placeholder token once per image feature (LLaVA, LLaVA-NeXT, Qwen2-VL)."""
+"""Prompt token ids: a bounded memo of a prompt text's ids, and the ids with the image expanded, shared by
+the families whose processors repeat one placeholder token once per image feature (LLaVA, LLaVA-NeXT,
+Qwen2-VL)."""
 from __future__ import annotations
+
+from typing import Callable
+
+
+class PromptMemo:
+    """ids(prompt) computed once per distinct prompt text: POPE asks ~160 distinct questions of 500 images,
+    so each prompt is tokenized once, not once per image."""
+
+    # The most prompts kept before the memo starts over: far more than a benchmark's distinct question texts
+    # (POPE's ~160), so a run tokenizes each once, while a run of ever new texts keeps memory bounded.
+    LIMIT = 4096
+
+    def __init__(self, ids: Callable[[str], list[int]]):
+        self.ids, self._memo = ids, {}
+
+    def __call__(self, prompt: str) -> list[int]:
+        if prompt not in self._memo:
+            if len(self._memo) >= self.LIMIT:
+                self._memo.clear()
+            self._memo[prompt] = self.ids(prompt)
+        return self._memo[prompt]
 
 
 class ExpandedPromptIds:
@@ -16,17 +38,12 @@ class ExpandedPromptIds:
     def __init__(self, tokenizer, placeholder: str, token_id: int):
         self.tokenizer, self.placeholder, self.token_id = tokenizer, placeholder, token_id
         self._checked: dict[tuple, bool] = {}
-        # POPE asks ~160 distinct questions of 500 images: tokenize each prompt text once, not per image.
-        self._ids: dict[str, list[int]] = {}
+        self._ids = PromptMemo(lambda prompt: list(tokenizer(prompt)["input_ids"]))
 
     def __call__(self, prompt: str, num_image_tokens: int) -> list[int]:
         if prompt.count(self.placeholder) != 1:
             raise ValueError(f"prompt must hold exactly one {self.placeholder}: {prompt!r}")
-        if prompt not in self._ids:
-            if len(self._ids) >= 4096:
-                self._ids.clear()
-            self._ids[prompt] = list(self.tokenizer(prompt)["input_ids"])
-        ids = self._ids[prompt]
+        ids = self._ids(prompt)
         if ids.count(self.token_id) != 1:
             return self._full(prompt, num_image_tokens)
         at = ids.index(self.token_id)

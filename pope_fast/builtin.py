@@ -20,13 +20,13 @@ def demo_inputs(out_dir: Path, questions: list[Question], images_dir: Path | Non
     import torch
 
     from .engine.models import DEMO, family_class  # torch: the demo's writers need it, importing builtin not
-    from .engine.synthetic import builtin_questions, write_images
+    from .engine.synthetic import builtin_questions, write_checkpoint, write_images
 
     demo, family = Path(out_dir) / "demo", family_class(DEMO)
     model_dir = demo / f"{DEMO}-tiny"
     if not (model_dir / "config.json").is_file():
         notice(f"demo: writing a random tiny {family.name} checkpoint to {model_dir}")
-        family.write_checkpoint(model_dir, "tiny", dtype=torch.float32)
+        write_checkpoint(DEMO, model_dir, "tiny", dtype=torch.float32)
     questions = questions or builtin_questions(n_questions, split or "demo")
     named = [q.image for q in questions if q.image_data is None]
     if images_dir is None and named:

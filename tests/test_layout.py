@@ -10,8 +10,18 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("readout", "engine", "kernels", "bench", "pope_fast")
 SOURCES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py"))
-FAMILIES = ("llava", "llava_next", "instructblip", "qwen2_vl", "mplug_owl2", "qwen2_5_vl", "llava_onevision", "internvl",
-            "qwen3_vl", "gemma3")
+
+
+def _registered_families() -> tuple[str, ...]:
+    """The model_types of engine/models/__init__.py's FAMILIES, read from its source (a new family is one line
+    there, and nothing here)."""
+    for node in ast.parse((ROOT / "engine/models/__init__.py").read_text()).body:
+        if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "FAMILIES":
+            return tuple(key.value for key in node.value.keys)
+    raise AssertionError("engine/models/__init__.py has no FAMILIES registry")
+
+
+FAMILIES = _registered_families()
 # Strings equal to a family's model_type that are not about the family: template names (the template
 # registry, whose names records carry), the adapter names of ugaa-research's published files, and the
 # protocol registry's names (`llava` is LLaVA's own evaluation scripts).
@@ -136,23 +146,31 @@ def test_the_cli_is_options_and_one_call():
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_family_is_named_outside_its_room(path):
     """Nothing outside engine/models/ names a family (a branch on one, a table of their facts): the
-    family declares what the rest of the code asks of it."""
+    family declares what the rest of the code asks of it. Its room on the synthetic side,
+    engine/synthetic/<model_type>.py (its random checkpoints), may name it, and no other."""
+    own = path.stem if path.parent == ROOT / "engine/synthetic" else None
     named = [(n.lineno, n.value) for n in ast.walk(_tree(path))
-             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in FAMILIES]
+             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in FAMILIES and n.value != own]
     assert not named, f"{path.relative_to(ROOT)} names {named}"
 
 
 def test_every_registered_family_declares_what_the_rest_asks():
+    """Each family declares what the engine asks of it, and its synthetic module (found by the model_type)
+    the shapes and the writer of its random checkpoints, which the demo, bench and the tests ask for."""
     from pope_fast.engine.models import FAMILIES as REGISTRY, family_class
+    from pope_fast.engine.synthetic import family_checkpoints
 
     assert tuple(REGISTRY) == FAMILIES
     for model_type in REGISTRY:
         cls = family_class(model_type)
         assert cls.family == model_type and cls.name and cls.seed_model and cls.default_template
-        assert set(cls.sizes) == {"tiny", "7b"}, model_type
         own = {name for klass in cls.__mro__[:-2] for name in vars(klass)}  # the family's, not the base's
         assert {"vision_flops", "encode_images", "preprocess", "layout", "preprocess_settings"} <= own, model_type
-        assert "write_checkpoint" in own, model_type
+        checkpoints = family_checkpoints(model_type)
+        assert set(checkpoints.SIZES) == {"tiny", "7b"}, model_type
+        assert callable(checkpoints.write_checkpoint), model_type
+    synthetic = {p.stem for p in (ROOT / "engine/synthetic").glob("*.py")} - {"__init__"}
+    assert synthetic == set(FAMILIES), synthetic ^ set(FAMILIES)
 
 
 def test_setup_installs_every_module(monkeypatch):

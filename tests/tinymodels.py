@@ -1,5 +1,5 @@
-"""The engine tests' tiny random checkpoints (each family's own `write_checkpoint` at
-test dimensions, weights through the transformers class), synthetic POPE sets and oracle helpers.
+"""The engine tests' tiny random checkpoints (each family's writer on the synthetic side,
+engine/synthetic/<model_type>.py, at test dimensions, weights through the transformers class), synthetic POPE sets and oracle helpers.
 
 The tokenizers are the real ones from ../shared when they are there; elsewhere the built-in
 word-level ones stand in, so these tests run on any clone.
@@ -12,16 +12,8 @@ from pathlib import Path
 
 import torch
 
-from pope_fast.engine.models.gemma3 import GEMMA3_TINY, SIGLIP_TINY, Gemma3Model
-from pope_fast.engine.models.instructblip import InstructBlipModel
-from pope_fast.engine.models.internvl import InternVLModel
-from pope_fast.engine.models.llava import LlavaModel
-from pope_fast.engine.models.llava_next import LlavaNextModel
-from pope_fast.engine.models.llava_onevision import LlavaOnevisionModel
-from pope_fast.engine.models.qwen2_5_vl import Qwen2_5_VLModel
-from pope_fast.engine.models.qwen2_vl import Qwen2VLModel
-from pope_fast.engine.models.qwen3_vl import Qwen3VLModel
-from pope_fast.engine.synthetic import Weights, synthetic_image
+from pope_fast.engine.synthetic import Weights, synthetic_image, write_checkpoint
+from pope_fast.engine.synthetic.gemma3 import GEMMA3_TINY, SIGLIP_TINY
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
@@ -59,8 +51,8 @@ def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers
                           num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=vocab_size or 32064,
                           max_position_embeddings=2048, initializer_range=init_std),
                 config=dict(initializer_range=init_std, vision_feature_layer=feature_layer))
-    return LlavaModel.write_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
-                                  weights=Weights("model", seed=seed, std=init_std, dtype=dtype))
+    return write_checkpoint("llava", folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
+                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype))
 
 
 # Crops of 28 px, 2 x 2 patches each: every grid shape and both unpad directions at test sizes.
@@ -79,8 +71,8 @@ def make_tiny_llava_next(folder: Path, *, seed: int = 0, layers: int = 2, kv_hea
                           max_position_embeddings=2048, initializer_range=init_std, sliding_window=None,
                           rope_theta=1e6),
                 pinpoints=TINY_PINPOINTS, config=dict(initializer_range=init_std))
-    return LlavaNextModel.write_checkpoint(
-        folder, dims, tokenizer_dir=_shared(SHARED_MISTRAL_TOKENIZER, builtin_tokenizer),
+    return write_checkpoint(
+        "llava_next", folder, dims, tokenizer_dir=_shared(SHARED_MISTRAL_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, extra={"model.image_newline": 0.5}))
 
 
@@ -100,8 +92,8 @@ def make_tiny_llava_onevision(folder: Path, *, seed: int = 0, builtin_tokenizer:
                           num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096, rope_theta=1e6,
                           initializer_range=init_std, tie_word_embeddings=tied),
                 pinpoints=ONEVISION_PINPOINTS, config=dict(initializer_range=init_std, tie_word_embeddings=tied))
-    return LlavaOnevisionModel.write_checkpoint(
-        folder, dims, tokenizer_dir=_shared(SHARED_ONEVISION_TOKENIZER, builtin_tokenizer),
+    return write_checkpoint(
+        "llava_onevision", folder, dims, tokenizer_dir=_shared(SHARED_ONEVISION_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, extra={"model.image_newline": 0.5}))
 
 
@@ -126,8 +118,8 @@ def make_tiny_internvl(folder: Path, *, seed: int = 0, builtin_tokenizer: bool =
                           initializer_range=init_std),
                 max_patches=max_patches,
                 config=dict(initializer_range=init_std, tie_word_embeddings=tied, vision_feature_layer=feature_layer))
-    return InternVLModel.write_checkpoint(
-        folder, dims, tokenizer_dir=_shared(SHARED_INTERNVL_TOKENIZER, builtin_tokenizer),
+    return write_checkpoint(
+        "internvl", folder, dims, tokenizer_dir=_shared(SHARED_INTERNVL_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, extra=extra))
 
 
@@ -144,8 +136,8 @@ def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidd
                           num_attention_heads=4, num_key_value_heads=4, vocab_size=32064,
                           max_position_embeddings=2048, initializer_range=init_std),
                 queries=queries, config=dict(initializer_range=init_std))
-    return InstructBlipModel.write_checkpoint(
-        folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
+    return write_checkpoint(
+        "instructblip", folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
         qformer_tokenizer_dir=_shared(SHARED_BERT_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
                         extra={"query_tokens": 0.5}))
@@ -163,9 +155,9 @@ def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: 
                           initializer_range=init_std),
                 processor=dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
                                temporal_patch_size=2))
-    return Qwen2VLModel.write_checkpoint(folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer),
-                                     weights=Weights("model", seed=seed, std=init_std, dtype=dtype,
-                                                     spread_ranks=(2, 3, 4, 5)))
+    return write_checkpoint("qwen2_vl", folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer),
+                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype,
+                                            spread_ranks=(2, 3, 4, 5)))
 
 
 def make_tiny_qwen2_5_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_dim: int = 32,
@@ -184,8 +176,8 @@ def make_tiny_qwen2_5_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden
                           initializer_range=init_std),
                 processor=dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
                                temporal_patch_size=2))
-    return Qwen2_5_VLModel.write_checkpoint(
-        folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_5_TOKENIZER, builtin_tokenizer),
+    return write_checkpoint(
+        "qwen2_5_vl", folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_5_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5)))
 
 
@@ -208,8 +200,8 @@ def make_tiny_qwen3_vl(folder: Path, *, seed: int = 0, layers: int = 3, hidden: 
                 processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
                                image_std=[0.5] * 3, min_pixels=4 * 32 * 32, max_pixels=30 * 32 * 32))
     extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(layers) for n in "qk"}
-    return Qwen3VLModel.write_checkpoint(
-        folder, dims, tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer),
+    return write_checkpoint(
+        "qwen3_vl", folder, dims, tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 
@@ -229,8 +221,8 @@ def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = F
         "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
         "self_attn.q_norm", "self_attn.k_norm")}
     extra.update({"model.language_model.norm.weight": 0.5, "model.multi_modal_projector.mm_soft_emb_norm.weight": 0.5})
-    return Gemma3Model.write_checkpoint(
-        folder, dims, tokenizer_dir=_shared(SHARED_GEMMA3_TOKENIZER, builtin_tokenizer),
+    return write_checkpoint(
+        "gemma3", folder, dims, tokenizer_dir=_shared(SHARED_GEMMA3_TOKENIZER, builtin_tokenizer),
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 

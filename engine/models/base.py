@@ -4,9 +4,10 @@ the language model, the feature fingerprint, the stop ids, loading a processor w
 
 A family is one module of this package: a `Family` subclass built from a checkpoint folder and the
 engine's Settings, owning the checkpoint's tokenizer, processor, vision side and language model (a
-LlamaLM), and declaring the facts the rest of the code needs about it: its default template and image
-marker, its tiny and 7B dimensions and how to write a random checkpoint of them, its vision FLOPs, and
-its transformers reference pipeline (or why it has none).
+DecoderLM), and declaring the facts the rest of the code needs about it: its default template and image
+marker, its vision FLOPs, and its transformers reference pipeline (or why it has none). Its random
+checkpoints (their shapes, the writer, stand-in tokenizers) are the synthetic side's:
+engine/synthetic/<model_type>.py.
 """
 from __future__ import annotations
 
@@ -19,8 +20,8 @@ from PIL import Image
 
 from ...readout.protocols import Coverage
 from ..layers import Linear, make_linear, replace_linears
-from ..llama import DecoderLayer, LlamaDims, LlamaLM
-from ..loader import CheckpointError, quiet_fallback, stop_ids
+from ..decoder import DecoderDims, DecoderLayer, DecoderLM
+from ..loader import CheckpointError, load_grouped, quiet_fallback, stop_ids
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
@@ -57,14 +58,13 @@ class Family:
     # How the family's own preprocessing shapes an image, for refusing Settings.image_aspect "pad"
     # (original LLaVA's pad to square); None where pad applies.
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
-    sizes: ClassVar[dict[str, dict]] = {}  # "tiny" and "7b": the shape of its random checkpoints
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
     # Each published protocol (readout/published.py) by name: how it runs this family (the tool's model class,
     # the template rendering its prompt, its length), or why the tool has no model class for it.
     protocols: ClassVar[dict[str, Coverage | str]] = {}
 
     tokenizer: object
-    lm: LlamaLM
+    lm: DecoderLM
     image_token_id: int
     feature_fingerprint: str  # everything besides the pixels that the cached features depend on
 
@@ -115,11 +115,34 @@ class Family:
                             kernels=self.settings.kernels)
         return module
 
-    def language_model(self, dims: LlamaDims, weights: dict[str, torch.Tensor],
-                       layer_class: type[DecoderLayer] = DecoderLayer) -> LlamaLM:
-        return LlamaLM(dims, weights, dtype=self.dtype, device=self.device, quantize=self.quantize,
+    def language_model(self, dims: DecoderDims, weights: dict[str, torch.Tensor],
+                       layer_class: type[DecoderLayer] = DecoderLayer) -> DecoderLM:
+        return DecoderLM(dims, weights, dtype=self.dtype, device=self.device, quantize=self.quantize,
                        keep_packed=self.packed, quantize_lm_head=self.settings.quantize_lm_head,
                        kernels=self.settings.kernels, layer_class=layer_class)
+
+    def auto_config(self):
+        """The checkpoint's transformers config: its config.json through AutoConfig (never the hub)."""
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(self.folder), local_files_only=True)
+
+    def tied(self) -> bool:
+        """Whether the checkpoint reads its logits off the embedding matrix and stores no lm_head: its
+        config's tie_word_embeddings, false where absent (a family whose class ties otherwise says so)."""
+        return bool(getattr(self.config, "tie_word_embeddings", False))
+
+    def load_parts(self, rules: list[tuple[str, str]], expected: dict[str, tuple[int, ...]],
+                   **kwargs) -> dict[str, dict[str, torch.Tensor]]:
+        """load_grouped of this checkpoint (kwargs: its optional, ignore); where tied(), no lm_head is read
+        and the language model's is its embedding matrix."""
+        tied = self.tied()
+        if tied:
+            expected = {k: v for k, v in expected.items() if k != "lm.lm_head.weight"}
+        parts = load_grouped(self.folder, rules, expected, **kwargs)
+        if tied:
+            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        return parts
 
     def fingerprint(self, tensors: dict[str, torch.Tensor], **extra) -> str:
         """The cached features' dependence on the weights that make them, the compute settings and `extra`."""
@@ -201,13 +224,6 @@ class Family:
                                          + 3 * h * lm.intermediate_size)
         return (self.vision_flops(counts) + per_token * (counts.prefix_tokens + counts.suffix_tokens)
                 + 2 * counts.prompts * h * lm.vocab_size)
-
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights=None, **stream) -> Path:
-        """A random-weight checkpoint of this family: dims a `sizes` name or a dict of the same shape;
-        keyword arguments are synthetic.Weights fields."""
-        raise NotImplementedError
 
     @classmethod
     def reference_processor(cls, checkpoint: Path):

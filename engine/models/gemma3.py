@@ -6,7 +6,7 @@ RMS-normed and projected (Gemma3MultiModalProjector, also transformers'); the ca
 and the prompt's `<start_of_image>` becomes "\\n\\n<start_of_image>" + 256 x `<image_soft_token>` +
 "<end_of_image>\\n\\n" (processing_gemma3.py, full_image_sequence).
 
-The language model differs from LLaMA's in ways the shared LlamaLM takes as LlamaDims flags or this
+The language model differs from LLaMA's in ways the shared DecoderLM takes as DecoderDims flags or this
 module's layer (transformers models/gemma3/modeling_gemma3.py):
 - RMSNorm scales by (1 + w) in fp32 and casts once (Gemma3RMSNorm); four per layer: input, post-attention
   (on the attention output, before the residual add), pre- and post-feedforward; q and k norms of that kind;
@@ -15,22 +15,16 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
 - attention scaled by query_pre_attn_scalar**-0.5 (Gemma3Attention.scaling), folded here into q's norm as
   sqrt(head_dim / query_pre_attn_scalar), so every attention path (SDPA, the prefix kernel, decode, probe)
   applies it with its own head_dim**-0.5: a factor of exactly 1 where the two are equal (256 and 256 in the
-  4B's config, from memory also the 12B's), else applied in fp32 before q's one cast (q then rounds scaled,
-  where transformers rounds it unscaled: equal in fp32, within a rounding step in fp16/bf16);
+  published configs), else applied in fp32 before q's one cast (q then rounds scaled, where transformers
+  rounds it unscaled: equal in fp32, within a rounding step in fp16/bf16);
 - local and global RoPE (rope_parameters["sliding_attention"] / ["full_attention"], the 4B's global one
   linearly scaled by 8) per layer_types; sliding layers attend like full ones within their window
   (masking_utils.sliding_window_overlay keeps keys with q - k < window), so the engine refuses longer
   sequences (runner._checked: a sequence of exactly `window` tokens is exact);
 - the tokens of one image attend to each other both ways (create_masks_for_vision_model: OR(causal,
-  same image run), from token_type_ids = 1 on the image soft tokens only): LlamaDims.image_bidirectional;
+  same image run), from token_type_ids = 1 on the image soft tokens only): DecoderDims.image_bidirectional;
   the image lies in the prefix, so the prefix prefill (and a whole prompt) runs that mask and the question
   suffixes, after it, stay causal.
-
-The vocabulary is 262,208 rows (tied to the embedding): at the 4B's width one full-vocabulary argmax pass
-is 2 x 2560 x 262,208 = 1.34 GFLOP per prompt, against 2 x 2560 x n FLOP for n candidate rows (41 kFLOP for
-8): the argmax costs 32,776 times the candidates. The 34 layers' matmuls are 6.42 GFLOP per token (2 x 34 x
-(2560 x 256 x 24 + 3 x 2560 x 10240)), 1.73 TFLOP over a ~270-token prompt; [S, V] logits over that prompt
-would add 362 GFLOP (a fifth more), the one argmax pass bench's floor counts adds 0.08 %.
 """
 from __future__ import annotations
 
@@ -46,12 +40,12 @@ from torch import nn
 from ...readout.protocols import Coverage
 from ..images import checked_fast_path, normalize_table, to_rgb
 from ..layers import apply_rotary, offset_rms_norm
-from ..llama import DecoderLayer, LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback, rename, tensor_files
+from ..decoder import DecoderDims, DecoderLayer
+from ..loader import CheckpointError, load_module, no_init, rename, tensor_files
 from ..plan import PromptLayout
+from ..prompts import PromptMemo
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import COCO_CATEGORIES, Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 from .base import Family
 
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"
@@ -61,39 +55,6 @@ NAME_RULES = [
     (r"^(?:model\.)?vision_tower\.", "vision."),
     (r"^(?:model\.)?multi_modal_projector\.", "projector."),
 ]
-# gemma-3-4b-it ("7b" is the table's name for the seed size). From memory of the published config.json,
-# not verified here (no copy of it is at hand): SigLIP so400m at 896 px without its head, Gemma 3 4B.
-SIGLIP_896 = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
-                  image_size=896, patch_size=14, vision_use_head=False, layer_norm_eps=1e-6)
-GEMMA3_4B = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
-                 num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, vocab_size=262208,
-                 rms_norm_eps=1e-6, sliding_window=1024, sliding_window_pattern=6, max_position_embeddings=131072,
-                 rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                  "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
-# The tiny stand-ins (the tests'): 64-px images of 8 x 8 patches pooled to 4 x 4 = 16 tokens; four layers,
-# local, local, global (linearly scaled RoPE), local, with a window longer than any test prompt; head_dim 32
-# against a query_pre_attn_scalar of 24, so that a wrong attention scale shows. The bench's `tiny` size keeps
-# the real image: 896 px, 64 x 64 patches pooled to 256 tokens.
-SIGLIP_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=64,
-                   patch_size=8, vision_use_head=False, layer_norm_eps=1e-6)
-GEMMA3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-                   num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, vocab_size=262208, rms_norm_eps=1e-6,
-                   sliding_window=512, max_position_embeddings=4096,
-                   layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
-                   rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-                                    "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
-# The built-in stand-in tokenizer's chat template: Gemma's turn format (a system text opens the first user
-# turn, followed by a blank line; the image as <start_of_image>; the model's turn opened for the answer).
-STANDIN_CHAT_TEMPLATE = (
-    "{{ bos_token }}{% set prefix = '' %}{% set turns = messages %}"
-    "{% if messages[0]['role'] == 'system' %}{% set prefix = messages[0]['content'][0]['text'] + '\n\n' %}"
-    "{% set turns = messages[1:] %}{% endif %}"
-    "{% for m in turns %}{{ '<start_of_turn>' + ('model' if m['role'] == 'assistant' else m['role']) + '\n' }}"
-    "{% if loop.first %}{{ prefix }}{% endif %}"
-    "{% if m['content'] is string %}{{ m['content'] | trim }}{% else %}{% for c in m['content'] %}"
-    "{% if c['type'] == 'image' %}{{ '<start_of_image>' }}{% elif c['type'] == 'text' %}{{ c['text'] | trim }}"
-    "{% endif %}{% endfor %}{% endif %}{{ '<end_of_turn>\n' }}{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}")
 # lmms-eval v0.7.2 (cb45ac4d) models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47,
 # l.242), then [image, the task's text] (l.263-266) through the processor's chat template (l.271), greedy, the
 # POPE task's 128 new tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
@@ -141,7 +102,7 @@ class Gemma3DecoderLayer(DecoderLayer):
     """Gemma3DecoderLayer: (1 + w) RMSNorms (input, post-attention, pre- and post-feedforward, q and k),
     tanh-GELU GeGLU, the attention scale folded into q's norm (see the module docstring)."""
 
-    def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], linear, q_scale: float = 1.0):
+    def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], linear, q_scale: float = 1.0):
         super().__init__(dims, weights, linear)
         self.pre_ff_norm, self.post_ff_norm = (
             nn.Parameter(weights[f"{n}_feedforward_layernorm.weight"], requires_grad=False) for n in ("pre", "post"))
@@ -168,8 +129,8 @@ class Gemma3DecoderLayer(DecoderLayer):
         return x + offset_rms_norm(h, self.post_ff_norm, eps)
 
 
-def text_dims(cfg, where: Path) -> tuple[LlamaDims, float]:
-    """LlamaDims of a Gemma3TextConfig and the factor folded into q (sqrt(head_dim / query_pre_attn_scalar));
+def text_dims(cfg, where: Path) -> tuple[DecoderDims, float]:
+    """DecoderDims of a Gemma3TextConfig and the factor folded into q (sqrt(head_dim / query_pre_attn_scalar));
     a one-line CheckpointError for what the engine does not implement."""
     for name in ("attn_logit_softcapping", "final_logit_softcapping"):
         if getattr(cfg, name, None) is not None:
@@ -193,7 +154,7 @@ def text_dims(cfg, where: Path) -> tuple[LlamaDims, float]:
         raise CheckpointError(f"{where}/config.json: layer_types {kinds} do not name the {cfg.num_hidden_layers} "
                               "layers' attention (sliding_attention or full_attention)")
     heads = cfg.num_attention_heads
-    dims = LlamaDims(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+    dims = DecoderDims(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                      num_layers=cfg.num_hidden_layers, num_heads=heads, num_kv_heads=cfg.num_key_value_heads,
                      head_dim=cfg.head_dim, rms_eps=cfg.rms_norm_eps, rope_theta=ropes["full_attention"][0],
                      sliding_window=cfg.sliding_window if "sliding_attention" in kinds else None,
@@ -214,14 +175,12 @@ class Gemma3Model(Family):
     image_marker = BOI
     own_aspect = "resizes every image to its square"
     protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
-    sizes = {"7b": dict(vision=SIGLIP_896, text=GEMMA3_4B, mm_tokens=256),
-             "tiny": dict(vision=dict(SIGLIP_TINY, image_size=896, patch_size=14), text=GEMMA3_TINY, mm_tokens=256)}
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
         self.image_token_id = cfg.image_token_id
         self.mm_tokens = cfg.mm_tokens_per_image
@@ -251,9 +210,10 @@ class Gemma3Model(Family):
                                       layer_class=lambda d, w, linear: Gemma3DecoderLayer(d, w, linear, q_scale))
         self._fast_pixels = checked_fast_path(GemmaPixels.for_processor(self.image_processor), self._processor_pixels)
         self.full_image = f"\n\n{BOI}{IMAGE * self.mm_tokens}{EOI}\n\n"
-        self._ids: dict[str, list[int]] = {}
+        self._ids = PromptMemo(lambda prompt: self.tokenizer.encode(prompt.replace(BOI, self.full_image),
+                                                                    add_special_tokens=False))
 
-    def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
+    def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor, grouped lm / vision / projector; a tied checkpoint (the published ones) reads its
         logits off the embedding matrix."""
         from transformers import AutoModel
@@ -269,15 +229,15 @@ class Gemma3Model(Family):
                              for n in ("pre", "post")})
         expected.update({f"vision.{k}": tuple(v.shape) for k, v in self.vision.state_dict().items()})
         expected.update({f"projector.{k}": tuple(v.shape) for k, v in self.projector.state_dict().items()})
-        optional = {k for k in expected if k.endswith("position_ids")}
-        # tied (the published checkpoints store no lm_head): the logits are read off the embedding matrix, unless
-        # an lm_head is stored all the same (as the stream writer's is), which transformers 5 then keeps untied
+        return self.load_parts(NAME_RULES, expected)
+
+    def tied(self) -> bool:
+        """Tied (true where config.json does not say; the published checkpoints store no lm_head), unless an
+        lm_head is stored all the same (as the stream writer's is), which transformers 5 then keeps untied."""
+        cfg = self.config
         stored = any(rename(name, NAME_RULES) == "lm.lm_head.weight" for name in tensor_files(self.folder))
-        if getattr(cfg, "tie_word_embeddings", getattr(cfg.text_config, "tie_word_embeddings", True)) and not stored:
-            expected.pop("lm.lm_head.weight")
-        parts = load_grouped(self.folder, NAME_RULES, expected, optional)
-        parts["lm"].setdefault("lm_head.weight", parts["lm"]["embed_tokens.weight"])
-        return parts
+        return bool(getattr(cfg, "tie_word_embeddings", getattr(cfg.text_config, "tie_word_embeddings", True))) \
+            and not stored
 
     def preprocess_settings(self) -> dict:
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
@@ -306,11 +266,7 @@ class Gemma3Model(Family):
         writes <bos> itself): <start_of_image> expanded to the full image sequence, the text tokenized whole."""
         if prompt.count(BOI) != 1:
             raise ValueError(f"prompt must hold exactly one {BOI}: {prompt!r}")
-        if prompt not in self._ids:
-            if len(self._ids) >= 4096:
-                self._ids.clear()
-            self._ids[prompt] = self.tokenizer.encode(prompt.replace(BOI, self.full_image), add_special_tokens=False)
-        return self._ids[prompt]
+        return self._ids(prompt)
 
     def text_ids(self, prompt: str) -> list[int]:
         """A text-only prompt's ids, as for an image prompt without special tokens added: the chat template
@@ -330,32 +286,6 @@ class Gemma3Model(Family):
         pooled = self.mm_tokens / (vc.image_size // vc.patch_size) ** 2
         return (per_patch + 2 * d * h * pooled) * counts.vision_tokens
 
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights: Weights | None = None, **stream) -> Path:
-        """A random-weight Gemma 3 checkpoint: SigLIP, the projector, Gemma 3's language model (tied
-        embeddings), Gemma3Processor's files; the tokenizer is tokenizer_dir's (the real one, whose terms
-        forbid bundling it) or a built-in word-level stand-in with Gemma's special-token ids."""
-        with quiet_fallback():
-            from transformers import (AutoTokenizer, Gemma3Config, Gemma3ForConditionalGeneration,
-                                      Gemma3ImageProcessorPil, Gemma3Processor, Gemma3TextConfig, SiglipVisionConfig)
-
-        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
-        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else \
-            builtin_gemma_tokenizer(folder)
-        text = Gemma3TextConfig(**with_vocab(dims["text"], tok), pad_token_id=tok.pad_token_id,
-                                bos_token_id=tok.bos_token_id, eos_token_id=[tok.eos_token_id,
-                                                                             tok.convert_tokens_to_ids("<eos>")])
-        config = Gemma3Config(vision_config=SiglipVisionConfig(**dims["vision"]), text_config=text,
-                              mm_tokens_per_image=dims["mm_tokens"], boi_token_index=tok.convert_tokens_to_ids(BOI),
-                              eoi_token_index=tok.convert_tokens_to_ids(EOI),
-                              image_token_index=tok.convert_tokens_to_ids(IMAGE), **dims.get("config", {}))
-        size = dims["vision"]["image_size"]
-        image_processor = Gemma3ImageProcessorPil(size={"height": size, "width": size}, image_mean=[0.5] * 3,
-                                                  image_std=[0.5] * 3, do_pan_and_scan=False)
-        processor = Gemma3Processor(image_processor=image_processor, tokenizer=tok, chat_template=tok.chat_template,
-                                    image_seq_length=dims["mm_tokens"])
-        return save_checkpoint(folder, config, Gemma3ForConditionalGeneration, processor, weights or Weights(**stream))
 
     @classmethod
     def reference_processor(cls, checkpoint: Path):
@@ -371,30 +301,3 @@ class Gemma3Model(Family):
         return process
 
 
-def builtin_gemma_tokenizer(folder: Path):
-    """A word-level stand-in at Gemma 3's special-token ids (<pad> 0, <eos> 1, <bos> 2, <unk> 3,
-    <start_of_turn> 105, <end_of_turn> 106, <start_of_image> 255999, <end_of_image> 256000, <image_soft_token>
-    262144) and Gemma's Yes 10784 / No 3771, the other rows placeholders, for machines without ../shared."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    specials = {"<pad>": 0, "<eos>": 1, "<bos>": 2, "<unk>": 3, "<start_of_turn>": 105, "<end_of_turn>": 106,
-                BOI: 255999, EOI: 256000, IMAGE: 262144}
-    fixed = {"Yes": 10784, "No": 3771}
-    words = sorted({w for c in COCO_CATEGORIES for w in c.split()} | set(
-        "user model : ? . , Answer answer yes no only or the question using a an single word phrase Is is there "
-        "There in image not A You are helpful assistant The".split()) - set(fixed))
-    vocab = {**specials, **fixed}
-    free = (i for i in range(262145) if i not in set(vocab.values()))
-    vocab.update({w: next(free) for w in words})
-    taken = set(vocab.values())
-    vocab.update({f"<unused{i}>": i for i in range(262145) if i not in taken})
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<end_of_turn>",
-                                   unk_token="<unk>", pad_token="<pad>",
-                                   extra_special_tokens={"boi_token": BOI, "eoi_token": EOI, "image_token": IMAGE})
-    fast.add_special_tokens({"additional_special_tokens": ["<eos>", "<start_of_turn>", BOI, EOI, IMAGE]})
-    fast.chat_template = STANDIN_CHAT_TEMPLATE
-    fast.save_pretrained(str(folder))
-    return fast

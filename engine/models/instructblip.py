@@ -18,13 +18,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
+from ..decoder import DecoderDims
+from ..loader import CheckpointError, load_grouped, load_module, no_init
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, builtin_bert_tokenizer, checkpoint_folder, save_checkpoint,
-                         sized, tokenizer_for, with_vocab)
 from ...readout.protocols import Coverage
 from .base import Family
 
@@ -37,19 +35,6 @@ NAME_RULES = [
     (r"^(?:model\.)?query_tokens$", "extra.query_tokens"),
     (r"^(?:model\.)?language_projection\.", "projector."),
 ]
-# InstructBLIP-Vicuna-7B: EVA ViT-g/14 at 224 px (257 tokens), a BERT-base Q-Former with 32 queries, Vicuna-7B.
-SIZES = {
-    "7b": dict(vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39, num_attention_heads=16,
-                           image_size=224, patch_size=14),
-               qformer=dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
-                            encoder_hidden_size=1408),
-               text=dict(LLAMA_7B, vocab_size=32001), queries=32),
-    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             image_size=224, patch_size=14),
-                 qformer=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                              encoder_hidden_size=64),
-                 text=LLAMA_TINY, queries=32),
-}
 
 
 class InstructBlipModel(Family):
@@ -74,13 +59,12 @@ class InstructBlipModel(Family):
                       "penalty 1.5; this engine decodes greedily",
         "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
     }
-    sizes = SIZES
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoProcessor
+        from transformers import AutoProcessor
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.image_token_id = cfg.image_token_id
         self.num_queries = cfg.num_query_tokens
         processor = self.pretrained(AutoProcessor, "processor files (tokenizer, qformer_tokenizer/, image processor)")
@@ -88,7 +72,7 @@ class InstructBlipModel(Family):
         self.image_processor = processor.image_processor
         if self.tokenizer.convert_tokens_to_ids("<image>") != self.image_token_id:
             raise CheckpointError(f"{folder}: the tokenizer has no <image> token with id {self.image_token_id}")
-        dims = LlamaDims.from_config(cfg.text_config)
+        dims = DecoderDims.from_config(cfg.text_config)
         parts, vision, qformer = self._load(dims)
         # The cached ViT output depends on the tower's weights only; the Q-Former runs per prompt.
         self.feature_fingerprint = self.fingerprint({f"vision.{k}": v for k, v in parts["vision"].items()})
@@ -100,7 +84,7 @@ class InstructBlipModel(Family):
         self.projector = self.linear(parts["projector"]["weight"], parts["projector"]["bias"])
         self.lm = self.language_model(dims, parts["lm"])
 
-    def _load(self, dims: LlamaDims):
+    def _load(self, dims: DecoderDims):
         """The checkpoint's tensors grouped (lm, vision, qformer, extra, projector), and the empty
         transformers ViT and Q-Former they go into."""
         from transformers import InstructBlipQFormerModel, InstructBlipVisionModel
@@ -115,8 +99,7 @@ class InstructBlipModel(Family):
         q_hidden = cfg.qformer_config.hidden_size
         expected.update({"extra.query_tokens": (1, self.num_queries, q_hidden),
                          "projector.weight": (dims.hidden_size, q_hidden), "projector.bias": (dims.hidden_size,)})
-        optional = {k for k in expected if k.endswith("position_ids")}
-        return load_grouped(self.folder, NAME_RULES, expected, optional), vision, qformer
+        return load_grouped(self.folder, NAME_RULES, expected), vision, qformer
 
     def preprocess_settings(self) -> dict:
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}
@@ -180,30 +163,3 @@ class InstructBlipModel(Family):
         return per_token * counts.vision_tokens + 2 * counts.prompts * self.num_queries \
             * self.config.qformer_config.hidden_size * h
 
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         qformer_tokenizer_dir: Path | None = None, weights: Weights | None = None,
-                         **stream) -> Path:
-        """A random-weight InstructBLIP-Vicuna checkpoint; the Q-Former's tokenizer is qformer_tokenizer_dir's
-        (bert-base-uncased) or the built-in BERT-like one."""
-        with quiet_fallback():  # the processor classes' torchvision notice
-            from transformers import (BlipImageProcessor, InstructBlipConfig, InstructBlipForConditionalGeneration,
-                                      InstructBlipProcessor, InstructBlipQFormerConfig, InstructBlipVisionConfig,
-                                      LlamaConfig)
-
-        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
-        tok = tokenizer_for(folder, tokenizer_dir)
-        qformer_tok = tokenizer_for(folder / "qformer_tokenizer", qformer_tokenizer_dir, builtin_bert_tokenizer)
-        config = InstructBlipConfig(
-            vision_config=InstructBlipVisionConfig(**dims["vision"]).to_dict(),
-            qformer_config=InstructBlipQFormerConfig(**dims["qformer"], vocab_size=len(qformer_tok),
-                                                     pad_token_id=qformer_tok.pad_token_id).to_dict(),
-            text_config=LlamaConfig(**with_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2).to_dict(),
-            num_query_tokens=dims["queries"], image_token_index=tok.convert_tokens_to_ids("<image>"),
-            **dims.get("config", {}))
-        side = dims["vision"]["image_size"]
-        processor = InstructBlipProcessor(image_processor=BlipImageProcessor(size={"height": side, "width": side}),
-                                          tokenizer=tok, qformer_tokenizer=qformer_tok,
-                                          num_query_tokens=dims["queries"])
-        return save_checkpoint(folder, config, InstructBlipForConditionalGeneration, processor,
-                               weights or Weights(**stream))

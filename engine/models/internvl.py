@@ -25,33 +25,14 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..images import normalize_table, to_rgb
-from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback, tensor_files
+from ..decoder import DecoderDims
+from ..loader import CheckpointError, load_module, no_init, tensor_files
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 from ...readout.protocols import Coverage
 from .llava import NAME_RULES, LlavaModel
-from .llava_onevision import QWEN2_7B, QWEN2_TINY
-from .qwen2_vl import builtin_qwen2_tokenizer
 
 CONTEXT, START, END = "<IMG_CONTEXT>", "<img>", "</img>"
-# transformers' convert_internvl_weights_to_hf.py chat template (images as '<IMG_CONTEXT>\n', no default system).
-INTERNVL_CHAT_TEMPLATE = (
-    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}{% if message['content'] is string %}"
-    "{{ message['content'] }}{% else %}{% for content in message['content'] %}{% if content['type'] == 'image' %}"
-    "{{ '<IMG_CONTEXT>\n' }}{% elif content['type'] == 'video' %}{{ '<video>\n' }}{% elif content['type'] == 'text' %}"
-    "{{ content['text'] }}{% endif %}{% endfor %}{% endif %}{{'<|im_end|>\n'}}{% endfor %}"
-    "{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}")
-# InternViT-300M-448px-V2.5 (InternVL3-8B's tower), and a tiny tower at the real tile size.
-INTERNVIT_300M = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                      image_size=448, patch_size=14, norm_type="layer_norm", use_qk_norm=False, use_mean_pooling=True,
-                      layer_norm_eps=1e-6, attention_bias=True)
-INTERNVIT_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                      image_size=448, patch_size=14, norm_type="layer_norm", use_qk_norm=False, use_mean_pooling=True,
-                      layer_norm_eps=1e-6, attention_bias=True)
-# Qwen2.5-7B as InternVL3-8B-hf carries it (its vocabulary: Qwen2.5's 151,665 + InternVL's nine tokens).
-QWEN2_5_7B = {**QWEN2_7B, "vocab_size": 151674}
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
@@ -79,7 +60,6 @@ class InternVLModel(LlavaModel):
     }
     name_rules = NAME_RULES
     tower_class = "InternVLVisionModel"
-    sizes = {"7b": dict(vision=INTERNVIT_300M, text=QWEN2_5_7B), "tiny": dict(vision=INTERNVIT_TINY, text=QWEN2_TINY)}
 
     def __init__(self, folder: Path, settings: Settings):
         super().__init__(folder, settings)
@@ -97,10 +77,10 @@ class InternVLModel(LlavaModel):
         self.tokens_per_tile = int(self.side * self.scale) ** 2
         self.feature_fingerprint = self.fingerprint({}, tiling=self.feature_fingerprint, downsample_ratio=self.scale)
 
-    def text_dims(self, text_config) -> LlamaDims:
-        return replace(LlamaDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+    def text_dims(self, text_config) -> DecoderDims:
+        return replace(DecoderDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
 
-    def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
+    def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor, grouped (lm, vision, projector): the projector is LayerNorm + two Linears over the
         pixel-shuffled width (the tower's x 1/ratio²)."""
         import transformers
@@ -115,22 +95,22 @@ class InternVLModel(LlavaModel):
         expected.update({"projector.layer_norm.weight": (wide,), "projector.layer_norm.bias": (wide,),
                          "projector.linear_1.weight": (h, wide), "projector.linear_1.bias": (h,),
                          "projector.linear_2.weight": (h, h), "projector.linear_2.bias": (h,)})
-        tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        if tied:
-            expected.pop("lm.lm_head.weight")
-            if any(re.match(r"^(?:model\.)?(?:language_model\.)?lm_head\.", k) for k in tensor_files(self.folder)):
-                # InternVLConfig's tie_word_embeddings defaults to true, and transformers 5 ties by it: a config
-                # written without it reads as tied, and transformers would drop the stored head.
-                raise CheckpointError(f"{self.folder}: config.json ties lm_head to the embeddings (top-level "
-                                      "tie_word_embeddings, true where absent) but the checkpoint stores an lm_head; "
-                                      "set tie_word_embeddings to false in config.json if that head is meant")
-        parts = load_grouped(self.folder, self.name_rules, expected)
-        if tied:
-            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        parts = self.load_parts(self.name_rules, expected)
         proj = parts["projector"]
         self.projector_norm = (proj["layer_norm.weight"].to(self.device, self.dtype),
                                proj["layer_norm.bias"].to(self.device, self.dtype))
         return parts
+
+    def tied(self) -> bool:
+        """The config's tie_word_embeddings, refused where the checkpoint stores an lm_head all the same."""
+        tied = super().tied()
+        if tied and any(re.match(r"^(?:model\.)?(?:language_model\.)?lm_head\.", k) for k in tensor_files(self.folder)):
+            # InternVLConfig's tie_word_embeddings defaults to true, and transformers 5 ties by it: a config
+            # written without it reads as tied, and transformers would drop the stored head.
+            raise CheckpointError(f"{self.folder}: config.json ties lm_head to the embeddings (top-level "
+                                  "tie_word_embeddings, true where absent) but the checkpoint stores an lm_head; "
+                                  "set tie_word_embeddings to false in config.json if that head is meant")
+        return tied
 
     def _vision_tower(self, weights: dict[str, torch.Tensor]) -> None:
         """InternViT with its weights, cut after the layer read (hidden_states[i]: the output of layer i;
@@ -212,40 +192,6 @@ class InternVLModel(LlavaModel):
 
     # --- checkpoints and the reference ------------------------------------------------------------
 
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights: Weights | None = None, **stream) -> Path:
-        """A random-weight InternVL3-hf checkpoint: an InternViT tower, a Qwen2 language model, the image
-        processor (dims' `max_patches`, default 12) and the tokenizer (tokenizer_dir's where it has
-        <IMG_CONTEXT>, else a built-in stand-in with InternVL's template)."""
-        with quiet_fallback():  # the processor classes' torchvision notice
-            from transformers import (AutoTokenizer, GotOcr2ImageProcessorPil, InternVLConfig,
-                                      InternVLForConditionalGeneration, InternVLVisionConfig, Qwen2Config)
-
-        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
-        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
-        if tok is None or tok.convert_tokens_to_ids(CONTEXT) in (None, tok.unk_token_id):
-            tok = builtin_qwen2_tokenizer(folder)
-            tok.add_tokens([START, END, CONTEXT], special_tokens=True)
-            tok.chat_template = INTERNVL_CHAT_TEMPLATE
-        tok.save_pretrained(str(folder))
-        vision = InternVLVisionConfig(**dims["vision"])
-        tied = dims.get("config", {}).get("tie_word_embeddings", False)
-        text = Qwen2Config(**with_vocab(dims["text"], tok), bos_token_id=None, tie_word_embeddings=tied,
-                           eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                           pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
-        side = vision.image_size[0] // vision.patch_size[0]
-        config = InternVLConfig(vision_config=vision, text_config=text,
-                                image_token_id=tok.convert_tokens_to_ids(CONTEXT),
-                                image_seq_length=(side // 2) ** 2, downsample_ratio=0.5,
-                                vision_feature_select_strategy="default",
-                                **{"tie_word_embeddings": False, "vision_feature_layer": -1, **dims.get("config", {})})
-        size = vision.image_size[0]
-        processor = GotOcr2ImageProcessorPil(size={"height": size, "width": size}, crop_to_patches=False,
-                                             min_patches=1, max_patches=dims.get("max_patches", 12),
-                                             image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)
-        return save_checkpoint(folder, config, InternVLForConditionalGeneration, processor,
-                               weights or Weights(**stream))
 
     @classmethod
     def reference_processor(cls, checkpoint: Path):

@@ -17,14 +17,12 @@ import torch.nn.functional as F
 from PIL import Image
 
 from ..images import ClipPixels, checked_fast_path
-from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
+from ..decoder import DecoderDims
+from ..loader import CheckpointError, load_module, no_init
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for,
-                         with_vocab)
 from ...readout.protocols import Coverage
 from .base import Family
 
@@ -36,12 +34,6 @@ NAME_RULES = [
     (r"^(?:model\.)?vision_tower\.(?:vision_model\.)?", "vision."),
     (r"^(?:model\.)?multi_modal_projector\.", "projector."),
 ]
-# CLIP ViT-L/14 at 336 px (577 tokens, 576 after dropping CLS), and the tiny tower of the random
-# checkpoints: small widths, the real image, so prefixes are as long as the real ones.
-CLIP_L_336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                  image_size=336, patch_size=14, projection_dim=768)
-CLIP_TINY_336 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                     image_size=336, patch_size=14, projection_dim=64)
 
 
 def _activation(name: str):
@@ -71,17 +63,16 @@ class LlavaModel(Family):
     }
     name_rules = NAME_RULES
     tower_class: ClassVar[str] = "CLIPVisionModel"  # the transformers vision tower the checkpoint's config builds
-    sizes = {"7b": dict(vision=CLIP_L_336, text=LLAMA_7B), "tiny": dict(vision=CLIP_TINY_336, text=LLAMA_TINY)}
 
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
         """Tensors outside the language model, vision tower and projector (named as after renaming)."""
         return {}
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.feature_layer = cfg.vision_feature_layer
         self.select_strategy = cfg.vision_feature_select_strategy
         self.image_token_id = cfg.image_token_id
@@ -112,10 +103,10 @@ class LlavaModel(Family):
         self._fast_pixels = self._checked_fast_pixels(self._fast_pixel_path())
         self._expand = ExpandedPromptIds(self.tokenizer, self.image_marker, self.image_token_id)
 
-    def text_dims(self, text_config) -> LlamaDims:
-        return LlamaDims.from_config(text_config)
+    def text_dims(self, text_config) -> DecoderDims:
+        return DecoderDims.from_config(text_config)
 
-    def _load(self, dims: LlamaDims) -> dict[str, dict[str, torch.Tensor]]:
+    def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
         """Every tensor of the checkpoint, grouped: lm, vision, projector, extra; a tied checkpoint reads
         its logits off the embedding matrix."""
         import transformers
@@ -132,15 +123,7 @@ class LlavaModel(Family):
         expected.update({f"extra.{k}": v for k, v in self.extra_shapes(h).items()})
         if cfg.multimodal_projector_bias:
             expected.update({"projector.linear_1.bias": (h,), "projector.linear_2.bias": (h,)})
-        # position_ids-style buffers are not stored in checkpoints
-        stored_optional = {k for k in vision_shapes if k.endswith("position_ids")}
-        tied = bool(getattr(cfg, "tie_word_embeddings", False))
-        if tied:
-            expected.pop("lm.lm_head.weight")
-        parts = load_grouped(self.folder, self.name_rules, expected, stored_optional)
-        if tied:
-            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
-        return parts
+        return self.load_parts(self.name_rules, expected)
 
     def _vision_tower(self, weights: dict[str, torch.Tensor]) -> None:
         """The CLIP tower with its weights, cut after the last layer LLaVA reads: hidden_states[0] is the
@@ -230,24 +213,3 @@ class LlavaModel(Family):
         per_token = 2 * layers * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.patch_size**2 * d
         return (per_token + 2 * (d * h + h * h)) * counts.vision_tokens
 
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights: Weights | None = None, **stream) -> Path:
-        """A random-weight llava-hf checkpoint. dims: a `sizes` name or a dict of its shape (vision,
-        text, and optional top-level `config` kwargs)."""
-        with quiet_fallback():  # the processor classes' torchvision notice
-            from transformers import (CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
-                                      LlavaForConditionalGeneration, LlavaProcessor)
-
-        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
-        tok = tokenizer_for(folder, tokenizer_dir)
-        config = LlavaConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
-                             text_config=LlamaConfig(**with_vocab(dims["text"], tok), bos_token_id=1, eos_token_id=2),
-                             image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
-                             **dims.get("config", {}))
-        size = dims["vision"]["image_size"]
-        processor = LlavaProcessor(
-            image_processor=CLIPImageProcessor(size={"shortest_edge": size}, crop_size={"height": size, "width": size}),
-            tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
-            num_additional_image_tokens=1)
-        return save_checkpoint(folder, config, LlavaForConditionalGeneration, processor, weights or Weights(**stream))

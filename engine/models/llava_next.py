@@ -22,21 +22,10 @@ from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
 from ..images import normalize_table, to_rgb
-from ..loader import CheckpointError, quiet_fallback
+from ..loader import CheckpointError
 from ..settings import Settings
-from ..synthetic import Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
 from ...readout.protocols import Coverage
-from .llava import CLIP_L_336, CLIP_TINY_336, NAME_RULES, LlavaModel
-
-# The 336-px pinpoints of LLaVA-1.6: a 640 x 480 COCO image is 5 crops, 2,340 image tokens.
-ANYRES_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
-# Mistral-7B-Instruct-v0.2 (grouped KV heads, rope_theta 1e6), and its tiny stand-in.
-MISTRAL_7B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-                  num_key_value_heads=8, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
-                  rope_theta=1e6, sliding_window=None)
-MISTRAL_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                    num_key_value_heads=2, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
-                    rope_theta=1e6, sliding_window=None)
+from .llava import NAME_RULES, LlavaModel
 
 
 class LlavaNextModel(LlavaModel):
@@ -49,7 +38,6 @@ class LlavaNextModel(LlavaModel):
     own_aspect = "tiles every image its own way"
     protocols = {"llava": "LLaVA's pope.sh evaluates LLaVA-1.5; LLaVA-NeXT's own numbers come from lmms-eval"}
     name_rules = [(r"^(?:model\.)?image_newline$", "extra.image_newline"), *NAME_RULES]
-    sizes = {"7b": dict(vision=CLIP_L_336, text=MISTRAL_7B), "tiny": dict(vision=CLIP_TINY_336, text=MISTRAL_TINY)}
     packed_strategy: ClassVar[str] = "default"  # the select strategy that leaves side² patch features per crop
 
     @classmethod
@@ -141,33 +129,6 @@ class LlavaNextModel(LlavaModel):
     def _reduce(self, grid: torch.Tensor) -> torch.Tensor:
         """The unpadded grid [hidden, H, W] as the language model reads it (LLaVA-NeXT: all of it)."""
         return grid
-
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights: Weights | None = None, **stream) -> Path:
-        """A random-weight llava-hf LLaVA-1.6-Mistral checkpoint: LLaVA-1.5's tower, a Mistral language
-        model and anyres pinpoints (dims' `pinpoints`, default the 336-px ones)."""
-        with quiet_fallback():  # the processor classes' torchvision notice
-            from transformers import (CLIPVisionConfig, LlavaNextConfig, LlavaNextForConditionalGeneration,
-                                      LlavaNextImageProcessor, LlavaNextProcessor, MistralConfig)
-
-        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
-        tok = tokenizer_for(folder, tokenizer_dir)
-        pinpoints = dims.get("pinpoints", ANYRES_PINPOINTS)
-        config = LlavaNextConfig(vision_config=CLIPVisionConfig(**dims["vision"]),
-                                 text_config=MistralConfig(**with_vocab(dims["text"], tok), bos_token_id=1,
-                                                           eos_token_id=2),
-                                 image_token_index=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id,
-                                 image_grid_pinpoints=pinpoints, **dims.get("config", {}))
-        size = dims["vision"]["image_size"]
-        processor = LlavaNextProcessor(
-            image_processor=LlavaNextImageProcessor(size={"shortest_edge": size},
-                                                    crop_size={"height": size, "width": size},
-                                                    image_grid_pinpoints=pinpoints),
-            tokenizer=tok, patch_size=dims["vision"]["patch_size"], vision_feature_select_strategy="default",
-            num_additional_image_tokens=1)
-        return save_checkpoint(folder, config, LlavaNextForConditionalGeneration, processor,
-                               weights or Weights(**stream))
 
 
 def _unpad(grid: torch.Tensor, height: int, width: int) -> torch.Tensor:

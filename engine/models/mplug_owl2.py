@@ -22,13 +22,12 @@ import torch
 from PIL import Image
 
 from ..images import ClipPixels, checked_fast_path
-from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, quiet_fallback, read_config
+from ..decoder import DecoderDims
+from ..loader import CheckpointError, load_grouped, read_config
 from ..plan import PromptLayout
+from ..prompts import PromptMemo
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import (LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, sized, tokenizer_for, with_vocab,
-                         write_tensors)
 from ...readout.protocols import Coverage
 from .base import Family
 from .mplug_owl2_nets import (ACTIVATIONS, AbstractorDims, MultiwayDecoderLayer, VisionDims, VisionTower,
@@ -47,23 +46,9 @@ NAME_RULES = [
 # Buffers upstream saves that are recomputed here.
 IGNORED = (r"^model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq$",)
 TOP_LEVEL = ("visual_config", "model_type", "architectures")  # config keys that are not LLaMA's
-# mPLUG-Owl2-LLaMA2-7B: a ViT-L/14 at 448 px (1,025 tokens), a 6-layer visual abstractor of 64 queries,
-# LLaMA-2-7B with multiway k/v projections and norms; 65 image tokens either way.
-SIZES = {
-    "7b": dict(vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
-                           image_size=448, patch_size=14),
-               abstractor=dict(hidden_size=1024, intermediate_size=2816, num_hidden_layers=6, num_attention_heads=16,
-                               encoder_hidden_size=1024, grid_size=32, num_learnable_queries=64),
-               text=dict(LLAMA_7B, vocab_size=32000)),
-    "tiny": dict(vision=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                             image_size=448, patch_size=14),
-                 abstractor=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                                 encoder_hidden_size=64, grid_size=32, num_learnable_queries=64),
-                 text=dict(LLAMA_TINY, vocab_size=32000)),
-}
 
 
-def parse_config(folder: Path) -> tuple[dict, LlamaDims, VisionDims, AbstractorDims]:
+def parse_config(folder: Path) -> tuple[dict, DecoderDims, VisionDims, AbstractorDims]:
     """config.json → (the raw config, the language model's, the ViT's and the abstractor's dims)."""
     from transformers import LlamaConfig
 
@@ -77,7 +62,7 @@ def parse_config(folder: Path) -> tuple[dict, LlamaDims, VisionDims, AbstractorD
     text.setdefault("rms_norm_eps", 1e-6)  # upstream's LlamaConfig default
     if text.get("rope_scaling") is None:
         text.pop("rope_scaling", None)
-    dims = LlamaDims.from_config(LlamaConfig(**text))
+    dims = DecoderDims.from_config(LlamaConfig(**text))
     vision = config_dims(VisionDims, visual.get("visual_model"), f"{folder}/config.json visual_config.visual_model")
     abstractor = config_dims(AbstractorDims, visual.get("visual_abstractor"),
                        f"{folder}/config.json visual_config.visual_abstractor")
@@ -127,7 +112,7 @@ def tokenizer_image_token(tokenizer, prompt: str) -> list[int]:
 
 
 class MplugOwl2Model(Family):
-    """Everything the engine needs from one mPLUG-Owl2 checkpoint: its language model is a LlamaLM of
+    """Everything the engine needs from one mPLUG-Owl2 checkpoint: its language model is a DecoderLM of
     MultiwayDecoderLayers, which route each position by the image mask of the prompt's layout."""
 
     family = MODEL_TYPE
@@ -145,7 +130,6 @@ class MplugOwl2Model(Family):
             "answer it takes the next best, here the answer is empty (Unknown)",)),
         "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
     }
-    sizes = SIZES
     # Its agreement with the upstream implementation is what the tests prove, on the upstream code's outputs.
     reference_unavailable = "no transformers class (upstream X-PLUG code, transformers 4.31, not installed)"
 
@@ -167,7 +151,7 @@ class MplugOwl2Model(Family):
         self.abstractor = VisualAbstractor(abstractor_dims, parts["abstractor"], self.linear, self.dtype,
                                            self.device).eval()
         self.lm = self.language_model(self.dims, parts["lm"], layer_class=MultiwayDecoderLayer)
-        self._ids: dict[str, list[int]] = {}
+        self._ids = PromptMemo(lambda prompt: tokenizer_image_token(self.tokenizer, prompt))
         self._fast_pixels = checked_fast_path(ClipPixels.for_processor(self.image_processor), self._processor_pixels)
 
     def preprocess_settings(self) -> dict:
@@ -201,11 +185,7 @@ class MplugOwl2Model(Family):
         times (one position per image feature, as upstream splices them)."""
         if prompt.count(IMAGE_MARKER) != 1:
             raise ValueError(f"prompt must hold exactly one {IMAGE_MARKER}: {prompt!r}")
-        if prompt not in self._ids:
-            if len(self._ids) >= 4096:
-                self._ids.clear()
-            self._ids[prompt] = tokenizer_image_token(self.tokenizer, prompt)
-        ids = self._ids[prompt]
+        ids = self._ids(prompt)
         at = ids.index(IMAGE_TOKEN_INDEX)
         return ids[:at] + [IMAGE_TOKEN_INDEX] * num_image_tokens + ids[at + 1:]
 
@@ -225,33 +205,3 @@ class MplugOwl2Model(Family):
         per_layer = 2 * (q * d * d + 2 * (v.tokens + q) * e * d + q * e * e + 3 * q * d * m)
         return per_token * counts.vision_tokens + images * (a.num_hidden_layers * per_layer + 2 * q * d * h)
 
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights: Weights | None = None, **stream) -> Path:
-        """A random-weight checkpoint in upstream mPLUG-Owl2's layout (config.json with visual_config,
-        upstream's tensor names, a CLIP processor at the ViT's size); transformers has no class for it,
-        so the tensors are streamed from the family's own shape tables ("stream" weights only)."""
-        with quiet_fallback():  # the processor class's torchvision notice
-            from transformers import CLIPImageProcessor, LlamaConfig
-
-        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
-        weights = weights or Weights(**stream)
-        if weights.init != "stream":
-            raise ValueError("mPLUG-Owl2 checkpoints are written as streamed random tensors only")
-        text = with_vocab(dims["text"], tokenizer_for(folder, tokenizer_dir))
-        raw = {"architectures": ["MPLUGOwl2LlamaForCausalLM"], "model_type": MODEL_TYPE, **text,
-               "num_key_value_heads": text.get("num_key_value_heads", text["num_attention_heads"]),
-               "hidden_act": "silu", "bos_token_id": 1, "eos_token_id": 2, "rope_theta": 10000.0,
-               "tie_word_embeddings": False,
-               "visual_config": {"visual_model": dims["vision"], "visual_abstractor": dims["abstractor"]}}
-        lm = LlamaDims.from_config(LlamaConfig(**{k: v for k, v in raw.items() if k not in TOP_LEVEL}))
-        shapes = {(k if k == "lm_head.weight" else f"model.{k}"): v for k, v in lm_expected_shapes(lm).items()}
-        shapes.update({f"model.vision_model.{k}": v for k, v in VisionDims(**dims["vision"]).expected_shapes().items()})
-        shapes.update({f"model.visual_abstractor.{k}": v
-                       for k, v in AbstractorDims(**dims["abstractor"]).expected_shapes(lm.hidden_size).items()})
-        side = dims["vision"]["image_size"]
-        write_tensors(folder, shapes, weights)
-        (folder / "config.json").write_text(json.dumps(raw, indent=2) + "\n")
-        CLIPImageProcessor(size={"shortest_edge": side}, crop_size={"height": side, "width": side}).save_pretrained(
-            str(folder))
-        return folder

@@ -13,7 +13,7 @@ from torch import nn
 
 from ...kernels import rms_norm
 from ..layers import apply_rotary
-from ..llama import DecoderLayer, LlamaDims
+from ..decoder import DecoderDims, DecoderLayer
 from ..loader import CheckpointError
 
 MULTIWAY = ("input_layernorm", "post_attention_layernorm", "self_attn.k_proj", "self_attn.v_proj")
@@ -97,8 +97,8 @@ def config_dims(cls, values: dict | None, where: str):
         raise CheckpointError(f"{where}: {err}") from None
 
 
-def lm_expected_shapes(dims: LlamaDims) -> dict[str, tuple[int, ...]]:
-    """The language model's tensors (names as DecoderLayer/LlamaLM see them, after `lm.`): LLaMA's,
+def lm_expected_shapes(dims: DecoderDims) -> dict[str, tuple[int, ...]]:
+    """The language model's tensors (names as DecoderLayer/DecoderLM see them, after `lm.`): LLaMA's,
     except that each layer's k_proj, v_proj and both norms come as multiway.0 (text) and .1 (image)."""
     shapes = {}
     for name, shape in dims.expected_shapes().items():
@@ -210,7 +210,7 @@ class MultiwayDecoderLayer(DecoderLayer):
     multiway.0, as upstream's MultiwayNetwork routes them. Each projection runs on its own rows only,
     as upstream gathers them, so no row pays for both copies."""
 
-    def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], linear):
+    def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], linear):
         text, image = {}, {}
         for name, tensor in weights.items():
             stem, way, leaf = name.partition(".multiway.")

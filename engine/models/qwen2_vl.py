@@ -20,13 +20,12 @@ import torch
 from PIL import Image
 
 from ..images import ImageError, checked_fast_path, normalize_table, to_rgb
-from ..llama import LlamaDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init, quiet_fallback
+from ..decoder import DecoderDims
+from ..loader import CheckpointError, load_module, no_init
 from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
 from ..stats import Counts
-from ..synthetic import COCO_CATEGORIES, Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 from ...readout.protocols import Coverage
 from .base import Family
 
@@ -39,20 +38,6 @@ NAME_RULES = [
     (r"^model\.language_model\.", "lm."),
     (r"^model\.", "lm."),  # Qwen's own layout: model.layers.*, model.embed_tokens, model.norm
 ]
-# Qwen2-VL-7B-Instruct: a 32-block, 1280-wide native-resolution ViT merging 2 x 2 patches (a COCO
-# image: 391 tokens under the processor's default pixel budget), Qwen2-7B with M-RoPE.
-SIZES = {
-    "7b": dict(vision=dict(depth=32, embed_dim=1280, hidden_size=3584, num_heads=16, mlp_ratio=4),
-               text=dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                         num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6,
-                         max_position_embeddings=32768, rope_theta=1e6,
-                         rope_scaling={"type": "mrope", "mrope_section": [16, 24, 24]})),
-    "tiny": dict(vision=dict(depth=2, embed_dim=64, hidden_size=128, num_heads=4, mlp_ratio=2),
-                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, vocab_size=152064, rms_norm_eps=1e-6,
-                           max_position_embeddings=32768, rope_theta=1e6,
-                           rope_scaling={"type": "mrope", "mrope_section": [4, 6, 6]})),
-}
 
 
 class Qwen2VLModel(Family):
@@ -73,13 +58,12 @@ class Qwen2VLModel(Family):
             "(vlmeval/config.py); here the checkpoint processor's min_pixels apply",)),
         "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
     }
-    sizes = SIZES
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
         super().__init__(folder, settings)
-        self.config = cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        self.config = cfg = self.auto_config()
         self.image_token_id = cfg.image_token_id
         self.merge = cfg.vision_config.spatial_merge_size
         # not AutoProcessor: Qwen2VLProcessor also builds a video processor, which needs torchvision
@@ -98,8 +82,8 @@ class Qwen2VLModel(Family):
         self._expand = ExpandedPromptIds(self.tokenizer, IMAGE_PAD, self.image_token_id)
         self._fast_pixels = checked_fast_path(NativePixels.for_processor(self.image_processor), self._processor_pixels)
 
-    def text_dims(self, text_config) -> LlamaDims:
-        return replace(LlamaDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
+    def text_dims(self, text_config) -> DecoderDims:
+        return replace(DecoderDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
 
     @staticmethod
     def transformers_classes() -> tuple[type, type, type]:
@@ -109,19 +93,14 @@ class Qwen2VLModel(Family):
 
         return Qwen2VLConfig, Qwen2VLForConditionalGeneration, Qwen2VisionTransformerPretrainedModel
 
-    def _load(self, dims: LlamaDims):
+    def _load(self, dims: DecoderDims):
         """The language model's and the tower's tensors, and the empty transformers tower they go into; a
         tied checkpoint (the 2B model) reads its logits off the embedding matrix."""
         with no_init():
             vision = self.transformers_classes()[2]._from_config(self.config.vision_config)
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
-        tied = bool(getattr(self.config, "tie_word_embeddings", False))
-        if tied:
-            expected.pop("lm.lm_head.weight")
         expected.update({f"vision.{k}": tuple(v.shape) for k, v in vision.state_dict().items()})
-        parts = load_grouped(self.folder, NAME_RULES, expected)
-        if tied:
-            parts["lm"]["lm_head.weight"] = parts["lm"]["embed_tokens.weight"]
+        parts = self.load_parts(NAME_RULES, expected)
         return parts["lm"], parts["vision"], vision
 
     def preprocess_settings(self) -> dict:
@@ -197,31 +176,6 @@ class Qwen2VLModel(Family):
             * vc.patch_size**2 * d + 2 * ((merged * d) ** 2 + merged * d * h) / merged
         return per_patch * counts.vision_tokens
 
-    @classmethod
-    def write_checkpoint(cls, folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                         weights: Weights | None = None, **stream) -> Path:
-        """A random-weight Qwen2-VL checkpoint (the processor's default pixel budget unless dims'
-        `processor` says otherwise); the tokenizer is tokenizer_dir's when it has Qwen2-VL's image pad,
-        else the built-in one."""
-        with quiet_fallback():  # the processor classes' torchvision notice
-            from transformers import AutoTokenizer, Qwen2VLImageProcessor
-        config_class, model_class, _ = cls.transformers_classes()
-
-        dims, folder = sized(cls.sizes, dims), checkpoint_folder(folder)
-        tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
-        if tok is None or tok.convert_tokens_to_ids(IMAGE_PAD) in (None, tok.unk_token_id):
-            tok = builtin_qwen2_tokenizer(folder)
-        special = {t: tok.convert_tokens_to_ids(t) for t in (IMAGE_PAD, "<|vision_start|>", "<|vision_end|>")}
-        text = dict(with_vocab(dims["text"], tok), bos_token_id=None,
-                    eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"))
-        vision = dict(dict(patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3), **dims["vision"])
-        config = config_class(text_config=text, vision_config=vision, image_token_id=special[IMAGE_PAD],
-                              vision_start_token_id=special["<|vision_start|>"],
-                              vision_end_token_id=special["<|vision_end|>"], tie_word_embeddings=False)
-        tok.save_pretrained(str(folder))
-        # Saved apart: Qwen2VLProcessor also wants a video processor, which needs torchvision.
-        processor = Qwen2VLImageProcessor(**dims.get("processor", {}))
-        return save_checkpoint(folder, config, model_class, processor, weights or Weights(**stream))
 
     @classmethod
     def reference_processor(cls, checkpoint: Path):
@@ -288,32 +242,3 @@ class NativePixels:
         return out.reshape(rows * cols, 3 * frames * size * size), (1, rows, cols)
 
 
-QWEN2_CHAT_TEMPLATE = (
-    "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
-    "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
-    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for content in message['content'] %}"
-    "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
-    "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
-                  "<|image_pad|>"]
-
-
-def builtin_qwen2_tokenizer(folder: Path):
-    """A word-level stand-in for Qwen2-VL's tokenizer: its special tokens, its chat template's shape,
-    no BOS, for machines without the real one."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
-        "system user assistant You are a helpful . ? Answer answer yes no Yes No only or Is is there in the "
-        "image an".split())
-    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(words))}}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>")
-    fast.add_tokens(QWEN2_SPECIALS, special_tokens=True)
-    fast.pad_token, fast.eos_token = "<|endoftext|>", "<|im_end|>"
-    fast.chat_template = QWEN2_CHAT_TEMPLATE
-    fast.save_pretrained(str(folder))
-    return fast

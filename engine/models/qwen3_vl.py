@@ -11,7 +11,7 @@ Qwen2-VL's pipeline with four changes, each transformers' (models/qwen3_vl/model
 - DeepStack: the tower's blocks in deepstack_visual_indexes each feed a merger of their own, whose
   output is added to the image positions' hidden states after language-model layers 0, 1, ... . The
   features the cache keeps are [rows, cols, (1 + deepstack) x hidden]: the merged features, then each
-  DeepStack block (LlamaDims.deepstack). Image positions lie in the prefix, so its prefill adds them.
+  DeepStack block (DecoderDims.deepstack). Image positions lie in the prefix, so its prefill adds them.
 A thinking checkpoint (its chat template opens a <think> block after the assistant turn) is refused:
 its first answer token is the reasoning's, not a yes/no.
 """
@@ -23,38 +23,11 @@ import numpy as np
 import torch
 
 from ...readout.protocols import Coverage
-from ..llama import LlamaDims
+from ..decoder import DecoderDims
 from ..loader import CheckpointError
 from ..stats import Counts
 from .qwen2_vl import Qwen2VLModel
 
-# The processor of Qwen3-VL-8B-Instruct's preprocessor_config.json: 16-px patches, 2 x 2 merging, 2 frames.
-PROCESSOR = dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
-                 min_pixels=65536, max_pixels=16777216)
-# Qwen3-VL-8B-Instruct ("7b" is the table's name for the seed size): a 27-block, 1152-wide ViT with
-# DeepStack from blocks 8, 16, 24, merging 2 x 2 patches into Qwen3-8B's width; Qwen3-8B with
-# interleaved M-RoPE (field for field the published config.json as public copies of it give it, e.g.
-# TensorRT-LLM's Qwen3-VL-8B-Instruct test config; its lm_head is not tied).
-SIZES = {
-    "7b": dict(vision=dict(depth=27, hidden_size=1152, intermediate_size=4304, num_heads=16, out_hidden_size=4096,
-                           patch_size=16, num_position_embeddings=2304, deepstack_visual_indexes=[8, 16, 24],
-                           hidden_act="gelu_pytorch_tanh"),
-               text=dict(hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
-                         num_key_value_heads=8, head_dim=128, vocab_size=151936, rms_norm_eps=1e-6,
-                         max_position_embeddings=262144,
-                         rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [24, 20, 20],
-                                          "mrope_interleaved": True}),
-               processor=PROCESSOR),
-    "tiny": dict(vision=dict(depth=4, hidden_size=64, intermediate_size=128, num_heads=4, out_hidden_size=128,
-                             patch_size=16, num_position_embeddings=64, deepstack_visual_indexes=[1, 2],
-                             hidden_act="gelu_pytorch_tanh"),
-                 text=dict(hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=32, vocab_size=151936, rms_norm_eps=1e-6,
-                           max_position_embeddings=32768,
-                           rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
-                                            "mrope_interleaved": True}),
-                 processor=dict(PROCESSOR, max_pixels=1024 * 32 * 32)),
-}
 # lmms-eval v0.7.2 (cb45ac4d) models/simple/qwen3_vl.py: Qwen2.5-VL's messages (l.84 the system prompt, l.328
 # the image then the text), the processor's chat template over them, POPE's 128 new tokens.
 LMMS_EVAL = Coverage("qwen3_vl", "lmms_eval_qwen2_vl", 128, deviations=(
@@ -78,7 +51,6 @@ class Qwen3VLModel(Qwen2VLModel):
     name = "Qwen3-VL"
     seed_model = "Qwen3-VL-8B-Instruct"
     protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
-    sizes = SIZES
 
     def __init__(self, folder, settings):
         super().__init__(folder, settings)
@@ -90,13 +62,13 @@ class Qwen3VLModel(Qwen2VLModel):
             raise CheckpointError(f"{folder}: a thinking checkpoint (its chat template opens a <think> block), whose "
                                   "first answer token begins its reasoning, not a yes/no; use an Instruct checkpoint")
 
-    def text_dims(self, text_config) -> LlamaDims:
+    def text_dims(self, text_config) -> DecoderDims:
         """Qwen3: q_norm and k_norm, no q/k/v biases; one DeepStack block per deepstack_visual_indexes entry."""
         deepstack = len(self.config.vision_config.deepstack_visual_indexes)
         if deepstack > text_config.num_hidden_layers:
             raise CheckpointError(f"{self.folder}/config.json: {deepstack} DeepStack blocks for "
                                   f"{text_config.num_hidden_layers} language-model layers")
-        return replace(LlamaDims.from_config(text_config), qk_norm=True, deepstack=deepstack)
+        return replace(DecoderDims.from_config(text_config), qk_norm=True, deepstack=deepstack)
 
     @staticmethod
     def transformers_classes() -> tuple[type, type, type]:

@@ -18,7 +18,7 @@ import torch
 import pope_fast
 
 from pope_fast.distributed import RankError, Shard, assign_steps
-from pope_fast.engine.models.llava import LlavaModel
+from pope_fast.engine.synthetic import llava as llava_checkpoints
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 from pope_fast.engine.vision_cache import VisionCache
 from pope_fast.progress import RecordCount
@@ -213,7 +213,7 @@ def test_two_processes_writing_the_same_cache_keys(tmp_path):
 def job(tmp_path_factory):
     """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them."""
     root = tmp_path_factory.mktemp("dist")
-    checkpoint = LlavaModel.write_checkpoint(root / "llava-tiny", "tiny", dtype=torch.float32)
+    checkpoint = llava_checkpoints.write_checkpoint(root / "llava-tiny", "tiny", dtype=torch.float32)
     questions = builtin_questions(36, "demo")
     write_question_file(root / "demo_pope.json", questions)
     write_images(root / "images", [q.image for q in questions])

@@ -47,13 +47,13 @@ def test_flop_floor_is_linear_in_the_work_and_counts_every_family(tmp_path):
                             make_tiny_qwen2_5_vl, make_tiny_qwen2_vl, make_tiny_qwen3_vl)
 
     from pope_fast.engine import Engine, Settings
-    from pope_fast.engine.models.mplug_owl2 import MplugOwl2Model
+    from pope_fast.engine.synthetic import mplug_owl2 as mplug_owl2_checkpoints
     from pope_fast.engine import Counts
 
     once = Counts(images_encoded=1, vision_tokens=577, prompts=3, prefix_tokens=12, suffix_tokens=9)
     twice = Counts(*(2 * v for v in astuple(once)))
     def make_tiny_mplug_owl2(folder, builtin_tokenizer):
-        return MplugOwl2Model.write_checkpoint(folder, "tiny")
+        return mplug_owl2_checkpoints.write_checkpoint(folder, "tiny")
 
     for make in (make_tiny_llava, make_tiny_llava_next, make_tiny_instructblip, make_tiny_qwen2_vl, make_tiny_mplug_owl2,
                  make_tiny_qwen2_5_vl, make_tiny_qwen3_vl, make_tiny_gemma3):

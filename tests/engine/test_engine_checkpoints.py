@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from pope_fast.engine.models.llava import LlavaModel
+from pope_fast.engine.synthetic import llava as llava_checkpoints
 from pope_fast.engine.synthetic import builtin_questions, synthetic_image
 from pope_fast.engine import Engine, Settings
 
@@ -20,7 +20,7 @@ IMAGES = [synthetic_image(40 + i, size) for i, size in enumerate([(120, 90), (64
 def sharded(tmp_path_factory):
     """The bench's tiny size (576 image tokens), transformers' own tensor names, 4 shards."""
     folder = tmp_path_factory.mktemp("sharded") / "ckpt"
-    LlavaModel.write_checkpoint(folder, "tiny", dtype=torch.float32, std=0.08, shard_bytes=2 << 20)
+    llava_checkpoints.write_checkpoint(folder, "tiny", dtype=torch.float32, std=0.08, shard_bytes=2 << 20)
     return folder
 
 

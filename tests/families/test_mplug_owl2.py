@@ -15,7 +15,7 @@ from pope_fast.cli import main
 from pope_fast.engine import Engine, ImagePrompts, Settings
 from pope_fast.engine.layers import Rotary, make_linear
 from pope_fast.engine.attention import causal_attention
-from pope_fast.engine.llama import DecoderLayer
+from pope_fast.engine.decoder import DecoderLayer
 from pope_fast.engine.models.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model
 from pope_fast.engine.models.mplug_owl2_nets import lm_expected_shapes
 
@@ -46,7 +46,7 @@ def _linear(w, b=None):
 
 
 def _stored_lm(root) -> dict[str, torch.Tensor]:
-    """The checkpoint's language-model tensors under LlamaLM's names."""
+    """The checkpoint's language-model tensors under DecoderLM's names."""
     stored = load_file(str(root / "checkpoint/model.safetensors"))
     lm = {k[len("model."):]: v for k, v in stored.items() if k.startswith("model.")
           and not k.startswith(("model.vision_model.", "model.visual_abstractor.")) and "rotary_emb" not in k}

@@ -1,4 +1,6 @@
-"""The LLaMA-family language model (LLaMA-2 / Vicuna, Mistral), with POPE's two shortcuts built in.
+"""The decoder every family's language model is: LLaMA's pre-norm transformer (RMSNorm, RoPE, grouped-query
+attention, a gated MLP), with the switches below selecting the variants families declare in their `text_dims`,
+and POPE's two shortcuts built in.
 
 1. Prefix reuse: every question of an image shares the prompt up to and including the image tokens
    (not so for InstructBLIP, whose image tokens depend on the question: there each prompt runs whole).
@@ -30,7 +32,7 @@ from .plan import TokenBatch
 
 
 @dataclass(frozen=True)
-class LlamaDims:
+class DecoderDims:
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -40,26 +42,25 @@ class LlamaDims:
     head_dim: int
     rms_eps: float
     rope_theta: float
-    sliding_window: int | None = None  # Mistral: keys further back than this are not attended
-    qkv_bias: bool = False  # LLaMA configs with attention_bias; Qwen2 always (its family sets it)
-    mrope_section: tuple[int, ...] | None = None  # Qwen2-VL's M-RoPE: frequencies per position stream
-    mrope_interleaved: bool = False  # Qwen3-VL's M-RoPE: the streams' frequencies interleaved, not in chunks
-    qk_norm: bool = False  # Qwen3: an RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
-    # DeepStack (Qwen3-VL): image features carry 1 + deepstack blocks of hidden_size along their last axis;
-    # block 0 is the input embedding, block i + 1 is added to the image positions' output of layer i.
+    sliding_window: int | None = None  # keys further back than this are not attended
+    qkv_bias: bool = False  # q, k and v projections carry biases
+    mrope_section: tuple[int, ...] | None = None  # M-RoPE: rotary frequencies split among 3-D position streams
+    mrope_interleaved: bool = False  # M-RoPE: the streams' frequencies interleaved, not in chunks
+    qk_norm: bool = False  # an RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
+    # DeepStack: image features carry 1 + deepstack blocks of hidden_size along their last axis; block 0 is
+    # the input embedding, block i + 1 is added to the image positions' output of layer i.
     deepstack: int = 0
-    # Gemma 3: per layer (RoPE theta, linear scaling factor), where layers differ (local and global RoPE)
-    layer_rope: tuple[tuple[float, float], ...] | None = None
-    embed_scale: float | None = None  # Gemma: text embeddings times this, in the embedding's dtype
-    norm_unit_offset: bool = False  # Gemma: the final RMSNorm scales by (1 + w), in fp32 before the cast
-    # Gemma 3: the tokens of one image attend to each other both ways (its other attention stays causal)
-    image_bidirectional: bool = False
+    layer_rope: tuple[tuple[float, float], ...] | None = None  # per layer (RoPE theta, linear scaling factor)
+    embed_scale: float | None = None  # text embeddings times this, in the embedding's dtype
+    norm_unit_offset: bool = False  # the final RMSNorm scales by (1 + w), in fp32 before the cast
+    image_bidirectional: bool = False  # the tokens of one image attend to each other both ways (else causal)
     max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
 
     @classmethod
-    def from_config(cls, cfg) -> "LlamaDims":
+    def from_config(cls, cfg) -> "DecoderDims":
         """From a transformers text config (LlamaConfig, MistralConfig, Qwen2-VL's), whose defaults fill the gaps
-        that llava-hf's abbreviated `text_config` leaves."""
+        that llava-hf's abbreviated `text_config` leaves; the switches a family's config does not spell are
+        the family's `text_dims` to set."""
         rope = getattr(cfg, "rope_parameters", None) or {}
         if not isinstance(rope, dict):
             rope = {}
@@ -108,7 +109,7 @@ class LlamaDims:
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], linear):
+    def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], linear):
         super().__init__()
         self.dims = dims
         self.input_norm = nn.Parameter(weights["input_layernorm.weight"], requires_grad=False)
@@ -137,7 +138,7 @@ class DecoderLayer(nn.Module):
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
     def head_norm(self, x: torch.Tensor, which: str) -> torch.Tensor:
-        """x [B, S, heads, D] through q_norm or k_norm (which: "q", "k") where the model has them (Qwen3)."""
+        """x [B, S, heads, D] through q_norm or k_norm (which: "q", "k") where the dims ask for them (qk_norm)."""
         return rms_norm(x, getattr(self, f"{which}_norm"), self.dims.rms_eps) if self.dims.qk_norm else x
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
@@ -148,8 +149,8 @@ class DecoderLayer(nn.Module):
         return x + self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
 
 
-class LlamaLM(nn.Module):
-    def __init__(self, dims: LlamaDims, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
+class DecoderLM(nn.Module):
+    def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
                  device: torch.device, quantize: bool, keep_packed: bool, quantize_lm_head: bool, kernels: str,
                  layer_class: type[DecoderLayer] = DecoderLayer):
         super().__init__()
@@ -184,7 +185,7 @@ class LlamaLM(nn.Module):
         """ids [...] → input embeddings [..., H]; where image_mask is True the rows of features
         [N, H] (one per image slot, in order) stand instead."""
         x = F.embedding(ids, self.embed_tokens)
-        if self.dims.embed_scale is not None:  # Gemma3TextScaledWordEmbedding: the scale cast to the weights' dtype
+        if self.dims.embed_scale is not None:  # the scale cast to the weights' dtype, as transformers scales
             x = x * torch.tensor(self.dims.embed_scale, device=x.device).to(x.dtype)
         if image_mask is None:
             return x
@@ -196,7 +197,7 @@ class LlamaLM(nn.Module):
 
     def deepstack(self, x: torch.Tensor, layer: int, batch: TokenBatch) -> torch.Tensor:
         """x after layer `layer` with DeepStack's block layer + 1 of the image features added at the image
-        positions (Qwen3-VL's first `deepstack` layers); x unchanged for any other model, layer or batch."""
+        positions (the first `deepstack` layers); x unchanged for any other model, layer or batch."""
         if layer >= self.dims.deepstack or batch.image_mask is None:
             return x
         h = x.shape[-1]
@@ -216,8 +217,9 @@ class LlamaLM(nn.Module):
         return [done[id(rotary)] for rotary in self.layer_rotary]
 
     def final_norm(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden, and the final norm's weight for the lm_head kernels to fuse (LLaMA's RMSNorm); Gemma's
-        (1 + w) norm, which rounds once after scaling in fp32, is applied here instead (None to fuse)."""
+        """hidden, and the final norm's weight for the lm_head kernels to fuse (LLaMA's RMSNorm); the
+        norm_unit_offset (1 + w) norm, which rounds once after scaling in fp32, is applied here instead (None
+        to fuse)."""
         if self.dims.norm_unit_offset:
             return offset_rms_norm(hidden, self.norm, self.dims.rms_eps), None
         return hidden, self.norm
@@ -361,7 +363,7 @@ class DecodeCache:
     allowance costs only what is generated. Generated token t sits in slot S + t, after the padded
     suffix region, so rows of any length line up."""
 
-    def __init__(self, lm: LlamaLM, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
+    def __init__(self, lm: DecoderLM, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
                  steps: int, chunk: int):
         self.prefix, self.suffix, self.steps, self.chunk = prefix, suffix, steps, chunk
         self.batch, self.width = suffix.keys[0].shape[0], suffix.keys[0].shape[2]

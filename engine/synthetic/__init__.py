@@ -1,11 +1,15 @@
 """Built-in data and the machinery of random checkpoints, so the main job, the benchmark and the tests
 run on a fresh machine with nothing downloaded: deterministic synthetic images, POPE-shaped question
-sets, word-level stand-in tokenizers, and the writers each family's `write_checkpoint` uses (its
-transformers class saved with random weights, or random tensors streamed shard by shard). The
-families' own dimensions live with them, in engine/models/."""
+sets, word-level stand-in tokenizers, and the writers of random checkpoints (a transformers class saved
+with random weights, or random tensors streamed shard by shard).
+
+Each family's random checkpoints live in this package's module of its model_type (llava.py for
+`llava`, ...): SIZES, the shapes by name ("tiny", and "7b" for the seed model's), and write_checkpoint;
+`family_checkpoints` finds that module by the convention, importing it only when it is asked for."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..readout import Question
+from ...readout import Question
 
 COCO_CATEGORIES = tuple(w.replace("_", " ") for w in (
     "person bicycle car motorcycle airplane bus train truck boat traffic_light fire_hydrant stop_sign "
@@ -31,6 +35,17 @@ LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
                 num_key_value_heads=32, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)
 LLAMA_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=4, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)
+
+
+def family_checkpoints(model_type: str):
+    """The module of a family's random checkpoints: engine/synthetic/<model_type>.py (SIZES, write_checkpoint)."""
+    return importlib.import_module(f"{__package__}.{model_type}")
+
+
+def write_checkpoint(model_type: str, folder: Path, dims: str | dict = "tiny", **kwargs) -> Path:
+    """A random-weight checkpoint of the family of model_type: dims a SIZES name or a dict of the same shape;
+    keyword arguments are the family writer's (tokenizer_dir, weights) or Weights fields."""
+    return family_checkpoints(model_type).write_checkpoint(folder, dims, **kwargs)
 
 
 def article(word: str) -> str:
