@@ -17,6 +17,8 @@ from pope_fast.readout.benchmarks.amber.metrics import ACTION, EXISTENCE, NUMBER
 from pope_fast.readout.benchmarks.score import score_responses
 from tinymodels import make_tiny_llava
 
+pytestmark = pytest.mark.slow  # eval and score end to end on tiny checkpoints
+
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):

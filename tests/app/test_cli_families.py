@@ -12,6 +12,8 @@ from tinymodels import (make_tiny_gemma3, make_tiny_instructblip, make_tiny_inte
 from pope_fast.cli import main
 from pope_fast.readout import load_questions, load_tokenizer
 
+pytestmark = pytest.mark.slow  # eval through the CLI on each family's tiny checkpoint
+
 FAMILIES = {"llava": (make_tiny_llava, "llava_plain"), "llava_next": (make_tiny_llava_next, "mistral_inst"),
             "instructblip": (make_tiny_instructblip, "instructblip"), "qwen2_vl": (make_tiny_qwen2_vl, "qwen2_vl_chat"),
             "qwen2_5_vl": (make_tiny_qwen2_5_vl, "qwen2_vl_chat"),

@@ -15,6 +15,8 @@ from pope_fast.engine import Engine, Settings
 from pope_fast.readout import load_questions
 from pope_fast.sweep import run_pope
 
+pytestmark = pytest.mark.slow  # eval and score end to end on tiny checkpoints
+
 SETTINGS = dict(batch_size=5, image_batch=4, max_new_tokens=2)
 
 

@@ -27,6 +27,8 @@ from pope_fast.readout.records import part_name
 from pope_fast.store import RunLock, fold_parts, order_records
 from pope_fast.sweep import canonical_order
 
+pytestmark = pytest.mark.slow  # eval and score end to end on tiny checkpoints
+
 
 def _engine(image_batch: int):
     """What Shard.share asks of an engine: prompts, their token counts, vision tokens."""

@@ -16,6 +16,8 @@ from pope_fast.readout import Question, make_record
 from pope_fast.readout.records import part_name
 from pope_fast.store import write_meta
 
+pytestmark = pytest.mark.slow  # eval, score and their faults end to end on tiny checkpoints
+
 READOUTS = "template_aware,legacy_2tok"
 
 

@@ -21,6 +21,8 @@ from pope_fast.cli import main
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.vision_cache import tensor_fingerprint
 
+pytestmark = pytest.mark.slow  # eval, score and their faults end to end on tiny checkpoints
+
 READOUTS = "template_aware,legacy_2tok,string_parse"
 
 

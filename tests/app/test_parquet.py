@@ -16,6 +16,8 @@ from pope_fast.engine import Engine, ImageError, Settings
 from pope_fast.sweep import run_pope
 from pope_fast.readout import DataError, load_question_sources
 
+pytestmark = pytest.mark.slow  # eval and score end to end on tiny checkpoints
+
 SPLITS = ("adversarial", "popular", "random")
 
 

@@ -11,6 +11,8 @@ from click.testing import CliRunner
 
 from pope_fast.cli import main
 
+pytestmark = pytest.mark.slow  # the pages' commands run on the demo
+
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 API = ROOT / "docs/api.md"

@@ -1,10 +1,13 @@
 """The throughput benchmark's own logic on the CPU (its figures are reported, never asserted)."""
+import pytest
 from click.testing import CliRunner
 
 from pope_fast.bench import BenchConfig, format_report, run_bench
 from pope_fast.bench.throughput import BENCH_READOUTS
 from pope_fast.cli import main
 from pope_fast.engine import FAMILIES
+
+pytestmark = pytest.mark.slow  # the benchmark runs both pipelines on tiny checkpoints
 
 
 def test_bench_runs_both_pipelines_and_they_agree(tmp_path):

@@ -254,6 +254,7 @@ def test_real_counts(real):
     assert (q13193.text, q13193.image) == ("Is there a chair in this image?", "AMBER_931.jpg")
 
 
+@pytest.mark.slow
 def test_real_official_all_right_and_all_yes(real, tmp_path):
     data, questions = real
     right = {q.question_id: "Yes" if q.label == "yes" else "No" for q in questions}
@@ -270,6 +271,7 @@ def test_real_official_all_right_and_all_yes(real, tmp_path):
     assert {block["Precision"] for block in blocks.values()} == {0.0}
 
 
+@pytest.mark.slow
 def test_real_vlmevalkit_reads_what_official_refuses(real, tmp_path):
     data, questions = real
     texts = {q.question_id: "Yes." for q in questions}

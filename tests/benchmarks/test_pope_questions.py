@@ -50,6 +50,7 @@ def test_bad_files_name_file_and_line(tmp_path, lines, message):
         load_questions(path)
 
 
+@pytest.mark.slow
 def test_official_aokvqa_and_gqa_files(shared):
     """The six SEEM files of RUCAIBox/POPE, loaded as one folder: dataset and split from each name,
     the COCO files' structure, and the cross-split (image, question) dedup the engine relies on."""

@@ -9,6 +9,8 @@ from tinymodels import QUESTIONS, edited_eager_attention, make_tiny_llava, synth
 from pope_fast.engine import (AttentionEdit, Engine, ImageAttentionAmplification, ImageAttentionTemperature, ImagePrompts,
                               Intervention, PAIAttention, Settings)
 
+pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
+
 IMAGES = [synthetic_image(i + 61, size) for i, size in enumerate([(90, 40), (60, 60)])]
 
 

@@ -12,6 +12,8 @@ from pope_fast.engine.synthetic import llava as llava_checkpoints
 from pope_fast.engine.synthetic import builtin_questions, synthetic_image
 from pope_fast.engine import Engine, Settings
 
+pytestmark = pytest.mark.slow  # tiny checkpoints written and loaded, the engine run on them
+
 QUESTIONS = [q.text for q in builtin_questions(4)]
 IMAGES = [synthetic_image(40 + i, size) for i, size in enumerate([(120, 90), (64, 96)])]
 

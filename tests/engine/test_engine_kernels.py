@@ -6,7 +6,8 @@ from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
 from pope_fast.engine import Engine, Settings
 from pope_fast.kernels import interpreter_on
 
-pytestmark = pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTERPRET=1 before triton is imported")
+pytestmark = [pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTERPRET=1 before triton is imported"),
+              pytest.mark.slow]  # the engine on a tiny checkpoint, its kernels under the interpreter
 
 
 @pytest.fixture(scope="module")

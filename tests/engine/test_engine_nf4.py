@@ -15,6 +15,8 @@ from tinymodels import QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, mak
 
 from pope_fast.engine import Engine, Settings
 
+pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
+
 IMAGES = [synthetic_image(20 + i, size) for i, size in enumerate([(80, 60), (60, 90)])]
 NF4 = dict(quant="nf4", dtype="fp16")
 

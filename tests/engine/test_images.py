@@ -7,6 +7,8 @@ from pope_fast.engine import Engine, Settings
 from pope_fast.engine.images import ClipPixels, to_rgb
 from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
 
+pytestmark = pytest.mark.slow  # transformers' processors and tiny checkpoints: seconds a test
+
 
 def _processor(**overrides):
     from transformers import CLIPImageProcessorPil

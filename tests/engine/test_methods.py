@@ -14,6 +14,8 @@ from pope_fast.engine import Engine, Settings
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
                                       noise_generator, parse_method)
 
+pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
+
 IMAGES = [synthetic_image(i + 81, size) for i, size in enumerate([(90, 40), (60, 60)])]
 METHODS = ["none", "vcd:noise_step=400,seed=3", "pai:layers=0-1,alpha=0.5", "icd:beta=0.05"]
 

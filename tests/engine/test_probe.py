@@ -10,6 +10,8 @@ from tinymodels import (QUESTIONS, make_tiny_instructblip, make_tiny_llava, make
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
 
+pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
+
 IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate([(90, 40), (60, 60)])]
 MAKERS = {"llava": make_tiny_llava, "llava_next": make_tiny_llava_next, "instructblip": make_tiny_instructblip,
           "qwen2_vl": make_tiny_qwen2_vl, "qwen2_5_vl": make_tiny_qwen2_5_vl}

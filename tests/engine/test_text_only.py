@@ -12,6 +12,8 @@ from tinymodels import (QUESTIONS, generated_text, make_tiny_gemma3, make_tiny_i
 
 from pope_fast.engine import METHODS, Engine, ImagePrompts, Settings, TextOnlyRefused
 
+pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
+
 # family → (checkpoint builder, its transformers class)
 FAMILIES = {
     "llava": (make_tiny_llava, "LlavaForConditionalGeneration"),

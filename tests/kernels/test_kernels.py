@@ -34,6 +34,8 @@ from pope_fast.kernels import (
     vocab_argmax_ref,
 )
 
+pytestmark = pytest.mark.slow  # the Triton interpreter runs each kernel case on the CPU: seconds a case
+
 DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 # (atol, rtol) of a kernel against its reference: fp32 sums in another order, then at most one
 # output rounding apart

@@ -14,6 +14,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.slow  # the Triton interpreter runs each kernel case on the CPU: seconds a case
+
 COMPILE_SCRIPT = r'''
 import importlib, json, re
 import triton, triton.language as tl

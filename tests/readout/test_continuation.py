@@ -2,6 +2,8 @@
 string_parse_with_prompt parses the decoded whole sequence, as the paper's InstructBLIP adapter did."""
 import json
 
+import pytest
+
 from pope_fast.readout import read_records, score_records
 from pope_fast.readout.continuation import all_finished, cut, generation_plan
 from pope_fast.readout.readouts import READOUTS, Generation, exact_match, pope_official, string_parse
@@ -67,6 +69,7 @@ def test_the_loop_stops_once_every_row_is_finished_for_every_readout():
     assert all_finished([[1, 2, 3, 4, 5, 6]], STOP, generation_plan(["string_parse"], None, 4096), decode)
 
 
+@pytest.mark.slow
 def test_whole_sequence_parse_on_an_instructblip_prompt(shared):
     """The paper's InstructBLIP adapter decoded generate's whole output: the prompt's 'Answer yes or no
     only' comes first, so string_parse of it is yes whatever the model said."""

@@ -120,6 +120,7 @@ def test_each_tools_prompt_byte_for_byte(name):
     assert get_template(name).render(Q) == PLAIN_PROMPTS[name]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not SHARED_QWEN2_TOKENIZER.is_dir(), reason="needs ../shared's Qwen2-VL tokenizer")
 def test_qwen2_vl_prompts_are_the_chat_template_over_the_tools_messages():
     """lmms-eval qwen2_vl: a system message, then [image, task text]; VLMEvalKit Qwen2VLChat: no system
@@ -150,6 +151,7 @@ def test_one_tokenization_equals_llavas_chunked_one(name):
     assert tokenizer(prompt).input_ids == chunked
 
 
+@pytest.mark.slow
 def test_every_family_states_each_protocol():
     """A Coverage whose template marks the image as the family does, or the reason the tool has none."""
     for model_type in FAMILIES:
@@ -187,6 +189,7 @@ def _eval(llava, out: Path, *extra) -> dict:
     return json.loads((out / "meta.json").read_text())
 
 
+@pytest.mark.slow
 def test_eval_under_lmms_eval_is_its_llava_hf_run_question_by_question(llava):
     """lmms-eval's llava_hf class: the processor over its prompt, generate(max_new_tokens=128, greedy), the
     new tokens decoded without specials (chat/llava_hf.py l.61-101), exact match on them."""
@@ -221,6 +224,7 @@ def test_eval_under_lmms_eval_is_its_llava_hf_run_question_by_question(llava):
                                                                                   for r in records])}
 
 
+@pytest.mark.slow
 def test_score_says_what_keeps_a_run_from_a_protocols_number(llava):
     root = llava[0]
     meta = _eval(llava, root / "plain", "--max-new-tokens", "2")
@@ -315,6 +319,7 @@ def test_score_rescores_the_recorded_texts_under_each_protocol(llava, tmp_path):
         {k: v for k, v in rows("vlmevalkit")["Overall"].items() if k not in ("split", "n")}
 
 
+@pytest.mark.slow
 def test_compare_and_report_under_a_protocol(llava, tmp_path):
     """compare --protocol compares the protocol's answer rule alone, and shows each run's tool table;
     report --protocol leads with those tables (protocol.json beside the page)."""
@@ -340,6 +345,7 @@ def test_compare_and_report_under_a_protocol(llava, tmp_path):
     assert run["protocol"] == "lmms-eval" and run["rows"][-1]["split"] == "Overall"
 
 
+@pytest.mark.slow
 def test_a_template_whose_text_changed_is_another_run(llava, tmp_path, monkeypatch):
     """llava_official's system text was fixed under the same name: a folder begun with the old text is
     not resumed with the new one (meta.json's prompt_example is part of what must match)."""

@@ -168,6 +168,7 @@ def test_score_cli_json_shape(shared):
     assert bad.exit_code != 0 and "no token sets" in bad.output
 
 
+@pytest.mark.slow
 def test_audit_tokens_cli(shared):
     result = CliRunner().invoke(main, ["audit-tokens", "--tokenizer", str(shared / "tokenizers/qwen2/qwen2-vl-7b-instruct"),
                                        "--template", "qwen2_vl_chat", "--format", "json"])

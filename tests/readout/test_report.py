@@ -46,6 +46,7 @@ def _png_size(path):
     return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
 
 
+@pytest.mark.slow
 def test_report_on_two_runs(tmp_path):
     from PIL import Image
 
@@ -177,6 +178,7 @@ def test_readout_and_cli_import_no_plotting_or_parquet_library():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+@pytest.mark.slow
 def test_report_draws_the_probe_by_outcome(tmp_path):
     """A run with the image-attention probe gets its right-vs-wrong figure; the numbers beside it are the
     per-question layer means split by each readout's decision, with score's d and p."""
@@ -228,6 +230,7 @@ def _figures(page: str) -> list[tuple[int, str]]:
     return [(int(k), caption) for k, caption in found]
 
 
+@pytest.mark.slow
 def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     """The header row of each run: model, family, template, method, dtype, quantization, created, version,
     "-" where meta.json records none; every figure numbered in order with a caption naming its numbers."""
@@ -260,6 +263,7 @@ def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     assert sum("1000 resamples of the questions, seed 0" in c for c in captions) == 2   # each F1 figure
 
 
+@pytest.mark.slow
 def test_first_token_bars_are_labelled_with_token_strings(tmp_path):
     """The histogram's labels are the token strings meta.json records (with the id), ids alone where it has
     none; matplotlib's mathtext never reads a `$` in one."""
@@ -284,6 +288,7 @@ def test_first_token_bars_are_labelled_with_token_strings(tmp_path):
     assert "This run&#x27;s meta.json records no token strings" in page and "meta.json&#x27;s token_strings" in page
 
 
+@pytest.mark.slow
 def test_demo_report_labels_first_tokens_with_the_engines_strings(tmp_path):
     """End to end: `pope-fast eval`'s meta.json carries the candidate ids' strings and the report draws them."""
     assert CliRunner().invoke(main, ["eval", "--out", str(tmp_path / "demo")]).exit_code == 0
@@ -294,6 +299,7 @@ def test_demo_report_labels_first_tokens_with_the_engines_strings(tmp_path):
     assert {str(t["id"]): t["token"] for t in tokens if t["token"] is not None} == meta["token_strings"]
 
 
+@pytest.mark.slow
 def test_yes_rate_marks_readouts_and_splits_with_no_answered_question(tmp_path):
     """A readout that answered nothing (first_token when no first token is a candidate, text readouts on
     text without yes or no) and a split whose every record is an error have no yes-rate: null, answered 0,
@@ -340,6 +346,7 @@ def _paired(out, seeds=(1, 3)):
     return out
 
 
+@pytest.mark.slow
 def test_report_of_a_paired_folder_draws_delta_f1_from_compare_json(tmp_path):
     """`pope-fast report OUT` on a paired folder: both runs' figures, and ΔF1 per readout and split with the
     paired interval and McNemar's p, the numbers of compare.json, found where the folder lies now."""
@@ -396,6 +403,7 @@ def test_attention_figure_puts_d_and_p_on_each_readouts_row_and_ticks_apart():
         assert box.y0 < (row.y0 + row.y1) / 2 < box.y1 and box.x0 > ax.get_window_extent(renderer).x1
 
 
+@pytest.mark.slow
 def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
     """A run and a published file: the grid has a panel per group with the readouts supplied there and a
     row per model ("-" where a model has no such group); the paper's pair is legacy_2tok against
