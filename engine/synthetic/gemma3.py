@@ -8,18 +8,15 @@ from ..loader import quiet_fallback
 from ..models.gemma3 import BOI, EOI, IMAGE
 from . import COCO_CATEGORIES, Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 
-
 # gemma-3-4b-it ("7b" is the table's name for the seed size): SigLIP so400m at 896 px without its head, Gemma 3 4B.
 SIGLIP_896 = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=27, num_attention_heads=16,
                   image_size=896, patch_size=14, vision_use_head=False, layer_norm_eps=1e-6)
-
 
 GEMMA3_4B = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34, num_attention_heads=8,
                  num_key_value_heads=4, head_dim=256, query_pre_attn_scalar=256, vocab_size=262208,
                  rms_norm_eps=1e-6, sliding_window=1024, sliding_window_pattern=6, max_position_embeddings=131072,
                  rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                   "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
-
 
 # The tiny stand-ins (the tests'): 64-px images of 8 x 8 patches pooled to 4 x 4 = 16 tokens; four layers,
 # local, local, global (linearly scaled RoPE), local, with a window longer than any test prompt; head_dim 32
@@ -28,14 +25,12 @@ GEMMA3_4B = dict(hidden_size=2560, intermediate_size=10240, num_hidden_layers=34
 SIGLIP_TINY = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, image_size=64,
                    patch_size=8, vision_use_head=False, layer_norm_eps=1e-6)
 
-
 GEMMA3_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, head_dim=32, query_pre_attn_scalar=24, vocab_size=262208, rms_norm_eps=1e-6,
                    sliding_window=512, max_position_embeddings=4096,
                    layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
                    rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
                                     "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6}})
-
 
 # The built-in stand-in tokenizer's chat template: Gemma's turn format (a system text opens the first user
 # turn, followed by a blank line; the image as <start_of_image>; the model's turn opened for the answer).

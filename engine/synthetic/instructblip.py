@@ -7,7 +7,6 @@ from ..loader import quiet_fallback
 from . import (LLAMA_7B, LLAMA_TINY, Weights, builtin_bert_tokenizer, checkpoint_folder, save_checkpoint, sized,
                tokenizer_for, with_vocab)
 
-
 # InstructBLIP-Vicuna-7B: EVA ViT-g/14 at 224 px (257 tokens), a BERT-base Q-Former with 32 queries, Vicuna-7B.
 SIZES = {
     "7b": dict(vision=dict(hidden_size=1408, intermediate_size=6144, num_hidden_layers=39, num_attention_heads=16,

@@ -10,7 +10,6 @@ from . import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 from .llava_onevision import QWEN2_7B, QWEN2_TINY
 from .qwen2_vl import builtin_qwen2_tokenizer
 
-
 # transformers' convert_internvl_weights_to_hf.py chat template (images as '<IMG_CONTEXT>\n', no default system).
 INTERNVL_CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n'}}{% if message['content'] is string %}"
@@ -19,17 +18,14 @@ INTERNVL_CHAT_TEMPLATE = (
     "{{ content['text'] }}{% endif %}{% endfor %}{% endif %}{{'<|im_end|>\n'}}{% endfor %}"
     "{% if add_generation_prompt %}{{'<|im_start|>assistant\n' }}{% endif %}")
 
-
 # InternViT-300M-448px-V2.5 (InternVL3-8B's tower), and a tiny tower at the real tile size.
 INTERNVIT_300M = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                       image_size=448, patch_size=14, norm_type="layer_norm", use_qk_norm=False, use_mean_pooling=True,
                       layer_norm_eps=1e-6, attention_bias=True)
 
-
 INTERNVIT_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                       image_size=448, patch_size=14, norm_type="layer_norm", use_qk_norm=False, use_mean_pooling=True,
                       layer_norm_eps=1e-6, attention_bias=True)
-
 
 # Qwen2.5-7B as InternVL3-8B-hf carries it (its vocabulary: Qwen2.5's 151,665 + InternVL's nine tokens).
 QWEN2_5_7B = {**QWEN2_7B, "vocab_size": 151674}

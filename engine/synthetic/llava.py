@@ -6,12 +6,10 @@ from pathlib import Path
 from ..loader import quiet_fallback
 from . import LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
 
-
 # CLIP ViT-L/14 at 336 px (577 tokens, 576 after dropping CLS), and the tiny tower of the random
 # checkpoints: small widths, the real image, so prefixes are as long as the real ones.
 CLIP_L_336 = dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
                   image_size=336, patch_size=14, projection_dim=768)
-
 
 CLIP_TINY_336 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                      image_size=336, patch_size=14, projection_dim=64)

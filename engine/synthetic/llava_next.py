@@ -7,16 +7,13 @@ from ..loader import quiet_fallback
 from . import Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
 from .llava import CLIP_L_336, CLIP_TINY_336
 
-
 # The 336-px pinpoints of LLaVA-1.6: a 640 x 480 COCO image is 5 crops, 2,340 image tokens.
 ANYRES_PINPOINTS = [[336, 672], [672, 336], [672, 672], [1008, 336], [336, 1008]]
-
 
 # Mistral-7B-Instruct-v0.2 (grouped KV heads, rope_theta 1e6), and its tiny stand-in.
 MISTRAL_7B = dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
                   num_key_value_heads=8, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,
                   rope_theta=1e6, sliding_window=None)
-
 
 MISTRAL_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                     num_key_value_heads=2, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=32768,

@@ -9,7 +9,6 @@ from ..models.llava_onevision import IMAGE
 from . import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 from .qwen2_vl import builtin_qwen2_tokenizer
 
-
 # llava-hf's processor template (chat_template.json): images first, then "\n" + text, no newline after <|im_end|>.
 ONEVISION_CHAT_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + ' '}}"
@@ -18,26 +17,21 @@ ONEVISION_CHAT_TEMPLATE = (
     "{% for content in message['content'] | selectattr('type', 'equalto', 'text') %}{{ '\n' + content['text'] }}"
     "{% endfor %}{{'<|im_end|>'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
 
-
 # SigLIP so400m-patch14-384 as OneVision cuts it (26 layers, no head), and a tiny tower at the real image size.
 SIGLIP_384 = dict(hidden_size=1152, intermediate_size=4304, num_hidden_layers=26, num_attention_heads=16,
                   image_size=384, patch_size=14, vision_use_head=False)
 
-
 SIGLIP_TINY_384 = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                        image_size=384, patch_size=14, vision_use_head=False)
-
 
 # Qwen2-7B-Instruct, and its tiny stand-in.
 QWEN2_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                 num_key_value_heads=4, vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
                 rope_theta=1e6)
 
-
 QWEN2_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
                   num_key_value_heads=2, vocab_size=152064, rms_norm_eps=1e-6, max_position_embeddings=32768,
                   rope_theta=1e6)
-
 
 # The checkpoints' pinpoints: 384-px crops in grids of 1 x 1 up to 6 x 6.
 ONEVISION_PINPOINTS = [[384 * r, 384 * c] for r in range(1, 7) for c in range(1, 7)]

@@ -11,7 +11,6 @@ from ..models.mplug_owl2 import MODEL_TYPE, TOP_LEVEL
 from ..models.mplug_owl2_nets import AbstractorDims, VisionDims, lm_expected_shapes
 from . import LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, sized, tokenizer_for, with_vocab, write_tensors
 
-
 # mPLUG-Owl2-LLaMA2-7B: a ViT-L/14 at 448 px (1,025 tokens), a 6-layer visual abstractor of 64 queries,
 # LLaMA-2-7B with multiway k/v projections and norms; 65 image tokens either way.
 SIZES = {

@@ -6,7 +6,6 @@ from pathlib import Path
 from ..models.qwen2_5_vl import Qwen2_5_VLModel
 from .qwen2_vl import write_family_checkpoint
 
-
 # Qwen2.5-VL-7B-Instruct: a 32-block, 1280-wide ViT (windows of 112 px = 4 x 4 merged tokens, whole-image
 # attention in blocks 7, 15, 23, 31) merging 2 x 2 patches into Qwen2-7B's width, Qwen2-7B with M-RoPE.
 SIZES = {

@@ -8,7 +8,6 @@ from ..loader import quiet_fallback
 from ..models.qwen2_vl import IMAGE_PAD, Qwen2VLModel
 from . import COCO_CATEGORIES, Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 
-
 # Qwen2-VL-7B-Instruct: a 32-block, 1280-wide native-resolution ViT merging 2 x 2 patches (a COCO
 # image: 391 tokens under the processor's default pixel budget), Qwen2-7B with M-RoPE.
 SIZES = {
@@ -55,7 +54,6 @@ def write_family_checkpoint(family, sizes: dict, folder: Path, dims: str | dict 
     processor = Qwen2VLImageProcessor(**dims.get("processor", {}))
     return save_checkpoint(folder, config, model_class, processor, weights or Weights(**stream))
 
-
 QWEN2_CHAT_TEMPLATE = (
     "{% for message in messages %}{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n"
     "You are a helpful assistant.<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n"
@@ -63,7 +61,6 @@ QWEN2_CHAT_TEMPLATE = (
     "{% if content['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
     "{% elif content['type'] == 'text' %}{{ content['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
-
 
 QWEN2_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>",
                   "<|image_pad|>"]

@@ -6,11 +6,9 @@ from pathlib import Path
 from ..models.qwen3_vl import Qwen3VLModel
 from .qwen2_vl import write_family_checkpoint
 
-
 # The processor of Qwen3-VL-8B-Instruct's preprocessor_config.json: 16-px patches, 2 x 2 merging, 2 frames.
 PROCESSOR = dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3, image_std=[0.5] * 3,
                  min_pixels=65536, max_pixels=16777216)
-
 
 # Qwen3-VL-8B-Instruct ("7b" is the table's name for the seed size): a 27-block, 1152-wide ViT with
 # DeepStack from blocks 8, 16, 24, merging 2 x 2 patches into Qwen3-8B's width; Qwen3-8B with
