@@ -1,10 +1,13 @@
-"""The engine against transformers' LlavaForConditionalGeneration, the oracle, on tiny random checkpoints."""
+"""The engine against transformers' LlavaForConditionalGeneration, the oracle, on tiny random checkpoints: LLaVA's
+quirks and the engine's whole-run behaviour (sweeps, caches, resumes, the CLI) on the first family; its battery is
+test_battery's llava cases."""
 import json
 import shutil
 
 import pytest
 import torch
 from click.testing import CliRunner
+from registry import REGISTRY
 from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, make_tiny_llava, synthetic_image, worst_difference,
                         write_pope_set)
 
@@ -14,43 +17,21 @@ from pope_fast.engine.models import FAMILIES
 from pope_fast.sweep import run_pope
 from pope_fast.readout import READOUTS, load_questions
 
-IMAGES = [synthetic_image(i, size) for i, size in enumerate([(90, 70), (42, 42), (50, 120)])]
+IMAGES = REGISTRY["llava"].images
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_tiny_llava(tmp_path_factory.mktemp("tiny_llava") / "ckpt")
+def checkpoint(tiny):
+    return tiny.checkpoint("llava")
 
 
 @pytest.fixture(scope="module")
-def oracle(checkpoint):
-    """transformers' answer-position logits and greedy continuation for every (image, question)."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+def oracle(tiny, checkpoint):
+    """registry's oracle (transformers' answer-position logits, greedy continuation and prompt ids per (image,
+    question)) and the processor's tokenizer."""
+    from transformers import AutoProcessor
 
-    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    processor = AutoProcessor.from_pretrained(str(checkpoint))
-    out = {}
-    for i, image in enumerate(IMAGES):
-        for q in QUESTIONS:
-            inputs = processor(images=image, text=f"USER: <image>\n{q}\nASSISTANT:", return_tensors="pt")
-            with torch.no_grad():
-                logits = model(**inputs).logits[0, -1]
-                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-            out[i, q] = (logits, generated.tolist())
-    return out, processor.tokenizer
-
-
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 4), (True, 16), (False, 3)],
-                         ids=["reuse-b1", "reuse-b4", "reuse-b16", "whole-b3"])
-def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    reference, _ = oracle
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6), readouts="all")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS):
-            logits, generated = reference[i, answer.question]
-            diff, at = worst_difference(answer.candidate_logits, logits)
-            assert diff <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {diff:.2e}"
-            assert answer.first_token_id == int(logits.argmax()) == generated[0]
+    return tiny.oracle("llava"), AutoProcessor.from_pretrained(str(checkpoint)).tokenizer
 
 
 @pytest.mark.parametrize("feature_layer, layers_kept", [(-1, 2), ([-3, -2], 1), ([-2, -1], 2), ([0, 1], 1)],
@@ -86,22 +67,12 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
     for i, per_image in enumerate(outputs):
         for q, result in zip(QUESTIONS, per_image):
             first, logits, text = result.first_token_id, result.candidate_logits, result.decoded
-            ref_logits, generated = reference[i, q]
+            ref_logits, generated, _ = reference[i, q]
             diff, at = worst_difference(logits, ref_logits)
             assert diff <= 1e-4, f"image {i} {q!r}: id {at} differs by {diff:.2e}"
             assert first == generated[0]
             cut = generated.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in generated else len(generated)
             assert text == tokenizer.decode(generated[:cut], skip_special_tokens=True)
-
-
-def test_continuation_matches_generate(checkpoint, oracle):
-    reference, tokenizer = oracle
-    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=4), readouts="string_parse,exact_match")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS):
-            generated = reference[i, answer.question][1]
-            cut = generated.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in generated else len(generated)
-            assert answer.decoded == tokenizer.decode(generated[:cut], skip_special_tokens=True)
 
 
 def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkpoint):
