@@ -34,6 +34,7 @@ def _images(family, indices):
     return [family.images[i] for i in indices]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, prefix_reuse, batch_size", _cases("logits"), indirect=["family"])
 def test_logits(family, family_checkpoint, family_oracle, prefix_reuse, batch_size):
     """engine.score, one image at a time: candidate logits within 1e-4 of the oracle's, the first token its argmax
@@ -45,6 +46,7 @@ def test_logits(family, family_checkpoint, family_oracle, prefix_reuse, batch_si
     assert_scores_match(engine, family_oracle, family.images, family.oracle_questions)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", _families(lambda f: f.counts_image_tokens), indirect=True)
 def test_image_tokens(family, family_checkpoint, family_oracle):
     """The engine's features are as many as the image tokens transformers' processor wrote into the prompt."""
@@ -54,6 +56,7 @@ def test_image_tokens(family, family_checkpoint, family_oracle):
         assert engine.features(image).shape[0] == tokens, f"image {i}: transformers has {tokens} image tokens"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, prefix_reuse, batch_size", _cases("run"), indirect=["family"])
 def test_batched_run(family, family_checkpoint, family_oracle, prefix_reuse, batch_size):
     """One engine.run_images over every image: a batch whose question rows span images (prefixes of different
@@ -71,6 +74,7 @@ def _continuation_cases():
             for name, f in REGISTRY.items() for settings in f.continuations]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, settings", _continuation_cases(), indirect=["family"])
 def test_continuations(family, family_checkpoint, family_oracle, settings):
     """The text readouts' continuation (4 new tokens) is generate's, up to the first stop id."""
@@ -84,6 +88,7 @@ def _probe_cases():
             for name, f in REGISTRY.items() if f.probe for reuse, batch in ((True, 1), (False, 2))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, prefix_reuse, batch_size", _probe_cases(), indirect=["family"])
 def test_probe(family, family_checkpoint, prefix_reuse, batch_size):
     """The image-attention probe at the answer position, per layer and head, against transformers' eager attention
@@ -96,6 +101,7 @@ def test_probe(family, family_checkpoint, prefix_reuse, batch_size):
                                _images(family, family.probe), QUESTIONS[:2])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", _families(lambda f: f.nf4 is not None), indirect=True)
 def test_nf4(family, tmp_path):
     """NF4 as transformers quantizes the family, against transformers + bitsandbytes on CPU (see
@@ -130,6 +136,7 @@ def methods_oracle(family, family_checkpoint):
     return _test_methods()._oracle(family_checkpoint, family.transformers_class(), inputs_of)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family, prefix_reuse, batch_size", _cases("methods"), indirect=["family"])
 def test_methods(family, family_checkpoint, methods_oracle, prefix_reuse, batch_size):
     """VCD, PAI and ICD as test_methods checks them on LLaVA, through the family's processor (its images' crops or
@@ -139,6 +146,7 @@ def test_methods(family, family_checkpoint, methods_oracle, prefix_reuse, batch_
     _test_methods()._check_methods(engine, methods_oracle)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", _families(lambda f: f.tied is not None), indirect=True)
 def test_tied_head(family, tmp_path):
     """A checkpoint without lm_head (the small published ones tie it) loads and matches the oracle."""

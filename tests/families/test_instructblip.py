@@ -26,6 +26,7 @@ def test_the_question_reaches_the_image_tokens(checkpoint):
     assert a.shape == b.shape == (4, engine.model.lm.dims.hidden_size) and not torch.allclose(a, b)
 
 
+@pytest.mark.slow
 def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
     """(The CLI sweep of every family is tests/app/test_cli_families.py.)"""
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
@@ -36,6 +37,7 @@ def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
     assert engine.counts.images_encoded == 3   # the ViT once per image, the Q-Former per prompt
 
 
+@pytest.mark.slow
 def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoint, tmp_path):
     """string_parse_with_prompt reads what the paper's InstructBLIP adapter parsed: generate's whole
     output, prompt included, decoded (6 new tokens); the prompt's 'yes' decides every question, so it

@@ -45,6 +45,7 @@ def test_each_image_has_its_tile_count(checkpoint):
         assert features.shape[0] == TILES[i] * PER_TILE, f"image {i}: {features.shape[0]} image tokens"
 
 
+@pytest.mark.slow
 def test_prompt_ids_are_the_processors(checkpoint, oracle):
     """The engine's ids are InternVLProcessor's, token for token: '<img>', 256 (here 4) context tokens per tile,
     '</img>'; the shared prefix runs to the last context token, so it holds every tile of the image."""
@@ -75,6 +76,7 @@ def test_pixels_match_the_image_processor(checkpoint):
         assert np.array_equal(ours, out["pixel_values"]) and list(out["num_patches"]) == [tiles], image.size
 
 
+@pytest.mark.slow
 def test_a_lower_feature_layer_cuts_the_tower(tmp_path):
     """vision_feature_layer -2 (hidden_states[-2]: the tower without its last layer) matches the oracle, and
     differs from the last layer's features."""
@@ -129,6 +131,7 @@ def test_real_tokenizer_renders_the_chat_template(shared, checkpoint):
     assert [model.tokenizer.convert_tokens_to_ids(t) for t in ("<img>", "</img>")] == [151665, 151666]
 
 
+@pytest.mark.slow
 def test_lmms_eval_prompt_is_its_chat_template_rendering(shared, checkpoint):
     """lmms-eval's internvl_hf renders the task's [image, question + post_prompt] message with the processor's chat
     template: the template lmms_eval_internvl_hf is that rendering, and it runs as the oracle does."""
@@ -147,6 +150,7 @@ def test_lmms_eval_prompt_is_its_chat_template_rendering(shared, checkpoint):
     assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
 
 
+@pytest.mark.slow
 def test_builtin_tokenizer_stands_in(tmp_path):
     """Without ../shared the built-in Qwen2 stand-in carries <img>, </img>, <IMG_CONTEXT> and InternVL's template
     shape, and the checkpoint still matches the oracle."""

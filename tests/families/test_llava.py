@@ -34,6 +34,7 @@ def oracle(tiny, checkpoint):
     return tiny.oracle("llava"), AutoProcessor.from_pretrained(str(checkpoint)).tokenizer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("feature_layer, layers_kept", [(-1, 2), ([-3, -2], 1), ([-2, -1], 2), ([0, 1], 1)],
                          ids=["last", "embeddings-and-first", "last-two", "first-two"])
 def test_other_feature_layers_match_transformers(tmp_path, feature_layer, layers_kept):
@@ -52,6 +53,7 @@ def test_other_feature_layers_match_transformers(tmp_path, feature_layer, layers
     assert diff <= 1e-4, f"id {at} differs by {diff:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [4, 32])
 def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batch_size):
     """Several images' prefixes prefilled together, suffix batches (and their continuations) spanning images."""
@@ -75,6 +77,7 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
             assert text == tokenizer.decode(generated[:cut], skip_special_tokens=True)
 
 
+@pytest.mark.slow
 def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkpoint):
     """By default string_parse reads 6 new tokens (the paper) and exact_match 128 (lmms-eval), both cut
     from one continuation: each text equals what generate gives at that readout's max_new_tokens."""
@@ -99,6 +102,7 @@ def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkp
             assert answer.texts["exact_match"] != answer.texts["string_parse"]
 
 
+@pytest.mark.slow
 def test_decisions_follow_the_logits(checkpoint):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all")
     for answer in engine.score(IMAGES[0], QUESTIONS):
@@ -125,6 +129,7 @@ class _Shift(Intervention):
         return logits + bump
 
 
+@pytest.mark.slow
 def test_warmup_leaves_no_trace(checkpoint, tmp_path):
     """Warmup runs the model but caches, counts and times nothing, and changes no answer."""
     warm = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4, max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
@@ -136,6 +141,7 @@ def test_warmup_leaves_no_trace(checkpoint, tmp_path):
     assert warm.score(IMAGES[0], QUESTIONS) == cold.score(IMAGES[0], QUESTIONS)
 
 
+@pytest.mark.slow
 def test_intervention_hook(checkpoint):
     engine = Engine.load(checkpoint, Settings(batch_size=8), readouts="template_aware")
     plain = engine.score(IMAGES[1], QUESTIONS)
@@ -150,6 +156,7 @@ def test_intervention_hook(checkpoint):
     assert shift.layers[1][2][0] == len(QUESTIONS)
 
 
+@pytest.mark.slow
 def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
     from PIL import Image
 
@@ -173,6 +180,7 @@ def _records(out):
     return sorted(rows, key=lambda r: (r["split"], r["question_id"]))
 
 
+@pytest.mark.slow
 def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope")
     questions = [q for f in files for q in load_questions(f)]
@@ -194,6 +202,7 @@ def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
     assert "transformers" in meta["tokenizer"]["library_versions"]
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_to_the_same_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope")
     questions = [q for f in files for q in load_questions(f)]
@@ -220,6 +229,7 @@ def test_interrupted_sweep_resumes_to_the_same_records(checkpoint, tmp_path):
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_same_file_name_different_images_never_share_features(checkpoint, tmp_path):
     for k, folder in enumerate(("a", "b")):
         (tmp_path / folder).mkdir()
@@ -235,6 +245,7 @@ def test_same_file_name_different_images_never_share_features(checkpoint, tmp_pa
     assert _records(tmp_path / "out_a")[0]["candidate_logits"] != _records(tmp_path / "out_b")[0]["candidate_logits"]
 
 
+@pytest.mark.slow
 def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = load_questions(files[0])
@@ -253,6 +264,7 @@ def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_eval_cli_end_to_end(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
@@ -270,6 +282,7 @@ def test_eval_cli_end_to_end(checkpoint, tmp_path):
     assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output
 
 
+@pytest.mark.slow
 def test_two_datasets_in_one_run_and_an_old_folder_resumes(checkpoint, tmp_path):
     """COCO and GQA files reuse split names and question ids: one run keeps both (a question folder
     given once). A folder begun before records named their dataset resumes to nothing, unchanged."""
@@ -302,6 +315,7 @@ def test_two_datasets_in_one_run_and_an_old_folder_resumes(checkpoint, tmp_path)
     assert again.evaluated_prompts == 0 and (tmp_path / "old/records.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_missing_and_broken_images_stop_before_compute_or_become_error_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     (images / "img_1.png").unlink()
@@ -334,6 +348,7 @@ def _corrupt_png_data(path):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_an_image_that_fails_only_in_the_decoder(checkpoint, tmp_path):
     from pope_fast.engine import ImageError
     from pope_fast.engine.images import check_images
@@ -422,6 +437,7 @@ def test_bad_question_file_is_named(checkpoint, tmp_path):
     assert result.exit_code != 0 and "q_random.json:2: malformed JSON" in result.output
 
 
+@pytest.mark.slow
 def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
     """The issue's acceptance check: a fresh checkpoint through `pope-fast eval`, every record against
     transformers: candidate logits within 1e-4 and the same decision under every readout."""
@@ -470,6 +486,7 @@ def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
             assert r["predictions"][name] == expected, (name, r["question_id"], r["split"])
 
 
+@pytest.mark.slow
 def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = load_questions(files[0])
@@ -489,6 +506,7 @@ def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
     assert (tmp_path / "out/records.jsonl").read_bytes() == (tmp_path / "clean/records.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, message", [
     ("settings", r"meta\.json: this folder holds records of a different run \(settings\.image_aspect: 'processor' "
                  r"recorded, 'pad' now\)"),

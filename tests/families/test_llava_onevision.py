@@ -40,6 +40,7 @@ def oracle(tiny):
     return tiny.oracle("llava_onevision")
 
 
+@pytest.mark.slow
 def test_max_crops_interpolation_is_what_the_oracle_counts(checkpoint, oracle):
     """The images of REDUCED are interpolated down (without anyres_max_9 their grids would be longer than the
     oracle's prompt), the others are not (a reduction that fired too early would shorten them)."""
@@ -88,6 +89,7 @@ def test_real_tokenizer_renders_the_processor_template(shared, checkpoint):
     assert engine.model.image_token_id == 151646 and engine.model.stop_ids == {151645}
 
 
+@pytest.mark.slow
 def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
     """VLMEvalKit's LLaVA_OneVision_HF joins [image, question] into one text part, '<image>\\n' + question, and
     renders it with the processor's chat template: the template vlmevalkit_llava_onevision is that rendering, and
@@ -113,6 +115,7 @@ def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
     assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
 
 
+@pytest.mark.slow
 def test_the_processor_chat_template_renders_the_prompt(tmp_path):
     """A checkpoint whose tokenizer carries a text-only template (as a hub tokenizer_config may) and whose
     chat_template.json holds the processor's: the processor's renders the prompt."""
@@ -129,6 +132,7 @@ def test_the_processor_chat_template_renders_the_prompt(tmp_path):
     assert engine.score(IMAGES[4], QUESTIONS[:1])[0].question == QUESTIONS[0]
 
 
+@pytest.mark.slow
 def test_builtin_tokenizer_stands_in(tmp_path):
     """Without ../shared the built-in Qwen2 stand-in carries <image> and OneVision's template shape, and the
     checkpoint still matches the oracle."""

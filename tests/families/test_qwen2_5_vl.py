@@ -36,6 +36,7 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint):
         assert patches.dtype == theirs["pixel_values"].dtype and np.array_equal(patches, theirs["pixel_values"])
 
 
+@pytest.mark.slow
 def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
     """Our features (every image in one tower call) are transformers' get_image_features of each image
     alone, in raster order; the images do span several windows, partial ones included, and attending over
@@ -67,6 +68,7 @@ def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
     assert float((unwindowed - torch.cat(alone)).abs().max()) > 1e-2
 
 
+@pytest.mark.slow
 def test_positions_are_transformers_rope_index(checkpoint, model):
     """M-RoPE streams as get_rope_index makes them for each grid; a still image's temporal stream stays at
     its start (tokens_per_second and second_per_grid_ts space video frames only)."""

@@ -49,6 +49,7 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint):
         assert patches.dtype == theirs["pixel_values"].dtype and np.array_equal(patches, theirs["pixel_values"])
 
 
+@pytest.mark.slow
 def test_features_hold_the_towers_deepstack(checkpoint, model):
     """Our features (every image in one tower call) are transformers' get_image_features of each image
     alone: the merger's output, then each DeepStack merger's, in raster order."""
@@ -64,6 +65,7 @@ def test_features_hold_the_towers_deepstack(checkpoint, model):
         torch.testing.assert_close(feature.reshape(rows * cols, -1), theirs, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
     """The test sees DeepStack: with its blocks zeroed the logits move far past the tolerance (and the
     unzeroed ones are transformers'); q_norm and k_norm are drawn, so ignoring them would fail above."""
@@ -80,6 +82,7 @@ def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
             assert worst_difference(b.candidate_logits, logits)[0] > 1e-2
 
 
+@pytest.mark.slow
 def test_positions_and_interleaved_rotary_are_transformers(checkpoint, model):
     """M-RoPE streams as get_rope_index makes them for each grid, and cos/sin of those streams as
     Qwen3VLTextRotaryEmbedding interleaves them (chunked sections, Qwen2-VL's, would differ)."""
