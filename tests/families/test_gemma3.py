@@ -19,6 +19,8 @@ from pope_fast.engine import Engine, Settings
 from pope_fast.engine.loader import CheckpointError
 from pope_fast.engine.models import family_class, protocol_for
 
+# Every test here loads the 262k-row model at least (several seconds on 2 cores) or runs it.
+pytestmark = pytest.mark.slow
 IMAGES = REGISTRY["gemma3"].images
 GEMMA3 = family_class("gemma3")
 
@@ -53,19 +55,16 @@ def oracle(tiny):
     return tiny.oracle("gemma3")
 
 
-@pytest.mark.slow
 def test_features_are_sixteen_pooled_tokens(checkpoint):
     engine = Engine.load(checkpoint, Settings())
     assert all(engine.features(image).shape == (16, 64) for image in IMAGES)
 
 
-@pytest.mark.slow
 def test_the_oracle_continues_differently(oracle):
     """The continuation check (test_battery) compares more than one continuation: not one thing to everything."""
     assert len({tuple(generated) for _, generated, _ in oracle.values()}) > 1
 
 
-@pytest.mark.slow
 def test_the_image_attends_both_ways(checkpoint, oracle):
     """The bidirectional image mask matters: transformers without token_type_ids (a causal-only prefix) is far
     from the engine, and so is the engine with the flag off, on both paths; with it, they match (above)."""
@@ -81,7 +80,6 @@ def test_the_image_attends_both_ways(checkpoint, oracle):
             assert worst_difference(answer.candidate_logits, oracle[0, answer.question][0])[0] > 1e-2
 
 
-@pytest.mark.slow
 def test_attention_scale_and_norms_are_gemmas(checkpoint, oracle):
     """query_pre_attn_scalar (24, not head_dim 32) scales the attention: the engine at head_dim**-0.5 differs."""
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
@@ -164,7 +162,6 @@ def _window_checkpoint(tmp_path: Path, window: int) -> Path:
     return make_tiny_gemma3(tmp_path / f"window{window}", seed=1, text=dict(sliding_window=window))
 
 
-@pytest.mark.slow
 def test_sliding_window_boundary(tmp_path):
     """transformers' sliding layers keep keys with q - k < window: a prompt of exactly `window` tokens attends
     as under full attention (the engine runs it, matching the oracle), one token longer does not (the oracle
@@ -183,7 +180,6 @@ def test_sliding_window_boundary(tmp_path):
         Engine.load(below, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS[:1])
 
 
-@pytest.mark.slow
 def test_a_continuation_stops_at_the_sliding_window(tmp_path):
     """A prompt 3 tokens inside the window may take 4 new tokens exactly (token k is read off length + k - 1
     tokens): asked for 10, the continuation is generate's first 4 and marked capped (its readouts say the
@@ -287,7 +283,6 @@ def test_flop_floor(checkpoint):
     assert model.matmul_flops(Counts(prompts=1)) == 2 * h * 262208
 
 
-@pytest.mark.slow
 def test_builtin_tokenizer_stands_in(tmp_path):
     """Without ../shared the built-in stand-in carries Gemma's special-token ids and turn format, and the
     checkpoint still matches the oracle."""
