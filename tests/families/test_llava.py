@@ -1,10 +1,13 @@
-"""The engine against transformers' LlavaForConditionalGeneration, the oracle, on tiny random checkpoints."""
+"""The engine against transformers' LlavaForConditionalGeneration, the oracle, on tiny random checkpoints: LLaVA's
+quirks and the engine's whole-run behaviour (sweeps, caches, resumes, the CLI) on the first family; its battery is
+test_battery's llava cases."""
 import json
 import shutil
 
 import pytest
 import torch
 from click.testing import CliRunner
+from registry import REGISTRY
 from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, make_tiny_llava, synthetic_image, worst_difference,
                         write_pope_set)
 
@@ -14,45 +17,24 @@ from pope_fast.engine.models import FAMILIES
 from pope_fast.sweep import run_pope
 from pope_fast.readout import READOUTS, load_questions
 
-IMAGES = [synthetic_image(i, size) for i, size in enumerate([(90, 70), (42, 42), (50, 120)])]
+IMAGES = REGISTRY["llava"].images
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_tiny_llava(tmp_path_factory.mktemp("tiny_llava") / "ckpt")
+def checkpoint(tiny):
+    return tiny.checkpoint("llava")
 
 
 @pytest.fixture(scope="module")
-def oracle(checkpoint):
-    """transformers' answer-position logits and greedy continuation for every (image, question)."""
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+def oracle(tiny, checkpoint):
+    """registry's oracle (transformers' answer-position logits, greedy continuation and prompt ids per (image,
+    question)) and the processor's tokenizer."""
+    from transformers import AutoProcessor
 
-    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    processor = AutoProcessor.from_pretrained(str(checkpoint))
-    out = {}
-    for i, image in enumerate(IMAGES):
-        for q in QUESTIONS:
-            inputs = processor(images=image, text=f"USER: <image>\n{q}\nASSISTANT:", return_tensors="pt")
-            with torch.no_grad():
-                logits = model(**inputs).logits[0, -1]
-                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
-            out[i, q] = (logits, generated.tolist())
-    return out, processor.tokenizer
+    return tiny.oracle("llava"), AutoProcessor.from_pretrained(str(checkpoint)).tokenizer
 
 
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 4), (True, 16), (False, 3)],
-                         ids=["reuse-b1", "reuse-b4", "reuse-b16", "whole-b3"])
-def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    reference, _ = oracle
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6), readouts="all")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS):
-            logits, generated = reference[i, answer.question]
-            diff, at = worst_difference(answer.candidate_logits, logits)
-            assert diff <= 1e-4, f"image {i} {answer.question!r}: id {at} differs by {diff:.2e}"
-            assert answer.first_token_id == int(logits.argmax()) == generated[0]
-
-
+@pytest.mark.slow
 @pytest.mark.parametrize("feature_layer, layers_kept", [(-1, 2), ([-3, -2], 1), ([-2, -1], 2), ([0, 1], 1)],
                          ids=["last", "embeddings-and-first", "last-two", "first-two"])
 def test_other_feature_layers_match_transformers(tmp_path, feature_layer, layers_kept):
@@ -71,6 +53,7 @@ def test_other_feature_layers_match_transformers(tmp_path, feature_layer, layers
     assert diff <= 1e-4, f"id {at} differs by {diff:.2e}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [4, 32])
 def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batch_size):
     """Several images' prefixes prefilled together, suffix batches (and their continuations) spanning images."""
@@ -86,7 +69,7 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
     for i, per_image in enumerate(outputs):
         for q, result in zip(QUESTIONS, per_image):
             first, logits, text = result.first_token_id, result.candidate_logits, result.decoded
-            ref_logits, generated = reference[i, q]
+            ref_logits, generated, _ = reference[i, q]
             diff, at = worst_difference(logits, ref_logits)
             assert diff <= 1e-4, f"image {i} {q!r}: id {at} differs by {diff:.2e}"
             assert first == generated[0]
@@ -94,16 +77,7 @@ def test_images_grouped_in_one_batch_match_transformers(checkpoint, oracle, batc
             assert text == tokenizer.decode(generated[:cut], skip_special_tokens=True)
 
 
-def test_continuation_matches_generate(checkpoint, oracle):
-    reference, tokenizer = oracle
-    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=4), readouts="string_parse,exact_match")
-    for i, image in enumerate(IMAGES):
-        for answer in engine.score(image, QUESTIONS):
-            generated = reference[i, answer.question][1]
-            cut = generated.index(tokenizer.eos_token_id) if tokenizer.eos_token_id in generated else len(generated)
-            assert answer.decoded == tokenizer.decode(generated[:cut], skip_special_tokens=True)
-
-
+@pytest.mark.slow
 def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkpoint):
     """By default string_parse reads 6 new tokens (the paper) and exact_match 128 (lmms-eval), both cut
     from one continuation: each text equals what generate gives at that readout's max_new_tokens."""
@@ -128,6 +102,7 @@ def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkp
             assert answer.texts["exact_match"] != answer.texts["string_parse"]
 
 
+@pytest.mark.slow
 def test_decisions_follow_the_logits(checkpoint):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all")
     for answer in engine.score(IMAGES[0], QUESTIONS):
@@ -154,6 +129,7 @@ class _Shift(Intervention):
         return logits + bump
 
 
+@pytest.mark.slow
 def test_warmup_leaves_no_trace(checkpoint, tmp_path):
     """Warmup runs the model but caches, counts and times nothing, and changes no answer."""
     warm = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4, max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
@@ -165,6 +141,7 @@ def test_warmup_leaves_no_trace(checkpoint, tmp_path):
     assert warm.score(IMAGES[0], QUESTIONS) == cold.score(IMAGES[0], QUESTIONS)
 
 
+@pytest.mark.slow
 def test_intervention_hook(checkpoint):
     engine = Engine.load(checkpoint, Settings(batch_size=8), readouts="template_aware")
     plain = engine.score(IMAGES[1], QUESTIONS)
@@ -179,6 +156,7 @@ def test_intervention_hook(checkpoint):
     assert shift.layers[1][2][0] == len(QUESTIONS)
 
 
+@pytest.mark.slow
 def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
     from PIL import Image
 
@@ -202,6 +180,7 @@ def _records(out):
     return sorted(rows, key=lambda r: (r["split"], r["question_id"]))
 
 
+@pytest.mark.slow
 def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope")
     questions = [q for f in files for q in load_questions(f)]
@@ -223,6 +202,7 @@ def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
     assert "transformers" in meta["tokenizer"]["library_versions"]
 
 
+@pytest.mark.slow
 def test_interrupted_sweep_resumes_to_the_same_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope")
     questions = [q for f in files for q in load_questions(f)]
@@ -249,6 +229,7 @@ def test_interrupted_sweep_resumes_to_the_same_records(checkpoint, tmp_path):
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
 
+@pytest.mark.slow
 def test_same_file_name_different_images_never_share_features(checkpoint, tmp_path):
     for k, folder in enumerate(("a", "b")):
         (tmp_path / folder).mkdir()
@@ -264,6 +245,7 @@ def test_same_file_name_different_images_never_share_features(checkpoint, tmp_pa
     assert _records(tmp_path / "out_a")[0]["candidate_logits"] != _records(tmp_path / "out_b")[0]["candidate_logits"]
 
 
+@pytest.mark.slow
 def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = load_questions(files[0])
@@ -282,6 +264,7 @@ def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
 
 
 
+@pytest.mark.slow
 def test_eval_cli_end_to_end(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
@@ -299,6 +282,7 @@ def test_eval_cli_end_to_end(checkpoint, tmp_path):
     assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output
 
 
+@pytest.mark.slow
 def test_two_datasets_in_one_run_and_an_old_folder_resumes(checkpoint, tmp_path):
     """COCO and GQA files reuse split names and question ids: one run keeps both (a question folder
     given once). A folder begun before records named their dataset resumes to nothing, unchanged."""
@@ -331,6 +315,7 @@ def test_two_datasets_in_one_run_and_an_old_folder_resumes(checkpoint, tmp_path)
     assert again.evaluated_prompts == 0 and (tmp_path / "old/records.jsonl").read_text() == before
 
 
+@pytest.mark.slow
 def test_missing_and_broken_images_stop_before_compute_or_become_error_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     (images / "img_1.png").unlink()
@@ -363,6 +348,7 @@ def _corrupt_png_data(path):
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.slow
 def test_an_image_that_fails_only_in_the_decoder(checkpoint, tmp_path):
     from pope_fast.engine import ImageError
     from pope_fast.engine.images import check_images
@@ -451,6 +437,7 @@ def test_bad_question_file_is_named(checkpoint, tmp_path):
     assert result.exit_code != 0 and "q_random.json:2: malformed JSON" in result.output
 
 
+@pytest.mark.slow
 def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
     """The issue's acceptance check: a fresh checkpoint through `pope-fast eval`, every record against
     transformers: candidate logits within 1e-4 and the same decision under every readout."""
@@ -499,6 +486,7 @@ def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
             assert r["predictions"][name] == expected, (name, r["question_id"], r["split"])
 
 
+@pytest.mark.slow
 def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = load_questions(files[0])
@@ -518,6 +506,7 @@ def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
     assert (tmp_path / "out/records.jsonl").read_bytes() == (tmp_path / "clean/records.jsonl").read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("change, message", [
     ("settings", r"meta\.json: this folder holds records of a different run \(settings\.image_aspect: 'processor' "
                  r"recorded, 'pad' now\)"),

@@ -1,34 +1,30 @@
-"""LLaVA-OneVision against transformers' LlavaOnevisionForConditionalGeneration, the oracle, on a tiny random
-checkpoint whose crops are 42 px (3 x 3 SigLIP patch features) and whose pinpoints reach a 4 x 4 grid
-(tinymodels.ONEVISION_PINPOINTS), so that both unpad directions, one-crop grids and the anyres_max_9
-interpolation (a grid of over 1.1² x 9 crops' features) appear at small image sizes. LlavaOnevisionProcessor cannot be built without torchvision; the
-oracle's prompt ids come from the family's reference processor (the image processor and the processor's own
-replace_image_token count), and the oracle model itself refuses a wrong image-token count."""
+"""LLaVA-OneVision's quirks against transformers' LlavaOnevisionForConditionalGeneration, the oracle (its battery
+is test_battery's llava_onevision cases), on a tiny random checkpoint whose crops are 42 px (3 x 3 SigLIP patch
+features) and whose pinpoints reach a 4 x 4 grid (tinymodels.ONEVISION_PINPOINTS), so that both unpad directions,
+one-crop grids and the anyres_max_9 interpolation (a grid of over 1.1² x 9 crops' features) appear at small image
+sizes. LlavaOnevisionProcessor cannot be built without torchvision; the oracle's prompt ids come from the family's
+reference processor (the image processor and the processor's own replace_image_token count), and the oracle model
+itself refuses a wrong image-token count."""
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
-from familychecks import (assert_answer_matches, assert_continuations_match, assert_probe_matches_eager,
-                          assert_run_matches, assert_scores_match, image_items, processor_inputs, processor_oracle)
-from tinymodels import (QUESTIONS, assert_matches_nf4_oracle, bnb_nf4_oracle, make_tiny_llava_onevision,
-                        synthetic_image, worst_difference)
+from familychecks import assert_answer_matches, processor_oracle
+from registry import REGISTRY
+from tinymodels import QUESTIONS, make_tiny_llava_onevision, synthetic_image, worst_difference
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import family_class, protocol_for
 
-# (width, height): square on a 4 x 4 grid (reduced), wide on 4 x 4 (unpad rows, then reduced), wide and tall
-# on 2-crop grids (unpad rows / columns), one crop, very wide (a 1 x 3 grid)
-SIZES = [(200, 200), (220, 170), (90, 40), (40, 90), (30, 30), (300, 100)]
+IMAGES = REGISTRY["llava_onevision"].images
 REDUCED = [0, 1]  # the images whose grid anyres_max_9 interpolates
-IMAGES = [synthetic_image(i + 11, size) for i, size in enumerate(SIZES)]
 ONEVISION = family_class("llava_onevision")
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_tiny_llava_onevision(tmp_path_factory.mktemp("tiny_llava_onevision") / "ckpt")
+def checkpoint(tiny):
+    return tiny.checkpoint("llava_onevision")
 
 
 def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4) -> dict:
@@ -40,40 +36,11 @@ def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4) ->
 
 
 @pytest.fixture(scope="module")
-def oracle(checkpoint):
-    """transformers' answer-position logits, greedy continuation and prompt ids per (image, question), on the
-    engine's own default prompt."""
-    engine = Engine.load(checkpoint, Settings())
-    return _oracle(checkpoint, engine.prompt, IMAGES, QUESTIONS[:3])
+def oracle(tiny):
+    return tiny.oracle("llava_onevision")
 
 
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (True, 32), (False, 3)],
-                         ids=["reuse-b2", "reuse-b32", "whole-b3"])
-def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
-                         readouts="all")
-    assert engine.template.name == "llava_onevision_chat"
-    for i, image in enumerate(IMAGES):
-        tokens = oracle[i, QUESTIONS[0]][2].count(engine.model.image_token_id)
-        assert engine.features(image).shape[0] == tokens, f"image {i}: transformers has {tokens} image tokens"
-    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:3])
-
-
-def test_images_of_different_token_counts_in_one_batch(checkpoint, oracle):
-    """A batch whose images have different prefix lengths, and whose question rows span images."""
-    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=6), readouts="all")
-    items = image_items(engine, IMAGES, QUESTIONS[:3])
-    assert len({item.features.shape[0] for item in items}) == len(IMAGES)
-    assert_run_matches(engine, oracle, items, QUESTIONS[:3])
-
-
-@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
-def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
-    engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse, batch_size=2),
-                         readouts="string_parse")
-    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:3])
-
-
+@pytest.mark.slow
 def test_max_crops_interpolation_is_what_the_oracle_counts(checkpoint, oracle):
     """The images of REDUCED are interpolated down (without anyres_max_9 their grids would be longer than the
     oracle's prompt), the others are not (a reduction that fired too early would shorten them)."""
@@ -102,22 +69,6 @@ def test_pixels_match_the_image_processor(checkpoint):
         assert size == tuple(int(v) for v in out["image_sizes"][0]) == (image.height, image.width)
 
 
-def test_tied_embeddings_read_the_logits_off_the_embedding(tmp_path):
-    """A checkpoint without lm_head (OneVision-0.5B ties it) loads and matches the oracle."""
-    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=3, tied=True)
-    from safetensors import safe_open
-
-    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
-        names = list(f.keys())
-    assert any(k.endswith("embed_tokens.weight") for k in names) and not any("lm_head" in k for k in names)
-    engine = Engine.load(checkpoint, Settings(), readouts="all")
-    oracle = _oracle(checkpoint, engine.prompt, IMAGES[2:3], QUESTIONS[:2], new_tokens=1)
-    for answer in engine.score(IMAGES[2], QUESTIONS[:2]):
-        logits, _, _ = oracle[0, answer.question]
-        worst, at = worst_difference(answer.candidate_logits, logits)
-        assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
-
-
 def test_real_tokenizer_renders_the_processor_template(shared, checkpoint):
     """With the real tokenizer, the default prompt is llava-hf's processor template (chat_template.json)
     over [image, question + suffix], and Yes/No are its bare single tokens."""
@@ -138,6 +89,7 @@ def test_real_tokenizer_renders_the_processor_template(shared, checkpoint):
     assert engine.model.image_token_id == 151646 and engine.model.stop_ids == {151645}
 
 
+@pytest.mark.slow
 def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
     """VLMEvalKit's LLaVA_OneVision_HF joins [image, question] into one text part, '<image>\\n' + question, and
     renders it with the processor's chat template: the template vlmevalkit_llava_onevision is that rendering, and
@@ -154,7 +106,8 @@ def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
     theirs = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
         conversation, chat_template=template, add_generation_prompt=True, tokenize=False)
     assert get_template("vlmevalkit_llava_onevision").render(QUESTIONS[0]) == theirs
-    engine = Engine.load(checkpoint, Settings(), template="vlmevalkit_llava_onevision", readouts="all")
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=1), template="vlmevalkit_llava_onevision",
+                         readouts="all")
     oracle = _oracle(checkpoint, engine.prompt, IMAGES[2:3], QUESTIONS[:1], new_tokens=1)
     answer = engine.score(IMAGES[2], QUESTIONS[:1])[0]
     logits, _, _ = oracle[0, QUESTIONS[0]]
@@ -162,6 +115,7 @@ def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
     assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
 
 
+@pytest.mark.slow
 def test_the_processor_chat_template_renders_the_prompt(tmp_path):
     """A checkpoint whose tokenizer carries a text-only template (as a hub tokenizer_config may) and whose
     chat_template.json holds the processor's: the processor's renders the prompt."""
@@ -171,29 +125,25 @@ def test_the_processor_chat_template_renders_the_prompt(tmp_path):
     tokenizer_template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                                   "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="exactly one <image>"):
-        Engine.load(checkpoint, Settings()).score(IMAGES[4], QUESTIONS[:1])
+        Engine.load(checkpoint, Settings(max_new_tokens=1)).score(IMAGES[4], QUESTIONS[:1])
     (checkpoint / "chat_template.json").write_text(json.dumps({"chat_template": processor_template}))
-    engine = Engine.load(checkpoint, Settings())
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=1))
     assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
     assert engine.score(IMAGES[4], QUESTIONS[:1])[0].question == QUESTIONS[0]
 
 
+@pytest.mark.slow
 def test_builtin_tokenizer_stands_in(tmp_path):
     """Without ../shared the built-in Qwen2 stand-in carries <image> and OneVision's template shape, and the
     checkpoint still matches the oracle."""
     checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
-    engine = Engine.load(checkpoint, Settings(), readouts="all")
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
     assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
     oracle = _oracle(checkpoint, engine.prompt, IMAGES[3:4], QUESTIONS[:1], new_tokens=1)
     answer = engine.score(IMAGES[3], QUESTIONS[:1])[0]
     logits, generated, ids = oracle[0, QUESTIONS[0]]
     assert ids.count(engine.model.image_token_id) > 0
     assert_answer_matches(answer, logits, generated, "built-in tokenizer")
-
-
-def test_pad_aspect_is_refused(checkpoint):
-    with pytest.raises(ValueError, match="LLaVA-OneVision tiles every image"):
-        Engine.load(checkpoint, Settings(image_aspect="pad"))
 
 
 def test_protocols(checkpoint):
@@ -222,53 +172,3 @@ def test_flop_floor_counts_the_siglip_tower(checkpoint):
     d, h = 32, 64  # the tiny tower's and language model's widths
     per_token = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 14 * 14 * d + 2 * (d * h + h * h)
     assert model.vision_flops(Counts(vision_tokens=10)) == 10 * per_token
-
-
-def test_nf4_decisions_match_transformers_bnb(tmp_path):
-    """NF4 as transformers quantizes OneVision (the LM's, projector's and SigLIP's Linears; image_newline stays
-    fp16), against transformers + bitsandbytes on CPU (see engine/test_engine_nf4 for the two CPU caveats), on a
-    reduced grid and an unreduced one."""
-    from transformers import LlavaOnevisionForConditionalGeneration
-
-    checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", vision_hidden=64, seed=5)
-    model = bnb_nf4_oracle(LlavaOnevisionForConditionalGeneration, checkpoint)
-    processor = ONEVISION.reference_processor(checkpoint)
-    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
-    assert torch.equal(engine.model.newline, model.model.image_newline.data)
-    for image in (IMAGES[1], IMAGES[3]):
-        for answer in engine.score(image, QUESTIONS[:3]):
-            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
-            inputs["pixel_values"] = inputs["pixel_values"].half()
-            with torch.no_grad():
-                theirs = model(**inputs).logits[0, -1].float()
-            assert_matches_nf4_oracle(engine, answer, theirs)
-
-
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
-def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse, batch_size):
-    """The image-attention probe at the answer position, per layer and head, against transformers' eager
-    attention, on a reduced grid and an unreduced one."""
-    from transformers import LlavaOnevisionForConditionalGeneration
-
-    model = LlavaOnevisionForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
-                                                                   attn_implementation="eager").eval()
-    processor = ONEVISION.reference_processor(checkpoint)
-    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
-                                              batch_size=batch_size), readouts="template_aware")
-    images = [IMAGES[0], IMAGES[2]]
-    inputs_of = processor_inputs(processor)
-    assert_probe_matches_eager(engine, model, inputs_of, images, QUESTIONS[:2])
-
-
-def test_every_method_matches_its_formula_on_transformers(checkpoint):
-    """VCD, PAI and ICD as test_methods checks them on LLaVA, here over anyres crops (noise on every crop), the
-    processor's chat template (ICD's instruction as a system turn) and the text-only prompt without the image."""
-    from test_methods import _check_methods, _oracle
-    from transformers import LlavaOnevisionForConditionalGeneration
-
-    def inputs_of(folder):
-        processor = ONEVISION.reference_processor(folder)
-        return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
-
-    oracle = _oracle(checkpoint, LlavaOnevisionForConditionalGeneration, inputs_of)
-    _check_methods(Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)

@@ -98,6 +98,7 @@ def test_pixels_equal_upstreams(owl, fixture):
     assert owl._fast_pixels is not None  # the exact fast path passed its load-time check
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 7), (False, 1), (False, 7)],
                          ids=["reuse-b1", "reuse-b7", "whole-b1", "whole-b7"])
 def test_engine_equals_upstream(fixture, prefix_reuse, batch_size):
@@ -123,6 +124,7 @@ def test_engine_equals_upstream(fixture, prefix_reuse, batch_size):
     assert set(engine.readout.candidate_ids) >= {3582, 8241, 4874, 3869, 1217, 3782, 694, 1939}
 
 
+@pytest.mark.slow
 def test_eval_cli_on_the_fixture(fixture, tmp_path):
     """pope-fast eval: the family from config.json, its template, every readout, and a rerun resumes."""
     root, cases, _ = fixture
@@ -215,6 +217,7 @@ def test_nf4_quantizes_every_vision_linear_and_packed_equals_dequantized(fixture
     assert ours.shape == (65, nf4.dims.hidden_size) and ours.dtype == torch.float16 and torch.isfinite(ours).all()
 
 
+@pytest.mark.slow
 def test_sharded_bin_copy_loads_to_the_same_model(owl, fixture, features, tmp_path):
     """Real checkpoints of this model ship as sharded pytorch_model-*.bin with an index."""
     root, cases, _ = fixture
@@ -272,6 +275,7 @@ def test_default_visual_config_is_the_7b_model(fixture, tmp_path):
             abstractor.num_learnable_queries) == (6, 2816, 64)
 
 
+@pytest.mark.slow
 def test_nf4_decisions_equal_the_engine_on_the_dequantized_weights(fixture, tmp_path):
     """load_in_4bit as the paper ran it quantizes every Linear but lm_head (both multiway copies, the
     ViT, the abstractor); the NF4 engine (fp16) decides as the fp32 engine does on a copy of the

@@ -1,65 +1,27 @@
-"""Qwen2.5-VL against transformers' Qwen2_5_VLForConditionalGeneration, the oracle, on a tiny random
-checkpoint: a 4-block windowed ViT (windows of 2 x 2 merged tokens, whole-image attention in blocks 1
-and 3), Qwen2 with M-RoPE."""
-
-from functools import partial
+"""Qwen2.5-VL's quirks (a 4-block windowed ViT: windows of 2 x 2 merged tokens, whole-image attention in blocks 1
+and 3; Qwen2 with M-RoPE): its battery against Qwen2_5_VLForConditionalGeneration is test_battery's qwen2_5_vl
+cases, on registry.GRIDS."""
 
 import numpy as np
 import pytest
 import torch
-from familychecks import (assert_continuations_match, assert_nf4_matches, assert_run_matches, assert_scores_match,
-                          image_items, qwen_oracle)
-from tinymodels import QUESTIONS, SHARED_QWEN2_5_TOKENIZER, bnb_nf4_oracle, make_tiny_qwen2_5_vl, synthetic_image
+from registry import GRIDS, REGISTRY
+from tinymodels import QUESTIONS, SHARED_QWEN2_5_TOKENIZER
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, Settings
 
-# Merged token grids 2 x 3 and 3 x 2 (one prefix length, two position layouts, windows of 2 x 2 and a
-# ragged one), 2 x 2 (exactly one window), 1 x 7 (four windows, the last of one token) and 5 x 5 (nine
-# windows, ragged on both sides).
-SIZES = [(90, 40), (40, 90), (60, 60), (200, 30), (140, 140)]
-GRIDS = [(2, 3), (3, 2), (2, 2), (1, 7), (5, 5)]
-IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate(SIZES)]
+IMAGES = REGISTRY["qwen2_5_vl"].images
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("tiny_qwen2_5_vl") / "ckpt")
+def checkpoint(tiny):
+    return tiny.checkpoint("qwen2_5_vl")
 
 
 @pytest.fixture(scope="module")
-def model(checkpoint):
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    return Qwen2_5_VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def oracle(checkpoint, model):
-    return qwen_oracle(checkpoint, model, IMAGES, QUESTIONS[:3])
-
-
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 2), (True, 32), (False, 1), (False, 3)],
-                         ids=["reuse-b1", "reuse-b2", "reuse-b32", "whole-b1", "whole-b3"])
-def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
-                         readouts="all")
-    assert engine.template.name == "qwen2_vl_chat"
-    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:3])
-
-
-def test_mixed_grids_share_one_batch(checkpoint, oracle):
-    """Every image's prompts in one run: 2 x 3 and 3 x 2 (one prefix length, different M-RoPE positions)
-    and the other sizes together, eight prompts a prefill."""
-    engine = Engine.load(checkpoint, Settings(batch_size=8, max_new_tokens=6), readouts="all")
-    items = image_items(engine, IMAGES, QUESTIONS[:3])
-    assert [tuple(item.features.shape[:2]) for item in items] == GRIDS
-    assert_run_matches(engine, oracle, items, QUESTIONS[:3])
-
-
-def test_continuation_matches_generate(checkpoint, oracle):
-    engine = Engine.load(checkpoint, Settings(max_new_tokens=4), readouts="string_parse")
-    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:3])
+def model(tiny):
+    return tiny.model("qwen2_5_vl")
 
 
 def test_pixels_are_the_processors_bit_for_bit(checkpoint):
@@ -74,6 +36,7 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint):
         assert patches.dtype == theirs["pixel_values"].dtype and np.array_equal(patches, theirs["pixel_values"])
 
 
+@pytest.mark.slow
 def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
     """Our features (every image in one tower call) are transformers' get_image_features of each image
     alone, in raster order; the images do span several windows, partial ones included, and attending over
@@ -105,6 +68,7 @@ def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
     assert float((unwindowed - torch.cat(alone)).abs().max()) > 1e-2
 
 
+@pytest.mark.slow
 def test_positions_are_transformers_rope_index(checkpoint, model):
     """M-RoPE streams as get_rope_index makes them for each grid; a still image's temporal stream stays at
     its start (tokens_per_second and second_per_grid_ts space video frames only)."""
@@ -191,17 +155,3 @@ def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
     patches = sum(engine.model.vision_tokens(p) for p in pixels)
     assert patches == 4 * sum(r * c for r, c in GRIDS)
     assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(sum(counted), rel=1e-12)
-
-
-def test_nf4_decisions_match_transformers_bnb(tmp_path):
-    """NF4 as transformers quantizes Qwen2.5-VL (every Linear but lm_head, the tower's included), against
-    transformers + bitsandbytes on CPU (see engine/test_engine_nf4 for the two CPU caveats)."""
-    import bitsandbytes as bnb
-    from transformers import Qwen2_5_VLForConditionalGeneration
-
-    checkpoint = make_tiny_qwen2_5_vl(tmp_path / "ckpt", vision_dim=64, seed=9)
-    model = bnb_nf4_oracle(Qwen2_5_VLForConditionalGeneration, checkpoint)
-    quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
-    assert quantized == {"visual", "language_model"}
-    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
-    assert_nf4_matches(engine, model, partial(_inputs, checkpoint), IMAGES[3:], QUESTIONS[:3])

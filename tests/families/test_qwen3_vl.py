@@ -1,68 +1,39 @@
-"""Qwen3-VL against transformers' Qwen3VLForConditionalGeneration, the oracle, on a tiny random checkpoint:
-a 4-block ViT of 16-px patches with DeepStack mergers on blocks 0 and 2 (their features added after
-language-model layers 0 and 1 of 3), Qwen3 (q_norm, k_norm) with interleaved M-RoPE."""
-
-from functools import partial
+"""Qwen3-VL's quirks (a 4-block ViT of 16-px patches with DeepStack mergers on blocks 0 and 2, their features
+added after language-model layers 0 and 1 of 3; Qwen3, q_norm and k_norm, with interleaved M-RoPE): its battery
+against Qwen3VLForConditionalGeneration is test_battery's qwen3_vl cases, on registry.GRIDS in 32-px units."""
 
 import numpy as np
 import pytest
 import torch
-from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
-                          assert_run_matches, assert_scores_match, image_items, qwen_oracle)
-from tinymodels import (QUESTIONS, SHARED_QWEN3_TOKENIZER, bnb_nf4_oracle, make_tiny_qwen3_vl, synthetic_image,
-                        worst_difference)
+from registry import GRIDS, REGISTRY
+from tinymodels import QUESTIONS, SHARED_QWEN3_TOKENIZER, worst_difference
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
 
-# Merged token grids (32-px units) 2 x 3 and 3 x 2 (one prefix length, two position layouts), 2 x 2,
-# 1 x 7 and 5 x 5.
-SIZES = [(100, 60), (60, 100), (64, 64), (230, 35), (160, 160)]
-GRIDS = [(2, 3), (3, 2), (2, 2), (1, 7), (5, 5)]
-IMAGES = [synthetic_image(i + 61, size) for i, size in enumerate(SIZES)]
+IMAGES = REGISTRY["qwen3_vl"].images
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_tiny_qwen3_vl(tmp_path_factory.mktemp("tiny_qwen3_vl") / "ckpt")
+def checkpoint(tiny):
+    return tiny.checkpoint("qwen3_vl")
 
 
 @pytest.fixture(scope="module")
-def model(checkpoint):
-    from transformers import Qwen3VLForConditionalGeneration
-
-    return Qwen3VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+def model(tiny):
+    return tiny.model("qwen3_vl")
 
 
 @pytest.fixture(scope="module")
-def oracle(checkpoint, model):
-    return qwen_oracle(checkpoint, model, IMAGES, QUESTIONS[:3])
+def oracle(tiny):
+    return tiny.oracle("qwen3_vl")
 
 
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 2), (True, 32), (False, 1), (False, 3)],
-                         ids=["reuse-b1", "reuse-b2", "reuse-b32", "whole-b1", "whole-b3"])
-def test_candidate_logits_match_transformers(checkpoint, oracle, prefix_reuse, batch_size):
-    engine = Engine.load(checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse, max_new_tokens=6),
-                         readouts="all")
-    assert engine.template.name == "qwen2_vl_chat"
+def test_dims_are_qwen3s(checkpoint):
+    """Qwen3's q/k norms, two DeepStack layers, interleaved M-RoPE and no qkv bias, read off the config."""
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     assert engine.model.lm.dims.qk_norm and engine.model.lm.dims.deepstack == 2
     assert engine.model.lm.dims.mrope_interleaved and not engine.model.lm.dims.qkv_bias
-    assert_scores_match(engine, oracle, IMAGES, QUESTIONS[:3])
-
-
-def test_mixed_grids_share_one_batch(checkpoint, oracle):
-    """Every image's prompts in one run: 2 x 3 and 3 x 2 (one prefix length, different M-RoPE positions)
-    and the other sizes together, eight prompts a prefill."""
-    engine = Engine.load(checkpoint, Settings(batch_size=8, max_new_tokens=6), readouts="all")
-    items = image_items(engine, IMAGES, QUESTIONS[:3])
-    assert [tuple(item.features.shape[:2]) for item in items] == GRIDS
-    assert_run_matches(engine, oracle, items, QUESTIONS[:3])
-
-
-@pytest.mark.parametrize("prefix_reuse", [True, False], ids=["reuse", "whole"])
-def test_continuation_matches_generate(checkpoint, oracle, prefix_reuse):
-    engine = Engine.load(checkpoint, Settings(max_new_tokens=4, prefix_reuse=prefix_reuse), readouts="string_parse")
-    assert_continuations_match(engine, oracle, IMAGES, QUESTIONS[:3])
 
 
 def test_pixels_are_the_processors_bit_for_bit(checkpoint):
@@ -78,6 +49,7 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint):
         assert patches.dtype == theirs["pixel_values"].dtype and np.array_equal(patches, theirs["pixel_values"])
 
 
+@pytest.mark.slow
 def test_features_hold_the_towers_deepstack(checkpoint, model):
     """Our features (every image in one tower call) are transformers' get_image_features of each image
     alone: the merger's output, then each DeepStack merger's, in raster order."""
@@ -93,6 +65,7 @@ def test_features_hold_the_towers_deepstack(checkpoint, model):
         torch.testing.assert_close(feature.reshape(rows * cols, -1), theirs, rtol=0, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
     """The test sees DeepStack: with its blocks zeroed the logits move far past the tolerance (and the
     unzeroed ones are transformers'); q_norm and k_norm are drawn, so ignoring them would fail above."""
@@ -109,6 +82,7 @@ def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
             assert worst_difference(b.candidate_logits, logits)[0] > 1e-2
 
 
+@pytest.mark.slow
 def test_positions_and_interleaved_rotary_are_transformers(checkpoint, model):
     """M-RoPE streams as get_rope_index makes them for each grid, and cos/sin of those streams as
     Qwen3VLTextRotaryEmbedding interleaves them (chunked sections, Qwen2-VL's, would differ)."""
@@ -194,34 +168,6 @@ def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
     patches = sum(engine.model.vision_tokens(p) for p in pixels)
     assert patches == 4 * sum(r * c for r, c in GRIDS)
     assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(sum(counted), rel=1e-12)
-
-
-def test_nf4_decisions_match_transformers_bnb(tmp_path):
-    """NF4 as transformers quantizes Qwen3-VL (every Linear but lm_head, the tower's and the DeepStack
-    mergers' included), against transformers + bitsandbytes on CPU (see engine/test_engine_nf4 for the caveats)."""
-    import bitsandbytes as bnb
-    from transformers import Qwen3VLForConditionalGeneration
-
-    checkpoint = make_tiny_qwen3_vl(tmp_path / "ckpt", vision_dim=64, seed=9)
-    model = bnb_nf4_oracle(Qwen3VLForConditionalGeneration, checkpoint)
-    quantized = {n.split(".")[1] for n, m in model.named_modules() if isinstance(m, bnb.nn.Linear4bit)}
-    assert quantized == {"visual", "language_model"}
-    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
-    assert_nf4_matches(engine, model, partial(_inputs, checkpoint), IMAGES[3:], QUESTIONS[:3])
-
-
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (False, 2)], ids=["reuse-b1", "whole-b2"])
-def test_probe_equals_eager_attention_on_the_image_span(checkpoint, prefix_reuse, batch_size):
-    """The image-attention probe at the answer position, per layer and head (q/k norms and DeepStack
-    inside), against transformers' eager attention over the image pads."""
-    from transformers import Qwen3VLForConditionalGeneration
-
-    model = Qwen3VLForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32,
-                                                            attn_implementation="eager").eval()
-    engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
-                                              batch_size=batch_size), readouts="template_aware")
-    images = [IMAGES[0], IMAGES[4]]
-    assert_probe_matches_eager(engine, model, partial(_inputs, checkpoint), images, QUESTIONS[:2])
 
 
 def test_protocol_prompts_are_the_tools_messages(checkpoint):

@@ -1,0 +1,172 @@
+"""The checks every family makes against its transformers class (familychecks), parametrized over the registry:
+one test function per check, one case per family it applies to (registry.Family says which and how). A family's
+quirks are its own file's."""
+import functools
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
+                          assert_run_matches, assert_scores_match, image_items, processor_oracle)
+from registry import REGISTRY
+from tinymodels import QUESTIONS, bnb_nf4_oracle, worst_difference
+
+from pope_fast.engine import Engine, Settings
+
+
+def _path(reuse: bool) -> str:
+    return "prefix" if reuse else "whole"
+
+
+def _cases(field: str):
+    """pytest params (family, prefix_reuse, batch_size) of every family's (prefix_reuse, batch_size) cases of one
+    check, named like logits[qwen2_vl-prefix-b2]."""
+    return [pytest.param(name, reuse, batch, id=f"{name}-{_path(reuse)}-b{batch}")
+            for name, f in REGISTRY.items() for reuse, batch in getattr(f, field)]
+
+
+def _families(applies):
+    return [pytest.param(name, id=name) for name, f in REGISTRY.items() if applies(f)]
+
+
+def _images(family, indices):
+    return [family.images[i] for i in indices]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, prefix_reuse, batch_size", _cases("logits"), indirect=["family"])
+def test_logits(family, family_checkpoint, family_oracle, prefix_reuse, batch_size):
+    """engine.score, one image at a time: candidate logits within 1e-4 of the oracle's, the first token its argmax
+    and generate's first."""
+    engine = Engine.load(family_checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse,
+                                                     max_new_tokens=6), readouts="all")
+    if family.template is not None:
+        assert engine.template.name == family.template
+    assert_scores_match(engine, family_oracle, family.images, family.oracle_questions)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _families(lambda f: f.counts_image_tokens), indirect=True)
+def test_image_tokens(family, family_checkpoint, family_oracle):
+    """The engine's features are as many as the image tokens transformers' processor wrote into the prompt."""
+    engine = Engine.load(family_checkpoint, Settings(), readouts="template_aware")
+    for i, image in enumerate(family.images):
+        tokens = family_oracle[i, family.oracle_questions[0]][2].count(engine.model.image_token_id)
+        assert engine.features(image).shape[0] == tokens, f"image {i}: transformers has {tokens} image tokens"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, prefix_reuse, batch_size", _cases("run"), indirect=["family"])
+def test_batched_run(family, family_checkpoint, family_oracle, prefix_reuse, batch_size):
+    """One engine.run_images over every image: a batch whose question rows span images (prefixes of different
+    lengths or layouts, as the family's run_items says), or whole prompts of different images in one batch."""
+    engine = Engine.load(family_checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse,
+                                                     max_new_tokens=6), readouts="all")
+    items = image_items(engine, family.images, family.oracle_questions)
+    if family.run_items is not None:
+        family.run_items(items)
+    assert_run_matches(engine, family_oracle, items, family.oracle_questions)
+
+
+def _continuation_cases():
+    return [pytest.param(name, settings, id=f"{name}-{_path(settings.get('prefix_reuse', True))}")
+            for name, f in REGISTRY.items() for settings in f.continuations]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, settings", _continuation_cases(), indirect=["family"])
+def test_continuations(family, family_checkpoint, family_oracle, settings):
+    """The text readouts' continuation (4 new tokens) is generate's, up to the first stop id."""
+    engine = Engine.load(family_checkpoint, Settings(max_new_tokens=4, **settings), readouts=family.text_readouts)
+    images = family.images[:family.continuation_images]
+    assert_continuations_match(engine, family_oracle, images, family.oracle_questions)
+
+
+def _probe_cases():
+    return [pytest.param(name, reuse, batch, id=f"{name}-{_path(reuse)}-b{batch}")
+            for name, f in REGISTRY.items() if f.probe for reuse, batch in ((True, 1), (False, 2))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, prefix_reuse, batch_size", _probe_cases(), indirect=["family"])
+def test_probe(family, family_checkpoint, prefix_reuse, batch_size):
+    """The image-attention probe at the answer position, per layer and head, against transformers' eager attention
+    summed over the image tokens."""
+    model = family.transformers_class().from_pretrained(str(family_checkpoint), dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
+    engine = Engine.load(family_checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
+                                                     batch_size=batch_size), readouts="template_aware")
+    assert_probe_matches_eager(engine, model, family.inputs_of(family_checkpoint),
+                               _images(family, family.probe), QUESTIONS[:2])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _families(lambda f: f.nf4 is not None), indirect=True)
+def test_nf4(family, tmp_path):
+    """NF4 as transformers quantizes the family, against transformers + bitsandbytes on CPU (see
+    engine/test_engine_nf4 for the two CPU caveats): the family's own check of what stays dense, then
+    tinymodels.assert_matches_nf4_oracle per answer."""
+    checkpoint = family.make(tmp_path / "ckpt", **family.nf4.make)
+    model = bnb_nf4_oracle(family.transformers_class(), checkpoint)
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    if family.nf4.check is not None:
+        family.nf4.check(engine, model)
+    assert_nf4_matches(engine, model, family.inputs_of(checkpoint), _images(family, family.nf4.images), QUESTIONS[:3])
+
+
+@functools.cache
+def _test_methods():
+    """tests/engine/test_methods (the methods' oracle and check), imported by its path: pytest puts its folder on
+    sys.path only when it collects it, and tests/families runs alone too."""
+    spec = importlib.util.spec_from_file_location("test_methods",
+                                                  Path(__file__).resolve().parents[1] / "engine/test_methods.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def methods_oracle(family, family_checkpoint):
+    """test_methods' oracle (its PAI attention under the model's own mask) with the family's processor."""
+    def inputs_of(folder):
+        processor = family.processor(folder)
+        return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
+
+    return _test_methods()._oracle(family_checkpoint, family.transformers_class(), inputs_of)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family, prefix_reuse, batch_size", _cases("methods"), indirect=["family"])
+def test_methods(family, family_checkpoint, methods_oracle, prefix_reuse, batch_size):
+    """VCD, PAI and ICD as test_methods checks them on LLaVA, through the family's processor (its images' crops or
+    tiles noised, ICD's instruction as a system turn, the text-only prompt without the image), on both paths."""
+    engine = Engine.load(family_checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size),
+                         readouts="template_aware")
+    _test_methods()._check_methods(engine, methods_oracle)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _families(lambda f: f.tied is not None), indirect=True)
+def test_tied_head(family, tmp_path):
+    """A checkpoint without lm_head (the small published ones tie it) loads and matches the oracle."""
+    from safetensors import safe_open
+
+    checkpoint = family.make(tmp_path / "ckpt", seed=3, tied=True)
+    with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
+        names = list(f.keys())
+    assert any(k.endswith("embed_tokens.weight") for k in names) and not any("lm_head" in k for k in names)
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
+    image = family.images[family.tied]
+    oracle = processor_oracle(family.transformers_class(), checkpoint, family.processor(checkpoint), engine.prompt,
+                              [image], QUESTIONS[:2], new_tokens=1)
+    for answer in engine.score(image, QUESTIONS[:2]):
+        logits, _, _ = oracle[0, answer.question]
+        worst, at = worst_difference(answer.candidate_logits, logits)
+        assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
+
+
+@pytest.mark.parametrize("family", _families(lambda f: f.pad_refusal is not None), indirect=True)
+def test_pad_aspect_is_refused(family, family_checkpoint):
+    with pytest.raises(ValueError, match=family.pad_refusal):
+        Engine.load(family_checkpoint, Settings(image_aspect="pad"))
