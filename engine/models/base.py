@@ -59,7 +59,7 @@ class Family:
     # (original LLaVA's pad to square); None where pad applies.
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
-    # Each published protocol (readout/published.py) by name: how it runs this family (the tool's model class,
+    # Each published protocol (readout/protocols.py) by name: how it runs this family (the tool's model class,
     # the template rendering its prompt, its length), or why the tool has no model class for it.
     protocols: ClassVar[dict[str, Coverage | str]] = {}
 
