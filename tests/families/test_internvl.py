@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from familychecks import processor_oracle
 from registry import PER_TILE, REGISTRY, TILES
 from tinymodels import QUESTIONS, make_tiny_internvl, synthetic_image, worst_difference
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 from registry import GRIDS, REGISTRY
-from tinymodels import QUESTIONS, SHARED_QWEN3_TOKENIZER, worst_difference
+from tinymodels import QUESTIONS, SHARED_QWEN3_TOKENIZER, make_tiny_qwen3_vl, worst_difference
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
