@@ -166,6 +166,7 @@ def test_tied_head(family, tmp_path):
         assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", _families(lambda f: f.pad_refusal is not None), indirect=True)
 def test_pad_aspect_is_refused(family, family_checkpoint):
     with pytest.raises(ValueError, match=family.pad_refusal):

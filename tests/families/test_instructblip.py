@@ -18,6 +18,7 @@ def checkpoint(tiny):
     return tiny.checkpoint("instructblip")
 
 
+@pytest.mark.slow
 def test_the_question_reaches_the_image_tokens(checkpoint):
     """The Q-Former reads the prompt: one image's 4 query features differ from question to question."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")

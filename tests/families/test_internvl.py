@@ -39,6 +39,7 @@ def oracle(tiny):
     return tiny.oracle("internvl")
 
 
+@pytest.mark.slow
 def test_each_image_has_its_tile_count(checkpoint):
     engine = Engine.load(checkpoint, Settings())
     for i, image in enumerate(IMAGES):
@@ -62,6 +63,7 @@ def test_prompt_ids_are_the_processors(checkpoint, oracle):
         assert layout.prefix_cut == b
 
 
+@pytest.mark.slow
 def test_pixels_match_the_image_processor(checkpoint):
     """The fast tiling path (in use) gives the processor's tiles bit for bit under crop_to_patches (as
     InternVLProcessor calls it): every tile of the best grid row by row, then the thumbnail, for every grid."""
@@ -91,6 +93,7 @@ def test_a_lower_feature_layer_cuts_the_tower(tmp_path):
         assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
 
 
+@pytest.mark.slow
 def test_a_stored_head_under_a_tied_config_is_refused(checkpoint, tmp_path):
     """A config.json without top-level tie_word_embeddings reads as tied (InternVLConfig's default), and transformers
     5 would drop a stored lm_head: the loader says so instead of choosing a head."""
@@ -114,6 +117,7 @@ def _real_tokenizer(shared):
     return AutoTokenizer.from_pretrained(str(folder))
 
 
+@pytest.mark.slow
 def test_real_tokenizer_renders_the_chat_template(shared, checkpoint):
     """With InternVL3-8B-hf's tokenizer, the default prompt is its chat template over [image, question + suffix]
     (the image as '<IMG_CONTEXT>\\n', no system turn), Yes/No are bare single tokens, and the image tokens carry the
@@ -175,6 +179,7 @@ def test_protocols(checkpoint):
             protocol_for(checkpoint, name)
 
 
+@pytest.mark.slow
 def test_flop_floor_counts_the_internvit_tower(checkpoint):
     """Linear in the work, the vision side a real share: per token it reads (patches + class token per tile), the
     tower's layers and patch embedding; per tile, the projector over its shuffled features."""

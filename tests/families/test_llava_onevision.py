@@ -54,6 +54,7 @@ def test_max_crops_interpolation_is_what_the_oracle_counts(checkpoint, oracle):
         assert (unreduced[i] > reduced[i]) == (i in REDUCED), (i, reduced[i], unreduced[i])
 
 
+@pytest.mark.slow
 def test_pixels_match_the_image_processor(checkpoint):
     """The fast anyres path (in use) gives the processor's crops and size bit for bit: base view first, every
     crop of the best pinpoint, for every shape of grid."""
@@ -69,6 +70,7 @@ def test_pixels_match_the_image_processor(checkpoint):
         assert size == tuple(int(v) for v in out["image_sizes"][0]) == (image.height, image.width)
 
 
+@pytest.mark.slow
 def test_real_tokenizer_renders_the_processor_template(shared, checkpoint):
     """With the real tokenizer, the default prompt is llava-hf's processor template (chat_template.json)
     over [image, question + suffix], and Yes/No are its bare single tokens."""
@@ -155,6 +157,7 @@ def test_protocols(checkpoint):
             protocol_for(checkpoint, name)
 
 
+@pytest.mark.slow
 def test_flop_floor_counts_the_siglip_tower(checkpoint):
     """Linear in the work, the vision side a real share: per token it reads, the tower's layers and patch
     embedding (no class token: a crop is side² tokens) and the projector."""

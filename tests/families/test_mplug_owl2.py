@@ -53,6 +53,7 @@ def _stored_lm(root) -> dict[str, torch.Tensor]:
     return {**lm, "lm_head.weight": stored["lm_head.weight"]}
 
 
+@pytest.mark.slow
 def test_input_ids_equal_upstreams(owl, fixture):
     _, cases, _ = fixture
     for case in cases:

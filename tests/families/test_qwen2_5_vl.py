@@ -24,6 +24,7 @@ def model(tiny):
     return tiny.model("qwen2_5_vl")
 
 
+@pytest.mark.slow
 def test_pixels_are_the_processors_bit_for_bit(checkpoint):
     """The fast pixel path (taken here) gives the image processor's patches and grid exactly."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
@@ -89,6 +90,7 @@ def test_positions_are_transformers_rope_index(checkpoint, model):
         assert ours[:, start + rows * cols].tolist() == [start + max(rows, cols)] * 3
 
 
+@pytest.mark.slow
 def test_real_tokenizer_prompt_and_answer_tokens(shared, checkpoint):
     """With ../shared's Qwen2.5-VL tokenizer: its chat template's prompt, its special ids, and the bare
     `Yes`/`No` (no leading space) as the first answer tokens after `<|im_start|>assistant\\n`."""
@@ -134,6 +136,7 @@ def test_protocol_prompts_are_the_tools_messages(shared, checkpoint):
         protocol_for(checkpoint, "llava")
 
 
+@pytest.mark.slow
 def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
     """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
     rows), per patch: the windowed blocks, the gated MLP, the merger over a quarter of the rows."""

@@ -14,6 +14,7 @@ def checkpoint(tiny):
     return tiny.checkpoint("qwen2_vl")
 
 
+@pytest.mark.slow
 def test_positions_follow_the_grid(checkpoint):
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     features = engine.features(IMAGES[0])  # 2 x 3

@@ -29,6 +29,7 @@ def oracle(tiny):
     return tiny.oracle("qwen3_vl")
 
 
+@pytest.mark.slow
 def test_dims_are_qwen3s(checkpoint):
     """Qwen3's q/k norms, two DeepStack layers, interleaved M-RoPE and no qkv bias, read off the config."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
@@ -36,6 +37,7 @@ def test_dims_are_qwen3s(checkpoint):
     assert engine.model.lm.dims.mrope_interleaved and not engine.model.lm.dims.qkv_bias
 
 
+@pytest.mark.slow
 def test_pixels_are_the_processors_bit_for_bit(checkpoint):
     """16-px patches: the fast pixel path (taken here) gives the image processor's patches and grid exactly."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
@@ -108,6 +110,7 @@ def test_positions_and_interleaved_rotary_are_transformers(checkpoint, model):
         assert not torch.equal(chunked, cos)
 
 
+@pytest.mark.slow
 def test_real_tokenizer_prompt_and_answer_tokens(checkpoint):
     """With ../shared's Qwen3-VL tokenizer: its chat template's prompt (no default system turn), its special
     ids, and the bare `Yes`/`No` as the first answer tokens after `<|im_start|>assistant\\n`."""
@@ -147,6 +150,7 @@ def test_a_thinking_checkpoint_is_refused(tmp_path):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow
 def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
     """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
     rows), per patch: the blocks, the merger and both DeepStack mergers over a quarter of the rows."""

@@ -271,6 +271,7 @@ def test_protocols_command_lists_every_protocol_and_family():
     assert "not covered: lmms-eval 0.7.2 has no mPLUG-Owl2 model class" in result.output
 
 
+@pytest.mark.slow
 def test_score_rescores_the_recorded_texts_under_each_protocol(llava, tmp_path):
     """The records' texts decide under each protocol's rule, aggregated as its tool does: the same answers
     give lmms-eval's, VLMEvalKit's and POPE's numbers, per split and pooled where the tool pools."""
