@@ -1,14 +1,11 @@
 """The checks every family makes against its transformers class (familychecks), parametrized over the registry:
 one test function per check, one case per family it applies to (registry.Family says which and how). A family's
 quirks are its own file's."""
-import functools
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
                           assert_run_matches, assert_scores_match, image_items, processor_oracle)
+from methodchecks import check_methods, formula_oracle
 from registry import REGISTRY
 from tinymodels import QUESTIONS, bnb_nf4_oracle, worst_difference
 
@@ -115,17 +112,6 @@ def test_nf4(family, tmp_path):
     assert_nf4_matches(engine, model, family.inputs_of(checkpoint), _images(family, family.nf4.images), QUESTIONS[:3])
 
 
-@functools.cache
-def _test_methods():
-    """tests/engine/test_methods (the methods' oracle and check), imported by its path: pytest puts its folder on
-    sys.path only when it collects it, and tests/families runs alone too."""
-    spec = importlib.util.spec_from_file_location("test_methods",
-                                                  Path(__file__).resolve().parents[1] / "engine/test_methods.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="session")
 def methods_oracle(family, family_checkpoint):
     """test_methods' oracle (its PAI attention under the model's own mask) with the family's processor."""
@@ -133,7 +119,7 @@ def methods_oracle(family, family_checkpoint):
         processor = family.processor(folder)
         return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
 
-    return _test_methods()._oracle(family_checkpoint, family.transformers_class(), inputs_of)
+    return formula_oracle(family_checkpoint, family.transformers_class(), inputs_of)
 
 
 @pytest.mark.slow
@@ -143,7 +129,7 @@ def test_methods(family, family_checkpoint, methods_oracle, prefix_reuse, batch_
     tiles noised, ICD's instruction as a system turn, the text-only prompt without the image), on both paths."""
     engine = Engine.load(family_checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size),
                          readouts="template_aware")
-    _test_methods()._check_methods(engine, methods_oracle)
+    check_methods(engine, methods_oracle)
 
 
 @pytest.mark.slow

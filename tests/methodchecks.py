@@ -1,0 +1,88 @@
+"""The methods' oracle, shared by tests/engine/test_methods.py and the family battery: each method's logits by its
+paper's formula from a transformers model, and the check of the engine's methods against them."""
+import math
+
+import torch
+from tinymodels import QUESTIONS, edited_eager_attention, synthetic_image
+
+from pope_fast.engine import Engine, Settings
+from pope_fast.engine.methods import ICD, diffusion_noise, noise_generator, parse_method
+
+IMAGES = [synthetic_image(i + 81, size) for i, size in enumerate([(90, 40), (60, 60)])]
+METHODS = ["none", "vcd:noise_step=400,seed=3", "pai:layers=0-1,alpha=0.5", "icd:beta=0.05"]
+
+
+def pai_attention(alpha, layers, state):
+    """Eager attention with PAI's edit in the language model's layers: at the last query only, image
+    scores s → s + alpha |s|."""
+    def edit(module, scores):
+        if id(module) in state.get("language", ()) and layers[0] <= module.layer_idx <= layers[1] and "image" in state:
+            last = scores[:, :, -1, state["image"]]
+            scores[:, :, -1, state["image"]] = last + alpha * last.abs()
+        return scores
+
+    return edited_eager_attention(edit)
+
+
+def plausible(logits, beta):
+    return logits >= math.log(beta) + logits.max()
+
+
+def formula_oracle(checkpoint, model_class, make_inputs):
+    """Per (image, question): each method's full-vocabulary logits by its paper's formula, from the
+    transformers model run on the image, its noised copy (the same noise), the prompt without its image
+    tokens, the prompt under ICD's instruction, and with PAI's edit in its eager attention."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    state = {}
+    AttentionInterface.register("pope_fast_pai", pai_attention(0.5, (0, 1), state))
+    # the model's own mask for the edited attention: a registered function otherwise gets none and falls back
+    # to causal, which drops a mask that is not (Gemma 3's bidirectional image block)
+    AttentionMaskInterface.register("pope_fast_pai", eager_mask)
+    plain = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    edited = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="pope_fast_pai").eval()
+    state["language"] = {id(m) for m in edited.model.language_model.modules()}
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    inputs_of = make_inputs(checkpoint)
+    out = {}
+    for i, image in enumerate(IMAGES):
+        key = engine.prepare([image])[0].key
+        for q in QUESTIONS[:3]:
+            inputs = inputs_of(image, engine.prompt(q))
+            image_slots = inputs["input_ids"][0] == plain.config.image_token_id
+            noised = torch.from_numpy(diffusion_noise(inputs["pixel_values"].numpy(), 400, noise_generator(key, 3)))
+            disturbed = inputs_of(image, engine.prompt(q, ICD.defaults["instruction"]))
+            with torch.no_grad():
+                main = plain(**inputs).logits[0, -1]
+                l_noised = plain(**dict(inputs, pixel_values=noised)).logits[0, -1]
+                l_text = plain(input_ids=inputs["input_ids"][:, ~image_slots]).logits[0, -1]
+                l_disturbed = plain(**disturbed).logits[0, -1]
+                state["image"] = image_slots
+                l_pai = edited(**inputs).logits[0, -1]
+                del state["image"]
+            vcd = (2 * main - l_noised).masked_fill(~plausible(main, 0.1), -math.inf)
+            icd = (2 * main - l_disturbed).masked_fill(~plausible(main, 0.05), -math.inf)
+            lp, lt = torch.log_softmax(l_pai, -1), torch.log_softmax(l_text, -1)
+            pai = (1.1 * (lp - lt) + lt).masked_fill(~plausible(lp, 0.1), -math.inf)
+            out[i, q] = {"none": main, "vcd": vcd, "pai": pai, "icd": icd}
+    return out
+
+
+def check_methods(engine, oracle):
+    methods = [parse_method(m) for m in METHODS]
+    out = engine.run_methods(engine.prepare(IMAGES), [QUESTIONS[:3], QUESTIONS[:3]], methods)
+    for name, results in out.items():
+        for i in range(len(IMAGES)):
+            for q, ours in zip(QUESTIONS[:3], results[i]):
+                theirs = oracle[i, q][name]
+                assert ours.first_token_id == int(theirs.argmax()), (name, i, q)
+                for token, value in ours.candidate_logits.items():
+                    expected = float(theirs[token])
+                    if math.isinf(expected):
+                        assert value == expected, (name, token)
+                    else:
+                        assert abs(value - expected) <= 1e-4, (name, i, q, token, value, expected)
+    # the methods moved the answers: a real comparison, not the baseline compared with itself
+    for name in ("vcd", "pai", "icd"):
+        assert any(out[name][0][j].candidate_logits != out["none"][0][j].candidate_logits for j in range(3)), name
