@@ -105,3 +105,23 @@ def assert_nf4_matches(engine, bnb_model, inputs_of, images, questions) -> None:
             with torch.no_grad():
                 theirs = bnb_model(**inputs).logits[0, -1].float()
             assert_matches_nf4_oracle(engine, answer, theirs)
+
+
+def tower_matmul_flops(engine, images) -> tuple[int, int]:
+    """(vision tokens, FLOPs) of the engine's tower encoding `images`, counted from what its Linears and
+    patch-embedding Conv3d multiply (2 x weights x rows): the figure a family's vision_flops must give."""
+    counted = []
+
+    def count(module, args, output):
+        rows = output.numel() // output.shape[-1] if isinstance(module, torch.nn.Linear) else output.shape[0]
+        counted.append(2 * module.weight.numel() * rows)
+
+    hooks = [m.register_forward_hook(count) for m in engine.model.vision.modules()
+             if isinstance(m, (torch.nn.Linear, torch.nn.Conv3d))]
+    try:
+        pixels = [engine.model.preprocess(image) for image in images]
+        engine.model.encode_images(pixels)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return sum(engine.model.vision_tokens(p) for p in pixels), sum(counted)

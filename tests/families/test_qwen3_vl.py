@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import torch
 from registry import GRIDS, REGISTRY
+from familychecks import tower_matmul_flops
 from tinymodels import QUESTIONS, SHARED_QWEN3_TOKENIZER, make_tiny_qwen3_vl, worst_difference
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
@@ -155,23 +156,9 @@ def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
     """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
     rows), per patch: the blocks, the merger and both DeepStack mergers over a quarter of the rows."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
-    counted = []
-
-    def count(module, args, output):
-        rows = output.numel() // output.shape[-1] if isinstance(module, torch.nn.Linear) else output.shape[0]
-        counted.append(2 * module.weight.numel() * rows)
-
-    hooks = [m.register_forward_hook(count) for m in engine.model.vision.modules()
-             if isinstance(m, (torch.nn.Linear, torch.nn.Conv3d))]
-    try:
-        pixels = [engine.model.preprocess(image) for image in IMAGES]
-        engine.model.encode_images(pixels)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    patches = sum(engine.model.vision_tokens(p) for p in pixels)
+    patches, counted = tower_matmul_flops(engine, IMAGES)
     assert patches == 4 * sum(r * c for r, c in GRIDS)
-    assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(sum(counted), rel=1e-12)
+    assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(counted, rel=1e-12)
 
 
 def test_protocol_prompts_are_the_tools_messages(checkpoint):
