@@ -13,10 +13,11 @@ from pope_fast.cli import main
 from pope_fast.engine.models import FAMILIES, family_class, protocol_for
 from pope_fast.readout import get_template, load_tokenizer
 from pope_fast.readout.readouts import READOUTS, exact_match, yorn
-from pope_fast.readout.protocols import PROTOCOLS, TEMPLATES, coverage
+from pope_fast.readout.protocols import PROTOCOLS, TEMPLATES, coverage, llava, lmms_eval, vlmevalkit
 from pope_fast.readout.protocols.lmms_eval import lmms_eval_metrics
 from pope_fast.readout.protocols.pope_official import pope_evaluate_metrics
 from pope_fast.readout.protocols.vlmevalkit import vlmevalkit_metrics
+from pope_fast.readout.templates import OWN_TEMPLATES
 
 Q = "Is there a dog in the image?"
 POST = "\nAnswer the question using a single word or phrase."  # lmms-eval tasks/pope/pope.yaml
@@ -173,6 +174,35 @@ def test_every_family_states_each_protocol():
     assert coverage("lmms-eval", next_, {"text_config": {"model_type": "llama"}}).template == "lmms_eval_llava_hf"
     assert coverage("lmms-eval", next_, {"text_config": {"model_type": "mistral"}}).template == "lmms_eval_mistral"
     assert coverage("vlmevalkit", next_, {"text_config": {"model_type": "llama"}}).template == "vlmevalkit_vicuna_hf"
+
+
+@pytest.mark.parametrize("room", [lmms_eval, vlmevalkit, llava], ids=lambda room: room.PROTOCOL.name)
+def test_each_tools_table_names_every_family_and_no_other(room):
+    """A room's coverage is keyed by model_type: a misspelt key would leave its family "no entry", and a
+    family added without its line in each room would too."""
+    assert set(room.COVERAGE) == set(FAMILIES)
+
+
+def test_template_names_are_unique_across_the_rooms():
+    """The registry collects every room's templates by name: a second room's template of the same name
+    would replace the first's."""
+    assert len(TEMPLATES) == len(OWN_TEMPLATES) + sum(len(p.templates) for p in PROTOCOLS.values())
+
+
+def test_the_lookup_reads_what_a_family_declares():
+    """The protocols that prescribe no prompt run the family's default one; a protocol that covers no family
+    (score only, or unknown) says so in the message eval prints."""
+    from types import SimpleNamespace
+
+    family = SimpleNamespace(family="llava", name="Some family", seed_model="Seed-7B", default_template="llava_yesno")
+    assert coverage("paper", family, {}).to_json() == {"model_class": "the audit's prompt for Seed-7B",
+                                                       "template": "llava_yesno", "max_new_tokens": None,
+                                                       "image_aspect": "processor", "deviations": []}
+    assert coverage("pope-official", family, {}).new_tokens == 128
+    assert coverage("llava", family, {}).template == "llava_official"
+    for name, other in (("repope", family), ("lmms-eval", SimpleNamespace(family="new", name="Some family"))):
+        with pytest.raises(ValueError, match=f"^protocol {name} does not cover Some family: no entry$"):
+            coverage(name, other, {})
 
 
 @pytest.fixture(scope="module")
