@@ -46,7 +46,7 @@ class EvalJob:
     settings: dict = field(default_factory=dict)  # Settings fields, the device among them
     limit: int | None = None  # the first N questions of each split (a quick look, as lmms-eval's --limit)
     command: str | None = None  # the command line, recorded in meta.json
-    protocol: str | None = None  # a published protocol (readout/protocols.py): its prompt, length, image aspect
+    protocol: str | None = None  # a published protocol (readout/protocols/): its prompt, length, image aspect
     benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
 
     @classmethod

@@ -1,10 +1,9 @@
-"""`pope-fast protocols`: each published protocol (readout/protocols.py) with its sources, its answer rule
-and aggregation, and per family the tool's model class, prompt and length, or why the tool has none."""
+"""`pope-fast protocols`: each published protocol (readout/protocols/<tool>.py) with its sources, its answer
+rule and aggregation, and per family the tool's model class, prompt and length, or why the tool has none."""
 from __future__ import annotations
 
 from .engine.models import FAMILIES, family_class
-from .readout import get_template
-from .readout.protocols import PROTOCOLS, Protocol
+from .readout.protocols import PROTOCOLS, Protocol, coverage, get_template
 from .readout.templates import SAMPLE_QUESTION
 
 
@@ -25,15 +24,15 @@ def _describe(protocol: Protocol, tokenizer) -> str:
         cls = family_class(model_type)
         for label, config in cls.protocol_variants().items():
             try:
-                coverage = cls.protocol(protocol.name, config)
+                covered = coverage(protocol.name, cls, config)
             except ValueError as why:
                 lines.append(f"  {label}: not covered: {str(why).split(': ', 1)[1]}")
                 continue
-            length = f"{coverage.new_tokens} new tokens" if coverage.new_tokens else "no generation"
-            lines.append(f"  {label}: {coverage.model_class}; template {coverage.template}, {length}, image "
-                         f"{coverage.image_aspect}")
-            lines.append(f"    prompt: {_prompt(coverage.template, tokenizer)}")
-            lines += [f"    not reproduced: {d}" for d in coverage.deviations]
+            length = f"{covered.new_tokens} new tokens" if covered.new_tokens else "no generation"
+            lines.append(f"  {label}: {covered.model_class}; template {covered.template}, {length}, image "
+                         f"{covered.image_aspect}")
+            lines.append(f"    prompt: {_prompt(covered.template, tokenizer)}")
+            lines += [f"    not reproduced: {d}" for d in covered.deviations]
     return "\n".join(lines)
 
 

@@ -2,11 +2,13 @@
 need are here; the rooms, by concern:
 
 - readouts.py: the readouts (how a yes/no is read off a model's output) and their token sets (tokens.py),
-  the prompt templates (templates.py), what a run asks the engine for (readout_plan.py, continuation.py);
+  the prompt templates (templates.py; each tool's in its protocols/ room), what a run asks the engine for
+  (readout_plan.py, continuation.py);
 - records.py: a record line's schema and our run folders read back; reading.py reads any records file,
   ours or another tool's;
 - score.py, compare.py, metrics.py, attention_stats.py: a run scored and two runs compared;
-- protocols.py: the published protocols `--protocol` selects (each tool's prompt, answer rule, aggregation);
+- protocols/: the published protocols `--protocol` selects, a room per tool (its prompts, its coverage of each
+  family, answer rule, aggregation), and the registry of every template;
 - benchmarks/: a room per benchmark (pope/, mme/, amber/, hallusionbench/), each with its data, rules and
   importers of other tools' files, and the benchmark-level score.py and compare.py; formats/: readers of
   other tools' formats more than one room reads;
@@ -24,7 +26,8 @@ from .readouts import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READO
 from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta
 from .report.tables import format_audit, format_compare, format_runs
 from .score import Unavailable, score_records
-from .templates import TEMPLATES, Template, get_template
+from .protocols import TEMPLATES, get_template
+from .templates import Template
 from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info
 
 __all__ = [

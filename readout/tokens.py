@@ -10,7 +10,8 @@ from importlib import metadata
 from pathlib import Path
 
 from .readouts import FIRST_TOKEN, LEGACY_2TOK, LEGACY_8TOK, LOGIT, READOUTS, TokenSets
-from .templates import SAMPLE_QUESTION, Template, get_template
+from .protocols import get_template
+from .templates import SAMPLE_QUESTION, Template
 
 YES_FORMS = ("yes", "Yes", " yes", " Yes")
 NO_FORMS = ("no", "No", " no", " No")

@@ -22,11 +22,12 @@ def _registered_families() -> tuple[str, ...]:
 
 
 FAMILIES = _registered_families()
-# Strings equal to a family's model_type that are not about the family: template names (the template
-# registry, whose names records carry), the adapter names of ugaa-research's published files, and the
-# protocol registry's names (`llava` is LLaVA's own evaluation scripts).
+# Strings equal to a family's model_type outside the family's rooms: template names (whose names records
+# carry), the adapter names of ugaa-research's published files, and the protocols' rooms, where `llava` is
+# also LLaVA's own evaluation scripts and each tool's coverage of the families is keyed by their model_type
+# (how a tool runs a family is the tool's fact, held beside its prompts and sources).
 NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/benchmarks/pope/ugaa.py",
-                   ROOT / "readout/protocols.py"}
+                   *(ROOT / "readout/protocols").glob("*.py")}
 
 
 @functools.cache  # one tree a file: the checks below tell its nodes apart by identity

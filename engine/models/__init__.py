@@ -8,8 +8,7 @@ from pathlib import Path
 
 import json
 
-from ...readout import get_template
-from ...readout.protocols import PROTOCOLS, Coverage
+from ...readout.protocols import PROTOCOLS, Coverage, coverage, get_template
 from ..loader import CheckpointError, read_config
 from ..settings import Settings
 from .base import Family, TextOnlyRefused
@@ -84,17 +83,17 @@ def load_model(folder: str | Path, settings: Settings) -> Family:
 
 
 def protocol_for(folder: str | Path, name: str) -> Coverage:
-    """How protocol `name` runs the checkpoint in `folder`, proven from its files before it loads: ValueError
-    (one line) where the protocol does not cover its family or the checkpoint lacks the chat template the
-    protocol's prompt is rendered with."""
+    """How protocol `name` runs the checkpoint in `folder` (its tool's room says, by the family), proven from its
+    files before it loads: ValueError (one line) where the protocol does not cover its family or the checkpoint
+    lacks the chat template the protocol's prompt is rendered with."""
     folder = Path(folder).expanduser().resolve()
     config = read_config(folder)
-    coverage = family_class(config.get("model_type")).protocol(name, config)
-    if get_template(coverage.template).chat and not _has_chat_template(folder):
-        raise CheckpointError(f"{folder}: protocol {name} renders its prompt ({coverage.template}) with the "
+    covered = coverage(name, family_class(config.get("model_type")), config)
+    if get_template(covered.template).chat and not _has_chat_template(folder):
+        raise CheckpointError(f"{folder}: protocol {name} renders its prompt ({covered.template}) with the "
                               "tokenizer's chat template, and the checkpoint has none (tokenizer_config.json's "
                               "chat_template, chat_template.json or chat_template.jinja)")
-    return coverage
+    return covered
 
 
 def protocol_coverage(folder: str | Path) -> dict[str, dict]:

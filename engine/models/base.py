@@ -18,7 +18,6 @@ from typing import ClassVar
 import torch
 from PIL import Image
 
-from ...readout.protocols import Coverage
 from ..layers import Linear, make_linear, replace_linears
 from ..decoder import DecoderDims, DecoderLayer, DecoderLM
 from ..loader import CheckpointError, load_grouped, quiet_fallback, stop_ids
@@ -49,7 +48,7 @@ class Family:
     family: ClassVar[str]  # the checkpoint's config.json model_type
     name: ClassVar[str]  # what messages call it
     seed_model: ClassVar[str]  # the published model its random checkpoints stand for
-    default_template: ClassVar[str]
+    default_template: ClassVar[str]  # also the prompt of the protocols that prescribe none (paper, pope-official)
     image_marker: ClassVar[str]  # where the image goes in a rendered prompt ("" when it enters otherwise)
     features_per_prompt: ClassVar[bool] = False  # True when the image tokens depend on the prompt
     # Why a question asked without an image cannot be run as the family's transformers class runs it
@@ -59,9 +58,6 @@ class Family:
     # (original LLaVA's pad to square); None where pad applies.
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
-    # Each published protocol (readout/protocols.py) by name: how it runs this family (the tool's model class,
-    # the template rendering its prompt, its length), or why the tool has no model class for it.
-    protocols: ClassVar[dict[str, Coverage | str]] = {}
 
     tokenizer: object
     lm: DecoderLM
@@ -76,24 +72,11 @@ class Family:
         self.quantize, self.packed = settings.quant == "nf4", settings.nf4_weights == "packed"
 
     @classmethod
-    def protocol(cls, name: str, config: dict) -> Coverage:
-        """How protocol `name` runs a checkpoint of this family (its config.json: `config`); ValueError
-        saying why where the protocol's tool has no model class for it. The audit's and POPE's own
-        evaluate.py prescribe no model class: the family's default prompt."""
-        if name == "paper":
-            return Coverage("the audit's prompt for " + cls.seed_model, cls.default_template, None)
-        if name == "pope-official":
-            # evaluate.py scores any run's answers: the default prompt, at LLaVA's and lmms-eval's 128 tokens
-            return Coverage("any (evaluate.py scores whatever was run): the default prompt", cls.default_template, 128)
-        entry = cls.protocols.get(name, "no entry")
-        if isinstance(entry, str):
-            raise ValueError(f"protocol {name} does not cover {cls.name}: {entry}")
-        return entry
-
-    @classmethod
     def protocol_variants(cls) -> dict[str, dict]:
-        """The checkpoints whose protocol coverage differs, by name → a config.json standing for them (what
-        `pope-fast protocols` lists)."""
+        """The kinds of this family's checkpoints a tool may run differently, by name → a config.json standing
+        for them (what `pope-fast protocols` lists each tool's coverage of, readout/protocols/<tool>.py). Which
+        kinds a family has (LLaVA-NeXT's Vicuna and Mistral language models) is the family's fact; how each
+        tool picks among them is the tool's."""
         return {cls.name: {}}
 
     # --- the scaffold ---------------------------------------------------------------------------

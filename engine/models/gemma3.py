@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from ...readout.protocols import Coverage
 from ..images import checked_fast_path, normalize_table, to_rgb
 from ..layers import apply_rotary, offset_rms_norm
 from ..decoder import DecoderDims, DecoderLayer
@@ -55,21 +54,6 @@ NAME_RULES = [
     (r"^(?:model\.)?vision_tower\.", "vision."),
     (r"^(?:model\.)?multi_modal_projector\.", "projector."),
 ]
-# lmms-eval v0.7.2 (cb45ac4d) models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47,
-# l.242), then [image, the task's text] (l.263-266) through the processor's chat template (l.271), greedy, the
-# POPE task's 128 new tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
-LMMS_EVAL = Coverage("gemma3", "lmms_eval_gemma3", 128, deviations=(
-    "lmms-eval re-encodes every image as a JPEG data URL of quality 85 (models/simple/gemma3.py l.176-183, l.257) "
-    "and pads each prompt to its max_length (l.271); here the image as read, unpadded",))
-# VLMEvalKit e8e78f05 vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question]
-# (image_base.py l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template
-# (l.187), greedy with 4,096 new tokens (l.109-112).
-VLMEVALKIT = Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, deviations=(
-    "VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), which drops the bidirectional "
-    "mask over the image tokens (transformers' Gemma3 sets _supports_flash_attn False for it); here the mask "
-    "applies",
-    "a continuation that reaches the 1,024-token sliding window is cut there (and marked capped): past it the "
-    "engine would not attend as the sliding layers do"))
 
 
 class GemmaPixels:
@@ -174,7 +158,6 @@ class Gemma3Model(Family):
     default_template = "gemma3_chat"
     image_marker = BOI
     own_aspect = "resizes every image to its square"
-    protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoImageProcessor, AutoTokenizer

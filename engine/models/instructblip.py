@@ -23,7 +23,6 @@ from ..loader import CheckpointError, load_grouped, load_module, no_init
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
-from ...readout.protocols import Coverage
 from .base import Family
 
 NAME_RULES = [
@@ -49,16 +48,6 @@ class InstructBlipModel(Family):
     text_only_refusal = ("its language model reads the image through the Q-Former's query tokens, and "
                          "InstructBlipForConditionalGeneration requires pixel_values")
     own_aspect = "resizes every image to a square"
-    protocols = {
-        "lmms-eval": Coverage("instructblip", "lmms_eval_instructblip", 128, deviations=(
-            "lmms-eval 0.7.2 decodes generate's whole output (models/simple/instructblip.py l.216), which from "
-            "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
-            "answers as transformers 4.46 and earlier returned them, the new tokens",
-            "lmms-eval passes no dtype (transformers' default applies); here --dtype does")),
-        "vlmevalkit": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
-                      "penalty 1.5; this engine decodes greedily",
-        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
-    }
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoProcessor

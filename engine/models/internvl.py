@@ -29,7 +29,6 @@ from ..decoder import DecoderDims
 from ..loader import CheckpointError, load_module, no_init, tensor_files
 from ..settings import Settings
 from ..stats import Counts
-from ...readout.protocols import Coverage
 from .llava import NAME_RULES, LlavaModel
 
 CONTEXT, START, END = "<IMG_CONTEXT>", "<img>", "</img>"
@@ -45,19 +44,6 @@ class InternVLModel(LlavaModel):
     default_template = "internvl_chat"
     image_marker = CONTEXT
     own_aspect = "tiles every image its own way"
-    protocols = {
-        # lmms_eval/models/chat/internvl_hf.py: the processor's chat template over the task's [image, text]
-        # messages (tasks/pope: question + post_prompt), the processor with min/max_patches 1/12, 128 new tokens.
-        "lmms-eval": Coverage("internvl_hf (the chat class)", "lmms_eval_internvl_hf", 128, deviations=(
-            "lmms-eval converts each image with PIL's convert('RGB'), dropping alpha where the processor composites "
-            "it; the same pixels for POPE's RGB JPEGs",
-            "lmms-eval passes min_patches 1 and max_patches 12 to the processor; the checkpoint's own values are used "
-            "here (the same for InternVL3's -hf checkpoints)")),
-        "vlmevalkit": "VLMEvalKit's InternVLChat runs OpenGVLab's original (non -hf) InternVL3 code through "
-                      "trust_remote_code, with its own conversation template and preprocessing; its prompt on an -hf "
-                      "checkpoint is not verified here",
-        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
-    }
     name_rules = NAME_RULES
     tower_class = "InternVLVisionModel"
 

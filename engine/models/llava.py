@@ -23,7 +23,6 @@ from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
 from ..stats import Counts
-from ...readout.protocols import Coverage
 from .base import Family
 
 # checkpoint name → our name; first match wins.
@@ -53,14 +52,6 @@ class LlavaModel(Family):
     default_template = "llava_plain"
     image_marker = "<image>"
     own_aspect = None  # original LLaVA pads to square: Settings.image_aspect "pad" reproduces it
-    protocols = {
-        "lmms-eval": Coverage("llava_hf (the chat class, lmms-eval's default for llava-hf checkpoints)",
-                              "lmms_eval_llava_hf", 128),
-        # vlmeval/vlm/llava/llava.py l.72-79 (2048 new tokens), l.191-196 (image_aspect_ratio "pad")
-        "vlmevalkit": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad"),
-        # model_vqa_loader: process_images pads to square (LLaVA-1.5's image_aspect_ratio "pad")
-        "llava": Coverage("model_vqa_loader --conv-mode vicuna_v1", "llava_official", 128, image_aspect="pad"),
-    }
     name_rules = NAME_RULES
     tower_class: ClassVar[str] = "CLIPVisionModel"  # the transformers vision tower the checkpoint's config builds
 

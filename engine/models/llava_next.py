@@ -24,7 +24,6 @@ from transformers.image_processing_utils import select_best_resolution
 from ..images import normalize_table, to_rgb
 from ..loader import CheckpointError
 from ..settings import Settings
-from ...readout.protocols import Coverage
 from .llava import NAME_RULES, LlavaModel
 
 
@@ -36,27 +35,12 @@ class LlavaNextModel(LlavaModel):
     seed_model = "LLaVA-1.6-Mistral-7B"
     default_template = "mistral_inst"
     own_aspect = "tiles every image its own way"
-    protocols = {"llava": "LLaVA's pope.sh evaluates LLaVA-1.5; LLaVA-NeXT's own numbers come from lmms-eval"}
     name_rules = [(r"^(?:model\.)?image_newline$", "extra.image_newline"), *NAME_RULES]
     packed_strategy: ClassVar[str] = "default"  # the select strategy that leaves side² patch features per crop
 
     @classmethod
-    def protocol(cls, name: str, config: dict) -> Coverage:
-        """The tools render the checkpoint processor's template: LLaVA-1.6-Vicuna's or -Mistral's, by the
-        language model inside."""
-        vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
-        if name == "lmms-eval":
-            return Coverage("llava_hf (the chat class)", "lmms_eval_llava_hf" if vicuna else "lmms_eval_mistral", 128)
-        if name == "vlmevalkit":  # vlmeval/vlm/llava/llava.py LLaVA_Next l.280-281, l.373-394
-            return Coverage("LLaVA_Next (llava_next_vicuna_7b, llava_next_mistral_7b)",
-                            "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048,
-                            deviations=("VLMEvalKit cuts the answer out of the whole decoded sequence (at [/INST] or "
-                                        "ASSISTANT:, special tokens kept); the same text unless the answer repeats "
-                                        "that marker or holds a special token",))
-        return super().protocol(name, config)
-
-    @classmethod
     def protocol_variants(cls) -> dict[str, dict]:
+        # its checkpoints carry a Mistral or a Vicuna (llama) language model, whose processors' templates differ
         return {"LLaVA-NeXT (Mistral)": {"text_config": {"model_type": "mistral"}},
                 "LLaVA-NeXT (Vicuna)": {"text_config": {"model_type": "llama"}}}
 

@@ -30,7 +30,6 @@ from PIL import Image
 from ..decoder import DecoderDims
 from ..loader import CheckpointError
 from ..settings import Settings
-from ...readout.protocols import Coverage
 from .llava_next import AnyresPixels, LlavaNextModel
 
 IMAGE = "<image>"
@@ -44,27 +43,12 @@ class LlavaOnevisionModel(LlavaNextModel):
     seed_model = "LLaVA-OneVision-Qwen2-7B-OV"
     default_template = "llava_onevision_chat"
     own_aspect = "tiles every image its own way"
-    protocols = {
-        "lmms-eval": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's checkpoints "
-                     "(conv qwen_1_5); its llava_hf class passes OneVision's chat template a string content, whose "
-                     "rendering under the hub tokenizer's own template is not verified here",
-        # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens); image_base.py build_prompt
-        "vlmevalkit": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
-                               2048, deviations=(
-                                   "VLMEvalKit converts each image with PIL's convert('RGB'), dropping alpha where the "
-                                   "processor composites it; the same pixels for POPE's RGB JPEGs",)),
-        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
-    }
     tower_class = "SiglipVisionModel"
     packed_strategy = "full"  # SigLIP has no class token to drop
 
     @classmethod
-    def protocol(cls, name: str, config: dict) -> Coverage:
-        return super(LlavaNextModel, cls).protocol(name, config)
-
-    @classmethod
     def protocol_variants(cls) -> dict[str, dict]:
-        return {cls.name: {}}
+        return {cls.name: {}}  # one language model (Qwen2): not LLaVA-NeXT's two kinds
 
     def __init__(self, folder: Path, settings: Settings):
         super().__init__(folder, settings)

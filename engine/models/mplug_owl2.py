@@ -28,7 +28,6 @@ from ..plan import PromptLayout
 from ..prompts import PromptMemo
 from ..settings import Settings
 from ..stats import Counts
-from ...readout.protocols import Coverage
 from .base import Family
 from .mplug_owl2_nets import (ACTIVATIONS, AbstractorDims, MultiwayDecoderLayer, VisionDims, VisionTower,
                               VisualAbstractor, config_dims, lm_expected_shapes)
@@ -122,14 +121,6 @@ class MplugOwl2Model(Family):
     image_marker = IMAGE_MARKER
     image_token_id = IMAGE_TOKEN_INDEX
     own_aspect = "stretches each image to a square"
-    protocols = {
-        "lmms-eval": "lmms-eval 0.7.2 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
-        # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy), l.98-103 (prompt), l.113-117 (the square)
-        "vlmevalkit": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, deviations=(
-            "VLMEvalKit generates at least one token (min_new_tokens 1): where the first greedy token ends the "
-            "answer it takes the next best, here the answer is empty (Unknown)",)),
-        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
-    }
     # Its agreement with the upstream implementation is what the tests prove, on the upstream code's outputs.
     reference_unavailable = "no transformers class (upstream X-PLUG code, transformers 4.31, not installed)"
 

@@ -11,7 +11,6 @@ transformers' own module, as for Qwen2-VL; everything else is Qwen2VLModel's.
 """
 from __future__ import annotations
 
-from ...readout.protocols import Coverage
 from ..stats import Counts
 from .qwen2_vl import Qwen2VLModel
 
@@ -22,16 +21,6 @@ class Qwen2_5_VLModel(Qwen2VLModel):
     family = "qwen2_5_vl"
     name = "Qwen2.5-VL"
     seed_model = "Qwen2.5-VL-7B-Instruct"
-    protocols = {
-        "lmms-eval": Coverage("qwen2_5_vl", "lmms_eval_qwen2_vl", 128, deviations=(
-            "lmms-eval re-encodes each image as JPEG quality 85 and resizes it with qwen_vl_utils (PIL, min_pixels "
-            "256*28*28, max_pixels 1605632) before the processor (models/simple/qwen2_5_vl.py l.44-45, l.170-177, "
-            "l.291); here the processor resizes the image as read",)),
-        "vlmevalkit": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048, deviations=(
-            "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
-            "(vlmeval/config.py l.2004-2010); here the checkpoint processor's min_pixels apply",)),
-        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
-    }
 
     @staticmethod
     def transformers_classes() -> tuple[type, type, type]:

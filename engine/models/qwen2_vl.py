@@ -26,7 +26,6 @@ from ..plan import PromptLayout
 from ..prompts import ExpandedPromptIds
 from ..settings import Settings
 from ..stats import Counts
-from ...readout.protocols import Coverage
 from .base import Family
 
 IMAGE_PAD = "<|image_pad|>"
@@ -49,15 +48,6 @@ class Qwen2VLModel(Family):
     default_template = "qwen2_vl_chat"
     image_marker = "<|vision_start|><|image_pad|><|vision_end|>"
     own_aspect = "keeps each image's own aspect"
-    protocols = {
-        "lmms-eval": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, deviations=(
-            "lmms-eval re-encodes each image as JPEG quality 85 and resizes it with qwen_vl_utils (PIL) before the "
-            "processor (models/simple/qwen2_vl.py l.173-180); here the processor resizes the image as read",)),
-        "vlmevalkit": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048, deviations=(
-            "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
-            "(vlmeval/config.py); here the checkpoint processor's min_pixels apply",)),
-        "llava": "LLaVA's pope.sh evaluates LLaVA-1.5",
-    }
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoImageProcessor, AutoTokenizer

@@ -22,26 +22,10 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ...readout.protocols import Coverage
 from ..decoder import DecoderDims
 from ..loader import CheckpointError
 from ..stats import Counts
 from .qwen2_vl import Qwen2VLModel
-
-# lmms-eval v0.7.2 (cb45ac4d) models/simple/qwen3_vl.py: Qwen2.5-VL's messages (l.84 the system prompt, l.328
-# the image then the text), the processor's chat template over them, POPE's 128 new tokens.
-LMMS_EVAL = Coverage("qwen3_vl", "lmms_eval_qwen2_vl", 128, deviations=(
-    "lmms-eval resizes each image with qwen_vl_utils (image_patch_size 16, min_pixels 256*28*28, max_pixels "
-    "1605632: models/simple/qwen3_vl.py l.79-80, l.360) before the processor; here the processor resizes the "
-    "image as read",))
-# VLMEvalKit e8e78f05 vlmeval/config.py l.1451-1462 (Qwen3-VL-8B-Instruct): Qwen3VLChat with
-# use_custom_prompt=False, so the dataset's [image, question] messages (no system_prompt: the template's own
-# opening), through the processor's chat template (vlm/qwen3_vl/model.py l.361-367), 16384 new tokens.
-VLMEVALKIT = Coverage("Qwen3VLChat (Qwen3-VL-8B-Instruct)", "vlmevalkit_qwen2_5_vl", 16384, deviations=(
-    "VLMEvalKit samples with vLLM (temperature 0.7, top_p 0.8, top_k 20, presence_penalty 1.5: config.py "
-    "l.1451-1462, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",
-    "VLMEvalKit resizes each image with qwen_vl_utils (image_patch_size 16, its default pixel budget: "
-    "vlm/qwen3_vl/model.py l.371-376) before the processor; here the processor resizes the image as read"))
 
 
 class Qwen3VLModel(Qwen2VLModel):
@@ -50,7 +34,6 @@ class Qwen3VLModel(Qwen2VLModel):
     family = "qwen3_vl"
     name = "Qwen3-VL"
     seed_model = "Qwen3-VL-8B-Instruct"
-    protocols = {"lmms-eval": LMMS_EVAL, "vlmevalkit": VLMEVALKIT, "llava": "LLaVA's pope.sh evaluates LLaVA-1.5"}
 
     def __init__(self, folder, settings):
         super().__init__(folder, settings)

@@ -1,7 +1,7 @@
 """`eval --protocol TOOL` on a benchmark's data: each question as TOOL asks it, in TOOL's model-class prompt.
 
 A tool's number on a benchmark comes from two prompt layers: its model class's prompt (the template, length and
-image preprocessing `--protocol` already takes from readout/protocols.py for POPE) and its benchmark task's
+image preprocessing `--protocol` already takes from readout/protocols/ for POPE) and its benchmark task's
 change to the question (`Rule.prompt`: lmms-eval's MME post-prompt, VLMEvalKit's AMBER suffix). The second is
 applied here to the question text, which then goes to the engine as any question does. The lmms-eval templates
 render lmms-eval's post_prompt after the question already (readout/templates.py SHORT_ANSWER, which MME's
@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..data import Question
-from ..templates import SHORT_ANSWER, get_template
+from ..protocols import get_template
+from ..templates import SHORT_ANSWER
 from . import get_benchmark
 
 

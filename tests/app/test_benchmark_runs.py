@@ -235,8 +235,8 @@ def test_bad_benchmark_input_is_one_line_naming_file_and_line(tmp_path):
 def test_eval_asks_lmms_evals_mme_prompt_and_score_says_so(checkpoint, tmp_path):
     """`eval --protocol lmms-eval` on MME: lmms-eval's mme_doc_to_text (utils.py:37-45 at cb45ac4d: stripped, " Please
     answer yes or no." replaced, mme.yaml:29's post_prompt appended) inside its llava_hf class's prompt, which
-    renders that post_prompt itself (templates.py lmms_eval_llava_hf): asked once, recorded in meta.json."""
-    from pope_fast.readout.templates import get_template
+    renders that post_prompt itself (protocols/lmms_eval.py lmms_eval_llava_hf): asked once, recorded in meta.json."""
+    from pope_fast.readout.protocols import get_template
 
     data = _mme(tmp_path / "mme.parquet")
     result = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(data), "--images",

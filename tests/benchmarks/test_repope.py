@@ -129,7 +129,7 @@ def test_repope_reads_as_compute_answer(text, decision):
 def test_repope_metrics_leave_unknown_answers_out_of_every_count():
     """compute_results l.45-66: an answer compute_answer left None is none of TP/FP/TN/FN, so accuracy and the
     yes-ratio divide by the answered only: TP 2, FN 1, FP 1, TN 1 and one unknown -> ACC 3/5, not 3/6."""
-    from pope_fast.readout.protocols import repope_metrics
+    from pope_fast.readout.protocols.repope import repope_metrics
 
     m = repope_metrics(["yes", "yes", "yes", "no", "no", "no"], ["yes", "yes", "no", "yes", "no", "unknown"])
     assert (m["TP"], m["FP"], m["TN"], m["FN"], m["unknown"]) == (2, 1, 1, 1, 1)

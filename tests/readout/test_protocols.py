@@ -1,5 +1,5 @@
-"""Published protocols (readout/protocols.py, --protocol): each tool's prompt, answer rule and aggregation
-as its source states it (file and line in each docstring there), and the eval that reproduces a tool's run
+"""Published protocols (readout/protocols/, a room per tool; --protocol): each tool's prompt, answer rule and
+aggregation as its source states it (file and line in each docstring there), and the eval that reproduces a tool's run
 question by question against transformers' generate, which is what the tools call."""
 import json
 from pathlib import Path
@@ -13,7 +13,11 @@ from pope_fast.cli import main
 from pope_fast.engine.models import FAMILIES, family_class, protocol_for
 from pope_fast.readout import get_template, load_tokenizer
 from pope_fast.readout.readouts import READOUTS, exact_match, yorn
-from pope_fast.readout.protocols import PROTOCOLS, lmms_eval_metrics, pope_evaluate_metrics, vlmevalkit_metrics
+from pope_fast.readout.protocols import PROTOCOLS, TEMPLATES, coverage, llava, lmms_eval, vlmevalkit
+from pope_fast.readout.protocols.lmms_eval import lmms_eval_metrics
+from pope_fast.readout.protocols.pope_official import pope_evaluate_metrics
+from pope_fast.readout.protocols.vlmevalkit import vlmevalkit_metrics
+from pope_fast.readout.templates import OWN_TEMPLATES
 
 Q = "Is there a dog in the image?"
 POST = "\nAnswer the question using a single word or phrase."  # lmms-eval tasks/pope/pope.yaml
@@ -98,7 +102,7 @@ def test_the_order_of_operations_is_the_tools():
             assert lmms_eval_metrics(labels, answers)["pope_f1_score"] == 2 * (p * r) / (p + r)
 
 
-# The prompts as each tool builds them (the strings its source produces, see protocols.py's sources).
+# The prompts as each tool builds them (the strings its source produces, see each room's sources).
 PLAIN_PROMPTS = {
     "lmms_eval_llava_hf": f"USER: <image>\n{Q}{POST} ASSISTANT:",
     "lmms_eval_mistral": f"[INST] <image>\n{Q}{POST} [/INST]",
@@ -159,16 +163,46 @@ def test_every_family_states_each_protocol():
         for label, config in cls.protocol_variants().items():
             for name in PROTOCOLS:
                 try:
-                    coverage = cls.protocol(name, config)
+                    covered = coverage(name, cls, config)
                 except ValueError as why:
                     assert str(why).startswith(f"protocol {name} does not cover {cls.name}: ") and len(str(why)) > 60
                     continue
-                assert get_template(coverage.template).image_marker == cls.image_marker, (label, name)
+                assert get_template(covered.template).image_marker == cls.image_marker, (label, name)
                 readout = READOUTS[PROTOCOLS[name].readout]
-                assert (coverage.new_tokens is None) == (readout.generation is None), (label, name)
+                assert (covered.new_tokens is None) == (readout.generation is None), (label, name)
     next_ = family_class("llava_next")
-    assert next_.protocol("lmms-eval", {"text_config": {"model_type": "llama"}}).template == "lmms_eval_llava_hf"
-    assert next_.protocol("lmms-eval", {"text_config": {"model_type": "mistral"}}).template == "lmms_eval_mistral"
+    assert coverage("lmms-eval", next_, {"text_config": {"model_type": "llama"}}).template == "lmms_eval_llava_hf"
+    assert coverage("lmms-eval", next_, {"text_config": {"model_type": "mistral"}}).template == "lmms_eval_mistral"
+    assert coverage("vlmevalkit", next_, {"text_config": {"model_type": "llama"}}).template == "vlmevalkit_vicuna_hf"
+
+
+@pytest.mark.parametrize("room", [lmms_eval, vlmevalkit, llava], ids=lambda room: room.PROTOCOL.name)
+def test_each_tools_table_names_every_family_and_no_other(room):
+    """A room's coverage is keyed by model_type: a misspelt key would leave its family "no entry", and a
+    family added without its line in each room would too."""
+    assert set(room.COVERAGE) == set(FAMILIES)
+
+
+def test_template_names_are_unique_across_the_rooms():
+    """The registry collects every room's templates by name: a second room's template of the same name
+    would replace the first's."""
+    assert len(TEMPLATES) == len(OWN_TEMPLATES) + sum(len(p.templates) for p in PROTOCOLS.values())
+
+
+def test_the_lookup_reads_what_a_family_declares():
+    """The protocols that prescribe no prompt run the family's default one; a protocol that covers no family
+    (score only, or unknown) says so in the message eval prints."""
+    from types import SimpleNamespace
+
+    family = SimpleNamespace(family="llava", name="Some family", seed_model="Seed-7B", default_template="llava_yesno")
+    assert coverage("paper", family, {}).to_json() == {"model_class": "the audit's prompt for Seed-7B",
+                                                       "template": "llava_yesno", "max_new_tokens": None,
+                                                       "image_aspect": "processor", "deviations": []}
+    assert coverage("pope-official", family, {}).new_tokens == 128
+    assert coverage("llava", family, {}).template == "llava_official"
+    for name, other in (("repope", family), ("lmms-eval", SimpleNamespace(family="new", name="Some family"))):
+        with pytest.raises(ValueError, match=f"^protocol {name} does not cover Some family: no entry$"):
+            coverage(name, other, {})
 
 
 @pytest.fixture(scope="module")
@@ -352,11 +386,9 @@ def test_a_template_whose_text_changed_is_another_run(llava, tmp_path, monkeypat
     not resumed with the new one (meta.json's prompt_example is part of what must match)."""
     import dataclasses
 
-    from pope_fast.readout import templates
-
     _eval(llava, tmp_path / "run", "--template", "llava_official", "--max-new-tokens", "2", "--limit", "2")
-    old = templates.TEMPLATES["llava_official"]
-    monkeypatch.setitem(templates.TEMPLATES, "llava_official", dataclasses.replace(old, system=old.system + " "))
+    old = TEMPLATES["llava_official"]
+    monkeypatch.setitem(TEMPLATES, "llava_official", dataclasses.replace(old, system=old.system + " "))
     root, checkpoint, images, files = llava
     args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "run"), "--device",
             "cpu", "--template", "llava_official", "--max-new-tokens", "2", "--limit", "2"]

@@ -1,0 +1,101 @@
+"""What every tool's room declares: how its protocol runs a family's checkpoint (`Coverage`) and the protocol
+itself (`Protocol`: its version and sources, answer rule, aggregation, prompt templates and coverage), and
+the pieces several rooms share."""
+from __future__ import annotations
+
+import typing
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+from ..score import POOLED
+from ..templates import Template
+
+
+@dataclass(frozen=True)
+class Coverage:
+    """How a protocol runs one family's checkpoint: the tool's model class it follows, the template that
+    renders that class's prompt, the tool's new-token limit for it (None: its rule reads no text), the
+    image preprocessing, and what of the tool's pipeline this engine does not reproduce."""
+
+    model_class: str
+    template: str
+    new_tokens: int | None
+    image_aspect: str = "processor"
+    deviations: tuple[str, ...] = ()
+
+    def to_json(self) -> dict:
+        return {"model_class": self.model_class, "template": self.template, "max_new_tokens": self.new_tokens,
+                "image_aspect": self.image_aspect, "deviations": list(self.deviations)}
+
+
+class FamilyFacts(typing.Protocol):
+    """What a coverage reads of a model family, each declared on the engine's family class
+    (engine/models/base.py `Family`), which readout does not import."""
+
+    family: str  # the checkpoint's config.json model_type
+    name: str  # what messages call it
+    seed_model: str  # the published model its random checkpoints stand for
+    default_template: str
+
+
+# A tool's coverage of a checkpoint (its family, its config.json): a Coverage, or why the tool has no model
+# class for the family.
+Covers = Callable[[FamilyFacts, Mapping], "Coverage | str"]
+
+
+def by_model_type(table: Mapping[str, Coverage | str | Callable[[Mapping], Coverage]]) -> Covers:
+    """A tool's coverage from its table keyed by the checkpoint's model_type: each family's Coverage, a
+    function of the checkpoint's config.json where the tool picks by it, or why the tool has no model class
+    for the family ("no entry" for a family the table does not name)."""
+    def covers(family: FamilyFacts, config: Mapping) -> Coverage | str:
+        entry = table.get(family.family, "no entry")
+        return entry(config) if callable(entry) else entry
+
+    return covers
+
+
+def count(labels, decided, label, answer) -> int:
+    return sum(1 for y, d in zip(labels, decided) if y == label and d == answer)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    title: str
+    version: str  # the release or commit its sources were read at
+    readout: str  # the answer rule: a READOUTS name
+    aggregate: Callable[[list[str], list[str]], dict]  # one group's metrics, as the tool computes them
+    headline: str  # the metric a paper quotes
+    pooled: bool  # whether the tool reports the splits together too (the `Overall` row)
+    shown: Callable[[float], str]  # how the tool prints a value
+    sources: tuple[str, ...]
+    reproduces: str  # which published numbers it is
+    unknown_is_no: bool = False  # whether its F1 counts an answer neither yes nor no as a no (else leaves it out)
+    mean_of_splits: bool = False  # whether its users quote the mean of the splits' F1 (LLaVA-1.5's paper)
+    # A tool that prescribes no prompt, model class or length (it runs each model through its own code): why,
+    # in one line; such a protocol scores runs but is no `eval --protocol` (it has no `covers`), and `checks`
+    # says this line instead of comparing the run with a Coverage.
+    unprescribed: str | None = None
+    covers: Covers | None = None  # how it runs each family's checkpoint (None: unprescribed)
+    templates: tuple[Template, ...] = ()  # the tool's prompt per model class, as its source builds it
+
+    def score_group(self, labels: list[str], decided: list[str]) -> dict:
+        """The tool's metrics of one group; every decision must be one (a readout's yes/no/unknown)."""
+        if len(labels) != len(decided) or not labels:
+            raise ValueError(f"protocol {self.name}: {len(labels)} labels, {len(decided)} answers")
+        return self.aggregate(labels, decided)
+
+    def summary(self, rows: list[dict]) -> dict | None:
+        """A number the tool's users derive from its per-split rows: LLaVA-1.5's paper quotes the mean of
+        the three splits' F1 (LLaVA issue #626 reproduces 85.9 that way; the scripts print per split)."""
+        if not self.mean_of_splits:
+            return None
+        f1 = [r["F1 score"] for r in rows if r["split"] != POOLED]
+        if len(f1) < 2 or any(v is None for v in f1):
+            return None
+        return {"mean split F1": sum(f1) / len(f1), "splits": len(f1)}
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "title": self.title, "version": self.version, "readout": self.readout,
+                "headline": self.headline, "pooled": self.pooled, "sources": list(self.sources),
+                "reproduces": self.reproduces}

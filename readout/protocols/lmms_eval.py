@@ -1,0 +1,109 @@
+"""lmms-eval v0.7.2 (cb45ac4d)'s POPE task: its answer rule and aggregation, its prompt per model class (its
+post_prompt after the question, in each class's own prompt), and how it runs each family."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..readouts import NO, YES
+from ..templates import SHORT_ANSWER, Template
+from .base import Coverage, Protocol, by_model_type, count
+
+QWEN_SYSTEM = "You are a helpful assistant."
+
+
+def lmms_eval_metrics(labels: list[str], decided: list[str]) -> dict:
+    """lmms-eval v0.7.2 tasks/pope/utils.py l.31-84: accuracy the mean score (an answer other than the label
+    scores 0); precision over answers "yes"; recall's false negatives only the answers "no" (another answer to
+    a yes question leaves its denominator); F1 2(PR)/(P+R); the yes-ratio that of the labels; 0 for an empty
+    denominator. Fractions."""
+    score = 0.0
+    for y, d in zip(labels, decided):
+        score += 1.0 if d == y else 0.0
+    tp, fp, fn = count(labels, decided, YES, YES), count(labels, decided, NO, YES), count(labels, decided, YES, NO)
+    precision = tp / (tp + fp) if (tp + fp) > 0 else 0
+    recall = tp / (tp + fn) if (tp + fn) > 0 else 0
+    f1 = 2 * (precision * recall) / (precision + recall) if (precision + recall) > 0 else 0
+    yes, no = labels.count(YES), labels.count(NO)
+    return {"pope_accuracy": score / len(labels), "pope_f1_score": f1, "pope_precision": precision,
+            "pope_recall": recall, "pope_yes_ratio": yes / (yes + no) if (yes + no) > 0 else 0}
+
+
+TEMPLATES = (
+    Template("lmms_eval_llava_hf", "USER: <image>\n{question}" + SHORT_ANSWER + " ASSISTANT:", "<image>",
+             "lmms-eval llava_hf (chat class): the llava-hf processor's template (LLaVA-1.5, LLaVA-1.6-Vicuna)"),
+    Template("lmms_eval_mistral", "[INST] <image>\n{question}" + SHORT_ANSWER + " [/INST]", "<image>",
+             "lmms-eval llava_hf (chat class): the LLaVA-1.6-Mistral processor's template"),
+    Template("lmms_eval_instructblip", "{question}" + SHORT_ANSWER, "",
+             "lmms-eval instructblip: the task text alone, to the Q-Former and the language model"),
+    Template("lmms_eval_qwen2_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
+             "lmms-eval qwen2_vl: its system message, then [image, question + post_prompt]", chat=True,
+             system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
+    Template("lmms_eval_gemma3", "", "<start_of_image>",
+             "lmms-eval gemma3: its system message, then [image, question + post_prompt], through the "
+             "processor's chat template", chat=True, system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
+    Template("lmms_eval_internvl_hf", "", "<IMG_CONTEXT>",
+             "lmms-eval internvl_hf (chat class): the processor's chat template over [image, question + "
+             "post_prompt], no system message", chat=True, suffix=SHORT_ANSWER),
+)
+
+
+def llava_next(config: Mapping) -> Coverage:
+    """lmms-eval renders the checkpoint processor's template: LLaVA-1.6-Vicuna's or -Mistral's, by the language
+    model inside."""
+    vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
+    return Coverage("llava_hf (the chat class)", "lmms_eval_llava_hf" if vicuna else "lmms_eval_mistral", 128)
+
+
+COVERAGE = {
+    "llava": Coverage("llava_hf (the chat class, lmms-eval's default for llava-hf checkpoints)",
+                      "lmms_eval_llava_hf", 128),
+    "llava_next": llava_next,
+    "instructblip": Coverage("instructblip", "lmms_eval_instructblip", 128, deviations=(
+        "lmms-eval 0.7.2 decodes generate's whole output (models/simple/instructblip.py l.216), which from "
+        "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
+        "answers as transformers 4.46 and earlier returned them, the new tokens",
+        "lmms-eval passes no dtype (transformers' default applies); here --dtype does")),
+    "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, deviations=(
+        "lmms-eval re-encodes each image as JPEG quality 85 and resizes it with qwen_vl_utils (PIL) before the "
+        "processor (models/simple/qwen2_vl.py l.173-180); here the processor resizes the image as read",)),
+    "mplug_owl2": "lmms-eval 0.7.2 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
+    "qwen2_5_vl": Coverage("qwen2_5_vl", "lmms_eval_qwen2_vl", 128, deviations=(
+        "lmms-eval re-encodes each image as JPEG quality 85 and resizes it with qwen_vl_utils (PIL, min_pixels "
+        "256*28*28, max_pixels 1605632) before the processor (models/simple/qwen2_5_vl.py l.44-45, l.170-177, "
+        "l.291); here the processor resizes the image as read",)),
+    "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
+                       "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
+                       "content, whose rendering under the hub tokenizer's own template is not verified here",
+    # lmms_eval/models/chat/internvl_hf.py: the processor's chat template over the task's [image, text]
+    # messages (tasks/pope: question + post_prompt), the processor with min/max_patches 1/12, 128 new tokens.
+    "internvl": Coverage("internvl_hf (the chat class)", "lmms_eval_internvl_hf", 128, deviations=(
+        "lmms-eval converts each image with PIL's convert('RGB'), dropping alpha where the processor composites "
+        "it; the same pixels for POPE's RGB JPEGs",
+        "lmms-eval passes min_patches 1 and max_patches 12 to the processor; the checkpoint's own values are used "
+        "here (the same for InternVL3's -hf checkpoints)")),
+    # models/simple/qwen3_vl.py: Qwen2.5-VL's messages (l.84 the system prompt, l.328 the image then the text),
+    # the processor's chat template over them, POPE's 128 new tokens.
+    "qwen3_vl": Coverage("qwen3_vl", "lmms_eval_qwen2_vl", 128, deviations=(
+        "lmms-eval resizes each image with qwen_vl_utils (image_patch_size 16, min_pixels 256*28*28, max_pixels "
+        "1605632: models/simple/qwen3_vl.py l.79-80, l.360) before the processor; here the processor resizes the "
+        "image as read",)),
+    # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
+    # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
+    # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
+    "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, deviations=(
+        "lmms-eval re-encodes every image as a JPEG data URL of quality 85 (models/simple/gemma3.py l.176-183, "
+        "l.257) and pads each prompt to its max_length (l.271); here the image as read, unpadded",)),
+}
+
+PROTOCOL = Protocol(
+    "lmms-eval", "lmms-eval's POPE task", "lmms-eval v0.7.2 (cb45ac4d)", "exact_match", lmms_eval_metrics,
+    "pope_f1_score", True, lambda v: "%.4f" % v,
+    ("lmms_eval/tasks/pope/pope.yaml (max_new_tokens 128, greedy; post_prompt '\\nAnswer the question "
+     "using a single word or phrase.')",
+     "lmms_eval/tasks/pope/utils.py l.9-14 (prompt), l.17-28 (exact match), l.31-84 (aggregation)",
+     "lmms_eval/utils.py make_table l.606, l.625 (sorted metrics, '%.4f')",
+     "lmms_eval/models/chat/llava_hf.py, simple/qwen2_vl.py, simple/instructblip.py (each class's "
+     "prompt)"),
+    "`--tasks pope` (the Overall row: all 9,000 questions pooled) and `--tasks pope_full` (one row per "
+    "split), as fractions",
+    covers=by_model_type(COVERAGE), templates=TEMPLATES)

@@ -1,0 +1,126 @@
+"""A run scored under a protocol: what keeps it from being the tool's own number (`checks`, against the
+Coverage its meta.json records), the tool's rows per dataset, and those rows as the tool shows them."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..records import RecordSet
+from ..score import POOLED, Unavailable, predictions, question_order
+from .base import Protocol
+from .registry import SCORING_PROTOCOLS
+
+COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool's number format
+
+
+def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
+    """What stands between a run and the number `protocol`'s tool prints for its model: each line a
+    difference (the prompt, the length, the image preprocessing, a method), or what the tool's pipeline
+    does that this engine does not; [] when the run is the protocol's as far as the engine reproduces it.
+    `capped`: how many of the run's answers its length cut for the protocol's readout."""
+    if protocol.unprescribed is not None:
+        return [protocol.unprescribed]
+    coverage = (meta.get("protocol_coverage") or {}).get(protocol.name)
+    if coverage is None:
+        return [f"meta.json does not record {protocol.name}'s prompt for this model (a run made before --protocol, "
+                "or imported): the prompt and length are unchecked"]
+    if "not_covered" in coverage:
+        return [f"{protocol.name} does not cover this model: {coverage['not_covered']}"]
+    out = []
+    if meta.get("template") != coverage["template"]:
+        out.append(f"prompt: this run's template is {meta.get('template')}, {protocol.name}'s is "
+                   f"{coverage['template']} (a different prompt is a different run: eval --protocol {protocol.name})")
+    method = (meta.get("method") or {}).get("name", "none")
+    if method != "none":
+        out.append(f"method: {method} changes what the model is asked")
+    if (meta.get("settings") or {}).get("image_aspect", "processor") != coverage["image_aspect"]:
+        out.append(f"image: this run's image_aspect is {meta['settings']['image_aspect']}, {protocol.name}'s "
+                   f"{coverage['image_aspect']}")
+    wanted = coverage["max_new_tokens"]
+    generated = ((meta.get("generation") or {}).get(protocol.readout) or {}).get("max_new_tokens")
+    if wanted is not None and generated != wanted:
+        if generated is None:
+            out.append(f"generation: this run has no {protocol.readout} text")
+        elif generated > wanted:
+            out.append(f"generation: {protocol.readout} read up to {generated} new tokens, {protocol.name} {wanted}")
+        elif capped:
+            out.append(f"generation: {capped} answers were cut at {generated} new tokens; {protocol.name} generates "
+                       f"up to {wanted}")
+    return out + [f"not reproduced: {d}" for d in coverage.get("deviations", [])]
+
+
+def score_protocol(records: RecordSet, protocol: Protocol) -> list[dict]:
+    """Per dataset of the records: the tool's rows (one per split, then `Overall` where it pools), the
+    number its users derive (`summary`), and `checks`: what keeps this from being the tool's own number.
+    Error records (questions that got no answer) are left out and counted; the tool would have stopped."""
+    out = []
+    for dataset in dict.fromkeys(e.dataset for e in records.entries):
+        entries = sorted((e for e in records.entries if e.dataset == dataset), key=question_order)
+        answered = [e for e in entries if e.error is None]
+        try:
+            decided = dict(zip(map(id, answered), predictions(records, protocol.readout, answered)))
+        except Unavailable as why:
+            raise Unavailable(f"{records.source}: protocol {protocol.name} reads {protocol.readout}: {why}") from None
+        groups = {split: [e for e in answered if e.split == split] for split in dict.fromkeys(e.split for e in entries)}
+        if protocol.pooled:
+            groups[POOLED] = answered
+        rows = [{"split": split, "n": len(group),
+                 **protocol.score_group([e.label for e in group], [decided[id(e)] for e in group])}
+                for split, group in groups.items() if group]
+        capped = sum(1 for e in answered if protocol.readout in e.capped)
+        errors = len(entries) - len(answered)
+        notes = checks(protocol, records.meta, capped)
+        notes += [f"{errors} questions have error records (no answer), left out"] if errors else []
+        run = {"source": records.source, **({"dataset": dataset} if dataset else {}), "protocol": protocol.name,
+               "readout": protocol.readout, "rows": rows, "errors": errors, "checks": notes}
+        summary = protocol.summary(rows)
+        if summary is not None:
+            run["summary"] = summary
+        out.append(run)
+    return out
+
+
+def _protocol_csv(runs: list[dict]) -> str:
+    """The tool's rows as one CSV (its metric names and unit, full precision), Overall first as VLMEvalKit's
+    score file has it, each row named by its run (source, dataset); checks are not in it: see the table."""
+    import csv
+    import io
+
+    names = list(dict.fromkeys(k for run in runs for row in run["rows"] for k in row
+                               if k not in ("split", "n", "error")))
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(["source", "dataset", "split", "n", *names])
+    for run in runs:
+        for row in sorted(run["rows"], key=lambda r: r["split"] != POOLED):
+            writer.writerow([run["source"], run.get("dataset", ""), row["split"], row["n"],
+                             *("" if row.get(k) is None else repr(row[k]) for k in names)])
+    return out.getvalue().rstrip("\n")
+
+
+def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
+    """The rows as the tool shows them (its metric names, its unit and number format), one table per run and
+    dataset, its checks under it ("! ..."); json: every value at full precision; csv: the rows at full
+    precision, Overall first."""
+    import json
+
+    if fmt == "json":
+        return json.dumps(runs, indent=2)
+    if fmt == "csv":
+        return _protocol_csv(runs)
+    blocks = []
+    for run in runs:
+        protocol = SCORING_PROTOCOLS[run["protocol"]]
+        where = run["source"] + (f" ({run['dataset']})" if run.get("dataset") else "")
+        names = [k for k in run["rows"][0] if k not in ("split", "n", "error")] if run["rows"] else []
+        lines = [f"{protocol.name}: {protocol.title}, {protocol.version}; answer rule {protocol.readout}; {where}",
+                 "| split | n | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
+        for row in run["rows"]:
+            cells = ["-" if row[k] is None else str(row[k]) if k in COUNTS else protocol.shown(row[k]) for k in names]
+            lines.append(f"| {row['split']} | {row['n']} | " + " | ".join(cells) + " |")
+            lines += [f"! {row['split']}: {row['error']}"] if "error" in row else []
+        if "summary" in run:
+            lines.append(f"mean of the {run['summary']['splits']} splits' F1: {run['summary']['mean split F1']!r}")
+        lines += [f"! {note}" for note in run["checks"]] or [f"the run is {protocol.name}'s: its prompt, length and "
+                                                             "image preprocessing"]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks)

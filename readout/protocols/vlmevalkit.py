@@ -1,0 +1,126 @@
+"""VLMEvalKit 0.2rc1 (e8e78f05)'s POPE, offline (--judge exact_matching): its answer rule and aggregation, its
+prompt per model class (POPE adds no suffix but for Qwen2-VL), and how it runs each family."""
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..readouts import NO, YES
+from ..templates import Template
+from .base import Coverage, Protocol, by_model_type, count
+
+# LLaVA conv_llava_v1 (llava/conversation.py l.325-335), the "human" wording, which VLMEvalKit's LLaVA class
+# hard-codes (vlmeval/vlm/llava/llava.py l.34-37).
+LLAVA_V1_SYSTEM = (
+    "A chat between a curious human and an artificial intelligence assistant. "
+    "The assistant gives helpful, detailed, and polite answers to the human's questions."
+)
+
+
+def vlmevalkit_metrics(labels: list[str], decided: list[str]) -> dict:
+    """VLMEvalKit e8e78f05 vlmeval/dataset/utils/yorn.py POPE_rating l.148-187: an extracted 'Unknown' is a
+    negative prediction in precision, recall and F1 (y_pred 1 only for 'Yes') and wrong in accuracy
+    (image_yorn.py l.91: score = answer == extracted); F1 2(PR)/(P+R); 0 for an empty denominator; every value
+    x100, F1 in the column it names `Overall`; no yes-ratio."""
+    tp, fp = count(labels, decided, YES, YES), count(labels, decided, NO, YES)
+    fn = sum(1 for y, d in zip(labels, decided) if y == YES and d != YES)
+    precision = tp / (tp + fp) if (tp + fp) != 0 else 0
+    recall = tp / (tp + fn) if (tp + fn) != 0 else 0
+    f1 = 2 * (precision * recall) / (precision + recall) if (precision + recall) != 0 else 0
+    right = sum(1 for y, d in zip(labels, decided) if y == d)
+    return {"Overall": f1 * 100, "acc": right / len(labels) * 100, "precision": precision * 100,
+            "recall": recall * 100}
+
+
+TEMPLATES = (
+    Template("vlmevalkit_llava", "USER:  <image> {question} ASSISTANT: ", "<image>",
+             "VLMEvalKit LLaVA: system + 'USER: ' + ' <image> ' + question + ' ASSISTANT: '",
+             system=LLAVA_V1_SYSTEM, image_part=" <image> "),
+    Template("vlmevalkit_mistral", "[INST] <image>\n{question} [/INST]", "<image>",
+             "VLMEvalKit LLaVA_Next: the LLaVA-1.6-Mistral processor's template over the bare question"),
+    Template("vlmevalkit_vicuna_hf", "USER: <image>\n{question} ASSISTANT:", "<image>",
+             "VLMEvalKit LLaVA_Next: the LLaVA-1.6-Vicuna processor's template over the bare question"),
+    Template("vlmevalkit_qwen2_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
+             "VLMEvalKit Qwen2VLChat (Qwen2-VL): [image, question + ' Please answer yes or no.'], the chat "
+             "template's default system", chat=True, suffix=" Please answer yes or no."),
+    Template("vlmevalkit_qwen2_5_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
+             "VLMEvalKit Qwen2VLChat (Qwen2.5-VL) and Qwen3VLChat, use_custom_prompt=False: [image, the bare "
+             "question] through the checkpoint's chat template (its default system, if it has one)", chat=True,
+             suffix=""),
+    Template("vlmevalkit_gemma3", "", "<start_of_image>",
+             "VLMEvalKit Gemma3: its system prompt 'You are a helpful assistant. ', then [image, the bare "
+             "question], through the processor's chat template", chat=True, system="You are a helpful assistant. ",
+             suffix=""),
+    Template("vlmevalkit_llava_onevision",
+             "<|im_start|>user \n<image>\n{question}<|im_end|><|im_start|>assistant\n", "<image>",
+             "VLMEvalKit LLaVA_OneVision_HF: the llava-hf processor's chat template over one text part, "
+             "'<image>\\n' + question (the image part becomes text, so the template renders no image)"),
+    Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
+             "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
+)
+
+
+def llava_next(config: Mapping) -> Coverage:
+    """vlmeval/vlm/llava/llava.py LLaVA_Next l.280-281, l.373-394: the checkpoint processor's template,
+    LLaVA-1.6-Vicuna's or -Mistral's by the language model inside, over the bare question."""
+    vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
+    return Coverage("LLaVA_Next (llava_next_vicuna_7b, llava_next_mistral_7b)",
+                    "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048,
+                    deviations=("VLMEvalKit cuts the answer out of the whole decoded sequence (at [/INST] or "
+                                "ASSISTANT:, special tokens kept); the same text unless the answer repeats "
+                                "that marker or holds a special token",))
+
+
+COVERAGE = {
+    # vlmeval/vlm/llava/llava.py l.72-79 (2048 new tokens), l.191-196 (image_aspect_ratio "pad")
+    "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad"),
+    "llava_next": llava_next,
+    "instructblip": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
+                    "penalty 1.5; this engine decodes greedily",
+    "qwen2_vl": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048, deviations=(
+        "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
+        "(vlmeval/config.py); here the checkpoint processor's min_pixels apply",)),
+    # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy), l.98-103 (prompt), l.113-117 (the square)
+    "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, deviations=(
+        "VLMEvalKit generates at least one token (min_new_tokens 1): where the first greedy token ends the "
+        "answer it takes the next best, here the answer is empty (Unknown)",)),
+    "qwen2_5_vl": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048, deviations=(
+        "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
+        "(vlmeval/config.py l.2004-2010); here the checkpoint processor's min_pixels apply",)),
+    # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens); image_base.py build_prompt
+    "llava_onevision": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
+                                2048, deviations=(
+                                    "VLMEvalKit converts each image with PIL's convert('RGB'), dropping alpha where "
+                                    "the processor composites it; the same pixels for POPE's RGB JPEGs",)),
+    "internvl": "VLMEvalKit's InternVLChat runs OpenGVLab's original (non -hf) InternVL3 code through "
+                "trust_remote_code, with its own conversation template and preprocessing; its prompt on an -hf "
+                "checkpoint is not verified here",
+    # vlmeval/config.py l.1451-1462 (Qwen3-VL-8B-Instruct): Qwen3VLChat with use_custom_prompt=False, so the
+    # dataset's [image, question] messages (no system_prompt: the template's own opening), through the
+    # processor's chat template (vlm/qwen3_vl/model.py l.361-367), 16384 new tokens.
+    "qwen3_vl": Coverage("Qwen3VLChat (Qwen3-VL-8B-Instruct)", "vlmevalkit_qwen2_5_vl", 16384, deviations=(
+        "VLMEvalKit samples with vLLM (temperature 0.7, top_p 0.8, top_k 20, presence_penalty 1.5: config.py "
+        "l.1451-1462, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",
+        "VLMEvalKit resizes each image with qwen_vl_utils (image_patch_size 16, its default pixel budget: "
+        "vlm/qwen3_vl/model.py l.371-376) before the processor; here the processor resizes the image as read")),
+    # vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question] (image_base.py
+    # l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template (l.187),
+    # greedy with 4,096 new tokens (l.109-112).
+    "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, deviations=(
+        "VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), which drops the bidirectional "
+        "mask over the image tokens (transformers' Gemma3 sets _supports_flash_attn False for it); here the mask "
+        "applies",
+        "a continuation that reaches the 1,024-token sliding window is cut there (and marked capped): past it the "
+        "engine would not attend as the sliding layers do")),
+}
+
+PROTOCOL = Protocol(
+    "vlmevalkit", "VLMEvalKit's POPE (offline: --judge exact_matching)", "VLMEvalKit 0.2rc1 (e8e78f05)", "yorn",
+    vlmevalkit_metrics, "Overall", True, lambda v: format(v, "g"),
+    ("vlmeval/dataset/image_yorn.py l.31-38 (the bare question), l.91 (score)",
+     "vlmeval/dataset/utils/yorn.py l.148-187 (POPE_rating), l.254-261 (YOrN_Extraction)",
+     "vlmeval/smp/misc.py l.18-33 (process_punctuation)",
+     "vlmeval/vlm/llava/llava.py, vlmeval/vlm/qwen2_vl/prompt.py, vlmeval/vlm/mplug_owl2.py (prompts, "
+     "generation)"),
+    "the POPE score CSV: F1 (`Overall`), acc, precision, recall in percent, an Overall row over every "
+    "split and one per split; with an API judge configured, VLMEvalKit asks GPT for its Unknown rows, "
+    "which this does not", unknown_is_no=True, covers=by_model_type(COVERAGE), templates=TEMPLATES)
