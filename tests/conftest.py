@@ -6,6 +6,7 @@ from pathlib import Path
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
+from registry import REGISTRY, Tiny  # noqa: E402
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -17,3 +18,28 @@ def shared() -> Path:
     if not (root / "README.md").is_file():
         pytest.skip(f"../shared is absent ({root}): real tokenizer/data checks need it")
     return root
+
+
+# --- the families' tiny checkpoints (registry.REGISTRY), for every folder's tests -----------------------------
+# Each family's checkpoint, fp32 transformers model and oracle are made once a session, on first use (registry.Tiny):
+# test_battery reaches them through `family` (parametrized indirectly over the registry), the family files, the
+# engine's, the app's and the bench's tests by name.
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    return Tiny(tmp_path_factory.mktemp("families"))
+
+
+@pytest.fixture(scope="session")
+def family(request):
+    return REGISTRY[request.param]
+
+
+@pytest.fixture(scope="session")
+def family_checkpoint(family, tiny):
+    return tiny.checkpoint(family.name)
+
+
+@pytest.fixture(scope="session")
+def family_oracle(family, tiny):
+    return tiny.oracle(family.name)

@@ -5,27 +5,19 @@ import re
 
 import pytest
 from click.testing import CliRunner
-from tinymodels import (make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl, make_tiny_llava,
-                        make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
-                        make_tiny_qwen3_vl, write_pope_set)
+from registry import REGISTRY
+from tinymodels import write_pope_set
 
 from pope_fast.cli import main
+from pope_fast.engine.models import family_class
 from pope_fast.readout import load_questions, load_tokenizer
 
 pytestmark = pytest.mark.slow  # eval through the CLI on each family's tiny checkpoint
 
-FAMILIES = {"llava": (make_tiny_llava, "llava_plain"), "llava_next": (make_tiny_llava_next, "mistral_inst"),
-            "instructblip": (make_tiny_instructblip, "instructblip"), "qwen2_vl": (make_tiny_qwen2_vl, "qwen2_vl_chat"),
-            "qwen2_5_vl": (make_tiny_qwen2_5_vl, "qwen2_vl_chat"),
-            "llava_onevision": (make_tiny_llava_onevision, "llava_onevision_chat"),
-            "internvl": (make_tiny_internvl, "internvl_chat"), "qwen3_vl": (make_tiny_qwen3_vl, "qwen2_vl_chat"),
-            "gemma3": (make_tiny_gemma3, "gemma3_chat")}
 
-
-@pytest.mark.parametrize("family", FAMILIES)
-def test_eval_cli_runs_every_family(family, tmp_path):
-    make, template = FAMILIES[family]
-    checkpoint = make(tmp_path / "ckpt", builtin_tokenizer=True)
+@pytest.mark.parametrize("name", REGISTRY)
+def test_eval_cli_runs_every_family(name, tiny, tmp_path):
+    checkpoint = tiny.checkpoint(name)  # the registry's (../shared's real tokenizers where the family has one)
     images, files = write_pope_set(tmp_path / "pope", n_images=2, sizes=((90, 40), (40, 90)))
     args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
             "--device", "cpu", "--readouts", "all", "--max-new-tokens", "3"]
@@ -34,7 +26,7 @@ def test_eval_cli_runs_every_family(family, tmp_path):
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
-    assert meta["model"]["family"] == family and meta["template"] == template
+    assert meta["model"]["family"] == name and meta["template"] == family_class(name).default_template
     tokenizer = load_tokenizer(checkpoint)  # the report's token labels: every candidate id the tokenizer has
     assert meta["token_strings"] == {str(i): tokenizer.convert_ids_to_tokens(i) for i in meta["candidate_ids"]
                                      if i < len(tokenizer)}

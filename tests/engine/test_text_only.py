@@ -6,37 +6,25 @@ import json
 
 import pytest
 import torch
-from tinymodels import (QUESTIONS, generated_text, make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl,
-                        make_tiny_llava, make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl,
-                        make_tiny_qwen2_vl, make_tiny_qwen3_vl, synthetic_image, worst_difference)
+from registry import REGISTRY
+from tinymodels import QUESTIONS, generated_text, synthetic_image, worst_difference
 
 from pope_fast.engine import METHODS, Engine, ImagePrompts, Settings, TextOnlyRefused
+from pope_fast.engine.models import family_class
 
 pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
 
-# family → (checkpoint builder, its transformers class)
-FAMILIES = {
-    "llava": (make_tiny_llava, "LlavaForConditionalGeneration"),
-    "llava_next": (make_tiny_llava_next, "LlavaNextForConditionalGeneration"),
-    "qwen2_vl": (make_tiny_qwen2_vl, "Qwen2VLForConditionalGeneration"),
-    "qwen2_5_vl": (make_tiny_qwen2_5_vl, "Qwen2_5_VLForConditionalGeneration"),
-    "qwen3_vl": (make_tiny_qwen3_vl, "Qwen3VLForConditionalGeneration"),
-    "llava_onevision": (make_tiny_llava_onevision, "LlavaOnevisionForConditionalGeneration"),
-    "internvl": (make_tiny_internvl, "InternVLForConditionalGeneration"),
-    "gemma3": (make_tiny_gemma3, "Gemma3ForConditionalGeneration"),
-}
+# The registry's families whose transformers class answers a question without an image (InstructBLIP's cannot:
+# test_instructblip_refuses_in_one_line).
+ANSWERING = [name for name in REGISTRY if family_class(name).text_only_refusal is None]
 ASKED = QUESTIONS[:3] + ["Is the left bar taller than the right one in 2019?"]
 IMAGE = synthetic_image(7, (60, 44))
 
 
-@pytest.fixture(scope="module", params=list(FAMILIES))
-def family(request, tmp_path_factory):
-    import transformers
-
-    make, model_class = FAMILIES[request.param]
-    checkpoint = make(tmp_path_factory.mktemp(request.param) / "ckpt")
-    model = getattr(transformers, model_class).from_pretrained(str(checkpoint), dtype=torch.float32).eval()
-    return request.param, checkpoint, model
+@pytest.fixture(scope="module", params=ANSWERING)
+def family(request, tiny):
+    """(name, the registry's checkpoint, its fp32 transformers model), made once a session."""
+    return request.param, tiny.checkpoint(request.param), tiny.model(request.param)
 
 
 def _oracle_ids(engine, question: str) -> list[int]:
@@ -111,8 +99,8 @@ def test_text_only_prompt_renders_without_the_image():
 
 
 @pytest.fixture(scope="module")
-def llava(tmp_path_factory):
-    return Engine.load(make_tiny_llava(tmp_path_factory.mktemp("llava") / "ckpt"),
+def llava(tiny):
+    return Engine.load(tiny.checkpoint("llava"),
                        Settings(probe="image-attention", max_new_tokens=3), readouts="all")
 
 
@@ -151,8 +139,8 @@ def test_a_paired_run_records_the_refusal_per_method(llava, tmp_path):
     assert "error" not in records["vcd"]["1"] and "error" not in records["none"]["1"]
 
 
-def test_instructblip_refuses_in_one_line(tmp_path):
-    engine = Engine.load(make_tiny_instructblip(tmp_path / "ckpt"), Settings())
+def test_instructblip_refuses_in_one_line(tiny):
+    engine = Engine.load(tiny.checkpoint("instructblip"), Settings())
     with pytest.raises(TextOnlyRefused) as err:
         engine.score(None, ASKED[:1])
     assert str(err.value) == ("InstructBLIP cannot answer a text-only question (no image): its language model reads "

@@ -5,6 +5,7 @@ query_pre_attn_scalar of 24; every (1 + w) norm weight drawn). The oracle's inpu
 (token_type_ids included, which turn on its bidirectional image mask); the tokenizer is gemma-3-4b-it's from
 ../shared, or the built-in stand-in at Gemma's ids where that is absent (the tests that need the real one skip)."""
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -27,7 +28,16 @@ GEMMA3 = family_class("gemma3")
 
 @pytest.fixture(scope="module")
 def checkpoint(tiny):
+    """The registry's checkpoint, on the built-in stand-in tokenizer."""
     return tiny.checkpoint("gemma3")
+
+
+@pytest.fixture(scope="module")
+def real_checkpoint(tmp_path_factory):
+    """The same shapes on gemma-3-4b-it's own tokenizer, for what that tokenizer renders."""
+    if not SHARED_GEMMA3_TOKENIZER.is_dir():
+        pytest.skip(f"{SHARED_GEMMA3_TOKENIZER} is absent (the Gemma tokenizer is not bundled)")
+    return make_tiny_gemma3(tmp_path_factory.mktemp("gemma3_real") / "ckpt")
 
 
 def _model(checkpoint: Path, **kwargs):
@@ -101,12 +111,12 @@ def test_tied_lm_head_is_the_embedding(checkpoint):
     assert torch.equal(lm.lm_head.weight, lm.embed_tokens) and lm.lm_head.weight.shape == (262208, 64)
 
 
-def test_layout_is_the_processors(checkpoint):
-    """The engine's prompt ids are Gemma3Processor's (the image sequence expanded, no second <bos>), the prefix
+def test_layout_is_the_processors(real_checkpoint):
+    """With gemma-3-4b-it's tokenizer, the engine's prompt ids are Gemma3Processor's (the image sequence expanded, no second <bos>), the prefix
     runs through the last image soft token, and only the soft tokens are image slots (token_type_ids 1)."""
-    engine = Engine.load(checkpoint, Settings())
+    engine = Engine.load(real_checkpoint, Settings())
     model = engine.model
-    processor = GEMMA3.reference_processor(checkpoint)
+    processor = GEMMA3.reference_processor(real_checkpoint)
     for q in QUESTIONS[:3]:
         prompt = engine.prompt(q)
         inputs = processor(images=IMAGES[0], text=prompt, return_tensors="pt")
@@ -121,13 +131,12 @@ def test_layout_is_the_processors(checkpoint):
         model.layout("no image here", engine.features(IMAGES[0]))
 
 
-def test_real_tokenizer_renders_the_chat_template(checkpoint):
+def test_real_tokenizer_renders_the_chat_template(real_checkpoint):
     """With gemma-3-4b-it's tokenizer: the default prompt is its chat template's rendering, the processor's own
     apply_chat_template gives the engine's ids, and Yes/No are the bare 10784 / 3771."""
     from transformers import AutoProcessor
 
-    if not SHARED_GEMMA3_TOKENIZER.is_dir():
-        pytest.skip(f"{SHARED_GEMMA3_TOKENIZER} is absent (the Gemma tokenizer is not bundled)")
+    checkpoint = real_checkpoint
     engine = Engine.load(checkpoint, Settings())
     question = QUESTIONS[0] + " Answer yes or no only."
     assert engine.prompt(QUESTIONS[0]) == (f"<bos><start_of_turn>user\n<start_of_image>{question}<end_of_turn>\n"
@@ -158,35 +167,36 @@ def test_pixels_match_the_image_processor(checkpoint):
         assert ours.dtype == np.float32 and ours.shape == (3, 64, 64) and np.array_equal(ours, theirs), image.size
 
 
-def _window_checkpoint(tmp_path: Path, window: int) -> Path:
-    return make_tiny_gemma3(tmp_path / f"window{window}", seed=1, text=dict(sliding_window=window))
+def _window_checkpoint(checkpoint: Path, tmp_path: Path, window: int) -> Path:
+    return _edit_config(checkpoint, tmp_path / f"window{window}",
+                        lambda c: c["text_config"].update(sliding_window=window))
 
 
-def test_sliding_window_boundary(tmp_path):
+def test_sliding_window_boundary(checkpoint, tmp_path):
     """transformers' sliding layers keep keys with q - k < window: a prompt of exactly `window` tokens attends
     as under full attention (the engine runs it, matching the oracle), one token longer does not (the oracle
     then differs from full attention, and the engine refuses it)."""
-    probe = Engine.load(make_tiny_gemma3(tmp_path / "probe", seed=1), Settings())
+    probe = Engine.load(checkpoint, Settings())
     length = len(probe.model.layout(probe.prompt(QUESTIONS[0]), probe.features(IMAGES[0])))
-    at = _window_checkpoint(tmp_path, length)
+    at = _window_checkpoint(checkpoint, tmp_path, length)
     engine = Engine.load(at, Settings(), readouts="template_aware")
     logits, *_ = _oracle(at, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
     answer = engine.score(IMAGES[0], QUESTIONS[:1])[0]
     assert worst_difference(answer.candidate_logits, logits)[0] <= 1e-4
-    below = _window_checkpoint(tmp_path, length - 1)
+    below = _window_checkpoint(checkpoint, tmp_path, length - 1)
     narrow, *_ = _oracle(below, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
     assert float((narrow - logits).abs().max()) > 1e-4  # at length - 1 the window cuts a key off
     with pytest.raises(NotImplementedError, match=f"prompt exceeds the model's sliding window of {length - 1}"):
         Engine.load(below, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS[:1])
 
 
-def test_a_continuation_stops_at_the_sliding_window(tmp_path):
+def test_a_continuation_stops_at_the_sliding_window(checkpoint, tmp_path):
     """A prompt 3 tokens inside the window may take 4 new tokens exactly (token k is read off length + k - 1
     tokens): asked for 10, the continuation is generate's first 4 and marked capped (its readouts say the
     length cut it); the same row in a batch with a shorter prompt, which may go further, is cut the same."""
-    probe = Engine.load(make_tiny_gemma3(tmp_path / "probe", seed=1), Settings())
+    probe = Engine.load(checkpoint, Settings())
     length = len(probe.model.layout(probe.prompt(QUESTIONS[0]), probe.features(IMAGES[0])))
-    folder = _window_checkpoint(tmp_path, length + 3)
+    folder = _window_checkpoint(checkpoint, tmp_path, length + 3)
     engine = Engine.load(folder, Settings(max_new_tokens=10), readouts="string_parse")
     model = _model(folder)
     inputs = GEMMA3.reference_processor(folder)(images=IMAGES[0], text=engine.prompt(QUESTIONS[0]),
@@ -201,12 +211,14 @@ def test_a_continuation_stops_at_the_sliding_window(tmp_path):
         assert answer.decoded == generated_text(engine, theirs) and "string_parse" in answer.capped, questions
 
 
-def _edit_config(checkpoint: Path, tmp_path: Path, edit) -> Path:
-    import shutil
-
-    folder = tmp_path / "edited"
-    shutil.copytree(checkpoint, folder)
-    config = json.loads((folder / "config.json").read_text())
+def _edit_config(checkpoint: Path, folder: Path, edit) -> Path:
+    """The checkpoint with config.json edited, in `folder`: the other files hard links to the checkpoint's (its
+    67 MB of weights not copied)."""
+    folder.mkdir(parents=True)
+    for path in checkpoint.iterdir():
+        if path.name != "config.json":
+            os.link(path, folder / path.name)
+    config = json.loads((checkpoint / "config.json").read_text())
     edit(config)
     (folder / "config.json").write_text(json.dumps(config))
     return folder
@@ -220,25 +232,26 @@ def _edit_config(checkpoint: Path, tmp_path: Path, edit) -> Path:
 ], ids=["final-softcap", "attn-softcap", "rope-dynamic"])
 def test_unsupported_configs_are_refused(checkpoint, tmp_path, edit, message):
     with pytest.raises(CheckpointError, match=message):
-        Engine.load(_edit_config(checkpoint, tmp_path, edit), Settings())
+        Engine.load(_edit_config(checkpoint, tmp_path / "edited", edit), Settings())
 
 
 def test_pan_and_scan_is_refused(checkpoint, tmp_path):
     import shutil
 
     folder = tmp_path / "pas"
-    shutil.copytree(checkpoint, folder)
+    shutil.copytree(checkpoint, folder, copy_function=os.link)
     path = folder / "processor_config.json"
     if not path.is_file():
         path = folder / "preprocessor_config.json"
     config = json.loads(path.read_text())
     (config.get("image_processor", config))["do_pan_and_scan"] = True
+    path.unlink()  # a hard link to the checkpoint's own file: write a new one
     path.write_text(json.dumps(config))
     with pytest.raises(CheckpointError, match="do_pan_and_scan is on"):
         Engine.load(folder, Settings())
 
 
-def test_protocols(checkpoint):
+def test_protocols(real_checkpoint):
     """lmms-eval v0.7.2 models/simple/gemma3.py: a system message (l.242), then [image, question + POPE's
     post_prompt] (l.263-266) through the chat template, 128 new tokens, the JPEG round trip said as a
     deviation; VLMEvalKit's Gemma3: its system prompt, the bare question, 4,096 new tokens (cut at the sliding
@@ -246,6 +259,7 @@ def test_protocols(checkpoint):
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
 
+    checkpoint = real_checkpoint  # the tools' prompts as gemma-3-4b-it's own chat template renders them
     assert protocol_for(checkpoint, "paper").template == "gemma3_chat"
     tokenizer = Engine.load(checkpoint, Settings()).model.tokenizer
     q = "Is there a dog in the image?"
@@ -283,16 +297,12 @@ def test_flop_floor(checkpoint):
     assert model.matmul_flops(Counts(prompts=1)) == 2 * h * 262208
 
 
-def test_builtin_tokenizer_stands_in(tmp_path):
-    """Without ../shared the built-in stand-in carries Gemma's special-token ids and turn format, and the
-    checkpoint still matches the oracle."""
-    checkpoint = make_tiny_gemma3(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
+def test_builtin_tokenizer_stands_in(checkpoint):
+    """Without ../shared (and in the registry's checkpoint, which the battery matches against the oracle), the
+    built-in stand-in carries Gemma's special-token ids, Yes/No ids and turn format."""
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
     assert engine.prompt(QUESTIONS[0]).startswith("<bos><start_of_turn>user\n<start_of_image>Is there a dog")
     tokenizer = engine.model.tokenizer
+    assert tokenizer.convert_ids_to_tokens(200000) == "<unused200000>"  # a placeholder row: not gemma-3-4b-it's
     assert [tokenizer.convert_tokens_to_ids(t) for t in ("<start_of_image>", "<end_of_image>", "<image_soft_token>",
                                                           "Yes", "No")] == [255999, 256000, 262144, 10784, 3771]
-    logits, *_ = _oracle(checkpoint, engine.prompt, IMAGES[1:2], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
-    answer = engine.score(IMAGES[1], QUESTIONS[:1])[0]
-    worst, at = worst_difference(answer.candidate_logits, logits)
-    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)

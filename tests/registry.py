@@ -3,7 +3,7 @@ transformers class that is its oracle, what its processor makes of a prompt, and
 checks apply with which cases. A family file keeps only its quirks; adding a family adds one entry here.
 
 `Tiny` builds each family's checkpoint, transformers model and oracle once a session, on first use, for the
-battery and the family files alike (tests/families/conftest.py hands it out).
+battery, the family files and the other folders' tests alike (tests/conftest.py hands it out).
 """
 from __future__ import annotations
 
@@ -196,7 +196,10 @@ REGISTRY = {f.name: f for f in [
                                                                       (160, 160)])], 3,
            template="qwen2_vl_chat", logits=_FIVE_CASES, run=((True, 8),), run_items=_the_grids,
            continuations=({"prefix_reuse": True}, {"prefix_reuse": False}), probe=(0, 4), nf4=_QWEN_NF4),
-    Family("gemma3", make_tiny_gemma3, "Gemma3ForConditionalGeneration",
+    # The built-in stand-in tokenizer (Gemma's special-token ids, Yes/No and turn format): gemma-3-4b-it's real
+    # one takes seconds to load on 2 cores, once per engine, processor and checkpoint. The checks of what the
+    # real tokenizer renders are test_gemma3's, on a checkpoint of their own.
+    Family("gemma3", partial(make_tiny_gemma3, builtin_tokenizer=True), "Gemma3ForConditionalGeneration",
            [synthetic_image(i + 31, size) for i, size in enumerate([(90, 70), (40, 90), (64, 64)])], 3,
            template="gemma3_chat", processor=_reference_processor("gemma3"),
            logits=((True, 1), (True, 32), (False, 3)),
