@@ -149,9 +149,11 @@ def bnb_quantize(n_k, dtype, gen, double_quant=True):
 def bnb_dequantize(packed, quant_state) -> torch.Tensor:
     """bitsandbytes' dequantize_4bit. Where its 0.50.2 CPU extension reads blocks per row
     (K % 64 != 0, even K), the answer is its own torch implementation of the same op: the flat
-    layout its quantizer writes and its CUDA kernel reads."""
+    layout its quantizer writes and its CUDA kernel reads. For odd K its CPU op runs that same
+    implementation under torch.compile (backends/cpu/ops.py, the shape fallback); it runs eagerly here,
+    the same elementwise ops, without the half-minute compile a fresh machine pays once."""
     n, k = quant_state.shape
-    if k % quant_state.blocksize == 0 or k % 2:
+    if k % quant_state.blocksize == 0:
         return bnb_functional.dequantize_4bit(packed, quant_state)
     from bitsandbytes.backends.default.ops import _dequantize_4bit_compute
 
