@@ -38,8 +38,9 @@ setup(
     extras_require={
         "parquet": ["pyarrow>=14"],  # lmms-lab/POPE parquet question files with embedded images
         "report": ["matplotlib>=3.7"],  # pope-fast report's figures
-        # the tests exercise both extras: without them the parquet and report tests would skip
-        "test": ["pytest>=8", "pyarrow>=14", "matplotlib>=3.7"],
+        # the tests exercise both extras (without them the parquet and report tests would skip) and run on
+        # every core (pytest-xdist, setup.cfg)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "pyarrow>=14", "matplotlib>=3.7"],
     },
     entry_points={"console_scripts": ["pope-fast=pope_fast.cli:main"]},
 )

@@ -8,6 +8,13 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 import pytest  # noqa: E402
 from registry import REGISTRY, Tiny  # noqa: E402
 
+# Under pytest-xdist (setup.cfg's -n auto) the workers share the cores: one worker's torch should not spread
+# over all of them while the others do too.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    import torch
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
+
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
 
@@ -43,3 +50,24 @@ def family_checkpoint(family, tiny):
 @pytest.fixture(scope="session")
 def family_oracle(family, tiny):
     return tiny.oracle(family.name)
+
+
+def _family_of(item) -> str | None:
+    """The registry family whose tiny objects a test uses: its `family` or `name` parameter, or its module's
+    test_<model_type>.py."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    for key in ("family", "name"):
+        if params.get(key) in REGISTRY:
+            return params[key]
+    stem = item.path.stem.removeprefix("test_")
+    return stem if item.path.parent.name == "families" and stem in REGISTRY else None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (--dist loadgroup)
+def pytest_collection_modifyitems(config, items):
+    """One worker per family: its checkpoint, model and oracle (a session's, made on first use) are made by one
+    worker, not by each."""
+    for item in items:
+        name = _family_of(item)
+        if name is not None:
+            item.add_marker(pytest.mark.xdist_group(name))
