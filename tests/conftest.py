@@ -5,15 +5,16 @@ from pathlib import Path
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Under pytest-xdist (setup.cfg's -n auto) the workers share the cores: one worker's torch should not spread
+# over all of them while the others do too. Through the environment, before torch is imported, so that the
+# processes a test starts compute on as many threads as the test itself: CPU float sums depend on the thread
+# count, and those tests compare records bit for bit.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1)
+                                                     // int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))))
+
 import pytest  # noqa: E402
 from registry import REGISTRY, Tiny  # noqa: E402
-
-# Under pytest-xdist (setup.cfg's -n auto) the workers share the cores: one worker's torch should not spread
-# over all of them while the others do too.
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT"):
-    import torch
-
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 
@@ -52,6 +53,18 @@ def family_oracle(family, tiny):
     return tiny.oracle(family.name)
 
 
+def _group_of(item) -> str | None:
+    """The worker group of a test: its registry family's (_family_of), else its module's where it uses a
+    fixture made once a module, else none (any worker)."""
+    name = _family_of(item)
+    if name is not None:
+        return name
+    defs = getattr(getattr(item, "_fixtureinfo", None), "name2fixturedefs", {})
+    if any(d.scope == "module" for fixturedefs in defs.values() for d in fixturedefs):
+        return item.path.stem
+    return None
+
+
 def _family_of(item) -> str | None:
     """The registry family whose tiny objects a test uses: its `family` or `name` parameter, or its module's
     test_<model_type>.py."""
@@ -65,9 +78,9 @@ def _family_of(item) -> str | None:
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups (--dist loadgroup)
 def pytest_collection_modifyitems(config, items):
-    """One worker per family: its checkpoint, model and oracle (a session's, made on first use) are made by one
-    worker, not by each."""
+    """One worker per family and per module with a module fixture: a family's checkpoint, model and oracle (a
+    session's, made on first use) and a module's fixtures are made by one worker, not by each."""
     for item in items:
-        name = _family_of(item)
+        name = _group_of(item)
         if name is not None:
             item.add_marker(pytest.mark.xdist_group(name))
