@@ -7,11 +7,11 @@ question, answer Yes/No, category. The rules are in `rules.py`, the result files
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 
 from ...data import DataError, Question, open_parquet
+from ...formats.lmms_eval import first_row, is_sample
 from ...formats import vlmevalkit as tables
 from ..base import Answer, Benchmark, Response
 from .results import LMMS_EVAL_METRICS, read_lmms_eval_samples, read_result_folder, write_result_folder
@@ -129,15 +129,6 @@ def read_vlmevalkit_table(path: Path) -> list[Response]:
     return out
 
 
-def _is_samples_log(path: Path) -> bool:
-    try:
-        with path.open(encoding="utf-8") as file:
-            row = json.loads(file.readline())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
-    return isinstance(row, dict) and any(m in row for m in LMMS_EVAL_METRICS)
-
-
 class MME(Benchmark):
     name = "mme"
     title = "MME: a comprehensive evaluation benchmark for multimodal large language models (Fu et al., 2023)"
@@ -166,7 +157,7 @@ class MME(Benchmark):
             return path.is_file() and _is_mme_parquet(path)
         if path.suffix == ".txt":
             return path.is_file() and path.stem in SUBTASKS
-        return path.suffix == ".jsonl" and path.is_file() and _is_samples_log(path)
+        return path.suffix == ".jsonl" and path.is_file() and is_sample(first_row(path), LMMS_EVAL_METRICS)
 
     @classmethod
     def questions(cls, path: Path) -> list[Question]:

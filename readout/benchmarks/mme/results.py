@@ -7,12 +7,12 @@ Writing that folder lets a user run the official calculation.py on pope-fast's a
 """
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Mapping
 
 from ...data import DataError, Question
+from ...formats.lmms_eval import Sample, read_samples
 from ..base import Response
 from .rules import SUBTASKS
 
@@ -155,58 +155,30 @@ def write_result_folder(folder: Path, questions: list[Question], texts: Mapping[
     return written
 
 
-def _sample_fields(row: object, where: str) -> tuple[int, str, str, str, str]:
-    """(doc_id, question_id, category, label, answer text) of one samples-log row (EvolvingLMMs-Lab/lmms-eval
-    @75571cfe lmms_eval/evaluator.py:1252-1296, loggers/evaluation_tracker.py:260-298): the process_results
-    entry names question_id and category (utils.py:90), `target` is the answer, `filtered_resps` the text
-    scored (a list of one before v0.7, d8fcb9c3; the string itself since)."""
-    if not isinstance(row, dict):
-        raise DataError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    entry = next((row[m] for m in LMMS_EVAL_METRICS if m in row), None)
+def _response(sample: Sample, known: dict | None, order: defaultdict) -> Response:
+    """One samples-log row as MME's answer (EvolvingLMMs-Lab/lmms-eval@75571cfe lmms_eval/tasks/mme/utils.py:90:
+    the process_results entry names question_id and category; `target` is the doc's answer, Yes or No)."""
+    entry = next((sample.metrics[m] for m in LMMS_EVAL_METRICS if m in sample.metrics), None)
     if not isinstance(entry, dict) or not {"question_id", "category"} <= set(entry):
-        raise DataError(f"{where}: no {' or '.join(LMMS_EVAL_METRICS)} entry with question_id and category (not an "
-                        "lmms-eval MME samples log?)")
-    text = row.get("filtered_resps")
-    while isinstance(text, list) and len(text) == 1:
-        text = text[0]
-    if not isinstance(text, str):
-        raise DataError(f"{where}: filtered_resps {row.get('filtered_resps')!r} holds no one answer text")
-    if row.get("target") not in GT:
-        raise DataError(f"{where}: target {row.get('target')!r} is not Yes or No")
+        raise DataError(f"{sample.where}: no {' or '.join(LMMS_EVAL_METRICS)} entry with question_id and category "
+                        "(not an lmms-eval MME samples log?)")
+    if sample.target not in GT:
+        raise DataError(f"{sample.where}: target {sample.target!r} is not Yes or No")
     if entry["category"] not in SUBTASKS:
-        raise DataError(f"{where}: category {entry['category']!r} is not an MME subtask")
-    if not isinstance(row.get("doc_id"), int):
-        raise DataError(f"{where}: doc_id {row.get('doc_id')!r} is not an int")
-    return row["doc_id"], str(entry["question_id"]), entry["category"], GT[row["target"]], text
+        raise DataError(f"{sample.where}: category {entry['category']!r} is not an MME subtask")
+    qid, label = str(entry["question_id"]), GT[sample.target]
+    key = f"{qid}#{order[qid]}"
+    order[qid] += 1
+    if known is not None and (key not in known or known[key].label != label):
+        raise DataError(f"{sample.where}: {key} ({label}) is no question of the data (or its label differs)")
+    return Response(key, entry["category"], sample.text, label, qid, sample.where)
 
 
 def read_lmms_eval_samples(path: Path, questions: list[Question] | None = None) -> list[Response]:
-    """Every answer of lmms-eval's `<date>_samples_mme.jsonl` (--log_samples), in doc_id order. doc_id is the
-    row's index in the dataset, so an answer's key is `<question_id>#<k>`, k its order among its
-    question_id's rows, as `MME.questions` keys them; with `questions`, that key and its label must be theirs."""
-    path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such samples file") from None
-    rows = []
-    for lineno, line in enumerate(lines, start=1):
-        if line.strip():
-            try:
-                rows.append((_sample_fields(json.loads(line), f"{path}:{lineno}"), f"{path}:{lineno}"))
-            except json.JSONDecodeError as err:
-                raise DataError(f"{path}:{lineno}: malformed JSON: {err.msg}") from None
+    """Every answer of lmms-eval's `<date>_samples_mme.jsonl` (--log_samples, read by formats/lmms_eval.py), in
+    doc_id order. doc_id is the row's index in the dataset, so an answer's key is `<question_id>#<k>`, k its
+    order among its question_id's rows, as `MME.questions` keys them; with `questions`, that key and its label
+    must be theirs."""
     known = None if questions is None else {q.key: q for q in questions}
-    responses, order, seen = [], defaultdict(int), {}
-    for (doc_id, qid, category, label, text), where in sorted(rows, key=lambda r: r[0][0]):
-        if doc_id in seen:
-            raise DataError(f"{where}: doc_id {doc_id} repeats (first at {seen[doc_id]})")
-        seen[doc_id] = where
-        key = f"{qid}#{order[qid]}"
-        order[qid] += 1
-        if known is not None and (key not in known or known[key].label != label):
-            raise DataError(f"{where}: {key} ({label}) is no question of the data (or its label differs)")
-        responses.append(Response(key, category, text, label, qid, where))
-    if not responses:
-        raise DataError(f"{path}: no samples")
-    return responses
+    order: defaultdict = defaultdict(int)
+    return [_response(sample, known, order) for sample in sorted(read_samples(path), key=lambda s: s.doc_id)]
