@@ -95,9 +95,34 @@ def pope_official(text: str) -> str:
     return NO if any(w in ("No", "not", "no") for w in words) else YES
 
 
+# lmms-eval's default --reasoning_tags (v0.7.2 cb45ac4d lmms_eval/__main__.py l.303-308), which its evaluator
+# strips from every generated answer before any task scores it (evaluator.py l.1092-1136).
+LMMS_EVAL_REASONING_TAGS = (("<think>", "</think>"), ("<analysis>", "</analysis>"))
+
+
+def lmms_eval_scored_text(text: str) -> str:
+    """The text lmms-eval's tasks score and its samples log keeps: strip_reasoning_tags (lmms_eval/api/
+    reasoning.py l.5-35 at cb45ac4d) under the default tags. Per tag pair, while both tags occur, the first
+    opening tag through the first closing tag after it is cut out; a closing tag left without an opening one
+    (a template that opened the block in the prompt) keeps only what follows the last of them; then the
+    whole is stripped."""
+    result = text
+    for start_tag, end_tag in LMMS_EVAL_REASONING_TAGS:
+        while start_tag in result and end_tag in result:
+            start = result.find(start_tag)
+            end = result.find(end_tag, start)
+            if end == -1:  # only a closing tag before the opening one: the loop would never end there
+                break
+            result = result[:start] + result[end + len(end_tag):]
+        if end_tag in result and start_tag not in result:
+            result = result.rsplit(end_tag, 1)[-1]
+    return result.strip()
+
+
 def exact_match(text: str) -> str:
-    """lmms-eval's POPE rule: the stripped, lowercased answer must be exactly yes or no."""
-    answer = text.lower().strip()
+    """lmms-eval's POPE rule (tasks/pope/utils.py l.17-19) on the text its evaluator hands the task
+    (lmms_eval_scored_text): the stripped, lowercased answer must be exactly yes or no."""
+    answer = lmms_eval_scored_text(text).lower().strip()
     return answer if answer in (YES, NO) else UNKNOWN
 
 
@@ -238,8 +263,8 @@ READOUTS: dict[str, Readout] = {
         Readout("pope_official", TEXT, "RUCAIBox/POPE evaluate.py: no/not/No before the first '.', else yes",
                 pope_official, Generation(128, first_sentence=True)),
         # lmms-eval's pope.yaml: max_new_tokens 128.
-        Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer equals yes or no", exact_match,
-                Generation(128)),
+        Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer (reasoning blocks cut) equals yes or no",
+                exact_match, Generation(128)),
         # VLMEvalKit generates 2048 tokens for most classes (mPLUG-Owl2 512); an ordinary run reads 128 as the
         # others, and `--protocol vlmevalkit` the model class's own length.
         Readout("yorn", TEXT, "VLMEvalKit YOrN_Extraction: 'yes' and not 'no' among the words (punctuation "

@@ -123,6 +123,7 @@ def test_a_lines_trailing_newline_never_changes_the_official_reading():
 @pytest.mark.parametrize("text, decision", [
     ("y", "yes"), ("n", "no"), ("Yes.", "yes"), ("  yes", "yes"), ("YES\n", "yes"), (" N. ", "no"),
     ("x", "unknown"), ("Not sure", "no"), ("The answer is yes", "unknown"), ("", "unknown"), ("yes.no", "yes"),
+    ("<think>No.</think> Yes", "yes"),   # the evaluator's reasoning-tag strip first (readouts.lmms_eval_scored_text)
 ])
 def test_lmms_eval_reading(text, decision):
     assert lmms_eval_read(text) == decision

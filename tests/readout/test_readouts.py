@@ -3,8 +3,8 @@ import math
 import pytest
 
 from pope_fast.readout import READOUTS, TokenSets, parse_readouts
-from pope_fast.readout.readouts import (compare_max_logits, exact_match, first_token_decision, pope_official,
-                                        string_parse)
+from pope_fast.readout.readouts import (compare_max_logits, exact_match, first_token_decision,
+                                        lmms_eval_scored_text, pope_official, string_parse)
 
 SETS = TokenSets(yes_ids=(10, 11), no_ids=(20, 21))
 
@@ -47,6 +47,24 @@ def test_string_rules(text, parse, official, exact):
     assert string_parse(text) == parse
     assert pope_official(text) == official
     assert exact_match(text) == exact
+
+
+@pytest.mark.parametrize("text, scored", [
+    (" MsYes ", "MsYes"),                                  # every answer stripped
+    ("<think>is it? no</think> Yes", "Yes"),               # a block cut out
+    ("<think>a</think>No<think>b</think>", "No"),          # every block, the first closing tag after each opening
+    ("the prompt opened it</think>\nYes", "Yes"),          # a closing tag alone: what follows the last one
+    ("</think>x</think> No", "No"),
+    ("<think>never closed Yes", "<think>never closed Yes"),   # an unclosed block stays
+    ("</think>Yes<think>", "</think>Yes<think>"),          # no closing tag after the opening one: left as is
+    ("<analysis>yes</analysis><think>no</think>No", "No"),  # both default pairs
+    ("<THINK>no</THINK>Yes", "<THINK>no</THINK>Yes"),      # case-sensitive
+], ids=lambda v: repr(v)[:24])
+def test_lmms_eval_scores_the_text_its_evaluator_strips(text, scored):
+    """lmms-eval v0.7.2's strip_reasoning_tags (api/reasoning.py l.5-35) under its default --reasoning_tags
+    (__main__.py l.303-308), applied by evaluator.py (l.1129-1136) before tasks/pope/utils.py's exact match."""
+    assert lmms_eval_scored_text(text) == scored
+    assert exact_match(text) == (scored.lower() if scored.lower() in ("yes", "no") else "unknown")
 
 
 def test_registry_dispatch_checks_inputs():

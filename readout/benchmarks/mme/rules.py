@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from ...readouts import NO, UNKNOWN, YES, yorn
+from ...readouts import NO, UNKNOWN, YES, lmms_eval_scored_text, yorn
 from ..base import Answer, Rule
 
 # The 14 subtasks (the parquet's exact `category` names), in calculation.py's eval_type_dict order, which
@@ -61,9 +61,10 @@ def official_read(text: str) -> str:
 
 
 def lmms_eval_read(text: str) -> str:
-    """lmms-eval parse_pred_ans (utils.py:48-69): lower, strip, periods dropped; exactly yes/no; a single
-    character y or n; else the first 4 characters as calculation.py reads them."""
-    pred = text.lower().strip().replace(".", "")
+    """lmms-eval parse_pred_ans (utils.py:48-69) on the text its evaluator hands the task
+    (readouts.lmms_eval_scored_text): lower, strip, periods dropped; exactly yes/no; a single character y or n;
+    else the first 4 characters as calculation.py reads them."""
+    pred = lmms_eval_scored_text(text).lower().strip().replace(".", "")
     if pred in (YES, NO):
         return pred
     if len(pred) == 1:
