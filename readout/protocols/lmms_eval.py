@@ -101,6 +101,8 @@ PROTOCOL = Protocol(
     ("lmms_eval/tasks/pope/pope.yaml (max_new_tokens 128, greedy; post_prompt '\\nAnswer the question "
      "using a single word or phrase.')",
      "lmms_eval/tasks/pope/utils.py l.9-14 (prompt), l.17-28 (exact match), l.31-84 (aggregation)",
+     "lmms_eval/evaluator.py l.1092-1136, api/reasoning.py l.5-35 (each answer's <think>/<analysis> blocks cut "
+     "and the text stripped before the task scores it: __main__.py l.303-308's default --reasoning_tags)",
      "lmms_eval/utils.py make_table l.606, l.625 (sorted metrics, '%.4f')",
      "lmms_eval/models/chat/llava_hf.py, simple/qwen2_vl.py, simple/instructblip.py (each class's "
      "prompt)"),
