@@ -12,7 +12,7 @@ from .readout.attention_stats import parse_layers
 from .readout.benchmarks import get_benchmark
 from .readout.benchmarks.compare import compare_benchmark_runs, format_benchmark_compare
 from .readout.benchmarks.pope.relabel import read_labels, relabel
-from .readout.benchmarks.score import benchmark_of, format_benchmark, score_benchmark_paths
+from .readout.benchmarks.score import benchmark_of, format_benchmark, format_benchmark_csv, score_benchmark_paths
 from .readout.data import DataError
 from .readout.protocols import format_protocol_runs, get_protocol, score_protocol
 from .readout.reading import read_records
@@ -80,7 +80,9 @@ class ScoreJob:
                                  "--protocol and --labels are POPE's")
             results = score_benchmark_paths(paths, benchmark, self.data,
                                             None if self.readouts.strip() == "all" else parse_readouts(self.readouts))
-            return json.dumps(results, indent=2) if self.fmt == "json" else "\n\n".join(map(format_benchmark, results))
+            if self.fmt in ("json", "csv"):
+                return json.dumps(results, indent=2) if self.fmt == "json" else format_benchmark_csv(results)
+            return "\n\n".join(map(format_benchmark, results))
         self._check(benchmark)
         runs = score_paths(paths, self.readouts, self.protocol, seed=self.seed, resamples=self.resamples,
                            layers=parse_layers(self.layers), labels=list(self.labels))

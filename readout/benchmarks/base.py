@@ -42,6 +42,9 @@ class Rule:
     # (answers, [resamples, n] draws per question) -> {headline: [resamples]}, so that `compare` can resample
     # questions as readout/compare.py does; None: it recomputes `aggregate` on resampled units.
     resampled: Callable | None = None
+    # The metrics' key holding the tool's own score-file rows (a list of {column: value}, in its columns and row
+    # order: VLMEvalKit's HallusionBench split rows), shown beneath the headline; None: the tool writes none.
+    rows: str | None = None
 
 
 @dataclass(frozen=True)

@@ -125,6 +125,10 @@ def format_benchmark(result: dict) -> str:
         rule = benchmark.rules[name]
         blocks.append(f"answer rule and aggregation `{name}` ({'; '.join(rule.sources)}):\n"
                       + markdown_table(list(rule.headline), [cells(metrics, rule.headline)]))
+        if rule.rows and metrics.get(rule.rows):
+            columns = list(metrics[rule.rows][0])
+            blocks.append(f"`{name}`'s score file, its rows:\n" + markdown_table(columns, [
+                [str(row[columns[0]]), *cells(row, columns[1:])] for row in metrics[rule.rows]]))
     if result.get("readouts"):
         headline = benchmark.rules[OFFICIAL].headline
         blocks.append("every readout, aggregated as the official code does:\n" + markdown_table(
@@ -133,6 +137,40 @@ def format_benchmark(result: dict) -> str:
     blocks += [f"! {note}" for note in result.get("checks", [])]
     blocks += [f"unavailable: {name} ({why})" for name, why in result.get("unavailable", {}).items()]
     return "\n\n".join(blocks)
+
+
+CSV_COLUMNS = ("source", "benchmark", "aggregation", "name", "row", "metric", "value")
+
+
+def format_benchmark_csv(results: list[dict]) -> str:
+    """One line per result, rule or readout, and headline metric, at full precision (an absent value empty); a
+    rule whose tool writes its own score-file rows gives those instead, `row` its first column (VLMEvalKit's
+    HallusionBench `split`: Overall, VD, VS, each l2-category)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(CSV_COLUMNS)
+    for result in results:
+        benchmark = get_benchmark(result["benchmark"])
+        head = (result["source"], benchmark.name)
+        for name, metrics in result["rules"].items():
+            rule = benchmark.rules[name]
+            if rule.rows and metrics.get(rule.rows):
+                for row in metrics[rule.rows]:
+                    first, *columns = row
+                    writer.writerows([*head, "rule", name, row[first], c, _csv_value(row[c])] for c in columns)
+                continue
+            writer.writerows([*head, "rule", name, "", k, _csv_value(metric(metrics, k))] for k in rule.headline)
+        for name, metrics in result.get("readouts", {}).items():
+            writer.writerows([*head, "readout", name, "", k, _csv_value(metric(metrics, k))]
+                             for k in benchmark.rules[OFFICIAL].headline)
+    return out.getvalue().rstrip("\n")
+
+
+def _csv_value(value) -> str:
+    return "" if value is None or value == "-" else repr(value) if isinstance(value, float) else str(value)
 
 
 def is_run(path: str | Path) -> bool:

@@ -180,6 +180,12 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     assert all("image_sha256" in r for k, r in stored.items() if k != "VS_chart_1_0_0")
     scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
     assert scored["n"] == 4 and scored["errors"] == 0
+    # report: VLMEvalKit's score-file rows (its 3 image questions) as score prints them
+    assert CliRunner().invoke(main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]).exit_code == 0
+    page = (tmp_path / "report/report.html").read_text()
+    shown = [f"| {r['split']} |" for r in scored["rules"]["vlmevalkit"]["rows"]]
+    assert shown == ["| Overall |", "| VD |", "| VS |", "| VD_illusion |", "| VS_chart |"]
+    assert "score file, its rows:" in page and all(cell in page for cell in shown)
     # a fresh run gives the text-only question the same answer as the resumed one
     _eval(checkpoint, data, images, tmp_path / "fresh")
     fresh = {e.key: e for e in read_records(tmp_path / "fresh").entries}

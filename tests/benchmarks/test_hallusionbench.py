@@ -1,9 +1,13 @@
 """HallusionBench: its question file, the three rules' aggregations on answers built by hand (expected values derived
 in the comments), result files read back and written for the official script, and bad input refused."""
+import csv
+import io
 import json
 
 import pytest
+from click.testing import CliRunner
 
+from pope_fast.cli import main
 from pope_fast.readout.benchmarks.base import Answer
 from pope_fast.readout.benchmarks.hallusionbench.benchmark import HallusionBench, rows, write_results
 from pope_fast.readout.benchmarks.hallusionbench.metrics import fields, lmms_eval_read
@@ -19,7 +23,7 @@ def _row(category, subcategory, set_id, figure_id, question_id, visual_input, gt
 
 
 # 11 questions: 7 figures (VS figure 0 is none), 5 pairs, 5 easy groups, 4 hard ones. VD ocr and VS ocr share
-# set 0, so VLMEvalKit's keys without the category merge their figure 1 and their question 0.
+# set 0: VLMEvalKit's keys hold its l2-category (`VD_ocr`, `VS_ocr`), so their figures and pairs stay apart.
 MINI = [_row("VD", "illusion", "0", "0", "0", "1", "1"), _row("VD", "illusion", "0", "0", "1", "1", "0"),
         _row("VD", "illusion", "0", "1", "0", "2", "0"), _row("VD", "illusion", "0", "1", "1", "2", "1"),
         _row("VS", "chart", "0", "0", "0", "0", "1"), _row("VS", "chart", "0", "1", "0", "1", "1"),
@@ -57,6 +61,11 @@ def _score(rule, answers):
     return HallusionBench.rules[rule].aggregate(answers)
 
 
+def _headline(rule, answers):
+    out = _score(rule, answers)
+    return {k: out[k] for k in HallusionBench.rules[rule].headline}
+
+
 def test_real_file_counts(real):
     """README's counts, and evaluation.py's own (figures without VS figure 0, pairs, easy/hard groups)."""
     questions = HallusionBench.questions(real)
@@ -88,10 +97,11 @@ def test_real_file_one_wrong_figure_0_vd_answer(real):
     assert out["hard aAcc"] == 100.0
 
 
-def test_real_file_vlmevalkit_groups_without_the_category(real):
-    """VLMEvalKit scores the 951 image questions; its figure key lacks VD/VS, so 14 figures of VD ocr and VS ocr
-    share a key (346 - 14 = 332 groups) and its pairs number 429: one wrong answer on a shared ocr figure costs
-    1/332 of fAcc there and 1/346 officially."""
+def test_real_file_vlmevalkit_groups_hold_the_category(real):
+    """VLMEvalKit scores the 951 image questions; its l2-category holds VD/VS (`VD_ocr`), so the 14 VD ocr figures
+    whose set and figure ids a VS ocr figure also has keep their own key: 346 figures and 455 pairs, the counts of
+    the score file in VLMEvalKit#825 (131/346, 200/455), not 332 and 429. One wrong answer on such a figure costs
+    1/346 of fAcc, and its VD and VD_ocr rows 1/230 and 1/43, VS_ocr nothing."""
     questions = HallusionBench.questions(real)
     vs_ocr = {(fields(q.key).set_id, fields(q.key).figure_id) for q in questions
               if q.key.startswith("VS_ocr_") and q.image}
@@ -99,16 +109,23 @@ def test_real_file_vlmevalkit_groups_without_the_category(real):
                       if q.key.startswith("VD_ocr_") and (fields(q.key).set_id, fields(q.key).figure_id) in vs_ocr)
     answers = _answers(questions, wrong={shared_key})
     vlmevalkit, official = _score("vlmevalkit", answers), _score("official", answers)
-    assert vlmevalkit["aAcc"] == pytest.approx(100 * 950 / 951)
-    assert vlmevalkit["fAcc"] == pytest.approx(100 * 331 / 332)
-    assert vlmevalkit["qAcc"] == pytest.approx(100 * 428 / 429)
+    assert (vlmevalkit["aAcc"], vlmevalkit["fAcc"], vlmevalkit["qAcc"]) == (950 / 951 * 100, 345 / 346 * 100,
+                                                                           454 / 455 * 100)
+    by_split = {row["split"]: row for row in vlmevalkit["rows"]}
+    assert list(by_split) == ["Overall", "VD", "VS", "VD_figure", "VD_illusion", "VD_math", "VD_ocr", "VD_video",
+                              "VS_chart", "VS_map", "VS_ocr", "VS_table"]
+    assert (by_split["VD"]["aAcc"], by_split["VD"]["fAcc"], by_split["VD"]["qAcc"]) == (
+        590 / 591 * 100, 229 / 230 * 100, 276 / 277 * 100)
+    assert (by_split["VD_ocr"]["aAcc"], by_split["VD_ocr"]["fAcc"], by_split["VD_ocr"]["qAcc"]) == (
+        88 / 89 * 100, 42 / 43 * 100, 42 / 43 * 100)
+    assert all(by_split[s][k] == 100.0 for s in ("VS", "VS_ocr", "VD_math") for k in ("aAcc", "fAcc", "qAcc"))
     assert official["fAcc"] == round(100 * 345 / 346, 4) and official["qAcc"] == round(100 * 454 / 455, 4)
 
 
 def test_all_correct_is_100_under_every_rule(mini):
     answers = _answers(mini)
     assert {k: _score("official", answers)[k] for k in HEADLINE} == dict.fromkeys(HEADLINE, 100.0)
-    assert _score("vlmevalkit", answers) == {"aAcc": 100.0, "fAcc": 100.0, "qAcc": 100.0}
+    assert _headline("vlmevalkit", answers) == {"aAcc": 100.0, "fAcc": 100.0, "qAcc": 100.0}
     assert _score("lmms-eval-rule", answers) == {"aAcc": 1.0, "qAcc": 1.0, "fAcc": 1.0}  # fractions, its unit
 
 
@@ -135,9 +152,9 @@ def test_unknown_counts_correct_only_without_the_figure(mini):
     # aAcc 10/11; fAcc 6/7 (figure VS_chart_0_1); qAcc 4/5 (pair VS_chart_0_0); easy 4/5 (vi 1); hard 4/4
     assert {k: out[k] for k in HEADLINE} == {"qAcc": 80.0, "fAcc": 85.7143, "easy aAcc": 80.0, "hard aAcc": 100.0,
                                              "aAcc": 90.9091}
-    # VLMEvalKit's 9 image questions: aAcc 8/9; figures (6 keys) 5/6; pairs (4 keys) 3/4
-    assert _score("vlmevalkit", _answers(mini, unknown={"VS_chart_0_1_0"})) == pytest.approx(
-        {"aAcc": 800 / 9, "fAcc": 500 / 6, "qAcc": 75.0})
+    # VLMEvalKit's 9 image questions: aAcc 8/9; figures (7 keys) 6/7; pairs (5 keys) 4/5
+    assert _headline("vlmevalkit", _answers(mini, unknown={"VS_chart_0_1_0"})) == pytest.approx(
+        {"aAcc": 800 / 9, "fAcc": 600 / 7, "qAcc": 80.0})
 
 
 def test_tools_leave_the_image_less_questions_out(mini):
@@ -147,19 +164,79 @@ def test_tools_leave_the_image_less_questions_out(mini):
     out = _score("official", answers)
     assert {k: out[k] for k in HEADLINE} == {"qAcc": 60.0, "fAcc": 100.0, "easy aAcc": 60.0, "hard aAcc": 100.0,
                                              "aAcc": 81.8182}
-    assert _score("vlmevalkit", answers) == {"aAcc": 100.0, "fAcc": 100.0, "qAcc": 100.0}
+    assert _headline("vlmevalkit", answers) == {"aAcc": 100.0, "fAcc": 100.0, "qAcc": 100.0}
     assert _score("lmms-eval-rule", answers) == {"aAcc": 1.0, "qAcc": 1.0, "fAcc": 1.0}
 
 
-@pytest.mark.parametrize("wrong", ["VD_ocr_0_1_0", "VS_ocr_0_1_0"])
-def test_vlmevalkit_merges_vd_and_vs_groups(mini, wrong):
-    """Either ocr figure 1 wrong: officially fAcc 6/7 and qAcc 4/5 (its own figure and pair); VLMEvalKit's keys
-    `ocr_0_1` and `ocr_0_0` hold both categories: 9 image questions, 6 figure keys, 4 pair keys, so aAcc 8/9,
-    fAcc 5/6, qAcc 3/4, whichever of the two it is."""
+@pytest.mark.parametrize("wrong, other", [("VD_ocr_0_1_0", "VS_ocr"), ("VS_ocr_0_1_0", "VD_ocr")])
+def test_vlmevalkit_keeps_vd_and_vs_ocr_apart(mini, wrong, other):
+    """Either ocr figure 1 wrong: officially fAcc 6/7 and qAcc 4/5 (its own figure and pair), and so under
+    VLMEvalKit, whose keys `VD_ocr_0_1` and `VS_ocr_0_1` differ: aAcc 8/9, fAcc 6/7, qAcc 4/5 (merged keys would
+    give 5/6 and 3/4); its own l2-category's row loses, the other ocr row stays 100."""
     answers = _answers(mini, wrong={wrong})
     official = _score("official", answers)
     assert (official["fAcc"], official["qAcc"]) == (85.7143, 80.0)
-    assert _score("vlmevalkit", answers) == pytest.approx({"aAcc": 800 / 9, "fAcc": 500 / 6, "qAcc": 75.0})
+    assert _headline("vlmevalkit", answers) == {"aAcc": 8 / 9 * 100, "fAcc": 6 / 7 * 100, "qAcc": 4 / 5 * 100}
+    by_split = {row["split"]: row for row in _score("vlmevalkit", answers)["rows"]}
+    assert by_split[other] == {"split": other, "aAcc": 100.0, "fAcc": 100.0, "qAcc": 100.0}
+    assert by_split[wrong[:6]]["fAcc"] < 100.0
+
+
+# Two wrong image answers (VD_illusion_0_1_1, VS_ocr_0_1_0) and one wrong image-less one (left out). Hallusion_rating
+# (yorn.py:96-145) on the 9 image questions, np.mean(...) * 100 unrounded, keys holding the l2-category:
+#   Overall  aAcc 7/9; figures VD_illusion_0_0 VD_illusion_0_1(x) VS_chart_0_1 VS_chart_0_2 VS_ocr_0_1(x) VD_ocr_0_0
+#            VD_ocr_0_1: 5/7; pairs VD_illusion_0_0 VD_illusion_0_1(x) VS_chart_0_0 VS_ocr_0_0(x) VD_ocr_0_0: 3/5
+#   VD       6 questions 5 right; figures 3/4; pairs 2/3     VS   3 questions 2 right; figures 2/3; pairs 1/2
+#   VD_illusion 3/4, 1/2, 1/2    VD_ocr 2/2, 2/2, 1/1    VS_chart 2/2, 2/2, 1/1    VS_ocr 0/1, 0/1, 0/1
+BREAKDOWN_WRONG = {"VD_illusion_0_1_1", "VS_ocr_0_1_0", "VS_chart_0_0_0"}
+BREAKDOWN = [("Overall", 7 / 9, 5 / 7, 3 / 5), ("VD", 5 / 6, 3 / 4, 2 / 3), ("VS", 2 / 3, 2 / 3, 1 / 2),
+             ("VD_illusion", 3 / 4, 1 / 2, 1 / 2), ("VD_ocr", 1.0, 1.0, 1.0), ("VS_chart", 1.0, 1.0, 1.0),
+             ("VS_ocr", 0.0, 0.0, 0.0)]
+BREAKDOWN_ROWS = [{"split": s, "aAcc": a * 100, "fAcc": f * 100, "qAcc": q * 100} for s, a, f, q in BREAKDOWN]
+
+
+def test_vlmevalkit_score_file_rows(mini):
+    """Hallusion_rating's rows: Overall, each category, each l2-category (category sorted, its own order being a
+    set's), every value as its mean-then-times-100 gives it, bit for bit; the headline is the Overall row."""
+    out = _score("vlmevalkit", _answers(mini, wrong=BREAKDOWN_WRONG))
+    assert out["rows"] == BREAKDOWN_ROWS
+    assert {k: out[k] for k in ("aAcc", "fAcc", "qAcc")} == {k: BREAKDOWN_ROWS[0][k] for k in ("aAcc", "fAcc", "qAcc")}
+    assert HallusionBench.rules["vlmevalkit"].rows == "rows"
+    assert [r["split"] for r in _score("vlmevalkit", _answers([q for q in mini if q.split == "VS-none"]))["rows"]] \
+        == ["Overall"]  # no image question: its Overall row alone, None, where numpy's mean would be nan
+
+
+def _result_file(tmp_path, mini):
+    texts = {q.key: {"yes": "No", "no": "Yes"}[q.label] if q.key in BREAKDOWN_WRONG else q.label.capitalize()
+             for q in mini}
+    return write_results(tmp_path / "HallusionBench_result.json", rows(tmp_path / "HallusionBench.json"), texts)
+
+
+def test_score_prints_vlmevalkits_rows_in_every_format(tmp_path, mini):
+    """`score` on a result file: the rows under the vlmevalkit rule in the table (6 significant digits, as every
+    benchmark table), in csv and json at full precision."""
+    path = _result_file(tmp_path, mini)
+    table = CliRunner().invoke(main, ["score", str(path)])
+    assert table.exit_code == 0, table.output
+    rows_block = table.output.split("`vlmevalkit`'s score file, its rows:\n")[1].split("\n\n")[0].splitlines()
+    assert rows_block[0] == "| split | aAcc | fAcc | qAcc |"
+    assert rows_block[2:] == [f"| {s} | {a * 100:.6g} | {f * 100:.6g} | {q * 100:.6g} |" for s, a, f, q in BREAKDOWN]
+    assert rows_block[3] == "| VD | 83.3333 | 75 | 66.6667 |"
+    printed = CliRunner().invoke(main, ["score", str(path), "--format", "json"])
+    assert printed.exit_code == 0, printed.output
+    assert json.loads(printed.output)[0]["rules"]["vlmevalkit"]["rows"] == BREAKDOWN_ROWS
+    printed = CliRunner().invoke(main, ["score", str(path), "--format", "csv"])
+    assert printed.exit_code == 0, printed.output
+    lines = list(csv.DictReader(io.StringIO(printed.output)))
+    assert [(r["row"], r["metric"], float(r["value"])) for r in lines if r["name"] == "vlmevalkit"] == [
+        (row["split"], k, row[k]) for row in BREAKDOWN_ROWS for k in ("aAcc", "fAcc", "qAcc")]
+    official = {r["metric"]: r["value"] for r in lines if r["name"] == "official"}
+    assert (lines[0]["source"], lines[0]["benchmark"], lines[0]["aggregation"]) == (str(path), "hallusionbench",
+                                                                                     "rule")
+    # the official rule's headline, rounded to 4 places as evaluation.py rounds: aAcc 8/11; figures 5/7; pairs 2/5
+    # (VS_chart_0_0 holds the wrong image-less answer); easy groups 3/5; hard 3/4
+    assert official == {"qAcc": "40.0", "fAcc": "71.4286", "easy aAcc": "60.0", "hard aAcc": "75.0",
+                        "aAcc": "72.7273"}
 
 
 def test_lmms_eval_rule_reads_a_substring_and_gives_unknown_no(mini):

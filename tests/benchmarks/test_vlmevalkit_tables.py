@@ -121,16 +121,19 @@ def _hallusionbench(tmp_path):
     data = tmp_path / "HallusionBench.json"
     data.write_text(json.dumps(rows))
     # VLMEvalKit's table holds only questions with a figure (image_base.py:154-155); the ids are the 4th-6th
-    # parts of index (yorn.py:117-119)
-    table = [{"index": f"hb_{c}_{s}_{st}_{f}_0", "question": "Q?", "answer": a, "category": c, "l2-category": s,
-              "prediction": p}
+    # parts of index (yorn.py:117-119); l2-category `VD_illusion` as VLMEvalKit's TSV has it (metrics.l2_category)
+    table = [{"index": f"hb_{c}_{s}_{st}_{f}_0", "question": "Q?", "answer": a, "category": c,
+              "l2-category": f"{c}_{s}", "prediction": p}
              for c, s, st, f, a, p in (("VD", "illusion", "0", "0", "Yes", "Yes"), ("VD", "illusion", "0", "1", "No", "Yes"),
                                        ("VS", "chart", "1", "1", "No", "No"))]
     return data, table
 
 
-def test_hallusionbench_table_joined_to_its_data(tmp_path):
+@pytest.mark.parametrize("bare", [False, True], ids=["l2-category VD_illusion", "l2-category illusion"])
+def test_hallusionbench_table_joined_to_its_data(tmp_path, bare):
     data, rows = _hallusionbench(tmp_path)
+    for row in rows if bare else ():
+        row["l2-category"] = row["l2-category"].split("_", 1)[1]
     table = _table(tmp_path / "m_HallusionBench.tsv", rows)
     assert detect_benchmark(table) is HallusionBench
     responses = HallusionBench.responses(table, HallusionBench.questions(data))
@@ -141,8 +144,10 @@ def test_hallusionbench_table_joined_to_its_data(tmp_path):
     assert result.exit_code == 0, result.output
     # Hallusion_rating: right [1, 0, 1] -> aAcc 200/3; figures illusion_0_0, illusion_0_1, chart_1_1 -> 2 of 3;
     # question pairs illusion_0_0 [1, 0] and chart_1_0 [1] -> 1 of 2
-    assert json.loads(result.output)[0]["rules"]["vlmevalkit"] == {
-        "aAcc": pytest.approx(200 / 3), "fAcc": pytest.approx(200 / 3), "qAcc": 50.0}
+    scored = json.loads(result.output)[0]["rules"]["vlmevalkit"]
+    assert (scored["aAcc"], scored["fAcc"], scored["qAcc"]) == (2 / 3 * 100, 2 / 3 * 100, 50.0)
+    assert [(r["split"], r["aAcc"]) for r in scored["rows"]] == [("Overall", 2 / 3 * 100), ("VD", 50.0), ("VS", 100.0),
+                                                                 ("VD_illusion", 50.0), ("VS_chart", 100.0)]
 
 
 def test_hallusionbench_table_needs_its_data_and_agreeing_answers(tmp_path):

@@ -141,18 +141,18 @@ def write_results(path: Path, question_rows: list[dict], texts: Mapping[str, str
     return Path(path)
 
 
-# Hallusion_rating reads the category (VD/VS), l2-category (the subcategory) and the set, figure and question ids
-# as the 4th-6th '_'-separated parts of `index` (VLMEvalKit yorn.py:102, 110, 117-119); answer is matched
-# case-sensitively against "Yes"/"No" (image_yorn.py:91).
+# Hallusion_rating reads the category (VD/VS), l2-category (`VD_ocr`: metrics.l2_category) and the set, figure and
+# question ids as the 4th-6th '_'-separated parts of `index` (VLMEvalKit yorn.py:102, 110, 117-119); answer is
+# matched case-sensitively against "Yes"/"No" (image_yorn.py:91).
 TABLE_COLUMNS = tables.BASE + ("l2-category",)
 TABLE_ANSWERS = {"Yes": YES, "No": NO}
 
 
 def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[Response]:
     """A VLMEvalKit HallusionBench prediction table, each row joined to the question data by its official key
-    `category_l2-category_set_id_figure_id_question_id`. The table has no visual_input, and the official easy/hard
-    split is decided by it (metrics.py), so the question data is needed; the label is the table's
-    `answer` and must agree with the data's."""
+    `category_subcategory_set_id_figure_id_question_id` (its l2-category is `category_subcategory`). The table has
+    no visual_input, and the official easy/hard split is decided by it (metrics.py), so the question data is
+    needed; the label is the table's `answer` and must agree with the data's."""
     if questions is None:
         raise DataError(f"{path}: a VLMEvalKit HallusionBench table has no visual_input (original or edited figure): "
                         "give HallusionBench.json (--data)")
@@ -163,7 +163,9 @@ def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[
         if len(ids) < 6:
             raise DataError(f"{where}: index {row['index']!r} has no set, figure and question ids (its 4th-6th "
                             "'_'-separated parts, as VLMEvalKit's Hallusion_rating reads them)")
-        key = metrics.question_key(row["category"], row["l2-category"], *ids[3:6])
+        l2 = row["l2-category"]  # `VD_ocr` in VLMEvalKit's TSV; the bare subcategory is taken too
+        sub = l2[len(row["category"]) + 1:] if l2.startswith(f"{row['category']}_") else l2
+        key = metrics.question_key(row["category"], sub, *ids[3:6])
         if key not in known:
             raise DataError(f"{where}: question {key} is not in the question data")
         if key in seen:  # two indices naming one question: every metric would count it twice
@@ -208,7 +210,10 @@ RULES = {
         "vlmevalkit", yorn, metrics.vlmevalkit, ("aAcc", "fAcc", "qAcc"),
         ("VLMEvalKit e8e78f05 vlmeval/dataset/image_yorn.py:31-38 (the bare question), :91 (score)",
          "vlmeval/dataset/utils/yorn.py:96-145 (Hallusion_rating), :254-261 (YOrN_Extraction)",
-         "results/HallusionBench.md at 92e31190 (no-visual questions skipped)")),
+         "results/HallusionBench.md at 92e31190 (no-visual questions skipped)",
+         "l2-category `{category}_{subcategory}`, as its TSV's score file names its rows "
+         "(open-compass/VLMEvalKit#825)"),
+        rows="rows"),
 }
 
 
@@ -235,8 +240,9 @@ class HallusionBench(Benchmark):
     @classmethod
     def unit(cls, answer) -> str:
         """The set of figures, as `subcategory_set_id`: fAcc groups a figure's questions, qAcc a question across the
-        set's figures, easy/hard pairs a question with its figure-0 row (utils.py:241), and VLMEvalKit's groups
-        leave the VD/VS category out (yorn.py:102, 110), so VD's and VS's sets of one subcategory and id go together."""
+        set's figures, easy/hard pairs a question with its figure-0 row (utils.py:241). VD's and VS's sets of one
+        subcategory and id go together: coarser than any rule's groups need (VLMEvalKit's l2-category holds the
+        category, metrics.l2_category), which a resample's unit may be."""
         ids = metrics.fields(answer.key)
         return f"{ids.subcategory}_{ids.set_id}"
 

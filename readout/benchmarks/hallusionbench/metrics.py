@@ -178,19 +178,44 @@ def _mean100(values: list[bool]) -> float | None:
     return sum(values) / len(values) * 100 if values else None
 
 
-def vlmevalkit(answers: list[Answer]) -> dict:
-    """Hallusion_rating (VLMEvalKit yorn.py:96-145), offline (exact_matching): score is `answer == extracted`
-    (image_yorn.py:91), so an Unknown extraction is wrong. Figures group by `l2-category_set_id_figure_id` and
-    pairs by `l2-category_set_id_question_id` (yorn.py:102, 110): the VD/VS category is not in the key, so VD's and
-    VS's ocr sets of one set_id share a group, and VS figure 0 is not skipped. Its data holds only the questions
-    with an image (VLMEvalKit results/HallusionBench.md, 92e31190: "No-visual Questions ... are skipped"): the
-    image-less answers are left out here too."""
-    rows_ = [r for r in rows(answers) if r.visual_input != "0"]
-    score = [r.decision == r.label for r in rows_]
-    figures = _groups(rows_, score, lambda r: f"{r.ids.subcategory}_{r.ids.set_id}_{r.ids.figure_id}")
-    pairs = _groups(rows_, score, lambda r: f"{r.ids.subcategory}_{r.ids.set_id}_{r.ids.question_id}")
+def l2_category(ids: Fields) -> str:
+    """VLMEvalKit's `l2-category` (`VD_ocr`, `VS_ocr`, `VS_chart`), a column of its TSV that HallusionBench.json
+    lacks: `{category}_{subcategory}`. Its code only reads the column (yorn.py:102, 110, 136-143); what the column
+    holds shows in a score file of that TSV (its md5, image_yorn.py:25, unchanged since 570bcda9) posted in
+    open-compass/VLMEvalKit#825: rows `VD_ocr` and `VS_ocr`, and Overall fAcc and qAcc of 131/346 and 200/455, the
+    group counts with the category in the key (left out, VD's and VS's ocr figures would make 332 and 429)."""
+    return f"{ids.category}_{ids.subcategory}"
+
+
+VLMEVALKIT_COLUMNS = ("split", "aAcc", "fAcc", "qAcc")  # Hallusion_rating's DataFrame (yorn.py:121)
+
+
+def _vlmevalkit_row(rows_: list[Row], score: list[bool]) -> dict:
+    """calc_aAcc, calc_fAcc, calc_qAcc (yorn.py:97-114): figures by `l2-category_set_id_figure_id`, pairs by
+    `l2-category_set_id_question_id`, VS figure 0 not skipped."""
+    figures = _groups(rows_, score, lambda r: f"{l2_category(r.ids)}_{r.ids.set_id}_{r.ids.figure_id}")
+    pairs = _groups(rows_, score, lambda r: f"{l2_category(r.ids)}_{r.ids.set_id}_{r.ids.question_id}")
     return {"aAcc": _mean100(score), "fAcc": _mean100([all(v) for v in figures.values()]),
             "qAcc": _mean100([all(v) for v in pairs.values()])}
+
+
+def vlmevalkit(answers: list[Answer]) -> dict:
+    """Hallusion_rating (VLMEvalKit yorn.py:96-145), offline (exact_matching): score is `answer == extracted`
+    (image_yorn.py:91), so an Unknown extraction is wrong. Its data holds only the questions with an image
+    (VLMEvalKit results/HallusionBench.md, 92e31190: "No-visual Questions ... are skipped"): the image-less answers
+    are left out here too. The headline is its Overall row; `rows` is its score file (`{split, aAcc, fAcc,
+    qAcc}` per row, unrounded percentages): Overall (l.122-125), each category VD, VS (l.127-134), each
+    l2-category (l.136-143). It lists the categories as `list(set(...))`, an order that changes with Python's
+    hash seed from one run to the next: here they are sorted."""
+    rows_ = [r for r in rows(answers) if r.visual_input != "0"]
+    score = [r.decision == r.label for r in rows_]
+    scored = list(zip(rows_, score))
+    subsets = [("Overall", scored)]
+    for column in (lambda r: r.ids.category, lambda r: l2_category(r.ids)):  # `category`, then `l2-category`
+        subsets += [(value, [(r, s) for r, s in scored if column(r) == value])
+                    for value in sorted({column(r) for r in rows_})]
+    table = [{"split": split, **_vlmevalkit_row([r for r, _ in mine], [s for _, s in mine])} for split, mine in subsets]
+    return {**{k: table[0][k] for k in VLMEVALKIT_COLUMNS[1:]}, "rows": table}
 
 
 def lmms_eval_read(text: str) -> str:
