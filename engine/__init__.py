@@ -9,7 +9,7 @@ The sweep over question files and its run folders, and torchrun, are the applica
 (Shard, RankError).
 """
 from .core import Answer, Engine, Prepared
-from .images import ImageError, LoadedImage, check_images, read_image
+from .images import ImageError, LoadedImage, check_images, image_file, read_image
 from .interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
                             PAIAttention)
 from .loader import CheckpointError
@@ -22,6 +22,7 @@ from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
 __all__ = ["Answer", "Engine", "Prepared", "ImagePrompts", "FAMILIES", "Family", "load_model", "ImageError",
-           "LoadedImage", "check_images", "read_image", "AttentionEdit", "Intervention", "ImageAttentionAmplification",
-           "ImageAttentionTemperature", "PAIAttention", "CheckpointError", "PromptLayout", "PromptResult", "METHODS",
-           "Method", "parse_method", "Settings", "Counts", "Timings", "VisionCache", "TextOnlyRefused"]
+           "LoadedImage", "check_images", "image_file", "read_image", "AttentionEdit", "Intervention",
+           "ImageAttentionAmplification", "ImageAttentionTemperature", "PAIAttention", "CheckpointError",
+           "PromptLayout", "PromptResult", "METHODS", "Method", "parse_method", "Settings", "Counts", "Timings",
+           "VisionCache", "TextOnlyRefused"]

@@ -78,6 +78,21 @@ def embedded_path(name: str) -> Path:
     return Path(f"{name} (embedded)")
 
 
+def image_file(folder: str | Path, name: str) -> Path:
+    """The file `name` names in the image folder; ImageError where reading it would leave the folder: an
+    absolute name, a `..` step, or a symbolic link (the file's or a subfolder's) that resolves outside it, so
+    that a question file cannot have a system file (or another data set's) read, hashed and recorded."""
+    folder, path = Path(folder), Path(name)
+    if path.is_absolute() or ".." in path.parts:
+        raise ImageError(f"image {name!r} is not a name inside the image folder {folder} (an absolute path, or "
+                         "one climbing out with '..')")
+    full = folder / path
+    if not full.resolve().is_relative_to(folder.resolve()):
+        raise ImageError(f"{full}: a symbolic link out of the image folder (to {full.resolve()}); give --images "
+                         "the folder the images are in")
+    return full
+
+
 def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
                  embedded: dict[str, bytes] | None = None) -> dict[str, str]:
     """Problems by image name ({} when every file is present and decodes); reads each file once, in
@@ -95,7 +110,7 @@ def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
             if name in embedded:
                 read_image(embedded_path(name), data=embedded[name])
             else:
-                read_image(folder / name)
+                read_image(image_file(folder, name))
         except ImageError as err:
             return str(err)
         return None

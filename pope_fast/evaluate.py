@@ -23,7 +23,7 @@ from .readout.protocols import format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING
 from .score_jobs import score_paths
 from .store import RunLock, atomic_write
-from .sweep import SweepResult, run_paired, run_pope
+from .sweep import SweepResult, check_image_names, run_paired, run_pope
 
 # A progress display for `total` questions: entered, it gives the callable that hears of more done.
 ProgressFactory = Callable[[int, bool], ContextManager[Callable[[int], None]]]
@@ -162,6 +162,7 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
                                                            job.split, notice)
         elif images_dir is None and any(q.image and q.image_data is None for q in questions):
             raise ValueError("the question files name image files: give --images (parquet files embed their images)")
+        check_image_names(questions, images_dir)  # before the model loads
         template, settings, lengths = _under_protocol(job, model_dir, settings)
         asked = None
         if benchmark is not None and job.protocol:  # the tool's task prompt, inside its model class's template

@@ -22,7 +22,7 @@ from typing import Callable
 
 from . import __version__
 from .distributed import Shard
-from .engine import Engine, ImageError, Intervention, check_images
+from .engine import Engine, ImageError, Intervention, check_images, image_file
 from .engine.methods import METHODS, Intervened, Method
 from .prefetch import embedded_images, prepared_steps
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
@@ -100,12 +100,28 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
             raise ValueError(f"question {q.question_id} appears twice in split {q.split}"
                              + (f" of {q.dataset}" if q.dataset else ""))
         seen.add(key)
+    check_image_names(questions, images_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions), skip_bad,
                    progress, workers or default_workers(), shard, provenance or {})
     # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
     with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
         return sweep.run(questions, folders)
+
+
+def check_image_names(questions: list[Question], images_dir: str | Path | None) -> None:
+    """Where questions meet their image folder (eval's setup, before the model loads, and every sweep): each
+    image a question names is a file inside the folder (engine.image_file), or the run stops in one line naming
+    the question, before any file is read or a record written. Images embedded in the question file are not
+    files."""
+    if images_dir is None:
+        return
+    for q in questions:
+        if q.image and q.image_data is None:
+            try:
+                image_file(images_dir, q.image)
+            except ImageError as err:
+                raise ImageError(f"question {q.question_id} of split {q.split}: {err}") from None
 
 
 def default_workers() -> int:

@@ -8,6 +8,7 @@ import json
 import os
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -33,11 +34,18 @@ def checkpoint(tiny):
 
 
 @pytest.fixture(scope="module")
-def real_checkpoint(tmp_path_factory):
-    """The same shapes on gemma-3-4b-it's own tokenizer, for what that tokenizer renders."""
+def real(tmp_path_factory):
+    """The same shapes on gemma-3-4b-it's own tokenizer, for what that tokenizer renders: the checkpoint, its
+    engine, Gemma3Processor and the family's reference pipeline of it, each loaded once (the tokenizer takes
+    seconds to load on 2 cores)."""
     if not SHARED_GEMMA3_TOKENIZER.is_dir():
         pytest.skip(f"{SHARED_GEMMA3_TOKENIZER} is absent (the Gemma tokenizer is not bundled)")
-    return make_tiny_gemma3(tmp_path_factory.mktemp("gemma3_real") / "ckpt")
+    from transformers import AutoProcessor
+
+    checkpoint = make_tiny_gemma3(tmp_path_factory.mktemp("gemma3_real") / "ckpt")
+    return SimpleNamespace(checkpoint=checkpoint, engine=Engine.load(checkpoint, Settings()),
+                           processor=AutoProcessor.from_pretrained(str(checkpoint)),
+                           reference=GEMMA3.reference_processor(checkpoint))
 
 
 def _model(checkpoint: Path, **kwargs):
@@ -111,12 +119,11 @@ def test_tied_lm_head_is_the_embedding(checkpoint):
     assert torch.equal(lm.lm_head.weight, lm.embed_tokens) and lm.lm_head.weight.shape == (262208, 64)
 
 
-def test_layout_is_the_processors(real_checkpoint):
+def test_layout_is_the_processors(real):
     """With gemma-3-4b-it's tokenizer, the engine's prompt ids are Gemma3Processor's (the image sequence expanded, no second <bos>), the prefix
     runs through the last image soft token, and only the soft tokens are image slots (token_type_ids 1)."""
-    engine = Engine.load(real_checkpoint, Settings())
+    engine, processor = real.engine, real.reference
     model = engine.model
-    processor = GEMMA3.reference_processor(real_checkpoint)
     for q in QUESTIONS[:3]:
         prompt = engine.prompt(q)
         inputs = processor(images=IMAGES[0], text=prompt, return_tensors="pt")
@@ -131,17 +138,13 @@ def test_layout_is_the_processors(real_checkpoint):
         model.layout("no image here", engine.features(IMAGES[0]))
 
 
-def test_real_tokenizer_renders_the_chat_template(real_checkpoint):
+def test_real_tokenizer_renders_the_chat_template(real):
     """With gemma-3-4b-it's tokenizer: the default prompt is its chat template's rendering, the processor's own
     apply_chat_template gives the engine's ids, and Yes/No are the bare 10784 / 3771."""
-    from transformers import AutoProcessor
-
-    checkpoint = real_checkpoint
-    engine = Engine.load(checkpoint, Settings())
+    engine, processor = real.engine, real.processor
     question = QUESTIONS[0] + " Answer yes or no only."
     assert engine.prompt(QUESTIONS[0]) == (f"<bos><start_of_turn>user\n<start_of_image>{question}<end_of_turn>\n"
                                            "<start_of_turn>model\n")
-    processor = AutoProcessor.from_pretrained(str(checkpoint))
     content = [{"type": "image", "image": IMAGES[0]}, {"type": "text", "text": question}]
     ids = processor.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True,
                                         tokenize=True, return_dict=True)["input_ids"]
@@ -251,7 +254,7 @@ def test_pan_and_scan_is_refused(checkpoint, tmp_path):
         Engine.load(folder, Settings())
 
 
-def test_protocols(real_checkpoint):
+def test_protocols(real):
     """lmms-eval v0.7.2 models/simple/gemma3.py: a system message (l.242), then [image, question + POPE's
     post_prompt] (l.263-266) through the chat template, 128 new tokens, the JPEG round trip said as a
     deviation; VLMEvalKit's Gemma3: its system prompt, the bare question, 4,096 new tokens (cut at the sliding
@@ -259,9 +262,9 @@ def test_protocols(real_checkpoint):
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
 
-    checkpoint = real_checkpoint  # the tools' prompts as gemma-3-4b-it's own chat template renders them
+    checkpoint = real.checkpoint  # the tools' prompts as gemma-3-4b-it's own chat template renders them
     assert protocol_for(checkpoint, "paper").template == "gemma3_chat"
-    tokenizer = Engine.load(checkpoint, Settings()).model.tokenizer
+    tokenizer = real.engine.model.tokenizer
     q = "Is there a dog in the image?"
     messages = [{"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant."}]},
                 {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q + SHORT_ANSWER}]}]
