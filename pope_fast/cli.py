@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 
 import click
 
@@ -190,12 +191,18 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     from .evaluate import EvalJob, checked_folders, run_eval  # torch: only a command that runs a model loads it
     from .progress import progress_bar
 
+    made = not Path(out_dir).exists()
     with _failures():
         out = checked_folders(options["model_dir"], out_dir, cache_dir)  # before anything is written
     device, shard = _device_and_shard(device)
-    with _failures(shard):
-        job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv), **options)
-        outcome = run_eval(job, shard, progress_bar, lambda text: click.echo(text, err=True))
+    try:
+        with _failures(shard):
+            job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv),
+                                       **options)
+            outcome = run_eval(job, shard, progress_bar, lambda text: click.echo(text, err=True))
+    finally:  # a run refused before it wrote anything leaves no --out folder it made
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
     if outcome is not None:  # rank 0 (or the only process) reports
         click.echo(outcome.summary())
 

@@ -20,7 +20,7 @@ from .readout.benchmarks import REGISTRY, benchmark_questions
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import format_protocol_runs, get_protocol
-from .readout.readouts import GENERATING
+from .readout.readouts import GENERATING, parse_readouts
 from .score_jobs import score_paths
 from .store import RunLock, atomic_write
 from .sweep import SweepResult, check_image_names, run_paired, run_pope
@@ -109,6 +109,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     settings = Settings(**{**options, "device": shard.device(device) if shard else device,
                            "max_new_tokens": job.settings.get("max_new_tokens") or demo_tokens})
     methods = [parse_method(spec) for spec in job.methods]
+    parse_readouts(job.readouts)  # a bad argument is refused before the folder, the demo or the model is made
     _check_method_readouts(methods, job.readouts)
     lead = shard is None or shard.lead
     with ExitStack() as stack:

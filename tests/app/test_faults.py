@@ -241,3 +241,11 @@ def test_missing_tokenizer_files_are_one_line(checkpoint, tmp_path):
     message = str(refused_load.value)
     assert "\n" not in message and message.startswith(f"{ckpt.resolve()}: no usable tokenizer files") and \
         len(message) < 400, message
+
+
+@pytest.mark.parametrize("option", [["--readouts", "bogus"], ["--method", "foo"]], ids=["readouts", "method"])
+def test_a_bad_argument_leaves_no_folder_behind(option, tmp_path):
+    """Refused before the demo's checkpoint, the lock or the folder is written: no --out left (issue 35)."""
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["eval", "--out", str(out), *option])
+    assert result.exit_code == 1 and "unknown" in result.output and not out.exists(), result.output
