@@ -19,7 +19,7 @@ from ..readout.readout_plan import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import token_strings, tokenizer_info
 from .fingerprint import checkpoint_digests
-from .images import DECODE_ERRORS, LoadedImage, read_image, to_rgb, undecodable
+from .images import DECODE_ERRORS, LoadedImage, read_image, reencoded, to_rgb, undecodable
 from .interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
 from .models import Family, TextOnlyRefused, load_model, protocol_coverage
@@ -69,7 +69,9 @@ class Engine:
                                         lengths=lengths)
         self.cache = cache or VisionCache()
         self.runner = Runner(model, settings, self.readout)
-        self._preprocess = model.preprocess_settings()  # part of every feature-cache key
+        # part of every feature-cache key (a re-encoding only where one is asked: the keys of before stay valid)
+        self._preprocess = model.preprocess_settings() | (
+            {"reencode": settings.image_reencode} if settings.image_reencode != "none" else {})
         self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
         self._text_logits: dict[tuple[int, ...], PromptResult] = {}  # text-only prompts (PAI), by token ids
 
@@ -167,13 +169,14 @@ class Engine:
                     decoded = image.open()
                 except DECODE_ERRORS as err:  # a file that passed the check, not the decoder
                     raise undecodable(image.path, err) from None
-                pixels = self.model.preprocess(decoded)
+                pixels = self.model.preprocess(reencoded(decoded, self.settings.image_reencode))
             prepared.append(Prepared(key, image, pixels))
         return prepared
 
     def _pixels(self, item: Prepared):
         """item's pixels: an entry seen as cached while preparing may have left the in-memory cache since."""
-        return item.pixels if item.pixels is not None else self.model.preprocess(item.image.open())
+        return item.pixels if item.pixels is not None else \
+            self.model.preprocess(reencoded(item.image.open(), self.settings.image_reencode))
 
     def encode(self, prepared: list[Prepared | None]) -> list[torch.Tensor | None]:
         """Projected features [T, hidden] per prepared image, from the cache or the vision tower; None for

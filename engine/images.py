@@ -121,6 +121,22 @@ def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
     return {name: why for name, why in zip(unique, found) if why is not None}
 
 
+def reencoded(image: Image.Image, how: str) -> Image.Image:
+    """The image as a tool hands it to its processor (Settings.image_reencode): as read, or (jpeg85) converted
+    to RGB where it is not and saved as a JPEG of quality 85 with PIL's defaults, then decoded again: what
+    lmms-eval's encode_image_to_data_url(image_format="JPEG", convert_rgb=True, quality=85) sends
+    (models/model_utils/media_encoder.py l.142-167, l.82-107 at v0.7.2) and the processor decodes."""
+    if how == "none":
+        return image
+    if image.mode != "RGB":
+        image = image.convert("RGB")
+    buffer = io.BytesIO()
+    image.save(buffer, format="JPEG", quality=85)
+    decoded = Image.open(io.BytesIO(buffer.getvalue()))
+    decoded.load()
+    return decoded
+
+
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB as transformers' processors make it: images with an alpha band or a transparency key are
     composited over white first (a plain convert('RGB') would drop the alpha and keep what lies under it)."""

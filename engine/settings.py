@@ -8,6 +8,7 @@ import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
+REENCODINGS = ("none", "jpeg85")
 
 
 @dataclass(frozen=True)
@@ -21,6 +22,9 @@ class Settings:
     image_batch: int = 8  # images whose vision pass and prefixes run as one batch (7B: ~0.3 GB KV each)
     max_new_tokens: int | None = None  # None: each text readout's reference length; N: every one N tokens
     image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
+    # none: the image as read | jpeg85: re-encoded as a JPEG of quality 85 first, as lmms-eval hands its
+    # Qwen-VL and Gemma 3 classes every image (RGB, PIL's encoder, then decoded by the processor)
+    image_reencode: str = "none"
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
     # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
@@ -38,6 +42,8 @@ class Settings:
             raise ValueError(f"nf4_weights must be dequantized or packed, not {self.nf4_weights!r}")
         if self.image_aspect not in ("processor", "pad"):
             raise ValueError(f"image_aspect must be processor or pad, not {self.image_aspect!r}")
+        if self.image_reencode not in REENCODINGS:
+            raise ValueError(f"image_reencode must be one of {', '.join(REENCODINGS)}, not {self.image_reencode!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
         for name in ("batch_size", "image_batch", "max_new_tokens"):
@@ -89,5 +95,7 @@ class Settings:
 
     def to_json(self) -> dict:
         out = asdict(self)
+        if self.image_reencode == "none":  # recorded where set: a run's meta from before it reads as none
+            del out["image_reencode"]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         return out

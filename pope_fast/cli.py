@@ -3,8 +3,7 @@ commands that need them, so `score` and `audit-tokens` run without torch."""
 from __future__ import annotations
 
 import sys
-from contextlib import contextmanager
-from pathlib import Path
+from contextlib import ExitStack, contextmanager
 
 import click
 
@@ -188,21 +187,16 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
     transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
     """
-    from .evaluate import EvalJob, checked_folders, run_eval  # torch: only a command that runs a model loads it
+    from .evaluate import EvalJob, out_folder, run_eval  # torch: only a command that runs a model loads it
     from .progress import progress_bar
 
-    made = not Path(out_dir).exists()
-    with _failures():
-        out = checked_folders(options["model_dir"], out_dir, cache_dir)  # before anything is written
-    device, shard = _device_and_shard(device)
-    try:
+    with ExitStack() as stack:
+        with _failures():  # the folders before anything is written; an --out it made goes if left empty
+            out = stack.enter_context(out_folder(options["model_dir"], out_dir, cache_dir))
+        device, shard = _device_and_shard(device)
         with _failures(shard):
-            job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv),
-                                       **options)
+            job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv), **options)
             outcome = run_eval(job, shard, progress_bar, lambda text: click.echo(text, err=True))
-    finally:  # a run refused before it wrote anything leaves no --out folder it made
-        if made and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
     if outcome is not None:  # rank 0 (or the only process) reports
         click.echo(outcome.summary())
 

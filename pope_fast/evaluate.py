@@ -196,7 +196,8 @@ def _under_protocol(job: EvalJob, model_dir: Path, settings: Settings):
     coverage = protocol_for(model_dir, job.protocol)
     readout = get_protocol(job.protocol).readout
     lengths = {readout: coverage.new_tokens} if coverage.new_tokens and READOUTS[readout].kind in GENERATING else None
-    return coverage.template, replace(settings, image_aspect=coverage.image_aspect), lengths
+    return coverage.template, replace(settings, image_aspect=coverage.image_aspect,
+                                      image_reencode=coverage.image_reencode), lengths
 
 
 def checked_folders(model_dir, out_dir, cache_dir) -> Path:
@@ -210,6 +211,19 @@ def checked_folders(model_dir, out_dir, cache_dir) -> Path:
     if cache_dir is not None:
         _writable(cache_dir, "--cache-dir")
     return out
+
+
+@contextmanager
+def out_folder(model_dir, out_dir, cache_dir):
+    """checked_folders' output folder, for a run: removed again where the run made it and left it empty (one
+    refused before it wrote anything leaves no folder behind)."""
+    made = not Path(out_dir).exists()
+    out = checked_folders(model_dir, out_dir, cache_dir)
+    try:
+        yield out
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
 
 
 def _writable(path, option: str) -> Path:

@@ -22,10 +22,14 @@ class Coverage:
     new_tokens: int | None
     image_aspect: str = "processor"
     deviations: tuple[str, ...] = ()
+    image_reencode: str = "none"  # how the tool hands the processor each image (engine Settings.image_reencode)
 
     def to_json(self) -> dict:
+        # the re-encoding recorded where the tool makes one: a run's meta from before it reads as none
         return {"model_class": self.model_class, "template": self.template, "max_new_tokens": self.new_tokens,
-                "image_aspect": self.image_aspect, "deviations": list(self.deviations)}
+                "image_aspect": self.image_aspect,
+                **({"image_reencode": self.image_reencode} if self.image_reencode != "none" else {}),
+                "deviations": list(self.deviations)}
 
 
 class FamilyFacts(typing.Protocol):

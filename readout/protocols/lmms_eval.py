@@ -63,14 +63,16 @@ COVERAGE = {
         "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
         "answers as transformers 4.46 and earlier returned them, the new tokens",
         "lmms-eval passes no dtype (transformers' default applies); here --dtype does")),
-    "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, deviations=(
-        "lmms-eval re-encodes each image as JPEG quality 85 and resizes it with qwen_vl_utils (PIL) before the "
-        "processor (models/simple/qwen2_vl.py l.173-180); here the processor resizes the image as read",)),
+    # models/simple/qwen2_vl.py l.173-180: each image a JPEG data URL of quality 85 (reproduced: jpeg85)
+    "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85", deviations=(
+        "lmms-eval resizes each re-encoded image with qwen_vl_utils (PIL) before the processor "
+        "(models/simple/qwen2_vl.py l.293); here the processor resizes it",)),
     "mplug_owl2": "lmms-eval 0.7.2 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
-    "qwen2_5_vl": Coverage("qwen2_5_vl", "lmms_eval_qwen2_vl", 128, deviations=(
-        "lmms-eval re-encodes each image as JPEG quality 85 and resizes it with qwen_vl_utils (PIL, min_pixels "
-        "256*28*28, max_pixels 1605632) before the processor (models/simple/qwen2_5_vl.py l.44-45, l.170-177, "
-        "l.291); here the processor resizes the image as read",)),
+    # models/simple/qwen2_5_vl.py l.170-177: each image a JPEG data URL of quality 85 (reproduced: jpeg85)
+    "qwen2_5_vl": Coverage("qwen2_5_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85", deviations=(
+        "lmms-eval resizes each re-encoded image with qwen_vl_utils (PIL, min_pixels 256*28*28, max_pixels "
+        "1605632) before the processor (models/simple/qwen2_5_vl.py l.44-45, l.291); here the processor "
+        "resizes it",)),
     "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
                        "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
                        "content, whose rendering under the hub tokenizer's own template is not verified here",
@@ -90,9 +92,9 @@ COVERAGE = {
     # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
-    "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, deviations=(
-        "lmms-eval re-encodes every image as a JPEG data URL of quality 85 (models/simple/gemma3.py l.176-183, "
-        "l.257) and pads each prompt to its max_length (l.271); here the image as read, unpadded",)),
+    # Every image a JPEG data URL of quality 85 (l.176-183, l.257): reproduced (jpeg85).
+    "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85", deviations=(
+        "lmms-eval pads each prompt to its max_length, 2048 (models/simple/gemma3.py l.79, l.271); here unpadded",)),
 }
 
 PROTOCOL = Protocol(

@@ -35,6 +35,10 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     if (meta.get("settings") or {}).get("image_aspect", "processor") != coverage["image_aspect"]:
         out.append(f"image: this run's image_aspect is {meta['settings']['image_aspect']}, {protocol.name}'s "
                    f"{coverage['image_aspect']}")
+    reencode = (meta.get("settings") or {}).get("image_reencode", "none")
+    if reencode != coverage.get("image_reencode", "none"):
+        out.append(f"image: this run's image_reencode is {reencode}, {protocol.name}'s "
+                   f"{coverage.get('image_reencode', 'none')}")
     wanted = coverage["max_new_tokens"]
     generated = ((meta.get("generation") or {}).get(protocol.readout) or {}).get("max_new_tokens")
     if wanted is not None and generated != wanted:

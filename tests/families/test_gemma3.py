@@ -256,8 +256,8 @@ def test_pan_and_scan_is_refused(checkpoint, tmp_path):
 
 def test_protocols(real):
     """lmms-eval v0.7.2 models/simple/gemma3.py: a system message (l.242), then [image, question + POPE's
-    post_prompt] (l.263-266) through the chat template, 128 new tokens, the JPEG round trip said as a
-    deviation; VLMEvalKit's Gemma3: its system prompt, the bare question, 4,096 new tokens (cut at the sliding
+    post_prompt] (l.263-266) through the chat template, 128 new tokens, each image re-encoded as JPEG
+    quality 85 (l.176-183), the padding to max_length said as a deviation; VLMEvalKit's Gemma3: its system prompt, the bare question, 4,096 new tokens (cut at the sliding
     window); LLaVA's script refused, saying why."""
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
@@ -271,7 +271,8 @@ def test_protocols(real):
     coverage = protocol_for(checkpoint, "lmms-eval")
     theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == 128
-    assert "You are a helpful assistant." in theirs and any("JPEG" in d for d in coverage.deviations)
+    assert "You are a helpful assistant." in theirs and coverage.image_reencode == "jpeg85"
+    assert [d for d in coverage.deviations if "max_length" in d] == list(coverage.deviations)
     # VLMEvalKit e8e78f05 vlm/gemma.py: its system prompt (l.108), then [image, the bare question] (l.116-129)
     vlmeval = [{"role": "system", "content": [{"type": "text", "text": "You are a helpful assistant. "}]},
                {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": q}]}]
