@@ -86,6 +86,8 @@ def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path
     file has none."""
     questions = benchmark.questions(Path(questions_path)) if questions_path is not None else None
     responses = benchmark.responses(Path(path), questions)
+    if not responses:  # every rule would score nothing as 0 (or nan): no file of answers is an empty one
+        raise DataError(f"{path}: no answers in this file (an empty {benchmark.name} result file is not scored)")
     unlabelled = [r for r in responses if r.label is None]
     if unlabelled:
         raise DataError(f"{unlabelled[0].line}: the file holds no label for question {unlabelled[0].key}: give the "
