@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..readouts import READOUTS
 from ..records import RECORDS_FILE
+from .cells import csv_text
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
 RATES = ("accuracy", "precision", "recall", "f1", "yes_rate", "yes_rate_all")  # what --percent multiplies
@@ -34,13 +35,8 @@ def _rows(run: dict, percent: bool = False) -> list[list[str]]:
 def format_csv(runs: list[dict], percent: bool = False) -> str:
     """One row per run, readout and split (a dataset's pooled `Overall` first, as VLMEvalKit writes it),
     at full precision (x100 with percent)."""
-    import csv
-    import io
-
     order = {id(run): (0 if run.get("pooled") else 1) for run in runs}
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    rows = [CSV_COLUMNS]
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         groups.setdefault((run["source"], run.get("dataset", "")), []).append(run)
@@ -52,9 +48,9 @@ def format_csv(runs: list[dict], percent: bool = False) -> str:
                 if name not in run["readouts"]:
                     continue
                 m = run["readouts"][name]
-                writer.writerow([source, dataset, name, run["split"], run["n"] - run.get("errors", 0), m["unknown"],
-                                 *(repr(m[k] * scale) for k in ("f1", "accuracy", "precision", "recall", "yes_rate"))])
-    return out.getvalue().rstrip("\n")
+                rows.append([source, dataset, name, run["split"], run["n"] - run.get("errors", 0), m["unknown"],
+                             *(repr(m[k] * scale) for k in ("f1", "accuracy", "precision", "recall", "yes_rate"))])
+    return csv_text(rows)
 
 
 def _aligned(header: list[str], rows: list[list[str]]) -> str:
