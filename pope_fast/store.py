@@ -7,6 +7,7 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
+import math
 import os
 import socket
 import tempfile
@@ -92,7 +93,8 @@ class RecordWriter:
     def write(self, records: list[dict]) -> None:
         if self._fd is None:
             raise RuntimeError("RecordWriter.open() first")
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+        # make_record writes a non-finite value as null; allow_nan=False keeps a bare NaN from ever reaching the file
+        data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records).encode("utf-8")
         start = os.fstat(self._fd).st_size
         try:
             view = memoryview(data)
@@ -242,8 +244,23 @@ def atomic_write(path: Path, text: str) -> None:
 
 def write_meta(out_dir: str | Path, meta: dict) -> Path:
     path = Path(out_dir) / META_FILE
-    atomic_write(path, json.dumps({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
+    atomic_write(path, strict_json({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
     return path
+
+
+def strict_json(obj, **kwargs) -> str:
+    """JSON with no bare NaN or Infinity, which strict parsers refuse: a non-finite float is null."""
+    return json.dumps(_nulled(obj), allow_nan=False, **kwargs)
+
+
+def _nulled(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nulled(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nulled(v) for v in obj]
+    return obj
 
 
 def _ranked_parts(folder: Path) -> list[Path]:
@@ -266,7 +283,7 @@ def fold_parts(out_dir: str | Path) -> int:
         for part in parts:
             new = [rec for line, rec in _part_records(part) if line not in have]
             writer.write(new)
-            have.update(json.dumps(r, ensure_ascii=False) for r in new)
+            have.update(json.dumps(r, ensure_ascii=False, allow_nan=False) for r in new)
             added += len(new)
     for part in parts:
         part.unlink()

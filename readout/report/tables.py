@@ -108,6 +108,9 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         if run.get("capped"):
             parts.append("text cut at max_new_tokens: " + ", ".join(f"{n} {c} of {run['n'] - run.get('errors', 0)}"
                                                                       for n, c in run["capped"].items()))
+        if run.get("non_finite"):
+            names = ", ".join(run["non_finite"])
+            parts.append(f"non-finite values (NaN or inf, null in the records): questions {names}")
         if "image_attention" in run:
             parts.append(_attention_block(run["image_attention"], render))
         blocks.append("\n".join(parts))
