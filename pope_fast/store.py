@@ -7,7 +7,6 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
-import math
 import os
 import socket
 import tempfile
@@ -15,7 +14,7 @@ from pathlib import Path
 
 from .readout.data import DataError
 from .readout.records import (META_FILE, PART, RECORDS_FILE, checked_record, duplicate_message, json_lines, rank_parts,
-                              record_key)
+                              record_key, strict_json)
 
 LOCK_FILE = ".lock"
 FORMAT = "pope-fast/records-v1"
@@ -246,21 +245,6 @@ def write_meta(out_dir: str | Path, meta: dict) -> Path:
     path = Path(out_dir) / META_FILE
     atomic_write(path, strict_json({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
     return path
-
-
-def strict_json(obj, **kwargs) -> str:
-    """JSON with no bare NaN or Infinity, which strict parsers refuse: a non-finite float is null."""
-    return json.dumps(_nulled(obj), allow_nan=False, **kwargs)
-
-
-def _nulled(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _nulled(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_nulled(v) for v in obj]
-    return obj
 
 
 def _ranked_parts(folder: Path) -> list[Path]:

@@ -25,9 +25,10 @@ from .engine import Engine, ImageError, Intervention, check_images, image_file
 from .engine.methods import METHODS, Intervened, Method
 from .prefetch import embedded_images, prepared_steps
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
+from .readout.records import strict_json
 from .readout.records import record_key
 from .resume import check_done, check_has_meta, check_resumable
-from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, strict_json, write_meta
+from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
 
 Progress = Callable[[int], None]  # told how many more questions are recorded
 

@@ -87,6 +87,21 @@ def _finite_list(values):
     return values, False
 
 
+def strict_json(obj, **kwargs) -> str:
+    """JSON with no bare NaN or Infinity, which strict parsers refuse: a non-finite float is null."""
+    return json.dumps(_nulled(obj), allow_nan=False, **kwargs)
+
+
+def _nulled(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nulled(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nulled(v) for v in obj]
+    return obj
+
+
 def record_key(split: str, question_id, dataset: str = "") -> tuple[str, str, str]:
     """One question of one run: POPE's datasets reuse the question ids 1..3,000 in every split."""
     return dataset, split, str(question_id)

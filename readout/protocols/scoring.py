@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..records import RecordSet
+from ..records import RecordSet, strict_json
 from ..report.cells import csv_text
 from ..score import POOLED, Unavailable, predictions, question_order
 from .base import Protocol
@@ -97,10 +97,8 @@ def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
     """The rows as the tool shows them (its metric names, its unit and number format), one table per run and
     dataset, its checks under it ("! ..."); json: every value at full precision; csv: the rows at full
     precision, Overall first."""
-    import json
-
     if fmt == "json":
-        return json.dumps(runs, indent=2)
+        return strict_json(runs, indent=2)
     if fmt == "csv":
         return _protocol_csv(runs)
     blocks = []

@@ -5,7 +5,7 @@ import json
 from pathlib import Path
 
 from ..readouts import READOUTS
-from ..records import RECORDS_FILE
+from ..records import RECORDS_FILE, strict_json
 from .cells import csv_text
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
@@ -76,7 +76,7 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
     if fmt == "json":
         if percent:
             raise ValueError("JSON holds every value as a fraction at full precision: --percent is for the tables")
-        return json.dumps({"runs": runs}, indent=2)
+        return strict_json({"runs": runs}, indent=2)
     if fmt == "csv":
         return format_csv(runs, percent)
     if fmt in ("latex", "models"):
@@ -277,7 +277,7 @@ def format_compare(result: dict, fmt: str = "markdown") -> str:
     """`json`: the result as is; `markdown`: per pair, the ΔF1 table (readouts x splits) and whether the
     ranking survives the readout, then each split's metrics of both runs."""
     if fmt == "json":
-        return json.dumps(result, indent=2, ensure_ascii=False)
+        return strict_json(result, indent=2, ensure_ascii=False)
     if fmt != "markdown":
         raise ValueError(f"compare formats are json and markdown, not {fmt!r}")
     level = round(result["level"] * 100)

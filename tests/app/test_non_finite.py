@@ -92,3 +92,15 @@ def test_the_scores_name_the_questions_that_went_non_finite(tmp_path):
     assert run["non_finite"] == ["2"]
     table = CliRunner().invoke(main, ["score", str(tmp_path), "--readouts", "legacy_2tok"])
     assert "non-finite values (NaN or inf, null in the records): questions 2" in table.output, table.output
+
+
+def test_score_json_of_non_finite_values_is_strict(tmp_path):
+    write_meta(tmp_path, {"token_sets": {"legacy_2tok": TokenSets((5,), (6,)).to_json()}})
+    with RecordWriter(tmp_path) as w:
+        w.write([make_record(Question(i, f"img{i}.jpg", "Is there a dog?", "yes" if i % 2 else "no", "random"), "t",
+                             first_token_id=5, candidate_logits={5: 1.0, 6: 0.5}, decoded="Yes",
+                             probe={"image_attention": [math.nan] * 5}) for i in range(1, 7)])
+    out = CliRunner().invoke(main, ["score", str(tmp_path), "--format", "json"])  # the probe's mean of NaNs
+    assert out.exit_code == 0, out.output
+    _strict(out.output)
+    assert "NaN" not in out.output
