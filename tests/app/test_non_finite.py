@@ -104,3 +104,30 @@ def test_score_json_of_non_finite_values_is_strict(tmp_path):
     assert out.exit_code == 0, out.output
     _strict(out.output)
     assert "NaN" not in out.output
+
+
+@pytest.mark.slow  # a tiny checkpoint's eval
+def test_a_checkpoint_with_nan_weights_writes_strict_records(tiny, tmp_path):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+    from tinymodels import write_pope_set
+
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(tiny.checkpoint("llava"), ckpt)
+    tensors = load_file(ckpt / "model.safetensors")
+    [head] = [k for k in tensors if k.endswith("lm_head.weight")]
+    tensors[head][:] = math.nan  # every logit NaN, as a broken conversion would give
+    save_file(tensors, ckpt / "model.safetensors", metadata={"format": "pt"})
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    args = ["eval", "--model", ckpt, "--images", images, "--out", tmp_path / "run", "--device", "cpu",
+            "--readouts", "legacy_2tok,template_aware", *(a for f in files for a in ("--questions", f))]
+    out = CliRunner().invoke(main, [str(a) for a in args])
+    assert out.exit_code == 0, out.output
+    records = [_strict(line) for run in (tmp_path / "run").rglob("records.jsonl") for line in run.read_text().splitlines()]
+    assert records and all(r["non_finite"]["candidate_logits"] and set(r["candidate_logits"].values()) == {None}
+                           for r in records)
+    assert {d for r in records for d in r["predictions"].values()} == {"unknown"}
+    for name in ("meta.json", "summary.json"):
+        [path] = (tmp_path / "run").rglob(name)
+        _strict(path.read_text())
