@@ -4,7 +4,6 @@ tools' result files to readout/benchmarks/score.py and compare.py. Every refusal
 line shows as one line."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from .readout import compare_runs, expand_runs, format_compare, format_runs
@@ -16,6 +15,7 @@ from .readout.benchmarks.score import benchmark_of, format_benchmark, format_ben
 from .readout.data import DataError
 from .readout.protocols import format_protocol_runs, get_protocol, score_protocol
 from .readout.reading import read_records
+from .readout.records import strict_json
 from .readout.readouts import parse_readouts
 from .readout.report.tables import format_relabelled
 from .readout.score import score_records
@@ -81,7 +81,7 @@ class ScoreJob:
             results = score_benchmark_paths(paths, benchmark, self.data,
                                             None if self.readouts.strip() == "all" else parse_readouts(self.readouts))
             if self.fmt in ("json", "csv"):
-                return json.dumps(results, indent=2) if self.fmt == "json" else format_benchmark_csv(results)
+                return strict_json(results, indent=2) if self.fmt == "json" else format_benchmark_csv(results)
             return "\n\n".join(map(format_benchmark, results))
         self._check(benchmark)
         runs = score_paths(paths, self.readouts, self.protocol, seed=self.seed, resamples=self.resamples,
@@ -131,5 +131,5 @@ class CompareJob:
                              "shown; --protocol is POPE's")
         result = compare_benchmark_runs(list(self.runs), get_benchmark(name), seed=self.seed,
                                         resamples=self.resamples, allow_mismatch=self.allow_mismatch)
-        return json.dumps(result, indent=2) if self.fmt == "json" else format_benchmark_compare(result)
+        return strict_json(result, indent=2) if self.fmt == "json" else format_benchmark_compare(result)
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .readout.data import DataError
 from .readout.records import (META_FILE, PART, RECORDS_FILE, checked_record, duplicate_message, json_lines, rank_parts,
-                              record_key)
+                              record_key, strict_json)
 
 LOCK_FILE = ".lock"
 FORMAT = "pope-fast/records-v1"
@@ -92,7 +92,8 @@ class RecordWriter:
     def write(self, records: list[dict]) -> None:
         if self._fd is None:
             raise RuntimeError("RecordWriter.open() first")
-        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records).encode("utf-8")
+        # make_record writes a non-finite value as null; allow_nan=False keeps a bare NaN from ever reaching the file
+        data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records).encode("utf-8")
         start = os.fstat(self._fd).st_size
         try:
             view = memoryview(data)
@@ -242,7 +243,7 @@ def atomic_write(path: Path, text: str) -> None:
 
 def write_meta(out_dir: str | Path, meta: dict) -> Path:
     path = Path(out_dir) / META_FILE
-    atomic_write(path, json.dumps({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
+    atomic_write(path, strict_json({"format": FORMAT, **meta}, indent=2, ensure_ascii=False) + "\n")
     return path
 
 
@@ -266,7 +267,7 @@ def fold_parts(out_dir: str | Path) -> int:
         for part in parts:
             new = [rec for line, rec in _part_records(part) if line not in have]
             writer.write(new)
-            have.update(json.dumps(r, ensure_ascii=False) for r in new)
+            have.update(json.dumps(r, ensure_ascii=False, allow_nan=False) for r in new)
             added += len(new)
     for part in parts:
         part.unlink()

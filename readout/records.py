@@ -5,6 +5,7 @@ locked, repaired and ordered is the application's run-folder store (`pope_fast/s
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,9 +51,13 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
         record["error"] = error
         return record
     record["first_token_id"] = first_token_id
-    # -inf (a token a method's plausibility cut removed) is written as null: JSON has no infinities
-    record["candidate_logits"] = {str(i): None if v == float("-inf") else float(v)
+    # JSON has no NaN or infinities: -inf (a token a method's plausibility cut removed) is written as null, and
+    # so is a NaN or +inf (a numerical fault), which `non_finite` names, to be read back as it was
+    record["candidate_logits"] = {str(i): float(v) if math.isfinite(v) else None
                                   for i, v in (candidate_logits or {}).items()}
+    faulty = {str(i): "nan" if math.isnan(v) else "inf" for i, v in (candidate_logits or {}).items()
+              if not math.isfinite(v) and v != float("-inf")}
+    faults = {"candidate_logits": faulty} if faulty else {}
     if decoded is not None:
         record["decoded"] = decoded
         differing = {n: t for n, t in (texts or {}).items() if t != decoded}
@@ -63,8 +68,38 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     if capped:  # the text readouts whose text hit its max_new_tokens
         record["capped"] = list(capped)
     record["predictions"] = dict(predictions or {})
-    record.update(probe or {})  # e.g. image_attention: one float per decoder layer
+    for key, values in (probe or {}).items():  # e.g. image_attention: one float per decoder layer
+        record[key], bad = _finite_list(values)
+        if bad:  # a non-finite value of a probe is written as null; null means nothing else there
+            faults[key] = "nan"
+    if faults:
+        record["non_finite"] = faults
     return record
+
+
+def _finite_list(values):
+    """A probe's (nested) list of floats with each non-finite value null, and whether there was one."""
+    if isinstance(values, list):
+        pairs = [_finite_list(v) for v in values]
+        return [v for v, _ in pairs], any(f for _, f in pairs)
+    if isinstance(values, float) and not math.isfinite(values):
+        return None, True
+    return values, False
+
+
+def strict_json(obj, **kwargs) -> str:
+    """JSON with no bare NaN or Infinity, which strict parsers refuse: a non-finite float is null."""
+    return json.dumps(_nulled(obj), allow_nan=False, **kwargs)
+
+
+def _nulled(obj):
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _nulled(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_nulled(v) for v in obj]
+    return obj
 
 
 def record_key(split: str, question_id, dataset: str = "") -> tuple[str, str, str]:
@@ -88,7 +123,7 @@ def checked_record(rec, where: str) -> dict:
         raise DataError(f"{where}: label {rec['label']!r} is not yes/no")
     expected = {"candidate_logits": dict, "predictions": dict, "decoded": str, "error": str, "text": str,
                 "image": str, "image_sha256": str, "dataset": str, "texts": dict, "decoded_sequence": str,
-                "image_attention": list, "image_attention_heads": list, "capped": list}
+                "image_attention": list, "image_attention_heads": list, "capped": list, "non_finite": dict}
     for key, kind in expected.items():
         if rec.get(key) is not None and not isinstance(rec[key], kind):
             raise DataError(f"{where}: {key} {rec[key]!r} is not a {kind.__name__}")
@@ -153,6 +188,7 @@ class Entry:
     text: str | None = None  # the question, where the record keeps it (ours do; published files do not)
     capped: tuple[str, ...] = ()  # text readouts whose text hit its max_new_tokens
     image: str | None = None
+    non_finite: tuple[str, ...] = ()  # the fields that held a NaN or infinity (the record's non_finite names)
 
     def text_for(self, name: str) -> str | None:
         return self.texts.get(name, self.decoded)
@@ -210,22 +246,35 @@ def _lines(path: Path, text: str):
 def _entry(rec: dict, where: str) -> Entry:
     return Entry(key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
                  first_token_id=rec.get("first_token_id"), dataset=rec.get("dataset", ""),
-                 candidate_logits=_logits(rec.get("candidate_logits"), where),
+                 candidate_logits=_logits(rec.get("candidate_logits"), _faults(rec, "candidate_logits"), where),
                  decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
-                 decoded_sequence=rec.get("decoded_sequence"), image_attention=rec.get("image_attention"),
+                 decoded_sequence=rec.get("decoded_sequence"), image_attention=_probe(rec.get("image_attention")),
                  text=rec.get("text"), image=rec.get("image"), capped=tuple(rec.get("capped") or ()),
                  stored={n: check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                          if n in READOUTS},
-                 error=rec.get("error"))
+                 error=rec.get("error"), non_finite=tuple(rec.get("non_finite") or ()))
 
 
-def _logits(logits: dict | None, where: str) -> dict[int, float] | None:
+def _logits(logits: dict | None, faults: dict, where: str) -> dict[int, float] | None:
+    """Token id -> logit; null is -inf, or the NaN or +inf that non_finite names for that id."""
     if logits is None:
         return None
     try:
-        return {int(i): float("-inf") if v is None else float(v) for i, v in logits.items()}
+        return {int(i): float(faults.get(i, "-inf")) if v is None else float(v) for i, v in logits.items()}
     except (TypeError, ValueError):
         raise DataError(f"{where}: candidate_logits must map token ids to numbers") from None
+
+
+def _faults(rec: dict, key: str) -> dict:
+    faults = (rec.get("non_finite") or {}).get(key) or {}
+    return faults if isinstance(faults, dict) else {}
+
+
+def _probe(values):
+    """A probe's values with null (a non-finite value, make_record's) as NaN."""
+    if values is None:
+        return None
+    return [math.nan if v is None else v for v in values]
 
 
 def expand_runs(paths) -> list[str]:

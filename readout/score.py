@@ -133,6 +133,9 @@ def _score_group(records: RecordSet, dataset: str, split: str, members: list[str
         run["image_attention"] = _attention(entries, labels, decided, layers, seed, resamples)
     if unavailable:
         run["unavailable"] = unavailable
+    non_finite = [e.key for e in entries if e.non_finite]
+    if non_finite:  # a numerical fault the logit readouts answer unknown to (NaN): each question named
+        run["non_finite"] = non_finite
     return run
 
 

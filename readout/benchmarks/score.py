@@ -15,6 +15,7 @@ from ..data import DataError
 from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import META_FILE, RECORDS_FILE, Entry, RecordSet, rank_parts, read_meta
+from ..report.cells import csv_text
 from ..report.tables import markdown_table
 from ..score import Unavailable, predictions, question_order
 from .base import Answer, Benchmark, Response
@@ -86,6 +87,8 @@ def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path
     file has none."""
     questions = benchmark.questions(Path(questions_path)) if questions_path is not None else None
     responses = benchmark.responses(Path(path), questions)
+    if not responses:  # every rule would score nothing as 0 (or nan): no file of answers is an empty one
+        raise DataError(f"{path}: no answers in this file (an empty {benchmark.name} result file is not scored)")
     unlabelled = [r for r in responses if r.label is None]
     if unlabelled:
         raise DataError(f"{unlabelled[0].line}: the file holds no label for question {unlabelled[0].key}: give the "
@@ -146,12 +149,7 @@ def format_benchmark_csv(results: list[dict]) -> str:
     """One line per result, rule or readout, and headline metric, at full precision (an absent value empty); a
     rule whose tool writes its own score-file rows gives those instead, `row` its first column (VLMEvalKit's
     HallusionBench `split`: Overall, VD, VS, each l2-category)."""
-    import csv
-    import io
-
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    rows = [CSV_COLUMNS]
     for result in results:
         benchmark = get_benchmark(result["benchmark"])
         head = (result["source"], benchmark.name)
@@ -160,13 +158,13 @@ def format_benchmark_csv(results: list[dict]) -> str:
             if rule.rows and metrics.get(rule.rows):
                 for row in metrics[rule.rows]:
                     first, *columns = row
-                    writer.writerows([*head, "rule", name, row[first], c, _csv_value(row[c])] for c in columns)
+                    rows.extend([*head, "rule", name, row[first], c, _csv_value(row[c])] for c in columns)
                 continue
-            writer.writerows([*head, "rule", name, "", k, _csv_value(metric(metrics, k))] for k in rule.headline)
+            rows.extend([*head, "rule", name, "", k, _csv_value(metric(metrics, k))] for k in rule.headline)
         for name, metrics in result.get("readouts", {}).items():
-            writer.writerows([*head, "readout", name, "", k, _csv_value(metric(metrics, k))]
-                             for k in benchmark.rules[OFFICIAL].headline)
-    return out.getvalue().rstrip("\n")
+            rows.extend([*head, "readout", name, "", k, _csv_value(metric(metrics, k))]
+                        for k in benchmark.rules[OFFICIAL].headline)
+    return csv_text(rows)
 
 
 def _csv_value(value) -> str:

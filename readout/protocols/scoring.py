@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..records import RecordSet
+from ..records import RecordSet, strict_json
+from ..report.cells import csv_text
 from ..score import POOLED, Unavailable, predictions, question_order
 from .base import Protocol
 from .registry import SCORING_PROTOCOLS
@@ -86,29 +87,22 @@ def score_protocol(records: RecordSet, protocol: Protocol) -> list[dict]:
 def _protocol_csv(runs: list[dict]) -> str:
     """The tool's rows as one CSV (its metric names and unit, full precision), Overall first as VLMEvalKit's
     score file has it, each row named by its run (source, dataset); checks are not in it: see the table."""
-    import csv
-    import io
-
     names = list(dict.fromkeys(k for run in runs for row in run["rows"] for k in row
                                if k not in ("split", "n", "error")))
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["source", "dataset", "split", "n", *names])
+    rows = [["source", "dataset", "split", "n", *names]]
     for run in runs:
         for row in sorted(run["rows"], key=lambda r: r["split"] != POOLED):
-            writer.writerow([run["source"], run.get("dataset", ""), row["split"], row["n"],
-                             *("" if row.get(k) is None else repr(row[k]) for k in names)])
-    return out.getvalue().rstrip("\n")
+            rows.append([run["source"], run.get("dataset", ""), row["split"], row["n"],
+                         *("" if row.get(k) is None else repr(row[k]) for k in names)])
+    return csv_text(rows)
 
 
 def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
     """The rows as the tool shows them (its metric names, its unit and number format), one table per run and
     dataset, its checks under it ("! ..."); json: every value at full precision; csv: the rows at full
     precision, Overall first."""
-    import json
-
     if fmt == "json":
-        return json.dumps(runs, indent=2)
+        return strict_json(runs, indent=2)
     if fmt == "csv":
         return _protocol_csv(runs)
     blocks = []

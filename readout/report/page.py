@@ -20,7 +20,7 @@ from ..benchmarks.score import format_benchmark, run_benchmark, score_run
 from ..protocols import format_protocol_runs, get_protocol, score_protocol
 from ..reading import read_records
 from ..readouts import READOUTS
-from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts
+from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_json
 from ..score import score_records
 from .tables import f1_tables, format_f1_tables, group_name, model_labels
 
@@ -251,7 +251,7 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
     inputs = read_inputs(paths, seed=seed, resamples=resamples)
     runs = [run for run, _ in inputs.scored]
     labels = model_labels(list(inputs.metas))
-    (out / "scores.json").write_text(json.dumps({"runs": runs}, indent=2) + "\n", encoding="utf-8")
+    (out / "scores.json").write_text(strict_json({"runs": runs}, indent=2) + "\n", encoding="utf-8")
     (out / "tables.md").write_text(format_f1_tables(runs, "markdown") + "\n", encoding="utf-8")
     (out / "tables.tex").write_text(format_f1_tables(runs, "latex") + "\n", encoding="utf-8")
     page = Page(out)

@@ -5,7 +5,8 @@ import json
 from pathlib import Path
 
 from ..readouts import READOUTS
-from ..records import RECORDS_FILE
+from ..records import RECORDS_FILE, strict_json
+from .cells import csv_text
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
 RATES = ("accuracy", "precision", "recall", "f1", "yes_rate", "yes_rate_all")  # what --percent multiplies
@@ -34,13 +35,8 @@ def _rows(run: dict, percent: bool = False) -> list[list[str]]:
 def format_csv(runs: list[dict], percent: bool = False) -> str:
     """One row per run, readout and split (a dataset's pooled `Overall` first, as VLMEvalKit writes it),
     at full precision (x100 with percent)."""
-    import csv
-    import io
-
     order = {id(run): (0 if run.get("pooled") else 1) for run in runs}
-    out = io.StringIO()
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(CSV_COLUMNS)
+    rows = [CSV_COLUMNS]
     groups: dict[tuple, list[dict]] = {}
     for run in runs:
         groups.setdefault((run["source"], run.get("dataset", "")), []).append(run)
@@ -52,9 +48,9 @@ def format_csv(runs: list[dict], percent: bool = False) -> str:
                 if name not in run["readouts"]:
                     continue
                 m = run["readouts"][name]
-                writer.writerow([source, dataset, name, run["split"], run["n"] - run.get("errors", 0), m["unknown"],
-                                 *(repr(m[k] * scale) for k in ("f1", "accuracy", "precision", "recall", "yes_rate"))])
-    return out.getvalue().rstrip("\n")
+                rows.append([source, dataset, name, run["split"], run["n"] - run.get("errors", 0), m["unknown"],
+                             *(repr(m[k] * scale) for k in ("f1", "accuracy", "precision", "recall", "yes_rate"))])
+    return csv_text(rows)
 
 
 def _aligned(header: list[str], rows: list[list[str]]) -> str:
@@ -80,7 +76,7 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
     if fmt == "json":
         if percent:
             raise ValueError("JSON holds every value as a fraction at full precision: --percent is for the tables")
-        return json.dumps({"runs": runs}, indent=2)
+        return strict_json({"runs": runs}, indent=2)
     if fmt == "csv":
         return format_csv(runs, percent)
     if fmt in ("latex", "models"):
@@ -112,6 +108,9 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         if run.get("capped"):
             parts.append("text cut at max_new_tokens: " + ", ".join(f"{n} {c} of {run['n'] - run.get('errors', 0)}"
                                                                       for n, c in run["capped"].items()))
+        if run.get("non_finite"):
+            names = ", ".join(run["non_finite"])
+            parts.append(f"non-finite values (NaN or inf, null in the records): questions {names}")
         if "image_attention" in run:
             parts.append(_attention_block(run["image_attention"], render))
         blocks.append("\n".join(parts))
@@ -278,7 +277,7 @@ def format_compare(result: dict, fmt: str = "markdown") -> str:
     """`json`: the result as is; `markdown`: per pair, the ΔF1 table (readouts x splits) and whether the
     ranking survives the readout, then each split's metrics of both runs."""
     if fmt == "json":
-        return json.dumps(result, indent=2, ensure_ascii=False)
+        return strict_json(result, indent=2, ensure_ascii=False)
     if fmt != "markdown":
         raise ValueError(f"compare formats are json and markdown, not {fmt!r}")
     level = round(result["level"] * 100)
