@@ -53,7 +53,7 @@ def test_settings_record_it_only_where_set():
 
 
 def test_eval_under_lmms_eval_reencodes_and_score_checks_it(tiny, tmp_path):
-    """`eval --protocol lmms-eval` on Gemma 3 records image_reencode jpeg85 (and its coverage says so); `score
+    """`eval --protocol lmms-eval` on Qwen2-VL records image_reencode jpeg85 (and its coverage says so); `score
     --protocol lmms-eval` of a run made without it names the difference."""
     import json
 
@@ -64,7 +64,7 @@ def test_eval_under_lmms_eval_reencodes_and_score_checks_it(tiny, tmp_path):
 
     # one question: the protocol decodes 128 tokens, which the random model never ends
     images, files = write_pope_set(tmp_path / "pope", n_images=1, splits=("random",), questions_per_image=1)
-    base = ["eval", "--model", str(tiny.checkpoint("gemma3")), "--images", str(images), "--questions",
+    base = ["eval", "--model", str(tiny.checkpoint("qwen2_vl")), "--images", str(images), "--questions",
             str(files[0]), "--device", "cpu"]
     runs = {}
     plain = ["--readouts", "exact_match", "--max-new-tokens", "2"]
