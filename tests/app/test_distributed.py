@@ -302,15 +302,15 @@ def test_two_ranks_give_a_single_process_run_byte_for_byte_and_bench_each_rank(j
     _same_run(job, out)
 
     bench = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                     "-m", "pope_fast", "bench", "--models", "llava", "--questions", "48", "--no-reference",
+                     "-m", "pope_fast", "bench", "--models", "llava", "--questions", "120", "--no-reference",
                      "--format", "json"], job.root)
     assert bench.returncode == 0, bench.stderr
     ours = json.loads(bench.stdout)["models"]["llava"]["pope_fast"]  # printed once, by rank 0
     ranks = ours["ranks"]
     assert [r["rank"] for r in ranks] == [0, 1] and all(r["questions"] for r in ranks), ranks
-    assert sum(r["questions"] for r in ranks) == ours["questions"] == 48
+    assert sum(r["questions"] for r in ranks) == ours["questions"] == 120
     assert ours["wall_s"] == max(r["wall_s"] for r in ranks), ours
-    assert ours["questions_per_s"] == pytest.approx(48 / ours["wall_s"], rel=0.02), ours
+    assert ours["questions_per_s"] == pytest.approx(120 / ours["wall_s"], rel=0.02), ours
 
 
 @pytest.mark.slow
