@@ -1,7 +1,7 @@
 """What every benchmark's data reader shares: the question a model is asked (`Question`), the yes/no labels,
-the error a malformed input file raises (`DataError`, naming the file and line), and opening a parquet file
-(pyarrow, imported only when one is read). Each benchmark's own files are read in its room
-(readout/benchmarks/<name>/)."""
+the error a malformed input file raises (`DataError`, naming the file and line), reading a text file with
+those errors, and opening a parquet file (pyarrow, imported only when one is read). Each benchmark's own
+files are read in its room (readout/benchmarks/<name>/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -29,6 +29,16 @@ class Question:
     def key(self) -> str:
         """Join key: question ids are ints in the COCO files and strings in published records."""
         return str(self.question_id)
+
+
+def read_text(path: Path, what: str) -> str:
+    """A UTF-8 file's text; a DataError naming it where it is missing ("no such <what>") or not UTF-8."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such {what}") from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"{path}: not UTF-8 text ({err})") from None
 
 
 def open_parquet(path: Path, columns: tuple[str, ...]):

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..data import DataError
+from ..data import DataError, read_text
 
 # What evaluator.py and evaluation_tracker.py put in a row themselves; every other field is a metric's entry.
 LOGGED = ("doc_id", "doc", "target", "arguments", "input", "resps", "filtered_resps", "token_counts", "doc_hash",
@@ -78,12 +78,7 @@ def read_samples(path: Path, text: str | None = None) -> list[Sample]:
     log without rows are DataErrors naming the file (and line)."""
     path = Path(path)
     if text is None:
-        try:
-            text = path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            raise DataError(f"{path}: no such samples file") from None
-        except UnicodeDecodeError as err:
-            raise DataError(f"{path}: not UTF-8 text ({err})") from None
+        text = read_text(path, "samples file")
     samples, seen = [], {}
     for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():

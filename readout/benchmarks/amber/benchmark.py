@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from . import metrics as amber_metrics
-from ...data import DataError, Question
+from ...data import DataError, Question, read_text
 from ...formats import vlmevalkit as tables
 from ...readouts import NO, UNKNOWN, YES, yorn
 from ..base import Benchmark, Response, Rule
@@ -40,12 +40,9 @@ def read_official(text: str) -> str:
 
 
 def _json(path: Path, what: str):
+    text = read_text(path, what)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such {what}") from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise DataError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
 

@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from ...data import LABELS, DataError, Question, open_parquet
+from ...data import LABELS, DataError, Question, open_parquet, read_text
 
 REQUIRED_KEYS = ("question_id", "image", "text", "label")
 
@@ -50,12 +50,7 @@ def dataset_from_name(path: str | Path) -> str:
 
 def _rows(path: Path) -> list[tuple[int, object]]:
     """(line number, parsed JSON value) per question; line numbers are 1-based, 0 for array items."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise DataError(f"{path}: no such question file") from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
+    text = read_text(path, "question file")
     if text.lstrip().startswith("["):
         try:
             items = json.loads(text)
