@@ -169,14 +169,17 @@ class Engine:
                     decoded = image.open()
                 except DECODE_ERRORS as err:  # a file that passed the check, not the decoder
                     raise undecodable(image.path, err) from None
-                pixels = self.model.preprocess(reencoded(decoded, self.settings.image_reencode))
+                pixels = self._preprocessed(decoded)
             prepared.append(Prepared(key, image, pixels))
         return prepared
 
+    def _preprocessed(self, decoded: Image.Image):
+        """A decoded image's pixels: re-encoded first where the settings ask (image_reencode)."""
+        return self.model.preprocess(reencoded(decoded, self.settings.image_reencode))
+
     def _pixels(self, item: Prepared):
         """item's pixels: an entry seen as cached while preparing may have left the in-memory cache since."""
-        return item.pixels if item.pixels is not None else \
-            self.model.preprocess(reencoded(item.image.open(), self.settings.image_reencode))
+        return item.pixels if item.pixels is not None else self._preprocessed(item.image.open())
 
     def encode(self, prepared: list[Prepared | None]) -> list[torch.Tensor | None]:
         """Projected features [T, hidden] per prepared image, from the cache or the vision tower; None for

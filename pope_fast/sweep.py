@@ -116,12 +116,15 @@ def check_image_names(questions: list[Question], images_dir: str | Path | None) 
     files."""
     if images_dir is None:
         return
+    first = {}  # image name -> the first question asking it: each name resolved once (POPE: 500 for 9,000)
     for q in questions:
         if q.image and q.image_data is None:
-            try:
-                image_file(images_dir, q.image)
-            except ImageError as err:
-                raise ImageError(f"question {q.question_id} of split {q.split}: {err}") from None
+            first.setdefault(q.image, q)
+    for name, q in first.items():
+        try:
+            image_file(images_dir, name)
+        except ImageError as err:
+            raise ImageError(f"question {q.question_id} of split {q.split}: {err}") from None
 
 
 def default_workers() -> int:
