@@ -105,7 +105,7 @@ class Runner:
         self.counts.suffix_tokens += int(tokens.lengths.sum())
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
-            texts = self._continue(prefix, batch, out.kv, first, intervention)
+            texts = self._continue(prefix, batch, out.kv, self._first_new(out.last_hidden, first), intervention)
         # per layer: heads averaged, and each head; none for a row with no image keys (a text-only prompt)
         probes = [None] * len(batch.rows) if out.image_attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
@@ -114,6 +114,18 @@ class Runner:
         rows = [None] * len(batch.rows) if everything is None else list(everything)
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
                 for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
+
+    def _first_new(self, last_hidden: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """A continuation's first token: the answer position's argmax, or with min_new_tokens 1, where that is a
+        stop id, the best token that is not one (generate's MinNewTokensLengthLogitsProcessor sets the eos ids'
+        scores to -inf at the first step). Only those rows' whole-vocabulary logits are computed."""
+        stops = torch.tensor(sorted(self.model.stop_ids), device=first.device, dtype=first.dtype)
+        ended = torch.isin(first, stops)
+        if not self.settings.min_new_tokens or not bool(ended.any()):
+            return first
+        rows = ended.nonzero()[:, 0]
+        logits = self.model.lm.vocab_logits(last_hidden[rows]).index_fill(1, stops, float("-inf"))
+        return first.index_put((rows,), logits.argmax(dim=-1).to(first.dtype))
 
     def _continue(self, prefix, batch: SuffixBatch, kv, first: torch.Tensor, intervention) -> list[dict]:
         """The batch's greedy continuation, and what each row's gives its text readouts."""

@@ -25,6 +25,10 @@ class Settings:
     # none: the image as read | jpeg85: re-encoded as a JPEG of quality 85 first, as lmms-eval hands its
     # Qwen-VL and Gemma 3 classes every image (RGB, PIL's encoder, then decoded by the processor)
     image_reencode: str = "none"
+    # 0 | 1: with 1, a continuation's first token is never a stop id (the best other token where the argmax
+    # is one), as generate(min_new_tokens=1) masks the eos ids at the first step (VLMEvalKit's mPLUG-Owl2);
+    # the readouts of the answer position's logits are unchanged
+    min_new_tokens: int = 0
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
     # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
@@ -46,6 +50,8 @@ class Settings:
             raise ValueError(f"image_reencode must be one of {', '.join(REENCODINGS)}, not {self.image_reencode!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
+        if self.min_new_tokens not in (0, 1):
+            raise ValueError(f"min_new_tokens must be 0 or 1, not {self.min_new_tokens!r}")
         for name in ("batch_size", "image_batch", "max_new_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:
@@ -97,5 +103,7 @@ class Settings:
         out = asdict(self)
         if self.image_reencode == "none":  # recorded where set: a run's meta from before it reads as none
             del out["image_reencode"]
+        if self.min_new_tokens == 0:  # likewise
+            del out["min_new_tokens"]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         return out

@@ -29,6 +29,8 @@ def _describe(protocol: Protocol, tokenizer) -> str:
                 lines.append(f"  {label}: not covered: {str(why).split(': ', 1)[1]}")
                 continue
             length = f"{covered.new_tokens} new tokens" if covered.new_tokens else "no generation"
+            if covered.min_new_tokens:
+                length += f" (at least {covered.min_new_tokens})"
             reencode = "" if covered.image_reencode == "none" else f", re-encoded {covered.image_reencode}"
             lines.append(f"  {label}: {covered.model_class}; template {covered.template}, {length}, image "
                          f"{covered.image_aspect}{reencode}")

@@ -23,12 +23,14 @@ class Coverage:
     image_aspect: str = "processor"
     deviations: tuple[str, ...] = ()
     image_reencode: str = "none"  # how the tool hands the processor each image (engine Settings.image_reencode)
+    min_new_tokens: int = 0  # the fewest new tokens the tool's generate makes (engine Settings.min_new_tokens)
 
     def to_json(self) -> dict:
         # the re-encoding recorded where the tool makes one: a run's meta from before it reads as none
         return {"model_class": self.model_class, "template": self.template, "max_new_tokens": self.new_tokens,
                 "image_aspect": self.image_aspect,
                 **({"image_reencode": self.image_reencode} if self.image_reencode != "none" else {}),
+                **({"min_new_tokens": self.min_new_tokens} if self.min_new_tokens else {}),
                 "deviations": list(self.deviations)}
 
 

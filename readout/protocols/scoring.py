@@ -40,6 +40,10 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     if reencode != coverage.get("image_reencode", "none"):
         out.append(f"image: this run's image_reencode is {reencode}, {protocol.name}'s "
                    f"{coverage.get('image_reencode', 'none')}")
+    at_least = (meta.get("settings") or {}).get("min_new_tokens", 0)
+    if at_least != coverage.get("min_new_tokens", 0):
+        out.append(f"generation: this run's min_new_tokens is {at_least}, {protocol.name}'s "
+                   f"{coverage.get('min_new_tokens', 0)}")
     wanted = coverage["max_new_tokens"]
     generated = ((meta.get("generation") or {}).get(protocol.readout) or {}).get("max_new_tokens")
     if wanted is not None and generated != wanted:

@@ -79,10 +79,9 @@ COVERAGE = {
     "qwen2_vl": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048, deviations=(
         "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
         "(vlmeval/config.py); here the checkpoint processor's min_pixels apply",)),
-    # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy), l.98-103 (prompt), l.113-117 (the square)
-    "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, deviations=(
-        "VLMEvalKit generates at least one token (min_new_tokens 1): where the first greedy token ends the "
-        "answer it takes the next best, here the answer is empty (Unknown)",)),
+    # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy, min_new_tokens 1: the first step's eos ids
+    # masked, engine Settings.min_new_tokens), l.98-103 (prompt), l.113-117 (the square)
+    "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, min_new_tokens=1),
     "qwen2_5_vl": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048, deviations=(
         "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
         "(vlmeval/config.py l.2004-2010); here the checkpoint processor's min_pixels apply",)),

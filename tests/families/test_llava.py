@@ -526,3 +526,31 @@ def test_resume_refuses_another_run(checkpoint, tmp_path, change, message):
         run_pope(Engine.load(checkpoint, settings, readouts="template_aware"), again, images, tmp_path / "out")
     run_pope(Engine.load(checkpoint, Settings(batch_size=3, image_batch=1), readouts="template_aware"),
              questions, images, tmp_path / "out")   # another batching resumes fine
+
+
+@pytest.mark.slow
+def test_min_new_tokens_takes_the_best_token_that_is_no_stop_id(checkpoint, tmp_path):
+    """Settings.min_new_tokens 1 (VLMEvalKit's mPLUG-Owl2 generate) against generate(min_new_tokens=1): a
+    checkpoint whose eos is the first greedy token answers empty by default, and with the setting continues
+    from the best other token exactly as generate does; the answer position's argmax stays the eos."""
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    folder = shutil.copytree(checkpoint, tmp_path / "ckpt")
+    model = LlavaForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(folder))
+    inputs = processor(images=IMAGES[1], text=f"USER: <image>\n{QUESTIONS[0]}\nASSISTANT:", return_tensors="pt")
+    with torch.no_grad():
+        eos = int(model(**inputs).logits[0, -1].argmax())
+        generated = model.generate(**inputs, max_new_tokens=5, do_sample=False, min_new_tokens=1,
+                                   eos_token_id=eos)[0, inputs["input_ids"].shape[1]:].tolist()
+    assert generated[0] != eos
+    config = json.loads((folder / "generation_config.json").read_text()) \
+        if (folder / "generation_config.json").is_file() else {}
+    (folder / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    cut = generated.index(eos) if eos in generated else len(generated)
+    for at_least, text in ((0, ""), (1, processor.tokenizer.decode(generated[:cut], skip_special_tokens=True))):
+        engine = Engine.load(folder, Settings(batch_size=2, max_new_tokens=5, min_new_tokens=at_least),
+                             readouts="string_parse")
+        answer = engine.score(IMAGES[1], QUESTIONS[:2])[0]
+        assert answer.first_token_id == eos
+        assert answer.decoded == text

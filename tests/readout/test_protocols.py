@@ -461,3 +461,24 @@ def test_a_vlmevalkit_prediction_table_rescored_under_every_rule(tmp_path):
     xlsx.write_bytes(b"PK\x03\x04")
     result = CliRunner().invoke(main, ["score", str(xlsx)])
     assert result.exit_code != 0 and "PRED_FORMAT=tsv" in result.output and "Traceback" not in result.output
+
+
+def test_vlmevalkit_mplug_owl2_generates_at_least_one_token_and_score_checks_it():
+    """VLMEvalKit's mPLUG-Owl2 generate (vlm/mplug_owl2.py l.40-42: min_new_tokens 1) is the run's setting under
+    --protocol vlmevalkit, recorded only where set; score names a run made without it."""
+    from pope_fast.engine import Settings
+    from pope_fast.readout.protocols.scoring import checks
+
+    covered = coverage("vlmevalkit", family_class("mplug_owl2"), {})
+    assert covered.min_new_tokens == 1 and covered.deviations == ()
+    assert covered.to_json()["min_new_tokens"] == 1
+    assert "min_new_tokens" not in coverage("vlmevalkit", family_class("llava"), {}).to_json()
+    assert "min_new_tokens" not in Settings().to_json() and Settings(min_new_tokens=1).to_json()["min_new_tokens"] == 1
+    with pytest.raises(ValueError, match="min_new_tokens must be 0 or 1, not 2"):
+        Settings(min_new_tokens=2)
+    meta = {"template": covered.template, "protocol_coverage": {"vlmevalkit": covered.to_json()},
+            "generation": {"vlmevalkit_text": {"max_new_tokens": 512}}}
+    found = checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": Settings().to_json()}, 0)
+    assert "generation: this run's min_new_tokens is 0, vlmevalkit's 1" in found
+    assert not any("min_new_tokens" in line
+                   for line in checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": Settings(min_new_tokens=1).to_json()}, 0))
