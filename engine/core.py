@@ -19,7 +19,7 @@ from ..readout.readout_plan import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import token_strings, tokenizer_info
 from .fingerprint import checkpoint_digests
-from .images import DECODE_ERRORS, LoadedImage, read_image, reencoded, to_rgb, undecodable
+from .images import DECODE_ERRORS, LoadedImage, read_image, reencoded, resized, to_rgb, undecodable
 from .interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
 from .models import Family, TextOnlyRefused, load_model, protocol_coverage
@@ -71,7 +71,8 @@ class Engine:
         self.runner = Runner(model, settings, self.readout)
         # part of every feature-cache key (a re-encoding only where one is asked: the keys of before stay valid)
         self._preprocess = model.preprocess_settings() | (
-            {"reencode": settings.image_reencode} if settings.image_reencode != "none" else {})
+            {"reencode": settings.image_reencode} if settings.image_reencode != "none" else {}) | (
+            {"resize": settings.image_resize} if settings.image_resize != "none" else {})
         self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
         self._text_logits: dict[tuple[int, ...], PromptResult] = {}  # text-only prompts (PAI), by token ids
 
@@ -174,8 +175,10 @@ class Engine:
         return prepared
 
     def _preprocessed(self, decoded: Image.Image):
-        """A decoded image's pixels: re-encoded first where the settings ask (image_reencode)."""
-        return self.model.preprocess(reencoded(decoded, self.settings.image_reencode))
+        """A decoded image's pixels: re-encoded, then resized, first where the settings ask (image_reencode,
+        image_resize: lmms-eval's Qwen2-VL class does both, in this order)."""
+        return self.model.preprocess(resized(reencoded(decoded, self.settings.image_reencode),
+                                             self.settings.image_resize))
 
     def _pixels(self, item: Prepared):
         """item's pixels: an entry seen as cached while preparing may have left the in-memory cache since."""

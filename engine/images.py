@@ -9,6 +9,7 @@ lives with its family (engine/models/)."""
 from __future__ import annotations
 
 import io
+import math
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -135,6 +136,39 @@ def reencoded(image: Image.Image, how: str) -> Image.Image:
     decoded = Image.open(io.BytesIO(buffer.getvalue()))
     decoded.load()
     return decoded
+
+
+def qwen_vl_utils_size(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """qwen_vl_utils' smart_resize (vision_process.py, qwen-vl-utils 0.0.14): each side rounded to a multiple of
+    `factor`, then, where the area leaves [min_pixels, max_pixels], both sides scaled by one factor and floored
+    (too large) or ceiled (too small) to multiples of it. Returns (height, width)."""
+    h, w = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
+    if h * w > max_pixels:
+        beta = math.sqrt(height * width / max_pixels)
+        h, w = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
+    elif h * w < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
+    return h, w
+
+
+def resized(image: Image.Image, how: str) -> Image.Image:
+    """The image as a tool resizes it before its processor (Settings.image_resize): as read, or
+    (qwen_vl_utils:F[:MIN:MAX]) as qwen_vl_utils' fetch_image does: composited over white where it has an alpha
+    band (its to_rgb), its smart_resize at factor F within MIN and MAX pixels (its defaults: 4 and 16384 tokens
+    of F*F pixels), and PIL's resize with its default filter (bicubic)."""
+    if how == "none":
+        return image
+    factor, *bounds = map(int, how.split(":")[1:])
+    low, high = bounds or (4 * factor**2, 16384 * factor**2)
+    if image.mode == "RGBA":
+        white = Image.new("RGB", image.size, (255, 255, 255))
+        white.paste(image, mask=image.split()[3])
+        image = white
+    else:
+        image = image.convert("RGB")
+    height, width = qwen_vl_utils_size(image.height, image.width, factor, low, high)
+    return image.resize((width, height), resample=Image.Resampling.BICUBIC)
 
 
 def to_rgb(image: Image.Image) -> Image.Image:

@@ -2,6 +2,7 @@
 checkpoint's own config."""
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass
 
 import torch
@@ -9,6 +10,8 @@ import torch
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
 REENCODINGS = ("none", "jpeg85")
+# none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
+RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,13 @@ class Settings:
     # is one), as generate(min_new_tokens=1) masks the eos ids at the first step (VLMEvalKit's mPLUG-Owl2);
     # the readouts of the answer position's logits are unchanged
     min_new_tokens: int = 0
+    # none | qwen_vl_utils:F[:MIN:MAX]: each image first resized as qwen_vl_utils' fetch_image resizes it (F: 2 x
+    # the patch size; MIN and MAX the pixel bounds a message gives it, else its defaults; PIL's bicubic), as
+    # lmms-eval's Qwen-VL classes do
+    image_resize: str = "none"
+    # None: the checkpoint processor's pixel bounds | "MIN:MAX": the processor made with min_pixels and
+    # max_pixels (AutoProcessor.from_pretrained(..., min_pixels=, max_pixels=), as lmms-eval's Qwen classes)
+    processor_pixels: str | None = None
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
     # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
@@ -50,6 +60,13 @@ class Settings:
             raise ValueError(f"image_reencode must be one of {', '.join(REENCODINGS)}, not {self.image_reencode!r}")
         if self.kernels not in ("auto", "triton", "torch"):
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
+        if not RESIZE.fullmatch(self.image_resize):
+            raise ValueError(f"image_resize must be none or qwen_vl_utils:FACTOR[:MIN:MAX], not {self.image_resize!r}")
+        if self.processor_pixels is not None:
+            bounds = self.processor_pixels.split(":")
+            if len(bounds) != 2 or not all(b.isdigit() for b in bounds) or not 0 < int(bounds[0]) <= int(bounds[1]):
+                raise ValueError(f"processor_pixels must be MIN:MAX, two pixel counts with 0 < MIN <= MAX, not "
+                                 f"{self.processor_pixels!r}")
         if self.min_new_tokens not in (0, 1):
             raise ValueError(f"min_new_tokens must be 0 or 1, not {self.min_new_tokens!r}")
         for name in ("batch_size", "image_batch", "max_new_tokens"):
@@ -103,7 +120,8 @@ class Settings:
         out = asdict(self)
         if self.image_reencode == "none":  # recorded where set: a run's meta from before it reads as none
             del out["image_reencode"]
-        if self.min_new_tokens == 0:  # likewise
-            del out["min_new_tokens"]
+        for name, default in (("min_new_tokens", 0), ("image_resize", "none"), ("processor_pixels", None)):
+            if out[name] == default:  # likewise
+                del out[name]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         return out

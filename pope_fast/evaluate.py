@@ -198,7 +198,8 @@ def _under_protocol(job: EvalJob, model_dir: Path, settings: Settings):
     lengths = {readout: coverage.new_tokens} if coverage.new_tokens and READOUTS[readout].kind in GENERATING else None
     return coverage.template, replace(settings, image_aspect=coverage.image_aspect,
                                       image_reencode=coverage.image_reencode,
-                                      min_new_tokens=coverage.min_new_tokens), lengths
+                                      min_new_tokens=coverage.min_new_tokens, image_resize=coverage.image_resize,
+                                      processor_pixels=coverage.processor_pixels), lengths
 
 
 def checked_folders(model_dir, out_dir, cache_dir) -> Path:

@@ -32,6 +32,8 @@ def _describe(protocol: Protocol, tokenizer) -> str:
             if covered.min_new_tokens:
                 length += f" (at least {covered.min_new_tokens})"
             reencode = "" if covered.image_reencode == "none" else f", re-encoded {covered.image_reencode}"
+            reencode += "" if covered.image_resize == "none" else f", resized {covered.image_resize}"
+            reencode += "" if covered.processor_pixels is None else f", processor pixels {covered.processor_pixels}"
             lines.append(f"  {label}: {covered.model_class}; template {covered.template}, {length}, image "
                          f"{covered.image_aspect}{reencode}")
             lines.append(f"    prompt: {_prompt(covered.template, tokenizer)}")

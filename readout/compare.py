@@ -30,7 +30,7 @@ DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")
 # Settings that decide an answer; the rest (device, kernels, batch sizes, prefix reuse, packed or
 # dequantized NF4, the probe) change how it is computed, not what is computed.
 ANSWER_SETTINGS = ("resolved_dtype", "quant", "quantize_lm_head", "image_aspect", "image_reencode",
-                   "min_new_tokens")
+                   "min_new_tokens", "image_resize", "processor_pixels")
 SHOWN = 3  # examples named per kind of question-set difference
 
 

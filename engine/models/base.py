@@ -57,6 +57,7 @@ class Family:
     # How the family's own preprocessing shapes an image, for refusing Settings.image_aspect "pad"
     # (original LLaVA's pad to square); None where pad applies.
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
+    processor_pixels: ClassVar[bool] = False  # whether its image processor takes min_pixels/max_pixels bounds
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
 
     tokenizer: object
@@ -67,6 +68,9 @@ class Family:
     def __init__(self, folder: Path, settings: Settings):
         if settings.image_aspect != "processor" and self.own_aspect is not None:
             raise ValueError(f"image_aspect 'pad' is original LLaVA's pad to square; {self.name} {self.own_aspect}")
+        if settings.processor_pixels is not None and not self.processor_pixels:
+            raise ValueError(f"processor_pixels {settings.processor_pixels}: {self.name}'s processor has no pixel "
+                             "bounds to set (the Qwen-VL families' have)")
         self.folder, self.settings = folder, settings
         self.device, self.dtype = settings.torch_device, settings.torch_dtype
         self.quantize, self.packed = settings.quant == "nf4", settings.nf4_weights == "packed"
@@ -131,11 +135,11 @@ class Family:
         """The cached features' dependence on the weights that make them, the compute settings and `extra`."""
         return tensor_fingerprint(tensors, extra={**self.settings.feature_settings(), **extra})
 
-    def pretrained(self, loader, what: str):
+    def pretrained(self, loader, what: str, **kwargs):
         """loader.from_pretrained of this folder (never the hub), or a one-line CheckpointError naming `what`."""
         try:
             with quiet_fallback():
-                return loader.from_pretrained(str(self.folder), local_files_only=True)
+                return loader.from_pretrained(str(self.folder), local_files_only=True, **kwargs)
         except (OSError, ValueError) as err:  # transformers' messages run to several lines of advice
             reason = " ".join(str(err).split())
             reason = reason if len(reason) <= 200 else reason[:197] + "..."

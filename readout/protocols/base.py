@@ -24,6 +24,8 @@ class Coverage:
     deviations: tuple[str, ...] = ()
     image_reencode: str = "none"  # how the tool hands the processor each image (engine Settings.image_reencode)
     min_new_tokens: int = 0  # the fewest new tokens the tool's generate makes (engine Settings.min_new_tokens)
+    image_resize: str = "none"  # how the tool resizes each image before its processor (Settings.image_resize)
+    processor_pixels: str | None = None  # the bounds its processor is made with (Settings.processor_pixels)
 
     def to_json(self) -> dict:
         # the re-encoding recorded where the tool makes one: a run's meta from before it reads as none
@@ -31,6 +33,8 @@ class Coverage:
                 "image_aspect": self.image_aspect,
                 **({"image_reencode": self.image_reencode} if self.image_reencode != "none" else {}),
                 **({"min_new_tokens": self.min_new_tokens} if self.min_new_tokens else {}),
+                **({"image_resize": self.image_resize} if self.image_resize != "none" else {}),
+                **({"processor_pixels": self.processor_pixels} if self.processor_pixels is not None else {}),
                 "deviations": list(self.deviations)}
 
 

@@ -36,10 +36,10 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     if (meta.get("settings") or {}).get("image_aspect", "processor") != coverage["image_aspect"]:
         out.append(f"image: this run's image_aspect is {meta['settings']['image_aspect']}, {protocol.name}'s "
                    f"{coverage['image_aspect']}")
-    reencode = (meta.get("settings") or {}).get("image_reencode", "none")
-    if reencode != coverage.get("image_reencode", "none"):
-        out.append(f"image: this run's image_reencode is {reencode}, {protocol.name}'s "
-                   f"{coverage.get('image_reencode', 'none')}")
+    for name, default in (("image_reencode", "none"), ("image_resize", "none"), ("processor_pixels", None)):
+        theirs, ours = coverage.get(name, default), (meta.get("settings") or {}).get(name, default)
+        if ours != theirs:
+            out.append(f"image: this run's {name} is {ours}, {protocol.name}'s {theirs}")
     at_least = (meta.get("settings") or {}).get("min_new_tokens", 0)
     if at_least != coverage.get("min_new_tokens", 0):
         out.append(f"generation: this run's min_new_tokens is {at_least}, {protocol.name}'s "
