@@ -63,16 +63,22 @@ COVERAGE = {
         "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
         "answers as transformers 4.46 and earlier returned them, the new tokens",
         "lmms-eval passes no dtype (transformers' default applies); here --dtype does")),
-    # models/simple/qwen2_vl.py l.173-180: each image a JPEG data URL of quality 85 (reproduced: jpeg85)
-    "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85", deviations=(
-        "lmms-eval resizes each re-encoded image with qwen_vl_utils (PIL) before the processor "
-        "(models/simple/qwen2_vl.py l.293); here the processor resizes it",)),
+    # models/simple/qwen2_vl.py (no chat class: the simple one runs): each image a JPEG data URL of quality 85
+    # (l.173-180, l.293), which qwen_vl_utils resizes within the message's min_pixels 3136 and max_pixels 602112
+    # (l.42-43, l.293-295, l.348), for a processor made with those bounds (l.73).
+    "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85",
+                         image_resize="qwen_vl_utils:28:3136:602112", processor_pixels="3136:602112"),
     "mplug_owl2": "lmms-eval 0.7.2 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
-    # models/simple/qwen2_5_vl.py l.170-177: each image a JPEG data URL of quality 85 (reproduced: jpeg85)
-    "qwen2_5_vl": Coverage("qwen2_5_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85", deviations=(
-        "lmms-eval resizes each re-encoded image with qwen_vl_utils (PIL, min_pixels 256*28*28, max_pixels "
-        "1605632) before the processor (models/simple/qwen2_5_vl.py l.44-45, l.291); here the processor "
-        "resizes it",)),
+    # `--model qwen2_5_vl` runs the chat class: models/registry_v2.py l.82-97 (v0.7.2) resolves a name to its
+    # chat class where models/__init__.py registers one (AVAILABLE_CHAT_TEMPLATE_MODELS: qwen2_5_vl, qwen3_vl,
+    # llava_hf, internvl_hf), unless forced simple. The chat class hands qwen_vl_utils the task's image as read
+    # (no JPEG round trip: models/chat/qwen2_5_vl.py l.93-112), with the simple class's processor (l.91 of
+    # models/simple/qwen2_5_vl.py, min_pixels 256*28*28, max_pixels 1605632: l.44-45).
+    # Reproduced: qwen_vl_utils' resize at its defaults (factor 28, 3136 to 12845056 pixels: the chat class's
+    # image entries carry no bounds, protocol.py to_hf_messages l.82-83), then the processor made with min_pixels
+    # 256*28*28 and max_pixels 1605632 resizes again (upscaling a 500x375 image's 504x364 to 532x392).
+    "qwen2_5_vl": Coverage("qwen2_5_vl (the chat class, which --model qwen2_5_vl runs)", "lmms_eval_qwen2_vl", 128,
+                           image_resize="qwen_vl_utils:28", processor_pixels="200704:1605632"),
     "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
                        "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
                        "content, whose rendering under the hub tokenizer's own template is not verified here",
@@ -83,12 +89,14 @@ COVERAGE = {
         "it; the same pixels for POPE's RGB JPEGs",
         "lmms-eval passes min_patches 1 and max_patches 12 to the processor; the checkpoint's own values are used "
         "here (the same for InternVL3's -hf checkpoints)")),
-    # models/simple/qwen3_vl.py: Qwen2.5-VL's messages (l.84 the system prompt, l.328 the image then the text),
-    # the processor's chat template over them, POPE's 128 new tokens.
-    "qwen3_vl": Coverage("qwen3_vl", "lmms_eval_qwen2_vl", 128, deviations=(
-        "lmms-eval resizes each image with qwen_vl_utils (image_patch_size 16, min_pixels 256*28*28, max_pixels "
-        "1605632: models/simple/qwen3_vl.py l.79-80, l.360) before the processor; here the processor resizes the "
-        "image as read",)),
+    # `--model qwen3_vl` runs the chat class (models/chat/qwen3_vl.py; see qwen2_5_vl above): the system prompt
+    # (l.50), the task's image then text, the processor's chat template over them, POPE's 128 new tokens.
+    # Reproduced: qwen_vl_utils' resize at image_patch_size 16 (l.66-70: factor 32, its defaults of 4096 to
+    # 16777216 pixels), the processor told to keep that size (do_resize=False, l.86, l.98): here a processor
+    # with qwen_vl_utils' bounds, whose smart_resize leaves such a size as it is (PIL resizes to the same size
+    # by copying).
+    "qwen3_vl": Coverage("qwen3_vl (the chat class, which --model qwen3_vl runs)", "lmms_eval_qwen2_vl", 128,
+                         image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216"),
     # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).

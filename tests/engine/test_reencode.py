@@ -1,9 +1,13 @@
-"""Settings.image_reencode: the image as a tool hands it to its processor. lmms-eval's Qwen-VL and Gemma 3
-classes send every image as a JPEG data URL of quality 85 (models/model_utils/media_encoder.py at v0.7.2:
-convert('RGB') where the image is not RGB, PIL's JPEG encoder, then the processor decodes it), so the engine
-re-encodes before its own preprocessing: the same features as the engine fed those JPEG bytes, other
-features than the image as read, and another feature-cache entry."""
+"""The image as a tool hands it to its processor: Settings.image_reencode, image_resize and processor_pixels.
+lmms-eval's Qwen2-VL and Gemma 3 classes send every image as a JPEG data URL of quality 85
+(models/model_utils/media_encoder.py at v0.7.2: convert('RGB') where the image is not RGB, PIL's JPEG encoder, then
+the processor decodes it), so the engine re-encodes before its own preprocessing: the same features as the engine
+fed those JPEG bytes, other features than the image as read, and another feature-cache entry. Its Qwen-VL classes
+resize with qwen_vl_utils first, for a processor made with their own pixel bounds.
+"""
 import io
+
+import numpy as np
 
 import pytest
 import torch
@@ -52,9 +56,17 @@ def test_settings_record_it_only_where_set():
         Settings(image_reencode="png")
 
 
-def test_eval_under_lmms_eval_reencodes_and_score_checks_it(tiny, tmp_path):
-    """`eval --protocol lmms-eval` on Qwen2-VL records image_reencode jpeg85 (and its coverage says so); `score
-    --protocol lmms-eval` of a run made without it names the difference."""
+EXPECTED = {"qwen2_vl": {"image_reencode": "jpeg85", "image_resize": "qwen_vl_utils:28:3136:602112",
+                         "processor_pixels": "3136:602112"},
+            "qwen2_5_vl": {"image_resize": "qwen_vl_utils:28", "processor_pixels": "200704:1605632"},
+            "qwen3_vl": {"image_resize": "qwen_vl_utils:32", "processor_pixels": "4096:16777216"}}
+
+
+@pytest.mark.parametrize("family", list(EXPECTED))
+def test_eval_under_lmms_eval_prepares_images_as_it_and_score_checks_it(tiny, tmp_path, family):
+    """`eval --protocol lmms-eval` records the image steps of the tool's class (Qwen2-VL's simple class: the JPEG
+    round trip, qwen_vl_utils' resize in its bounds, its processor's bounds; Qwen2.5-VL's chat class: no JPEG) in
+    meta's settings and coverage; `score --protocol lmms-eval` of a run made without them names each."""
     import json
 
     from click.testing import CliRunner
@@ -64,7 +76,7 @@ def test_eval_under_lmms_eval_reencodes_and_score_checks_it(tiny, tmp_path):
 
     # one question: the protocol decodes 128 tokens, which the random model never ends
     images, files = write_pope_set(tmp_path / "pope", n_images=1, splits=("random",), questions_per_image=1)
-    base = ["eval", "--model", str(tiny.checkpoint("qwen2_vl")), "--images", str(images), "--questions",
+    base = ["eval", "--model", str(tiny.checkpoint(family)), "--images", str(images), "--questions",
             str(files[0]), "--device", "cpu"]
     runs = {}
     plain = ["--readouts", "exact_match", "--max-new-tokens", "2"]
@@ -74,10 +86,72 @@ def test_eval_under_lmms_eval_reencodes_and_score_checks_it(tiny, tmp_path):
         assert result.exit_code == 0, result.output
         runs[name] = out
     meta = json.loads((runs["protocol"] / "meta.json").read_text())
-    assert meta["settings"]["image_reencode"] == "jpeg85"
-    assert meta["protocol_coverage"]["lmms-eval"]["image_reencode"] == "jpeg85"
-    assert "image_reencode" not in json.loads((runs["plain"] / "meta.json").read_text())["settings"]
+    steps = ("image_reencode", "image_resize", "processor_pixels")
+    assert {k: meta["settings"][k] for k in steps if k in meta["settings"]} == EXPECTED[family]
+    assert {k: v for k, v in meta["protocol_coverage"]["lmms-eval"].items() if k in steps} == EXPECTED[family]
+    assert not set(steps) & set(json.loads((runs["plain"] / "meta.json").read_text())["settings"])
     scored = {name: CliRunner().invoke(main, ["score", str(out), "--protocol", "lmms-eval"]).output
               for name, out in runs.items()}
-    assert "image_reencode" not in scored["protocol"], scored["protocol"]
-    assert "this run's image_reencode is none, lmms-eval's jpeg85" in scored["plain"], scored["plain"]
+    assert not any(k in scored["protocol"] for k in steps), scored["protocol"]
+    for key, value in EXPECTED[family].items():
+        assert f"this run's {key} is {'None' if key == 'processor_pixels' else 'none'}, lmms-eval's {value}" \
+            in scored["plain"], scored["plain"]
+
+
+@pytest.mark.parametrize("factor", [28, 32])
+def test_qwen_vl_utils_size_is_smart_resize(factor):
+    """engine.images.qwen_vl_utils_size against transformers' smart_resize (the algorithm qwen_vl_utils 0.0.14
+    vision_process.py smart_resize states: round to the factor, then one scale floored or ceiled into the
+    bounds), over sizes on every branch; and where a side rounds to 0, qwen_vl_utils' own guard (max(factor, ...)),
+    which transformers' copy lacks."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
+
+    from pope_fast.engine.images import qwen_vl_utils_size
+
+    for height, width in [(375, 500), (480, 640), (20, 30), (427, 640), (3000, 4000), (57, 9000)]:
+        for bounds in ((4 * factor**2, 16384 * factor**2), (256 * 28 * 28, 1605632)):
+            assert qwen_vl_utils_size(height, width, factor, *bounds) == \
+                smart_resize(height, width, factor=factor, min_pixels=bounds[0], max_pixels=bounds[1])
+    assert qwen_vl_utils_size(1, 150, factor, 4 * factor**2, 16384 * factor**2) == (factor, 5 * factor)
+    if factor == 28:  # the issue's COCO image: 504x364 by qwen_vl_utils, 532x392 (266 tokens) by lmms-eval's processor
+        assert qwen_vl_utils_size(375, 500, 28, 4 * 28**2, 16384 * 28**2) == (364, 504)
+        assert qwen_vl_utils_size(364, 504, 28, 256 * 28 * 28, 1605632) == (392, 532)
+
+
+def test_lmms_eval_qwen2_5_vl_chat_pixels(tiny):
+    """image_resize qwen_vl_utils:28 and processor_pixels 200704:1605632 (lmms-eval's Qwen2.5-VL chat class): the
+    engine's pixels are those of the checkpoint's image processor made with those bounds (as lmms-eval makes its
+    processor) over the image PIL-resized (bicubic) to qwen_vl_utils' size; without them, the processor's alone."""
+    from transformers import AutoImageProcessor
+
+    checkpoint = tiny.checkpoint("qwen2_5_vl")
+    image = Image.fromarray(np.random.default_rng(3).integers(0, 256, (375, 500, 3), dtype=np.uint8))
+    settings = Settings(image_resize="qwen_vl_utils:28", processor_pixels="200704:1605632")
+    theirs = AutoImageProcessor.from_pretrained(str(checkpoint), min_pixels=200704, max_pixels=1605632)(
+        images=image.resize((504, 364), resample=Image.Resampling.BICUBIC), return_tensors="np")
+    ours = Engine.load(checkpoint, settings)._preprocessed(image)
+    assert np.array_equal(ours[0], theirs["pixel_values"]) and tuple(ours[1]) == tuple(theirs["image_grid_thw"][0])
+    plain = Engine.load(checkpoint, Settings())._preprocessed(image)
+    assert plain[0].shape != ours[0].shape
+    assert Settings(image_resize="qwen_vl_utils:28").to_json()["image_resize"] == "qwen_vl_utils:28"
+    assert "image_resize" not in Settings().to_json() and "processor_pixels" not in Settings().to_json()
+    with pytest.raises(ValueError, match="processor_pixels must be MIN:MAX"):
+        Settings(processor_pixels="200704")
+    with pytest.raises(ValueError, match="LLaVA-1.5's processor has no pixel bounds"):
+        Engine.load(tiny.checkpoint("llava"), Settings(processor_pixels="200704:1605632"))
+
+
+def test_lmms_eval_qwen3_vl_chat_pixels_are_do_resize_false(tiny):
+    """lmms-eval's Qwen3-VL chat class: qwen_vl_utils' resize at factor 32, then the processor with do_resize=False
+    (models/chat/qwen3_vl.py l.66-70, l.86). The engine's image_resize qwen_vl_utils:32 with a processor bounded as
+    qwen_vl_utils bounds gives those very pixels, the processor's own smart_resize leaving the size as it is."""
+    from transformers import AutoImageProcessor
+
+    checkpoint = tiny.checkpoint("qwen3_vl")
+    image = Image.fromarray(np.random.default_rng(4).integers(0, 256, (375, 500, 3), dtype=np.uint8))
+    settings = Settings(image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216")
+    processor = AutoImageProcessor.from_pretrained(str(checkpoint))
+    theirs = processor(images=image.resize((512, 384), resample=Image.Resampling.BICUBIC), do_resize=False,
+                       return_tensors="np")
+    ours = Engine.load(checkpoint, settings)._preprocessed(image)
+    assert np.array_equal(ours[0], theirs["pixel_values"]) and tuple(ours[1]) == tuple(theirs["image_grid_thw"][0])
