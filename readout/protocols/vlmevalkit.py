@@ -59,6 +59,10 @@ TEMPLATES = (
 )
 
 
+# qwen_vl_utils' resize within the bounds VLMEvalKit's config gives Qwen2VLChat (1280 to 16384 tokens of 28x28)
+QWEN_RESIZE = f"qwen_vl_utils:28:{1280 * 28 * 28}:{16384 * 28 * 28}"
+
+
 def llava_next(config: Mapping) -> Coverage:
     """vlmeval/vlm/llava/llava.py LLaVA_Next l.280-281, l.373-394: the checkpoint processor's template,
     LLaVA-1.6-Vicuna's or -Mistral's by the language model inside, over the bare question."""
@@ -76,15 +80,18 @@ COVERAGE = {
     "llava_next": llava_next,
     "instructblip": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
                     "penalty 1.5; this engine decodes greedily",
-    "qwen2_vl": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048, deviations=(
-        "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
-        "(vlmeval/config.py); here the checkpoint processor's min_pixels apply",)),
+    # vlmeval/config.py l.1936-1941: min_pixels 1280*28*28, max_pixels 16384*28*28, which vlm/qwen2_vl/model.py
+    # _prepare_content (l.318-335) puts on each image entry for qwen_vl_utils (l.485: process_vision_info) to
+    # resize within (upscaling a COCO image to about 1,300 visual tokens); the checkpoint's own processor (l.258,
+    # l.263) then leaves that size as it is.
+    "qwen2_vl": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048,
+                         image_resize=QWEN_RESIZE),
     # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy, min_new_tokens 1: the first step's eos ids
     # masked, engine Settings.min_new_tokens), l.98-103 (prompt), l.113-117 (the square)
     "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, min_new_tokens=1),
-    "qwen2_5_vl": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048, deviations=(
-        "VLMEvalKit sets min_pixels 1280*28*28, which upscales a COCO image to about 1,280 visual tokens "
-        "(vlmeval/config.py l.2004-2010); here the checkpoint processor's min_pixels apply",)),
+    # vlmeval/config.py l.2004-2010: Qwen2-VL's bounds and path, use_custom_prompt=False
+    "qwen2_5_vl": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048,
+                           image_resize=QWEN_RESIZE),
     # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens); image_base.py build_prompt
     "llava_onevision": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
                                 2048, deviations=(

@@ -155,3 +155,21 @@ def test_lmms_eval_qwen3_vl_chat_pixels_are_do_resize_false(tiny):
                        return_tensors="np")
     ours = Engine.load(checkpoint, settings)._preprocessed(image)
     assert np.array_equal(ours[0], theirs["pixel_values"]) and tuple(ours[1]) == tuple(theirs["image_grid_thw"][0])
+
+
+def test_vlmevalkit_qwen2_5_vl_upscales_within_its_config_bounds(tiny):
+    """VLMEvalKit's Qwen2VLChat (config.py l.2004-2010: min_pixels 1280*28*28): qwen_vl_utils upscales a 500x375
+    image to 1176x868, which the checkpoint's own processor keeps; --protocol vlmevalkit's settings give the
+    processor's pixels of that image."""
+    from transformers import AutoImageProcessor
+
+    from pope_fast.engine.models import protocol_for
+
+    checkpoint = tiny.checkpoint("qwen2_5_vl")
+    covered = protocol_for(checkpoint, "vlmevalkit")
+    assert covered.image_resize == "qwen_vl_utils:28:1003520:12845056" and covered.processor_pixels is None
+    image = Image.fromarray(np.random.default_rng(5).integers(0, 256, (375, 500, 3), dtype=np.uint8))
+    theirs = AutoImageProcessor.from_pretrained(str(checkpoint))(
+        images=image.resize((1176, 868), resample=Image.Resampling.BICUBIC), return_tensors="np")
+    ours = Engine.load(checkpoint, Settings(image_resize=covered.image_resize))._preprocessed(image)
+    assert np.array_equal(ours[0], theirs["pixel_values"]) and tuple(ours[1]) == tuple(theirs["image_grid_thw"][0])
