@@ -102,12 +102,13 @@ COVERAGE = {
                 "checkpoint is not verified here",
     # vlmeval/config.py l.1451-1462 (Qwen3-VL-8B-Instruct): Qwen3VLChat with use_custom_prompt=False, so the
     # dataset's [image, question] messages (no system_prompt: the template's own opening), through the
-    # processor's chat template (vlm/qwen3_vl/model.py l.361-367), 16384 new tokens.
-    "qwen3_vl": Coverage("Qwen3VLChat (Qwen3-VL-8B-Instruct)", "vlmevalkit_qwen2_5_vl", 16384, deviations=(
+    # processor's chat template (vlm/qwen3_vl/model.py l.361-367), 16384 new tokens. Each image resized by
+    # qwen_vl_utils at image_patch_size 16 (l.371-376) within its default bounds (the config sets none, so
+    # _prepare_content l.165-181 adds none), then by the checkpoint's processor: reproduced (image_resize).
+    "qwen3_vl": Coverage("Qwen3VLChat (Qwen3-VL-8B-Instruct)", "vlmevalkit_qwen2_5_vl", 16384,
+                         image_resize="qwen_vl_utils:32", deviations=(
         "VLMEvalKit samples with vLLM (temperature 0.7, top_p 0.8, top_k 20, presence_penalty 1.5: config.py "
-        "l.1451-1462, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",
-        "VLMEvalKit resizes each image with qwen_vl_utils (image_patch_size 16, its default pixel budget: "
-        "vlm/qwen3_vl/model.py l.371-376) before the processor; here the processor resizes the image as read")),
+        "l.1451-1462, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",)),
     # vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question] (image_base.py
     # l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template (l.187),
     # greedy with 4,096 new tokens (l.109-112).

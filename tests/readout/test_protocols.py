@@ -493,3 +493,17 @@ def test_lmms_eval_runs_the_chat_class_where_it_registers_one():
         assert "the chat class" in covered.model_class and covered.image_reencode == "none"
         assert "image_reencode" not in covered.to_json()
     assert coverage("lmms-eval", family_class("qwen2_vl"), {}).image_reencode == "jpeg85"
+
+
+def test_vlmevalkit_qwen_classes_resize_as_qwen_vl_utils_in_their_config_bounds():
+    """VLMEvalKit's config gives Qwen2VLChat min_pixels 1280*28*28 and max_pixels 16384*28*28 (config.py
+    l.1936-1941, l.2004-2010) and Qwen3VLChat none, so qwen_vl_utils' defaults at image_patch_size 16 apply
+    (vlm/qwen3_vl/model.py l.165-181, l.371-376); the checkpoint's processor follows. Qwen3-VL's one deviation
+    left is its sampling, which no deterministic run matches."""
+    for family in ("qwen2_vl", "qwen2_5_vl"):
+        covered = coverage("vlmevalkit", family_class(family), {})
+        assert (covered.image_resize, covered.processor_pixels, covered.deviations) == \
+            ("qwen_vl_utils:28:1003520:12845056", None, ())
+    qwen3 = coverage("vlmevalkit", family_class("qwen3_vl"), {})
+    assert qwen3.image_resize == "qwen_vl_utils:32" and qwen3.processor_pixels is None
+    assert len(qwen3.deviations) == 1 and "samples with vLLM" in qwen3.deviations[0]
