@@ -38,8 +38,9 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
                    f"{coverage['image_aspect']}")
     for name, default in (("image_reencode", "none"), ("image_resize", "none"), ("processor_pixels", None)):
         theirs, ours = coverage.get(name, default), (meta.get("settings") or {}).get(name, default)
-        if ours != theirs:
-            out.append(f"image: this run's {name} is {ours}, {protocol.name}'s {theirs}")
+        if ours != theirs:  # no processor bounds set: the checkpoint's own
+            shown = [v if v is not None else "the checkpoint's" for v in (ours, theirs)]
+            out.append(f"image: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")
     at_least = (meta.get("settings") or {}).get("min_new_tokens", 0)
     if at_least != coverage.get("min_new_tokens", 0):
         out.append(f"generation: this run's min_new_tokens is {at_least}, {protocol.name}'s "

@@ -93,8 +93,9 @@ def test_eval_under_lmms_eval_prepares_images_as_it_and_score_checks_it(tiny, tm
     scored = {name: CliRunner().invoke(main, ["score", str(out), "--protocol", "lmms-eval"]).output
               for name, out in runs.items()}
     assert not any(k in scored["protocol"] for k in steps), scored["protocol"]
+    unset = {"image_reencode": "none", "image_resize": "none", "processor_pixels": "the checkpoint's"}
     for key, value in EXPECTED[family].items():
-        assert f"this run's {key} is {'None' if key == 'processor_pixels' else 'none'}, lmms-eval's {value}" \
+        assert f"this run's {key} is {unset[key]}, lmms-eval's {value}" \
             in scored["plain"], scored["plain"]
 
 
