@@ -119,9 +119,11 @@ class Runner:
         """A continuation's first token: the answer position's argmax, or with min_new_tokens 1, where that is a
         stop id, the best token that is not one (generate's MinNewTokensLengthLogitsProcessor sets the eos ids'
         scores to -inf at the first step). Only those rows' whole-vocabulary logits are computed."""
+        if not self.settings.min_new_tokens:
+            return first
         stops = torch.tensor(sorted(self.model.stop_ids), device=first.device, dtype=first.dtype)
         ended = torch.isin(first, stops)
-        if not self.settings.min_new_tokens or not bool(ended.any()):
+        if not bool(ended.any()):
             return first
         rows = ended.nonzero()[:, 0]
         logits = self.model.lm.vocab_logits(last_hidden[rows]).index_fill(1, stops, float("-inf"))

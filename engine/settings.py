@@ -3,7 +3,7 @@ checkpoint's own config."""
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 
@@ -11,6 +11,8 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
 REENCODINGS = ("none", "jpeg85")
 # none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
+# a tool's steps (readout/protocols/base.py TOOL_STEPS)
+RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "min_new_tokens")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 
 
@@ -100,6 +102,11 @@ class Settings:
                 raise ValueError(f"kernels 'triton': {err}; use --kernels auto or torch") from None
 
     @property
+    def processor_bounds(self) -> tuple[int, int] | None:
+        """processor_pixels as (min_pixels, max_pixels), or None: the checkpoint processor's own."""
+        return None if self.processor_pixels is None else tuple(map(int, self.processor_pixels.split(":")))
+
+    @property
     def torch_device(self) -> torch.device:
         return torch.device(self.device)
 
@@ -118,10 +125,8 @@ class Settings:
 
     def to_json(self) -> dict:
         out = asdict(self)
-        if self.image_reencode == "none":  # recorded where set: a run's meta from before it reads as none
-            del out["image_reencode"]
-        for name, default in (("min_new_tokens", 0), ("image_resize", "none"), ("processor_pixels", None)):
-            if out[name] == default:  # likewise
-                del out[name]
+        for f in fields(self):  # recorded where set: a run's meta from before them reads as their defaults
+            if f.name in RECORDED_WHERE_SET and out[f.name] == f.default:
+                del out[f.name]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         return out

@@ -19,7 +19,7 @@ from .readout import READOUTS, compare_runs, find_question_files, format_compare
 from .readout.benchmarks import REGISTRY, benchmark_questions
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
-from .readout.protocols import format_protocol_runs, get_protocol
+from .readout.protocols import TOOL_STEPS, format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING, parse_readouts
 from .score_jobs import score_paths
 from .store import RunLock, atomic_write
@@ -196,10 +196,8 @@ def _under_protocol(job: EvalJob, model_dir: Path, settings: Settings):
     coverage = protocol_for(model_dir, job.protocol)
     readout = get_protocol(job.protocol).readout
     lengths = {readout: coverage.new_tokens} if coverage.new_tokens and READOUTS[readout].kind in GENERATING else None
-    return coverage.template, replace(settings, image_aspect=coverage.image_aspect,
-                                      image_reencode=coverage.image_reencode,
-                                      min_new_tokens=coverage.min_new_tokens, image_resize=coverage.image_resize,
-                                      processor_pixels=coverage.processor_pixels), lengths
+    steps = {name: getattr(coverage, name) for name in TOOL_STEPS}
+    return coverage.template, replace(settings, image_aspect=coverage.image_aspect, **steps), lengths
 
 
 def checked_folders(model_dir, out_dir, cache_dir) -> Path:

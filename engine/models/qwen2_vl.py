@@ -59,9 +59,9 @@ class Qwen2VLModel(Family):
         self.merge = cfg.vision_config.spatial_merge_size
         # not AutoProcessor: Qwen2VLProcessor also builds a video processor, which needs torchvision
         self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
-        bounds = settings.processor_pixels  # made as lmms-eval makes its processor, where asked
+        bounds = settings.processor_bounds  # made as lmms-eval makes its processor, where asked
         self.image_processor = self.pretrained(AutoImageProcessor, "image processor files", **(
-            {} if bounds is None else dict(zip(("min_pixels", "max_pixels"), map(int, bounds.split(":"))))))
+            {} if bounds is None else dict(zip(("min_pixels", "max_pixels"), bounds))))
         if self.tokenizer.convert_tokens_to_ids(IMAGE_PAD) != self.image_token_id:
             raise CheckpointError(f"{folder}: the tokenizer has no {IMAGE_PAD} token with id {self.image_token_id}")
         dims = self.text_dims(cfg.text_config)

@@ -3,6 +3,7 @@ itself (`Protocol`: its version and sources, answer rule, aggregation, prompt te
 the pieces several rooms share."""
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass
 from typing import Callable, Mapping
@@ -27,15 +28,20 @@ class Coverage:
     image_resize: str = "none"  # how the tool resizes each image before its processor (Settings.image_resize)
     processor_pixels: str | None = None  # the bounds its processor is made with (Settings.processor_pixels)
 
+    def steps(self) -> dict:
+        """The TOOL_STEPS the tool takes (each one that is not its default), by name."""
+        return {name: getattr(self, name) for name in TOOL_STEPS if getattr(self, name) != STEP_DEFAULTS[name]}
+
     def to_json(self) -> dict:
-        # the re-encoding recorded where the tool makes one: a run's meta from before it reads as none
+        # the steps recorded where the tool takes them: a run's meta from before them reads as their defaults
         return {"model_class": self.model_class, "template": self.template, "max_new_tokens": self.new_tokens,
-                "image_aspect": self.image_aspect,
-                **({"image_reencode": self.image_reencode} if self.image_reencode != "none" else {}),
-                **({"min_new_tokens": self.min_new_tokens} if self.min_new_tokens else {}),
-                **({"image_resize": self.image_resize} if self.image_resize != "none" else {}),
-                **({"processor_pixels": self.processor_pixels} if self.processor_pixels is not None else {}),
-                "deviations": list(self.deviations)}
+                "image_aspect": self.image_aspect, **self.steps(), "deviations": list(self.deviations)}
+
+
+# What a tool does to each image and to its generate beyond the prompt and length, each an engine Settings field
+# of the same name and default (meta.json's settings and coverage record each only where it is not the default).
+TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "min_new_tokens")
+STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 
 class FamilyFacts(typing.Protocol):

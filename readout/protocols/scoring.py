@@ -7,7 +7,7 @@ from typing import Mapping
 from ..records import RecordSet, strict_json
 from ..report.cells import csv_text
 from ..score import POOLED, Unavailable, predictions, question_order
-from .base import Protocol
+from .base import STEP_DEFAULTS, TOOL_STEPS, Protocol
 from .registry import SCORING_PROTOCOLS
 
 COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool's number format
@@ -36,15 +36,13 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     if (meta.get("settings") or {}).get("image_aspect", "processor") != coverage["image_aspect"]:
         out.append(f"image: this run's image_aspect is {meta['settings']['image_aspect']}, {protocol.name}'s "
                    f"{coverage['image_aspect']}")
-    for name, default in (("image_reencode", "none"), ("image_resize", "none"), ("processor_pixels", None)):
+    for name in TOOL_STEPS:
+        default = STEP_DEFAULTS[name]
         theirs, ours = coverage.get(name, default), (meta.get("settings") or {}).get(name, default)
         if ours != theirs:  # no processor bounds set: the checkpoint's own
             shown = [v if v is not None else "the checkpoint's" for v in (ours, theirs)]
-            out.append(f"image: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")
-    at_least = (meta.get("settings") or {}).get("min_new_tokens", 0)
-    if at_least != coverage.get("min_new_tokens", 0):
-        out.append(f"generation: this run's min_new_tokens is {at_least}, {protocol.name}'s "
-                   f"{coverage.get('min_new_tokens', 0)}")
+            kind = "generation" if name == "min_new_tokens" else "image"
+            out.append(f"{kind}: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")
     wanted = coverage["max_new_tokens"]
     generated = ((meta.get("generation") or {}).get(protocol.readout) or {}).get("max_new_tokens")
     if wanted is not None and generated != wanted:

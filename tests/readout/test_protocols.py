@@ -507,3 +507,15 @@ def test_vlmevalkit_qwen_classes_resize_as_qwen_vl_utils_in_their_config_bounds(
     qwen3 = coverage("vlmevalkit", family_class("qwen3_vl"), {})
     assert qwen3.image_resize == "qwen_vl_utils:32" and qwen3.processor_pixels is None
     assert len(qwen3.deviations) == 1 and "samples with vLLM" in qwen3.deviations[0]
+
+
+def test_a_tools_steps_are_engine_settings_of_the_same_default():
+    """TOOL_STEPS (readout, which imports no engine) name engine Settings fields: the same names, the same
+    defaults, recorded where set (eval --protocol copies each from the Coverage into the Settings)."""
+    from dataclasses import fields
+
+    from pope_fast.engine.settings import RECORDED_WHERE_SET, Settings
+    from pope_fast.readout.protocols.base import STEP_DEFAULTS, TOOL_STEPS
+
+    assert set(TOOL_STEPS) == set(RECORDED_WHERE_SET)
+    assert {f.name: f.default for f in fields(Settings) if f.name in TOOL_STEPS} == STEP_DEFAULTS
