@@ -89,16 +89,24 @@ class Shard:
         on_cuda = device.startswith("cuda")
         if on_cuda:
             torch.cuda.set_device(torch.device(self.device(device)))
+        # torch.distributed.nn's functions take `group=group.WORLD` as a default argument: imported while a
+        # group is up (transformers imports it loading some models) they hold the group past
+        # destroy_process_group, and it is then torn down at interpreter exit, where gloo's threads were
+        # seen to abort the rank ("terminate called without an active exception"). Imported first, the
+        # defaults are None.
+        import torch.distributed.nn  # noqa: F401
+
         if not dist.is_initialized():
             dist.init_process_group("nccl" if on_cuda else "gloo", timeout=timeout)
         self.group = dist.new_group(backend="gloo", timeout=timeout) if on_cuda else dist.group.WORLD
 
     def leave(self) -> None:
-        """Leave the process group once every rank's work is done (NCCL asks for it before exit). The
-        ranks meet first: a rank that tore its group down while rank 0 still wrote the summaries was seen
-        to abort in gloo's teardown ("terminate called without an active exception")."""
+        """Leave the process group once every rank's work is done (NCCL asks for it before exit), after
+        the ranks meet. Nothing holds the group after: its threads stop here, while the interpreter runs,
+        not in the interpreter's teardown (`join`)."""
         if dist.is_initialized():
             dist.barrier(group=self.group)
+            self.group = None
             dist.destroy_process_group()
 
     def agree(self, error: BaseException | None) -> None:

@@ -178,6 +178,30 @@ def test_agree_names_the_rank_that_failed(alone):
         alone.agree(ValueError("no such checkpoint"))
 
 
+# A job of one rank, joined as torchrun's environment says, that imports torch.distributed.nn while its
+# group is up (as transformers does loading some models), then leaves: the native threads it has after.
+LEAVER = """
+import glob
+from pope_fast.distributed import join_job
+shard = join_job("cpu")
+import torch.distributed.nn
+shard.leave()
+print(sorted({open(p).read().strip() for p in glob.glob("/proc/self/task/*/comm")}))
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="reads the process's threads from /proc")
+def test_leave_stops_the_groups_threads_before_the_interpreter_exits():
+    """torch.distributed.nn's defaults would hold the group past destroy_process_group, and its gloo threads
+    would then be torn down by the interpreter's exit, which aborted a rank now and then."""
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": "0"}
+    result = subprocess.run([sys.executable, "-c", LEAVER], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    threads = result.stdout.strip()
+    assert "gloo" not in threads and "tcpstore" not in threads, threads
+
+
 # A rank's cache traffic: put every key, and read back another whenever it is on disk. The child runs
 # vision_cache.py alone (it imports nothing of ours), sparing each the engine's seconds of imports.
 WRITER = """
