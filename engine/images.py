@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, ImageOps, UnidentifiedImageError
 
 
 class ImageError(ValueError):
@@ -123,12 +123,21 @@ def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
 
 
 def reencoded(image: Image.Image, how: str) -> Image.Image:
-    """The image as a tool hands it to its processor (Settings.image_reencode): as read, or (jpeg85) converted
-    to RGB where it is not and saved as a JPEG of quality 85 with PIL's defaults, then decoded again: what
-    lmms-eval's encode_image_to_data_url(image_format="JPEG", convert_rgb=True, quality=85) sends
+    """The image as a tool hands it to its processor (Settings.image_reencode): as read; (rgb) through PIL's
+    convert('RGB'), as lmms-eval's POPE task (tasks/pope/utils.py l.4-6) and VLMEvalKit's LLaVA, LLaVA-NeXT,
+    OneVision and mPLUG-Owl2 classes open every image, which drops an alpha band where the processor would
+    composite it over white (an RGB file is copied, its info kept, as PIL does); (load_image) as transformers'
+    load_image opens a path a processor is given (its EXIF orientation applied, then convert('RGB')), as
+    VLMEvalKit's Gemma3 hands its processor each image's path; or (jpeg85) converted to RGB where it is not and
+    saved as a JPEG of quality 85 with PIL's defaults, then decoded again: what lmms-eval's
+    encode_image_to_data_url(image_format="JPEG", convert_rgb=True, quality=85) sends
     (models/model_utils/media_encoder.py l.142-167, l.82-107 at v0.7.2) and the processor decodes."""
     if how == "none":
         return image
+    if how == "rgb":
+        return image.convert("RGB")
+    if how == "load_image":
+        return ImageOps.exif_transpose(image).convert("RGB")
     if image.mode != "RGB":
         image = image.convert("RGB")
     buffer = io.BytesIO()

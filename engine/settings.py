@@ -9,10 +9,10 @@ import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
-REENCODINGS = ("none", "jpeg85")
+REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
-RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "min_new_tokens")
+RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 
 
@@ -27,8 +27,10 @@ class Settings:
     image_batch: int = 8  # images whose vision pass and prefixes run as one batch (7B: ~0.3 GB KV each)
     max_new_tokens: int | None = None  # None: each text readout's reference length; N: every one N tokens
     image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
-    # none: the image as read | jpeg85: re-encoded as a JPEG of quality 85 first, as lmms-eval hands its
-    # Qwen-VL and Gemma 3 classes every image (RGB, PIL's encoder, then decoded by the processor)
+    # none: the image as read | rgb: PIL's convert('RGB') first, as lmms-eval's POPE task and most VLMEvalKit
+    # classes open it | load_image: transformers' load_image (EXIF orientation, then RGB), as a processor opens
+    # a path | jpeg85: re-encoded as a JPEG of quality 85 first, as lmms-eval hands its Qwen2-VL and Gemma 3
+    # classes every image (RGB, PIL's encoder, then decoded by the processor)
     image_reencode: str = "none"
     # 0 | 1: with 1, a continuation's first token is never a stop id (the best other token where the argmax
     # is one), as generate(min_new_tokens=1) masks the eos ids at the first step (VLMEvalKit's mPLUG-Owl2);
@@ -41,6 +43,9 @@ class Settings:
     # None: the checkpoint processor's pixel bounds | "MIN:MAX": the processor made with min_pixels and
     # max_pixels (AutoProcessor.from_pretrained(..., min_pixels=, max_pixels=), as lmms-eval's Qwen classes)
     processor_pixels: str | None = None
+    # None: the checkpoint processor's tile bounds | "MIN:MAX": its min_patches and max_patches, as lmms-eval's
+    # internvl_hf class passes them (InternVL3)
+    processor_patches: str | None = None
     kernels: str = "auto"  # auto: Triton on CUDA, torch references elsewhere | triton | torch
     prefix_reuse: bool = True  # False: every question prefilled whole (the reference path)
     # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
@@ -64,11 +69,12 @@ class Settings:
             raise ValueError(f"kernels must be auto, triton or torch, not {self.kernels!r}")
         if not RESIZE.fullmatch(self.image_resize):
             raise ValueError(f"image_resize must be none or qwen_vl_utils:FACTOR[:MIN:MAX], not {self.image_resize!r}")
-        if self.processor_pixels is not None:
-            bounds = self.processor_pixels.split(":")
-            if len(bounds) != 2 or not all(b.isdigit() for b in bounds) or not 0 < int(bounds[0]) <= int(bounds[1]):
-                raise ValueError(f"processor_pixels must be MIN:MAX, two pixel counts with 0 < MIN <= MAX, not "
-                                 f"{self.processor_pixels!r}")
+        for name, unit in (("processor_pixels", "pixel"), ("processor_patches", "tile")):
+            value = getattr(self, name)
+            bounds = [] if value is None else value.split(":")
+            if value is not None and (len(bounds) != 2 or not all(b.isdigit() for b in bounds)
+                                      or not 0 < int(bounds[0]) <= int(bounds[1])):
+                raise ValueError(f"{name} must be MIN:MAX, two {unit} counts with 0 < MIN <= MAX, not {value!r}")
         if self.min_new_tokens not in (0, 1):
             raise ValueError(f"min_new_tokens must be 0 or 1, not {self.min_new_tokens!r}")
         for name in ("batch_size", "image_batch", "max_new_tokens"):
@@ -101,10 +107,10 @@ class Settings:
             except RuntimeError as err:
                 raise ValueError(f"kernels 'triton': {err}; use --kernels auto or torch") from None
 
-    @property
-    def processor_bounds(self) -> tuple[int, int] | None:
-        """processor_pixels as (min_pixels, max_pixels), or None: the checkpoint processor's own."""
-        return None if self.processor_pixels is None else tuple(map(int, self.processor_pixels.split(":")))
+    def processor_bounds(self, name: str = "processor_pixels") -> tuple[int, int] | None:
+        """processor_pixels (or processor_patches) as (MIN, MAX), or None: the checkpoint processor's own."""
+        value = getattr(self, name)
+        return None if value is None else tuple(map(int, value.split(":")))
 
     @property
     def torch_device(self) -> torch.device:

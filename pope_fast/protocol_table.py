@@ -6,6 +6,10 @@ from .engine.models import FAMILIES, family_class
 from .readout.protocols import PROTOCOLS, Protocol, coverage, get_template
 from .readout.templates import SAMPLE_QUESTION
 
+# How the listing names each Settings.image_reencode (engine/images.py reencoded)
+IMAGE_STEP = {"none": "", "rgb": ", PIL convert('RGB') first", "load_image": ", opened as transformers' load_image",
+              "jpeg85": ", re-encoded jpeg85"}
+
 
 def describe_protocols(tokenizer=None) -> str:
     """The listing; chat prompts rendered with `tokenizer`'s chat template where one is given, else
@@ -31,9 +35,10 @@ def _describe(protocol: Protocol, tokenizer) -> str:
             length = f"{covered.new_tokens} new tokens" if covered.new_tokens else "no generation"
             if covered.min_new_tokens:
                 length += f" (at least {covered.min_new_tokens})"
-            reencode = "" if covered.image_reencode == "none" else f", re-encoded {covered.image_reencode}"
+            reencode = IMAGE_STEP[covered.image_reencode]
             reencode += "" if covered.image_resize == "none" else f", resized {covered.image_resize}"
             reencode += "" if covered.processor_pixels is None else f", processor pixels {covered.processor_pixels}"
+            reencode += "" if covered.processor_patches is None else f", processor tiles {covered.processor_patches}"
             lines.append(f"  {label}: {covered.model_class}; template {covered.template}, {length}, image "
                          f"{covered.image_aspect}{reencode}")
             lines.append(f"    prompt: {_prompt(covered.template, tokenizer)}")

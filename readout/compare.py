@@ -22,6 +22,7 @@ import numpy as np
 from .metrics import mcnemar_exact, summarize
 from .reading import read_records
 from .readouts import NO, READOUTS, UNKNOWN, YES
+from .protocols.base import TOOL_STEPS
 from .records import Entry, RecordSet
 from .score import POOLED, Unavailable, predictions, question_order
 
@@ -29,8 +30,7 @@ LEVEL = 0.95
 DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")
 # Settings that decide an answer; the rest (device, kernels, batch sizes, prefix reuse, packed or
 # dequantized NF4, the probe) change how it is computed, not what is computed.
-ANSWER_SETTINGS = ("resolved_dtype", "quant", "quantize_lm_head", "image_aspect", "image_reencode",
-                   "min_new_tokens", "image_resize", "processor_pixels")
+ANSWER_SETTINGS = ("resolved_dtype", "quant", "quantize_lm_head", "image_aspect", *TOOL_STEPS)
 SHOWN = 3  # examples named per kind of question-set difference
 
 

@@ -57,7 +57,8 @@ class Family:
     # How the family's own preprocessing shapes an image, for refusing Settings.image_aspect "pad"
     # (original LLaVA's pad to square); None where pad applies.
     own_aspect: ClassVar[str | None] = "keeps the processor's own resizing"
-    processor_pixels: ClassVar[bool] = False  # whether its image processor takes min_pixels/max_pixels bounds
+    # The Settings bounds its image processor takes, each → the processor's keyword arguments it sets
+    processor_bounds: ClassVar[dict[str, tuple[str, str]]] = {}
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
 
     tokenizer: object
@@ -68,9 +69,10 @@ class Family:
     def __init__(self, folder: Path, settings: Settings):
         if settings.image_aspect != "processor" and self.own_aspect is not None:
             raise ValueError(f"image_aspect 'pad' is original LLaVA's pad to square; {self.name} {self.own_aspect}")
-        if settings.processor_pixels is not None and not self.processor_pixels:
-            raise ValueError(f"processor_pixels {settings.processor_pixels}: {self.name}'s processor has no pixel "
-                             "bounds to set (the Qwen-VL families' have)")
+        for name, what in (("processor_pixels", "pixel bounds (the Qwen-VL families' have)"),
+                           ("processor_patches", "tile bounds (InternVL3's has)")):
+            if getattr(settings, name) is not None and name not in self.processor_bounds:
+                raise ValueError(f"{name} {getattr(settings, name)}: {self.name}'s processor has no {what} to set")
         self.folder, self.settings = folder, settings
         self.device, self.dtype = settings.torch_device, settings.torch_dtype
         self.quantize, self.packed = settings.quant == "nf4", settings.nf4_weights == "packed"
@@ -144,6 +146,15 @@ class Family:
             reason = " ".join(str(err).split())
             reason = reason if len(reason) <= 200 else reason[:197] + "..."
             raise CheckpointError(f"{self.folder}: no usable {what} ({reason})") from None
+
+    def image_processor_kwargs(self) -> dict:
+        """The bounds the settings give the image processor, as the keyword arguments it is made with (a tool
+        that passes them per call, as lmms-eval's classes do, gets the same pixels)."""
+        kwargs = {}
+        for name, keys in self.processor_bounds.items():
+            bounds = self.settings.processor_bounds(name)
+            kwargs |= {} if bounds is None else dict(zip(keys, bounds))
+        return kwargs
 
     @cached_property
     def stop_ids(self) -> set[int]:

@@ -46,6 +46,9 @@ class InternVLModel(LlavaModel):
     own_aspect = "tiles every image its own way"
     name_rules = NAME_RULES
     tower_class = "InternVLVisionModel"
+    # lmms-eval's internvl_hf passes min_patches/max_patches with every call (images_kwargs): the same tiles as a
+    # processor made with them
+    processor_bounds = {"processor_patches": ("min_patches", "max_patches")}
 
     def __init__(self, folder: Path, settings: Settings):
         super().__init__(folder, settings)

@@ -76,7 +76,8 @@ class LlavaModel(Family):
             raise CheckpointError(f"{folder}: the tokenizer has no {self.image_marker} token with id "
                                   f"{self.image_token_id} (it encodes {self.image_marker!r} as {marker_ids})")
         self.image_processor = self.pretrained(
-            AutoImageProcessor, "image processor config (preprocessor_config.json or processor_config.json)")
+            AutoImageProcessor, "image processor config (preprocessor_config.json or processor_config.json)",
+            **self.image_processor_kwargs())
         dims = self.text_dims(cfg.text_config)
         parts = self._load(dims)
         proj, extra = parts.get("projector", {}), parts.get("extra", {})

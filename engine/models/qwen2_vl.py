@@ -48,7 +48,7 @@ class Qwen2VLModel(Family):
     default_template = "qwen2_vl_chat"
     image_marker = "<|vision_start|><|image_pad|><|vision_end|>"
     own_aspect = "keeps each image's own aspect"
-    processor_pixels = True
+    processor_bounds = {"processor_pixels": ("min_pixels", "max_pixels")}
 
     def __init__(self, folder: Path, settings: Settings):
         from transformers import AutoImageProcessor, AutoTokenizer
@@ -59,9 +59,9 @@ class Qwen2VLModel(Family):
         self.merge = cfg.vision_config.spatial_merge_size
         # not AutoProcessor: Qwen2VLProcessor also builds a video processor, which needs torchvision
         self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
-        bounds = settings.processor_bounds  # made as lmms-eval makes its processor, where asked
-        self.image_processor = self.pretrained(AutoImageProcessor, "image processor files", **(
-            {} if bounds is None else dict(zip(("min_pixels", "max_pixels"), bounds))))
+        # made as lmms-eval makes its processor, where asked
+        self.image_processor = self.pretrained(AutoImageProcessor, "image processor files",
+                                               **self.image_processor_kwargs())
         if self.tokenizer.convert_tokens_to_ids(IMAGE_PAD) != self.image_token_id:
             raise CheckpointError(f"{folder}: the tokenizer has no {IMAGE_PAD} token with id {self.image_token_id}")
         dims = self.text_dims(cfg.text_config)

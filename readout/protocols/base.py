@@ -27,6 +27,7 @@ class Coverage:
     min_new_tokens: int = 0  # the fewest new tokens the tool's generate makes (engine Settings.min_new_tokens)
     image_resize: str = "none"  # how the tool resizes each image before its processor (Settings.image_resize)
     processor_pixels: str | None = None  # the bounds its processor is made with (Settings.processor_pixels)
+    processor_patches: str | None = None  # the tile bounds it gives its processor (Settings.processor_patches)
 
     def steps(self) -> dict:
         """The TOOL_STEPS the tool takes (each one that is not its default), by name."""
@@ -40,7 +41,7 @@ class Coverage:
 
 # What a tool does to each image and to its generate beyond the prompt and length, each an engine Settings field
 # of the same name and default (meta.json's settings and coverage record each only where it is not the default).
-TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "min_new_tokens")
+TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens")
 STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 

@@ -9,6 +9,9 @@ from ..templates import SHORT_ANSWER, Template
 from .base import Coverage, Protocol, by_model_type, count
 
 QWEN_SYSTEM = "You are a helpful assistant."
+# The POPE task hands every model class its image through PIL's convert('RGB') (tasks/pope/utils.py l.4-6); the
+# classes that re-encode it as a JPEG (jpeg85) convert it to RGB themselves, to the same pixels.
+TASK_IMAGE = "rgb"
 
 
 def lmms_eval_metrics(labels: list[str], decided: list[str]) -> dict:
@@ -51,14 +54,15 @@ def llava_next(config: Mapping) -> Coverage:
     """lmms-eval renders the checkpoint processor's template: LLaVA-1.6-Vicuna's or -Mistral's, by the language
     model inside."""
     vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
-    return Coverage("llava_hf (the chat class)", "lmms_eval_llava_hf" if vicuna else "lmms_eval_mistral", 128)
+    return Coverage("llava_hf (the chat class)", "lmms_eval_llava_hf" if vicuna else "lmms_eval_mistral", 128,
+                    image_reencode=TASK_IMAGE)
 
 
 COVERAGE = {
     "llava": Coverage("llava_hf (the chat class, lmms-eval's default for llava-hf checkpoints)",
-                      "lmms_eval_llava_hf", 128),
+                      "lmms_eval_llava_hf", 128, image_reencode=TASK_IMAGE),
     "llava_next": llava_next,
-    "instructblip": Coverage("instructblip", "lmms_eval_instructblip", 128, deviations=(
+    "instructblip": Coverage("instructblip", "lmms_eval_instructblip", 128, image_reencode=TASK_IMAGE, deviations=(
         "lmms-eval 0.7.2 decodes generate's whole output (models/simple/instructblip.py l.216), which from "
         "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
         "answers as transformers 4.46 and earlier returned them, the new tokens",
@@ -78,17 +82,16 @@ COVERAGE = {
     # image entries carry no bounds, protocol.py to_hf_messages l.82-83), then the processor made with min_pixels
     # 256*28*28 and max_pixels 1605632 resizes again (upscaling a 500x375 image's 504x364 to 532x392).
     "qwen2_5_vl": Coverage("qwen2_5_vl (the chat class, which --model qwen2_5_vl runs)", "lmms_eval_qwen2_vl", 128,
-                           image_resize="qwen_vl_utils:28", processor_pixels="200704:1605632"),
+                           image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:28", processor_pixels="200704:1605632"),
     "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
                        "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
                        "content, whose rendering under the hub tokenizer's own template is not verified here",
     # lmms_eval/models/chat/internvl_hf.py: the processor's chat template over the task's [image, text]
-    # messages (tasks/pope: question + post_prompt), the processor with min/max_patches 1/12, 128 new tokens.
-    "internvl": Coverage("internvl_hf (the chat class)", "lmms_eval_internvl_hf", 128, deviations=(
-        "lmms-eval converts each image with PIL's convert('RGB'), dropping alpha where the processor composites "
-        "it; the same pixels for POPE's RGB JPEGs",
-        "lmms-eval passes min_patches 1 and max_patches 12 to the processor; the checkpoint's own values are used "
-        "here (the same for InternVL3's -hf checkpoints)")),
+    # messages (tasks/pope: question + post_prompt), 128 new tokens, and min_patches 1, max_patches 12 (its
+    # defaults, l.67-68) in every call's images_kwargs (l.248-251): reproduced (processor_patches; InternVL3's -hf
+    # checkpoints hold the same bounds).
+    "internvl": Coverage("internvl_hf (the chat class)", "lmms_eval_internvl_hf", 128, image_reencode=TASK_IMAGE,
+                         processor_patches="1:12"),
     # `--model qwen3_vl` runs the chat class (models/chat/qwen3_vl.py; see qwen2_5_vl above): the system prompt
     # (l.50), the task's image then text, the processor's chat template over them, POPE's 128 new tokens.
     # Reproduced: qwen_vl_utils' resize at image_patch_size 16 (l.66-70: factor 32, its defaults of 4096 to
@@ -96,7 +99,7 @@ COVERAGE = {
     # with qwen_vl_utils' bounds, whose smart_resize leaves such a size as it is (PIL resizes to the same size
     # by copying).
     "qwen3_vl": Coverage("qwen3_vl (the chat class, which --model qwen3_vl runs)", "lmms_eval_qwen2_vl", 128,
-                         image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216"),
+                         image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216"),
     # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).

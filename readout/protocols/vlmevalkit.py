@@ -68,15 +68,16 @@ def llava_next(config: Mapping) -> Coverage:
     LLaVA-1.6-Vicuna's or -Mistral's by the language model inside, over the bare question."""
     vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
     return Coverage("LLaVA_Next (llava_next_vicuna_7b, llava_next_mistral_7b)",
-                    "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048,
+                    "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048, image_reencode="rgb",
                     deviations=("VLMEvalKit cuts the answer out of the whole decoded sequence (at [/INST] or "
                                 "ASSISTANT:, special tokens kept); the same text unless the answer repeats "
                                 "that marker or holds a special token",))
 
 
 COVERAGE = {
-    # vlmeval/vlm/llava/llava.py l.72-79 (2048 new tokens), l.191-196 (image_aspect_ratio "pad")
-    "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad"),
+    # vlmeval/vlm/llava/llava.py l.72-79 (2048 new tokens), l.190 (convert('RGB')), l.191-196 (image_aspect_ratio
+    # "pad")
+    "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad", image_reencode="rgb"),
     "llava_next": llava_next,
     "instructblip": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
                     "penalty 1.5; this engine decodes greedily",
@@ -87,16 +88,15 @@ COVERAGE = {
     "qwen2_vl": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048,
                          image_resize=QWEN_RESIZE),
     # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy, min_new_tokens 1: the first step's eos ids
-    # masked, engine Settings.min_new_tokens), l.98-103 (prompt), l.113-117 (the square)
-    "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, min_new_tokens=1),
+    # masked, engine Settings.min_new_tokens), l.98-103 (prompt), l.113-117 (convert('RGB'), the square)
+    "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, min_new_tokens=1, image_reencode="rgb"),
     # vlmeval/config.py l.2004-2010: Qwen2-VL's bounds and path, use_custom_prompt=False
     "qwen2_5_vl": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048,
                            image_resize=QWEN_RESIZE),
-    # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens); image_base.py build_prompt
+    # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens, convert('RGB') l.742);
+    # image_base.py build_prompt
     "llava_onevision": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
-                                2048, deviations=(
-                                    "VLMEvalKit converts each image with PIL's convert('RGB'), dropping alpha where "
-                                    "the processor composites it; the same pixels for POPE's RGB JPEGs",)),
+                                2048, image_reencode="rgb"),
     "internvl": "VLMEvalKit's InternVLChat runs OpenGVLab's original (non -hf) InternVL3 code through "
                 "trust_remote_code, with its own conversation template and preprocessing; its prompt on an -hf "
                 "checkpoint is not verified here",
@@ -111,8 +111,9 @@ COVERAGE = {
         "l.1451-1462, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",)),
     # vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question] (image_base.py
     # l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template (l.187),
-    # greedy with 4,096 new tokens (l.109-112).
-    "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, deviations=(
+    # greedy with 4,096 new tokens (l.109-112); each image a path in the message (l.127), which the processor
+    # opens with transformers' load_image (EXIF orientation, then convert('RGB')).
+    "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", deviations=(
         "VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), which drops the bidirectional "
         "mask over the image tokens (transformers' Gemma3 sets _supports_flash_attn False for it); here the mask "
         "applies",

@@ -52,14 +52,16 @@ def test_features_are_those_of_the_jpeg(name, tiny):
 def test_settings_record_it_only_where_set():
     assert "image_reencode" not in Settings().to_json()  # a run's meta from before reads as none
     assert Settings(image_reencode="jpeg85").to_json()["image_reencode"] == "jpeg85"
-    with pytest.raises(ValueError, match="image_reencode must be one of none, jpeg85"):
+    with pytest.raises(ValueError, match="image_reencode must be one of none, rgb, load_image, jpeg85"):
         Settings(image_reencode="png")
 
 
 EXPECTED = {"qwen2_vl": {"image_reencode": "jpeg85", "image_resize": "qwen_vl_utils:28:3136:602112",
                          "processor_pixels": "3136:602112"},
-            "qwen2_5_vl": {"image_resize": "qwen_vl_utils:28", "processor_pixels": "200704:1605632"},
-            "qwen3_vl": {"image_resize": "qwen_vl_utils:32", "processor_pixels": "4096:16777216"}}
+            "qwen2_5_vl": {"image_reencode": "rgb", "image_resize": "qwen_vl_utils:28",
+                           "processor_pixels": "200704:1605632"},
+            "qwen3_vl": {"image_reencode": "rgb", "image_resize": "qwen_vl_utils:32",
+                         "processor_pixels": "4096:16777216"}}
 
 
 @pytest.mark.parametrize("family", list(EXPECTED))
@@ -174,3 +176,77 @@ def test_vlmevalkit_qwen2_5_vl_upscales_within_its_config_bounds(tiny):
         images=image.resize((1176, 868), resample=Image.Resampling.BICUBIC), return_tensors="np")
     ours = Engine.load(checkpoint, Settings(image_resize=covered.image_resize))._preprocessed(image)
     assert np.array_equal(ours[0], theirs["pixel_values"]) and tuple(ours[1]) == tuple(theirs["image_grid_thw"][0])
+
+
+def _alpha_image() -> Image.Image:
+    """An RGBA image whose left half is transparent over colours a white composite would hide."""
+    pixels = np.random.default_rng(7).integers(0, 256, (40, 60, 4), dtype=np.uint8)
+    pixels[:, :30, 3] = 0
+    return Image.fromarray(pixels, "RGBA")
+
+
+@pytest.mark.parametrize("mode", ["RGBA", "LA", "L", "P", "RGB"])
+def test_rgb_is_pils_convert_and_load_image_is_transformers(tmp_path, mode):
+    """rgb: the pixels of PIL's convert('RGB') (lmms-eval's tasks/pope/utils.py l.4-6, VLMEvalKit's LLaVA classes),
+    which keep the colours under a transparent pixel where a processor composites them over white; load_image:
+    transformers' load_image of the file (its EXIF orientation applied, as a processor opens a path: VLMEvalKit's
+    Gemma3)."""
+    from transformers.image_utils import load_image
+
+    from pope_fast.engine.images import to_rgb
+
+    image = _alpha_image().convert(mode)
+    ours = reencoded(image, "rgb")
+    assert ours.mode == "RGB" and ours.tobytes() == image.convert("RGB").tobytes()
+    if mode in ("RGBA", "LA"):
+        assert ours.tobytes() != to_rgb(image).tobytes()  # not the processors' composite
+    rotated = synthetic_image(2, (60, 40))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # orientation: the stored image is turned 90 degrees
+    path = tmp_path / "turned.jpg"
+    rotated.save(path, exif=exif)
+    opened = Image.open(path)
+    theirs = load_image(str(path))
+    ours = reencoded(opened, "load_image")
+    assert ours.size == theirs.size == (40, 60) and ours.tobytes() == theirs.tobytes()
+    assert reencoded(opened, "rgb").size == (60, 40)  # convert('RGB') leaves the orientation alone
+
+
+def test_rgb_features_are_those_of_the_converted_image(tiny):
+    """Under rgb the engine's features are those of the image convert('RGB') makes, not the processor's own
+    composite of the image as read, and their cache entry is their own."""
+    checkpoint = tiny.checkpoint("llava")
+    image = _alpha_image()
+    rgb, plain = Engine.load(checkpoint, Settings(image_reencode="rgb")), Engine.load(checkpoint, Settings())
+    ours = rgb.features(image)
+    assert torch.equal(ours, plain.features(image.convert("RGB")))
+    assert not torch.equal(ours, plain.features(image))
+    assert rgb.prepare([image])[0].key != plain.prepare([image])[0].key
+
+
+def test_internvl_tile_bounds_are_lmms_eval_images_kwargs(tiny):
+    """processor_patches MIN:MAX (lmms-eval's internvl_hf: min_patches and max_patches in every call's
+    images_kwargs, models/chat/internvl_hf.py l.248-251): the engine's tiles are the processor's under those
+    bounds per call, not its own (up to 6 tiles in the tiny checkpoint), in their own cache entry; refused for a
+    family whose processor has no tile bounds; --protocol lmms-eval sets 1:12."""
+    from transformers import AutoImageProcessor
+
+    from pope_fast.engine.models import protocol_for
+
+    checkpoint = tiny.checkpoint("internvl")
+    image = synthetic_image(1, (300, 100))
+    theirs = AutoImageProcessor.from_pretrained(str(checkpoint))(
+        images=image, crop_to_patches=True, min_patches=1, max_patches=2, return_tensors="np")["pixel_values"]
+    bounded = Engine.load(checkpoint, Settings(processor_patches="1:2"))
+    plain = Engine.load(checkpoint, Settings())
+    ours = bounded._preprocessed(image)
+    assert np.array_equal(ours, theirs) and ours.shape[0] < plain._preprocessed(image).shape[0]
+    assert bounded.prepare([image])[0].key != plain.prepare([image])[0].key
+    assert Settings(processor_patches="1:2").to_json()["processor_patches"] == "1:2"
+    assert "processor_patches" not in Settings().to_json()
+    with pytest.raises(ValueError, match="processor_patches must be MIN:MAX, two tile counts"):
+        Settings(processor_patches="0:2")
+    with pytest.raises(ValueError, match="LLaVA-1.5's processor has no tile bounds"):
+        Engine.load(tiny.checkpoint("llava"), Settings(processor_patches="1:12"))
+    covered = protocol_for(checkpoint, "lmms-eval")
+    assert (covered.processor_patches, covered.image_reencode, covered.deviations) == ("1:12", "rgb", ())

@@ -487,11 +487,12 @@ def test_vlmevalkit_mplug_owl2_generates_at_least_one_token_and_score_checks_it(
 def test_lmms_eval_runs_the_chat_class_where_it_registers_one():
     """lmms-eval resolves --model qwen2_5_vl and qwen3_vl to their chat classes (models/registry_v2.py l.82-97,
     models/__init__.py AVAILABLE_CHAT_TEMPLATE_MODELS at v0.7.2), which hand qwen_vl_utils the image as read:
-    no JPEG round trip there; qwen2_vl has only its simple class, which re-encodes each image as JPEG q85."""
+    no JPEG round trip there (only the POPE task's convert('RGB')); qwen2_vl has only its simple class, which
+    re-encodes each image as JPEG q85."""
     for family in ("qwen2_5_vl", "qwen3_vl"):
         covered = coverage("lmms-eval", family_class(family), {})
-        assert "the chat class" in covered.model_class and covered.image_reencode == "none"
-        assert "image_reencode" not in covered.to_json()
+        assert "the chat class" in covered.model_class and covered.image_reencode == "rgb"
+        assert covered.to_json()["image_reencode"] == "rgb"
     assert coverage("lmms-eval", family_class("qwen2_vl"), {}).image_reencode == "jpeg85"
 
 
