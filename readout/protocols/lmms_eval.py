@@ -82,7 +82,8 @@ COVERAGE = {
     # image entries carry no bounds, protocol.py to_hf_messages l.82-83), then the processor made with min_pixels
     # 256*28*28 and max_pixels 1605632 resizes again (upscaling a 500x375 image's 504x364 to 532x392).
     "qwen2_5_vl": Coverage("qwen2_5_vl (the chat class, which --model qwen2_5_vl runs)", "lmms_eval_qwen2_vl", 128,
-                           image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:28", processor_pixels="200704:1605632"),
+                           image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:28",
+                           processor_pixels="200704:1605632"),
     "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
                        "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
                        "content, whose rendering under the hub tokenizer's own template is not verified here",
