@@ -41,6 +41,25 @@ def _read_json(path: Path) -> dict:
     return data
 
 
+def checkpoint_dtype(folder: Path, config: dict) -> torch.dtype | None:
+    """The dtype from_pretrained(dtype="auto") loads a checkpoint in: config.json's dtype (torch_dtype before
+    transformers 5), else its weights' first floating tensor's (modeling_utils `_get_dtype`); None for
+    neither."""
+    named = config.get("dtype") or config.get("torch_dtype")
+    if isinstance(named, str) and isinstance(getattr(torch, named, None), torch.dtype):
+        return getattr(torch, named)
+    for name, path in tensor_files(folder).items():
+        with open_shard(path) as f:
+            tensor = f.get_slice(name) if hasattr(f, "get_slice") else f.get_tensor(name)
+            dtype = tensor.dtype if isinstance(tensor, torch.Tensor) else _SAFETENSORS_DTYPES.get(tensor.get_dtype())
+        if dtype is not None and dtype.is_floating_point:
+            return dtype
+    return None
+
+
+_SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+
+
 # Buffers that checkpoints store as integers (indices, not weights) where they store them at all: the
 # modules recompute them, so load_grouped takes them as optional and load_module does not miss them.
 INDEX_BUFFERS = ("position_ids",)

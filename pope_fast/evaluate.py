@@ -19,7 +19,7 @@ from .readout import READOUTS, compare_runs, find_question_files, format_compare
 from .readout.benchmarks import REGISTRY, benchmark_questions
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
-from .readout.protocols import TOOL_STEPS, format_protocol_runs, get_protocol
+from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING, parse_readouts
 from .score_jobs import score_paths
 from .store import RunLock, atomic_write
@@ -196,8 +196,18 @@ def _under_protocol(job: EvalJob, model_dir: Path, settings: Settings):
     coverage = protocol_for(model_dir, job.protocol)
     readout = get_protocol(job.protocol).readout
     lengths = {readout: coverage.new_tokens} if coverage.new_tokens and READOUTS[readout].kind in GENERATING else None
+    return coverage.template, protocol_settings(settings, coverage), lengths
+
+
+def protocol_settings(settings: Settings, coverage: Coverage) -> Settings:
+    """`settings` as the tool runs the checkpoint: its image handling and steps, and its dtype unless --dtype
+    names one (a GPU without bf16, say: `score --protocol` then names the difference) or NF4 is asked for with
+    a tool's fp32, which NF4 cannot compute in (and no tool quantizes)."""
     steps = {name: getattr(coverage, name) for name in TOOL_STEPS}
-    return coverage.template, replace(settings, image_aspect=coverage.image_aspect, **steps), lengths
+    if settings.dtype is None and coverage.dtype is not None and not (settings.quant == "nf4"
+                                                                      and coverage.dtype == "fp32"):
+        steps["dtype"] = coverage.dtype
+    return replace(settings, image_aspect=coverage.image_aspect, **steps)
 
 
 def checked_folders(model_dir, out_dir, cache_dir) -> Path:

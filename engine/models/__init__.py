@@ -4,13 +4,14 @@ its module here, one line in FAMILIES and its test file."""
 from __future__ import annotations
 
 import importlib
+from dataclasses import replace
 from pathlib import Path
 
 import json
 
 from ...readout.protocols import PROTOCOLS, Coverage, coverage, get_template
-from ..loader import CheckpointError, read_config
-from ..settings import Settings
+from ..loader import CheckpointError, checkpoint_dtype, read_config
+from ..settings import DTYPES, Settings
 from .base import Family, TextOnlyRefused
 
 # model_type → "module:class" within this package, in the order tables list them.
@@ -93,6 +94,10 @@ def protocol_for(folder: str | Path, name: str) -> Coverage:
         raise CheckpointError(f"{folder}: protocol {name} renders its prompt ({covered.template}) with the "
                               "tokenizer's chat template, and the checkpoint has none (tokenizer_config.json's "
                               "chat_template, chat_template.json or chat_template.jinja)")
+    if covered.dtype == "auto":  # the tool loads the checkpoint's own dtype: named as --dtype names it
+        own = checkpoint_dtype(folder, config)
+        named = {dtype: name for name, dtype in DTYPES.items()}
+        covered = replace(covered, dtype=named.get(own, "fp32"))  # fp64 or none found: torch's default
     return covered
 
 

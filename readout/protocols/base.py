@@ -28,6 +28,10 @@ class Coverage:
     image_resize: str = "none"  # how the tool resizes each image before its processor (Settings.image_resize)
     processor_pixels: str | None = None  # the bounds its processor is made with (Settings.processor_pixels)
     processor_patches: str | None = None  # the tile bounds it gives its processor (Settings.processor_patches)
+    # the dtype the tool loads the model in (Settings.dtype): fp16 | bf16 | fp32, or "auto": the checkpoint's
+    # own, as from_pretrained's dtype="auto" (transformers 5's default) reads it from config.json, resolved per
+    # checkpoint (protocol_for); None: the tool pins none, so --dtype's applies
+    dtype: str | None = None
 
     def steps(self) -> dict:
         """The TOOL_STEPS the tool takes (each one that is not its default), by name."""
@@ -35,8 +39,9 @@ class Coverage:
 
     def to_json(self) -> dict:
         # the steps recorded where the tool takes them: a run's meta from before them reads as their defaults
+        dtype = {} if self.dtype is None else {"dtype": self.dtype}
         return {"model_class": self.model_class, "template": self.template, "max_new_tokens": self.new_tokens,
-                "image_aspect": self.image_aspect, **self.steps(), "deviations": list(self.deviations)}
+                "image_aspect": self.image_aspect, **self.steps(), **dtype, "deviations": list(self.deviations)}
 
 
 # What a tool does to each image and to its generate beyond the prompt and length, each an engine Settings field

@@ -22,7 +22,9 @@ TEMPLATES = (
 ONLY_LLAVA = "LLaVA's pope.sh evaluates LLaVA-1.5"
 COVERAGE = {
     # model_vqa_loader: process_images pads to square (LLaVA-1.5's image_aspect_ratio "pad")
-    "llava": Coverage("model_vqa_loader --conv-mode vicuna_v1", "llava_official", 128, image_aspect="pad"),
+    # fp16: load_pretrained_model (llava/model/builder.py l.42-43), which model_vqa_loader calls
+    "llava": Coverage("model_vqa_loader --conv-mode vicuna_v1", "llava_official", 128, image_aspect="pad",
+                      dtype="fp16"),
     "llava_next": ONLY_LLAVA + "; LLaVA-NeXT's own numbers come from lmms-eval",
     "instructblip": ONLY_LLAVA,
     "qwen2_vl": ONLY_LLAVA,

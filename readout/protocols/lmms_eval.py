@@ -55,23 +55,27 @@ def llava_next(config: Mapping) -> Coverage:
     model inside."""
     vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
     return Coverage("llava_hf (the chat class)", "lmms_eval_llava_hf" if vicuna else "lmms_eval_mistral", 128,
-                    image_reencode=TASK_IMAGE)
+                    image_reencode=TASK_IMAGE, dtype="auto")
 
 
+# Each class's dtype: llava_hf's dtype="auto" (models/simple/llava_hf.py l.69, l.97: the checkpoint's own, as
+# config.json names it), instructblip's none (l.44: transformers 5's default, "auto" too), qwen2_vl's "auto"
+# (l.67, l.72), bfloat16 for qwen2_5_vl (simple l.73), qwen3_vl (simple l.117), internvl_hf (l.103) and gemma3
+# (simple l.65). The chat classes load through their simple ones.
 COVERAGE = {
     "llava": Coverage("llava_hf (the chat class, lmms-eval's default for llava-hf checkpoints)",
-                      "lmms_eval_llava_hf", 128, image_reencode=TASK_IMAGE),
+                      "lmms_eval_llava_hf", 128, image_reencode=TASK_IMAGE, dtype="auto"),
     "llava_next": llava_next,
-    "instructblip": Coverage("instructblip", "lmms_eval_instructblip", 128, image_reencode=TASK_IMAGE, deviations=(
+    "instructblip": Coverage("instructblip", "lmms_eval_instructblip", 128, image_reencode=TASK_IMAGE, dtype="auto",
+                             deviations=(
         "lmms-eval 0.7.2 decodes generate's whole output (models/simple/instructblip.py l.216), which from "
         "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
-        "answers as transformers 4.46 and earlier returned them, the new tokens",
-        "lmms-eval passes no dtype (transformers' default applies); here --dtype does")),
+        "answers as transformers 4.46 and earlier returned them, the new tokens",)),
     # models/simple/qwen2_vl.py (no chat class: the simple one runs): each image a JPEG data URL of quality 85
     # (l.173-180, l.293), which qwen_vl_utils resizes within the message's min_pixels 3136 and max_pixels 602112
     # (l.42-43, l.293-295, l.348), for a processor made with those bounds (l.73).
     "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85",
-                         image_resize="qwen_vl_utils:28:3136:602112", processor_pixels="3136:602112"),
+                         image_resize="qwen_vl_utils:28:3136:602112", processor_pixels="3136:602112", dtype="auto"),
     "mplug_owl2": "lmms-eval 0.7.2 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
     # `--model qwen2_5_vl` runs the chat class: models/registry_v2.py l.82-97 (v0.7.2) resolves a name to its
     # chat class where models/__init__.py registers one (AVAILABLE_CHAT_TEMPLATE_MODELS: qwen2_5_vl, qwen3_vl,
@@ -83,7 +87,7 @@ COVERAGE = {
     # 256*28*28 and max_pixels 1605632 resizes again (upscaling a 500x375 image's 504x364 to 532x392).
     "qwen2_5_vl": Coverage("qwen2_5_vl (the chat class, which --model qwen2_5_vl runs)", "lmms_eval_qwen2_vl", 128,
                            image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:28",
-                           processor_pixels="200704:1605632"),
+                           processor_pixels="200704:1605632", dtype="bf16"),
     "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
                        "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
                        "content, whose rendering under the hub tokenizer's own template is not verified here",
@@ -92,7 +96,7 @@ COVERAGE = {
     # defaults, l.67-68) in every call's images_kwargs (l.248-251): reproduced (processor_patches; InternVL3's -hf
     # checkpoints hold the same bounds).
     "internvl": Coverage("internvl_hf (the chat class)", "lmms_eval_internvl_hf", 128, image_reencode=TASK_IMAGE,
-                         processor_patches="1:12"),
+                         processor_patches="1:12", dtype="bf16"),
     # `--model qwen3_vl` runs the chat class (models/chat/qwen3_vl.py; see qwen2_5_vl above): the system prompt
     # (l.50), the task's image then text, the processor's chat template over them, POPE's 128 new tokens.
     # Reproduced: qwen_vl_utils' resize at image_patch_size 16 (l.66-70: factor 32, its defaults of 4096 to
@@ -100,7 +104,8 @@ COVERAGE = {
     # with qwen_vl_utils' bounds, whose smart_resize leaves such a size as it is (PIL resizes to the same size
     # by copying).
     "qwen3_vl": Coverage("qwen3_vl (the chat class, which --model qwen3_vl runs)", "lmms_eval_qwen2_vl", 128,
-                         image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216"),
+                         image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216",
+                         dtype="bf16"),
     # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
@@ -108,7 +113,7 @@ COVERAGE = {
     # its max_length of 2048 (l.79, l.271) on the tokenizer's side, gemma-3's left: masked, with positions
     # that follow the mask, the unpadded prompt's logits to rounding (tests/families/test_gemma3.py
     # test_lmms_eval_padding_changes_no_logit), so the unpadded run is lmms-eval's.
-    "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85"),
+    "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85", dtype="bf16"),
 }
 
 PROTOCOL = Protocol(

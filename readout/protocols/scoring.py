@@ -10,6 +10,7 @@ from ..score import POOLED, Unavailable, predictions, question_order
 from .base import STEP_DEFAULTS, TOOL_STEPS, Protocol
 from .registry import SCORING_PROTOCOLS
 
+TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # Settings' names → meta's resolved
 COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool's number format
 
 
@@ -43,6 +44,9 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
             shown = [v if v is not None else "the checkpoint's" for v in (ours, theirs)]
             kind = "generation" if name == "min_new_tokens" else "image"
             out.append(f"{kind}: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")
+    dtype, ours = coverage.get("dtype"), (meta.get("settings") or {}).get("resolved_dtype")
+    if dtype in TORCH_DTYPES and ours is not None and ours != TORCH_DTYPES[dtype]:
+        out.append(f"dtype: this run computed in {ours}, {protocol.name} loads the model in {TORCH_DTYPES[dtype]}")
     wanted = coverage["max_new_tokens"]
     generated = ((meta.get("generation") or {}).get(protocol.readout) or {}).get("max_new_tokens")
     if wanted is not None and generated != wanted:

@@ -69,6 +69,7 @@ def llava_next(config: Mapping) -> Coverage:
     vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
     return Coverage("LLaVA_Next (llava_next_vicuna_7b, llava_next_mistral_7b)",
                     "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048, image_reencode="rgb",
+                    dtype="fp16",  # l.257-275
                     deviations=("VLMEvalKit cuts the answer out of the whole decoded sequence (at [/INST] or "
                                 "ASSISTANT:, special tokens kept); the same text unless the answer repeats "
                                 "that marker or holds a special token",))
@@ -76,27 +77,30 @@ def llava_next(config: Mapping) -> Coverage:
 
 COVERAGE = {
     # vlmeval/vlm/llava/llava.py l.72-79 (2048 new tokens), l.190 (convert('RGB')), l.191-196 (image_aspect_ratio
-    # "pad")
-    "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad", image_reencode="rgb"),
+    # "pad"); fp16: LLaVA's load_pretrained_model (l.48-54; llava/model/builder.py l.42-43 at c121f04)
+    "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad", image_reencode="rgb",
+                      dtype="fp16"),
     "llava_next": llava_next,
     "instructblip": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
                     "penalty 1.5; this engine decodes greedily",
     # vlmeval/config.py l.1936-1941: min_pixels 1280*28*28, max_pixels 16384*28*28, which vlm/qwen2_vl/model.py
     # _prepare_content (l.318-335) puts on each image entry for qwen_vl_utils (l.485: process_vision_info) to
     # resize within (upscaling a COCO image to about 1,300 visual tokens); the checkpoint's own processor (l.258,
-    # l.263) then leaves that size as it is.
+    # l.263) then leaves that size as it is. The model in its own dtype (torch_dtype='auto', l.312).
     "qwen2_vl": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048,
-                         image_resize=QWEN_RESIZE),
+                         image_resize=QWEN_RESIZE, dtype="auto"),
     # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy, min_new_tokens 1: the first step's eos ids
-    # masked, engine Settings.min_new_tokens), l.98-103 (prompt), l.113-117 (convert('RGB'), the square)
-    "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, min_new_tokens=1, image_reencode="rgb"),
+    # masked, engine Settings.min_new_tokens), l.98-103 (prompt), l.113-117 (convert('RGB'), the square); fp16:
+    # mPLUG-Owl2's load_pretrained_model (l.28-29; mPLUG-Owl2/mplug_owl2/model/builder.py l.44 at X-PLUG 0f3068f)
+    "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, min_new_tokens=1, image_reencode="rgb",
+                           dtype="fp16"),
     # vlmeval/config.py l.2004-2010: Qwen2-VL's bounds and path, use_custom_prompt=False
     "qwen2_5_vl": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048,
-                           image_resize=QWEN_RESIZE),
-    # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens, convert('RGB') l.742);
-    # image_base.py build_prompt
+                           image_resize=QWEN_RESIZE, dtype="auto"),
+    # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens, convert('RGB') l.742), fp16
+    # (l.723-724); image_base.py build_prompt
     "llava_onevision": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
-                                2048, image_reencode="rgb"),
+                                2048, image_reencode="rgb", dtype="fp16"),
     "internvl": "VLMEvalKit's InternVLChat runs OpenGVLab's original (non -hf) InternVL3 code through "
                 "trust_remote_code, with its own conversation template and preprocessing; its prompt on an -hf "
                 "checkpoint is not verified here",
@@ -104,16 +108,18 @@ COVERAGE = {
     # dataset's [image, question] messages (no system_prompt: the template's own opening), through the
     # processor's chat template (vlm/qwen3_vl/model.py l.361-367), 16384 new tokens. Each image resized by
     # qwen_vl_utils at image_patch_size 16 (l.371-376) within its default bounds (the config sets none, so
-    # _prepare_content l.165-181 adds none), then by the checkpoint's processor: reproduced (image_resize).
+    # _prepare_content l.165-181 adds none), then by the checkpoint's processor: reproduced (image_resize). The
+    # model in its own dtype (dtype='auto', l.155-159).
     "qwen3_vl": Coverage("Qwen3VLChat (Qwen3-VL-8B-Instruct)", "vlmevalkit_qwen2_5_vl", 16384,
-                         image_resize="qwen_vl_utils:32", deviations=(
+                         image_resize="qwen_vl_utils:32", dtype="auto", deviations=(
         "VLMEvalKit samples with vLLM (temperature 0.7, top_p 0.8, top_k 20, presence_penalty 1.5: config.py "
         "l.1451-1462, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",)),
     # vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question] (image_base.py
     # l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template (l.187),
     # greedy with 4,096 new tokens (l.109-112); each image a path in the message (l.127), which the processor
-    # opens with transformers' load_image (EXIF orientation, then convert('RGB')).
-    "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", deviations=(
+    # opens with transformers' load_image (EXIF orientation, then convert('RGB')); bf16 (l.103).
+    "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", dtype="bf16",
+                       deviations=(
         "VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), which drops the bidirectional "
         "mask over the image tokens (transformers' Gemma3 sets _supports_flash_attn False for it); here the mask "
         "applies",
