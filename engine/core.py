@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from ..readout import Template, get_template
+from ..readout.protocols import ANSWER_CUTS
 from ..readout.readout_plan import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import token_strings, tokenizer_info
@@ -66,7 +67,7 @@ class Engine:
         dims = model.lm.dims
         self.readout = ReadoutPlan.make(model.tokenizer, self.template, readouts, vocab_size=dims.vocab_size,
                                         max_new_tokens=settings.max_new_tokens, positions=dims.max_positions,
-                                        lengths=lengths)
+                                        lengths=lengths, answer_cut=ANSWER_CUTS.get(settings.answer_cut))
         self.cache = cache or VisionCache()
         self.runner = Runner(model, settings, self.readout)
         # part of every feature-cache key (a re-encoding only where one is asked: the keys of before stay valid)

@@ -35,6 +35,7 @@ class Runner:
         self.model, self.settings, self.readout = model, settings, readout
         self.timings, self.counts = Timings(), Counts()
         self._decode = partial(model.tokenizer.decode, skip_special_tokens=True)
+        self._decode_special = partial(model.tokenizer.decode, skip_special_tokens=False)  # a tool's answer cut
         # the length alone ends a continuation, unless a readout's text ends at its first sentence
         self._finished = partial(readout.finished, stop_ids=model.stop_ids, decode=self._decode) \
             if readout.first_sentence else None
@@ -137,7 +138,9 @@ class Runner:
             generated = self.model.lm.decode(prefix, batch.slots, kv, first, max(allowed), self.model.stop_ids,
                                              intervention, self._finished)
         self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
-        # the prompt's own ids: image slots are special tokens, skipped when decoded anyway
+        # the prompt's own ids: image slots are special tokens, skipped when decoded anyway (an answer cut
+        # reads past the prompt's closing marker, which follows them)
         return [self.readout.texts(tokens[:steps], self.model.stop_ids, self._decode,
-                                   [t for t in row.layout.ids if t != row.layout.image_token_id])
+                                   [t for t in row.layout.ids if t != row.layout.image_token_id],
+                                   self._decode_special)
                 for row, tokens, steps in zip(batch.rows, generated.tolist(), allowed)]

@@ -7,12 +7,15 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
+from ..readout.protocols import ANSWER_CUTS
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
 REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
-RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens")
+RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
+                      "answer_cut")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 
 
@@ -36,6 +39,10 @@ class Settings:
     # is one), as generate(min_new_tokens=1) masks the eos ids at the first step (VLMEvalKit's mPLUG-Owl2);
     # the readouts of the answer position's logits are unchanged
     min_new_tokens: int = 0
+    # none: a text readout reads the new tokens up to the stop token, decoded without special tokens | a name in
+    # readout ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
+    # tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's instructblip
+    answer_cut: str = "none"
     # none | qwen_vl_utils:F[:MIN:MAX]: each image first resized as qwen_vl_utils' fetch_image resizes it (F: 2 x
     # the patch size; MIN and MAX the pixel bounds a message gives it, else its defaults; PIL's bicubic), as
     # lmms-eval's Qwen-VL classes do
@@ -75,6 +82,8 @@ class Settings:
             if value is not None and (len(bounds) != 2 or not all(b.isdigit() for b in bounds)
                                       or not 0 < int(bounds[0]) <= int(bounds[1])):
                 raise ValueError(f"{name} must be MIN:MAX, two {unit} counts with 0 < MIN <= MAX, not {value!r}")
+        if self.answer_cut != "none" and self.answer_cut not in ANSWER_CUTS:
+            raise ValueError(f"answer_cut must be none or one of {', '.join(ANSWER_CUTS)}, not {self.answer_cut!r}")
         if self.min_new_tokens not in (0, 1):
             raise ValueError(f"min_new_tokens must be 0 or 1, not {self.min_new_tokens!r}")
         for name in ("batch_size", "image_batch", "max_new_tokens"):

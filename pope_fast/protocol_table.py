@@ -35,6 +35,8 @@ def _describe(protocol: Protocol, tokenizer) -> str:
             length = f"{covered.new_tokens} new tokens" if covered.new_tokens else "no generation"
             if covered.min_new_tokens:
                 length += f" (at least {covered.min_new_tokens})"
+            if covered.answer_cut != "none":
+                length += f", the answer cut from the whole output ({covered.answer_cut})"
             reencode = IMAGE_STEP[covered.image_reencode]
             reencode += "" if covered.image_resize == "none" else f", resized {covered.image_resize}"
             reencode += "" if covered.processor_pixels is None else f", processor pixels {covered.processor_pixels}"

@@ -9,6 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .continuation import Decode, all_finished, cut, generation_plan
+from .protocols.base import AnswerCut
 from .readouts import FIRST_TOKEN, GENERATING, LOGIT, READOUTS, SEQUENCE, Generation, Missing, TokenSets, parse_readouts
 from .templates import Template
 from .tokens import derive_token_sets, outside_vocabulary
@@ -20,14 +21,17 @@ class ReadoutPlan:
     token_sets: Mapping[str, TokenSets]  # every logit and first-token readout of this vocabulary
     candidate_ids: tuple[int, ...]  # the ids whose logits each answer records: every logit readout's
     generation: Mapping[str, Generation]  # each decided text readout's continuation
+    answer_cut: AnswerCut | None = None  # how a tool makes its rule's text from its whole output, if it does
 
     @classmethod
     def make(cls, tokenizer, template: Template, spec: str | list[str] | None, *, vocab_size: int,
-             max_new_tokens: int | None, positions: int, lengths: Mapping[str, int] | None = None) -> "ReadoutPlan":
+             max_new_tokens: int | None, positions: int, lengths: Mapping[str, int] | None = None,
+             answer_cut: AnswerCut | None = None) -> "ReadoutPlan":
         """The plan for `spec` ("all", None, or readout names) under this tokenizer and template, for a
         model of vocab_size lm_head rows and `positions` positions. A logit readout whose fixed ids lie
         outside the vocabulary is dropped from "all", and refused (ValueError) when named. `lengths`: new
-        tokens for some text readouts (a protocol's tool's), in place of their references'."""
+        tokens for some text readouts (a protocol's tool's), in place of their references'. `answer_cut`: how
+        a tool's rule reads its text from the whole output instead (Settings.answer_cut)."""
         spec = ",".join(spec) if isinstance(spec, list) else spec
         names = parse_readouts(spec)
         explicit = spec is not None and spec.strip() != "all"
@@ -44,7 +48,7 @@ class ReadoutPlan:
         if max_new_tokens is not None and generation and max_new_tokens >= positions:
             raise ValueError(f"max_new_tokens {max_new_tokens} leaves no room for a prompt in the model's "
                              f"{positions} positions (max_position_embeddings)")
-        return cls(tuple(names), token_sets, tuple(ids), generation)
+        return cls(tuple(names), token_sets, tuple(ids), generation, answer_cut)
 
     @property
     def generates(self) -> bool:
@@ -65,11 +69,15 @@ class ReadoutPlan:
         """Whether every row's greedy tokens so far are all that every decided readout reads."""
         return all_finished(rows, stop_ids, self.generation, decode)
 
-    def texts(self, tokens: list[int], stop_ids: set[int], decode: Decode, prompt_ids: list[int]) -> dict:
+    def texts(self, tokens: list[int], stop_ids: set[int], decode: Decode, prompt_ids: list[int],
+              decode_special: Decode | None = None) -> dict:
         """What a row's greedy tokens give the readouts (PromptResult's text fields): `decoded`, the new
         tokens up to the first stop token; `texts`, each text readout's own prefix of them;
         `decoded_sequence`, for string_parse_with_prompt, the prompt's ids and its prefix decoded as one;
         `capped`, the readouts whose text its length cut (the answer may go on past what they read).
+        Under an answer_cut, its readout's text is the cut of the prompt, that readout's prefix and the stop
+        token that ended it, decoded as one (by `decode_special` where the tool keeps special tokens), as the
+        tool decodes generate's output.
 
         Only the new tokens make the text readouts' texts: decoding the prompt too is how published
         InstructBLIP string_parse scores picked up 'yes' from 'Answer yes or no only', which
@@ -79,7 +87,14 @@ class ReadoutPlan:
         sequence = None
         if whole:
             sequence = decode(list(prompt_ids) + list(continuation.ids[:continuation.ends[whole[0]]]))
-        return {"decoded": continuation.text, "texts": continuation.texts, "decoded_sequence": sequence,
+        texts = continuation.texts
+        tool = self.answer_cut
+        if tool is not None and tool.readout in continuation.ends:
+            end, ids = continuation.ends[tool.readout], continuation.ids
+            ended = [tokens[end]] if end == len(ids) < len(tokens) else []  # the stop token generate returns
+            whole = (decode_special if tool.special_tokens else decode)([*prompt_ids, *ids[:end], *ended])
+            texts = {**texts, tool.readout: tool.cut(whole)}
+        return {"decoded": continuation.text, "texts": texts, "decoded_sequence": sequence,
                 "capped": continuation.capped}
 
     def at_answer_position(self) -> "ReadoutPlan":

@@ -28,6 +28,8 @@ class Coverage:
     image_resize: str = "none"  # how the tool resizes each image before its processor (Settings.image_resize)
     processor_pixels: str | None = None  # the bounds its processor is made with (Settings.processor_pixels)
     processor_patches: str | None = None  # the tile bounds it gives its processor (Settings.processor_patches)
+    # how the tool cuts its answer out of generate's whole output (Settings.answer_cut; registry ANSWER_CUTS)
+    answer_cut: str = "none"
     # the dtype the tool loads the model in (Settings.dtype): fp16 | bf16 | fp32, or "auto": the checkpoint's
     # own, as from_pretrained's dtype="auto" (transformers 5's default) reads it from config.json, resolved per
     # checkpoint (protocol_for); None: the tool pins none, so --dtype's applies
@@ -44,9 +46,20 @@ class Coverage:
                 "image_aspect": self.image_aspect, **self.steps(), **dtype, "deviations": list(self.deviations)}
 
 
+@dataclass(frozen=True)
+class AnswerCut:
+    """How a tool makes its answer from generate's whole output (the prompt, the new tokens and the stop token
+    that ended them, decoded as one), where it does not decode the new tokens alone (Settings.answer_cut)."""
+
+    readout: str  # the tool's rule, whose text this is (the other readouts read the new tokens, as theirs do)
+    special_tokens: bool  # decoded with the special tokens (skip_special_tokens=False), or without them
+    cut: Callable[[str], str]  # that text → the tool's answer
+
+
 # What a tool does to each image and to its generate beyond the prompt and length, each an engine Settings field
 # of the same name and default (meta.json's settings and coverage record each only where it is not the default).
-TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens")
+TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
+              "answer_cut")
 STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 

@@ -66,11 +66,12 @@ COVERAGE = {
     "llava": Coverage("llava_hf (the chat class, lmms-eval's default for llava-hf checkpoints)",
                       "lmms_eval_llava_hf", 128, image_reencode=TASK_IMAGE, dtype="auto"),
     "llava_next": llava_next,
-    "instructblip": Coverage("instructblip", "lmms_eval_instructblip", 128, image_reencode=TASK_IMAGE, dtype="auto",
-                             deviations=(
-        "lmms-eval 0.7.2 decodes generate's whole output (models/simple/instructblip.py l.216), which from "
-        "transformers 4.47 on begins with the prompt, so that its exact match scores 0 everywhere; these are its "
-        "answers as transformers 4.46 and earlier returned them, the new tokens",)),
+    # models/simple/instructblip.py l.216 decodes generate's whole output, which from transformers 4.47 on begins
+    # with the prompt's ids: its exact match finds no answer, and its F1 is 0 (reproduced: lmms_eval_whole; the
+    # other readouts read the new tokens)
+    "instructblip": Coverage("instructblip (its answer: the whole output decoded, the prompt's text first, so exact "
+                             "match finds none)", "lmms_eval_instructblip", 128, image_reencode=TASK_IMAGE,
+                             dtype="auto", answer_cut="lmms_eval_whole"),
     # models/simple/qwen2_vl.py (no chat class: the simple one runs): each image a JPEG data URL of quality 85
     # (l.173-180, l.293), which qwen_vl_utils resizes within the message's min_pixels 3136 and max_pixels 602112
     # (l.42-43, l.293-295, l.348), for a processor made with those bounds (l.73).

@@ -42,7 +42,7 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
         theirs, ours = coverage.get(name, default), (meta.get("settings") or {}).get(name, default)
         if ours != theirs:  # no processor bounds set: the checkpoint's own
             shown = [v if v is not None else "the checkpoint's" for v in (ours, theirs)]
-            kind = "generation" if name == "min_new_tokens" else "image"
+            kind = {"min_new_tokens": "generation", "answer_cut": "answer"}.get(name, "image")
             out.append(f"{kind}: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")
     dtype, ours = coverage.get("dtype"), (meta.get("settings") or {}).get("resolved_dtype")
     if dtype in TORCH_DTYPES and ours is not None and ours != TORCH_DTYPES[dtype]:

@@ -59,6 +59,24 @@ TEMPLATES = (
 )
 
 
+def llava_answer(whole: str) -> str:
+    """VLMEvalKit's LLaVA_Next answer (vlm/llava/llava.py generate_inner l.392-394, output_process l.311-330) from
+    generate's whole output decoded with its special tokens (the `skip_special_token=True` it passes is no
+    decode argument): '<s>' removed and the text stripped; the part after the first '[/INST]' (else
+    'ASSISTANT:', 'assistant\n', the third after '<|end_header_id|>\n\n'), which the prompt ends with, up to a
+    second one; then up to the first '</s>' (else '<|im_end|>', '<|eot_id|>'), stripped; '<unk>' removed."""
+    answer = whole.replace("<s>", "").strip() if "<s>" in whole else whole
+    for marker, part in (("[/INST]", 1), ("ASSISTANT:", 1), ("assistant\n", 1), ("<|end_header_id|>\n\n", 2)):
+        if marker in answer:
+            answer = answer.split(marker)[part].strip()
+            break
+    for end in ("</s>", "<|im_end|>", "<|eot_id|>"):
+        if end in answer:
+            answer = answer.split(end)[0].strip()
+            break
+    return answer.replace("<unk>", "")
+
+
 # qwen_vl_utils' resize within the bounds VLMEvalKit's config gives Qwen2VLChat (1280 to 16384 tokens of 28x28)
 QWEN_RESIZE = f"qwen_vl_utils:28:{1280 * 28 * 28}:{16384 * 28 * 28}"
 
@@ -69,10 +87,7 @@ def llava_next(config: Mapping) -> Coverage:
     vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
     return Coverage("LLaVA_Next (llava_next_vicuna_7b, llava_next_mistral_7b)",
                     "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048, image_reencode="rgb",
-                    dtype="fp16",  # l.257-275
-                    deviations=("VLMEvalKit cuts the answer out of the whole decoded sequence (at [/INST] or "
-                                "ASSISTANT:, special tokens kept); the same text unless the answer repeats "
-                                "that marker or holds a special token",))
+                    dtype="fp16", answer_cut="vlmevalkit_llava")  # fp16: l.257-275; the answer: llava_answer
 
 
 COVERAGE = {
