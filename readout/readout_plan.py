@@ -92,8 +92,8 @@ class ReadoutPlan:
         if tool is not None and tool.readout in continuation.ends:
             end, ids = continuation.ends[tool.readout], continuation.ids
             ended = [tokens[end]] if end == len(ids) < len(tokens) else []  # the stop token generate returns
-            whole = (decode_special if tool.special_tokens else decode)([*prompt_ids, *ids[:end], *ended])
-            texts = {**texts, tool.readout: tool.cut(whole)}
+            output = (decode_special if tool.special_tokens else decode)([*prompt_ids, *ids[:end], *ended])
+            texts = {**texts, tool.readout: tool.cut(output)}
         return {"decoded": continuation.text, "texts": texts, "decoded_sequence": sequence,
                 "capped": continuation.capped}
 
