@@ -15,7 +15,8 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
-                      "answer_cut")
+                      "answer_cut", "image_mask")
+IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 
 
@@ -43,6 +44,10 @@ class Settings:
     # readout ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
     # tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's instructblip
     answer_cut: str = "none"
+    # model: the image tokens attend as the model's own mask says (Gemma 3's: each image's tokens both ways) |
+    # causal: like text, each token only to those before it, as an attention that drops the model's image mask
+    # computes it (flash attention 2, with which VLMEvalKit loads Gemma 3); a causal model is the same either way
+    image_mask: str = "model"
     # none | qwen_vl_utils:F[:MIN:MAX]: each image first resized as qwen_vl_utils' fetch_image resizes it (F: 2 x
     # the patch size; MIN and MAX the pixel bounds a message gives it, else its defaults; PIL's bicubic), as
     # lmms-eval's Qwen-VL classes do
@@ -84,6 +89,8 @@ class Settings:
                 raise ValueError(f"{name} must be MIN:MAX, two {unit} counts with 0 < MIN <= MAX, not {value!r}")
         if self.answer_cut != "none" and self.answer_cut not in ANSWER_CUTS:
             raise ValueError(f"answer_cut must be none or one of {', '.join(ANSWER_CUTS)}, not {self.answer_cut!r}")
+        if self.image_mask not in IMAGE_MASKS:
+            raise ValueError(f"image_mask must be one of {', '.join(IMAGE_MASKS)}, not {self.image_mask!r}")
         if self.min_new_tokens not in (0, 1):
             raise ValueError(f"min_new_tokens must be 0 or 1, not {self.min_new_tokens!r}")
         for name in ("batch_size", "image_batch", "max_new_tokens"):

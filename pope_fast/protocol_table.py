@@ -41,6 +41,7 @@ def _describe(protocol: Protocol, tokenizer) -> str:
             reencode += "" if covered.image_resize == "none" else f", resized {covered.image_resize}"
             reencode += "" if covered.processor_pixels is None else f", processor pixels {covered.processor_pixels}"
             reencode += "" if covered.processor_patches is None else f", processor tiles {covered.processor_patches}"
+            reencode += ", image tokens attending causally" if covered.image_mask == "causal" else ""
             dtype = {None: "", "auto": ", in the checkpoint's own dtype"}.get(covered.dtype, f", in {covered.dtype}")
             lines.append(f"  {label}: {covered.model_class}; template {covered.template}, {length}, image "
                          f"{covered.image_aspect}{reencode}{dtype}")

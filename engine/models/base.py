@@ -11,6 +11,7 @@ engine/synthetic/<model_type>.py.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import ClassVar
@@ -106,6 +107,8 @@ class Family:
 
     def language_model(self, dims: DecoderDims, weights: dict[str, torch.Tensor],
                        layer_class: type[DecoderLayer] = DecoderLayer) -> DecoderLM:
+        if self.settings.image_mask == "causal":  # a tool's attention that drops the model's image mask
+            dims = replace(dims, image_bidirectional=False)
         return DecoderLM(dims, weights, dtype=self.dtype, device=self.device, quantize=self.quantize,
                        keep_packed=self.packed, quantize_lm_head=self.settings.quantize_lm_head,
                        kernels=self.settings.kernels, layer_class=layer_class)

@@ -14,6 +14,10 @@ TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # Set
 COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool's number format
 
 
+# What each TOOL_STEP that is not an image step changes, as a check names it
+STEP_KINDS = {"min_new_tokens": "generation", "answer_cut": "answer", "image_mask": "attention"}
+
+
 def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     """What stands between a run and the number `protocol`'s tool prints for its model: each line a
     difference (the prompt, the length, the image preprocessing, a method), or what the tool's pipeline
@@ -42,7 +46,7 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
         theirs, ours = coverage.get(name, default), (meta.get("settings") or {}).get(name, default)
         if ours != theirs:  # no processor bounds set: the checkpoint's own
             shown = [v if v is not None else "the checkpoint's" for v in (ours, theirs)]
-            kind = {"min_new_tokens": "generation", "answer_cut": "answer"}.get(name, "image")
+            kind = STEP_KINDS.get(name, "image")
             out.append(f"{kind}: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")
     dtype, ours = coverage.get("dtype"), (meta.get("settings") or {}).get("resolved_dtype")
     if dtype in TORCH_DTYPES and ours is not None and ours != TORCH_DTYPES[dtype]:

@@ -132,12 +132,12 @@ COVERAGE = {
     # vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question] (image_base.py
     # l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template (l.187),
     # greedy with 4,096 new tokens (l.109-112); each image a path in the message (l.127), which the processor
-    # opens with transformers' load_image (EXIF orientation, then convert('RGB')); bf16 (l.103).
+    # opens with transformers' load_image (EXIF orientation, then convert('RGB')); bf16 (l.103). It loads the model
+    # with attn_implementation='flash_attention_2' (l.102-104), whose kernel takes no mask but the causal one, so
+    # the image tokens attend causally there (transformers 5's Gemma3 refuses flash attention for that reason:
+    # _supports_flash_attn False): reproduced (image_mask).
     "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", dtype="bf16",
-                       deviations=(
-        "VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), which drops the bidirectional "
-        "mask over the image tokens (transformers' Gemma3 sets _supports_flash_attn False for it); here the mask "
-        "applies",
+                       image_mask="causal", deviations=(
         "a continuation that reaches the 1,024-token sliding window is cut there (and marked capped): past it the "
         "engine would not attend as the sliding layers do")),
 }

@@ -484,6 +484,30 @@ def test_vlmevalkit_mplug_owl2_generates_at_least_one_token_and_score_checks_it(
                    for line in checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": Settings(min_new_tokens=1).to_json()}, 0))
 
 
+def test_vlmevalkit_gemma3_attends_its_image_causally_and_score_checks_it():
+    """VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), whose kernel applies only the causal
+    mask: --protocol vlmevalkit runs the engine with image_mask causal (recorded only where set), lmms-eval (sdpa)
+    keeps the model's own mask, and score names a run made with the model's mask."""
+    from pope_fast.engine import Settings
+    from pope_fast.evaluate import protocol_settings
+    from pope_fast.readout.protocols.scoring import checks
+
+    covered = coverage("vlmevalkit", family_class("gemma3"), {})
+    assert covered.image_mask == "causal" and covered.to_json()["image_mask"] == "causal"
+    assert not any("flash" in d for d in covered.deviations)
+    assert coverage("lmms-eval", family_class("gemma3"), {}).image_mask == "model"
+    assert protocol_settings(Settings(), covered).image_mask == "causal"
+    assert "image_mask" not in Settings().to_json() and Settings(image_mask="causal").to_json()["image_mask"] == "causal"
+    with pytest.raises(ValueError, match="image_mask must be one of model, causal, not 'bidirectional'"):
+        Settings(image_mask="bidirectional")
+    meta = {"template": covered.template, "protocol_coverage": {"vlmevalkit": covered.to_json()},
+            "generation": {"vlmevalkit_text": {"max_new_tokens": 4096}}}
+    found = checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": Settings(image_reencode="load_image").to_json()}, 0)
+    assert "attention: this run's image_mask is model, vlmevalkit's causal" in found
+    ours = protocol_settings(Settings(), covered).to_json()
+    assert not any("image_mask" in line for line in checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": ours}, 0))
+
+
 def test_lmms_eval_runs_the_chat_class_where_it_registers_one():
     """lmms-eval resolves --model qwen2_5_vl and qwen3_vl to their chat classes (models/registry_v2.py l.82-97,
     models/__init__.py AVAILABLE_CHAT_TEMPLATE_MODELS at v0.7.2), which hand qwen_vl_utils the image as read:
