@@ -1,8 +1,9 @@
 """The language model's attention, every variant side by side: the KV caches it reads (`PrefixKV`,
 `SuffixKV`), the prefix pass (`causal_attention`), the question suffixes against their prefixes (the
 fused `prefix_attention` kernel, or its torch reference off CUDA) or whole prompts (SDPA, or explicit
-with an edit), the answer-row recompute of an answer-only edit, the decode step (`masked_attention`),
-and the image-attention probe, all editing the image keys' logits with one AttentionEdit.
+with an edit), the answer-row recompute of an answer-only edit, the decode step (`masked_attention` over a
+`DecodeCache`, within a sliding window where the layer has one), and the image-attention probe, all editing the
+image keys' logits with one AttentionEdit.
 
 Torch paths compute in fp32 wherever transformers' eager attention takes its softmax in fp32, so the
 probe and the edited paths match it; the unedited whole-prompt path is SDPA in the model dtype, as
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels import PrefixRuns, prefix_attention
+from ..kernels import PrefixRuns, prefix_attention, prefix_runs
 from .interventions import AttentionEdit
 from .plan import TokenBatch
 
@@ -51,6 +52,69 @@ class SuffixKV:
     lengths: torch.Tensor
     next_position: torch.Tensor  # [B]: the position of each row's first generated token
     image_mask: torch.Tensor | None = None  # [B, S]: own keys that hold image tokens (whole prompts)
+
+
+class DecodeCache:
+    """The keys and values a greedy continuation reads: each row's prefix (shared, never copied) and its
+    own suffix keys followed by slots for generated tokens, which grow `chunk` at a time, so a long
+    allowance costs only what is generated. Generated token t sits in slot S + t, after the padded
+    suffix region, so rows of any length line up."""
+
+    def __init__(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV, steps: int,
+                 chunk: int, window: int | None, empty: torch.Tensor):
+        """`window`: the model's sliding window (None: none); `empty`: [Hkv, 0, D] in the model's device and
+        dtype, the prefix of rows that have none."""
+        self.prefix, self.suffix, self.steps, self.chunk, self.window = prefix, suffix, steps, chunk, window
+        self.batch, self.width = suffix.keys[0].shape[0], suffix.keys[0].shape[2]
+        self.runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, self.batch)]
+        self._empty = empty
+        self.own_k, self.own_v = [self._grow(k) for k in suffix.keys], [self._grow(v) for v in suffix.values]
+
+    def _grow(self, x: torch.Tensor) -> torch.Tensor:  # [B, Hkv, slots, D] → chunk more slots
+        return torch.cat([x, x.new_zeros(*x.shape[:2], min(self.chunk, self.steps), x.shape[3])], dim=2)
+
+    def next_slot(self, t: int, edited: bool):
+        """Generated token t's slot, the own keys each row may see then [B, 1, slots], and (when an
+        edit reads them) which own keys hold image tokens [B, slots]: whole prompts hold the image."""
+        slot = self.width + t
+        if slot >= self.own_k[0].shape[2]:
+            self.own_k, self.own_v = [self._grow(k) for k in self.own_k], [self._grow(v) for v in self.own_v]
+        slots = torch.arange(self.own_k[0].shape[2], device=self.own_k[0].device)
+        lengths = self.suffix.lengths
+        valid = ((slots[None] < lengths[:, None]) | ((slots[None] >= self.width) & (slots[None] <= slot)))[:, None]
+        own_image = None
+        if edited:
+            own_image = torch.zeros(self.batch, slots.shape[0], dtype=torch.bool, device=slots.device)
+            if self.suffix.image_mask is not None:
+                own_image[:, :self.width] = self.suffix.image_mask
+        return slot, valid, own_image
+
+    def window_masks(self, t: int, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """What a sliding layer's generated token t sees (masking_utils.sliding_window_overlay: keys fewer than
+        `window` tokens back): `valid` narrowed to its own keys in the window, and which prefix keys lie in it
+        [B, 1, P]; None while no row's sequence reaches past the window (then every key is in it). Token t
+        sits at sequence index P + length + t, own key j < length at P + j and generated slot S + u at
+        P + length + u."""
+        prefix = self.prefix.length if self.prefix is not None else 0
+        lengths = self.suffix.lengths
+        if self.window is None or prefix + int(lengths.max()) + t < self.window:
+            return None
+        device = valid.device
+        slots = torch.arange(valid.shape[-1], device=device)
+        index = torch.where(slots[None] < self.width, prefix + slots[None],
+                            prefix + lengths[:, None] + slots - self.width)
+        query = prefix + lengths[:, None] + t  # [B, 1]
+        own = valid & (query - index < self.window)[:, None]
+        keys = torch.arange(prefix, device=device)
+        return own, (query - keys[None] < self.window)[:, None]
+
+    def prefix_kv(self, layer: int, g: int | None) -> tuple[torch.Tensor, torch.Tensor]:
+        if g is None:
+            return self._empty, self._empty
+        return self.prefix.keys[layer][g], self.prefix.values[layer][g]
+
+    def prefix_image(self, g: int | None) -> torch.Tensor:
+        return self.prefix.image_keys(g) if self.prefix is not None else self._empty.new_zeros(0, dtype=torch.bool)
 
 
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -97,11 +161,13 @@ def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 
 
 def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: AttentionEdit | None = None,
-                     prefix_image: torch.Tensor | None = None, own_image: torch.Tensor | None = None):
+                     prefix_image: torch.Tensor | None = None, own_image: torch.Tensor | None = None,
+                     prefix_valid: torch.Tensor | None = None):
     """Attention over each row's prefix plus its own keys, in fp32 (a decode step, an answer row).
 
     q [B, Hq, T, D]; k/v_prefix [Hkv, P, D], shared by the rows and broadcast, never copied per row
-    (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see.
+    (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see, and
+    prefix_valid [B, T, P] which prefix keys (None: all; a sliding window's narrows both).
     With an edit, the logits of the image keys (prefix_image [P], own_image [B, K]) are edited.
     """
     b, hq, t, d = q.shape
@@ -117,8 +183,12 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: Attention
 
         scores_p = torch.where(prefix_image[None, None, None], edit.apply(scores_p, heads), scores_p)
         scores_o = torch.where(own_image[:, None, None], edit.apply(scores_o, heads), scores_o)
-    mask = valid[:, None, None].expand(b, 1, g, t, valid.shape[-1]).reshape(b, 1, g * t, -1)
-    scores_o = scores_o.masked_fill(~mask, float("-inf"))
+    def per_query(m):  # [B, T, N] → [B, 1, g * T, N], as the queries are laid out
+        return m[:, None, None].expand(b, 1, g, t, m.shape[-1]).reshape(b, 1, g * t, -1)
+
+    scores_o = scores_o.masked_fill(~per_query(valid), float("-inf"))
+    if prefix_valid is not None:
+        scores_p = scores_p.masked_fill(~per_query(prefix_valid), float("-inf"))
     probs = torch.softmax(torch.cat([scores_p, scores_o], dim=-1), dim=-1)
     p = k_prefix.shape[2]
     out = probs[..., :p] @ v_prefix.float() + probs[..., p:] @ v_own.float()

@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import PrefixRuns, gather_logits, prefix_runs, resolve_backend, rms_norm, vocab_argmax
-from .attention import (PrefixKV, SuffixKV, causal_attention, image_block_attention, masked_attention, probe_attention,
-                        suffix_attention)
+from ..kernels import PrefixRuns, gather_logits, resolve_backend, rms_norm, vocab_argmax
+from .attention import (DecodeCache, PrefixKV, SuffixKV, causal_attention, image_block_attention, masked_attention,
+                        probe_attention, suffix_attention)
 from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
 from .layers import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .plan import TokenBatch
@@ -42,7 +42,9 @@ class DecoderDims:
     head_dim: int
     rms_eps: float
     rope_theta: float
-    sliding_window: int | None = None  # keys further back than this are not attended
+    sliding_window: int | None = None  # a sliding layer's query attends keys fewer than this many tokens back
+    # which layers slide (transformers' layer_types: "sliding_attention"); None: every layer, where a window is set
+    layer_sliding: tuple[bool, ...] | None = None
     qkv_bias: bool = False  # q, k and v projections carry biases
     mrope_section: tuple[int, ...] | None = None  # M-RoPE: rotary frequencies split among 3-D position streams
     mrope_interleaved: bool = False  # M-RoPE: the streams' frequencies interleaved, not in chunks
@@ -71,17 +73,23 @@ class DecoderDims:
             raise NotImplementedError(f"rope type {rope_type or legacy} is not supported (default RoPE only)")
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
         heads = cfg.num_attention_heads
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        kinds = getattr(cfg, "layer_types", None)  # Qwen2's: only the layers from max_window_layers on slide
         return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
                    num_layers=cfg.num_hidden_layers, num_heads=heads,
                    num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
                    head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
                    rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)),
-                   sliding_window=getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True)
-                   else None,
+                   sliding_window=window,
+                   layer_sliding=tuple(k == "sliding_attention" for k in kinds) if window and kinds else None,
                    qkv_bias=bool(getattr(cfg, "attention_bias", False)),
                    mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None,
                    mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
                    max_positions=getattr(cfg, "max_position_embeddings", None) or 4096)
+
+    def slides(self, layer: int) -> bool:
+        """Whether `layer` attends within the sliding window."""
+        return self.sliding_window is not None and (self.layer_sliding is None or self.layer_sliding[layer])
 
     def expected_shapes(self) -> dict[str, tuple[int, ...]]:
         h, d = self.hidden_size, self.head_dim
@@ -309,7 +317,9 @@ class DecoderLM(nn.Module):
         the answer position). Rows that emitted a stop id keep going but are cut by the caller, as
         transformers' generate pads them; the loop ends early once every row has stopped, or once
         `finished` says the tokens so far are all any reader needs."""
-        cache = DecodeCache(self, prefix, prefix_index, suffix, steps, chunk)
+        d = self.dims
+        empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
+        cache = DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty)
         edits = [layer_edit(intervention, i, self.dims.num_heads, self.device)
                  for i in range(len(self.layers))]  # once, not per step
         backend = resolve_backend(self.kernels, self.device)
@@ -327,19 +337,21 @@ class DecoderLM(nn.Module):
             done |= torch.isin(nxt, stops)
         return torch.stack(tokens, dim=1)
 
-    def _decode_step(self, cache: "DecodeCache", token: torch.Tensor, t: int, edits: list[AttentionEdit | None],
+    def _decode_step(self, cache: DecodeCache, token: torch.Tensor, t: int, edits: list[AttentionEdit | None],
                      intervention: Intervention | None) -> torch.Tensor:
         """Generated token t of every row [B] through every layer → its last hidden states [B, 1, H]."""
         x = self.embed(token)[:, None]
         slot, valid, own_image = cache.next_slot(t, any(e is not None for e in edits))
+        windowed = cache.window_masks(t, valid)  # None while every row's keys all lie within the window
         ropes = self._per_layer(lambda rotary: rotary.cos_sin((cache.suffix.next_position + t)[:, None], self.dtype))
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i])
             cache.own_k[i][:, :, slot] = k[:, :, 0]
             cache.own_v[i][:, :, slot] = v[:, :, 0]
+            own, seen = (valid, None) if windowed is None or not self.dims.slides(i) else windowed
             attn = [masked_attention(q[a:e], *cache.prefix_kv(i, g), cache.own_k[i][a:e], cache.own_v[i][a:e],
-                                     valid[a:e], edits[i], cache.prefix_image(g),
-                                     None if own_image is None else own_image[a:e])
+                                     own[a:e], edits[i], cache.prefix_image(g),
+                                     None if own_image is None else own_image[a:e], None if seen is None else seen[a:e])
                     for g, a, e in cache.runs]
             x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
             x = hidden_hook(intervention, i, x, "decode")
@@ -355,46 +367,3 @@ class SuffixOut:
     last_hidden: torch.Tensor
     kv: SuffixKV
     image_attention: torch.Tensor | None
-
-
-class DecodeCache:
-    """The keys and values a greedy continuation reads: each row's prefix (shared, never copied) and its
-    own suffix keys followed by slots for generated tokens, which grow `chunk` at a time, so a long
-    allowance costs only what is generated. Generated token t sits in slot S + t, after the padded
-    suffix region, so rows of any length line up."""
-
-    def __init__(self, lm: DecoderLM, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
-                 steps: int, chunk: int):
-        self.prefix, self.suffix, self.steps, self.chunk = prefix, suffix, steps, chunk
-        self.batch, self.width = suffix.keys[0].shape[0], suffix.keys[0].shape[2]
-        self.runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, self.batch)]
-        d = lm.dims
-        self._empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=lm.device, dtype=lm.dtype)
-        self.own_k, self.own_v = [self._grow(k) for k in suffix.keys], [self._grow(v) for v in suffix.values]
-
-    def _grow(self, x: torch.Tensor) -> torch.Tensor:  # [B, Hkv, slots, D] → chunk more slots
-        return torch.cat([x, x.new_zeros(*x.shape[:2], min(self.chunk, self.steps), x.shape[3])], dim=2)
-
-    def next_slot(self, t: int, edited: bool):
-        """Generated token t's slot, the own keys each row may see then [B, 1, slots], and (when an
-        edit reads them) which own keys hold image tokens [B, slots]: whole prompts hold the image."""
-        slot = self.width + t
-        if slot >= self.own_k[0].shape[2]:
-            self.own_k, self.own_v = [self._grow(k) for k in self.own_k], [self._grow(v) for v in self.own_v]
-        slots = torch.arange(self.own_k[0].shape[2], device=self.own_k[0].device)
-        lengths = self.suffix.lengths
-        valid = ((slots[None] < lengths[:, None]) | ((slots[None] >= self.width) & (slots[None] <= slot)))[:, None]
-        own_image = None
-        if edited:
-            own_image = torch.zeros(self.batch, slots.shape[0], dtype=torch.bool, device=slots.device)
-            if self.suffix.image_mask is not None:
-                own_image[:, :self.width] = self.suffix.image_mask
-        return slot, valid, own_image
-
-    def prefix_kv(self, layer: int, g: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if g is None:
-            return self._empty, self._empty
-        return self.prefix.keys[layer][g], self.prefix.values[layer][g]
-
-    def prefix_image(self, g: int | None) -> torch.Tensor:
-        return self.prefix.image_keys(g) if self.prefix is not None else self._empty.new_zeros(0, dtype=torch.bool)

@@ -64,20 +64,20 @@ class Runner:
         return make_plan(rows, self.settings.batch_size, reuse)
 
     def _checked(self, layout: PromptLayout) -> PromptLayout:
-        window = self.model.lm.dims.sliding_window
-        if window is not None and len(layout) > window:  # shorter sequences attend exactly as without one
+        dims = self.model.lm.dims
+        window = dims.sliding_window
+        # a prompt within the window prefills exactly as without one; its continuation's decode steps attend
+        # within it (DecodeCache.window_masks), the prefill passes do not
+        if window is not None and len(layout) > window and any(map(dims.slides, range(dims.num_layers))):
             raise NotImplementedError(f"a {len(layout)}-token prompt exceeds the model's sliding window of "
-                                      f"{window} tokens, which the engine does not implement")
+                                      f"{window} tokens, within which the engine prefills no prompt")
         return layout
 
     def _steps(self, prompt_length: int) -> int:
         """Greedy tokens a prompt of this length may take: the longest a readout asks, within the model's
-        positions and within its sliding window (token k is read off a sequence of prompt_length + k - 1
-        tokens, exact while that is at most the window); a continuation cut there is `capped`, as one the
-        positions cut, and its readouts say so."""
+        positions; a continuation cut there is `capped`, and its readouts say so."""
         dims = self.model.lm.dims
-        window = dims.max_positions if dims.sliding_window is None else dims.sliding_window + 1
-        return max(1, min(self.readout.new_tokens, dims.max_positions - prompt_length, window - prompt_length))
+        return max(1, min(self.readout.new_tokens, dims.max_positions - prompt_length))
 
     def _tokens(self, rows: list[Row], start: int, end: int | None) -> TokenBatch:
         return TokenBatch.of(rows, start, end, self.settings.torch_device,

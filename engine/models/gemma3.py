@@ -18,9 +18,10 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
   published configs), else applied in fp32 before q's one cast (q then rounds scaled, where transformers
   rounds it unscaled: equal in fp32, within a rounding step in fp16/bf16);
 - local and global RoPE (rope_parameters["sliding_attention"] / ["full_attention"], the 4B's global one
-  linearly scaled by 8) per layer_types; sliding layers attend like full ones within their window
-  (masking_utils.sliding_window_overlay keeps keys with q - k < window), so the engine refuses longer
-  sequences (runner._checked: a sequence of exactly `window` tokens is exact);
+  linearly scaled by 8) per layer_types; the sliding layers (DecoderDims.layer_sliding) attend like full ones
+  within their window (masking_utils.sliding_window_overlay keeps keys with q - k < window): a continuation's
+  decode steps past it attend within it (DecodeCache.window_masks), and the engine refuses a prompt longer
+  than the window (runner._checked: a prompt of exactly `window` tokens prefills exactly);
 - the tokens of one image attend to each other both ways (create_masks_for_vision_model: OR(causal,
   same image run), from token_type_ids = 1 on the image soft tokens only): DecoderDims.image_bidirectional;
   the image lies in the prefix, so the prefix prefill (and a whole prompt) runs that mask and the question
@@ -142,6 +143,7 @@ def text_dims(cfg, where: Path) -> tuple[DecoderDims, float]:
                      num_layers=cfg.num_hidden_layers, num_heads=heads, num_kv_heads=cfg.num_key_value_heads,
                      head_dim=cfg.head_dim, rms_eps=cfg.rms_norm_eps, rope_theta=ropes["full_attention"][0],
                      sliding_window=cfg.sliding_window if "sliding_attention" in kinds else None,
+                     layer_sliding=tuple(kind == "sliding_attention" for kind in kinds),
                      qkv_bias=bool(getattr(cfg, "attention_bias", False)), qk_norm=True,
                      layer_rope=tuple(ropes[kind] for kind in kinds), embed_scale=cfg.hidden_size**0.5,
                      norm_unit_offset=True, image_bidirectional=True,

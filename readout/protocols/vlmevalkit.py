@@ -135,11 +135,10 @@ COVERAGE = {
     # opens with transformers' load_image (EXIF orientation, then convert('RGB')); bf16 (l.103). It loads the model
     # with attn_implementation='flash_attention_2' (l.102-104), whose kernel takes no mask but the causal one, so
     # the image tokens attend causally there (transformers 5's Gemma3 refuses flash attention for that reason:
-    # _supports_flash_attn False): reproduced (image_mask).
+    # _supports_flash_attn False): reproduced (image_mask). A continuation past the 1,024-token sliding window
+    # attends within it, as the sliding layers do (DecodeCache.window_masks).
     "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", dtype="bf16",
-                       image_mask="causal", deviations=(
-        "a continuation that reaches the 1,024-token sliding window is cut there (and marked capped): past it the "
-        "engine would not attend as the sliding layers do")),
+                       image_mask="causal"),
 }
 
 PROTOCOL = Protocol(

@@ -216,25 +216,33 @@ def test_sliding_window_boundary(checkpoint, tmp_path):
         Engine.load(below, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS[:1])
 
 
-def test_a_continuation_stops_at_the_sliding_window(checkpoint, tmp_path):
-    """A prompt 3 tokens inside the window may take 4 new tokens exactly (token k is read off length + k - 1
-    tokens): asked for 10, the continuation is generate's first 4 and marked capped (its readouts say the
-    length cut it); the same row in a batch with a shorter prompt, which may go further, is cut the same."""
+def test_a_continuation_past_the_sliding_window_attends_as_the_sliding_layers_do(checkpoint, tmp_path):
+    """A prompt 3 tokens inside the window takes all 12 new tokens (not cut at the window's 4): from the 5th on
+    (read off a query `window` tokens in) the sliding layers drop the oldest keys, and the continuation is still
+    generate's, alone and beside a shorter question (whose keys leave the window later), with and without a shared
+    prefix; the windowed generate's scores differ from the full-attention one's there, so the window is what is
+    tested."""
     probe = Engine.load(checkpoint, Settings())
     length = len(probe.model.layout(probe.prompt(QUESTIONS[0]), probe.features(IMAGES[0])))
     folder = _window_checkpoint(checkpoint, tmp_path, length + 3)
-    engine = Engine.load(folder, Settings(max_new_tokens=10), readouts="string_parse")
-    model = _model(folder)
-    inputs = GEMMA3.reference_processor(folder)(images=IMAGES[0], text=engine.prompt(QUESTIONS[0]),
-                                                return_tensors="pt")
-    assert inputs["input_ids"].shape[1] == length
-    with torch.no_grad():
-        theirs = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, length:].tolist()
-    assert len(theirs) == 4 and not set(theirs) & engine.model.stop_ids  # no stop: the window is what cuts it
     short = "Is there a cat?"
-    for questions in ([QUESTIONS[0]], [QUESTIONS[0], short]):
-        answer = engine.score(IMAGES[0], questions)[0]
-        assert answer.decoded == generated_text(engine, theirs) and "string_parse" in answer.capped, questions
+    inputs = GEMMA3.reference_processor(folder)(images=IMAGES[0], text=probe.prompt(QUESTIONS[0]), return_tensors="pt")
+    assert inputs["input_ids"].shape[1] == length
+    runs = {}
+    for name, at in (("windowed", folder), ("full", checkpoint)):
+        with torch.no_grad():
+            out = _model(at).generate(**inputs, max_new_tokens=12, do_sample=False, output_scores=True,
+                                      return_dict_in_generate=True)
+        runs[name] = out.sequences[0, length:].tolist(), torch.stack(out.scores)[:, 0]
+    theirs, scores = runs["windowed"]
+    assert len(theirs) == 12 and not set(theirs[:5]) & probe.model.stop_ids
+    assert float((scores[:4] - runs["full"][1][:4]).abs().max()) <= 1e-5  # within the window: full attention
+    assert float((scores[4:] - runs["full"][1][4:]).abs().max()) > 1e-3
+    for reuse in (True, False):
+        engine = Engine.load(folder, Settings(max_new_tokens=12, prefix_reuse=reuse), readouts="string_parse")
+        for questions in ([QUESTIONS[0]], [QUESTIONS[0], short]):
+            answer = engine.score(IMAGES[0], questions)[0]
+            assert answer.decoded == generated_text(engine, theirs), (reuse, questions)  # all 12, not 4
 
 
 def _edit_config(checkpoint: Path, folder: Path, edit) -> Path:
@@ -280,8 +288,9 @@ def test_pan_and_scan_is_refused(checkpoint, tmp_path):
 def test_protocols(real):
     """lmms-eval v0.7.2 models/simple/gemma3.py: a system message (l.242), then [image, question + POPE's
     post_prompt] (l.263-266) through the chat template, 128 new tokens, each image re-encoded as JPEG
-    quality 85 (l.176-183), nothing left unreproduced; VLMEvalKit's Gemma3: its system prompt, the bare question, 4,096 new tokens (cut at the sliding
-    window); LLaVA's script refused, saying why."""
+    quality 85 (l.176-183), nothing left unreproduced; VLMEvalKit's Gemma3: its system prompt, the bare question,
+    4,096 new tokens, the image attending causally (its flash attention), nothing else left unreproduced; LLaVA's
+    script refused, saying why."""
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
 
@@ -302,7 +311,7 @@ def test_protocols(real):
     coverage = protocol_for(checkpoint, "vlmevalkit")
     theirs = tokenizer.apply_chat_template(vlmeval, add_generation_prompt=True, tokenize=False)
     assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == 4096
-    assert any("sliding window" in d for d in coverage.deviations)
+    assert coverage.image_mask == "causal" and coverage.deviations == ()
     with pytest.raises(ValueError, match="protocol llava does not cover Gemma 3: .*LLaVA-1.5"):
         protocol_for(checkpoint, "llava")
 
