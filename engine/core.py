@@ -20,6 +20,7 @@ from ..readout.readout_plan import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import token_strings, tokenizer_info
 from .fingerprint import checkpoint_digests
+from .generation import greedy_fields
 from .images import DECODE_ERRORS, LoadedImage, read_image, reencoded, resized, to_rgb, undecodable
 from .interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
@@ -137,6 +138,8 @@ class Engine:
             "tokenizer": tokenizer_info(self.model.tokenizer),
             "settings": self.settings.to_json(),
             "generation": plan["generation"],  # each text readout's length
+            # what a greedy generate applies from the checkpoint's generation config, whether or not this run did
+            "generation_config": greedy_fields(self.model.generation_config),
             "method": method.to_json(self.model.lm.dims.num_layers),
             "protocol_coverage": protocol_coverage(self.model.folder),  # what `score --protocol` checks against
         }

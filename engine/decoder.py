@@ -26,6 +26,7 @@ from torch import nn
 from ..kernels import PrefixRuns, gather_logits, resolve_backend, rms_norm, vocab_argmax
 from .attention import (DecodeCache, PrefixKV, SuffixKV, causal_attention, image_block_attention, masked_attention,
                         probe_attention, suffix_attention)
+from .generation import GreedyState
 from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
 from .layers import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .plan import TokenBatch
@@ -312,11 +313,13 @@ class DecoderLM(nn.Module):
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
                first: torch.Tensor, steps: int, stop_ids: set[int], intervention: Intervention | None = None,
-               finished: Callable[[list[list[int]]], bool] | None = None, chunk: int = 64) -> torch.Tensor:
+               finished: Callable[[list[list[int]]], bool] | None = None, chunk: int = 64,
+               greedy: GreedyState | None = None) -> torch.Tensor:
         """Greedy tokens after each row's prompt: [B, <= steps], starting with `first` [B] (the argmax at
-        the answer position). Rows that emitted a stop id keep going but are cut by the caller, as
-        transformers' generate pads them; the loop ends early once every row has stopped, or once
-        `finished` says the tokens so far are all any reader needs."""
+        the answer position, or what `greedy` chose there). Each next token is the argmax, or with `greedy`, what
+        its rules choose from the whole vocabulary's logits. Rows that emitted a stop id keep going but are cut
+        by the caller, as transformers' generate pads them; the loop ends early once every row has stopped, or
+        once `finished` says the tokens so far are all any reader needs."""
         d = self.dims
         empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
         cache = DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty)
@@ -330,9 +333,14 @@ class DecoderLM(nn.Module):
             if bool(done.all()) or (finished is not None and finished(torch.stack(tokens, dim=1).tolist())):
                 break
             x = self._decode_step(cache, tokens[-1], t, edits, intervention)
-            hidden, weight = self.final_norm(x[:, 0])
-            nxt = vocab_argmax(hidden, self.lm_head.matrix, weight, self.dims.rms_eps, backend=backend,
-                               logits_dtype=self.dtype)
+            if greedy is not None:
+                greedy.push(tokens[-1])
+            if greedy is not None and greedy.bites():
+                nxt = greedy.choose(self.vocab_logits(x[:, 0])).to(first.dtype)
+            else:  # the fused argmax, with no [B, V] logits
+                hidden, weight = self.final_norm(x[:, 0])
+                nxt = vocab_argmax(hidden, self.lm_head.matrix, weight, self.dims.rms_eps, backend=backend,
+                                   logits_dtype=self.dtype)
             tokens.append(nxt)
             done |= torch.isin(nxt, stops)
         return torch.stack(tokens, dim=1)

@@ -232,14 +232,18 @@ def no_init():
     return no_init_weights()
 
 
-def stop_ids(folder: Path, tokenizer) -> set[int]:
-    """What ends a greedy continuation: generate() stops at generation_config's eos ids (the
-    tokenizer's eos when the checkpoint has none)."""
-    ids = {tokenizer.eos_token_id}
+def generation_config(folder: Path) -> dict:
+    """The checkpoint's generation_config.json ({} where it has none), which generate() merges under its
+    arguments."""
     path = folder / "generation_config.json"
-    if path.is_file():
-        eos = json.loads(path.read_text(encoding="utf-8")).get("eos_token_id")
-        ids = set(eos) if isinstance(eos, list) else {eos} if eos is not None else ids
+    return _read_json(path) if path.is_file() else {}
+
+
+def stop_ids(config: dict, tokenizer) -> set[int]:
+    """What ends a greedy continuation: generate() stops at the generation config's eos ids (the
+    tokenizer's eos when the checkpoint has none)."""
+    eos = config.get("eos_token_id")
+    ids = set(eos) if isinstance(eos, list) else {eos} if eos is not None else {tokenizer.eos_token_id}
     return ids - {None}
 
 

@@ -7,13 +7,14 @@ The Runner holds what every batch needs (the model, settings and readout plan) a
 does; the Engine above it decides what to run (images, methods, passes)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
 
 from ..readout.readout_plan import ReadoutPlan
 from .attention import PrefixKV
+from .generation import GreedyRules, GreedyState
 from .interventions import Intervention
 from .models import Family
 from .plan import PrefixGroup, PromptLayout, PromptResult, Row, Stage, SuffixBatch, TokenBatch, make_plan
@@ -39,6 +40,18 @@ class Runner:
         # the length alone ends a continuation, unless a readout's text ends at its first sentence
         self._finished = partial(readout.finished, stop_ids=model.stop_ids, decode=self._decode) \
             if readout.first_sentence else None
+        self.rules = self._rules() if readout.generates else GreedyRules()
+
+    def _rules(self) -> GreedyRules:
+        """What a continuation's every step applies besides the argmax: the checkpoint's generation config where
+        the settings apply it, under the tool's own arguments (refused at load where it sets what the engine
+        does not compute)."""
+        s = self.settings
+        config = self.model.generation_config if s.generation_config == "greedy" else {}
+        rules = GreedyRules.of(config, str(self.model.folder / "generation_config.json"))
+        tool = {"min_new_tokens": s.min_new_tokens} if s.min_new_tokens else {}
+        tool |= {} if s.repetition_penalty is None else {"repetition_penalty": float(s.repetition_penalty)}
+        return replace(rules, **tool)
 
     def rows(self, items: list[ImagePrompts]) -> list[Row]:
         """One Row per (image, prompt): its layout and the features its image slots take (InstructBLIP's
@@ -106,7 +119,12 @@ class Runner:
         self.counts.suffix_tokens += int(tokens.lengths.sum())
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
-            texts = self._continue(prefix, batch, out.kv, self._first_new(out.last_hidden, first), intervention)
+            greedy = self.rules.start([list(row.layout.ids) for row in batch.rows], lm.dims.vocab_size,
+                                      self.model.stop_ids, device) if self.rules.active else None
+            # the first new token: the answer position's argmax, unless the rules choose another
+            first_new = greedy.choose(lm.vocab_logits(out.last_hidden)).to(first.dtype) \
+                if greedy is not None and greedy.bites() else first
+            texts = self._continue(prefix, batch, out.kv, first_new, intervention, greedy)
         # per layer: heads averaged, and each head; none for a row with no image keys (a text-only prompt)
         probes = [None] * len(batch.rows) if out.image_attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
@@ -116,27 +134,14 @@ class Runner:
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
                 for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
 
-    def _first_new(self, last_hidden: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
-        """A continuation's first token: the answer position's argmax, or with min_new_tokens 1, where that is a
-        stop id, the best token that is not one (generate's MinNewTokensLengthLogitsProcessor sets the eos ids'
-        scores to -inf at the first step). Only those rows' whole-vocabulary logits are computed."""
-        if not self.settings.min_new_tokens:
-            return first
-        stops = torch.tensor(sorted(self.model.stop_ids), device=first.device, dtype=first.dtype)
-        ended = torch.isin(first, stops)
-        if not bool(ended.any()):
-            return first
-        rows = ended.nonzero()[:, 0]
-        logits = self.model.lm.vocab_logits(last_hidden[rows]).index_fill(1, stops, float("-inf"))
-        return first.index_put((rows,), logits.argmax(dim=-1).to(first.dtype))
-
-    def _continue(self, prefix, batch: SuffixBatch, kv, first: torch.Tensor, intervention) -> list[dict]:
+    def _continue(self, prefix, batch: SuffixBatch, kv, first: torch.Tensor, intervention,
+                  greedy: GreedyState | None) -> list[dict]:
         """The batch's greedy continuation, and what each row's gives its text readouts."""
         # each row takes its own allowance, whatever it is batched with: the batch runs to the longest
         allowed = [self._steps(len(row.layout)) for row in batch.rows]
         with Clock(self.timings, "decode", self.settings.torch_device):
             generated = self.model.lm.decode(prefix, batch.slots, kv, first, max(allowed), self.model.stop_ids,
-                                             intervention, self._finished)
+                                             intervention, self._finished, greedy=greedy)
         self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
         # the prompt's own ids: image slots are special tokens, skipped when decoded anyway (an answer cut
         # reads past the prompt's closing marker, which follows them)

@@ -15,7 +15,8 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
-                      "answer_cut", "image_mask")
+                      "answer_cut", "image_mask", "generation_config", "repetition_penalty")
+GENERATION_CONFIGS = ("none", "greedy")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 
@@ -40,6 +41,13 @@ class Settings:
     # is one), as generate(min_new_tokens=1) masks the eos ids at the first step (VLMEvalKit's mPLUG-Owl2);
     # the readouts of the answer position's logits are unchanged
     min_new_tokens: int = 0
+    # none: a continuation is the argmax at every step, ended by the checkpoint's eos ids | greedy: what
+    # transformers' generate applies at greedy decoding from the checkpoint's generation_config.json (its
+    # repetition penalty, n-gram ban, minimum lengths, suppressed tokens: engine/generation.py), as every tool
+    # that calls generate gets it; min_new_tokens and repetition_penalty, where set, are the tool's own arguments
+    # over it
+    generation_config: str = "none"
+    repetition_penalty: float | None = None  # None: the generation config's, where applied (else none)
     # none: a text readout reads the new tokens up to the stop token, decoded without special tokens | a name in
     # readout ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
     # tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's instructblip
@@ -93,6 +101,11 @@ class Settings:
             raise ValueError(f"image_mask must be one of {', '.join(IMAGE_MASKS)}, not {self.image_mask!r}")
         if self.min_new_tokens not in (0, 1):
             raise ValueError(f"min_new_tokens must be 0 or 1, not {self.min_new_tokens!r}")
+        if self.generation_config not in GENERATION_CONFIGS:
+            raise ValueError(f"generation_config must be one of {', '.join(GENERATION_CONFIGS)}, "
+                             f"not {self.generation_config!r}")
+        if self.repetition_penalty is not None and not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be a positive number, not {self.repetition_penalty!r}")
         for name in ("batch_size", "image_batch", "max_new_tokens"):
             value = getattr(self, name)
             if value is not None and value < 1:

@@ -35,6 +35,10 @@ def _describe(protocol: Protocol, tokenizer) -> str:
             length = f"{covered.new_tokens} new tokens" if covered.new_tokens else "no generation"
             if covered.min_new_tokens:
                 length += f" (at least {covered.min_new_tokens})"
+            if covered.generation_config != "none":
+                length += ", the checkpoint's generation config applied"
+                if covered.repetition_penalty is not None:
+                    length += f" under repetition_penalty {covered.repetition_penalty:g}"
             if covered.answer_cut != "none":
                 length += f", the answer cut from the whole output ({covered.answer_cut})"
             reencode = IMAGE_STEP[covered.image_reencode]

@@ -21,7 +21,7 @@ from PIL import Image
 
 from ..layers import Linear, make_linear, replace_linears
 from ..decoder import DecoderDims, DecoderLayer, DecoderLM
-from ..loader import CheckpointError, load_grouped, quiet_fallback, stop_ids
+from ..loader import CheckpointError, generation_config, load_grouped, quiet_fallback, stop_ids
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
@@ -160,9 +160,14 @@ class Family:
         return kwargs
 
     @cached_property
+    def generation_config(self) -> dict:
+        """The checkpoint's generation_config.json, as generate() reads it ({} where there is none)."""
+        return generation_config(self.folder)
+
+    @cached_property
     def stop_ids(self) -> set[int]:
         """What ends a greedy continuation (generate's eos ids)."""
-        return stop_ids(self.folder, self.tokenizer)
+        return stop_ids(self.generation_config, self.tokenizer)
 
     # --- what each family implements -------------------------------------------------------------
 

@@ -31,6 +31,10 @@ class Coverage:
     # how the tool cuts its answer out of generate's whole output (Settings.answer_cut; registry ANSWER_CUTS)
     answer_cut: str = "none"
     image_mask: str = "model"  # how the image tokens attend in the tool's attention (Settings.image_mask)
+    # greedy where the tool calls transformers' generate, which applies the checkpoint's generation_config.json
+    # (Settings.generation_config); repetition_penalty where the tool passes its own over it
+    generation_config: str = "none"
+    repetition_penalty: float | None = None
     # the dtype the tool loads the model in (Settings.dtype): fp16 | bf16 | fp32, or "auto": the checkpoint's
     # own, as from_pretrained's dtype="auto" (transformers 5's default) reads it from config.json, resolved per
     # checkpoint (protocol_for); None: the tool pins none, so --dtype's applies
@@ -60,7 +64,7 @@ class AnswerCut:
 # What a tool does to each image and to its generate beyond the prompt and length, each an engine Settings field
 # of the same name and default (meta.json's settings and coverage record each only where it is not the default).
 TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
-              "answer_cut", "image_mask")
+              "answer_cut", "image_mask", "generation_config", "repetition_penalty")
 STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 

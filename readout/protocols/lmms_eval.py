@@ -12,6 +12,10 @@ QWEN_SYSTEM = "You are a helpful assistant."
 # The POPE task hands every model class its image through PIL's convert('RGB') (tasks/pope/utils.py l.4-6); the
 # classes that re-encode it as a JPEG (jpeg85) convert it to RGB themselves, to the same pixels.
 TASK_IMAGE = "rgb"
+# Every class calls transformers' generate (greedy: do_sample False), passing no repetition penalty or other
+# processor of its own, so the checkpoint's generation_config.json applies (Qwen2-VL's and Qwen2.5-VL's
+# repetition_penalty 1.05): reproduced (Settings.generation_config greedy).
+GENERATE = "greedy"
 
 
 def lmms_eval_metrics(labels: list[str], decided: list[str]) -> dict:
@@ -55,7 +59,7 @@ def llava_next(config: Mapping) -> Coverage:
     model inside."""
     vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
     return Coverage("llava_hf (the chat class)", "lmms_eval_llava_hf" if vicuna else "lmms_eval_mistral", 128,
-                    image_reencode=TASK_IMAGE, dtype="auto")
+                    image_reencode=TASK_IMAGE, dtype="auto", generation_config=GENERATE)
 
 
 # Each class's dtype: llava_hf's dtype="auto" (models/simple/llava_hf.py l.69, l.97: the checkpoint's own, as
@@ -64,19 +68,20 @@ def llava_next(config: Mapping) -> Coverage:
 # (simple l.65). The chat classes load through their simple ones.
 COVERAGE = {
     "llava": Coverage("llava_hf (the chat class, lmms-eval's default for llava-hf checkpoints)",
-                      "lmms_eval_llava_hf", 128, image_reencode=TASK_IMAGE, dtype="auto"),
+                      "lmms_eval_llava_hf", 128, image_reencode=TASK_IMAGE, dtype="auto", generation_config=GENERATE),
     "llava_next": llava_next,
     # models/simple/instructblip.py l.216 decodes generate's whole output, which from transformers 4.47 on begins
     # with the prompt's ids: its exact match finds no answer, and its F1 is 0 (reproduced: lmms_eval_whole; the
     # other readouts read the new tokens)
     "instructblip": Coverage("instructblip (its answer: the whole output decoded, the prompt's text first, so exact "
                              "match finds none)", "lmms_eval_instructblip", 128, image_reencode=TASK_IMAGE,
-                             dtype="auto", answer_cut="lmms_eval_whole"),
+                             dtype="auto", answer_cut="lmms_eval_whole", generation_config=GENERATE),
     # models/simple/qwen2_vl.py (no chat class: the simple one runs): each image a JPEG data URL of quality 85
     # (l.173-180, l.293), which qwen_vl_utils resizes within the message's min_pixels 3136 and max_pixels 602112
     # (l.42-43, l.293-295, l.348), for a processor made with those bounds (l.73).
     "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85",
-                         image_resize="qwen_vl_utils:28:3136:602112", processor_pixels="3136:602112", dtype="auto"),
+                         image_resize="qwen_vl_utils:28:3136:602112", processor_pixels="3136:602112", dtype="auto",
+                         generation_config=GENERATE),
     "mplug_owl2": "lmms-eval 0.7.2 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
     # `--model qwen2_5_vl` runs the chat class: models/registry_v2.py l.82-97 (v0.7.2) resolves a name to its
     # chat class where models/__init__.py registers one (AVAILABLE_CHAT_TEMPLATE_MODELS: qwen2_5_vl, qwen3_vl,
@@ -88,7 +93,7 @@ COVERAGE = {
     # 256*28*28 and max_pixels 1605632 resizes again (upscaling a 500x375 image's 504x364 to 532x392).
     "qwen2_5_vl": Coverage("qwen2_5_vl (the chat class, which --model qwen2_5_vl runs)", "lmms_eval_qwen2_vl", 128,
                            image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:28",
-                           processor_pixels="200704:1605632", dtype="bf16"),
+                           processor_pixels="200704:1605632", dtype="bf16", generation_config=GENERATE),
     "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
                        "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
                        "content, whose rendering under the hub tokenizer's own template is not verified here",
@@ -97,7 +102,7 @@ COVERAGE = {
     # defaults, l.67-68) in every call's images_kwargs (l.248-251): reproduced (processor_patches; InternVL3's -hf
     # checkpoints hold the same bounds).
     "internvl": Coverage("internvl_hf (the chat class)", "lmms_eval_internvl_hf", 128, image_reencode=TASK_IMAGE,
-                         processor_patches="1:12", dtype="bf16"),
+                         processor_patches="1:12", dtype="bf16", generation_config=GENERATE),
     # `--model qwen3_vl` runs the chat class (models/chat/qwen3_vl.py; see qwen2_5_vl above): the system prompt
     # (l.50), the task's image then text, the processor's chat template over them, POPE's 128 new tokens.
     # Reproduced: qwen_vl_utils' resize at image_patch_size 16 (l.66-70: factor 32, its defaults of 4096 to
@@ -106,7 +111,7 @@ COVERAGE = {
     # by copying).
     "qwen3_vl": Coverage("qwen3_vl (the chat class, which --model qwen3_vl runs)", "lmms_eval_qwen2_vl", 128,
                          image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216",
-                         dtype="bf16"),
+                         dtype="bf16", generation_config=GENERATE),
     # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
@@ -114,7 +119,8 @@ COVERAGE = {
     # its max_length of 2048 (l.79, l.271) on the tokenizer's side, gemma-3's left: masked, with positions
     # that follow the mask, the unpadded prompt's logits to rounding (tests/families/test_gemma3.py
     # test_lmms_eval_padding_changes_no_logit), so the unpadded run is lmms-eval's.
-    "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85", dtype="bf16"),
+    "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85", dtype="bf16",
+                       generation_config=GENERATE),
 }
 
 PROTOCOL = Protocol(

@@ -15,7 +15,27 @@ COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool
 
 
 # What each TOOL_STEP that is not an image step changes, as a check names it
-STEP_KINDS = {"min_new_tokens": "generation", "answer_cut": "answer", "image_mask": "attention"}
+STEP_KINDS = {"min_new_tokens": "generation", "answer_cut": "answer", "image_mask": "attention",
+              "generation_config": "generation", "repetition_penalty": "generation"}
+# The steps that decide which of the checkpoint's generation config rules a continuation applies; where meta.json
+# records those rules, a check compares the rules applied (a checkpoint that sets none differs in nothing)
+RULE_STEPS = ("generation_config", "repetition_penalty")
+NO_RULE = {"repetition_penalty": 1.0, "no_repeat_ngram_size": 0, "min_length": 0, "min_new_tokens": 0,
+           "suppress_tokens": [], "begin_suppress_tokens": [], "guidance_scale": 1.0}
+
+
+def applied_rules(recorded: Mapping, steps: Mapping) -> dict:
+    """The generation config rules a continuation applies: the checkpoint's (`recorded`, meta.json's
+    generation_config) where its steps apply them, under an explicit repetition_penalty; those that change
+    nothing left out."""
+    rules = dict(recorded) if steps.get("generation_config", "none") == "greedy" else {}
+    if steps.get("repetition_penalty") is not None:
+        rules["repetition_penalty"] = steps["repetition_penalty"]
+    return {k: v for k, v in rules.items() if k not in NO_RULE or v != NO_RULE[k]}
+
+
+def _rules_text(rules: Mapping) -> str:
+    return ", ".join(f"{k} {v}" for k, v in sorted(rules.items())) or "no rule"
 
 
 def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
@@ -41,13 +61,21 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     if (meta.get("settings") or {}).get("image_aspect", "processor") != coverage["image_aspect"]:
         out.append(f"image: this run's image_aspect is {meta['settings']['image_aspect']}, {protocol.name}'s "
                    f"{coverage['image_aspect']}")
+    recorded = meta.get("generation_config")  # the checkpoint's rules; absent in a run from before they were kept
     for name in TOOL_STEPS:
+        if recorded is not None and name in RULE_STEPS:
+            continue
         default = STEP_DEFAULTS[name]
         theirs, ours = coverage.get(name, default), (meta.get("settings") or {}).get(name, default)
         if ours != theirs:  # no processor bounds set: the checkpoint's own
             shown = [v if v is not None else "the checkpoint's" for v in (ours, theirs)]
             kind = STEP_KINDS.get(name, "image")
             out.append(f"{kind}: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")
+    if recorded is not None:
+        ours, theirs = applied_rules(recorded, meta.get("settings") or {}), applied_rules(recorded, coverage)
+        if ours != theirs:
+            out.append(f"generation: this run's continuations apply {_rules_text(ours)}, {protocol.name}'s generate "
+                       f"{_rules_text(theirs)} (the checkpoint's generation_config.json under the tool's arguments)")
     dtype, ours = coverage.get("dtype"), (meta.get("settings") or {}).get("resolved_dtype")
     if dtype in TORCH_DTYPES and ours is not None and ours != TORCH_DTYPES[dtype]:
         out.append(f"dtype: this run computed in {ours}, {protocol.name} loads the model in {TORCH_DTYPES[dtype]}")

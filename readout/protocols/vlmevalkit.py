@@ -79,6 +79,11 @@ def llava_answer(whole: str) -> str:
 
 # qwen_vl_utils' resize within the bounds VLMEvalKit's config gives Qwen2VLChat (1280 to 16384 tokens of 28x28)
 QWEN_RESIZE = f"qwen_vl_utils:28:{1280 * 28 * 28}:{16384 * 28 * 28}"
+# The classes below that run transformers' generate (every one but Qwen3VLChat's vLLM) get the checkpoint's
+# generation_config.json under their own arguments: reproduced (Settings.generation_config greedy). Qwen2VLChat
+# passes repetition_penalty 1.0 over the Qwen checkpoints' 1.05 (vlm/qwen2_vl/model.py l.190, l.206-213,
+# l.492-495), and top_k 1 with do_sample, which keeps only the argmax: greedy.
+GENERATE = "greedy"
 
 
 def llava_next(config: Mapping) -> Coverage:
@@ -87,14 +92,15 @@ def llava_next(config: Mapping) -> Coverage:
     vicuna = (config.get("text_config") or {}).get("model_type") == "llama"
     return Coverage("LLaVA_Next (llava_next_vicuna_7b, llava_next_mistral_7b)",
                     "vlmevalkit_vicuna_hf" if vicuna else "vlmevalkit_mistral", 2048, image_reencode="rgb",
-                    dtype="fp16", answer_cut="vlmevalkit_llava")  # fp16: l.257-275; the answer: llava_answer
+                    dtype="fp16", answer_cut="vlmevalkit_llava",  # fp16: l.257-275; the answer: llava_answer
+                    generation_config=GENERATE)
 
 
 COVERAGE = {
     # vlmeval/vlm/llava/llava.py l.72-79 (2048 new tokens), l.190 (convert('RGB')), l.191-196 (image_aspect_ratio
     # "pad"); fp16: LLaVA's load_pretrained_model (l.48-54; llava/model/builder.py l.42-43 at c121f04)
     "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad", image_reencode="rgb",
-                      dtype="fp16"),
+                      dtype="fp16", generation_config=GENERATE),
     "llava_next": llava_next,
     "instructblip": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
                     "penalty 1.5; this engine decodes greedily",
@@ -103,19 +109,20 @@ COVERAGE = {
     # resize within (upscaling a COCO image to about 1,300 visual tokens); the checkpoint's own processor (l.258,
     # l.263) then leaves that size as it is. The model in its own dtype (torch_dtype='auto', l.312).
     "qwen2_vl": Coverage("Qwen2VLChat (Qwen2-VL-7B-Instruct)", "vlmevalkit_qwen2_vl", 2048,
-                         image_resize=QWEN_RESIZE, dtype="auto"),
+                         image_resize=QWEN_RESIZE, dtype="auto", generation_config=GENERATE, repetition_penalty=1.0),
     # vlmeval/vlm/mplug_owl2.py l.40-42 (512 new tokens, greedy, min_new_tokens 1: the first step's eos ids
     # masked, engine Settings.min_new_tokens), l.98-103 (prompt), l.113-117 (convert('RGB'), the square); fp16:
     # mPLUG-Owl2's load_pretrained_model (l.28-29; mPLUG-Owl2/mplug_owl2/model/builder.py l.44 at X-PLUG 0f3068f)
     "mplug_owl2": Coverage("mPLUG_Owl2", "vlmevalkit_mplug_owl2", 512, min_new_tokens=1, image_reencode="rgb",
-                           dtype="fp16"),
+                           dtype="fp16", generation_config=GENERATE),
     # vlmeval/config.py l.2004-2010: Qwen2-VL's bounds and path, use_custom_prompt=False
     "qwen2_5_vl": Coverage("Qwen2VLChat (Qwen2.5-VL-7B-Instruct)", "vlmevalkit_qwen2_5_vl", 2048,
-                           image_resize=QWEN_RESIZE, dtype="auto"),
+                           image_resize=QWEN_RESIZE, dtype="auto", generation_config=GENERATE,
+                           repetition_penalty=1.0),
     # vlmeval/vlm/llava/llava.py LLaVA_OneVision_HF l.734-758 (2048 new tokens, convert('RGB') l.742), fp16
     # (l.723-724); image_base.py build_prompt
     "llava_onevision": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
-                                2048, image_reencode="rgb", dtype="fp16"),
+                                2048, image_reencode="rgb", dtype="fp16", generation_config=GENERATE),
     "internvl": "VLMEvalKit's InternVLChat runs OpenGVLab's original (non -hf) InternVL3 code through "
                 "trust_remote_code, with its own conversation template and preprocessing; its prompt on an -hf "
                 "checkpoint is not verified here",
@@ -138,7 +145,7 @@ COVERAGE = {
     # _supports_flash_attn False): reproduced (image_mask). A continuation past the 1,024-token sliding window
     # attends within it, as the sliding layers do (DecodeCache.window_masks).
     "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", dtype="bf16",
-                       image_mask="causal"),
+                       image_mask="causal", generation_config=GENERATE),
 }
 
 PROTOCOL = Protocol(

@@ -95,6 +95,11 @@ def test_eval_under_lmms_eval_prepares_images_as_it_and_score_checks_it(tiny, tm
     scored = {name: CliRunner().invoke(main, ["score", str(out), "--protocol", "lmms-eval"]).output
               for name, out in runs.items()}
     assert not any(k in scored["protocol"] for k in steps), scored["protocol"]
+    # the class's generate applies the checkpoint's generation config; a tiny one sets no rule, so a run that
+    # applies none differs in nothing there
+    assert meta["settings"]["generation_config"] == meta["protocol_coverage"]["lmms-eval"]["generation_config"] \
+        == "greedy"
+    assert meta["generation_config"] == {} and "generation_config" not in scored["plain"], scored["plain"]
     unset = {"image_reencode": "none", "image_resize": "none", "processor_pixels": "the checkpoint's"}
     for key, value in EXPECTED[family].items():
         assert f"this run's {key} is {unset[key]}, lmms-eval's {value}" \

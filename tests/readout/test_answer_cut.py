@@ -74,7 +74,7 @@ def test_the_cut_is_generates_whole_output_decoded_with_specials(tiny, tmp_path)
         assert answer.text_for("exact_match") == plain
     assert theirs != plain  # the stop token's own text, at least, is the cut's and not the plain text's
     meta = {"template": "vlmevalkit_mistral", "protocol_coverage": {"vlmevalkit": covered.to_json()},
-            "settings": {**Settings(image_reencode="rgb", dtype="fp16").to_json()},
+            "settings": {**Settings(image_reencode="rgb", dtype="fp16", generation_config="greedy").to_json()},
             "generation": {"yorn": {"max_new_tokens": 2048}}}
     assert checks(PROTOCOLS["vlmevalkit"], meta, 0) == ["answer: this run's answer_cut is none, vlmevalkit's "
                                                         "vlmevalkit_llava"]

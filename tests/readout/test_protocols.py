@@ -484,6 +484,75 @@ def test_vlmevalkit_mplug_owl2_generates_at_least_one_token_and_score_checks_it(
                    for line in checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": Settings(min_new_tokens=1).to_json()}, 0))
 
 
+@pytest.mark.parametrize("tool", ["lmms-eval", "vlmevalkit", "llava"])
+def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_score_checks_it(tool):
+    """Every class of lmms-eval, VLMEvalKit (but Qwen3VLChat's vLLM) and LLaVA's script calls transformers'
+    generate, which applies the checkpoint's generation_config.json: each coverage says greedy, VLMEvalKit's
+    Qwen2VLChat with its own repetition_penalty 1.0 (vlm/qwen2_vl/model.py l.190); eval --protocol's settings
+    take both, and score names a run made without them."""
+    from pope_fast.engine import Settings
+    from pope_fast.evaluate import protocol_settings
+    from pope_fast.readout.protocols.scoring import checks
+
+    covered = {}
+    for model_type in FAMILIES:
+        try:
+            covered[model_type] = coverage(tool, family_class(model_type), {})
+        except ValueError:
+            continue
+    assert covered
+    penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0} if tool == "vlmevalkit" else {}
+    vllm = {"qwen3_vl"} if tool == "vlmevalkit" else set()
+    assert {m: c.generation_config for m, c in covered.items()} == \
+        {m: "none" if m in vllm else "greedy" for m in covered}
+    assert {m: c.repetition_penalty for m, c in covered.items() if c.repetition_penalty is not None} == penalty
+    for model_type, c in covered.items():
+        settings = protocol_settings(Settings(dtype="fp32"), c)  # a dtype given: the tool's "auto" unresolved here
+        assert (settings.generation_config, settings.repetition_penalty) == (c.generation_config, c.repetition_penalty)
+        meta = {"template": c.template, "protocol_coverage": {tool: c.to_json()},
+                "generation": {PROTOCOLS[tool].readout: {"max_new_tokens": c.new_tokens}}}
+        found = checks(PROTOCOLS[tool], {**meta, "settings": Settings().to_json()}, 0)
+        if model_type not in vllm:
+            assert f"generation: this run's generation_config is none, {tool}'s greedy" in found
+        if model_type in penalty:
+            assert f"generation: this run's repetition_penalty is the checkpoint's, {tool}'s 1.0" in found
+        assert not any(k in line for k in ("generation_config", "repetition_penalty")
+                       for line in checks(PROTOCOLS[tool], {**meta, "settings": settings.to_json()}, 0))
+
+
+def test_score_compares_the_generation_config_rules_a_run_applied_with_the_tools():
+    """Where meta.json records the checkpoint's generation config rules (Qwen2.5-VL's repetition_penalty 1.05), a
+    check compares the rules applied: lmms-eval's generate applies the penalty, VLMEvalKit's passes 1.0 over it,
+    a plain run applies none; a checkpoint that sets no rule differs in nothing, whatever the steps."""
+    from pope_fast.engine import Settings
+    from pope_fast.readout.protocols.scoring import checks
+
+    qwen = family_class("qwen2_5_vl")
+    tools = {tool: coverage(tool, qwen, {}) for tool in ("lmms-eval", "vlmevalkit")}
+    runs = {"plain": Settings(), "lmms-eval": Settings(generation_config="greedy"),
+            "vlmevalkit": Settings(generation_config="greedy", repetition_penalty=1.0)}
+
+    def found(run, tool, recorded):
+        c = tools[tool]
+        meta = {"template": c.template, "protocol_coverage": {tool: c.to_json()}, "generation_config": recorded,
+                "generation": {PROTOCOLS[tool].readout: {"max_new_tokens": c.new_tokens}},
+                "settings": runs[run].to_json()}
+        return [line for line in checks(PROTOCOLS[tool], meta, 0) if "generation" in line or "penalty" in line]
+
+    why = " (the checkpoint's generation_config.json under the tool's arguments)"
+    penalty = {"repetition_penalty": 1.05}
+    assert found("lmms-eval", "lmms-eval", penalty) == found("vlmevalkit", "vlmevalkit", penalty) == []
+    assert found("plain", "lmms-eval", penalty) == [
+        "generation: this run's continuations apply no rule, lmms-eval's generate repetition_penalty 1.05" + why]
+    assert found("lmms-eval", "vlmevalkit", penalty) == [
+        "generation: this run's continuations apply repetition_penalty 1.05, vlmevalkit's generate no rule" + why]
+    assert found("plain", "vlmevalkit", penalty) == []  # the tool's 1.0 over 1.05: no rule either way
+    assert found("plain", "lmms-eval", {"repetition_penalty": 1.05, "no_repeat_ngram_size": 3}) == [
+        "generation: this run's continuations apply no rule, lmms-eval's generate no_repeat_ngram_size 3, "
+        "repetition_penalty 1.05" + why]
+    assert all(found(run, tool, {}) == [] for run in runs for tool in tools)
+
+
 def test_vlmevalkit_gemma3_attends_its_image_causally_and_score_checks_it():
     """VLMEvalKit loads Gemma 3 with flash_attention_2 (vlm/gemma.py l.102-104), whose kernel applies only the causal
     mask: --protocol vlmevalkit runs the engine with image_mask causal (recorded only where set), lmms-eval (sdpa)

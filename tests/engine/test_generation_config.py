@@ -1,0 +1,167 @@
+"""Settings.generation_config greedy: a continuation under what transformers' generate applies from the checkpoint's
+generation_config.json when it decodes greedily (engine/generation.py), against generate itself on tiny checkpoints
+and against each of transformers' logits processors on random scores."""
+import json
+import shutil
+
+import pytest
+import torch
+from registry import REGISTRY
+from tinymodels import QUESTIONS, generated_text
+
+from pope_fast.engine import Engine, Settings
+from pope_fast.engine.generation import GreedyRules
+
+NEW = 10
+
+
+def _processors(config: dict, prompt_length: int, eos: list[int]):
+    """transformers' own processors for `config`, as _get_logits_processor builds them for a decoder-only model."""
+    from transformers.generation import logits_process as lp
+
+    made = []
+    if config.get("repetition_penalty", 1.0) != 1.0:
+        made.append(lp.RepetitionPenaltyLogitsProcessor(config["repetition_penalty"]))
+    if config.get("no_repeat_ngram_size"):
+        made.append(lp.NoRepeatNGramLogitsProcessor(config["no_repeat_ngram_size"]))
+    if config.get("min_length"):
+        made.append(lp.MinLengthLogitsProcessor(config["min_length"], eos))
+    if config.get("min_new_tokens"):
+        made.append(lp.MinNewTokensLengthLogitsProcessor(prompt_length, config["min_new_tokens"], eos))
+    if config.get("suppress_tokens"):
+        made.append(lp.SuppressTokensLogitsProcessor(config["suppress_tokens"]))
+    if config.get("begin_suppress_tokens"):
+        made.append(lp.SuppressTokensAtBeginLogitsProcessor(config["begin_suppress_tokens"], prompt_length))
+    return made
+
+
+CONFIGS = {
+    "repetition-penalty": {"repetition_penalty": 1.3},
+    "penalty-below-one": {"repetition_penalty": 0.8},
+    "no-repeat-bigram": {"no_repeat_ngram_size": 2},
+    "no-repeat-unigram": {"no_repeat_ngram_size": 1},
+    "min-lengths": {"min_length": 9, "min_new_tokens": 3},
+    "suppressed": {"suppress_tokens": [5, 17], "begin_suppress_tokens": [3, 11]},
+    "all": {"repetition_penalty": 1.2, "no_repeat_ngram_size": 3, "min_new_tokens": 2, "suppress_tokens": [4]},
+}
+
+
+@pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
+def test_each_step_chooses_what_transformers_processors_leave_highest(config):
+    """Random scores over a 23-token vocabulary with ties and negative values, favouring the prompts' ids and the
+    eos ids, prompts of two lengths that repeat ids: at every one of 12 steps, the token GreedyState chooses is the argmax of the scores transformers'
+    processors give, row by row (each row as generate decodes it alone)."""
+    torch.manual_seed(0)
+    vocab, eos = 23, [2, 7]
+    prompts = [[1, 5, 6, 5, 9, 3, 5, 6], [4, 4, 8, 12, 8]]
+    rules = GreedyRules.of(config, "generation_config.json")
+    assert rules.active
+    state = rules.start(prompts, vocab, set(eos), "cpu")
+    histories = [torch.tensor([p]) for p in prompts]
+    processors = [_processors(config, len(p), eos) for p in prompts]
+    changed = 0
+    for _ in range(12):
+        logits = (torch.randn(2, vocab) * 2).round(decimals=1)
+        # the prompts' tokens, the eos ids and one unread token often on top, near each other: the rules bite
+        logits[:, [2, 5, 6, 7, 8, 12]] += 4
+        logits[:, 10] += 5
+        ours = state.choose(logits)
+        for row in range(2):
+            scores = logits[row:row + 1].clone()
+            for processor in processors[row]:
+                scores = processor(histories[row], scores)
+            assert int(ours[row]) == int(scores.argmax()), (config, row, histories[row].tolist())
+            changed += int(scores.argmax()) != int(logits[row].argmax())
+            histories[row] = torch.cat([histories[row], ours[row].view(1, 1)], dim=1)
+        state.push(ours)
+    assert changed, "no step's choice differs from the plain argmax: the rules went untested"
+
+
+def test_fields_the_engine_does_not_compute_are_refused_by_name():
+    for field, value in (("sequence_bias", [[[5], 2.0]]), ("bad_words_ids", [[5]]), ("forced_eos_token_id", 2),
+                         ("exponential_decay_length_penalty", [3, 1.1]), ("guidance_scale", 1.5)):
+        with pytest.raises(ValueError, match=f"^gc.json: {field} .* changes generate's greedy choice"):
+            GreedyRules.of({field: value}, "gc.json")
+    assert not GreedyRules.of({"guidance_scale": 1.0, "temperature": 0.1, "top_k": 1, "do_sample": True}, "g").active
+    with pytest.raises(ValueError, match="gc.json: repetition_penalty must be a positive number, not 0"):
+        GreedyRules.of({"repetition_penalty": 0}, "gc.json")
+    with pytest.raises(ValueError, match="gc.json: suppress_tokens must be a list of token ids"):
+        GreedyRules.of({"suppress_tokens": "5"}, "gc.json")
+    with pytest.raises(ValueError, match="generation_config must be one of none, greedy, not 'yes'"):
+        Settings(generation_config="yes")
+    with pytest.raises(ValueError, match="repetition_penalty must be a positive number, not -1"):
+        Settings(repetition_penalty=-1)
+
+
+def _with_generation_config(checkpoint, folder, extra: dict):
+    folder = shutil.copytree(checkpoint, folder)
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, **extra}))
+    return folder
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["llava", "qwen2_vl"])
+def test_continuations_under_the_checkpoints_generation_config_are_generates(name, tiny, tmp_path):
+    """A checkpoint whose generation_config.json sets a repetition penalty of 1.5 and bans repeated trigrams:
+    with generation_config greedy each continuation is generate's (which reads that file), alone and batched,
+    with and without a shared prefix; without it, or with the tool's own repetition_penalty 1.0 over a config
+    that sets only the penalty, it is the plain argmax's, which differs."""
+    family = REGISTRY[name]
+    checkpoint = tiny.checkpoint(name)
+    folder = _with_generation_config(checkpoint, tmp_path / "rules",
+                                     {"repetition_penalty": 1.5, "no_repeat_ngram_size": 3})
+    penalty_only = _with_generation_config(checkpoint, tmp_path / "penalty", {"repetition_penalty": 1.5})
+    model, plain = (family.transformers_class().from_pretrained(str(f), dtype=torch.float32).eval()
+                    for f in (folder, checkpoint))
+    inputs_of = family.inputs_of(folder)
+    probe = Engine.load(folder, Settings())
+    image, questions = family.images[0], QUESTIONS[:2]
+    theirs, argmax = [], []
+    for q in questions:
+        inputs = inputs_of(image, probe.prompt(q))
+        length = inputs["input_ids"].shape[1]
+        with torch.no_grad():
+            theirs.append(model.generate(**inputs, max_new_tokens=NEW, do_sample=False)[0, length:].tolist())
+            argmax.append(plain.generate(**inputs, max_new_tokens=NEW, do_sample=False)[0, length:].tolist())
+    assert theirs != argmax
+    for settings, folder_, expected in (
+            (Settings(generation_config="greedy"), folder, theirs),
+            (Settings(generation_config="greedy", prefix_reuse=False, batch_size=1), folder, theirs),
+            (Settings(), folder, argmax),
+            (Settings(generation_config="greedy", repetition_penalty=1.0), penalty_only, argmax)):
+        engine = Engine.load(folder_, Settings(**{**settings.__dict__, "max_new_tokens": NEW}),
+                             readouts="string_parse")
+        answers = engine.score(image, questions)
+        assert [a.decoded for a in answers] == [generated_text(engine, t) for t in expected], settings
+
+
+@pytest.mark.slow
+def test_a_checkpoint_that_sets_what_the_engine_does_not_compute_is_refused_at_load(tiny, tmp_path):
+    folder = _with_generation_config(tiny.checkpoint("llava"), tmp_path / "bias", {"sequence_bias": [[[5], 2.0]]})
+    with pytest.raises(ValueError, match=r"generation_config.json: sequence_bias .* changes generate's greedy"):
+        Engine.load(folder, Settings(generation_config="greedy"), readouts="string_parse")
+    Engine.load(folder, Settings(), readouts="string_parse")  # not applied: nothing to refuse
+    Engine.load(folder, Settings(generation_config="greedy"), readouts="template_aware")  # no continuation
+
+
+def test_the_rules_bite_only_while_they_can_change_a_choice():
+    """The minimum lengths hold while the row (or its prompt and output) is short, begin_suppress_tokens at the
+    first new token only; a penalty, an n-gram ban or suppressed tokens at every step. Where none bites, the
+    engine takes the fused argmax."""
+    tokens = torch.tensor([9, 9])
+    lengths = GreedyRules(min_length=8, min_new_tokens=2).start([[1] * 5, [1] * 3], 20, {2}, "cpu")
+    bites = []
+    for _ in range(6):
+        bites.append(lengths.bites())
+        lengths.push(tokens)
+    assert bites == [True, True, True, True, True, False]  # the 3-token prompt reaches 8 after 5 new tokens
+    begin = GreedyRules(begin_suppress_tokens=(3,)).start([[1]], 20, {2}, "cpu")
+    assert begin.bites() and (begin.push(tokens[:1]) or not begin.bites())
+    for rules in (GreedyRules(repetition_penalty=1.1), GreedyRules(no_repeat_ngram_size=2),
+                  GreedyRules(suppress_tokens=(4,))):
+        state = rules.start([[1]], 20, {2}, "cpu")
+        state.push(tokens[:1])
+        assert state.bites()
+    assert not GreedyRules().active and GreedyRules(min_new_tokens=1).active
