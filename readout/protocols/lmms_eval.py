@@ -1,5 +1,8 @@
-"""lmms-eval v0.7.2 (cb45ac4d)'s POPE task: its answer rule and aggregation, its prompt per model class (its
-post_prompt after the question, in each class's own prompt), and how it runs each family."""
+"""lmms-eval's POPE task: its answer rule and aggregation, its prompt per model class (its post_prompt after the
+question, in each class's own prompt), and how it runs each family. Read at v0.7.2 (cb45ac4d) and checked against
+the 0.7.3 release (PyPI), which users run: every file of its POPE path is the same there (tasks/pope/utils.py, the
+chat classes, strip_reasoning_tags, media_encoder.py), but for pope.yaml's dataset (lmms-lab-encoder/POPE, the same
+questions) and Gemma 3's padding (below); the line numbers cited are v0.7.2's."""
 from __future__ import annotations
 
 from typing import Mapping
@@ -82,7 +85,7 @@ COVERAGE = {
     "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85",
                          image_resize="qwen_vl_utils:28:3136:602112", processor_pixels="3136:602112", dtype="auto",
                          generation_config=GENERATE),
-    "mplug_owl2": "lmms-eval 0.7.2 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
+    "mplug_owl2": "lmms-eval 0.7.3 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
     # `--model qwen2_5_vl` runs the chat class: models/registry_v2.py l.82-97 (v0.7.2) resolves a name to its
     # chat class where models/__init__.py registers one (AVAILABLE_CHAT_TEMPLATE_MODELS: qwen2_5_vl, qwen3_vl,
     # llava_hf, internvl_hf), unless forced simple. The chat class hands qwen_vl_utils the task's image as read
@@ -116,15 +119,15 @@ COVERAGE = {
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).
     # Every image a JPEG data URL of quality 85 (l.176-183, l.257): reproduced (jpeg85). Every prompt padded to
-    # its max_length of 2048 (l.79, l.271) on the tokenizer's side, gemma-3's left: masked, with positions
-    # that follow the mask, the unpadded prompt's logits to rounding (tests/families/test_gemma3.py
-    # test_lmms_eval_padding_changes_no_logit), so the unpadded run is lmms-eval's.
+    # its max_length of 2048 (l.79, l.271; 0.7.3: to a multiple of 8, l.292) on the tokenizer's side, gemma-3's
+    # left: masked, with positions that follow the mask, the unpadded prompt's logits to rounding
+    # (tests/families/test_gemma3.py test_lmms_eval_padding_changes_no_logit), so the unpadded run is lmms-eval's.
     "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85", dtype="bf16",
                        generation_config=GENERATE),
 }
 
 PROTOCOL = Protocol(
-    "lmms-eval", "lmms-eval's POPE task", "lmms-eval v0.7.2 (cb45ac4d)", "exact_match", lmms_eval_metrics,
+    "lmms-eval", "lmms-eval's POPE task", "lmms-eval 0.7.3 and v0.7.2 (cb45ac4d)", "exact_match", lmms_eval_metrics,
     "pope_f1_score", True, lambda v: "%.4f" % v,
     ("lmms_eval/tasks/pope/pope.yaml (max_new_tokens 128, greedy; post_prompt '\\nAnswer the question "
      "using a single word or phrase.')",

@@ -16,6 +16,12 @@ LLAVA_V1_SYSTEM = (
 )
 
 
+# InternVL's internvl2_5 conversation template, which InternVL3's config names (OpenGVLab/InternVL
+# internvl_chat/internvl/conversation.py l.393-402, 2410d1d): its system message, the chat's default
+# (modeling_internvl_chat.py l.97-101)
+INTERNVL_SYSTEM = "你是书生·万象，英文名是InternVL，是由上海人工智能实验室、清华大学及多家合作单位联合开发的多模态大语言模型。"
+
+
 def vlmevalkit_metrics(labels: list[str], decided: list[str]) -> dict:
     """VLMEvalKit e8e78f05 vlmeval/dataset/utils/yorn.py POPE_rating l.148-187: an extracted 'Unknown' is a
     negative prediction in precision, recall and F1 (y_pred 1 only for 'Yes') and wrong in accuracy
@@ -54,6 +60,10 @@ TEMPLATES = (
              "<|im_start|>user \n<image>\n{question}<|im_end|><|im_start|>assistant\n", "<image>",
              "VLMEvalKit LLaVA_OneVision_HF: the llava-hf processor's chat template over one text part, "
              "'<image>\\n' + question (the image part becomes text, so the template renders no image)"),
+    Template("vlmevalkit_internvl", "", "<IMG_CONTEXT>",
+             "VLMEvalKit InternVLChat (InternVL3): InternVL's internvl2_5 template, its system message, then "
+             "'<image>\\n' + the bare question, as the -hf chat template renders [image, question] under that system",
+             chat=True, system=INTERNVL_SYSTEM, suffix=""),
     Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
              "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
 )
@@ -123,9 +133,18 @@ COVERAGE = {
     # (l.723-724); image_base.py build_prompt
     "llava_onevision": Coverage("LLaVA_OneVision_HF (llava-onevision-qwen2-7b-ov-hf)", "vlmevalkit_llava_onevision",
                                 2048, image_reencode="rgb", dtype="fp16", generation_config=GENERATE),
-    "internvl": "VLMEvalKit's InternVLChat runs OpenGVLab's original (non -hf) InternVL3 code through "
-                "trust_remote_code, with its own conversation template and preprocessing; its prompt on an -hf "
-                "checkpoint is not verified here",
+    # vlmeval/config.py l.1289-1291: InternVL3-8B is InternVLChat, version V2.0, on OpenGVLab's original weights
+    # (trust_remote_code, bf16: vlm/internvl/internvl_chat.py l.181-186), which the -hf checkpoints hold converted.
+    # POPE is a Y/N dataset: the bare question (l.252-259); generate_v2 (l.381-437) asks '<image>\n' + it
+    # (utils.py reorganize_prompt l.227-228) of the model's chat: the internvl2_5 template with its system message
+    # (INTERNVL_SYSTEM), eos <|im_end|> (the -hf checkpoints' generation config's too), greedy (l.212, l.415),
+    # 4,096 new tokens, through the inner language model's generate over inputs_embeds, whose generation config
+    # is its own default: none of the checkpoint's rules (OpenGVLab/InternVL modeling_internvl_chat.py l.343-437).
+    # Images: load_image (utils.py l.19-93, max_num 6 for POPE: set_max_num l.316-337): convert('RGB'), the grid
+    # of up to 6 448-px tiles, PIL's bicubic resize, the thumbnail, ToTensor and Normalize: the -hf processor's
+    # tiles with min_patches 1 and max_patches 6, bit for bit (tests/families/test_internvl.py).
+    "internvl": Coverage("InternVLChat (InternVL3-8B, version V2.0), on the -hf conversion of its weights",
+                         "vlmevalkit_internvl", 4096, image_reencode="rgb", processor_patches="1:6", dtype="bf16"),
     # vlmeval/config.py l.1451-1462 (Qwen3-VL-8B-Instruct): Qwen3VLChat with use_custom_prompt=False, so the
     # dataset's [image, question] messages (no system_prompt: the template's own opening), through the
     # processor's chat template (vlm/qwen3_vl/model.py l.361-367), 16384 new tokens. Each image resized by

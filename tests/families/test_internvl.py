@@ -174,9 +174,79 @@ def test_protocols(checkpoint):
     assert protocol_for(checkpoint, "paper").template == "internvl_chat"
     lmms = protocol_for(checkpoint, "lmms-eval")
     assert (lmms.template, lmms.new_tokens) == ("lmms_eval_internvl_hf", 128)
-    for name in ("vlmevalkit", "llava"):
-        with pytest.raises(ValueError, match=f"protocol {name} does not cover InternVL3"):
-            protocol_for(checkpoint, name)
+    vlmeval = protocol_for(checkpoint, "vlmevalkit")
+    assert (vlmeval.template, vlmeval.new_tokens, vlmeval.processor_patches, vlmeval.image_reencode,
+            vlmeval.generation_config, vlmeval.deviations) == ("vlmevalkit_internvl", 4096, "1:6", "rgb", "none", ())
+    with pytest.raises(ValueError, match="protocol llava does not cover InternVL3"):
+        protocol_for(checkpoint, "llava")
+
+
+def _internvl_load_image(image, size: int, max_num: int) -> np.ndarray:
+    """VLMEvalKit's InternVL load_image (vlmeval/vlm/internvl/utils.py l.19-93, e8e78f05), as its lines state it:
+    RGB; of the grids of 1..max_num tiles (sorted by tile count), the one whose aspect ratio is closest to the
+    image's, a later one of equal distance taken while the image's area exceeds half the grid's; the image resized
+    to it by PIL's default filter (bicubic), cut row by row, the whole image resized to one more tile where there
+    are several; each tile through ToTensor (/255 in float32) and Normalize with ImageNet's mean and std (its
+    Resize to `size` leaves a tile of that size as it is)."""
+    import torch
+
+    image = image.convert("RGB")
+    width, height = image.size
+    grids = sorted({(i, j) for n in range(1, max_num + 1) for i in range(1, n + 1) for j in range(1, n + 1)
+                    if 1 <= i * j <= max_num}, key=lambda g: g[0] * g[1])
+    best, distance = (1, 1), float("inf")
+    for grid in grids:
+        d = abs(width / height - grid[0] / grid[1])
+        if d < distance:
+            best, distance = grid, d
+        elif d == distance and width * height > 0.5 * size * size * grid[0] * grid[1]:
+            best = grid
+    resized = image.resize((size * best[0], size * best[1]))
+    tiles = [resized.crop((c * size, r * size, (c + 1) * size, (r + 1) * size))
+             for r in range(best[1]) for c in range(best[0])]
+    if len(tiles) != 1:
+        tiles.append(image.resize((size, size)))
+    mean = torch.tensor((0.485, 0.456, 0.406))[:, None, None]
+    std = torch.tensor((0.229, 0.224, 0.225))[:, None, None]
+    return torch.stack([(torch.from_numpy(np.array(t)).permute(2, 0, 1).float().div(255) - mean) / std
+                        for t in tiles]).numpy()
+
+
+@pytest.mark.slow
+def test_vlmevalkit_tiles_are_internvls_load_image(checkpoint):
+    """VLMEvalKit's InternVLChat tiles with InternVL's own load_image (max_num 6 for POPE); under its protocol
+    (image_reencode rgb, processor_patches 1:max_num) the engine's tiles are those bit for bit, on every image of
+    the family's sizes and on a palette image, at 6 tiles and at 2 (which cuts the bigger grids another way)."""
+    from PIL import Image
+
+    from pope_fast.engine.images import reencoded
+
+    images = [*IMAGES, synthetic_image(3, (150, 60)).convert("P")]
+    for max_num in (6, 2):
+        engine = Engine.load(checkpoint, Settings(image_reencode="rgb", processor_patches=f"1:{max_num}"))
+        size = engine.model.image_processor.size.height  # the tile: InternVL3's 448, the tiny checkpoint's 56
+        for image in images:
+            ours = engine.model.preprocess(reencoded(image, engine.settings.image_reencode))
+            theirs = _internvl_load_image(image, size, max_num)
+            assert ours.shape == theirs.shape and np.array_equal(ours, theirs), (max_num, image.size)
+    wide = Image.new("RGB", (6 * size, size))
+    assert _internvl_load_image(wide, size, 6).shape[0] == 7 and _internvl_load_image(wide, size, 2).shape[0] == 3
+
+
+@pytest.mark.slow
+def test_vlmevalkit_prompt_is_internvls_conversation(shared, checkpoint):
+    """InternVL's chat renders the internvl2_5 template (MPT style: system, then each role and message, each
+    ended by '<|im_end|>\\n') over '<image>\\n' + the question, then puts '<img>' + the context tokens + '</img>' for
+    '<image>': vlmevalkit_internvl under InternVL3-8B-hf's chat template is that text with '<IMG_CONTEXT>' for
+    '<image>', which the engine expands the same way."""
+    from pope_fast.readout import get_template
+    from pope_fast.readout.protocols.vlmevalkit import INTERNVL_SYSTEM
+
+    tokenizer = _real_tokenizer(shared)
+    theirs = (f"<|im_start|>system\n{INTERNVL_SYSTEM}<|im_end|>\n<|im_start|>user\n<image>\n{QUESTIONS[0]}<|im_end|>\n"
+              "<|im_start|>assistant\n")
+    assert get_template("vlmevalkit_internvl").render(QUESTIONS[0], tokenizer) == theirs.replace("<image>",
+                                                                                               "<IMG_CONTEXT>")
 
 
 @pytest.mark.slow

@@ -292,7 +292,7 @@ def test_eval_refuses_what_a_protocol_does_not_cover_before_loading(llava, tmp_p
     with pytest.raises(ValueError, match="chat template, and the checkpoint has none"):
         protocol_for(qwen_like, "lmms-eval")
     (qwen_like / "config.json").write_text(json.dumps({"model_type": "mplug_owl2"}))
-    with pytest.raises(ValueError, match="lmms-eval 0.7.2 has no mPLUG-Owl2 model class"):
+    with pytest.raises(ValueError, match="lmms-eval 0.7.3 has no mPLUG-Owl2 model class"):
         protocol_for(qwen_like, "lmms-eval")
 
 
@@ -302,7 +302,7 @@ def test_protocols_command_lists_every_protocol_and_family():
     for name in PROTOCOLS:
         assert f"\n{name}: " in "\n" + result.output
     assert repr(PLAIN_PROMPTS["vlmevalkit_llava"].replace(Q, "Is there a dog in the image?")) in result.output
-    assert "not covered: lmms-eval 0.7.2 has no mPLUG-Owl2 model class" in result.output
+    assert "not covered: lmms-eval 0.7.3 has no mPLUG-Owl2 model class" in result.output
 
 
 @pytest.mark.slow
@@ -486,10 +486,11 @@ def test_vlmevalkit_mplug_owl2_generates_at_least_one_token_and_score_checks_it(
 
 @pytest.mark.parametrize("tool", ["lmms-eval", "vlmevalkit", "llava"])
 def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_score_checks_it(tool):
-    """Every class of lmms-eval, VLMEvalKit (but Qwen3VLChat's vLLM) and LLaVA's script calls transformers'
-    generate, which applies the checkpoint's generation_config.json: each coverage says greedy, VLMEvalKit's
-    Qwen2VLChat with its own repetition_penalty 1.0 (vlm/qwen2_vl/model.py l.190); eval --protocol's settings
-    take both, and score names a run made without them."""
+    """Every class of lmms-eval, VLMEvalKit and LLaVA's script calls transformers' generate, which applies the
+    checkpoint's generation_config.json: each coverage says greedy, VLMEvalKit's Qwen2VLChat with its own
+    repetition_penalty 1.0 (vlm/qwen2_vl/model.py l.190); eval --protocol's settings take both, and score names a
+    run made without them. Not VLMEvalKit's Qwen3VLChat (vLLM) nor InternVLChat (InternVL's chat calls its inner
+    language model's generate, whose generation config is that model's default)."""
     from pope_fast.engine import Settings
     from pope_fast.evaluate import protocol_settings
     from pope_fast.readout.protocols.scoring import checks
@@ -502,9 +503,9 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
             continue
     assert covered
     penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0} if tool == "vlmevalkit" else {}
-    vllm = {"qwen3_vl"} if tool == "vlmevalkit" else set()
+    own = {"qwen3_vl", "internvl"} if tool == "vlmevalkit" else set()
     assert {m: c.generation_config for m, c in covered.items()} == \
-        {m: "none" if m in vllm else "greedy" for m in covered}
+        {m: "none" if m in own else "greedy" for m in covered}
     assert {m: c.repetition_penalty for m, c in covered.items() if c.repetition_penalty is not None} == penalty
     for model_type, c in covered.items():
         settings = protocol_settings(Settings(dtype="fp32"), c)  # a dtype given: the tool's "auto" unresolved here
@@ -512,7 +513,7 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
         meta = {"template": c.template, "protocol_coverage": {tool: c.to_json()},
                 "generation": {PROTOCOLS[tool].readout: {"max_new_tokens": c.new_tokens}}}
         found = checks(PROTOCOLS[tool], {**meta, "settings": Settings().to_json()}, 0)
-        if model_type not in vllm:
+        if model_type not in own:
             assert f"generation: this run's generation_config is none, {tool}'s greedy" in found
         if model_type in penalty:
             assert f"generation: this run's repetition_penalty is the checkpoint's, {tool}'s 1.0" in found
