@@ -68,17 +68,22 @@ class GreedyRules:
         """Whether any rule can change a greedy step's argmax."""
         return self != GreedyRules()
 
-    def start(self, prompts: list[list[int]], vocab: int, stop_ids: set[int], device) -> "GreedyState":
-        """The rows' state before their first new token: `prompts` their input_ids as generate reads them."""
-        return GreedyState(self, prompts, vocab, stop_ids, device)
+    def start(self, prompts: list[list[int]], vocab: int, stop_ids: set[int], device,
+              read_prompt: bool = True) -> "GreedyState":
+        """The rows' state before their first new token: `prompts` their input_ids as generate reads them; without
+        read_prompt, generate is given the prompt as inputs_embeds alone (LLaVA's and LLaVA-NeXT's own generate),
+        so the penalty and the n-gram ban read the new tokens only (generation/utils.py l.1486-1499 warns so)."""
+        return GreedyState(self, prompts, vocab, stop_ids, device, read_prompt)
 
 
 class GreedyState:
     """A batch's rows under GreedyRules: what each has read so far (its prompt, then its new tokens)."""
 
-    def __init__(self, rules: GreedyRules, prompts: list[list[int]], vocab: int, stop_ids: set[int], device):
+    def __init__(self, rules: GreedyRules, prompts: list[list[int]], vocab: int, stop_ids: set[int], device,
+                 read_prompt: bool = True):
         self.rules, self.vocab, self.new = rules, vocab, 0
-        self.ids = [list(p) for p in prompts]
+        self.ids = [list(p) if read_prompt else [] for p in prompts]
+        # min_length counts the prompt either way (_prepare_generated_length takes it off an inputs_embeds' length)
         self.prompt_lengths = torch.tensor([len(p) for p in prompts], device=device)
         self.stops = torch.tensor(sorted(stop_ids), dtype=torch.long, device=device)
         # the ids each row has read (RepetitionPenalty scatters them into the vocabulary; ids outside it, as

@@ -47,7 +47,7 @@ class Runner:
         the settings apply it, under the tool's own arguments (refused at load where it sets what the engine
         does not compute)."""
         s = self.settings
-        config = self.model.generation_config if s.generation_config == "greedy" else {}
+        config = self.model.generation_config if s.generation_config != "none" else {}
         rules = GreedyRules.of(config, str(self.model.folder / "generation_config.json"))
         tool = {"min_new_tokens": s.min_new_tokens} if s.min_new_tokens else {}
         tool |= {} if s.repetition_penalty is None else {"repetition_penalty": float(s.repetition_penalty)}
@@ -120,7 +120,8 @@ class Runner:
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
             greedy = self.rules.start([list(row.layout.ids) for row in batch.rows], lm.dims.vocab_size,
-                                      self.model.stop_ids, device) if self.rules.active else None
+                                      self.model.stop_ids, device, self.settings.generation_config != "greedy_output") \
+                if self.rules.active else None
             # the first new token: the answer position's argmax, unless the rules choose another
             first_new = greedy.choose(lm.vocab_logits(out.last_hidden)).to(first.dtype) \
                 if greedy is not None and greedy.bites() else first

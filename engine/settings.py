@@ -16,7 +16,7 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
                       "answer_cut", "image_mask", "generation_config", "repetition_penalty")
-GENERATION_CONFIGS = ("none", "greedy")
+GENERATION_CONFIGS = ("none", "greedy", "greedy_output")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 
@@ -44,8 +44,9 @@ class Settings:
     # none: a continuation is the argmax at every step, ended by the checkpoint's eos ids | greedy: what
     # transformers' generate applies at greedy decoding from the checkpoint's generation_config.json (its
     # repetition penalty, n-gram ban, minimum lengths, suppressed tokens: engine/generation.py), as every tool
-    # that calls generate gets it; min_new_tokens and repetition_penalty, where set, are the tool's own arguments
-    # over it
+    # that calls generate gets it | greedy_output: the same rules given the prompt as inputs_embeds alone (LLaVA's
+    # and LLaVA-NeXT's own generate), so the penalty and n-gram ban read the output only; min_new_tokens and
+    # repetition_penalty, where set, are the tool's own arguments over it
     generation_config: str = "none"
     repetition_penalty: float | None = None  # None: the generation config's, where applied (else none)
     # none: a text readout reads the new tokens up to the stop token, decoded without special tokens | a name in

@@ -36,7 +36,8 @@ def _describe(protocol: Protocol, tokenizer) -> str:
             if covered.min_new_tokens:
                 length += f" (at least {covered.min_new_tokens})"
             if covered.generation_config != "none":
-                length += ", the checkpoint's generation config applied"
+                length += ", the checkpoint's generation config applied" + (
+                    " (over the output only)" if covered.generation_config == "greedy_output" else "")
                 if covered.repetition_penalty is not None:
                     length += f" under repetition_penalty {covered.repetition_penalty:g}"
             if covered.answer_cut != "none":

@@ -23,9 +23,10 @@ ONLY_LLAVA = "LLaVA's pope.sh evaluates LLaVA-1.5"
 COVERAGE = {
     # model_vqa_loader: process_images pads to square (LLaVA-1.5's image_aspect_ratio "pad")
     # fp16: load_pretrained_model (llava/model/builder.py l.42-43), which model_vqa_loader calls; its generate
-    # (l.104-114: greedy, no processor of its own) applies the checkpoint's generation_config.json
+    # (l.104-114: greedy, no processor of its own) applies the checkpoint's generation_config.json, over the prompt
+    # as inputs_embeds alone (llava/model/language_model/llava_llama.py l.105-142): a penalty reads the output only
     "llava": Coverage("model_vqa_loader --conv-mode vicuna_v1", "llava_official", 128, image_aspect="pad",
-                      dtype="fp16", generation_config="greedy"),
+                      dtype="fp16", generation_config="greedy_output"),
     "llava_next": ONLY_LLAVA + "; LLaVA-NeXT's own numbers come from lmms-eval",
     "instructblip": ONLY_LLAVA,
     "qwen2_vl": ONLY_LLAVA,

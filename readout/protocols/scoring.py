@@ -28,10 +28,14 @@ def applied_rules(recorded: Mapping, steps: Mapping) -> dict:
     """The generation config rules a continuation applies: the checkpoint's (`recorded`, meta.json's
     generation_config) where its steps apply them, under an explicit repetition_penalty; those that change
     nothing left out."""
-    rules = dict(recorded) if steps.get("generation_config", "none") == "greedy" else {}
+    how = steps.get("generation_config", "none")
+    rules = dict(recorded) if how != "none" else {}
     if steps.get("repetition_penalty") is not None:
         rules["repetition_penalty"] = steps["repetition_penalty"]
-    return {k: v for k, v in rules.items() if k not in NO_RULE or v != NO_RULE[k]}
+    rules = {k: v for k, v in rules.items() if k not in NO_RULE or v != NO_RULE[k]}
+    if how == "greedy_output" and {"repetition_penalty", "no_repeat_ngram_size"} & set(rules):
+        rules["read"] = "the output only"  # generate given inputs_embeds alone: the prompt's ids unseen
+    return rules
 
 
 def _rules_text(rules: Mapping) -> str:

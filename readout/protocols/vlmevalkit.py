@@ -89,8 +89,9 @@ def llava_answer(whole: str) -> str:
 
 # qwen_vl_utils' resize within the bounds VLMEvalKit's config gives Qwen2VLChat (1280 to 16384 tokens of 28x28)
 QWEN_RESIZE = f"qwen_vl_utils:28:{1280 * 28 * 28}:{16384 * 28 * 28}"
-# The classes below that run transformers' generate (every one but Qwen3VLChat's vLLM) get the checkpoint's
-# generation_config.json under their own arguments: reproduced (Settings.generation_config greedy). Qwen2VLChat
+# The classes below that run transformers' generate (all but Qwen3VLChat's vLLM and InternVLChat, whose chat runs
+# its inner language model's) get the checkpoint's generation_config.json under their own arguments: reproduced
+# (Settings.generation_config greedy; LLaVA's own generate gives it inputs_embeds alone: greedy_output). Qwen2VLChat
 # passes repetition_penalty 1.0 over the Qwen checkpoints' 1.05 (vlm/qwen2_vl/model.py l.190, l.206-213,
 # l.492-495), and top_k 1 with do_sample, which keeps only the argmax: greedy.
 GENERATE = "greedy"
@@ -110,7 +111,7 @@ COVERAGE = {
     # vlmeval/vlm/llava/llava.py l.72-79 (2048 new tokens), l.190 (convert('RGB')), l.191-196 (image_aspect_ratio
     # "pad"); fp16: LLaVA's load_pretrained_model (l.48-54; llava/model/builder.py l.42-43 at c121f04)
     "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad", image_reencode="rgb",
-                      dtype="fp16", generation_config=GENERATE),
+                      dtype="fp16", generation_config="greedy_output"),  # LLaVA's generate: inputs_embeds alone
     "llava_next": llava_next,
     "instructblip": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
                     "penalty 1.5; this engine decodes greedily",

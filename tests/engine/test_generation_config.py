@@ -46,19 +46,26 @@ CONFIGS = {
 }
 
 
+@pytest.mark.parametrize("read_prompt", [True, False], ids=["input-ids", "inputs-embeds"])
 @pytest.mark.parametrize("config", CONFIGS.values(), ids=CONFIGS.keys())
-def test_each_step_chooses_what_transformers_processors_leave_highest(config):
+def test_each_step_chooses_what_transformers_processors_leave_highest(config, read_prompt):
     """Random scores over a 23-token vocabulary with ties and negative values, favouring the prompts' ids and the
-    eos ids, prompts of two lengths that repeat ids: at every one of 12 steps, the token GreedyState chooses is the argmax of the scores transformers'
-    processors give, row by row (each row as generate decodes it alone)."""
+    eos ids, prompts of two lengths that repeat ids: at every one of 12 steps, the token GreedyState chooses is the
+    argmax of the scores transformers' processors give, row by row (each row as generate decodes it alone), given
+    the prompt as input_ids or as inputs_embeds (the processors then read the output only)."""
     torch.manual_seed(0)
     vocab, eos = 23, [2, 7]
     prompts = [[1, 5, 6, 5, 9, 3, 5, 6], [4, 4, 8, 12, 8]]
     rules = GreedyRules.of(config, "generation_config.json")
     assert rules.active
-    state = rules.start(prompts, vocab, set(eos), "cpu")
-    histories = [torch.tensor([p]) for p in prompts]
-    processors = [_processors(config, len(p), eos) for p in prompts]
+    state = rules.start(prompts, vocab, set(eos), "cpu", read_prompt)
+    if read_prompt:
+        histories = [torch.tensor([p]) for p in prompts]
+        processors = [_processors(config, len(p), eos) for p in prompts]
+    else:  # generate given inputs_embeds: its input_ids start empty, min_length less the embeddings' length
+        histories = [torch.zeros(1, 0, dtype=torch.long) for _ in prompts]
+        processors = [_processors({**config, "min_length": max(config.get("min_length", 0) - len(p), 0)}, 0, eos)
+                      for p in prompts]
     changed = 0
     for _ in range(12):
         logits = (torch.randn(2, vocab) * 2).round(decimals=1)
@@ -87,7 +94,7 @@ def test_fields_the_engine_does_not_compute_are_refused_by_name():
         GreedyRules.of({"repetition_penalty": 0}, "gc.json")
     with pytest.raises(ValueError, match="gc.json: suppress_tokens must be a list of token ids"):
         GreedyRules.of({"suppress_tokens": "5"}, "gc.json")
-    with pytest.raises(ValueError, match="generation_config must be one of none, greedy, not 'yes'"):
+    with pytest.raises(ValueError, match="generation_config must be one of none, greedy, greedy_output, not 'yes'"):
         Settings(generation_config="yes")
     with pytest.raises(ValueError, match="repetition_penalty must be a positive number, not -1"):
         Settings(repetition_penalty=-1)
@@ -135,6 +142,32 @@ def test_continuations_under_the_checkpoints_generation_config_are_generates(nam
                              readouts="string_parse")
         answers = engine.score(image, questions)
         assert [a.decoded for a in answers] == [generated_text(engine, t) for t in expected], settings
+
+
+@pytest.mark.slow
+def test_greedy_output_is_generate_given_inputs_embeds(tiny, tmp_path):
+    """LLaVA's and LLaVA-NeXT's own generate hand transformers' generate the prompt as inputs_embeds alone, so a
+    repetition penalty reads the output only: with penalty 0.3 (which favours what was read), generation_config
+    greedy is generate over input_ids (the prompt's tokens favoured) and greedy_output is generate over the same
+    prompt's embeddings (the output's own tokens favoured), which differ."""
+    family = REGISTRY["llava"]
+    folder = _with_generation_config(tiny.checkpoint("llava"), tmp_path / "favour", {"repetition_penalty": 0.3})
+    model = family.transformers_class().from_pretrained(str(folder), dtype=torch.float32).eval()
+    probe = Engine.load(folder, Settings())
+    image, questions = family.images[0], QUESTIONS[:2]
+    ids, embeds = [], []
+    for q in questions:
+        inputs = family.inputs_of(folder)(image, probe.prompt(q))
+        with torch.no_grad():
+            ids.append(model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
+                       [0, inputs["input_ids"].shape[1]:].tolist())
+            embeds.append(model.generate(inputs_embeds=model.get_input_embeddings()(inputs["input_ids"]),
+                                         pixel_values=inputs["pixel_values"], attention_mask=inputs["attention_mask"],
+                                         max_new_tokens=NEW, do_sample=False)[0].tolist())
+    assert ids != embeds
+    for how, expected in (("greedy", ids), ("greedy_output", embeds)):
+        engine = Engine.load(folder, Settings(generation_config=how, max_new_tokens=NEW), readouts="string_parse")
+        assert [a.decoded for a in engine.score(image, questions)] == [generated_text(engine, t) for t in expected]
 
 
 @pytest.mark.slow

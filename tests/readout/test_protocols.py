@@ -504,8 +504,9 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
     assert covered
     penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0} if tool == "vlmevalkit" else {}
     own = {"qwen3_vl", "internvl"} if tool == "vlmevalkit" else set()
+    embeds = {"llava"} if tool in ("vlmevalkit", "llava") else set()  # LLaVA's own generate: inputs_embeds alone
     assert {m: c.generation_config for m, c in covered.items()} == \
-        {m: "none" if m in own else "greedy" for m in covered}
+        {m: "none" if m in own else "greedy_output" if m in embeds else "greedy" for m in covered}
     assert {m: c.repetition_penalty for m, c in covered.items() if c.repetition_penalty is not None} == penalty
     for model_type, c in covered.items():
         settings = protocol_settings(Settings(dtype="fp32"), c)  # a dtype given: the tool's "auto" unresolved here
@@ -514,7 +515,7 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
                 "generation": {PROTOCOLS[tool].readout: {"max_new_tokens": c.new_tokens}}}
         found = checks(PROTOCOLS[tool], {**meta, "settings": Settings().to_json()}, 0)
         if model_type not in own:
-            assert f"generation: this run's generation_config is none, {tool}'s greedy" in found
+            assert f"generation: this run's generation_config is none, {tool}'s {c.generation_config}" in found
         if model_type in penalty:
             assert f"generation: this run's repetition_penalty is the checkpoint's, {tool}'s 1.0" in found
         assert not any(k in line for k in ("generation_config", "repetition_penalty")
@@ -552,6 +553,11 @@ def test_score_compares_the_generation_config_rules_a_run_applied_with_the_tools
         "generation: this run's continuations apply no rule, lmms-eval's generate no_repeat_ngram_size 3, "
         "repetition_penalty 1.05" + why]
     assert all(found(run, tool, {}) == [] for run in runs for tool in tools)
+    llava = coverage("llava", family_class("llava"), {})  # LLaVA's own generate: the prompt as inputs_embeds
+    meta = {"template": llava.template, "protocol_coverage": {"llava": llava.to_json()}, "generation_config": penalty,
+            "generation": {"pope_official": {"max_new_tokens": 128}}, "settings": runs["lmms-eval"].to_json()}
+    assert "generation: this run's continuations apply repetition_penalty 1.05, llava's generate read the output " \
+        "only, repetition_penalty 1.05" + why in checks(PROTOCOLS["llava"], meta, 0)
 
 
 def test_vlmevalkit_gemma3_attends_its_image_causally_and_score_checks_it():
