@@ -12,6 +12,11 @@ from ..templates import SHORT_ANSWER, Template
 from .base import Coverage, Protocol, by_model_type, count
 
 QWEN_SYSTEM = "You are a helpful assistant."
+# LLaVA-NeXT's conv_qwen (llava/conversation.py l.443-452, df17966), which lmms-eval's llava_onevision class renders
+# (its conv_template default qwen_1_5, models/simple/llava_onevision.py l.82), CHATML-style (l.85-95): the system,
+# then each role, '\n', the message and '<|im_end|>\n'
+ONEVISION_CONV = ("<|im_start|>system\n" + QWEN_SYSTEM + "<|im_end|>\n<|im_start|>user\n<image>\n{question}"
+                  + SHORT_ANSWER + "<|im_end|>\n<|im_start|>assistant\n")
 # The POPE task hands every model class its image through PIL's convert('RGB') (tasks/pope/utils.py l.4-6); the
 # classes that re-encode it as a JPEG (jpeg85) convert it to RGB themselves, to the same pixels.
 TASK_IMAGE = "rgb"
@@ -51,6 +56,8 @@ TEMPLATES = (
     Template("lmms_eval_gemma3", "", "<start_of_image>",
              "lmms-eval gemma3: its system message, then [image, question + post_prompt], through the "
              "processor's chat template", chat=True, system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
+    Template("lmms_eval_llava_onevision", ONEVISION_CONV, "<image>",
+             "lmms-eval llava_onevision: LLaVA-NeXT's conv qwen_1_5 over '<image>\\n' + question + post_prompt"),
     Template("lmms_eval_internvl_hf", "", "<IMG_CONTEXT>",
              "lmms-eval internvl_hf (chat class): the processor's chat template over [image, question + "
              "post_prompt], no system message", chat=True, suffix=SHORT_ANSWER),
@@ -97,9 +104,20 @@ COVERAGE = {
     "qwen2_5_vl": Coverage("qwen2_5_vl (the chat class, which --model qwen2_5_vl runs)", "lmms_eval_qwen2_vl", 128,
                            image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:28",
                            processor_pixels="200704:1605632", dtype="bf16", generation_config=GENERATE),
-    "llava_onevision": "lmms-eval's llava_onevision class runs the original LLaVA-NeXT code on lmms-lab's "
-                       "checkpoints (conv qwen_1_5); its llava_hf class passes OneVision's chat template a string "
-                       "content, whose rendering under the hub tokenizer's own template is not verified here",
+    # `--model llava_onevision` (what LLaVA-OneVision's own numbers come from) runs LLaVA-NeXT's code on lmms-lab's
+    # original folder, of which the -hf checkpoints hold the weights converted: models/simple/llava_onevision.py
+    # renders '<image>\n' + the task's text in conv qwen_1_5 (l.517-551: ONEVISION_CONV), hands the task's RGB
+    # image to process_images (l.482-496: anyres_max_9, LLaVA-NeXT mm_utils.py l.119-293, whose crops are the -hf
+    # processor's bit for bit: tests/families/test_llava_onevision.py), in fp16 (load_pretrained_model's default,
+    # llava/model/builder.py l.27-36; the images cast to fp16, l.484-496), and calls generate greedily with POPE's
+    # 128 new tokens (l.577-590), which LLaVA-NeXT's LlavaQwenForCausalLM hands transformers' generate as
+    # inputs_embeds alone (llava/model/language_model/llava_qwen.py l.117-135): the folder's generation config,
+    # read over the output only. Its rules and eos ids are the folder's own: lmms-lab's carry their
+    # generation_config.json (the -chat one sets repetition_penalty 1.05 and eos [151645, 151643]), the -hf
+    # conversions theirs (eos 151645).
+    "llava_onevision": Coverage("llava_onevision (LLaVA-NeXT's code on lmms-lab's checkpoint), on the -hf "
+                                "conversion of its weights", "lmms_eval_llava_onevision", 128,
+                                image_reencode=TASK_IMAGE, dtype="fp16", generation_config="greedy_output"),
     # lmms_eval/models/chat/internvl_hf.py: the processor's chat template over the task's [image, text]
     # messages (tasks/pope: question + post_prompt), 128 new tokens, and min_patches 1, max_patches 12 (its
     # defaults, l.67-68) in every call's images_kwargs (l.248-251): reproduced (processor_patches; InternVL3's -hf

@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+from PIL import Image
 import pytest
 from familychecks import assert_answer_matches, processor_oracle
 from registry import REGISTRY
@@ -152,9 +153,82 @@ def test_protocols(checkpoint):
     assert protocol_for(checkpoint, "paper").template == "llava_onevision_chat"
     vlmevalkit = protocol_for(checkpoint, "vlmevalkit")
     assert (vlmevalkit.template, vlmevalkit.new_tokens) == ("vlmevalkit_llava_onevision", 2048)
-    for name in ("lmms-eval", "llava"):
-        with pytest.raises(ValueError, match=f"protocol {name} does not cover LLaVA-OneVision"):
-            protocol_for(checkpoint, name)
+    lmms = protocol_for(checkpoint, "lmms-eval")
+    assert (lmms.template, lmms.new_tokens, lmms.image_reencode, lmms.dtype, lmms.generation_config,
+            lmms.deviations) == ("lmms_eval_llava_onevision", 128, "rgb", "fp16", "greedy_output", ())
+    with pytest.raises(ValueError, match="protocol llava does not cover LLaVA-OneVision"):
+        protocol_for(checkpoint, "llava")
+
+
+def _llava_next_anyres(image, side: int, pinpoints, mean, std) -> np.ndarray:
+    """LLaVA-NeXT's process_anyres_image (llava/mm_utils.py l.119-293 at df17966) with its SigLipImageProcessor
+    (multimodal_encoder/siglip_encoder.py), as their lines state it: of the pinpoints, read as (width, height),
+    the one that keeps the most of the image at its fitted scale, then wastes the least; the image resized to fit
+    it (the limiting side to the pinpoint, the other rounded up, PIL's default filter) and pasted at the centre
+    of a black canvas; the canvas cut row by row into crops; the whole image resized to one crop first; each
+    crop resized to the processor's size (a crop of that size is copied), rescaled in float64 by 1/255 to
+    float32 and normalized."""
+    import math
+
+    width, height = image.size
+    best, kept, wasted = None, 0, float("inf")
+    for w, h in pinpoints:
+        scale = min(w / width, h / height)
+        effective = min(int(width * scale) * int(height * scale), width * height)
+        if effective > kept or (effective == kept and w * h - effective < wasted):
+            best, kept, wasted = (w, h), effective, w * h - effective
+    w, h = best
+    scale_w, scale_h = w / width, h / height  # in this order: 100 * (168 / 300) rounds up to 57, 100 * 168 / 300 not
+    if scale_w < scale_h:
+        size = (w, min(math.ceil(height * scale_w), h))
+    else:
+        size = (min(math.ceil(width * scale_h), w), h)
+    canvas = Image.new("RGB", (w, h), (0, 0, 0))
+    canvas.paste(image.resize(size), ((w - size[0]) // 2, (h - size[1]) // 2))
+    crops = [image.resize((side, side))] + [canvas.crop((x, y, x + side, y + side))
+                                             for y in range(0, h, side) for x in range(0, w, side)]
+    mean, std = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
+    return np.stack([(((np.asarray(c.resize((side, side))).astype(np.float64) / 255).astype(np.float32) - mean) / std)
+                     .transpose(2, 0, 1) for c in crops])
+
+
+@pytest.mark.slow
+def test_lmms_eval_crops_are_llava_next_anyres(checkpoint):
+    """lmms-eval's llava_onevision class hands LLaVA-NeXT's process_images (anyres_max_9) the task's RGB image: the
+    engine's crops under its protocol are those bit for bit, for every shape of grid and a palette image."""
+    engine = Engine.load(checkpoint, Settings(image_reencode="rgb"))
+    p = engine.model.image_processor
+    pinpoints = [(h, w) for h, w in p.image_grid_pinpoints]  # the -hf list; a symmetric set either way it is read
+    assert sorted(pinpoints) == sorted((w, h) for h, w in pinpoints)
+    for image in IMAGES + [synthetic_image(5, (333, 251)).convert("P")]:
+        rgb = image.convert("RGB")
+        crops, _ = engine.model.preprocess(rgb)
+        theirs = _llava_next_anyres(rgb, p.size.height, pinpoints, p.image_mean, p.image_std)
+        assert crops.shape == theirs.shape and np.array_equal(crops, theirs), image.size
+
+
+@pytest.mark.slow
+def test_lmms_eval_prompt_is_llava_next_conv_qwen(shared):
+    """lmms-eval's llava_onevision asks '<image>\\n' + question + post_prompt in LLaVA-NeXT's conv qwen_1_5 and splits
+    the text at '<image>' (tokenizer_image_token): lmms_eval_llava_onevision's ids under the real tokenizer are the
+    chunks' ids joined by the image token, as that function joins them."""
+    from transformers import AutoTokenizer
+
+    from pope_fast.readout import get_template
+
+    folder = shared / "tokenizers/llava_onevision"
+    folder = next((f for f in folder.iterdir() if (f / "tokenizer_config.json").is_file()), folder) \
+        if folder.is_dir() else folder
+    if not (folder / "tokenizer_config.json").is_file():
+        pytest.skip(f"{folder} holds no tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(str(folder))
+    prompt = get_template("lmms_eval_llava_onevision").render(QUESTIONS[0])
+    assert prompt == ("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\n<image>\n"
+                      f"{QUESTIONS[0]}\nAnswer the question using a single word or phrase.<|im_end|>\n"
+                      "<|im_start|>assistant\n")
+    image = tokenizer.convert_tokens_to_ids("<image>")
+    head, tail = (tokenizer(chunk).input_ids for chunk in prompt.split("<image>"))
+    assert tokenizer(prompt).input_ids == head + [image] + tail
 
 
 @pytest.mark.slow
