@@ -504,7 +504,8 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
     assert covered
     penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0} if tool == "vlmevalkit" else {}
     own = {"qwen3_vl", "internvl"} if tool == "vlmevalkit" else set()
-    embeds = {"llava"} if tool in ("vlmevalkit", "llava") else set()  # LLaVA's own generate: inputs_embeds alone
+    # LLaVA's and LLaVA-NeXT's own generate: inputs_embeds alone
+    embeds = {"llava"} if tool in ("vlmevalkit", "llava") else {"llava_onevision"}
     assert {m: c.generation_config for m, c in covered.items()} == \
         {m: "none" if m in own else "greedy_output" if m in embeds else "greedy" for m in covered}
     assert {m: c.repetition_penalty for m, c in covered.items() if c.repetition_penalty is not None} == penalty
