@@ -53,6 +53,25 @@ class SuffixKV:
     next_position: torch.Tensor  # [B]: the position of each row's first generated token
     image_mask: torch.Tensor | None = None  # [B, S]: own keys that hold image tokens (whole prompts)
 
+    def repeat_rows(self, k: int) -> "SuffixKV":
+        """Each row k times over, in place of it (a beam search's beams of one row, side by side)."""
+        def rows(x):
+            return None if x is None else x.repeat_interleave(k, dim=0)
+
+        return SuffixKV([rows(x) for x in self.keys], [rows(x) for x in self.values], rows(self.lengths),
+                        rows(self.next_position), rows(self.image_mask))
+
+
+@dataclass
+class SuffixOut:
+    """What DecoderLM.prefill_suffix gives: each row's last hidden state [B, H] (before the final norm), the
+    suffixes' own KV, and with the probe the attention mass on image tokens at that token [B, L, Hq]
+    (fp32; see answer_image_attention)."""
+
+    last_hidden: torch.Tensor
+    kv: SuffixKV
+    image_attention: torch.Tensor | None
+
 
 class DecodeCache:
     """The keys and values a greedy continuation reads: each row's prefix (shared, never copied) and its
@@ -88,6 +107,12 @@ class DecodeCache:
             if self.suffix.image_mask is not None:
                 own_image[:, :self.width] = self.suffix.image_mask
         return slot, valid, own_image
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """The rows' own keys and values carried over [B] (each beam takes the cache of the beam it continues,
+        within its row's beams, so the shared prefix and the suffix lengths stay as they are)."""
+        self.own_k = [k.index_select(0, rows) for k in self.own_k]
+        self.own_v = [v.index_select(0, rows) for v in self.own_v]
 
     def window_masks(self, t: int, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """What a sliding layer's generated token t sees (masking_utils.sliding_window_overlay: keys fewer than

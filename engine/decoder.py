@@ -24,8 +24,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..kernels import PrefixRuns, gather_logits, resolve_backend, rms_norm, vocab_argmax
-from .attention import (DecodeCache, PrefixKV, SuffixKV, causal_attention, image_block_attention, masked_attention,
-                        probe_attention, suffix_attention)
+from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, causal_attention, image_block_attention,
+                        masked_attention, probe_attention, suffix_attention)
+from .beam import BeamSearch
 from .generation import GreedyState
 from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
 from .layers import Rotary, apply_rotary, make_linear, offset_rms_norm
@@ -320,11 +321,7 @@ class DecoderLM(nn.Module):
         its rules choose from the whole vocabulary's logits. Rows that emitted a stop id keep going but are cut
         by the caller, as transformers' generate pads them; the loop ends early once every row has stopped, or
         once `finished` says the tokens so far are all any reader needs."""
-        d = self.dims
-        empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
-        cache = DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty)
-        edits = [layer_edit(intervention, i, self.dims.num_heads, self.device)
-                 for i in range(len(self.layers))]  # once, not per step
+        cache, edits = self._decode_cache(prefix, prefix_index, suffix, steps, chunk, intervention)
         backend = resolve_backend(self.kernels, self.device)
         tokens = [first]
         stops = torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype)
@@ -344,6 +341,38 @@ class DecoderLM(nn.Module):
             tokens.append(nxt)
             done |= torch.isin(nxt, stops)
         return torch.stack(tokens, dim=1)
+
+    @torch.inference_mode()
+    def beam_decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
+                    first_logits: torch.Tensor, search: BeamSearch, rules: GreedyState | None,
+                    intervention: Intervention | None = None, chunk: int = 64) -> list[list[int]]:
+        """Beam search after each row's prompt (engine/beam.py) from first_logits [B, V], the answer position's:
+        each step the running beams' log-probabilities through the rules' processors, then each surviving beam
+        takes the cache and history of the beam it continues. → each row's best finished beam's new tokens."""
+        k = search.beams
+        index = None if prefix_index is None else [g for g in prefix_index for _ in range(k)]
+        cache, edits = self._decode_cache(prefix, index, suffix.repeat_rows(k), int(search.max_new.max()), chunk,
+                                          intervention)
+        logits, t = first_logits.repeat_interleave(k, dim=0), 0
+        while True:
+            scores = F.log_softmax(logits, dim=-1)  # in float32, as generate takes them
+            found = search.step(scores if rules is None else rules.process(scores))
+            if found is None:
+                return search.best()
+            tokens, rows = found
+            cache.reorder(rows)
+            if rules is not None:
+                rules.reorder(rows)
+                rules.push(tokens)
+            logits = self.vocab_logits(self._decode_step(cache, tokens, t, edits, intervention)[:, 0])
+            t += 1
+
+    def _decode_cache(self, prefix, prefix_index, suffix, steps, chunk, intervention):
+        """The decode cache of these rows, and each layer's attention edit (made once, not per step)."""
+        d = self.dims
+        empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
+        return (DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty),
+                [layer_edit(intervention, i, d.num_heads, self.device) for i in range(len(self.layers))])
 
     def _decode_step(self, cache: DecodeCache, token: torch.Tensor, t: int, edits: list[AttentionEdit | None],
                      intervention: Intervention | None) -> torch.Tensor:
@@ -365,13 +394,3 @@ class DecoderLM(nn.Module):
             x = hidden_hook(intervention, i, x, "decode")
         return x
 
-
-@dataclass
-class SuffixOut:
-    """What prefill_suffix gives: each row's last hidden state [B, H] (before the final norm), the
-    suffixes' own KV, and with the probe the attention mass on image tokens at that token [B, L, Hq]
-    (fp32; see attention.answer_image_attention)."""
-
-    last_hidden: torch.Tensor
-    kv: SuffixKV
-    image_attention: torch.Tensor | None

@@ -109,7 +109,12 @@ class GreedyState:
 
     def choose(self, logits: torch.Tensor) -> torch.Tensor:
         """logits [B, V] (fp32, as generate's scores before the processors) → each row's next token [B]."""
-        scores = logits.clone()
+        return self.process(logits).argmax(dim=-1)
+
+    def process(self, scores: torch.Tensor) -> torch.Tensor:
+        """scores [B, V] (a greedy step's logits, or a beam step's log-probabilities) as the processors leave
+        them, in their order (a penalty, then -inf for what the others ban)."""
+        scores = scores.clone()
         r = self.rules
         if r.repetition_penalty != 1.0:  # logits_process.py l.426-433: the score divided or, if negative, multiplied
             penalised = torch.where(scores < 0, scores * r.repetition_penalty, scores / r.repetition_penalty)
@@ -130,7 +135,7 @@ class GreedyState:
         suppressed = [t for t in suppressed if 0 <= t < self.vocab]
         if suppressed:
             scores[:, suppressed] = float("-inf")
-        return scores.argmax(dim=-1)
+        return scores
 
     def push(self, tokens: torch.Tensor) -> None:
         """Each row's new token [B] read: it joins what the rules look back on."""
@@ -141,3 +146,11 @@ class GreedyState:
             if n and len(ids) >= n:
                 grams.setdefault(tuple(ids[len(ids) - n:-1]), set()).add(token)
         self.new += 1
+
+    def reorder(self, rows: torch.Tensor) -> None:
+        """The rows carried over to the next step [B'] (a beam search's surviving beams, each the continuation of
+        the row named), with what each has read."""
+        picked = rows.tolist()
+        self.ids = [list(self.ids[r]) for r in picked]
+        self.grams = [{k: set(v) for k, v in self.grams[r].items()} for r in picked]
+        self.seen, self.prompt_lengths = self.seen[rows], self.prompt_lengths[rows]

@@ -14,6 +14,7 @@ import torch
 
 from ..readout.readout_plan import ReadoutPlan
 from .attention import PrefixKV
+from .beam import BeamSearch
 from .generation import GreedyRules, GreedyState
 from .interventions import Intervention
 from .models import Family
@@ -87,10 +88,12 @@ class Runner:
         return layout
 
     def _steps(self, prompt_length: int) -> int:
-        """Greedy tokens a prompt of this length may take: the longest a readout asks, within the model's
-        positions; a continuation cut there is `capped`, and its readouts say so."""
-        dims = self.model.lm.dims
-        return max(1, min(self.readout.new_tokens, dims.max_positions - prompt_length))
+        """New tokens a prompt of this length may take: the longest a readout asks, within the model's
+        positions (and the tool's max_length, where it sets one over the prompt); a continuation cut there is
+        `capped`, and its readouts say so."""
+        limit = self.model.lm.dims.max_positions
+        limit = limit if self.settings.max_length is None else min(limit, self.settings.max_length)
+        return max(1, min(self.readout.new_tokens, limit - prompt_length))
 
     def _tokens(self, rows: list[Row], start: int, end: int | None) -> TokenBatch:
         return TokenBatch.of(rows, start, end, self.settings.torch_device,
@@ -119,13 +122,7 @@ class Runner:
         self.counts.suffix_tokens += int(tokens.lengths.sum())
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
-            greedy = self.rules.start([list(row.layout.ids) for row in batch.rows], lm.dims.vocab_size,
-                                      self.model.stop_ids, device, self.settings.generation_config != "greedy_output") \
-                if self.rules.active else None
-            # the first new token: the answer position's argmax, unless the rules choose another
-            first_new = greedy.choose(lm.vocab_logits(out.last_hidden)).to(first.dtype) \
-                if greedy is not None and greedy.bites() else first
-            texts = self._continue(prefix, batch, out.kv, first_new, intervention, greedy)
+            texts = self._continue(prefix, batch, out, first, intervention)
         # per layer: heads averaged, and each head; none for a row with no image keys (a text-only prompt)
         probes = [None] * len(batch.rows) if out.image_attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
@@ -135,18 +132,39 @@ class Runner:
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
                 for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
 
-    def _continue(self, prefix, batch: SuffixBatch, kv, first: torch.Tensor, intervention,
-                  greedy: GreedyState | None) -> list[dict]:
-        """The batch's greedy continuation, and what each row's gives its text readouts."""
+    def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | None:
+        """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None."""
+        if not self.rules.active:
+            return None
+        prompts = [list(row.layout.ids) for row in rows for _ in range(beams)]
+        return self.rules.start(prompts, self.model.lm.dims.vocab_size, self.model.stop_ids,
+                                self.settings.torch_device, self.settings.generation_config != "greedy_output")
+
+    def _continue(self, prefix, batch: SuffixBatch, out, first: torch.Tensor, intervention) -> list[dict]:
+        """The batch's continuation (greedy, or the tool's beam search), and what each row's gives its text
+        readouts."""
+        lm, s = self.model.lm, self.settings
         # each row takes its own allowance, whatever it is batched with: the batch runs to the longest
         allowed = [self._steps(len(row.layout)) for row in batch.rows]
-        with Clock(self.timings, "decode", self.settings.torch_device):
-            generated = self.model.lm.decode(prefix, batch.slots, kv, first, max(allowed), self.model.stop_ids,
-                                             intervention, self._finished, greedy=greedy)
-        self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
+        with Clock(self.timings, "decode", s.torch_device):
+            if s.num_beams > 1:
+                search = BeamSearch(len(batch.rows), s.num_beams, allowed, self.model.stop_ids, s.length_penalty,
+                                    False, s.torch_device)  # generate's default early_stopping, which LAVIS keeps
+                generated = lm.beam_decode(prefix, batch.slots, out.kv, lm.vocab_logits(out.last_hidden), search,
+                                           self._rules_state(batch.rows, s.num_beams), intervention)
+                self.counts.decode_steps += search.new * s.num_beams * len(batch.rows)
+            else:
+                greedy = self._rules_state(batch.rows)
+                # the first new token: the answer position's argmax, unless the rules choose another
+                if greedy is not None and greedy.bites():
+                    first = greedy.choose(lm.vocab_logits(out.last_hidden)).to(first.dtype)
+                generated = lm.decode(prefix, batch.slots, out.kv, first, max(allowed), self.model.stop_ids,
+                                      intervention, self._finished, greedy=greedy)
+                self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
+                generated = generated.tolist()
         # the prompt's own ids: image slots are special tokens, skipped when decoded anyway (an answer cut
         # reads past the prompt's closing marker, which follows them)
         return [self.readout.texts(tokens[:steps], self.model.stop_ids, self._decode,
                                    [t for t in row.layout.ids if t != row.layout.image_token_id],
                                    self._decode_special)
-                for row, tokens, steps in zip(batch.rows, generated.tolist(), allowed)]
+                for row, tokens, steps in zip(batch.rows, generated, allowed)]

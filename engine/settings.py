@@ -15,7 +15,8 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
-                      "answer_cut", "image_mask", "generation_config", "repetition_penalty")
+                      "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams",
+                      "length_penalty", "max_length")
 GENERATION_CONFIGS = ("none", "greedy", "greedy_output")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
@@ -49,6 +50,13 @@ class Settings:
     # repetition_penalty, where set, are the tool's own arguments over it
     generation_config: str = "none"
     repetition_penalty: float | None = None  # None: the generation config's, where applied (else none)
+    # 1: greedy | N: a beam search of N beams, as generate runs one (engine/beam.py), with its length penalty
+    # (LAVIS's InstructBLIP: 5 beams, length_penalty 1, repetition_penalty 1.5)
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    # None | N: generate's max_length given the prompt as inputs_embeds, N less the prompt's length new tokens at
+    # most (LAVIS's 256), besides the readouts' own lengths
+    max_length: int | None = None
     # none: a text readout reads the new tokens up to the stop token, decoded without special tokens | a name in
     # readout ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
     # tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's instructblip
@@ -107,7 +115,9 @@ class Settings:
                              f"not {self.generation_config!r}")
         if self.repetition_penalty is not None and not self.repetition_penalty > 0:
             raise ValueError(f"repetition_penalty must be a positive number, not {self.repetition_penalty!r}")
-        for name in ("batch_size", "image_batch", "max_new_tokens"):
+        if not -100 <= self.length_penalty <= 100:  # a finite exponent (generate divides by length ** it)
+            raise ValueError(f"length_penalty must be a number between -100 and 100, not {self.length_penalty!r}")
+        for name in ("batch_size", "image_batch", "max_new_tokens", "num_beams", "max_length"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")

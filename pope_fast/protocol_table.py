@@ -40,6 +40,10 @@ def _describe(protocol: Protocol, tokenizer) -> str:
                     " (over the output only)" if covered.generation_config == "greedy_output" else "")
                 if covered.repetition_penalty is not None:
                     length += f" under repetition_penalty {covered.repetition_penalty:g}"
+            if covered.num_beams > 1:
+                length += f", {covered.num_beams} beams (length_penalty {covered.length_penalty:g})"
+            if covered.max_length is not None:
+                length += f", max_length {covered.max_length} with the prompt"
             if covered.answer_cut != "none":
                 length += f", the answer cut from the whole output ({covered.answer_cut})"
             reencode = IMAGE_STEP[covered.image_reencode]

@@ -35,6 +35,11 @@ class Coverage:
     # (Settings.generation_config); repetition_penalty where the tool passes its own over it
     generation_config: str = "none"
     repetition_penalty: float | None = None
+    # a beam search where the tool's generate runs one (Settings.num_beams, length_penalty), and generate's
+    # max_length where the tool sets it over a prompt given as inputs_embeds (Settings.max_length)
+    num_beams: int = 1
+    length_penalty: float = 1.0
+    max_length: int | None = None
     # the dtype the tool loads the model in (Settings.dtype): fp16 | bf16 | fp32, or "auto": the checkpoint's
     # own, as from_pretrained's dtype="auto" (transformers 5's default) reads it from config.json, resolved per
     # checkpoint (protocol_for); None: the tool pins none, so --dtype's applies
@@ -64,7 +69,8 @@ class AnswerCut:
 # What a tool does to each image and to its generate beyond the prompt and length, each an engine Settings field
 # of the same name and default (meta.json's settings and coverage record each only where it is not the default).
 TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
-              "answer_cut", "image_mask", "generation_config", "repetition_penalty")
+              "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams", "length_penalty",
+              "max_length")
 STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 

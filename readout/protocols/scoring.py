@@ -16,7 +16,8 @@ COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool
 
 # What each TOOL_STEP that is not an image step changes, as a check names it
 STEP_KINDS = {"min_new_tokens": "generation", "answer_cut": "answer", "image_mask": "attention",
-              "generation_config": "generation", "repetition_penalty": "generation"}
+              "generation_config": "generation", "repetition_penalty": "generation", "num_beams": "generation",
+              "length_penalty": "generation", "max_length": "generation"}
 # The steps that decide which of the checkpoint's generation config rules a continuation applies; where meta.json
 # records those rules, a check compares the rules applied (a checkpoint that sets none differs in nothing)
 RULE_STEPS = ("generation_config", "repetition_penalty")

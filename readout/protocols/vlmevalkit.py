@@ -64,6 +64,9 @@ TEMPLATES = (
              "VLMEvalKit InternVLChat (InternVL3): InternVL's internvl2_5 template, its system message, then "
              "'<image>\\n' + the bare question, as the -hf chat template renders [image, question] under that system",
              chat=True, system=INTERNVL_SYSTEM, suffix=""),
+    Template("vlmevalkit_instructblip", "{question}", "",
+             "VLMEvalKit InstructBLIP (LAVIS blip2_vicuna_instruct): the bare question, to the Q-Former and the "
+             "language model"),
     Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
              "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
 )
@@ -113,8 +116,22 @@ COVERAGE = {
     "llava": Coverage("LLaVA (llava_v1.5_7b)", "vlmevalkit_llava", 2048, image_aspect="pad", image_reencode="rgb",
                       dtype="fp16", generation_config="greedy_output"),  # LLaVA's generate: inputs_embeds alone
     "llava_next": llava_next,
-    "instructblip": "VLMEvalKit runs InstructBLIP through LAVIS, whose generate searches 5 beams with repetition "
-                    "penalty 1.5; this engine decodes greedily",
+    # vlmeval/vlm/instructblip.py: LAVIS's blip2_vicuna_instruct (misc/blip2_instruct_vicuna7b.yaml) on the bare
+    # question (message_to_promptimg), each image opened with convert('RGB') (l.58) through blip_image_eval at 224 px
+    # (LAVIS processors/blip_processors.py l.18-25, l.167-182: the -hf processor's pixels, bit for bit:
+    # tests/families/test_instructblip.py). LAVIS's generate (blip2_vicuna_instruct.py l.249-382, salesforce/LAVIS
+    # 506965b) puts the question to the Q-Former and the language model and calls its generate with inputs_embeds
+    # alone (the rules read the output only), 5 beams, repetition_penalty 1.5, length_penalty 1, max_length 256 (of
+    # which the prompt's embeddings take their share), min_length 1 (nothing once that is taken off), greedy (no
+    # sampling); the answer is the output decoded without special tokens, stripped. It computes under CUDA autocast
+    # with its ViT in fp16 and its Q-Former in fp32: a difference of rounding, said below.
+    "instructblip": Coverage("InstructBLIP (instructblip_7b: LAVIS's blip2_vicuna_instruct), on the -hf conversion "
+                             "of its weights", "vlmevalkit_instructblip", 256, image_reencode="rgb", dtype="fp16",
+                             generation_config="greedy_output", repetition_penalty=1.5, num_beams=5, max_length=256,
+                             deviations=(
+        "LAVIS computes under CUDA autocast (the ViT and the language model in fp16, the Q-Former and its projection "
+        "in fp32: blip2_vicuna_instruct.py l.92, l.303-364); here every module in fp16, the same search up to "
+        "rounding",)),
     # vlmeval/config.py l.1936-1941: min_pixels 1280*28*28, max_pixels 16384*28*28, which vlm/qwen2_vl/model.py
     # _prepare_content (l.318-335) puts on each image entry for qwen_vl_utils (l.485: process_vision_info) to
     # resize within (upscaling a COCO image to about 1,300 visual tokens); the checkpoint's own processor (l.258,

@@ -67,3 +67,35 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
     assert json.loads((tmp_path / "out/meta.json").read_text())["generation"] == {
         "string_parse": {"max_new_tokens": 6, "first_sentence": False},
         "string_parse_with_prompt": {"max_new_tokens": 6, "first_sentence": False}}
+
+
+def test_protocols(checkpoint):
+    """VLMEvalKit runs InstructBLIP through LAVIS: the bare question, its beam search (5 beams, repetition penalty
+    1.5 over the output, max_length 256 with the prompt), fp16, the autocast's rounding said."""
+    from pope_fast.engine.models import protocol_for
+
+    lavis = protocol_for(checkpoint, "vlmevalkit")
+    assert (lavis.template, lavis.num_beams, lavis.repetition_penalty, lavis.length_penalty, lavis.max_length,
+            lavis.generation_config, lavis.image_reencode, lavis.dtype) == \
+        ("vlmevalkit_instructblip", 5, 1.5, 1.0, 256, "greedy_output", "rgb", "fp16")
+    assert len(lavis.deviations) == 1 and "autocast" in lavis.deviations[0]
+    assert protocol_for(checkpoint, "lmms-eval").num_beams == 1
+
+
+@pytest.mark.slow
+def test_pixels_are_lavis_blip_image_eval(checkpoint):
+    """LAVIS's blip_image_eval (processors/blip_processors.py l.18-25, l.167-182: torchvision's Resize to the square
+    with bicubic, which resizes a PIL image with PIL's, ToTensor, Normalize with CLIP's mean and std) of the RGB
+    image is the engine's pixels, bit for bit, at the tiny checkpoint's size."""
+    import numpy as np
+    from PIL import Image
+
+    engine = Engine.load(checkpoint, Settings(image_reencode="rgb"))
+    side = engine.model.image_processor.size["height"]
+    mean = torch.tensor((0.48145466, 0.4578275, 0.40821073))[:, None, None]
+    std = torch.tensor((0.26862954, 0.26130258, 0.27577711))[:, None, None]
+    for image in [*IMAGES, IMAGES[0].convert("P")]:
+        rgb = image.convert("RGB")
+        theirs = (torch.from_numpy(np.array(rgb.resize((side, side), Image.BICUBIC))).permute(2, 0, 1).float()
+                  .div(255) - mean) / std
+        assert np.array_equal(engine.model.preprocess(rgb), theirs.numpy()), image.size

@@ -502,10 +502,10 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
         except ValueError:
             continue
     assert covered
-    penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0} if tool == "vlmevalkit" else {}
+    penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0, "instructblip": 1.5} if tool == "vlmevalkit" else {}
     own = {"qwen3_vl", "internvl"} if tool == "vlmevalkit" else set()
-    # LLaVA's and LLaVA-NeXT's own generate: inputs_embeds alone
-    embeds = {"llava"} if tool in ("vlmevalkit", "llava") else {"llava_onevision"}
+    # LLaVA's, LLaVA-NeXT's and LAVIS's own generate: inputs_embeds alone
+    embeds = {"vlmevalkit": {"llava", "instructblip"}, "llava": {"llava"}}.get(tool, {"llava_onevision"})
     assert {m: c.generation_config for m, c in covered.items()} == \
         {m: "none" if m in own else "greedy_output" if m in embeds else "greedy" for m in covered}
     assert {m: c.repetition_penalty for m, c in covered.items() if c.repetition_penalty is not None} == penalty
@@ -518,7 +518,8 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
         if model_type not in own:
             assert f"generation: this run's generation_config is none, {tool}'s {c.generation_config}" in found
         if model_type in penalty:
-            assert f"generation: this run's repetition_penalty is the checkpoint's, {tool}'s 1.0" in found
+            assert f"generation: this run's repetition_penalty is the checkpoint's, {tool}'s {penalty[model_type]}" \
+                in found
         assert not any(k in line for k in ("generation_config", "repetition_penalty")
                        for line in checks(PROTOCOLS[tool], {**meta, "settings": settings.to_json()}, 0))
 
