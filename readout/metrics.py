@@ -10,11 +10,13 @@ questions (the yes-rate is that of the *predictions*, not of the labels as in lm
 from __future__ import annotations
 
 from fractions import Fraction
-from math import comb
 
 import numpy as np
 
 from .readouts import NO, UNKNOWN, YES
+
+
+EXACT_UP_TO = 20_000  # discordant questions up to which McNemar's tail is summed in exact rationals
 
 
 def _codes(values) -> np.ndarray:
@@ -83,14 +85,25 @@ def mcnemar_exact(labels, pred_a, pred_b) -> float:
     """Two-sided exact McNemar p-value for two readouts on the same questions.
 
     Only discordant questions count: b = a right and b wrong, c = the reverse (unknown is wrong).
-    p = min(1, 2 · P[Binomial(b + c, 1/2) ≤ min(b, c)]), computed in exact rationals.
+    p = min(1, 2 · P[Binomial(b + c, 1/2) ≤ min(b, c)]): in exact rationals up to EXACT_UP_TO discordant
+    questions (each binomial coefficient from the last, not anew: 0.06 s at 20,000), in log space beyond (the
+    same tail to float rounding, ~1e-9 relative: milliseconds at 100,000).
     """
     y, a, b_ = _codes(labels), _codes(pred_a), _codes(pred_b)
     right_a, right_b = a == y, b_ == y
     b = int((right_a & ~right_b).sum())
     c = int((~right_a & right_b).sum())
-    n = b + c
+    n, m = b + c, min(b, c)
     if n == 0:
         return 1.0
-    tail = Fraction(sum(comb(n, k) for k in range(min(b, c) + 1)), 2**n)
-    return float(min(Fraction(1), 2 * tail))
+    if n > EXACT_UP_TO:
+        k = np.arange(m, dtype=np.float64)
+        logs = np.concatenate([[0.0], np.cumsum(np.log(n - k) - np.log(k + 1))])  # log C(n, 0..m)
+        top = logs.max()
+        log_tail = top + np.log(np.exp(logs - top).sum()) - n * np.log(2.0)
+        return float(min(1.0, 2 * np.exp(log_tail)))
+    term = total = 1
+    for k in range(m):  # C(n, k + 1) = C(n, k) (n - k) / (k + 1), exactly
+        term = term * (n - k) // (k + 1)
+        total += term
+    return float(min(Fraction(1), 2 * Fraction(total, 2**n)))

@@ -48,3 +48,25 @@ def test_mcnemar_exact_values():
     c = ["yes"] * 8 + ["no"] * 3 + ["yes"]
     d = ["yes"] * 8 + ["yes"] * 3 + ["no"]
     assert mcnemar_exact(labels, d, c) == pytest.approx(0.625)
+
+
+def test_mcnemar_past_its_exact_size_is_the_same_tail_in_log_space(monkeypatch):
+    """20,000 discordant questions (9,900 one way): the exact rational tail, summed here term by term from
+    C(n, k + 1) = C(n, k) (n - k) / (k + 1); the summary's exact path gives it to the bit, its log-space path (used
+    past EXACT_UP_TO, so 100,000 questions summarise in seconds) to 1e-9 relative, and a lopsided split's p-value
+    stays a tiny positive number there."""
+    import pope_fast.readout.metrics as metrics
+
+    b, c = 9_900, 10_100
+    n = b + c
+    term = total = 1
+    for k in range(min(b, c)):
+        term = term * (n - k) // (k + 1)
+        total += term
+    expected = float(2 * total / 2**n) if 2 * total < 2**n else 1.0
+    labels, right_first, right_second = ["yes"] * n, ["yes"] * b + ["no"] * c, ["no"] * b + ["yes"] * c
+    assert mcnemar_exact(labels, right_first, right_second) == expected
+    monkeypatch.setattr(metrics, "EXACT_UP_TO", 1_000)
+    assert mcnemar_exact(labels, right_first, right_second) == pytest.approx(expected, rel=1e-9)
+    lopsided = mcnemar_exact(["yes"] * 3_000, ["yes"] * 1_000 + ["no"] * 2_000, ["no"] * 1_000 + ["yes"] * 2_000)
+    assert 0 < lopsided < 1e-70
