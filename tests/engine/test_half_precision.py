@@ -1,8 +1,8 @@
 """The README's bound on fp16 and bf16: the engine's candidate logits against transformers' class in the same dtype,
-on tiny checkpoints of the families whose paths differ most (LLaMA with CLIP; Qwen2.5-VL's M-RoPE, biases and
-windowed tower; Gemma 3's offset norms, scaled embeddings and bidirectional image mask). The two round the same
-sums in another order, so they differ by rounding, not by zero; measured worst over all ten families: 0.003 in
-fp16, 0.023 in bf16, on logits of magnitude up to 4."""
+on tiny checkpoints of two families whose paths differ most (LLaMA with CLIP; Gemma 3's offset norms, scaled
+embeddings, local and global RoPE and bidirectional image mask). The two round the same sums in another order,
+so they differ by rounding, not by zero; measured worst over all ten families: 0.004 in fp16, 0.031 in bf16, on
+logits of magnitude up to 4."""
 import pytest
 import torch
 from registry import REGISTRY
@@ -17,7 +17,7 @@ DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 @pytest.mark.parametrize("dtype", list(BOUND))
-@pytest.mark.parametrize("name", ["llava", "qwen2_5_vl", "gemma3"])
+@pytest.mark.parametrize("name", ["llava", "gemma3"])
 def test_half_precision_logits_are_transformers_within_the_stated_bound(name, dtype, tiny):
     family = REGISTRY[name]
     checkpoint = tiny.checkpoint(name)
@@ -25,7 +25,7 @@ def test_half_precision_logits_are_transformers_within_the_stated_bound(name, dt
     engine = Engine.load(checkpoint, Settings(dtype=dtype, max_new_tokens=1), readouts="template_aware")
     inputs_of = family.inputs_of(checkpoint)
     worst, fp32_scale = 0.0, 0.0
-    for question, answer in zip(QUESTIONS[:2], engine.score(family.images[0], QUESTIONS[:2])):
+    for question, answer in zip(QUESTIONS[:2], engine.score(family.images[0], QUESTIONS[:2])):  # one prefill
         inputs = {k: v.to(DTYPES[dtype]) if torch.is_floating_point(v) else v
                   for k, v in inputs_of(family.images[0], engine.prompt(question)).items()}
         with torch.no_grad():
