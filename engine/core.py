@@ -96,15 +96,18 @@ class Engine:
         """Work done since the last reset (stats.Counts)."""
         return self.runner.counts
 
-    def warmup(self) -> None:
+    def warmup(self, images: int | None = None, prompts: int | None = None) -> None:
         """One untimed image batch through every step a sweep takes (preprocessing, vision, prefixes,
         a full question batch, and decoding when a text readout asks for it), so one-time costs land
         here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
-        allocator growth. Nothing is cached; timings and counts restart."""
+        allocator growth. Nothing is cached; timings and counts restart. `images` and `prompts` (per image): the
+        data's own counts, which bound the batch, so a batch size past the data allocates only for the data."""
+        per_image = max(1, self.settings.batch_size // self.settings.image_batch)
+        per_image = per_image if prompts is None else max(1, min(prompts, per_image))
+        count = self.settings.image_batch if images is None else max(1, min(images, self.settings.image_batch))
         pixels = self.model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104)))
-        prompts = [self.prompt(SAMPLE_QUESTION)] * max(1, self.settings.batch_size // self.settings.image_batch)
         features = self.model.encode_images([pixels])[0]  # one image per vision call, as every sweep runs it
-        self.run_images([ImagePrompts(features, prompts)] * self.settings.image_batch)
+        self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)
         if self.settings.torch_device.type == "cuda":
             torch.cuda.synchronize(self.settings.torch_device)
         self.reset()

@@ -78,7 +78,11 @@ class Runner:
         return make_plan(rows, self.settings.batch_size, reuse)
 
     def _checked(self, layout: PromptLayout) -> PromptLayout:
+        """A layout the model can run, refused before anything is allocated for it where it cannot."""
         dims = self.model.lm.dims
+        if len(layout) > dims.max_positions:
+            raise ValueError(f"a {len(layout)}-token prompt (its image's tokens included) exceeds the model's "
+                             f"{dims.max_positions} positions (max_position_embeddings)")
         window = dims.sliding_window
         # a prompt within the window prefills exactly as without one; its continuation's decode steps attend
         # within it (DecodeCache.window_masks), the prefill passes do not

@@ -5,6 +5,7 @@ progress through the `progress` it is given, and the outcome."""
 from __future__ import annotations
 
 import tempfile
+from collections import Counter
 from contextlib import ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -170,8 +171,10 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
             questions, asked = asked_questions(benchmark, job.protocol, questions, template)
         engine = Engine.load(model_dir, settings, template=template, readouts=job.readouts, cache_dir=job.cache_dir,
                              lengths=lengths)
-        engine.warmup()
-    return lock, engine, _limited(questions, job.limit), images_dir, asked
+        questions = _limited(questions, job.limit)
+        per_image = Counter(q.image for q in questions)
+        engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes
+    return lock, engine, questions, images_dir, asked
 
 
 def _protocol_options(job: EvalJob):

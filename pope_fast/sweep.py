@@ -101,12 +101,28 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
                              + (f" of {q.dataset}" if q.dataset else ""))
         seen.add(key)
     check_image_names(questions, images_dir)
+    check_prompt_lengths(engine, questions)
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions), skip_bad,
                    progress, workers or default_workers(), shard, provenance or {})
     # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
     with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
         return sweep.run(questions, folders)
+
+
+def check_prompt_lengths(engine: Engine, questions: list[Question]) -> None:
+    """Refuse, naming it, a question whose prompt is longer than the model's positions before its image is even
+    counted (a megabyte of text would otherwise ask for a terabyte of attention scores). A character is at most 4
+    tokens (its UTF-8 bytes, under a byte-level or byte-fallback tokenizer), so only a question of a quarter of
+    the positions' length in characters is tokenized."""
+    limit = engine.model.lm.dims.max_positions
+    for q in questions:
+        if 4 * len(q.text) < limit:
+            continue
+        tokens = len(engine.model.tokenizer(engine.prompt(q.text), add_special_tokens=False)["input_ids"])
+        if tokens > limit:
+            raise ValueError(f"question {q.question_id} of split {q.split}: its prompt is {tokens:,} tokens, past the "
+                             f"model's {limit:,} positions (max_position_embeddings); shorten it or leave it out")
 
 
 def check_image_names(questions: list[Question], images_dir: str | Path | None) -> None:

@@ -359,3 +359,54 @@ def test_vision_fingerprint_sees_an_edit_anywhere():
         assert tensor_fingerprint(edited) != base
     assert tensor_fingerprint({k: v.clone() for k, v in tensors.items()}) == base
     assert tensor_fingerprint(tensors, extra={"dtype": "bf16"}) != base
+
+
+def test_a_prompt_past_the_models_positions_is_refused_before_any_allocation(checkpoint, pope, clean, tmp_path):
+    """A megabyte question (200,000 tokens) is refused in one line naming it and its token count, before the run
+    writes a record (it asked for 1.3 TB of attention scores); a prompt whose image tokens alone take it past a
+    checkpoint's max_position_embeddings is refused by its length where its layout is made."""
+    images, files = pope
+    lines = files[0].read_text().splitlines()
+    huge = {**json.loads(lines[1]), "text": "Is there a " + "very " * 200_000 + "dog in the image?"}
+    questions = tmp_path / "huge.json"
+    questions.write_text("\n".join([lines[0], json.dumps(huge), *lines[2:]]) + "\n")
+    out = tmp_path / "out"
+    args = ["eval", "--model", checkpoint, "--images", images, "--questions", questions, "--out", out,
+            "--readouts", READOUTS, "--max-new-tokens", "2"]
+    refused(args, rf"question {huge['question_id']} of split \S+: its prompt is 200,0\d\d tokens, past the model's "
+                  r"[\d,]+ positions \(max_position_embeddings\)")
+    assert not (out / "records.jsonl").exists()
+    short = shutil.copytree(checkpoint, tmp_path / "short")
+    config = json.loads((short / "config.json").read_text())
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    length = len(engine.model.layout(engine.prompt("Is there a dog?"), engine.features(images / "img_0.png")))
+    text = len(engine.model.tokenizer(engine.prompt("Is there a dog?"), add_special_tokens=False)["input_ids"])
+    assert text < length - 2  # the image's tokens are what takes it past the positions below
+    config["text_config"]["max_position_embeddings"] = length - 1
+    (short / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=rf"a {length}-token prompt \(its image's tokens included\) exceeds the "
+                                         rf"model's {length - 1} positions"):
+        Engine.load(short, Settings(), readouts="template_aware").score(images / "img_0.png", ["Is there a dog?"])
+
+
+def test_a_batch_larger_than_the_data_allocates_only_for_the_data(checkpoint, pope, clean, tmp_path, monkeypatch):
+    """--batch-size and --image-batch of 100,000 on 96 questions over 12 images: the warmup runs the data's own
+    shape (8 prompts of one image at most, 12 images), not 100,000 prompts, and the records are those of the batch
+    sizes that already hold the whole data (96 and 12: the same batches, so the same bytes)."""
+    sizes = []
+    run_images = Engine.run_images
+
+    def spy(self, items, *args, **kwargs):
+        sizes.append(sum(len(item.prompts) for item in items))
+        return run_images(self, items, *args, **kwargs)
+
+    monkeypatch.setattr(Engine, "run_images", spy)
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, _eval_args(checkpoint, pope, out, "--batch-size", 100_000, "--image-batch",
+                                                 100_000))
+    assert result.exit_code == 0, result.output
+    assert max(sizes) <= 96 and sizes[0] <= 12 * 8, sizes
+    whole = tmp_path / "whole"
+    result = CliRunner().invoke(main, _eval_args(checkpoint, pope, whole, "--batch-size", 96, "--image-batch", 12))
+    assert result.exit_code == 0, result.output
+    assert (out / "records.jsonl").read_bytes() == (whole / "records.jsonl").read_bytes()
