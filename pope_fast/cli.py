@@ -192,7 +192,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 
     with ExitStack() as stack:
         with _failures():  # the folders before anything is written; an --out it made goes if left empty
-            out = stack.enter_context(out_folder(options["model_dir"], out_dir, cache_dir))
+            out = stack.enter_context(out_folder(options["model_dir"], out_dir, cache_dir, options["question_files"]))
         device, shard = _device_and_shard(device)
         with _failures(shard):
             job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv), **options)

@@ -213,13 +213,23 @@ def protocol_settings(settings: Settings, coverage: Coverage) -> Settings:
     return replace(settings, image_aspect=coverage.image_aspect, **steps)
 
 
-def checked_folders(model_dir, out_dir, cache_dir) -> Path:
+def checked_folders(model_dir, out_dir, cache_dir, question_files=()) -> Path:
     """The folders of `pope-fast eval`, proven before anything is written: the checkpoint a local folder
-    (hub ids are not fetched), the output and cache folders created and writable. Returns the output's."""
+    (hub ids are not fetched), the output apart from the question files, the output and cache folders created
+    and writable. Returns the output's."""
     if model_dir is not None and not Path(model_dir).expanduser().is_dir():
         raise ValueError(f"--model {model_dir}: no such checkpoint folder; pope-fast reads local folders only and "
                          "fetches nothing from a hub (download the checkpoint, e.g. with huggingface-cli download, "
                          "and give its folder)")
+    out_path = Path(out_dir).expanduser().resolve()
+    for given in question_files:
+        path = Path(given).expanduser().resolve()
+        if path.is_dir() and out_path.is_relative_to(path):  # a second run would read the first's records
+            raise ValueError(f"--out {out_dir} lies inside --questions {given}, whose files are all read as "
+                             "questions (this run's records among them, next time); give an --out outside it")
+        if path.is_relative_to(out_path):
+            raise ValueError(f"--questions {given} lies inside --out {out_dir}, the run's own folder; keep question "
+                             "files outside it")
     out = _writable(out_dir, "--out")
     if cache_dir is not None:
         _writable(cache_dir, "--cache-dir")
@@ -227,11 +237,11 @@ def checked_folders(model_dir, out_dir, cache_dir) -> Path:
 
 
 @contextmanager
-def out_folder(model_dir, out_dir, cache_dir):
+def out_folder(model_dir, out_dir, cache_dir, question_files=()):
     """checked_folders' output folder, for a run: removed again where the run made it and left it empty (one
     refused before it wrote anything leaves no folder behind)."""
     made = not Path(out_dir).exists()
-    out = checked_folders(model_dir, out_dir, cache_dir)
+    out = checked_folders(model_dir, out_dir, cache_dir, question_files)
     try:
         yield out
     finally:

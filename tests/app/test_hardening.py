@@ -410,3 +410,21 @@ def test_a_batch_larger_than_the_data_allocates_only_for_the_data(checkpoint, po
     result = CliRunner().invoke(main, _eval_args(checkpoint, pope, whole, "--batch-size", 96, "--image-batch", 12))
     assert result.exit_code == 0, result.output
     assert (out / "records.jsonl").read_bytes() == (whole / "records.jsonl").read_bytes()
+
+
+def test_a_run_never_reads_its_own_folder_as_questions(checkpoint, pope, clean, tmp_path):
+    """--out inside a --questions folder (whose every file is read as questions: a second run would read the
+    first's records.jsonl) and a question file inside --out are refused before anything is written; an --out beside
+    the question files runs."""
+    images, files = pope
+    folder = tmp_path / "questions"
+    shutil.copytree(files[0].parent, folder, ignore=shutil.ignore_patterns("images"))
+    base = ["eval", "--model", checkpoint, "--images", images, "--readouts", READOUTS, "--max-new-tokens", "2"]
+    refused([*base, "--questions", folder, "--out", folder / "run"],
+            rf"--out \S+ lies inside --questions \S+questions, whose files are all read as questions")
+    assert not (folder / "run").exists()
+    refused([*base, "--questions", clean / "records.jsonl", "--out", clean],
+            r"--questions \S+records.jsonl lies inside --out \S+, the run's own folder")
+    result = CliRunner().invoke(main, [str(a) for a in [*base, "--questions", folder, "--out", tmp_path / "run",
+                                                        "--limit", "2"]])
+    assert result.exit_code == 0, result.output
