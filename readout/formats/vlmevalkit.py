@@ -30,17 +30,32 @@ def is_table(path: Path) -> bool:
 
 
 def _reader(file, path: Path):
-    return csv.DictReader(file, delimiter=SUFFIXES[path.suffix])
+    # strict: VLMEvalKit quotes every field, so a quote left open (a row swallowing the next ones) is an error
+    # where the lenient reader would read one row fewer without a word
+    return csv.DictReader(file, delimiter=SUFFIXES[path.suffix], strict=True)
+
+
+def _open(path: Path):
+    return Path(path).open(encoding="utf-8-sig", newline="")  # a spreadsheet's BOM is no part of `index`
+
+
+def _refuse_xlsx(path: Path) -> None:
+    if path.suffix == ".xlsx":
+        raise DataError(f"{path}: VLMEvalKit's .xlsx needs an Excel reader pope-fast does not depend on: run "
+                        "VLMEvalKit with PRED_FORMAT=tsv (or save the sheet as .tsv)")
 
 
 def read_rows(path: Path) -> list[dict]:
     """Every row of a prediction table as a dict by column (rows, not lines: a quoted field may span lines)."""
-    if path.suffix == ".xlsx":
-        raise DataError(f"{path}: VLMEvalKit's .xlsx needs an Excel reader pope-fast does not depend on: run "
-                        "VLMEvalKit with PRED_FORMAT=tsv (or save the sheet as .tsv)")
+    _refuse_xlsx(path)
     try:
-        with path.open(encoding="utf-8", newline="") as file:
-            return list(_reader(file, path))
+        with _open(path) as file:
+            reader = _reader(file, path)
+            try:
+                return list(reader)
+            except csv.Error as err:
+                raise DataError(f"{path}: the row after line {reader.line_num} is no well-formed "
+                                f"{SUFFIXES[path.suffix]!r}-separated row ({err}: a quote left open?)") from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err})") from None
 
@@ -48,7 +63,7 @@ def read_rows(path: Path) -> list[dict]:
 def header(path: Path) -> list[str] | None:
     """The table's column names, or None where `path` is no readable table (never raises: detect uses it)."""
     try:
-        with Path(path).open(encoding="utf-8", newline="") as file:
+        with _open(path) as file:
             return list(_reader(file, Path(path)).fieldnames or [])
     except (OSError, UnicodeDecodeError, csv.Error, KeyError):
         return None
@@ -57,7 +72,7 @@ def header(path: Path) -> list[str] | None:
 def column_values(path: Path, column: str) -> set[str] | None:
     """Every value of one column, or None where the table lacks it or cannot be read (never raises)."""
     try:
-        with Path(path).open(encoding="utf-8", newline="") as file:
+        with _open(path) as file:
             reader = _reader(file, Path(path))
             if column not in (reader.fieldnames or []):
                 return None
@@ -80,10 +95,14 @@ def read_table(path: Path, required: tuple[str, ...], dataset: str) -> list[tupl
     """(where, row) per row, where `file:line` names the row's last physical line (a quoted field may span
     lines); a missing column, a blank index or an index seen before is a DataError naming the file and line."""
     path = Path(path)
+    _refuse_xlsx(path)
+    reader = None
     try:
-        with path.open(encoding="utf-8", newline="") as file:
+        with _open(path) as file:
             reader = _reader(file, path)
             columns = reader.fieldnames or []
+            if not columns:
+                raise DataError(f"{path}: no rows")
             missing = [c for c in required if c not in columns]
             if missing:
                 raise DataError(f"{path}:1: missing column(s) {', '.join(missing)} (a VLMEvalKit {dataset} prediction "
@@ -103,7 +122,9 @@ def read_table(path: Path, required: tuple[str, ...], dataset: str) -> list[tupl
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err})") from None
     except csv.Error as err:
-        raise DataError(f"{path}: not a {SUFFIXES[path.suffix]!r}-separated table ({err})") from None
+        after = f"the row after line {reader.line_num}" if reader is not None else "its header"
+        raise DataError(f"{path}: {after} is no well-formed {SUFFIXES[path.suffix]!r}-separated row ({err}: a quote "
+                        "left open?)") from None
     if not rows:
         raise DataError(f"{path}: no rows")
     return rows

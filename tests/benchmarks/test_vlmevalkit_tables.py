@@ -169,3 +169,42 @@ def test_xlsx_stays_refused_in_one_line(tmp_path):
     sheet.write_bytes(b"PK\x03\x04")
     result = CliRunner().invoke(main, ["score", str(sheet)])
     assert result.exit_code != 0 and "PRED_FORMAT=tsv" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def _pope_rows():
+    return [{"index": str(i), "question": f"Is there a thing {i} in the image?", "answer": "Yes" if i % 2 else "No",
+             "category": "adversarial", "prediction": "Yes" if i % 3 else "No"} for i in range(1, 9)]
+
+
+@pytest.mark.parametrize("line", [3, 7])
+def test_a_quote_left_open_is_refused_not_a_row_lost(tmp_path, line):
+    """A POPE table (every field quoted, as VLMEvalKit writes it) whose row on `line` lost the quote closing its
+    prediction: the lenient reader merged it with the next row and scored 7 rows of 8 without a word; it is refused
+    naming the line after which the broken row starts. The same table whole scores 8."""
+    good = _table(tmp_path / "good_POPE.csv", _pope_rows(), delimiter=",")
+    lines = good.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[line] = lines[line].rstrip("\r\n")[:-1] + "\r\n"
+    bad = tmp_path / "model_POPE.csv"
+    bad.write_text("".join(lines), encoding="utf-8")
+    result = CliRunner().invoke(main, ["score", str(good)])
+    assert result.exit_code == 0 and "n=8" in result.output, result.output
+    result = CliRunner().invoke(main, ["score", str(bad)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert f"model_POPE.csv: the row after line {line} is no well-formed ','-separated row" in result.output
+
+
+def test_a_bom_and_a_padded_index_read_as_the_table_means_them(tmp_path):
+    """A spreadsheet's BOM before the header and an index with spaces around it (saved by hand) read as the clean
+    table; the same index twice, once padded, is refused as a repeat."""
+    rows = _pope_rows()
+    clean = _table(tmp_path / "clean_POPE.tsv", rows)
+    padded = [{**r, "index": f" {r['index']} "} for r in rows]
+    bom = _table(tmp_path / "bom_POPE.tsv", padded)
+    bom.write_bytes(b"\xef\xbb\xbf" + bom.read_bytes())
+    outputs = [CliRunner().invoke(main, ["score", str(p), "--format", "json"]) for p in (clean, bom)]
+    assert [o.exit_code for o in outputs] == [0, 0], outputs[1].output
+    scored = [{k: v for k, v in json.loads(o.output)["runs"][0].items() if k != "source"} for o in outputs]
+    assert scored[0] == scored[1] and scored[0]["n"] == 8
+    twice = _table(tmp_path / "twice_POPE.tsv", rows + [{**rows[0], "index": " 1"}])
+    result = CliRunner().invoke(main, ["score", str(twice)])
+    assert result.exit_code == 1 and "index 1 repeats" in result.output, result.output

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ...data import DataError
-from ...formats.vlmevalkit import read_rows
+from ...formats.vlmevalkit import read_table
 from ...records import Entry, RecordSet
 from .questions import KNOWN_SPLITS
 
@@ -22,15 +22,10 @@ ANSWERS = {"Yes": "yes", "No": "no"}
 
 
 def read_vlmevalkit(path: Path) -> RecordSet:
-    rows = read_rows(path)
-    if not rows:
-        raise DataError(f"{path}: no rows")
-    missing = [c for c in COLUMNS if c not in rows[0]]
-    if missing:
-        raise DataError(f"{path}: missing column(s) {', '.join(missing)} (not a VLMEvalKit POPE prediction table?)")
+    """The table's records, each row checked as every VLMEvalKit table is (read_table: its field count, a
+    stripped, unique index), then as POPE's (its answer, its splits)."""
     entries, seen = [], {}
-    for number, row in enumerate(rows, start=1):  # rows, not lines: a quoted field may span lines
-        where = f"{path} row {number}"
+    for where, row in read_table(path, COLUMNS, "POPE"):
         if row["answer"] not in ANSWERS:
             raise DataError(f"{where}: answer {row['answer']!r} is not Yes or No")
         splits = [c.strip().lower() for c in (row["category"] or "").split(",")]
@@ -38,10 +33,10 @@ def read_vlmevalkit(path: Path) -> RecordSet:
             raise DataError(f"{where}: category {row['category']!r} is not POPE's splits "
                             f"({', '.join(KNOWN_SPLITS)}, comma-joined)")
         for split in splits:
-            key = (split, row["index"])
+            key = (split, row["index"].strip())
             if key in seen:
                 raise DataError(f"{where}: index {row['index']} is in {split} twice (first at {seen[key]})")
             seen[key] = where
-            entries.append(Entry(key=row["index"], split=split, label=ANSWERS[row["answer"]],
+            entries.append(Entry(key=row["index"].strip(), split=split, label=ANSWERS[row["answer"]],
                                  decoded=row["prediction"], text=row.get("question")))
     return RecordSet(str(path), entries, {}, {"imported_from": "VLMEvalKit"}, prefer_stored=False)
