@@ -88,6 +88,12 @@ class Benchmark:
         raise NotImplementedError
 
     @classmethod
+    def checks(cls, answers: list[Answer]) -> list[str]:
+        """What keeps these answers' totals from being the tools' numbers (MME's subtasks missing), each a line
+        score prints marked '!'; none by default."""
+        return []
+
+    @classmethod
     def unit(cls, answer: Answer) -> str:
         """The bootstrap's resampling unit an answer belongs to (compare): the smallest group that holds every
         group any rule's metric takes together, so that a resample keeps each such group whole. Per question by

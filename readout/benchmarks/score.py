@@ -55,6 +55,7 @@ def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str
     if asked:
         out["checks"].append(f"this run asked {asked}'s prompt: the other rules and the readouts read answers to it, "
                              "not to the question as the data has it")
+    out["checks"] += benchmark.checks(_answers(answered, [None] * len(answered)))
     official = benchmark.rules[OFFICIAL].aggregate
     for name in readouts if readouts is not None else READOUTS:
         try:
@@ -96,6 +97,7 @@ def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path
     out = {"source": str(path), "benchmark": benchmark.name, "n": len(responses), "rules": {}, "unavailable": {}}
     for name, rule in benchmark.rules.items():
         _aggregate(out, "rules", name, rule.aggregate, _from_responses(responses, rule.read))
+    out["checks"] = benchmark.checks(_from_responses(responses, lambda text: None))
     return out
 
 

@@ -208,3 +208,20 @@ def test_a_bom_and_a_padded_index_read_as_the_table_means_them(tmp_path):
     twice = _table(tmp_path / "twice_POPE.tsv", rows + [{**rows[0], "index": " 1"}])
     result = CliRunner().invoke(main, ["score", str(twice)])
     assert result.exit_code == 1 and "index 1 repeats" in result.output, result.output
+
+
+def test_an_mme_result_missing_subtasks_is_marked_partial(tmp_path):
+    """A result holding 1 of Perception's 10 subtasks and 1 of Cognition's 4: each total is marked partial, naming
+    the subtasks missing, in the table (a '!' line) and the JSON; all 14 present, nothing is marked."""
+    result = score_responses(_table(tmp_path / "m_MME.tsv", _mme_rows()), MME)
+    perception, cognition = result["checks"]
+    assert perception.startswith("Perception is a partial total: 1 of its 10 subtasks (missing: existence, count, "
+                                 "position, posters")
+    assert cognition.startswith("Cognition is a partial total: 1 of its 4 subtasks (missing: commonsense_reasoning")
+    printed = CliRunner().invoke(main, ["score", str(tmp_path / "m_MME.tsv")])
+    assert "! Perception is a partial total" in printed.output and "! Cognition is a partial total" in printed.output
+    from pope_fast.readout.benchmarks.mme.rules import SUBTASKS
+
+    rows = [{**row, "index": f"{subtask}-{i}", "category": subtask, "image_path": f"{subtask}/{row['image_path']}"}
+            for subtask in SUBTASKS for i, row in enumerate(_mme_rows()[:2])]
+    assert score_responses(_table(tmp_path / "all_MME.tsv", rows), MME)["checks"] == []

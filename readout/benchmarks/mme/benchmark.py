@@ -15,7 +15,7 @@ from ...formats.lmms_eval import first_row, is_sample
 from ...formats import vlmevalkit as tables
 from ..base import Answer, Benchmark, Response
 from .results import LMMS_EVAL_METRICS, read_lmms_eval_samples, read_result_folder, write_result_folder
-from .rules import RULES, SUBTASKS
+from .rules import RULES, SUBTASKS, missing_subtasks
 
 COLUMNS = ("question_id", "image", "question", "answer", "category")
 ANSWERS = {"Yes": "yes", "No": "no"}
@@ -162,6 +162,10 @@ class MME(Benchmark):
     @classmethod
     def questions(cls, path: Path) -> list[Question]:
         return read_questions(path)
+
+    @classmethod
+    def checks(cls, answers) -> list[str]:
+        return missing_subtasks(answers)
 
     @classmethod
     def unit(cls, answer) -> str:

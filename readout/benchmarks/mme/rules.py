@@ -97,8 +97,9 @@ def _pairs(subtask: str, images: dict[str, list[bool]], where: str) -> None:
 
 
 def _totals(scores: dict[str, float], names: dict[str, tuple[str, ...]]) -> dict[str, float]:
-    """Each group's sum over the subtasks present, in the tool's order; a group with none present is left out
-    (the tools need all 14: calculation.py reads every file, VLMEvalKit's scores[c] raises)."""
+    """Each group's sum over the subtasks present, in the tool's order; a group with none present is left out.
+    A group missing some is a partial total, which score marks (missing_subtasks): calculation.py reads every
+    subtask's file and VLMEvalKit's scores[c] raises without one, while lmms-eval sums those it saw."""
     totals = {}
     for group, subtasks in names.items():
         present = [s for s in subtasks if s in scores]
@@ -177,6 +178,20 @@ def vlmevalkit_aggregate(answers: list[Answer]) -> dict[str, float]:
         scores[subtask] = acc + acc_plus
         per.update({subtask: scores[subtask], f"{subtask}/acc": acc, f"{subtask}/acc_plus": acc_plus})
     return {**_totals(scores, VLMEVALKIT_GROUPS), **per}
+
+
+def missing_subtasks(answers: list[Answer]) -> list[str]:
+    """What keeps the totals from being the tools' numbers: per group with some of its subtasks and not all, which
+    are missing."""
+    present = {a.split for a in answers}
+    out = []
+    for group, subtasks in GROUPS.items():
+        missing = [s for s in subtasks if s not in present]
+        if missing and len(missing) < len(subtasks):
+            out.append(f"{group} is a partial total: {len(subtasks) - len(missing)} of its {len(subtasks)} subtasks "
+                       f"(missing: {', '.join(missing)}); MME's calculation.py and VLMEvalKit print none without "
+                       "them all, lmms-eval sums those present as this does")
+    return out
 
 
 RULES = {
