@@ -109,6 +109,11 @@ def test_bad_labels_files_name_the_file_and_question(tmp_path):
     again.write_text(wrong.read_text())
     with pytest.raises(DataError, match="a second labels file for coco random"):
         read_labels([wrong, again])
+    aokvqa = _labels(tmp_path / "aokvqa_repope_random.json", _questions("random"))
+    with pytest.raises(DataError, match=r"aokvqa_repope_random.json: labels for aokvqa random beside coco random \(\S+"
+                                        r"coco_repope_random.json\): the relabelled run would mix both datasets' "
+                                        r"questions in one split random"):
+        read_labels([wrong, aokvqa])
     out = CliRunner().invoke(main, ["score", str(run), "--labels", str(_labels(tmp_path / "coco_repope_popular.json",
                                                                               _questions("popular")))])
     assert out.exit_code != 0 and "no record of the relabelled splits (coco popular)" in out.output

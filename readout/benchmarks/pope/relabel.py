@@ -38,6 +38,11 @@ def read_labels(paths: list[str | Path]) -> Labels:
         group = (dataset_from_name(path) or POPE_DATASET, split)
         if group in labels:
             raise DataError(f"{path}: a second labels file for {group[0]} {split} (the first: {labels[group][0]})")
+        other = next((g for g in labels if g[1] == split), None)
+        if other is not None:  # the relabelled records are one dataset: two datasets' questions would mix in a split
+            raise DataError(f"{path}: labels for {group[0]} {split} beside {other[0]} {split} ({labels[other][0]}): "
+                            f"the relabelled run would mix both datasets' questions in one split {split}; give one "
+                            "dataset's labels at a time")
         labels[group] = (path, {q.key: q for q in load_questions(path, split=split, dataset=group[0])})
     return labels
 
