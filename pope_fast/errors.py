@@ -31,6 +31,8 @@ def one_line(err: Exception, shard=None, expected: tuple[type[Exception], ...] =
         message = f"{type(err).__name__}: {err}"
     else:
         return None
+    # one line whatever it quotes: a file or image name holding a line break is shown escaped, as repr shows it
+    message = message.replace("\r", "\\r").replace("\n", "\\n")
     if shard is None:
         return message
     if not message.startswith("rank "):

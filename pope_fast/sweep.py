@@ -102,6 +102,11 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
         seen.add(key)
     check_image_names(questions, images_dir)
     check_prompt_lengths(engine, questions)
+    text_only = sum(not q.image for q in questions)
+    refusals = [why for f in folders if text_only and (why := engine.text_only_refusal(f.method))]
+    if refusals and not skip_bad:  # a method's refusal of those questions stops the run, as an image's does
+        raise ImageError(f"{text_only} question(s) are asked without an image: {refusals[0]}; pass --skip-bad to "
+                         "record them as that method's errors")
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions), skip_bad,
                    progress, workers or default_workers(), shard, provenance or {})

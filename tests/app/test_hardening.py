@@ -428,3 +428,15 @@ def test_a_run_never_reads_its_own_folder_as_questions(checkpoint, pope, clean, 
     result = CliRunner().invoke(main, [str(a) for a in [*base, "--questions", folder, "--out", tmp_path / "run",
                                                         "--limit", "2"]])
     assert result.exit_code == 0, result.output
+
+
+def test_an_image_name_with_a_line_break_keeps_the_error_one_line(checkpoint, pope, tmp_path):
+    """A question naming an image 'img\\n0.png' (which does not exist): the refusal is still one line, the break
+    shown escaped as repr shows it."""
+    images, files = pope
+    first = json.loads(files[0].read_text().splitlines()[0])
+    questions = tmp_path / "q.json"
+    questions.write_text(json.dumps({**first, "image": "img\n0.png"}) + "\n")
+    line = refused(["eval", "--model", checkpoint, "--images", images, "--questions", questions, "--out",
+                    tmp_path / "out", "--readouts", READOUTS], r"img\\n0\.png")
+    assert "\n" not in line

@@ -124,14 +124,21 @@ def test_methods_that_need_the_image_refuse(llava):
 
 
 def test_a_paired_run_records_the_refusal_per_method(llava, tmp_path):
-    """Under run_paired, the baseline answers the text-only question, VCD's folder holds its error record;
-    the image question is answered in both."""
+    """Under run_paired, a method that cannot answer the text-only question stops the run before anything is
+    written, as an unusable image does; with skip_bad, the baseline answers it and VCD's folder holds its error
+    record; the image question is answered in both."""
+    from pope_fast.engine.images import ImageError
     from pope_fast.readout import Question
     from pope_fast.sweep import run_paired
 
     IMAGE.save(tmp_path / "a.png")
     questions = [Question("1", "a.png", ASKED[0], "yes", "s"), Question("2", "", ASKED[3], "no", "s")]
-    run_paired(llava, questions, tmp_path, tmp_path / "out", [METHODS["none"](), METHODS["vcd"]()])
+    methods = [METHODS["none"](), METHODS["vcd"]()]
+    with pytest.raises(ImageError, match=r"^1 question\(s\) are asked without an image: method vcd cannot answer a "
+                                         r"text-only question \(no image\): .*; pass --skip-bad"):
+        run_paired(llava, questions, tmp_path, tmp_path / "refused", methods)
+    assert not any((tmp_path / "refused").rglob("records.jsonl"))
+    run_paired(llava, questions, tmp_path, tmp_path / "out", methods, skip_bad=True)
     records = {m: {r["question_id"]: r for r in map(json.loads, (tmp_path / "out" / m / "records.jsonl")
                                                      .read_text().splitlines())} for m in ("none", "vcd")}
     assert "error" not in records["none"]["2"] and records["none"]["2"]["image"] == ""
