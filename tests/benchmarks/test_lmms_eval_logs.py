@@ -150,3 +150,16 @@ def test_a_per_split_log_keeps_question_ids_to_pair_and_relabel(tmp_path):
     repeated = _write(tmp_path / "20260102_samples_pope_pop.jsonl", rows + [_pope_row(4, 501, "No", "no")])
     with pytest.raises(DataError, match=re.escape(f"{repeated}:5: question_id 501 repeats (first at {repeated}:2)")):
         read_records(repeated)
+
+
+def test_a_log_named_for_one_split_is_never_scored_as_all(tmp_path):
+    """`samples_pope_adversarial.jsonl` reads as the pooled task `pope` followed by a split's name; scored as split
+    `all` it would pair with nothing and mislabel its numbers: refused, saying what lmms-eval names that task's
+    log. lmms-eval's own names read as their tasks."""
+    rows = [_pope_row(*POOLED[i]) for i in LOGGED]
+    renamed = _write(tmp_path / "20260101_101010_samples_pope_adversarial.jsonl", rows)
+    result = CliRunner().invoke(main, ["score", str(renamed)])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "followed by 'adversarial', a split: rename it as lmms-eval names its per-split task's log " \
+           "(samples_pope_adv.jsonl)" in result.output
+    assert [run["split"] for run in _score(_write(tmp_path / "x_samples_pope.jsonl", rows))["runs"]] == ["all"]

@@ -34,6 +34,13 @@ def task_of(path: Path) -> str:
     if found is None:
         raise DataError(f"{path}: an lmms-eval POPE samples log whose name names no POPE task "
                         f"({', '.join(TASK_SPLITS)}), so its split is unknown: keep lmms-eval's file name")
+    rest = path.name[found.end(1):].lower()
+    named = next((s for s in ("adversarial", "popular", "random") if s in rest), None)
+    if found.group(1) == POOLED_TASK and named:  # `samples_pope_adversarial.jsonl`: one split's, not the pooled
+        raise DataError(f"{path}: the name reads as the pooled task `pope` (split all) followed by {named!r}, a "
+                        f"split: rename it as lmms-eval names its per-split task's log "
+                        f"(samples_{next(t for t, s in TASK_SPLITS.items() if s == named)}.jsonl) or its pooled one "
+                        "(samples_pope.jsonl)")
     return found.group(1)
 
 
