@@ -29,6 +29,32 @@ def read_config(folder: Path) -> dict:
     return _read_json(path)
 
 
+# config.json fields that every family reads as a positive count, size or constant, wherever they nest (text,
+# vision, Q-Former configs): zero or less is in no real checkpoint, and would build an empty model or divide by
+# zero deep in a forward pass instead of naming the field
+POSITIVE = frozenset({"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "num_key_value_heads", "head_dim", "max_position_embeddings", "rms_norm_eps", "layer_norm_eps",
+                      "rope_theta", "query_pre_attn_scalar", "patch_size", "image_size", "spatial_merge_size",
+                      "temporal_patch_size", "num_query_tokens", "out_hidden_size", "depth", "num_heads", "embed_dim",
+                      "mm_tokens_per_image", "downsample_ratio"})
+
+
+def check_config(config: dict, where: Path) -> None:
+    """Refuse, naming the field, a config.json field of POSITIVE that is not a positive finite number."""
+    def positive(value) -> bool:
+        return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < float("inf")
+
+    def walk(node: dict, path: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict):
+                walk(value, f"{path}{key}.")
+            elif key in POSITIVE and value is not None and not (  # a size may be given per side: [448, 448]
+                    positive(value) or (isinstance(value, list) and value and all(map(positive, value)))):
+                raise CheckpointError(f"{where}: {path}{key} is {value!r}; every real checkpoint's is a positive "
+                                      "number")
+    walk(config, "")
+
+
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))

@@ -10,7 +10,7 @@ from pathlib import Path
 import json
 
 from ...readout.protocols import PROTOCOLS, Coverage, coverage, get_template
-from ..loader import CheckpointError, checkpoint_dtype, read_config
+from ..loader import CheckpointError, check_config, checkpoint_dtype, read_config
 from ..settings import DTYPES, Settings
 from .base import Family, TextOnlyRefused
 
@@ -77,9 +77,11 @@ def family_class(model_type: str) -> type[Family]:
 def load_model(folder: str | Path, settings: Settings) -> Family:
     """The family object for a local checkpoint folder (never the hub)."""
     folder = Path(folder).expanduser().resolve()
-    model_type = read_config(folder).get("model_type")
+    config = read_config(folder)
+    model_type = config.get("model_type")
     if model_type not in FAMILIES:
         raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}")
+    check_config(config, folder / "config.json")
     return family_class(model_type)(folder, settings)
 
 

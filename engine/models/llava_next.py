@@ -53,7 +53,10 @@ class LlavaNextModel(LlavaModel):
         vision = self.config.vision_config
         self.crop_size = vision.image_size  # pixels per crop side
         self.side = vision.image_size // vision.patch_size  # patch features per crop side
-        self.pinpoints = [tuple(p) for p in self.config.image_grid_pinpoints]
+        self.pinpoints = [tuple(p) for p in self.config.image_grid_pinpoints or ()]
+        if not self.pinpoints or any(len(p) != 2 or min(p) <= 0 for p in self.pinpoints):
+            raise CheckpointError(f"{self.folder}/config.json: image_grid_pinpoints {self.config.image_grid_pinpoints} "
+                                  "holds no grid of [height, width] to cut images to")
         self.newline = self.extra["image_newline"]
 
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:

@@ -47,7 +47,12 @@ class Qwen3VLModel(Qwen2VLModel):
 
     def text_dims(self, text_config) -> DecoderDims:
         """Qwen3: q_norm and k_norm, no q/k/v biases; one DeepStack block per deepstack_visual_indexes entry."""
-        deepstack = len(self.config.vision_config.deepstack_visual_indexes)
+        vision = self.config.vision_config
+        deepstack = len(vision.deepstack_visual_indexes)
+        outside = [i for i in vision.deepstack_visual_indexes if not (isinstance(i, int) and 0 <= i < vision.depth)]
+        if outside:  # a DeepStack block is one of the tower's: an index past its depth names none
+            raise CheckpointError(f"{self.folder}/config.json: vision_config.deepstack_visual_indexes "
+                                  f"{vision.deepstack_visual_indexes} names blocks outside the tower's {vision.depth}")
         if deepstack > text_config.num_hidden_layers:
             raise CheckpointError(f"{self.folder}/config.json: {deepstack} DeepStack blocks for "
                                   f"{text_config.num_hidden_layers} language-model layers")

@@ -157,3 +157,42 @@ def test_tied_head(family, tmp_path):
 def test_pad_aspect_is_refused(family, family_checkpoint):
     with pytest.raises(ValueError, match=family.pad_refusal):
         Engine.load(family_checkpoint, Settings(image_aspect="pad"))
+
+
+def _first_path(config: dict, key: str, path: tuple = ()) -> tuple | None:
+    """Where `key` first occurs in a nested config: its path of keys."""
+    for k, v in config.items():
+        if k == key:
+            return (*path, k)
+        if isinstance(v, dict) and (found := _first_path(v, key, (*path, k))):
+            return found
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family", _families(lambda f: True), indirect=True)
+@pytest.mark.parametrize("field, value", [("num_attention_heads", 0), ("hidden_size", -64), ("patch_size", 0),
+                                          ("num_hidden_layers", True), ("vocab_size", "many")])
+def test_a_config_field_no_real_checkpoint_has_is_refused_at_load(family, family_checkpoint, tmp_path, field, value):
+    """Each family's config.json with one size a real checkpoint never has (zero, negative, not a number),
+    wherever the family's config nests it: refused at load in one line naming the file and the field's path,
+    before any weight is read (loader.check_config, for every family at once)."""
+    import json
+    import re
+    import shutil
+
+    from pope_fast.engine.loader import CheckpointError
+
+    folder = shutil.copytree(family_checkpoint, tmp_path / "ckpt")
+    config = json.loads((folder / "config.json").read_text())
+    path = _first_path(config, field)
+    if path is None:
+        pytest.skip(f"{family.name}'s config has no {field}")
+    node = config
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    named = re.escape(f"config.json: {'.'.join(path)} is {value!r}; every real checkpoint's is a positive number")
+    with pytest.raises(CheckpointError, match=named):
+        Engine.load(folder, Settings())

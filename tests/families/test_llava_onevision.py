@@ -249,3 +249,21 @@ def test_flop_floor_counts_the_siglip_tower(checkpoint):
     d, h = 32, 64  # the tiny tower's and language model's widths
     per_token = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 14 * 14 * d + 2 * (d * h + h * h)
     assert model.vision_flops(Counts(vision_tokens=10)) == 10 * per_token
+
+
+@pytest.mark.parametrize("name", ["llava_next", "llava_onevision"])
+def test_grid_pinpoints_that_hold_no_grid_are_refused_at_load(name, tiny, tmp_path):
+    """LLaVA-NeXT and OneVision cut every image to one of image_grid_pinpoints: none (an empty list, or a grid
+    of one side) is refused at load naming the field, where it would fail in the first image's preprocessing."""
+    import json
+    import shutil
+
+    from pope_fast.engine.loader import CheckpointError
+
+    for bad in ([], [[42]]):
+        folder = shutil.copytree(tiny.checkpoint(name), tmp_path / f"{name}{len(bad)}")
+        config = json.loads((folder / "config.json").read_text())
+        config["image_grid_pinpoints"] = bad
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(CheckpointError, match=r"image_grid_pinpoints .* holds no grid of \[height, width\]"):
+            Engine.load(folder, Settings())

@@ -184,3 +184,21 @@ def test_protocol_prompts_are_the_tools_messages(checkpoint):
     assert theirs == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Is there a dog in the image?"
                       "<|im_end|>\n<|im_start|>assistant\n")  # Qwen3-VL's template opens with no system turn
     assert any("samples" in d and "greedy" in d for d in protocol_for(checkpoint, "vlmevalkit").deviations)
+
+
+def test_a_deepstack_index_outside_the_tower_is_refused_at_load(checkpoint, tmp_path):
+    """A DeepStack block is one of the tower's blocks: an index past its depth (or below 0) names none, refused
+    at load naming the field, where it would fail in the first image's encoding."""
+    import json
+    import shutil
+
+    from pope_fast.engine.loader import CheckpointError
+
+    for bad in ([0, 99], [-1]):
+        folder = shutil.copytree(checkpoint, tmp_path / f"ds{len(bad)}")
+        config = json.loads((folder / "config.json").read_text())
+        config["vision_config"]["deepstack_visual_indexes"] = bad
+        (folder / "config.json").write_text(json.dumps(config))
+        with pytest.raises(CheckpointError, match=r"vision_config.deepstack_visual_indexes \[.*\] names blocks "
+                                                  r"outside the tower's \d+"):
+            Engine.load(folder, Settings())
