@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from .readout import compare_runs, expand_runs, format_compare, format_runs
 from .readout.attention_stats import parse_layers
-from .readout.benchmarks import get_benchmark
+from .readout.benchmarks import detect_benchmark, get_benchmark
 from .readout.benchmarks.compare import compare_benchmark_runs, format_benchmark_compare
 from .readout.benchmarks.pope.relabel import read_labels, relabel
 from .readout.benchmarks.score import benchmark_of, format_benchmark, format_benchmark_csv, score_benchmark_paths
@@ -73,7 +73,8 @@ class ScoreJob:
 
     def run(self) -> str:
         paths = expand_runs(self.files)
-        benchmark = self.benchmark or benchmark_of(paths)
+        implied = self._implied()
+        benchmark = self.benchmark or implied or benchmark_of(paths)
         if benchmark not in (None, "pope", "repope"):
             if self.protocol or self.labels:
                 raise ValueError(f"--benchmark {benchmark}: its rules are the tools' own (see the README); "
@@ -92,6 +93,19 @@ class ScoreJob:
         if self.labels and self.fmt in ("table", "markdown"):
             text += "\n\n" + format_relabelled(runs, self.percent)
         return text
+
+    def _implied(self) -> str | None:
+        """The benchmark --data's files are (it implies it, so a result file is read and refused as that
+        benchmark's); --data that is no benchmark's, or another than --benchmark's, is refused."""
+        if self.data is None:
+            return None
+        found = detect_benchmark(self.data)
+        if found is None:
+            raise ValueError(f"--data {self.data}: no benchmark's question data (AMBER's data folder, "
+                             "HallusionBench.json, MME's parquet)")
+        if self.benchmark not in (None, found.name):
+            raise ValueError(f"--data {self.data} is {found.name}'s data, not {self.benchmark}'s")
+        return found.name
 
     def _check(self, benchmark: str | None) -> None:
         if benchmark == "repope" and not self.labels:

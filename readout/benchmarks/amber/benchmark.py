@@ -50,7 +50,7 @@ def _json(path: Path, what: str):
 def _list(path: Path, what: str) -> list:
     items = _json(path, what)
     if not isinstance(items, list):
-        raise DataError(f"{path}: a {what} is a JSON list, not {type(items).__name__}")
+        raise DataError(f"{path}: not a JSON list, as an {what} is (a {type(items).__name__} here)")
     return items
 
 
