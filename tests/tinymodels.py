@@ -256,6 +256,18 @@ def worst_difference(ours: dict[int, float], theirs: torch.Tensor) -> tuple[floa
     return diffs[worst], worst
 
 
+def with_generation_config(checkpoint: Path, folder: Path, fields: dict) -> Path:
+    """A copy of `checkpoint` whose generation_config.json also sets `fields` (what generate reads from it)."""
+    import json
+    import shutil
+
+    folder = Path(shutil.copytree(checkpoint, folder))
+    path = folder / "generation_config.json"
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    path.write_text(json.dumps({**config, **fields}))
+    return folder
+
+
 def generated_text(engine, generated: list[int]) -> str:
     """What the engine's text readouts must see of transformers' generate output: the new tokens up
     to the first stop id, decoded without specials."""

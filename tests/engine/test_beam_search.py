@@ -1,13 +1,10 @@
 """Settings.num_beams: a beam search as transformers' generate runs one (engine/beam.py), against generate itself on
 tiny checkpoints: the best beam's tokens, alone and batched, with finished and running beams, with and without a
 shared prefix, and LAVIS's InstructBLIP search (inputs_embeds alone, its max_length over the prompt)."""
-import json
-import shutil
-
 import pytest
 import torch
 from registry import REGISTRY
-from tinymodels import QUESTIONS, generated_text
+from tinymodels import QUESTIONS, generated_text, with_generation_config
 
 from pope_fast.engine import Engine, Settings
 
@@ -17,20 +14,12 @@ NEW = 16
 SEARCH = dict(num_beams=5, repetition_penalty=1.5, length_penalty=1.0)
 
 
-def _with_eos(checkpoint, folder, eos: list[int]):
-    folder = shutil.copytree(checkpoint, folder)
-    path = folder / "generation_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**config, "eos_token_id": eos}))
-    return folder
-
-
 def test_beam_search_is_generates(tiny, tmp_path):
     """LLaVA with two eos ids that its beams reach (so beams finish at different steps and the candidates kept are
     15): each question's best beam is generate(num_beams=5, repetition_penalty=1.5)'s, whether the four questions
     run in one batch or one at a time, with and without the shared prefix; greedy decoding gives other texts."""
     family = REGISTRY["llava"]
-    folder = _with_eos(tiny.checkpoint("llava"), tmp_path / "eos", [24309, 9634])
+    folder = with_generation_config(tiny.checkpoint("llava"), tmp_path / "eos", {"eos_token_id": [24309, 9634]})
     model = family.transformers_class().from_pretrained(str(folder), dtype=torch.float32).eval()
     probe = Engine.load(folder, Settings())
     image, questions = family.images[0], QUESTIONS[:4]
@@ -58,7 +47,7 @@ def test_lavis_instructblip_search_is_generate_over_inputs_embeds(tiny, tmp_path
     embeddings; with a penalty of 0.3, which favours what was read, that differs from generate given the prompt's
     ids, so the output-only reading is what is tested."""
     family = REGISTRY["instructblip"]
-    folder = _with_eos(tiny.checkpoint("instructblip"), tmp_path / "eos", [2])
+    folder = with_generation_config(tiny.checkpoint("instructblip"), tmp_path / "eos", {"eos_token_id": [2]})
     model = family.transformers_class().from_pretrained(str(folder), dtype=torch.float32).eval()
     probe = Engine.load(folder, Settings())
     image, questions = family.images[0], QUESTIONS[:3]
@@ -70,9 +59,9 @@ def test_lavis_instructblip_search_is_generate_over_inputs_embeds(tiny, tmp_path
             length = inputs["input_ids"].shape[1]
             lengths.add(length)
             with torch.no_grad():
-                queries = model.get_image_features(inputs["pixel_values"], qformer_input_ids=inputs["qformer_input_ids"],
-                                                   qformer_attention_mask=inputs["qformer_attention_mask"],
-                                                   return_dict=True).pooler_output
+                queries = model.get_image_features(
+                    inputs["pixel_values"], qformer_input_ids=inputs["qformer_input_ids"],
+                    qformer_attention_mask=inputs["qformer_attention_mask"], return_dict=True).pooler_output
                 text = model.get_input_embeddings()(inputs["input_ids"])
                 mask = (inputs["input_ids"] == model.config.image_token_id)[..., None].expand_as(text)
                 prompt = text.masked_scatter(mask, queries.to(text.dtype))

@@ -1,13 +1,10 @@
 """Settings.generation_config greedy: a continuation under what transformers' generate applies from the checkpoint's
 generation_config.json when it decodes greedily (engine/generation.py), against generate itself on tiny checkpoints
 and against each of transformers' logits processors on random scores."""
-import json
-import shutil
-
 import pytest
 import torch
 from registry import REGISTRY
-from tinymodels import QUESTIONS, generated_text
+from tinymodels import QUESTIONS, generated_text, with_generation_config
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.generation import GreedyRules
@@ -100,14 +97,6 @@ def test_fields_the_engine_does_not_compute_are_refused_by_name():
         Settings(repetition_penalty=-1)
 
 
-def _with_generation_config(checkpoint, folder, extra: dict):
-    folder = shutil.copytree(checkpoint, folder)
-    path = folder / "generation_config.json"
-    config = json.loads(path.read_text()) if path.is_file() else {}
-    path.write_text(json.dumps({**config, **extra}))
-    return folder
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["llava", "qwen2_vl"])
 def test_continuations_under_the_checkpoints_generation_config_are_generates(name, tiny, tmp_path):
@@ -117,9 +106,9 @@ def test_continuations_under_the_checkpoints_generation_config_are_generates(nam
     that sets only the penalty, it is the plain argmax's, which differs."""
     family = REGISTRY[name]
     checkpoint = tiny.checkpoint(name)
-    folder = _with_generation_config(checkpoint, tmp_path / "rules",
+    folder = with_generation_config(checkpoint, tmp_path / "rules",
                                      {"repetition_penalty": 1.5, "no_repeat_ngram_size": 3})
-    penalty_only = _with_generation_config(checkpoint, tmp_path / "penalty", {"repetition_penalty": 1.5})
+    penalty_only = with_generation_config(checkpoint, tmp_path / "penalty", {"repetition_penalty": 1.5})
     model, plain = (family.transformers_class().from_pretrained(str(f), dtype=torch.float32).eval()
                     for f in (folder, checkpoint))
     inputs_of = family.inputs_of(folder)
@@ -151,7 +140,7 @@ def test_greedy_output_is_generate_given_inputs_embeds(tiny, tmp_path):
     greedy is generate over input_ids (the prompt's tokens favoured) and greedy_output is generate over the same
     prompt's embeddings (the output's own tokens favoured), which differ."""
     family = REGISTRY["llava"]
-    folder = _with_generation_config(tiny.checkpoint("llava"), tmp_path / "favour", {"repetition_penalty": 0.3})
+    folder = with_generation_config(tiny.checkpoint("llava"), tmp_path / "favour", {"repetition_penalty": 0.3})
     model = family.transformers_class().from_pretrained(str(folder), dtype=torch.float32).eval()
     probe = Engine.load(folder, Settings())
     image, questions = family.images[0], QUESTIONS[:2]
@@ -172,7 +161,7 @@ def test_greedy_output_is_generate_given_inputs_embeds(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_a_checkpoint_that_sets_what_the_engine_does_not_compute_is_refused_at_load(tiny, tmp_path):
-    folder = _with_generation_config(tiny.checkpoint("llava"), tmp_path / "bias", {"sequence_bias": [[[5], 2.0]]})
+    folder = with_generation_config(tiny.checkpoint("llava"), tmp_path / "bias", {"sequence_bias": [[[5], 2.0]]})
     with pytest.raises(ValueError, match=r"generation_config.json: sequence_bias .* changes generate's greedy"):
         Engine.load(folder, Settings(generation_config="greedy"), readouts="string_parse")
     Engine.load(folder, Settings(), readouts="string_parse")  # not applied: nothing to refuse
