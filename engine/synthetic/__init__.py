@@ -70,10 +70,16 @@ def image_for_name(name: str) -> Image.Image:
 
 
 def write_images(folder: Path, names) -> Path:
+    """A synthetic stand-in for each image name, in the name's own sub-folders (HallusionBench's `VS/chart/0_1.png`);
+    none for a question asked without an image (no name), nor for a name that is no path inside the folder (an
+    absolute one, or one climbing out with '..'), which the run then refuses naming its question."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in dict.fromkeys(names):
-        if not (folder / name).is_file():
-            image_for_name(name).save(folder / name, format="PNG" if name.endswith(".png") else "JPEG", quality=90)
+        path = Path(name)
+        if not name or path.is_absolute() or ".." in path.parts or (folder / name).is_file():
+            continue
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        image_for_name(name).save(folder / name, format="PNG" if name.endswith(".png") else "JPEG", quality=90)
     return folder
 
 

@@ -219,3 +219,16 @@ def test_qwen2_vl_takes_the_fast_path(tmp_path):
     for image in _images()[:4]:
         (patches, grid), (expected, expected_grid) = model.preprocess(image), model._processor_pixels(image)
         assert grid == expected_grid and np.array_equal(patches, expected)
+
+
+def test_demo_stand_ins_follow_the_names_sub_folders_and_skip_what_is_no_image(tmp_path):
+    """The demo's stand-in images (engine.synthetic.write_images): HallusionBench's names keep their sub-folders
+    (VS/chart/0_1.png); a question asked without an image gets none, nor does a name that is no path inside the
+    folder (written nowhere: the run refuses it naming its question)."""
+    from pope_fast.engine.synthetic import write_images
+
+    folder = write_images(tmp_path / "images", ["VS/chart/0_1.png", "", "a.jpg", "../out.png", str(tmp_path / "x.png")])
+    written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
+    assert written == ["VS/chart/0_1.png", "a.jpg"]
+    assert not (tmp_path / "out.png").exists() and not (tmp_path / "x.png").exists()
+    assert Image.open(folder / "VS/chart/0_1.png").format == "PNG" and Image.open(folder / "a.jpg").format == "JPEG"
