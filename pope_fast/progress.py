@@ -77,15 +77,31 @@ def progress_bar(total: int, shown: bool):
 
 
 @contextmanager
-def labelled_bars():
-    """progress(label, n, total): one bar per label, closed at the end."""
+def labelled_bars(stream=None):
+    """progress(label, n, total): one bar per label, closed at the end; where `stream` (stderr) is no terminal,
+    one plain line per label once it is done instead (a log file would fill with the bars' redraws), and
+    transformers' own loading bars are off."""
+    import sys
+
     from tqdm import tqdm
 
+    stream = sys.stderr if stream is None else stream
+    plain = not stream.isatty()
+    if plain:
+        from transformers.utils import logging
+
+        logging.disable_progress_bar()
     bars: dict[str, tqdm] = {}
+    done: dict[str, int] = {}
 
     def progress(label: str, n: int, total: int) -> None:
+        if plain:
+            done[label] = done.get(label, 0) + n
+            if done[label] == total:
+                print(f"{label}: {total} done", file=stream, flush=True)
+            return
         if label not in bars:
-            bars[label] = tqdm(total=total, desc=label, unit="q", dynamic_ncols=True, leave=False)
+            bars[label] = tqdm(total=total, desc=label, unit="q", dynamic_ncols=True, leave=False, file=stream)
         bars[label].update(n)
 
     try:
