@@ -42,7 +42,12 @@ def leaf_differences(a, b, first: str, second: str, width: int = 40, name: str =
                 for d in leaf_differences(a.get(k), b.get(k), first, second, width, f"{name}.{k}" if name else str(k))]
     if a == b:
         return []
-    short = [text if len(text := repr(v)) <= width else text[:width - 3] + "..." for v in (a, b)]
+    start = 0
+    if isinstance(a, str) and isinstance(b, str):  # two long texts: from a little before where they part
+        at = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+        start = max(0, at - width // 4)
+    short = [("..." if start else "") + (text if len(text := repr(v[start:] if start else v)) <= width
+                                         else text[:width - 3] + "...") for v in (a, b)]
     return [f"{name}: {short[0]} {first}, {short[1]} {second}"]
 
 

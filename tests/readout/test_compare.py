@@ -301,3 +301,17 @@ def test_cli_json_shape_and_one_line_errors(tmp_path):
         out = runner.invoke(main, args)
         assert out.exit_code == 1 and out.output.count("\n") == 1 and out.output.startswith("Error: ")
     assert "settings.resolved_dtype" in runner.invoke(main, ["compare", str(a), str(bad)]).output
+
+
+def test_two_long_texts_that_differ_are_shown_where_they_part():
+    """A refused resume or compare names a differing prompt: cut to its first 40 characters, two prompts of one
+    template showed the same opening and hid the difference; shown from a little before where they part, both
+    differences are there."""
+    from pope_fast.readout.compare import leaf_differences
+
+    ours = "USER: <image>\nIs there a dog in the image? Answer the question using a single word or phrase. ASSISTANT:"
+    theirs = "USER: <image>\nIs there a dog in the image? Answer yes or no only. ASSISTANT:"
+    [line] = leaf_differences({"prompt_example": ours}, {"prompt_example": theirs}, "recorded", "now")
+    assert line == "prompt_example: ...'e? Answer the question using a singl... recorded, ...'e? Answer yes or no " \
+                   "only. ASSISTANT:' now"
+    assert leaf_differences({"a": "short"}, {"a": "shirt"}, "x", "y") == ["a: 'short' x, 'shirt' y"]
