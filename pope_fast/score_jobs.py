@@ -81,8 +81,11 @@ class ScoreJob:
                                  "--protocol and --labels are POPE's")
             results = score_benchmark_paths(paths, benchmark, self.data,
                                             None if self.readouts.strip() == "all" else parse_readouts(self.readouts))
-            if self.fmt in ("json", "csv"):
-                return strict_json(results, indent=2) if self.fmt == "json" else format_benchmark_csv(results)
+            if self.fmt not in ("table", "markdown", "json", "csv"):
+                raise ValueError(f"--format {self.fmt}: a benchmark's scores come as its own tables (table, "
+                                 "markdown), csv or json")
+            if self.fmt in ("json", "csv"):  # one JSON shape for every score: {"runs": [...]}
+                return strict_json({"runs": results}, indent=2) if self.fmt == "json" else format_benchmark_csv(results)
             return "\n\n".join(map(format_benchmark, results))
         self._check(benchmark)
         runs = score_paths(paths, self.readouts, self.protocol, seed=self.seed, resamples=self.resamples,

@@ -146,7 +146,7 @@ def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
     dataset, its checks under it ("! ..."); json: every value at full precision; csv: the rows at full
     precision, Overall first."""
     if fmt == "json":
-        return strict_json(runs, indent=2)
+        return strict_json({"runs": runs}, indent=2)  # the shape of every score's JSON
     if fmt == "csv":
         return _protocol_csv(runs)
     blocks = []

@@ -63,13 +63,13 @@ def test_amber_end_to_end(checkpoint, tmp_path):
     assert {e.split for e in records.entries} == {EXISTENCE, STATE, NUMBER, ACTION, RELATION}
     meta = json.loads((tmp_path / "run/meta.json").read_text())
     assert meta["benchmark"] == "amber"
-    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
+    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
     # the run's texts written as AMBER's response file and scored as one: the same numbers under every rule
     texts = {int(e.key): e.decoded for e in records.entries}
     file = write_responses(tmp_path / "responses.json", texts)
     assert score_responses(file, get_benchmark("amber"), data)["rules"] == scored["rules"]
     out = CliRunner().invoke(main, ["score", str(file), "--data", str(data), "--format", "json"])
-    assert json.loads(out.output)[0]["rules"] == scored["rules"]
+    assert json.loads(out.output)["runs"][0]["rules"] == scored["rules"]
     # a logit readout under the official aggregation: its decisions, counted by AMBER's formula
     official = get_benchmark("amber").rules["official"]
     from pope_fast.readout.benchmarks import Answer
@@ -118,7 +118,7 @@ def test_mme_end_to_end(checkpoint, tmp_path):
     assert "### MME" in printed
     records = read_records(tmp_path / "run")
     assert {e.dataset for e in records.entries} == {"mme"} and len(records.entries) == 8
-    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
+    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
     assert set(scored["rules"]) == {"official", "lmms-eval", "vlmevalkit"}
     # asked as the data has it: lmms-eval's rule is flagged (its task asks another prompt), no "asked with" note
     assert scored["notes"] == [] and any(c.startswith("lmms-eval asks its own prompt; this run asked the benchmark's "
@@ -178,7 +178,7 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     assert text_only["image"] == "" and "image_sha256" not in text_only and "error" not in text_only
     assert text_only["candidate_logits"] and "decoded" in text_only
     assert all("image_sha256" in r for k, r in stored.items() if k != "VS_chart_1_0_0")
-    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
+    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
     assert scored["n"] == 4 and scored["errors"] == 0
     # report: VLMEvalKit's score-file rows (its 3 image questions) as score prints them
     assert CliRunner().invoke(main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]).exit_code == 0
@@ -257,7 +257,7 @@ def test_eval_asks_lmms_evals_mme_prompt_and_score_says_so(checkpoint, tmp_path)
     assert texts == {"Is the red shape shown?", "Is the blue shape shown?"}
     assert get_template(meta["template"]).render("Is the red shape shown?") == (
         "USER: <image>\nIs the red shape shown?\nAnswer the question using a single word or phrase. ASSISTANT:")
-    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)[0]
+    scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
     assert scored["notes"] == ["asked with lmms-eval's prompt (its task's prompt, in lmms-eval's model-class "
                                "template): the lmms-eval rule scores its own run"]
     assert not any(c.startswith("lmms-eval asks its own prompt") for c in scored["checks"])

@@ -224,7 +224,7 @@ def test_score_prints_vlmevalkits_rows_in_every_format(tmp_path, mini):
     assert rows_block[3] == "| VD | 83.3333 | 75 | 66.6667 |"
     printed = CliRunner().invoke(main, ["score", str(path), "--format", "json"])
     assert printed.exit_code == 0, printed.output
-    assert json.loads(printed.output)[0]["rules"]["vlmevalkit"]["rows"] == BREAKDOWN_ROWS
+    assert json.loads(printed.output)["runs"][0]["rules"]["vlmevalkit"]["rows"] == BREAKDOWN_ROWS
     printed = CliRunner().invoke(main, ["score", str(path), "--format", "csv"])
     assert printed.exit_code == 0, printed.output
     lines = list(csv.DictReader(io.StringIO(printed.output)))

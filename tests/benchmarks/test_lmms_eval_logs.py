@@ -107,7 +107,7 @@ def test_a_pooled_pope_log_scores_to_lmms_evals_pooled_numbers(tmp_path):
     question; "yes." and the other off-format answers are in neither count): precision 1/3, recall 1/3, F1
     1/3; the yes-ratio counts the labels, yes at docs 0, 2, 4, 7: 4/9."""
     path = _write(tmp_path / "20260101_101010_samples_pope.jsonl", [_pope_row(*POOLED[i]) for i in LOGGED])
-    [run] = _score(path, "--protocol", "lmms-eval")
+    [run] = _score(path, "--protocol", "lmms-eval")["runs"]
     pooled = {"n": 9, "pope_accuracy": 2 / 9, "pope_f1_score": 1 / 3, "pope_precision": 1 / 3, "pope_recall": 1 / 3,
               "pope_yes_ratio": 4 / 9}
     assert run["rows"] == [{"split": "all", **pooled}, {"split": "Overall", **pooled}]

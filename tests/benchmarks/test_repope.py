@@ -89,7 +89,7 @@ def test_score_labels_side_by_side_and_in_json(tmp_path):
     f1 = {r["dataset"]: r["readouts"]["legacy_2tok"]["f1"] for r in runs if r["split"] == "random"}
     assert f"| legacy_2tok | {f1['coco']:.4f} | {f1['repope']:.4f} |" in side
     under = json.loads(CliRunner().invoke(main, ["score", str(run), *labels, "--protocol", "lmms-eval",
-                                                 "--format", "json"]).output)
+                                                 "--format", "json"]).output)["runs"]
     assert [r.get("dataset") for r in under] == ["coco", "repope"] and under[1]["relabelled"]["kept"] == 87
 
 
@@ -161,7 +161,7 @@ def test_score_labels_protocol_repope_gives_its_numbers_for_both_label_sets(tmp_
     out = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--labels", str(labels), "--protocol", "repope",
                                     "--format", "json"])
     assert out.exit_code == 0, out.output
-    pope, repope = json.loads(out.output)
+    pope, repope = json.loads(out.output)["runs"]
     assert (pope["dataset"], repope["dataset"]) == ("coco", "repope") and pope["readout"] == "repope"
     (row,) = pope["rows"]
     assert (row["n"], row["TP"], row["TN"], row["FP"], row["FN"], row["unknown"]) == (6, 1, 2, 1, 1, 1)

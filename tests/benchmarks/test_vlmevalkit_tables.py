@@ -53,7 +53,7 @@ def test_mme_table_under_every_rule(tmp_path):
     assert rules["lmms-eval"]["mme_perception_score"] == 200.0 and rules["lmms-eval"]["mme_cognition_score"] == 125.0
     printed = CliRunner().invoke(main, ["score", str(table), "--format", "json"])
     assert printed.exit_code == 0, printed.output
-    assert json.loads(printed.output)[0]["rules"] == rules
+    assert json.loads(printed.output)["runs"][0]["rules"] == rules
 
 
 def test_mme_table_as_csv_and_its_row_lines(tmp_path):
@@ -144,7 +144,7 @@ def test_hallusionbench_table_joined_to_its_data(tmp_path, bare):
     assert result.exit_code == 0, result.output
     # Hallusion_rating: right [1, 0, 1] -> aAcc 200/3; figures illusion_0_0, illusion_0_1, chart_1_1 -> 2 of 3;
     # question pairs illusion_0_0 [1, 0] and chart_1_0 [1] -> 1 of 2
-    scored = json.loads(result.output)[0]["rules"]["vlmevalkit"]
+    scored = json.loads(result.output)["runs"][0]["rules"]["vlmevalkit"]
     assert (scored["aAcc"], scored["fAcc"], scored["qAcc"]) == (2 / 3 * 100, 2 / 3 * 100, 50.0)
     assert [(r["split"], r["aAcc"]) for r in scored["rows"]] == [("Overall", 2 / 3 * 100), ("VD", 50.0), ("VS", 100.0),
                                                                  ("VD_illusion", 50.0), ("VS_chart", 100.0)]
@@ -225,3 +225,14 @@ def test_an_mme_result_missing_subtasks_is_marked_partial(tmp_path):
     rows = [{**row, "index": f"{subtask}-{i}", "category": subtask, "image_path": f"{subtask}/{row['image_path']}"}
             for subtask in SUBTASKS for i, row in enumerate(_mme_rows()[:2])]
     assert score_responses(_table(tmp_path / "all_MME.tsv", rows), MME)["checks"] == []
+
+
+def test_every_score_json_is_one_shape_and_pope_formats_are_refused_on_a_benchmark(tmp_path):
+    """A benchmark's --format json is {"runs": [...]} as POPE's and --protocol's are; models and latex (POPE's
+    multi-model tables) are refused on it in one line, not answered with the markdown table."""
+    table = _table(tmp_path / "m_MME.tsv", _mme_rows())
+    scored = json.loads(CliRunner().invoke(main, ["score", str(table), "--format", "json"]).output)
+    assert list(scored) == ["runs"] and scored["runs"][0]["benchmark"] == "mme"
+    for fmt in ("models", "latex"):
+        result = CliRunner().invoke(main, ["score", str(table), "--format", fmt])
+        assert result.exit_code == 1 and f"--format {fmt}: a benchmark's scores come as" in result.output

@@ -82,7 +82,7 @@ def _eval(llava, name, *extra):
 def _checks(llava, name, protocol):
     result = CliRunner().invoke(main, ["score", str(llava[0] / name), "--protocol", protocol, "--format", "json"])
     assert result.exit_code == 0, result.output
-    return json.loads(result.output)[0]["checks"]
+    return json.loads(result.output)["runs"][0]["checks"]
 
 
 @pytest.mark.slow

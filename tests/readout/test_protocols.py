@@ -250,7 +250,7 @@ def test_eval_under_lmms_eval_is_its_llava_hf_run_question_by_question(llava):
     # score --protocol: lmms-eval's rows per split and pooled, from the records' exact-match answers
     result = CliRunner().invoke(main, ["score", str(root / "lmms"), "--protocol", "lmms-eval", "--format", "json"])
     assert result.exit_code == 0, result.output
-    (run,) = json.loads(result.output)
+    (run,) = json.loads(result.output)["runs"]
     assert [r["split"] for r in run["rows"]] == ["random", "adversarial", "Overall"] and run["checks"] == []
     pooled = run["rows"][-1]
     labels = [r["label"] for r in records]
@@ -264,7 +264,7 @@ def test_score_says_what_keeps_a_run_from_a_protocols_number(llava):
     meta = _eval(llava, root / "plain", "--max-new-tokens", "2")
     assert set(meta["protocol_coverage"]) == set(PROTOCOLS)
     result = CliRunner().invoke(main, ["score", str(root / "plain"), "--protocol", "vlmevalkit", "--format", "json"])
-    (run,) = json.loads(result.output)
+    (run,) = json.loads(result.output)["runs"]
     notes = run["checks"]
     assert any(n.startswith("prompt: this run's template is llava_plain, vlmevalkit's is vlmevalkit_llava") for n in notes)
     assert any(n.startswith("image: this run's image_aspect is processor, vlmevalkit's pad") for n in notes)
@@ -329,7 +329,7 @@ def test_score_rescores_the_recorded_texts_under_each_protocol(llava, tmp_path):
     def rows(protocol):
         result = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--protocol", protocol, "--format", "json"])
         assert result.exit_code == 0, result.output
-        return {row["split"]: row for row in json.loads(result.output)[0]["rows"]}
+        return {row["split"]: row for row in json.loads(result.output)["runs"][0]["rows"]}
 
     lmms = rows("lmms-eval")
     assert lmms["Overall"] == {"split": "Overall", "n": 12, **lmms_eval_metrics(labels, [exact_match(t) for t in texts])}
@@ -376,7 +376,7 @@ def test_compare_and_report_under_a_protocol(llava, tmp_path):
     assert result.exit_code == 0, result.output
     page = (tmp_path / "rep/report.html").read_text()
     assert "Under lmms-eval: lmms-eval&#x27;s POPE task" in page and "pope_f1_score" in page
-    (run,) = json.loads((tmp_path / "rep/protocol.json").read_text())
+    (run,) = json.loads((tmp_path / "rep/protocol.json").read_text())["runs"]
     assert run["protocol"] == "lmms-eval" and run["rows"][-1]["split"] == "Overall"
 
 
@@ -418,7 +418,7 @@ def test_an_lmms_eval_samples_log_rescored_under_every_rule(tmp_path):
     labels = ["yes", "no", "yes", "no", "yes", "no", "no", "yes"] * 3
     log = _samples_log(tmp_path / "20260101_101010_samples_pope_pop.jsonl", texts, labels)
     [run] = json.loads(CliRunner().invoke(main, ["score", str(log), "--protocol", "lmms-eval", "--format",
-                                                 "json"]).output)
+                                                 "json"]).output)["runs"]
     logged = [json.loads(line)["pope_accuracy"] for line in log.read_text().splitlines()]
     theirs = lmms_eval_metrics([e["ground_truth"] for e in logged],
                                [e["prediction"] if e["prediction"] in ("yes", "no") else "unknown" for e in logged])
@@ -451,7 +451,7 @@ def test_a_vlmevalkit_prediction_table_rescored_under_every_rule(tmp_path):
         writer.writerows([[i, f"Is there a dog{i}?", a, c, t] for i, (t, a, c) in enumerate(zip(texts, answers, categories))])
     out = CliRunner().invoke(main, ["score", str(path), "--protocol", "vlmevalkit", "--format", "json"])
     assert out.exit_code == 0, out.output
-    rows = {r["split"]: r for r in json.loads(out.output)[0]["rows"]}
+    rows = {r["split"]: r for r in json.loads(out.output)["runs"][0]["rows"]}
     exploded = [(c, a.lower(), yorn(t)) for t, a, cs in zip(texts, answers, categories) for c in cs.split(",")]
     assert rows["Overall"] == {"split": "Overall", "n": 14, **vlmevalkit_metrics([a for _, a, _ in exploded],
                                                                                  [d for _, _, d in exploded])}
