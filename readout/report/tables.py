@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..readouts import READOUTS
 from ..records import RECORDS_FILE, strict_json
+from ..score import POOLED
 from .cells import csv_text
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
@@ -43,13 +44,17 @@ def format_csv(runs: list[dict], percent: bool = False) -> str:
     scale = 100 if percent else 1
     for (source, dataset), group in groups.items():
         names = list(dict.fromkeys(n for run in group for n in run["readouts"]))
+        # VLMEvalKit writes the Overall row of a single split too (yorn.py l.162), the split's own numbers
+        single = len(group) == 1 and not group[0].get("pooled") and group[0]["split"] != POOLED
         for name in names:
             for run in sorted(group, key=lambda r: order[id(r)]):  # stable: the splits keep their order
                 if name not in run["readouts"]:
                     continue
                 m = run["readouts"][name]
-                rows.append([source, dataset, name, run["split"], run["n"] - run.get("errors", 0), m["unknown"],
-                             *(repr(m[k] * scale) for k in ("f1", "accuracy", "precision", "recall", "yes_rate"))])
+                values = [run["n"] - run.get("errors", 0), m["unknown"],
+                          *(repr(m[k] * scale) for k in ("f1", "accuracy", "precision", "recall", "yes_rate"))]
+                rows += [[source, dataset, name, POOLED, *values]] * single + [[source, dataset, name, run["split"],
+                                                                                *values]]
     return csv_text(rows)
 
 

@@ -348,3 +348,18 @@ def test_score_csv_in_vlmevalkit_shape_and_percent(tmp_path):
     for bad in (["--format", "json", "--percent"], ["--protocol", "lmms-eval", "--percent"]):
         result = CliRunner().invoke(main, ["score", str(tmp_path), *bad])
         assert result.exit_code != 0 and "--percent" in result.output and "Traceback" not in result.output
+
+
+def test_score_csv_of_one_split_has_its_overall_row_too(tmp_path):
+    """VLMEvalKit's score file has an Overall row even for one split (yorn.py l.162), the split's own numbers: so
+    does --format csv, first, as for several splits."""
+    import csv
+    import io
+
+    from pope_fast.readout.report.tables import format_csv
+
+    _three_splits(tmp_path)
+    [random, *_] = score_records(read_records(tmp_path), ["legacy_2tok"])
+    rows = list(csv.DictReader(io.StringIO(format_csv([random]))))
+    assert [r["split"] for r in rows] == ["Overall", "random"]
+    assert {k: v for k, v in rows[0].items() if k != "split"} == {k: v for k, v in rows[1].items() if k != "split"}
