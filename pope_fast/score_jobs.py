@@ -11,7 +11,8 @@ from .readout.attention_stats import parse_layers
 from .readout.benchmarks import detect_benchmark, get_benchmark
 from .readout.benchmarks.compare import compare_benchmark_runs, format_benchmark_compare
 from .readout.benchmarks.pope.relabel import read_labels, relabel
-from .readout.benchmarks.score import benchmark_of, format_benchmark, format_benchmark_csv, score_benchmark_paths
+from .readout.benchmarks.score import (benchmark_of, format_benchmark, format_benchmark_csv, rule_of,
+                                          score_benchmark_paths)
 from .readout.data import DataError
 from .readout.protocols import format_protocol_runs, get_protocol, score_protocol
 from .readout.reading import read_records
@@ -76,11 +77,15 @@ class ScoreJob:
         implied = self._implied()
         benchmark = self.benchmark or implied or benchmark_of(paths)
         if benchmark not in (None, "pope", "repope"):
-            if self.protocol or self.labels:
-                raise ValueError(f"--benchmark {benchmark}: its rules are the tools' own (see the README); "
-                                 "--protocol and --labels are POPE's")
+            if self.labels:
+                raise ValueError(f"--benchmark {benchmark}: --labels are POPE's (RePOPE's)")
+            rule = self.protocol and rule_of(get_benchmark(benchmark), self.protocol)  # refused before any reading
             results = score_benchmark_paths(paths, benchmark, self.data,
                                             None if self.readouts.strip() == "all" else parse_readouts(self.readouts))
+            if rule:  # that tool's rule alone: the number it prints
+                results = [{**r, "rules": {k: v for k, v in r["rules"].items() if k == rule}, "readouts": {},
+                            "unavailable": {k: v for k, v in r.get("unavailable", {}).items() if k == rule}}
+                           for r in results]
             if self.fmt not in ("table", "markdown", "json", "csv"):
                 raise ValueError(f"--format {self.fmt}: a benchmark's scores come as its own tables (table, "
                                  "markdown), csv or json")

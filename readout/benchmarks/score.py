@@ -186,6 +186,17 @@ def run_benchmark(records: RecordSet) -> type[Benchmark] | None:
     return get_benchmark(datasets.pop()) if len(datasets) == 1 and datasets <= set(REGISTRY) else None
 
 
+def rule_of(benchmark: type[Benchmark], protocol: str) -> str:
+    """The rule of a benchmark that a POPE protocol's tool applies to it (`score --benchmark B --protocol T`):
+    the tool's own (HallusionBench's lmms-eval rule is named lmms-eval-rule), or a one-line refusal naming the
+    rules the benchmark has."""
+    for name in benchmark.rules:
+        if name == protocol or name == f"{protocol}-rule":
+            return name
+    raise ValueError(f"--protocol {protocol}: {benchmark.name} has no rule of that tool's (its rules: "
+                     f"{', '.join(benchmark.rules)})")
+
+
 def score_benchmark_paths(paths: list[str], name: str | None = None, data: str | Path | None = None,
                           readouts: list[str] | None = None) -> list[dict]:
     """`pope-fast score --benchmark`: each run scored by score_run, each other tool's result file by

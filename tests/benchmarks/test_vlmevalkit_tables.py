@@ -236,3 +236,21 @@ def test_every_score_json_is_one_shape_and_pope_formats_are_refused_on_a_benchma
     for fmt in ("models", "latex"):
         result = CliRunner().invoke(main, ["score", str(table), "--format", fmt])
         assert result.exit_code == 1 and f"--format {fmt}: a benchmark's scores come as" in result.output
+
+
+def test_score_protocol_on_a_benchmark_selects_that_tools_rule(tmp_path):
+    """`score FILE --benchmark NAME --protocol TOOL`, the shape POPE's users know: that tool's rule alone (its
+    numbers as under all rules), no readouts; HallusionBench's lmms-eval rule answers to --protocol lmms-eval; a tool
+    the benchmark has no rule of is refused naming the rules it has."""
+    table = _table(tmp_path / "m_MME.tsv", _mme_rows())
+    every = score_responses(table, MME)["rules"]
+    out = CliRunner().invoke(main, ["score", str(table), "--protocol", "vlmevalkit", "--format", "json"])
+    assert out.exit_code == 0, out.output
+    [run] = json.loads(out.output)["runs"]
+    assert run["rules"] == {"vlmevalkit": every["vlmevalkit"]} and run.get("readouts", {}) == {}
+    from pope_fast.readout.benchmarks.score import rule_of
+
+    assert rule_of(HallusionBench, "lmms-eval") == "lmms-eval-rule"
+    refused = CliRunner().invoke(main, ["score", str(table), "--benchmark", "mme", "--protocol", "llava"])
+    assert refused.exit_code == 1 and "mme has no rule of that tool's (its rules: official, lmms-eval, vlmevalkit)" \
+        in refused.output
