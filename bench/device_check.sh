@@ -17,14 +17,17 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
 # The machine's own torch/triton/transformers; pope-fast itself needs no install beyond its sources.
-python3 -m pip install -q --no-deps --no-build-isolation -e . || { echo "pope-fast did not install"; exit 1; }
+python3 -m pip install -q --no-deps --no-build-isolation . || { echo "pope-fast did not install"; exit 1; }  # not -e: setuptools' develop re-runs pip with build isolation, which needs an index
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import torch, triton, transformers; print('torch', torch.__version__, 'triton', triton.__version__, 'transformers', transformers.__version__)" | tee -a "$OUT/gpu.txt"
 date -u | tee -a "$OUT/gpu.txt"; git rev-parse --short HEAD 2>/dev/null | tee -a "$OUT/gpu.txt"
 
-timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
 POPE=()
-[ -d .device-pope ] && POPE=(--pope .device-pope --questions 0)
+[ -d .device-pope ] && POPE=(--pope "$PWD/.device-pope" --questions 0)
+# run from outside the checkout: its pope_fast/ folder would shadow the installed package, whose subpackages
+# (readout/, engine/, ...) live beside it in the source tree
+cd "$OUT" || exit 1
+timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
 # Each family gets BENCH_TIMEOUT seconds at most, and none starts once less
 # than a minute of the BUDGET (seconds since the script started) is left.
 MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*FAMILIES)")}  # every registered family
