@@ -268,6 +268,17 @@ def with_generation_config(checkpoint: Path, folder: Path, fields: dict) -> Path
     return folder
 
 
+def generate_each(model, inputs_of, image, prompts: list[str], **generate) -> list[list[int]]:
+    """transformers' generate for each prompt about `image`, one prompt at a time, without sampling: the new tokens
+    (an oracle's continuations; `generate` gives the length, beams, and the rest)."""
+    out = []
+    for prompt in prompts:
+        inputs = inputs_of(image, prompt)
+        with torch.no_grad():
+            out.append(model.generate(**inputs, do_sample=False, **generate)[0, inputs["input_ids"].shape[1]:].tolist())
+    return out
+
+
 def generated_text(engine, generated: list[int]) -> str:
     """What the engine's text readouts must see of transformers' generate output: the new tokens up
     to the first stop id, decoded without specials."""

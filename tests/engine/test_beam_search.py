@@ -4,7 +4,7 @@ shared prefix, and LAVIS's InstructBLIP search (inputs_embeds alone, its max_len
 import pytest
 import torch
 from registry import REGISTRY
-from tinymodels import QUESTIONS, generated_text, with_generation_config
+from tinymodels import QUESTIONS, generate_each, generated_text, with_generation_config
 
 from pope_fast.engine import Engine, Settings
 
@@ -23,13 +23,9 @@ def test_beam_search_is_generates(tiny, tmp_path):
     model = family.transformers_class().from_pretrained(str(folder), dtype=torch.float32).eval()
     probe = Engine.load(folder, Settings())
     image, questions = family.images[0], QUESTIONS[:4]
-    theirs, greedy = [], []
-    for q in questions:
-        inputs = family.inputs_of(folder)(image, probe.prompt(q))
-        length = inputs["input_ids"].shape[1]
-        with torch.no_grad():
-            theirs.append(model.generate(**inputs, max_new_tokens=NEW, do_sample=False, **SEARCH)[0, length:].tolist())
-            greedy.append(model.generate(**inputs, max_new_tokens=NEW, do_sample=False)[0, length:].tolist())
+    prompts = [probe.prompt(q) for q in questions]
+    theirs = generate_each(model, family.inputs_of(folder), image, prompts, max_new_tokens=NEW, **SEARCH)
+    greedy = generate_each(model, family.inputs_of(folder), image, prompts, max_new_tokens=NEW)
     assert any(len(t) < NEW for t in theirs) and any(len(t) == NEW for t in theirs)  # finished and capped rows
     assert theirs != greedy
     for settings in (Settings(), Settings(prefix_reuse=False), Settings(batch_size=1)):

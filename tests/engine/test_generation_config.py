@@ -4,7 +4,7 @@ and against each of transformers' logits processors on random scores."""
 import pytest
 import torch
 from registry import REGISTRY
-from tinymodels import QUESTIONS, generated_text, with_generation_config
+from tinymodels import QUESTIONS, generate_each, generated_text, with_generation_config
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.generation import GreedyRules
@@ -114,13 +114,9 @@ def test_continuations_under_the_checkpoints_generation_config_are_generates(nam
     inputs_of = family.inputs_of(folder)
     probe = Engine.load(folder, Settings())
     image, questions = family.images[0], QUESTIONS[:2]
-    theirs, argmax = [], []
-    for q in questions:
-        inputs = inputs_of(image, probe.prompt(q))
-        length = inputs["input_ids"].shape[1]
-        with torch.no_grad():
-            theirs.append(model.generate(**inputs, max_new_tokens=NEW, do_sample=False)[0, length:].tolist())
-            argmax.append(plain.generate(**inputs, max_new_tokens=NEW, do_sample=False)[0, length:].tolist())
+    prompts = [probe.prompt(q) for q in questions]
+    theirs = generate_each(model, inputs_of, image, prompts, max_new_tokens=NEW)
+    argmax = generate_each(plain, inputs_of, image, prompts, max_new_tokens=NEW)
     assert theirs != argmax
     for settings, folder_, expected in (
             (Settings(generation_config="greedy"), folder, theirs),
@@ -144,12 +140,12 @@ def test_greedy_output_is_generate_given_inputs_embeds(tiny, tmp_path):
     model = family.transformers_class().from_pretrained(str(folder), dtype=torch.float32).eval()
     probe = Engine.load(folder, Settings())
     image, questions = family.images[0], QUESTIONS[:2]
-    ids, embeds = [], []
+    ids = generate_each(model, family.inputs_of(folder), image, [probe.prompt(q) for q in questions],
+                        max_new_tokens=NEW)
+    embeds = []
     for q in questions:
         inputs = family.inputs_of(folder)(image, probe.prompt(q))
         with torch.no_grad():
-            ids.append(model.generate(**inputs, max_new_tokens=NEW, do_sample=False)
-                       [0, inputs["input_ids"].shape[1]:].tolist())
             embeds.append(model.generate(inputs_embeds=model.get_input_embeddings()(inputs["input_ids"]),
                                          pixel_values=inputs["pixel_values"], attention_mask=inputs["attention_mask"],
                                          max_new_tokens=NEW, do_sample=False)[0].tolist())
