@@ -7,7 +7,8 @@
 #   bash bench/device_check.sh                 # figures under $OUT (default /tmp/out)
 # Wheels in .whl/ are installed first (for a machine without a package index); POPE question files in
 # .device-pope/ replace the built-in questions; MODELS (families, in order), BUDGET (seconds for all of it,
-# default 500) and BENCH_TIMEOUT (seconds per family, default 170) adjust the run.
+# default 500) and BENCH_TIMEOUT (seconds per family, default 170) adjust the run; KERNELS=0 skips the kernel
+# benchmark (25 s on an H200) when only the families are wanted.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -27,7 +28,7 @@ POPE=()
 # run from outside the checkout: its pope_fast/ folder would shadow the installed package, whose subpackages
 # (readout/, engine/, ...) live beside it in the source tree
 cd "$OUT" || exit 1
-timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
+[ "${KERNELS:-1}" = 0 ] || timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
 # Each family gets BENCH_TIMEOUT seconds at most, and none starts once less
 # than a minute of the BUDGET (seconds since the script started) is left.
 MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*FAMILIES)")}  # every registered family
