@@ -17,6 +17,7 @@ from typing import Callable
 import torch
 
 from ..distributed import Shard
+from ..hub import TOKENIZER_FILES, local_or_hub
 from ..engine import FAMILIES, Engine, Settings, parse_method
 from ..engine.models import family_class
 from ..engine.synthetic import builtin_questions, write_checkpoint, write_images
@@ -71,7 +72,8 @@ class BenchConfig:
             name, sep, path = item.partition("=")
             if not sep:
                 raise ValueError(f"--model takes NAME=DIR, got {item!r}")
-            dirs[name] = Path(path)
+            dirs[name] = local_or_hub(path, "--model")[0]  # a checkpoint folder or a hub id
+        tokenizer = local_or_hub(tokenizer_dir, "--tokenizer", TOKENIZER_FILES)[0] if tokenizer_dir else None
         names = list(FAMILIES) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
         on_cuda = device.startswith("cuda")
         return cls(models=names, size=size or ("7b" if on_cuda else "tiny"),
@@ -79,7 +81,7 @@ class BenchConfig:
                    dtype=dtype, n_questions=n_questions, pope_dir=Path(pope_dir) if pope_dir else None,
                    reference=not no_reference, reference_sample=reference_sample or (200 if on_cuda else None),
                    repeat=repeat, batch_size=batch_size, probe=probe, work_dir=Path(work_dir) if work_dir else None,
-                   model_dirs=dirs, tokenizer_dir=Path(tokenizer_dir) if tokenizer_dir else None, shard=shard,
+                   model_dirs=dirs, tokenizer_dir=tokenizer, shard=shard,
                    methods=list(method_specs))
 
 

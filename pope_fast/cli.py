@@ -3,12 +3,13 @@ commands that need them, so `score` and `audit-tokens` run without torch."""
 from __future__ import annotations
 
 import sys
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 
 import click
 
 from . import __version__
-from .errors import EXPECTED, one_line
+from .errors import failures as _failures
+from .hub import TOKENIZER_FILES, local_or_hub
 from .readout import TEMPLATES, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer
 from .readout.benchmarks import REGISTRY
 from .readout.protocols import PROTOCOLS, SCORING_PROTOCOLS
@@ -115,25 +116,28 @@ def repair(run_dir) -> None:
 
 
 @main.command("audit-tokens")
-@click.option("--tokenizer", "tokenizer_dir", required=True, type=click.Path(exists=True, file_okay=False),
-              help="a local tokenizer (or checkpoint) folder")
+@click.option("--tokenizer", "tokenizer_dir", required=True,
+              help="a tokenizer (or checkpoint) folder, or a hub id ORG/NAME[@REVISION] (its tokenizer files)")
 @click.option("--template", default="llava_plain", show_default=True, type=click.Choice(list(TEMPLATES)))
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
 def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
     """Show every token readout's yes/no ids under a tokenizer and template, with warnings."""
     try:
-        audit = audit_tokens(load_tokenizer(tokenizer_dir), get_template(template))
+        audit = audit_tokens(load_tokenizer(local_or_hub(tokenizer_dir, "--tokenizer", TOKENIZER_FILES)[0]),
+                             get_template(template))
     except (OSError, ValueError) as err:
         _fail(str(err))
     click.echo(format_audit(audit, fmt))
 
 
 @main.command("eval")
-@click.option("--model", "model_dir", default=None, type=click.Path(file_okay=False),
-              help="a local checkpoint folder (llava-hf layout); omit for the built-in demo (a random tiny LLaVA)")
-@click.option("--questions", "question_files", multiple=True, type=click.Path(),
-              help="a POPE question file (JSON, JSON lines, lmms-lab parquet) or a folder of them; repeatable; "
-                   "demo default: a built-in POPE-shaped set")
+@click.option("--model", "model_dir", default=None,
+              help="a checkpoint folder, or a hub id ORG/NAME[@REVISION] (the HF cache first, else downloaded); "
+                   "omit for the built-in demo (a random tiny LLaVA)")
+@click.option("--questions", "question_files", multiple=True,
+              help="a POPE question file (JSON, JSON lines, lmms-lab parquet), a folder of them, or a hub dataset id "
+                   "(lmms-lab/POPE, images embedded); repeatable; demo default: a built-in POPE-shaped set")
+@click.option("--subset", default=None, help="a hub dataset's subset (its card's config; default: 'default')")
 @click.option("--images", "images_dir", default=None, type=click.Path(),
               help="the image folder (not needed for parquet, whose images are embedded); "
                    "demo default: synthetic stand-ins named after the questions' images")
@@ -141,8 +145,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="size of the demo's built-in question set")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
               help="output folder: records.jsonl, meta.json, summary.json, summary.md")
-@click.option("--split", default=None,
-              help="split name for a single question file (default: its category column, else its name)")
+@click.option("--split", default=None, help="split name for a single question file (default: its category column, "
+                                            "else its name); of a hub dataset, the split to read (default: all)")
 @click.option("--dataset", default=None,
               help="dataset name for the question files (default: from their names: coco, aokvqa, gqa; lmms-lab for "
                    "parquet)")
@@ -192,7 +196,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 
     with ExitStack() as stack:
         with _failures():  # the folders before anything is written; an --out it made goes if left empty
-            out = stack.enter_context(out_folder(options["model_dir"], out_dir, cache_dir, options["question_files"]))
+            out = stack.enter_context(out_folder(out_dir, cache_dir, options["question_files"]))
         device, shard = _device_and_shard(device)
         with _failures(shard):
             job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv), **options)
@@ -214,23 +218,10 @@ def _device_and_shard(device: str | None):
         _fail(str(err))
 
 
-@contextmanager
-def _failures(shard=None, expected: tuple[type[Exception], ...] = EXPECTED):
-    """A command's errors as one line (errors.one_line); an unexpected one outside torchrun as it is."""
-    try:
-        yield
-    except click.ClickException:
-        raise
-    except Exception as err:
-        message = one_line(err, shard, expected)
-        if message is None:
-            raise
-        _fail(message)
-
-
 @main.command()
 @click.option("--models", default="all", show_default=True, help="all, or a comma-separated list of families")
-@click.option("--model", "model_dirs", multiple=True, help="NAME=DIR: a real checkpoint for a family")
+@click.option("--model", "model_dirs", multiple=True,
+              help="NAME=DIR: a real checkpoint for a family (DIR: a folder or a hub id ORG/NAME[@REVISION])")
 @click.option("--size", type=click.Choice(["tiny", "7b"]), default=None,
               help="random weights at tiny (real image-token count) or real 7B dims (default: 7b on CUDA, tiny on CPU)")
 @click.option("--questions", "n_questions", default=60, show_default=True, type=click.IntRange(min=0),
@@ -253,8 +244,9 @@ def _failures(shard=None, expected: tuple[type[Exception], ...] = EXPECTED):
                    "the median run counts")
 @click.option("--reference-sample", default=None, type=int,
               help="questions the reference runs, extrapolated to all (default: all on CPU, 200 on CUDA)")
-@click.option("--tokenizer", "tokenizer_dir", default=None, type=click.Path(exists=True, file_okay=False),
-              help="a real tokenizer for the random checkpoints (default: the built-in word-level one)")
+@click.option("--tokenizer", "tokenizer_dir", default=None,
+              help="a real tokenizer for the random checkpoints, a folder or hub id (default: the built-in word-level "
+                   "one)")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False), help="keep checkpoints and records here")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
 def bench(device, fmt, **options) -> None:
@@ -274,14 +266,16 @@ def bench(device, fmt, **options) -> None:
 
 
 @main.command()
-@click.option("--tokenizer", "tokenizer_dir", default=None, type=click.Path(exists=True, file_okay=False),
-              help="a checkpoint or tokenizer folder whose chat template renders the chat prompts")
+@click.option("--tokenizer", "tokenizer_dir", default=None,
+              help="a checkpoint or tokenizer folder (or hub id) whose chat template renders the chat prompts")
 def protocols(tokenizer_dir) -> None:
     """The published protocols: sources, answer rule, aggregation, and the prompt each renders per family."""
     from .protocol_table import describe_protocols  # torch (the family registry): only `protocols` loads it
 
     with _failures():
-        text = describe_protocols(load_tokenizer(tokenizer_dir) if tokenizer_dir else None)
+        tokenizer = load_tokenizer(local_or_hub(tokenizer_dir, "--tokenizer", TOKENIZER_FILES)[0]) \
+            if tokenizer_dir else None
+        text = describe_protocols(tokenizer)
     click.echo(text)
 
 

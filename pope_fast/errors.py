@@ -4,6 +4,9 @@ its type and its rank, and left where torchrun's summary shows it, so torchrun s
 from __future__ import annotations
 
 import errno
+from contextlib import contextmanager
+
+import click
 
 from .readout import Unavailable
 
@@ -39,3 +42,17 @@ def one_line(err: Exception, shard=None, expected: tuple[type[Exception], ...] =
         message = f"{shard.name}: {message}"
     shard.record_failure(message)
     return message
+
+
+@contextmanager
+def failures(shard=None, expected: tuple[type[Exception], ...] = EXPECTED):
+    """A command's errors as click's one-line error (one_line); an unexpected one outside torchrun as it is."""
+    try:
+        yield
+    except click.ClickException:
+        raise
+    except Exception as err:
+        message = one_line(err, shard, expected)
+        if message is None:
+            raise
+        raise click.ClickException(message) from None

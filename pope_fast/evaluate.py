@@ -15,6 +15,7 @@ from .builtin import demo_inputs
 from .distributed import Shard, every_rank
 from .engine import Engine, Settings, Timings, parse_method
 from .engine.models import protocol_for
+from .hub import resolve_inputs
 from .progress import watched
 from .readout import READOUTS, compare_runs, find_question_files, format_compare, format_runs, load_question_sources
 from .readout.benchmarks import REGISTRY, benchmark_questions
@@ -23,7 +24,7 @@ from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING, parse_readouts
 from .score_jobs import score_paths
-from .store import RunLock, atomic_write
+from .store import RunLock, atomic_write, remove_unused_folder
 from .sweep import SweepResult, check_image_names, run_paired, run_pope
 
 # A progress display for `total` questions: entered, it gives the callable that hears of more done.
@@ -49,18 +50,22 @@ class EvalJob:
     command: str | None = None  # the command line, recorded in meta.json
     protocol: str | None = None  # a published protocol (readout/protocols/): its prompt, length, image aspect
     benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
+    hub: dict | None = None  # the hub snapshots --model and --questions named (hub.Inputs.sources), for meta.json
 
     @classmethod
     def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
                      no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, limit=None,
-                     command=None, protocol=None, benchmark=None, **settings) -> "EvalJob":
-        """The job of `pope-fast eval`'s options (every other option is a Settings field)."""
+                     command=None, protocol=None, benchmark=None, subset=None, **settings) -> "EvalJob":
+        """The job of `pope-fast eval`'s options (every other option is a Settings field); hub ids among the
+        model and questions are fetched here, or found in the cache (hub.resolve_inputs)."""
         def path(p):
             return None if p is None else Path(p)
 
-        return cls(Path(out_dir), path(model_dir), tuple(question_files), path(images_dir), demo_questions, split,
-                   dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
-                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol, benchmark)
+        inputs = resolve_inputs(model_dir, tuple(question_files), subset, split)
+        return cls(Path(out_dir), inputs.model_dir, inputs.question_files, path(images_dir), demo_questions,
+                   inputs.split, dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
+                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol, benchmark,
+                   inputs.sources)
 
 
 @dataclass
@@ -120,7 +125,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         update = stack.enter_context(_lazy(progress, len(questions), lead))
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
         benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
-        provenance = {**({"command": job.command} if job.command else {}),
+        provenance = {**({"command": job.command} if job.command else {}), **({"hub": job.hub} if job.hub else {}),
                       **({"protocol": job.protocol} if job.protocol else {}),
                       **({"benchmark": benchmark} if benchmark else {}),
                       **({"benchmark_prompt": asked} if asked else {})}
@@ -213,14 +218,10 @@ def protocol_settings(settings: Settings, coverage: Coverage) -> Settings:
     return replace(settings, image_aspect=coverage.image_aspect, **steps)
 
 
-def checked_folders(model_dir, out_dir, cache_dir, question_files=()) -> Path:
-    """The folders of `pope-fast eval`, proven before anything is written: the checkpoint a local folder
-    (hub ids are not fetched), the output apart from the question files, the output and cache folders created
-    and writable. Returns the output's."""
-    if model_dir is not None and not Path(model_dir).expanduser().is_dir():
-        raise ValueError(f"--model {model_dir}: no such checkpoint folder; pope-fast reads local folders only and "
-                         "fetches nothing from a hub (download the checkpoint, e.g. with huggingface-cli download, "
-                         "and give its folder)")
+def checked_folders(out_dir, cache_dir, question_files=()) -> Path:
+    """The folders of `pope-fast eval`, proven before anything is written: the output apart from the question
+    files, the output and cache folders created and writable (the checkpoint, a folder or a hub id, is
+    resolved next: EvalJob.from_options). Returns the output's."""
     out_path = Path(out_dir).expanduser().resolve()
     for given in question_files:
         path = Path(given).expanduser().resolve()
@@ -237,16 +238,16 @@ def checked_folders(model_dir, out_dir, cache_dir, question_files=()) -> Path:
 
 
 @contextmanager
-def out_folder(model_dir, out_dir, cache_dir, question_files=()):
-    """checked_folders' output folder, for a run: removed again where the run made it and left it empty (one
-    refused before it wrote anything leaves no folder behind)."""
+def out_folder(out_dir, cache_dir, question_files=()):
+    """checked_folders' output folder, for a run: removed again where the run made it and left it empty but
+    for its lock (one refused before it wrote anything leaves no folder behind)."""
     made = not Path(out_dir).exists()
-    out = checked_folders(model_dir, out_dir, cache_dir, question_files)
+    out = checked_folders(out_dir, cache_dir, question_files)
     try:
         yield out
     finally:
-        if made and out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
+        if made:
+            remove_unused_folder(out)
 
 
 def _writable(path, option: str) -> Path:

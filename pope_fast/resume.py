@@ -40,11 +40,23 @@ def check_resumable(out_dir: Path, old: dict, meta: dict) -> None:
     """Refuse to add this run's records to a folder that holds another run's, naming what differs."""
     if not old:
         return
+    _check_snapshot(out_dir, old, meta)
     diffs = leaf_differences(_resume_fingerprint(old), _resume_fingerprint(meta), "recorded", "now")
     if diffs:
         more = f" (and {len(diffs) - 4} more)" if len(diffs) > 4 else ""
         raise ValueError(f"{out_dir / META_FILE}: this folder holds records of a different run "
                          f"({'; '.join(diffs[:4])}{more}); choose a new --out")
+
+
+def _check_snapshot(out_dir: Path, old: dict, meta: dict) -> None:
+    """A run of a hub id resumes on the snapshot it began on: a branch moved since (a new commit of `main`) is
+    another checkpoint, even where the files a load reads are the same bytes, and the user is told how to pin it."""
+    before = (old.get("hub") or {}).get("model") or {}
+    now = (meta.get("hub") or {}).get("model") or {}
+    if before.get("commit") and now.get("commit") and before["commit"] != now["commit"]:
+        raise ValueError(f"{out_dir / META_FILE}: its records come from {before['id']} at commit "
+                         f"{before['commit'][:12]}, but {now['id']}@{now['revision']} is commit {now['commit'][:12]} "
+                         f"now; resume with --model {before['id']}@{before['commit']}, or choose a new --out")
 
 
 def check_has_meta(out_dir: Path) -> None:

@@ -162,6 +162,21 @@ class RunLock:
             self._fd = None
 
 
+def remove_unused_folder(folder: Path) -> None:
+    """Remove a run folder that holds nothing but, at most, a lock file no process holds (a run refused after
+    it took the lock, before it wrote a record); any other content, or a held lock, leaves it as it is."""
+    names = [p.name for p in folder.iterdir()] if folder.is_dir() else None
+    if names is None or set(names) - {LOCK_FILE}:
+        return
+    if names:
+        try:
+            with RunLock(folder):  # nobody else's lock: the file is this run's leftover
+                (folder / LOCK_FILE).unlink()
+        except FolderBusy:
+            return
+    folder.rmdir()
+
+
 def repair_records(run_dir: str | Path) -> tuple[int, int]:
     """Rewrite a run folder's records keeping, per question, the last complete record (else its last
     error record), in first-seen order, and dropping lines that are not records; a stopped torchrun job's

@@ -1,0 +1,280 @@
+"""Checkpoints, tokenizers and question data named by hub id (`ORG/NAME[@REVISION]`), as lmms-eval and
+VLMEvalKit users name them: read from the Hugging Face cache when the snapshot is there, else downloaded
+through huggingface_hub (only the files a load reads, with the hub's own progress bars), never when
+HF_HUB_OFFLINE is set. A local folder of the same name wins. What ran is a `Snapshot`: the id, the revision
+asked and the commit it resolved to, which meta.json records and a resume checks.
+
+Every failure is a HubError (a ValueError): one line naming the id and what to do. The hub library writes a
+file under a temporary name and renames it when whole, so a download cut off leaves nothing a load could read.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# `org/name` or `org/name@revision`: the hub's repo-id characters; a revision is a branch, tag or commit
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
+# What a load reads: config, tokenizer, processor and chat-template files, and the safetensors weights (PyTorch
+# .bin shards are fetched only for a checkpoint that has no safetensors).
+TOKENIZER_FILES = ("*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken")
+MODEL_FILES = (*TOKENIZER_FILES, "*.safetensors")
+BIN_FILES = ("pytorch_model*.bin",)
+OFFLINE_VALUES = ("1", "on", "yes", "true")  # huggingface_hub's reading of HF_HUB_OFFLINE
+SHARD = re.compile(r"-(\d+)-of-(\d+)\.")  # a dataset shard's place in its split: test-00000-of-00003.parquet
+
+
+class HubError(ValueError):
+    """A hub id that cannot be read; the message is the one line a command ends with."""
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A repository at one commit in the local cache."""
+
+    folder: Path
+    repo_id: str
+    revision: str | None  # as asked; None: the default branch
+    commit: str
+    repo_type: str = "model"
+
+    def to_json(self) -> dict:
+        return {"id": self.repo_id, "revision": self.revision or "main", "commit": self.commit,
+                **({"type": self.repo_type} if self.repo_type != "model" else {})}
+
+
+def parse_hub_id(text: str) -> tuple[str, str | None] | None:
+    """(repo id, revision or None) of `ORG/NAME[@REVISION]`, or None for anything else."""
+    match = HUB_ID.match(text)
+    return (match["repo"], match["revision"]) if match else None
+
+
+def offline() -> str | None:
+    """The variable that switches the hub off (HF_HUB_OFFLINE, or transformers' TRANSFORMERS_OFFLINE), or None."""
+    return next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+                 if os.environ.get(name, "").strip().lower() in OFFLINE_VALUES), None)
+
+
+def cache_dir() -> Path:
+    """The hub cache as huggingface_hub finds it, read now (not when the library was imported)."""
+    if os.environ.get("HF_HUB_CACHE"):
+        return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    return Path(home).expanduser() / "hub"
+
+
+def local_or_hub(spec: str, option: str, files: tuple[str, ...] = MODEL_FILES) -> tuple[Path, Snapshot | None]:
+    """The folder `spec` names: a local path as it is, else the snapshot of a hub id (its `files`)."""
+    path = Path(spec).expanduser()
+    if path.exists():
+        return path, None
+    kind = "tokenizer" if files == TOKENIZER_FILES else "checkpoint"
+    parsed = parse_hub_id(spec)
+    if parsed is None:
+        raise HubError(f"{option} {spec}: no such {kind} folder, nor a hub id (ORG/NAME or ORG/NAME@REVISION)")
+    snapshot = fetch(*parsed, "model", files, _model_missing if kind == "checkpoint" else _tokenizer_missing, option)
+    if kind == "checkpoint" and _model_missing(snapshot.folder) == "weights" and not offline():
+        snapshot = fetch(*parsed, "model", (*files, *BIN_FILES), _model_missing, option)
+    return snapshot.folder, snapshot
+
+
+def dataset_files(spec: str, option: str, subset: str | None = None, split: str | None = None
+                  ) -> tuple[list[Path], Snapshot]:
+    """The data files of a hub dataset id (a config's splits as its README's `configs:` declares them, else
+    every parquet file), from the cache or downloaded, in name order."""
+    repo_id, revision = parse_hub_id(spec) or (None, None)
+    if repo_id is None:
+        raise HubError(f"{option} {spec}: no such file or folder, nor a hub id (ORG/NAME or ORG/NAME@REVISION)")
+    card = fetch(repo_id, revision, "dataset", ("README.md",), _card_missing, option, required=False)
+    patterns = _data_patterns(card.folder / "README.md", f"{option} {spec}", subset, split)
+    snapshot = fetch(repo_id, card.commit, "dataset", patterns, lambda f: _data_missing(f, patterns), option)
+    snapshot = Snapshot(snapshot.folder, repo_id, revision, snapshot.commit, "dataset")
+    return _matching(snapshot.folder, patterns), snapshot
+
+
+def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, ...], missing, option: str,
+          required: bool = True) -> Snapshot:
+    """The snapshot of `repo_id` at `revision` holding `files` (patterns): the cached one when `missing(folder)`
+    finds nothing missing in it, else downloaded (HubError when offline, or when the download still lacks what
+    `missing` names and the files are `required`)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    name = repo_id + (f"@{revision}" if revision else "")
+    common = dict(repo_id=repo_id, revision=revision, repo_type=repo_type, cache_dir=cache_dir(),
+                  allow_patterns=list(files))
+    try:
+        folder = Path(snapshot_download(**common, local_files_only=True))
+        absent = missing(folder)
+    except LocalEntryNotFoundError:
+        folder, absent = None, "not in the local cache"
+    if folder is not None and (absent is None or (not required and offline())):
+        return Snapshot(folder, repo_id, revision, folder.name, repo_type)
+    reason = absent if folder is None else f"its cached snapshot lacks {absent}"
+    if offline():
+        raise HubError(f"{option} {name}: {reason} ({cache_dir()}) and {offline()} is set; unset it to download, or "
+                       "give a local folder")
+    try:
+        folder = Path(snapshot_download(**common, endpoint=os.environ.get("HF_ENDPOINT") or None))
+    except Exception as err:  # noqa: BLE001 (the hub library's and its HTTP client's errors, each said in one line)
+        raise HubError(f"{option} {name}: {_download_failure(err, repo_id, repo_type)}") from None
+    absent = missing(folder)
+    if absent is not None and required:
+        raise HubError(f"{option} {name}: the repository has no {absent} (is it a {repo_type} repository of the "
+                       "layout pope-fast reads?)")
+    return Snapshot(folder, repo_id, revision, folder.name, repo_type)
+
+
+def _download_failure(err: Exception, repo_id: str, repo_type: str) -> str:
+    """What went wrong with a download, and what to do, in words."""
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+
+    page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo_id}"
+    login = "log in with `hf auth login` (or set HF_TOKEN)"
+    if isinstance(err, GatedRepoError):
+        return f"a gated repository: accept its terms at {page}, then {login}"
+    if isinstance(err, RevisionNotFoundError):
+        return "no such revision (a branch, tag or commit of the repository)"
+    if isinstance(err, RepositoryNotFoundError):
+        return (f"no local folder of that name, and no such {repo_type} repository on the hub (or a private one: "
+                f"check the id, or {login})")
+    return (f"the download stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); run the "
+            "same command again to finish it (whole files are kept in the cache; a cut-off one is never read)")
+
+
+def _model_missing(folder: Path) -> str | None:
+    """The first file a checkpoint load needs that `folder` lacks ("weights" for no weights at all), or None."""
+    if not (folder / "config.json").is_file():
+        return "config.json"
+    for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
+        if (folder / index).is_file():
+            shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
+            return next((shard for shard in shards if not (folder / shard).is_file()), None)
+    if any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin")):
+        return None
+    return "weights"
+
+
+def _card_missing(folder: Path) -> str | None:
+    return None if (folder / "README.md").is_file() else "README.md"
+
+
+def _tokenizer_missing(folder: Path) -> str | None:
+    names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
+    return None if any((folder / n).is_file() for n in names) else "tokenizer files"
+
+
+def _data_patterns(card: Path, where: str, subset: str | None, split: str | None) -> tuple[str, ...]:
+    """The data-file patterns of a dataset card's config `subset` (default: the one named "default", else the only
+    one) and of its `split` (default: all of its splits)."""
+    configs = _card_configs(card)
+    if not configs:
+        if subset or split:
+            raise HubError(f"{where}: its card declares no configs or splits, so --subset/--split cannot pick one")
+        return ("*.parquet", "**/*.parquet")
+    names = [c.get("config_name", "default") for c in configs]
+    if subset is None:
+        subset = "default" if "default" in names else names[0] if len(names) == 1 else None
+        if subset is None:
+            raise HubError(f"{where}: the dataset has several subsets ({', '.join(names)}); name one with --subset")
+    if subset not in names:
+        raise HubError(f"{where}: --subset {subset}: no such subset; it has {', '.join(names)}")
+    splits = _splits(configs[names.index(subset)])
+    if split is not None and split not in splits:
+        raise HubError(f"{where}: --split {split}: subset {subset} has splits {', '.join(splits)}")
+    chosen = [splits[split]] if split else list(splits.values())
+    return tuple(p for paths in chosen for p in paths)
+
+
+def _card_configs(card: Path) -> list[dict]:
+    """The `configs:` list of a dataset card's YAML header, or [] (no card, no header, no configs)."""
+    import yaml  # huggingface_hub's own dependency
+
+    if not card.is_file():
+        return []
+    text = card.read_text(encoding="utf-8")
+    if not text.startswith("---"):
+        return []
+    header = text.split("---", 2)[1]
+    try:
+        configs = (yaml.safe_load(header) or {}).get("configs") or []
+    except yaml.YAMLError as err:
+        raise HubError(f"{card}: unreadable YAML header ({str(err).splitlines()[0]})") from None
+    return [c for c in configs if isinstance(c, dict)]
+
+
+def _splits(config: dict) -> dict[str, list[str]]:
+    """split → its path patterns, as a card's config lists its data_files (a string, a list, or split entries)."""
+    files = config.get("data_files") or []
+    if isinstance(files, str):
+        return {"train": [files]}
+    splits: dict[str, list[str]] = {}
+    for entry in files:
+        if isinstance(entry, str):
+            splits.setdefault("train", []).append(entry)
+        else:
+            paths = entry.get("path")
+            splits.setdefault(entry.get("split", "train"), []).extend([paths] if isinstance(paths, str) else paths)
+    return splits
+
+
+def _matching(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
+    found = [p for p in folder.rglob("*") if p.is_file()
+             and any(fnmatch.fnmatch(str(p.relative_to(folder)), pat) for pat in patterns)]
+    return sorted(found)
+
+
+def _data_missing(folder: Path, patterns: tuple[str, ...]) -> str | None:
+    """"data files" when none match, the first absent shard of a split whose shards are numbered, else None."""
+    files = _matching(folder, patterns)
+    if not files:
+        return "data files (" + ", ".join(patterns) + ")"
+    for path in files:
+        match = SHARD.search(path.name)
+        if match:
+            width, total = len(match[1]), int(match[2])
+            for i in range(total):
+                name = path.name[:match.start(1)] + f"{i:0{width}d}" + path.name[match.end(1):]
+                if not (path.parent / name).is_file():
+                    return str((path.parent / name).relative_to(folder))
+    return None
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """What `eval --model/--questions` name, as local paths, and where the hub ids among them came from."""
+
+    model_dir: Path | None
+    question_files: tuple[str, ...]
+    split: str | None  # --split as it still applies: a hub dataset's split is chosen by it, not renamed
+    sources: dict | None  # meta.json's "hub": {"model": Snapshot.to_json(), "questions": [...]}
+
+
+DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".xlsx")  # a missing file, not a hub id
+
+
+def resolve_inputs(model: str | None, questions: tuple[str, ...], subset: str | None = None,
+                   split: str | None = None) -> Inputs:
+    """The local paths of `eval`'s --model and --questions, each hub id among them fetched (or found cached)."""
+    sources: dict = {}
+    model_dir = None
+    if model is not None:
+        model_dir, snapshot = local_or_hub(model, "--model")
+        if snapshot is not None:
+            sources["model"] = snapshot.to_json()
+    files: list[str] = []
+    hub_data = [q for q in questions if not Path(q).expanduser().exists() and not q.endswith(DATA_SUFFIXES)
+                and parse_hub_id(q)]
+    if subset is not None and not hub_data:
+        raise HubError(f"--subset {subset}: picks a subset of a hub dataset; give --questions ORG/NAME")
+    for source in questions:
+        if source not in hub_data:
+            files.append(source)
+            continue
+        paths, snapshot = dataset_files(source, "--questions", subset, split)
+        files += [str(p) for p in paths]
+        sources.setdefault("questions", []).append(snapshot.to_json())
+    return Inputs(model_dir, tuple(files), None if hub_data else split, sources or None)
