@@ -17,13 +17,13 @@ from .engine import Engine, Settings, Timings, parse_method
 from .engine.models import protocol_for
 from .hub import resolve_inputs
 from .progress import watched
-from .readout import READOUTS, compare_runs, find_question_files, format_compare, format_runs, load_question_sources
+from .readout import READOUTS, find_question_files, format_runs, load_question_sources
 from .readout.benchmarks import REGISTRY, benchmark_questions
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING, parse_readouts
-from .score_jobs import score_paths
+from .score_jobs import CompareJob, score_paths
 from .store import RunLock, atomic_write, remove_unused_folder
 from .sweep import SweepResult, check_image_names, run_paired, run_pope
 
@@ -90,12 +90,13 @@ class EvalOutcome:
                      + (" (rank 0)" if self.world_size else ""))
         for result in self.results:
             lines += [f"\n{result.out_dir.name}:"] if self.paired else []
-            lines.append(format_runs(result.runs, "table"))
-            if self.protocol and not self.benchmark:  # a benchmark's protocol is one of its rules, shown below
-                lines.append("\n" + format_protocol_runs(score_paths([str(result.out_dir)], protocol=self.protocol)))
-            if self.benchmark:
+            if self.benchmark:  # its own metrics, not POPE's yes-positive F1 (`score RUN --benchmark pope` has that)
                 [scored] = score_benchmark_paths([str(result.out_dir)], self.benchmark)
-                lines.append("\n" + format_benchmark(scored))
+                lines.append(format_benchmark(scored))
+                continue
+            lines.append(format_runs(result.runs, "table"))
+            if self.protocol:
+                lines.append("\n" + format_protocol_runs(score_paths([str(result.out_dir)], protocol=self.protocol)))
         lines += [f"\n{self.comparison}"] if self.comparison is not None else []
         lines.append(f"records, meta and summaries in {self.out_dir}" + ("/<method>/" if self.paired else ""))
         return "\n".join(lines)
@@ -135,7 +136,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
             results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
         else:
             results = [run_pope(engine, questions, images_dir, job.out_dir, **run)]
-        comparison = _comparison(job.out_dir, results) if len(methods) > 1 and lead else None
+        comparison = _comparison(job.out_dir, results, benchmark) if len(methods) > 1 and lead else None
     if shard is not None:
         shard.leave()
     return EvalOutcome(job.out_dir, results, engine.timings, bool(methods), comparison,
@@ -284,11 +285,12 @@ def _check_method_readouts(methods, readouts: str) -> None:
                          "position, so its runs take logit and first-token readouts only")
 
 
-def _comparison(out: Path, results: list[SweepResult]) -> str:
-    """OUT/compare.json: every method against the first (`pope-fast compare`), and its markdown."""
-    result = compare_runs([str(r.out_dir) for r in results])
-    atomic_write(out / "compare.json", format_compare(result, "json") + "\n")
-    return format_compare(result, "markdown")
+def _comparison(out: Path, results: list[SweepResult], benchmark: str | None) -> str:
+    """OUT/compare.json: every method against the first, as `pope-fast compare` compares them (a benchmark's runs
+    on its own metrics, POPE's by ΔF1), and its markdown."""
+    job = CompareJob(tuple(str(r.out_dir) for r in results), "json", benchmark=benchmark)
+    atomic_write(out / "compare.json", job.run() + "\n")
+    return replace(job, fmt="markdown").run()
 
 
 @contextmanager

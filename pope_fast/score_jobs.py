@@ -11,7 +11,7 @@ from .readout.attention_stats import parse_layers
 from .readout.benchmarks import detect_benchmark, get_benchmark
 from .readout.benchmarks.compare import compare_benchmark_runs, format_benchmark_compare
 from .readout.benchmarks.pope.relabel import read_labels, relabel
-from .readout.benchmarks.score import (benchmark_of, format_benchmark, format_benchmark_csv, rule_of,
+from .readout.benchmarks.score import (benchmark_of, format_benchmark, format_benchmark_csv, only_rule, rule_of,
                                           score_benchmark_paths)
 from .readout.data import DataError
 from .readout.protocols import format_protocol_runs, get_protocol, score_protocol
@@ -83,9 +83,7 @@ class ScoreJob:
             results = score_benchmark_paths(paths, benchmark, self.data,
                                             None if self.readouts.strip() == "all" else parse_readouts(self.readouts))
             if rule:  # that tool's rule alone: the number it prints
-                results = [{**r, "rules": {k: v for k, v in r["rules"].items() if k == rule}, "readouts": {},
-                            "unavailable": {k: v for k, v in r.get("unavailable", {}).items() if k == rule}}
-                           for r in results]
+                results = [only_rule(r, rule) for r in results]
             if self.fmt not in ("table", "markdown", "json", "csv"):
                 raise ValueError(f"--format {self.fmt}: a benchmark's scores come as its own tables (table, "
                                  "markdown), csv or json")
@@ -148,10 +146,11 @@ class CompareJob:
         return format_compare(result, self.fmt) + (f"\n\n{tables}" if tables and self.fmt == "markdown" else "")
 
     def _benchmark(self, name: str) -> str:
-        if self.protocol:
-            raise ValueError(f"--protocol {self.protocol}: {name}'s runs compare under its tools' own rules, each "
-                             "shown; --protocol is POPE's")
+        """Every rule's and readout's B - A; under --protocol, that tool's rule alone (as `score` selects it)."""
+        rule = self.protocol and rule_of(get_benchmark(name), self.protocol)  # refused before any reading
         result = compare_benchmark_runs(list(self.runs), get_benchmark(name), seed=self.seed,
                                         resamples=self.resamples, allow_mismatch=self.allow_mismatch)
+        if rule:
+            result = {**result, "rule": rule, "pairs": [only_rule(pair, rule) for pair in result["pairs"]]}
         return strict_json(result, indent=2) if self.fmt == "json" else format_benchmark_compare(result)
 

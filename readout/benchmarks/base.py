@@ -45,6 +45,9 @@ class Rule:
     # The metrics' key holding the tool's own score-file rows (a list of {column: value}, in its columns and row
     # order: VLMEvalKit's HallusionBench split rows), shown beneath the headline; None: the tool writes none.
     rows: str | None = None
+    # The full mark of its metrics where the tool reports them in another unit than the benchmark's official one
+    # (lmms-eval's HallusionBench fractions beside the official percents); None: the benchmark's `scale`.
+    scale: float | None = None
 
 
 @dataclass(frozen=True)

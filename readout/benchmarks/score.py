@@ -197,6 +197,12 @@ def rule_of(benchmark: type[Benchmark], protocol: str) -> str:
                      f"{', '.join(benchmark.rules)})")
 
 
+def only_rule(result: dict, rule: str) -> dict:
+    """A run's or a compared pair's numbers under one rule alone (the number that tool prints), no readouts."""
+    return {**result, "rules": {k: v for k, v in result["rules"].items() if k == rule}, "readouts": {},
+            "unavailable": {k: v for k, v in result.get("unavailable", {}).items() if k == rule}}
+
+
 def score_benchmark_paths(paths: list[str], name: str | None = None, data: str | Path | None = None,
                           readouts: list[str] | None = None) -> list[dict]:
     """`pope-fast score --benchmark`: each run scored by score_run, each other tool's result file by

@@ -195,8 +195,11 @@ def benchmark_bars(result: dict, benchmark) -> tuple[dict, str]:
     """A benchmark run's official headline metric under every readout, and under each of its tools' rules
     that reports that metric (the official rule always does), from score --benchmark's numbers."""
     name = benchmark.rules[OFFICIAL].headline[0]
-    bars = [{"name": f"rule: {rule}", "kind": "rule", "value": metric(m, name)} for rule, m in result["rules"].items()]
-    bars += [{"name": readout, "kind": "readout", "value": metric(m, name)}
+    # each bar drawn on the official unit; `value` stays as the rule's tool reports it (lmms-eval's fractions)
+    bars = [{"name": f"rule: {rule}", "kind": "rule", "value": metric(m, name),
+             "factor": benchmark.scale / (benchmark.rules[rule].scale or benchmark.scale)}
+            for rule, m in result["rules"].items()]
+    bars += [{"name": readout, "kind": "readout", "value": metric(m, name), "factor": 1.0}
              for readout, m in result["readouts"].items()]
     bars = [b for b in bars if isinstance(b["value"], (int, float))]
     data = {"source": result["source"], "benchmark": benchmark.name, "metric": name, "bars": bars,

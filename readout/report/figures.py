@@ -1,7 +1,8 @@
 """The report's figures, drawn from the numbers `figure_data` gathers (each figure's JSON).
 
 matplotlib (the `report` extra) is imported only here and only when a figure is drawn; figures are
-drawn on Agg canvases directly, never through pyplot's global state. Sizes are in pixels at DPI.
+drawn on Agg canvases directly, never through pyplot's global state. Sizes are in pixels at DPI; each figure is
+saved as a PNG at SAVE_DPI and as PDF and SVG (vector, for a paper) beside it.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import math
 from pathlib import Path
 
 DPI = 100
+SAVE_DPI = 200  # PNGs at twice the layout's pixels: sharp in print and on high-density screens
+VECTOR_FORMATS = ("pdf", "svg")
 MISSING = "#d9d9d9"  # cells and bars with nothing to show: no answered question, a readout not supplied
 NO_MATPLOTLIB = 'pope-fast report draws with matplotlib, which is not installed: pip install -e ".[report]"'
 
@@ -146,10 +149,12 @@ def benchmark_bars(title: str, data: dict):
     fig = _figure(*_bars_size(len(bars)))
     ax = _axes(fig, 170, 50, 60, 35)
     _rows(ax, [plain(b["name"]) for b in bars])
-    top = max([b["value"] for b in bars] + [data["scale"]])
+    top = max([b["value"] * b["factor"] for b in bars] + [data["scale"]])
     for y, bar in enumerate(bars):
-        ax.barh(y, bar["value"], color="C2" if bar["kind"] == "rule" else "C0")
-        ax.text(bar["value"] + top * 0.01, y, f"{bar['value']:.6g}", va="center", fontsize=7)
+        length = bar["value"] * bar["factor"]  # on the official unit; the label says what the tool printed
+        ax.barh(y, length, color="C2" if bar["kind"] == "rule" else "C0")
+        label = f"{bar['value']:.6g}" + (f" (x{bar['factor']:g})" if bar["factor"] != 1 else "")
+        ax.text(length + top * 0.01, y, label, va="center", fontsize=7)
     ax.set_xlim(0, top * 1.12)
     ax.set_xlabel(plain(data["metric"]), fontsize=8)
     ax.set_title(title, fontsize=10)
@@ -235,13 +240,13 @@ def _cell_color(value: float | None) -> str:
     return "black" if value is not None and value > 0.6 else "white"
 
 
-def _grid_panel(ax, group: str, data: dict, first_in_row: bool) -> None:
+def _grid_panel(ax, group: str, data: dict, first_in_row: bool):
     from matplotlib.colors import ListedColormap
 
     f1, best, readouts = data["f1"][group], data["best"][group], data["readouts"][group]
     ax.imshow([[1.0] * len(row) for row in f1], cmap=ListedColormap([MISSING]), aspect="auto")
-    ax.imshow([[math.nan if v is None else v for v in row] for row in f1], cmap="viridis", vmin=0, vmax=1,
-              aspect="auto")
+    image = ax.imshow([[math.nan if v is None else v for v in row] for row in f1], cmap="viridis", vmin=0, vmax=1,
+                      aspect="auto")
     for i, row in enumerate(f1):
         for j, v in enumerate(row):
             ax.text(j, i, "-" if v is None else f"{v:.4f}", ha="center", va="center", fontsize=7,
@@ -249,6 +254,7 @@ def _grid_panel(ax, group: str, data: dict, first_in_row: bool) -> None:
     ax.set_xticks(range(len(readouts)), readouts, rotation=90, fontsize=7)
     ax.set_yticks(range(len(data["models"])), data["models"] if first_in_row else [], fontsize=8)
     ax.set_title(group, fontsize=9)
+    return image
 
 
 GRID_WIDTH = 1300  # panels wrap to a new row past this many pixels
@@ -273,9 +279,9 @@ def f1_grid(data: dict):
     left = 30 + 6 * max(map(len, models))
     widths = [50 * len(data["readouts"][g]) for g in groups]
     rows = _grid_rows(widths, left)
-    panel_h = 28 * len(models)
+    panel_h = max(90, 28 * len(models))  # one model's row is a readable band, not a strip
     under = [20 + 6 * max(len(n) for k in row for n in data["readouts"][groups[k]]) for row in rows]  # rotated names
-    width = max(360, max(left + sum(widths[k] + 20 for k in row) for row in rows))
+    width = max(360, max(left + sum(widths[k] + 20 for k in row) for row in rows)) + 50  # + the colour bar
     fig = _figure(width, 40 + sum(panel_h + 30 + u for u in under))
     fig.suptitle("F1 by model, readout and split", fontsize=10)
     height, y = fig.bbox.height, fig.bbox.height - 40
@@ -283,14 +289,25 @@ def f1_grid(data: dict):
         x, y = left, y - panel_h - 30
         for k in row:
             ax = fig.add_axes((x / width, y / height, widths[k] / width, panel_h / height))
-            _grid_panel(ax, groups[k], data, first_in_row=k == row[0])
+            image = _grid_panel(ax, groups[k], data, first_in_row=k == row[0])
             x += widths[k] + 20
         y -= below
+    bar = fig.add_axes(((width - 40) / width, (height - 40 - panel_h) / height, 12 / width, panel_h / height))
+    fig.colorbar(image, cax=bar).ax.tick_params(labelsize=7)  # the shading's scale: F1 from 0 to 1
+    bar.set_title("F1", fontsize=7)
     return fig
 
 
 def _delta_color(low: float, high: float) -> str:
     return "C2" if low > 0 else "C3" if high < 0 else "0.45"
+
+
+def delta_reach(datas: list[dict]) -> float:
+    """The half-width of the ΔF1 axis that holds every point and interval of these figures' panels: one scale
+    for all of them, so that a ±0.006 panel does not look as large as a ±0.2 one beside it."""
+    spans = [abs(v) for data in datas for table in data["splits"].values() for r in table.values()
+             for v in r["delta_f1_ci95"] + [r["delta_f1"]]]
+    return max(spans + [0.01]) * 1.1
 
 
 def delta_f1(title: str, data: dict):
@@ -301,6 +318,7 @@ def delta_f1(title: str, data: dict):
     fig = _figure(160 + 330 * len(splits), 110 + 30 * len(names))
     fig.suptitle(title, fontsize=10)
     width, height = fig.bbox.width, fig.bbox.height
+    reach = data.get("axis_half_width") or delta_reach([data])  # the page's shared scale, else its own
     for k, split in enumerate(splits):
         ax = fig.add_axes(((160 + 330 * k) / width, 50 / height, 230 / width, 1 - 110 / height))
         table = data["splits"][split]
@@ -308,8 +326,6 @@ def delta_f1(title: str, data: dict):
         if k:
             ax.set_yticklabels([])
         ax.axvline(0, color="black", linewidth=0.8)
-        spans = [abs(v) for r in table.values() for v in r["delta_f1_ci95"] + [r["delta_f1"]]]
-        reach = max(spans + [0.01]) * 1.1
         for y, name in enumerate(names):
             if name not in table:
                 ax.text(0, y, "not compared", ha="center", va="center", fontsize=7, color="#666")
@@ -329,8 +345,10 @@ def delta_f1(title: str, data: dict):
 
 
 def save(fig, data: dict, path: Path) -> Path:
-    """path.png and, beside it, path.json with the numbers drawn; returns the PNG's path."""
+    """path.png, path.pdf, path.svg and, beside them, path.json with the numbers drawn; returns the PNG's path."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path.with_suffix(".png"), dpi=DPI)
+    fig.savefig(path.with_suffix(".png"), dpi=SAVE_DPI)
+    for fmt in VECTOR_FORMATS:
+        fig.savefig(path.with_suffix(f".{fmt}"), format=fmt, metadata={"Date": None} if fmt == "pdf" else None)
     path.with_suffix(".json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path.with_suffix(".png")

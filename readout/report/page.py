@@ -16,12 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import figure_data, figures
-from ..benchmarks.score import format_benchmark, run_benchmark, score_run
+from ..benchmarks.compare import format_benchmark_compare
+from ..benchmarks.score import format_benchmark, only_rule, rule_of, run_benchmark, score_run
 from ..protocols import format_protocol_runs, get_protocol, score_protocol
 from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_json
 from ..score import score_records
+from .markup import markdown_html
 from .tables import f1_tables, format_f1_tables, group_name, model_labels
 
 COMPARE_FILE = "compare.json"
@@ -177,25 +179,35 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
         page.html('<h2>Two readouts of one answer position</h2>\n<div class="side">')
     for run, _, data, caption in pairs:
         model = labels[run["source"]]
-        page.add(figures.confusion_pair(f"{model}, {group_name(run)}", data), data,
+        page.add(figures.confusion_pair(titled(model, group_name(run)), data), data,
                  page.out / _slug(model) / f"two_readouts_{_slug(group_name(run))}", f"{model}: {caption}")
     if pairs:
         page.html("</div>")
     if inputs.comparisons:
         page.html('<h2>Methods compared: ΔF1 under each readout</h2>\n<div class="side">')
+    drawn = []
     for where, result, sources in inputs.comparisons:
         for pair in result["pairs"]:
             names = (labels[sources[pair["a"]]], labels[sources[pair["b"]]])
-            data, caption = figure_data.delta_f1(pair, result, names, str(where))
-            title = f"ΔF1 of {names[1]} against {names[0]}" + (" (MISMATCHED RUNS)" if pair["mismatches"] else "")
-            path = page.out / f"compare-{_slug(where.parent.name)}" / f"delta_f1_{_slug(names[1])}_vs_{_slug(names[0])}"
-            page.add(figures.delta_f1(title, data), data, path, caption)
+            drawn.append((where, pair, names, *figure_data.delta_f1(pair, result, names, str(where))))
+    reach = figures.delta_reach([data for *_, data, _ in drawn]) if drawn else None  # one ΔF1 scale for all
+    for where, pair, names, data, caption in drawn:
+        data["axis_half_width"] = reach
+        title = f"ΔF1 of {names[1]} against {names[0]}" + (" (MISMATCHED RUNS)" if pair["mismatches"] else "")
+        path = page.out / f"compare-{_slug(where.parent.name)}" / f"delta_f1_{_slug(names[1])}_vs_{_slug(names[0])}"
+        page.add(figures.delta_f1(title, data), data, path, caption + " Every ΔF1 panel of this page shares one "
+                 "scale.")
     if inputs.comparisons:
         page.html("</div>")
 
 
+def titled(model: str, group: str) -> str:
+    """A run's name and its split, once where they are the same word (the demo's "demo" split of run "demo")."""
+    return model if model == group else f"{model}, {group}"
+
+
 def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: int, resamples: int) -> None:
-    title = f"{model}, {group_name(run)} (n={run['n']})"
+    title = f"{titled(model, group_name(run))} (n={run['n']})"
     page.html(f"<h2>{html.escape(title)}</h2>")
     if run.get("unavailable"):
         page.html("<p>Unavailable: " + html.escape("; ".join(f"{n} ({why})" for n, why in
@@ -215,26 +227,49 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
         page.add(draw(title, data), data, folder / name, f"{title}: {caption}")
 
 
-def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str]) -> None:
-    """Per benchmark run (other than POPE): each rule's and readout's numbers as score prints them, and the
-    official headline across readouts and rules as a figure."""
-    record_sets = {records.source: records for _, records in inputs.scored}
-    for source, records in record_sets.items():
+def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str], protocol: str | None) -> list[dict]:
+    """Per benchmark run (other than POPE): each rule's and readout's numbers as score prints them (under
+    `protocol`, that tool's rule alone, as `score --protocol` gives it), and the official headline across readouts
+    and rules as a figure. Returns the results, for benchmarks.json."""
+    results = []
+    for source, records in _record_sets(inputs).items():
         benchmark = run_benchmark(records)
         if benchmark is None:
             continue
         result = score_run(records, benchmark)
+        if protocol is not None:
+            result = only_rule(result, rule_of(benchmark, protocol))
+        results.append(result)
         model = labels[source]
         page.html(f"<h2>{html.escape(model)}: {html.escape(benchmark.title)}</h2>\n"
-                  f'<div class="wide"><pre>{html.escape(format_benchmark(result))}</pre></div>')
+                  + markdown_html(format_benchmark(result).split("\n\n", 1)[-1]))
         data, caption = figure_data.benchmark_bars(result, benchmark)
-        page.add(figures.benchmark_bars(f"{model}, {benchmark.name}", data), data,
-                 page.out / _slug(model) / f"{benchmark.name}_headline", f"{model}: {caption}")
+        if data["bars"]:
+            page.add(figures.benchmark_bars(f"{model}: {data['metric']}", data), data,
+                     page.out / _slug(model) / f"{benchmark.name}_headline", f"{model}: {caption}")
+    return results
+
+
+def _record_sets(inputs: Inputs) -> dict[str, RecordSet]:
+    return {records.source: records for _, records in inputs.scored}  # each run once, in order
+
+
+def _benchmark_comparisons(page: "Page", inputs: Inputs) -> None:
+    """A paired benchmark folder's compare.json (`pope-fast compare` on the benchmark's own metrics) as tables."""
+    for where, result, _ in inputs.comparisons:
+        if "benchmark" in result:
+            page.html(markdown_html(format_benchmark_compare(result)).replace("<h3>", "<h3>", 1)
+                      + f"<p>From <code>{html.escape(str(where))}</code>.</p>")
+
+
+def _title(benchmarks: dict, pope: bool) -> str:
+    """The page's name: the benchmark's (or POPE's readout report), every one of them when runs of several meet."""
+    names = (["POPE"] if pope else []) + [b.title for b in benchmarks.values()]
+    return ("POPE readout report" if names == ["POPE"] else f"{' and '.join(names)}: pope-fast report")
 
 
 def _protocol_section(page: "Page", out: Path, inputs: Inputs, protocol) -> None:
-    record_sets = {records.source: records for _, records in inputs.scored}  # each run once, in order
-    runs = [run for records in record_sets.values() for run in score_protocol(records, protocol)]
+    runs = [run for records in _record_sets(inputs).values() for run in score_protocol(records, protocol)]
     (out / "protocol.json").write_text(format_protocol_runs(runs, "json") + "\n", encoding="utf-8")
     page.html(f"<h2>Under {html.escape(protocol.name)}: {html.escape(protocol.title)}, {html.escape(protocol.version)}"
               f"</h2>\n<p>{html.escape(protocol.reproduces)}. Values in protocol.json at full precision.</p>\n"
@@ -247,24 +282,35 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
     returns the HTML page's path. With a published `protocol`, the page leads with each run's numbers as
     that tool prints them and what keeps them from being its own (also as protocol.json)."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     inputs = read_inputs(paths, seed=seed, resamples=resamples)
-    runs = [run for run, _ in inputs.scored]
     labels = model_labels(list(inputs.metas))
+    benchmarks = {b.name: b for b in map(run_benchmark, _record_sets(inputs).values()) if b is not None}
+    pope = Inputs([(run, records) for run, records in inputs.scored if run_benchmark(records) is None], inputs.metas,
+                  [c for c in inputs.comparisons if "benchmark" not in c[1]])
+    if protocol is not None:
+        for benchmark in benchmarks.values():
+            rule_of(benchmark, protocol)  # refused before anything is written
+    out.mkdir(parents=True, exist_ok=True)
+    runs = [run for run, _ in pope.scored]
     (out / "scores.json").write_text(strict_json({"runs": runs}, indent=2) + "\n", encoding="utf-8")
     (out / "tables.md").write_text(format_f1_tables(runs, "markdown") + "\n", encoding="utf-8")
     (out / "tables.tex").write_text(format_f1_tables(runs, "latex") + "\n", encoding="utf-8")
+    title = _title(benchmarks, bool(pope.scored))
     page = Page(out)
-    page.html("<h1>POPE readout report</h1>")
+    page.html(f"<h1>{html.escape(title)}</h1>")
     page.html(_header(inputs, labels, seed, resamples))
-    if protocol is not None:
-        _protocol_section(page, out, inputs, get_protocol(protocol))
-    _across(page, inputs, labels)
-    _benchmark_sections(page, inputs, labels)
-    for run, records in inputs.scored:
+    if benchmarks:  # a benchmark's own numbers lead; POPE's yes-positive F1 is shown for POPE's runs only
+        results = _benchmark_sections(page, inputs, labels, protocol)
+        (out / "benchmarks.json").write_text(strict_json({"runs": results}, indent=2) + "\n", encoding="utf-8")
+        _benchmark_comparisons(page, inputs)
+    if pope.scored and protocol is not None:
+        _protocol_section(page, out, pope, get_protocol(protocol))
+    if pope.scored:
+        _across(page, pope, labels)
+    for run, records in pope.scored:
         _run_section(page, run, records, labels[run["source"]], seed, resamples)
     path = out / "report.html"
-    path.write_text("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>POPE readout report</title>"
+    path.write_text(f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
                     f"<style>{STYLE}</style></head><body>\n" + "\n".join(page.body) + "\n</body></html>\n",
                     encoding="utf-8")
     return path

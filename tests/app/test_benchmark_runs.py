@@ -115,7 +115,8 @@ def test_mme_end_to_end(checkpoint, tmp_path):
 
     data = _mme(tmp_path / "mme.parquet")
     printed = _eval(checkpoint, data, tmp_path, tmp_path / "run")  # images are embedded: --images unused
-    assert "### MME" in printed
+    # MME's own numbers lead; no yes-positive F1 table per subtask (issue 35: ~290 lines of them before)
+    assert printed.splitlines()[1].startswith("### MME") and "F1 95% CI" not in printed, printed
     records = read_records(tmp_path / "run")
     assert {e.dataset for e in records.entries} == {"mme"} and len(records.entries) == 8
     scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
@@ -185,7 +186,8 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     page = (tmp_path / "report/report.html").read_text()
     shown = [f"| {r['split']} |" for r in scored["rules"]["vlmevalkit"]["rows"]]
     assert shown == ["| Overall |", "| VD |", "| VS |", "| VD_illusion |", "| VS_chart |"]
-    assert "score file, its rows:" in page and all(cell in page for cell in shown)
+    assert "score file, its rows:" in page and all(f"<tr><td>{cell[2:-2]}</td>" in page for cell in shown)
+    assert "<pre>" not in page  # tables, not markdown text in a box (issue 35)
     # a fresh run gives the text-only question the same answer as the resumed one
     _eval(checkpoint, data, images, tmp_path / "fresh")
     fresh = {e.key: e for e in read_records(tmp_path / "fresh").entries}
@@ -282,3 +284,43 @@ def test_each_tools_task_prompt_and_the_protocols_a_benchmark_takes():
     assert q.text == mme[0].text and asked == {"rule": "vlmevalkit", "changed": False, "template_renders": ""}
     with pytest.raises(ValueError, match="--protocol llava: mme's rules are official, lmms-eval, vlmevalkit"):
         check_protocol("mme", "llava")
+
+
+def test_a_paired_benchmark_run_is_compared_once_on_its_own_metrics(checkpoint, tmp_path):
+    """eval --method none --method vcd on AMBER writes the comparison `pope-fast compare` makes of its two folders
+    (AMBER's metrics, "no" positive), not POPE's ΔF1, and prints it."""
+    data, images = _amber(tmp_path)
+    printed = _eval(checkpoint, data, images, tmp_path / "paired", "--method", "none", "--method", "vcd",
+                    "--readouts", "template_aware,first_token")
+    written = json.loads((tmp_path / "paired/compare.json").read_text())
+    again = CliRunner().invoke(main, ["compare", str(tmp_path / "paired/none"), str(tmp_path / "paired/vcd"),
+                                      "--format", "json"])
+    assert written["benchmark"] == "amber" and written == json.loads(again.output)
+    assert "## amber: B - A on its own metrics" in printed and "ΔF1" not in printed
+
+
+def test_report_of_a_benchmark_leads_with_its_own_metrics(checkpoint, tmp_path):
+    """report on a paired AMBER folder: titled by the benchmark, its tables as tables, the comparison on AMBER's
+    metrics, no POPE F1 tables (AMBER's all-"no" existence split drew a bold F1 of 0 before); --protocol selects
+    that tool's rule, and a tool the benchmark has no rule of is refused before anything is written."""
+    data, images = _amber(tmp_path)
+    _eval(checkpoint, data, images, tmp_path / "paired", "--method", "none", "--method", "pai")
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "paired"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    page = (out / "report.html").read_text()
+    assert "<title>AMBER (discriminative): pope-fast report</title>" in page and "<pre>" not in page
+    assert "F1 by readout" not in page and "amber: B - A on its own metrics" in page
+    assert json.loads((out / "scores.json").read_text()) == {"runs": []}
+    results = json.loads((out / "benchmarks.json").read_text())["runs"]
+    assert [r["benchmark"] for r in results] == ["amber", "amber"] and len(results[0]["rules"]) > 1
+    chosen = CliRunner().invoke(main, ["report", str(tmp_path / "paired"), "--out", str(tmp_path / "r2"),
+                                       "--protocol", "vlmevalkit"])
+    assert chosen.exit_code == 0, chosen.output
+    chosen_runs = json.loads((tmp_path / "r2/benchmarks.json").read_text())["runs"]
+    assert all(set(r["rules"]) | set(r["unavailable"]) == {"vlmevalkit"} and not r["readouts"] for r in chosen_runs)
+    assert chosen_runs[0]["rules"]["vlmevalkit"] == results[0]["rules"]["vlmevalkit"]  # the baseline's text answers
+    refused = CliRunner().invoke(main, ["report", str(tmp_path / "paired"), "--out", str(tmp_path / "r3"),
+                                        "--protocol", "llava"])
+    assert refused.exit_code == 1 and "amber has no rule of that tool's" in refused.output
+    assert not (tmp_path / "r3").exists()

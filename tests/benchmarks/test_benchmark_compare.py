@@ -64,8 +64,17 @@ def test_compare_command_tells_the_benchmark_from_meta_json(mme_pair):
     assert out["pairs"][0]["rules"]["official"]["Cognition"]["delta"] == 150
     table = CliRunner().invoke(main, ["compare", a, b, "--resamples", "50"]).output
     assert "| rule `official` | Perception | 125 | 200 | +75 | [+0, +150] |" in table
-    refused = CliRunner().invoke(main, ["compare", a, b, "--protocol", "lmms-eval"])
-    assert refused.exit_code != 0 and "--protocol is POPE's" in refused.output
+    # --protocol selects that tool's rule, as score does: its numbers alone, the same as in the full comparison
+    chosen = CliRunner().invoke(main, ["compare", a, b, "--protocol", "lmms-eval", "--format", "json",
+                                       "--resamples", "50"])
+    assert chosen.exit_code == 0, chosen.output
+    one = json.loads(chosen.output)
+    assert one["rule"] == "lmms-eval" and set(one["pairs"][0]["rules"]) == {"lmms-eval"}
+    assert one["pairs"][0]["rules"]["lmms-eval"] == out["pairs"][0]["rules"]["lmms-eval"]
+    assert one["pairs"][0]["readouts"] == {}
+    refused = CliRunner().invoke(main, ["compare", a, b, "--protocol", "llava"])
+    assert refused.exit_code != 0 and "--protocol llava: mme has no rule of that tool's (its rules: official, " \
+        "lmms-eval, vlmevalkit)" in refused.output, refused.output
 
 
 AMBER_QUESTIONS = [Question(qid, f"AMBER_{qid}.jpg", f"Is there a thing{qid}?", label, split, "amber")

@@ -78,10 +78,10 @@ def test_report_on_two_runs(tmp_path):
         by_id = {t["id"]: t["readouts"] for t in tokens["tokens"]}
         assert by_id[3582] == {"legacy_2tok": "yes", "legacy_8tok": "yes"} and by_id[29871] == {}
         assert by_id[694] == {"template_aware": "no", "first_token": "no"}
-        # expected sizes at 100 dpi: a 4-column grid of 10 matrices, one row per readout in the bars
-        assert _png_size(folder / "confusion.png") == (1000, 750)
-        assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (800, 90 + 32 * 10)
-        assert _png_size(folder / "first_tokens.png")[0] == 220 + 40 * len(tokens["tokens"])
+        # expected layout sizes at 100 dpi, saved at 200: a 4-column grid of 10 matrices, one row per readout in the bars
+        assert _png_size(folder / "confusion.png") == (2000, 1500)
+        assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (1600, 2 * (90 + 32 * 10))
+        assert _png_size(folder / "first_tokens.png")[0] == 2 * (220 + 40 * len(tokens["tokens"]))
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())   # one figure: models x (readout, split)
     assert grid["groups"] == ["coco random", "coco adversarial", "coco Overall"] and grid["models"] == ["llava-a", "llava-b"]
     for group in grid["groups"]:
@@ -96,6 +96,9 @@ def test_report_on_two_runs(tmp_path):
     for png in pngs:
         with Image.open(png) as image:
             image.verify()
+        # vector copies for a paper beside each PNG
+        assert png.with_suffix(".pdf").read_bytes().startswith(b"%PDF-")
+        assert b"<svg" in png.with_suffix(".svg").read_bytes()[:2000]
     page = (out / "report.html").read_text()
     embedded = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', page)
     assert sorted(base64.b64decode(e) for e in embedded) == sorted(p.read_bytes() for p in pngs)
@@ -210,7 +213,7 @@ def test_report_draws_the_probe_by_outcome(tmp_path):
         assert groups["cohens_d"] == stats["cohens_d"] and groups["mann_whitney_p"] == stats["mann_whitney_p"]
         assert sorted(groups["correct"] + groups["wrong"]) == pytest.approx(sorted(attention))  # every one answered
         assert sum(groups["correct"]) / len(groups["correct"]) == pytest.approx(stats["a"]["mean"], abs=1e-6)
-    assert _png_size(out / "probed" / "coco-adversarial" / "image_attention.png")[0] == 860
+    assert _png_size(out / "probed" / "coco-adversarial" / "image_attention.png")[0] == 2 * 860
     assert "coco adversarial (n=30): Image attention at the answer position (mean over layers 4-5 of 10," \
         in (out / "report.html").read_text()
 
@@ -426,3 +429,18 @@ def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
         "legacy_2tok": {"tp": 290, "tn": 131, "fp": 169, "fn": 10, "unknown": 0, "f1": 2 * 290 / (2 * 290 + 169 + 10)},
         "legacy_8tok": {"tp": 236, "tn": 261, "fp": 39, "fn": 64, "unknown": 0, "f1": 2 * 236 / (2 * 236 + 39 + 64)}}
     assert "the two readouts whose F1 differ most here" in (out / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_delta_f1_panels_of_one_page_share_one_scale(tmp_path):
+    """Two paired folders on one page: every ΔF1 figure is drawn on the axis that holds all of their intervals
+    (a ±0.006 panel beside a ±0.2 one would look as large, issue 35), and the JSON says which."""
+    first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 1))
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    drawn = [json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_*.json"))]
+    assert len(drawn) == 2
+    reach = max(abs(v) for d in drawn for t in d["splits"].values() for r in t.values()
+                for v in r["delta_f1_ci95"] + [r["delta_f1"]])
+    assert [d["axis_half_width"] for d in drawn] == [pytest.approx(max(reach, 0.01) * 1.1)] * 2

@@ -205,7 +205,7 @@ RULES = {
         ("lmms-eval 75571cfe lmms_eval/tasks/hallusion_bench/evaluate_hb.py:93-126 (hb_aggregation_result_intern), "
          ":22-39 (the bare question, every doc's image)",
          "lmms_eval/tasks/hallusion_bench/hallusion_bench_image.yaml (split image; these metrics commented out: "
-         "the task's default is the GPT judge)")),
+         "the task's default is the GPT judge)"), scale=1.0),
     "vlmevalkit": Rule(
         "vlmevalkit", yorn, metrics.vlmevalkit, ("aAcc", "fAcc", "qAcc"),
         ("VLMEvalKit e8e78f05 vlmeval/dataset/image_yorn.py:31-38 (the bare question), :91 (score)",
