@@ -24,7 +24,8 @@ from .reading import read_records
 from .readouts import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES, Readout, TokenSets,
                        parse_readouts)
 from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta
-from .report.tables import format_audit, format_compare, format_runs
+from .report.compare_format import format_compare
+from .report.tables import format_audit, format_runs
 from .score import Unavailable, score_records
 from .protocols import TEMPLATES, get_template
 from .templates import Template

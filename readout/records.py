@@ -5,6 +5,7 @@ locked, repaired and ordered is the application's run-folder store (`pope_fast/s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 import re
 from dataclasses import dataclass, field
@@ -307,3 +308,18 @@ def _compared(path: Path) -> list[str]:
         return list(dict.fromkeys(Path(p[k]).name for p in pairs for k in ("a", "b")))
     except (OSError, ValueError, KeyError, TypeError):
         return []
+
+
+def model_name(meta: dict) -> str | None:
+    """The model a run's meta.json names, as a table row says it: the hub id it was run from, else its checkpoint
+    folder's name (a hub cache snapshot's repository), else what an imported file names; None when it names none."""
+    hub = (meta.get("hub") or {}).get("model") or {}
+    if hub.get("id"):
+        return hub["id"]
+    path = (meta.get("model") or {}).get("path")
+    if path:
+        folder = Path(path)
+        if folder.parent.name == "snapshots" and folder.parent.parent.name.startswith("models--"):
+            return folder.parent.parent.name[len("models--"):].replace("--", "/")
+        return folder.name or None
+    return (meta.get("summary") or {}).get("model")

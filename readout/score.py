@@ -12,7 +12,7 @@ from itertools import combinations
 from .attention_stats import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
 from .readouts import READOUTS, UNKNOWN, Missing
-from .records import Entry, RecordSet
+from .records import Entry, RecordSet, model_name
 
 
 POOLED = "Overall"  # every split of a dataset together: VLMEvalKit's and lmms-eval's row, a run of its own here
@@ -118,6 +118,7 @@ def _score_group(records: RecordSet, dataset: str, split: str, members: list[str
     asked = sum(n if isinstance(n := questions.get(f"{dataset}/{s}" if dataset else s), int) else 0 for s in members)
     run = {
         "source": records.source,
+        **({"model": name} if (name := model_name(records.meta)) else {}),
         **({"dataset": dataset} if dataset else {}),  # records before datasets were named: no key
         "split": split,
         "n": len(everything),

@@ -444,3 +444,23 @@ def test_delta_f1_panels_of_one_page_share_one_scale(tmp_path):
     reach = max(abs(v) for d in drawn for t in d["splits"].values() for r in t.values()
                 for v in r["delta_f1_ci95"] + [r["delta_f1"]])
     assert [d["axis_half_width"] for d in drawn] == [pytest.approx(max(reach, 0.01) * 1.1)] * 2
+
+
+def test_model_table_rows_name_the_model_not_the_folder(tmp_path):
+    """`score --format models` rows: the hub id a run came from, else its checkpoint folder's name (a cache
+    snapshot's repository); the run folder beside it where two runs share the model; the folder when none."""
+    from pope_fast.readout import read_records, score_records
+
+    made = {"hub": ("none", {"model": {"path": "/c/models--llava-hf--llava-1.5-7b-hf/snapshots/abc"},
+                             "hub": {"model": {"id": "llava-hf/llava-1.5-7b-hf"}}}),
+            "snapshot": ("vcd", {"model": {"path": "/c/models--llava-hf--llava-1.5-7b-hf/snapshots/abc"}}),
+            "folder": ("qwen", {"model": {"path": "/ckpt/Qwen2-VL-7B-Instruct"}}),
+            "bare": ("bare", {})}
+    runs = []
+    for key, (folder_name, meta) in made.items():
+        folder = _write_run(tmp_path / folder_name, 1, groups=(("coco", "random"),))
+        write_meta(folder, {**json.loads((folder / "meta.json").read_text()), **meta})
+        runs += score_records(read_records(folder), ["legacy_2tok"])
+    [table] = f1_tables(runs)
+    assert [r["model"] for r in table["rows"]] == ["llava-hf/llava-1.5-7b-hf (none)", "llava-hf/llava-1.5-7b-hf (vcd)",
+                                                   "Qwen2-VL-7B-Instruct", "bare"]

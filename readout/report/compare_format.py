@@ -1,0 +1,127 @@
+"""`pope-fast compare`'s report of POPE runs: per pair, what differs, ΔF1 per readout and split with its paired
+interval, McNemar's p and the answers flipped (markdown), or the result as JSON."""
+from __future__ import annotations
+
+from ..readouts import READOUTS
+from ..records import strict_json
+
+
+def format_compare(result: dict, fmt: str = "markdown") -> str:
+    """`json`: the result as is; `markdown`: per pair, the ΔF1 table (readouts x splits) and whether the
+    ranking survives the readout, then each split's metrics of both runs."""
+    if fmt == "json":
+        return strict_json(result, indent=2, ensure_ascii=False)
+    if fmt != "markdown":
+        raise ValueError(f"compare formats are json and markdown, not {fmt!r}")
+    level = round(result["level"] * 100)
+    blocks = ["## Does the method's gain survive the readout?",
+              f"Cells: ΔF1 = F1(B) - F1(A) [paired bootstrap {level}% interval, {result['resamples']} resamples, "
+              f"seed {result['seed']}], McNemar's exact p on the paired answers' correctness."]
+    for pair in result["pairs"]:
+        blocks += _summary(pair)
+    blocks.append("## Metrics of each run")
+    for pair in result["pairs"]:
+        blocks += _details(pair)
+    return "\n\n".join(blocks)
+
+
+def _method_text(method: dict) -> str:
+    settings = ", ".join(f"{k}={v}" for k, v in (method.get("settings") or {}).items())
+    return f"{method['name']}: {settings}" if settings else method["name"]
+
+
+def _title(pair: dict) -> str:
+    return (f"A `{pair['a']}` ({_method_text(pair['method_a'])}) vs B `{pair['b']}` "
+            f"({_method_text(pair['method_b'])})")
+
+
+def _flag(pair: dict) -> list[str]:
+    flags = []
+    if pair.get("incomplete"):
+        flags.append("> **INCOMPLETE RUNS** (stopped part way: compared on the questions both recorded): "
+                     + "; ".join(pair["incomplete"]))
+    if pair["mismatches"]:
+        flags.append("> **MISMATCHED RUNS** (compared with --allow-mismatch; differences may come from these, "
+                     "not from the method): " + "; ".join(pair["mismatches"]))
+    return flags
+
+
+def _table(header: list[str], rows: list[list[str]]) -> str:
+    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
+                      *("| " + " | ".join(r) + " |" for r in rows)])
+
+
+def _signed(value: float) -> str:
+    return f"{value:+.4f}"
+
+
+def _cell(r: dict) -> str:
+    low, high = r["delta_f1_ci95"]
+    return f"{_signed(r['delta_f1'])} [{_signed(low)}, {_signed(high)}], p={r['mcnemar_p']:.3g}"
+
+
+def _summary(pair: dict) -> list[str]:
+    splits = pair["splits"]
+    names = [n for n in READOUTS if any(n in table for table in splits.values())]
+    header = ["readout"] + [f"{s} (n={pair['questions'][s]['compared']})" for s in splits]
+    rows = [[n] + [_cell(t[n]) if n in t else "-" for t in splits.values()] for n in names]
+    lines = [f"### {_title(pair)}"]
+    if pair["same_model"] is False:
+        lines.append("The runs read different checkpoints: this compares models.")
+    lines += [*_flag(pair), _table(header, rows), _ranking_line(pair)]
+    lines += _left_out(pair)
+    return lines
+
+
+def _ranking_line(pair: dict) -> str:
+    changed = any(r["changes"] for r in pair["ranking"].values())
+    head = ("**The ranking of A and B changes with the readout**" if changed
+            else "The ranking of A and B is the same under every readout")
+    parts = []
+    for split, r in pair["ranking"].items():
+        if not pair["splits"][split]:
+            parts.append(f"{split}: no question answered by both runs")
+            continue
+        shown = [f"ΔF1 {sign} 0 under {', '.join(names)}" for sign, names in
+                 ((">", r["positive"]), ("<", r["negative"])) if names] or ["ΔF1 = 0 under every readout"]
+        excludes = ", ".join(r["excludes_zero"]) or "no readout"
+        parts.append(f"{split}: {'; '.join(shown)}; interval excludes 0 under {excludes}")
+    return f"{head} ({' | '.join(parts)})."
+
+
+def _left_out(pair: dict) -> list[str]:
+    lines = []
+    for split, q in pair["questions"].items():
+        if q["errors_a"] or q["errors_b"]:
+            lines.append(f"{split}: {q['joined'] - q['compared']} questions left out of both runs (error records: "
+                         f"A {q['errors_a']}, B {q['errors_b']}).")
+    for split, missing in pair.get("unavailable", {}).items():
+        lines += [f"{split}: {name} not compared ({why})." for name, why in missing.items()]
+    return lines
+
+
+DETAIL_COLUMNS = ("readout", "F1 A", "F1 B", "ΔF1 [95% CI]", "prec A", "prec B", "rec A", "rec B", "acc A", "acc B",
+                  "yes-rate A", "yes-rate B", "unk A", "unk B", "yes→no", "no→yes", "McNemar p")
+
+
+def _detail_row(name: str, r: dict) -> list[str]:
+    a, b = r["a"], r["b"]
+    low, high = r["delta_f1_ci95"]
+    values = [f"{a['f1']:.4f}", f"{b['f1']:.4f}", f"{_signed(r['delta_f1'])} [{_signed(low)}, {_signed(high)}]"]
+    for m in ("precision", "recall", "accuracy", "yes_rate"):
+        values += [f"{a[m]:.4f}", f"{b[m]:.4f}"]
+    values += [str(a["unknown"]), str(b["unknown"]), str(r["flips"]["yes_to_no"]), str(r["flips"]["no_to_yes"]),
+               f"{r['mcnemar_p']:.3g}"]
+    return [name] + values
+
+
+def _details(pair: dict) -> list[str]:
+    lines = []
+    for split, table in pair["splits"].items():
+        q = pair["questions"][split]
+        lines += [f"### {split}: {_title(pair)}, {q['compared']} questions compared", *_flag(pair)]
+        if table:
+            lines.append(_table(list(DETAIL_COLUMNS), [_detail_row(n, r) for n, r in table.items()]))
+        else:
+            lines.append("No question answered by both runs.")
+    return lines
