@@ -27,6 +27,8 @@ from .score_jobs import CompareJob, score_paths
 from .store import RunLock, atomic_write, remove_unused_folder
 from .sweep import SweepResult, check_image_names, run_paired, run_pope
 
+DEMO_TOKENS = 6  # the demo's continuations: its random tiny model never ends an answer
+
 # A progress display for `total` questions: entered, it gives the callable that hears of more done.
 ProgressFactory = Callable[[int, bool], ContextManager[Callable[[int], None]]]
 
@@ -111,7 +113,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     device = job.settings["device"]
     progress = progress or no_progress
     protocol = _protocol_options(job)
-    demo_tokens = 6 if job.model_dir is None and protocol is None else None  # the random model never ends a sentence
+    demo_tokens = DEMO_TOKENS if job.model_dir is None else None  # the random model never ends a sentence
     options = {k: v for k, v in job.settings.items() if v is not None or k not in ("image_aspect",)}
     settings = Settings(**{**options, "device": shard.device(device) if shard else device,
                            "max_new_tokens": job.settings.get("max_new_tokens") or demo_tokens})
@@ -172,6 +174,11 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
             raise ValueError("the question files name image files: give --images (parquet files embed their images)")
         check_image_names(questions, images_dir)  # before the model loads
         template, settings, lengths = _under_protocol(job, model_dir, settings)
+        if job.model_dir is None and lengths and max(lengths.values()) > DEMO_TOKENS:  # a protocol demo in seconds
+            notice(f"demo: continuations capped at {DEMO_TOKENS} tokens (--protocol {job.protocol} generates up to "
+                   f"{max(lengths.values())}, which the random model, never ending its answer, would fill); "
+                   "`score --protocol` names the difference")
+            lengths = {name: min(n, DEMO_TOKENS) for name, n in lengths.items()}
         asked = None
         if benchmark is not None and job.protocol:  # the tool's task prompt, inside its model class's template
             questions, asked = asked_questions(benchmark, job.protocol, questions, template)

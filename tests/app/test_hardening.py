@@ -440,3 +440,17 @@ def test_an_image_name_with_a_line_break_keeps_the_error_one_line(checkpoint, po
     line = refused(["eval", "--model", checkpoint, "--images", images, "--questions", questions, "--out",
                     tmp_path / "out", "--readouts", READOUTS], r"img\\n0\.png")
     assert "\n" not in line
+
+
+@pytest.mark.slow  # the demo, end to end
+def test_a_protocol_demo_finishes_in_seconds_and_says_why(tmp_path):
+    """eval --protocol vlmevalkit on the demo decoded 2,048 tokens a question (41 minutes, issue 35): its
+    continuations are capped at the demo's length, said once, and `score --protocol` names the difference."""
+    out = tmp_path / "run"
+    result = CliRunner().invoke(main, ["eval", "--out", str(out), "--protocol", "vlmevalkit", "--demo-questions", "6",
+                                       "--device", "cpu"])
+    assert result.exit_code == 0, result.output
+    assert "demo: continuations capped at 6 tokens (--protocol vlmevalkit generates up to 2048" in result.output
+    meta = json.loads((out / "meta.json").read_text())
+    assert {g["max_new_tokens"] for g in meta["generation"].values()} == {6}
+    assert "vlmevalkit generates up to 2048" in result.output.split("vlmevalkit: VLMEvalKit's POPE")[1]
