@@ -178,6 +178,7 @@ class _Sweep:
     errors: int = 0
 
     def run(self, questions: list[Question], folders: list[RunFolder]) -> list[SweepResult]:
+        problems = self._problems(questions)  # a run refused for its images writes nothing: no meta, no records
         with ExitStack() as stack:
             sinks = [self._open(f, questions, stack) for f in folders]
             # The questions as the first folder names them (a plain run resumed into a folder whose records
@@ -188,24 +189,30 @@ class _Sweep:
             before = len(questions) - len(pending)
             if self.progress:  # told even of none: the run is proven this folder's, it starts now
                 self.progress(before)
-            steps = self._steps(asked, pending, sinks)
+            steps = self._steps(asked, pending, sinks, problems)
             self._evaluate(steps, asked, pending, sinks)
         return [self._finish(sink, len(questions), before) for sink in sinks]
 
-    def _steps(self, asked: list[Question], pending: set, sinks: list[_Sink]) -> list[list[str]]:
-        """The image steps this process runs: every usable image of the questions, first asked first, in
-        steps of image_batch, as a clean run forms them whatever is recorded already; the steps that hold
-        a question some folder lacks, each to be run whole (under torchrun, this rank's share of them).
-        The questions of unusable images are error records, or with skip_bad off the run stops."""
-        problems = check_images(self.images_dir, [q.image for q in asked], self.workers, self.embedded)
-        text_only = any(not q.image for q in asked)
-        if text_only and (why := self.engine.text_only_refusal()):
+    def _problems(self, questions: list[Question]) -> dict[str, str]:
+        """Image name -> why it cannot be used ("" for the text-only questions a model refuses); with skip_bad
+        off, any at all stops the run here, naming them."""
+        problems = check_images(self.images_dir, [q.image for q in questions], self.workers, self.embedded)
+        if any(not q.image for q in questions) and (why := self.engine.text_only_refusal()):
             problems[""] = why
         if problems and not self.skip_bad:
             listed = "; ".join(list(problems.values())[:5])
             more = f" (and {len(problems) - 5} more)" if len(problems) > 5 else ""
             raise ImageError(f"{len(problems)} image(s) cannot be used: {listed}{more}; "
                              "fix them or pass --skip-bad to record them as errors")
+        return problems
+
+    def _steps(self, asked: list[Question], pending: set, sinks: list[_Sink], problems: dict[str, str]
+               ) -> list[list[str]]:
+        """The image steps this process runs: every usable image of the questions, first asked first, in
+        steps of image_batch, as a clean run forms them whatever is recorded already; the steps that hold
+        a question some folder lacks, each to be run whole (under torchrun, this rank's share of them).
+        The questions of unusable images (`problems`) are error records."""
+        text_only = any(not q.image for q in asked)
         names = list(dict.fromkeys(q.image for q in asked if q.image and q.image not in problems))
         batch = self.engine.settings.image_batch
         lacking = {q.image for q in asked if _key(q) in pending}

@@ -454,3 +454,17 @@ def test_a_protocol_demo_finishes_in_seconds_and_says_why(tmp_path):
     meta = json.loads((out / "meta.json").read_text())
     assert {g["max_new_tokens"] for g in meta["generation"].values()} == {6}
     assert "vlmevalkit generates up to 2048" in result.output.split("vlmevalkit: VLMEvalKit's POPE")[1]
+
+
+def test_a_run_refused_for_its_images_leaves_no_folder(checkpoint, pope, tmp_path):
+    """Missing images stop the run before its folder holds anything: no meta.json, no empty records.jsonl, no lock
+    (issue 35: all three were left behind), so the same command after the fix is a fresh run, not a resume."""
+    images, files = pope
+    broken = tmp_path / "images"
+    shutil.copytree(images, broken)
+    next(broken.iterdir()).unlink()
+    out = tmp_path / "out"
+    result = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(files[0]),
+                                       "--images", str(broken), "--out", str(out), "--device", "cpu"])
+    assert result.exit_code == 1 and "image(s) cannot be used" in result.output and "--skip-bad" in result.output
+    assert not out.exists()
