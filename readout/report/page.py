@@ -151,6 +151,10 @@ def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int) -
     lines = [f"<table class=\"runs\"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>"]
     lines += [f"<p>Template {html.escape(t)}: <code>{html.escape(p).replace(chr(10), '&#92;n')}</code></p>"
               for t, p in prompts]
+    commands = [(labels[s], m["command"]) for s, m in inputs.metas.items() if m.get("command")]
+    if commands:  # how to make each run again, as it was typed
+        lines.append("<p>Commands: " + "; ".join(f"{html.escape(label)}: <code>{html.escape(command)}</code>"
+                                                 for label, command in commands) + ".</p>")
     lines.append("<p>Sources: " + ", ".join(f"{html.escape(labels[s])} (<code>{html.escape(s)}</code>)"
                                             for s in inputs.metas) + ". "
                  f"Scored under every readout the records supply, bootstrap seed {seed}, {resamples} resamples; "
