@@ -226,7 +226,7 @@ def bench_nf4_matmul(s: Shapes, device, timer, checks: Checks, peak_tflops: floa
         x = torch.randn((s.gemm_m, k), generator=gen, device=device).half()
         # I @ W.T is W.T exactly: each dequantized tile, bit for bit
         ok = checks.equal(f"nf4_matmul {name} (x = I)", nf4_matmul(torch.eye(k, device=device, dtype=torch.float16), w,
-                                                                   backend="triton"), dense.T)
+                                                                   backend="triton", fused_max_rows=k), dense.T)
         ok &= checks.close(f"nf4_matmul {name} vs cuBLAS", nf4_matmul(x, w, backend="triton"), F.linear(x, dense),
                            2e-2, 1e-2)
         flop = 2 * s.gemm_m * n * k
@@ -239,6 +239,11 @@ def bench_nf4_matmul(s: Shapes, device, timer, checks: Checks, peak_tflops: floa
                         f"{figure}; {ours / cublas:.2f}x cuBLAS time", "<= 1.5x cuBLAS", ours <= 1.5 * cublas, ok))
         rows.append(Row(f"nf4_matmul {name}", shape, ours, "bnb matmul_4bit", bnb_us, f"{bnb_us / ours:.2f}x faster",
                         "-", None, ok))
+        if name == "q/k/v/o_proj":  # the fused kernel where it runs: a question batch's rows, the weight read packed
+            few = x[:s.questions]
+            fused, dense_us = timer(lambda: nf4_matmul(few, w, backend="triton")), timer(lambda: F.linear(few, dense))
+            rows.append(Row("nf4_matmul fused", f"M={s.questions}, N={n}, K={k}", fused, "cuBLAS on dequantized W",
+                            dense_us, f"{fused / dense_us:.2f}x cuBLAS time", "-", None, ok))
     return rows
 
 

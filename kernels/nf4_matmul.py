@@ -1,4 +1,5 @@
-"""x @ W.T for an NF4 weight W, dequantizing [BLOCK_N, BLOCK_K] tiles on the fly into tl.dot.
+"""x @ W.T for an NF4 weight W: for a few rows, dequantizing [BLOCK_N, BLOCK_K] tiles on the fly into tl.dot;
+for many (a prefill), the weight dequantized once and cuBLAS's product, as bitsandbytes does.
 
 This is the mode that keeps a 7B model packed (~4 GB). The rule it follows is bitsandbytes 0.50's
 ``gemm_4bit`` for prompts of more than one token (what transformers runs): dequantize W straight
@@ -10,9 +11,15 @@ the fp32 sums differs from cuBLAS.
 import torch
 
 from .common import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
-from .nf4 import NF4Weight, check_nf4, dequantize_nf4_ref, nf4_pointers, nf4_row_block, nf4_values
+from .nf4 import NF4Weight, check_nf4, dequantize_nf4, dequantize_nf4_ref, nf4_pointers, nf4_row_block, nf4_values
 
 INPUT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# Rows past which the weight is dequantized once (one streaming pass: 42 us for 11008 x 4096 on an H200) and cuBLAS
+# multiplies (277 us at M=2048): the fused kernel dequantizes each weight tile again for every row tile, and at
+# M=2048 took 7.6 ms, 28x cuBLAS (bench/RESULTS.md, first GPU run). One row tile (M <= 64) reads the packed weight
+# once, which is where fusing pays. This is also transformers' own path for more than one token, so the product
+# is the same cuBLAS call it makes.
+FUSED_MAX_ROWS = 64
 
 
 def nf4_matmul_ref(x: torch.Tensor, w: NF4Weight) -> torch.Tensor:
@@ -76,9 +83,11 @@ def _blocks(m: int, gpu: bool) -> dict:
 
 
 def nf4_matmul(
-    x: torch.Tensor, w: NF4Weight, backend: str = "auto", *, out: torch.Tensor | None = None
+    x: torch.Tensor, w: NF4Weight, backend: str = "auto", *, out: torch.Tensor | None = None,
+    fused_max_rows: int = FUSED_MAX_ROWS,
 ) -> torch.Tensor:
-    """[M, N] = x [M, K] @ W.T for an NF4 weight W [N, K], in x's dtype (fp16/bf16; fp32 too)."""
+    """[M, N] = x [M, K] @ W.T for an NF4 weight W [N, K], in x's dtype (fp16/bf16; fp32 too): the fused kernel
+    up to `fused_max_rows` rows, else dequantize_nf4 then F.linear."""
     if x.dim() != 2 or x.shape[1] != w.shape[1]:
         raise ValueError(f"x must be [M, {w.shape[1]}], got {tuple(x.shape)}")
     if x.dtype not in INPUT_DTYPES:
@@ -91,6 +100,9 @@ def nf4_matmul(
         raise ValueError(f"out must be a {x.dtype} [{m}, {n}] tensor with unit stride along N")
     if resolve_backend(backend, x.device) == "torch":
         result = nf4_matmul_ref(x, w)
+        return result if out is None else out.copy_(result)
+    if m > fused_max_rows:
+        result = torch.nn.functional.linear(x, dequantize_nf4(w, x.dtype, backend))
         return result if out is None else out.copy_(result)
     check_nf4(w, x.device)
     if x.stride(1) != 1:

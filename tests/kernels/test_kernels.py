@@ -33,6 +33,7 @@ from pope_fast.kernels import (
     vocab_argmax,
     vocab_argmax_ref,
 )
+from pope_fast.kernels.nf4_matmul import FUSED_MAX_ROWS
 
 pytestmark = pytest.mark.slow  # the Triton interpreter runs each kernel case on the CPU: seconds a case
 
@@ -408,11 +409,25 @@ def make_matmul_case(m, n_k, dtype, gen, double_quant=True):
 @pytest.mark.parametrize("n_k", MATMUL_SHAPES.values(), ids=MATMUL_SHAPES.keys())
 @pytest.mark.parametrize("m", [1, 17, 130], ids=lambda m: f"M{m}")
 def test_nf4_matmul_kernel_matches_ref(m, n_k, dtype, gen):
+    """The fused kernel at every M (130: two row tiles and a ragged one), as the op runs it below FUSED_MAX_ROWS."""
     x, _, _, w = make_matmul_case(m, n_k, dtype, gen)
     out = nan_like((m, n_k[0]), dtype)
-    result = nf4_matmul(x, w, backend="triton", out=out)
+    result = nf4_matmul(x, w, backend="triton", out=out, fused_max_rows=m)
     assert result.dtype == dtype
     assert_close(result, nf4_matmul_ref(x, w), *KERNEL_TOL[dtype], "nf4_matmul")
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("n_k", MATMUL_SHAPES.values(), ids=MATMUL_SHAPES.keys())
+def test_nf4_matmul_past_the_fused_rows_is_transformers_linear_bit_for_bit(n_k, dtype, gen):
+    """Past FUSED_MAX_ROWS the op is bitsandbytes' multi-token path itself: the weight dequantized (by our kernel,
+    bit for bit as dequantize_4bit) and F.linear, so it equals F.linear on bnb's dequantized weight exactly."""
+    m = FUSED_MAX_ROWS + 3
+    x, packed, quant_state, w = make_matmul_case(m, n_k, dtype, gen)
+    expected = torch.nn.functional.linear(x, bnb_dequantize(packed, quant_state).to(dtype))
+    assert_bit_equal(nf4_matmul(x, w, backend="triton"), expected, "nf4_matmul")
+    out = nan_like((m, n_k[0]), dtype)
+    assert nf4_matmul(x, w, backend="triton", out=out) is out and torch.equal(out, expected)
 
 
 @pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
@@ -431,7 +446,8 @@ def test_nf4_matmul_dequantizes_tiles_bit_for_bit(n_k, dtype, gen):
     weight (transposed) bit for bit, in the whole-block and the straddling tile paths."""
     _, packed, quant_state, w = make_matmul_case(1, n_k, dtype, gen)
     eye = torch.eye(n_k[1], dtype=dtype)
-    assert_bit_equal(nf4_matmul(eye, w, backend="triton"), bnb_dequantize(packed, quant_state).T, "nf4_matmul")
+    assert_bit_equal(nf4_matmul(eye, w, backend="triton", fused_max_rows=n_k[1]),
+                     bnb_dequantize(packed, quant_state).T, "nf4_matmul")
 
 
 def test_nf4_matmul_without_double_quant(gen):
