@@ -10,7 +10,7 @@ from ..benchmarks.score import OFFICIAL, metric
 from ..readouts import NO, YES
 from ..records import RecordSet
 from ..score import predictions, run_entries
-from .tables import f1_tables, group_name, model_labels
+from .tables import f1_tables, group_name, row_labels
 
 TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
 PAPER_PAIR = ("legacy_2tok", "template_aware")  # the paper's Fig. 2: the widely copied ids, the recommended rule
@@ -153,7 +153,7 @@ def paper_pairs(scored: list[tuple[dict, RecordSet]]) -> list[tuple[dict, Record
 def f1_grid(runs: list[dict]) -> tuple[dict, str]:
     """Every model's F1 per readout in each dataset and split, as tables.md has them (None for "-"): per
     group, the readouts some model supplies there, and a row for every model."""
-    models = list(dict.fromkeys(model_labels([r["source"] for r in runs]).values()))
+    models = list(dict.fromkeys(row_labels(runs).values()))  # the rows of f1_tables, by the same names
     data = {"groups": [], "models": models, "readouts": {}, "f1": {}, "best": {}}
     for table in f1_tables(runs):
         group, rows = table["group"], {row["model"]: row for row in table["rows"]}

@@ -281,7 +281,7 @@ def f1_grid(data: dict):
     rows = _grid_rows(widths, left)
     panel_h = max(90, 28 * len(models))  # one model's row is a readable band, not a strip
     under = [20 + 6 * max(len(n) for k in row for n in data["readouts"][groups[k]]) for row in rows]  # rotated names
-    width = max(360, max(left + sum(widths[k] + 20 for k in row) for row in rows)) + 50  # + the colour bar
+    width = max(360, max(left + sum(widths[k] + 20 for k in row) for row in rows)) + 60  # + the colour bar
     fig = _figure(width, 40 + sum(panel_h + 30 + u for u in under))
     fig.suptitle("F1 by model, readout and split", fontsize=10)
     height, y = fig.bbox.height, fig.bbox.height - 40
@@ -292,7 +292,7 @@ def f1_grid(data: dict):
             image = _grid_panel(ax, groups[k], data, first_in_row=k == row[0])
             x += widths[k] + 20
         y -= below
-    bar = fig.add_axes(((width - 40) / width, (height - 40 - panel_h) / height, 12 / width, panel_h / height))
+    bar = fig.add_axes(((width - 52) / width, (height - 70 - panel_h) / height, 10 / width, panel_h / height))
     fig.colorbar(image, cax=bar).ax.tick_params(labelsize=7)  # the shading's scale: F1 from 0 to 1
     bar.set_title("F1", fontsize=7)
     return fig

@@ -164,7 +164,8 @@ def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int) -
 
 
 def _html_table(table: dict) -> str:
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in ["model", "n"] + table["readouts"])
+    # readout names break after their underscores, so that eleven of them fit the page's width
+    head = "".join(f"<th>{html.escape(h).replace('_', '_<wbr>')}</th>" for h in ["model", "n"] + table["readouts"])
     rows = "".join("<tr><td>" + html.escape(r["model"]) + f"</td><td>{r['n']}</td>" + "".join(
         f"<td><b>{c}</b></td>" if best else f"<td>{c}</td>" for c, best in zip(r["cells"], r["best"])) + "</tr>"
         for r in table["rows"])

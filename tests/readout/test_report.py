@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from pope_fast.cli import main
 from pope_fast.readout import Question, TokenSets, make_record
+from pope_fast.readout.report import figure_data
 from pope_fast.readout.report.tables import f1_tables, format_f1_tables
 from pope_fast.store import RecordWriter, write_meta
 
@@ -464,3 +465,6 @@ def test_model_table_rows_name_the_model_not_the_folder(tmp_path):
     [table] = f1_tables(runs)
     assert [r["model"] for r in table["rows"]] == ["llava-hf/llava-1.5-7b-hf (none)", "llava-hf/llava-1.5-7b-hf (vcd)",
                                                    "Qwen2-VL-7B-Instruct", "bare"]
+    grid, _ = figure_data.f1_grid(runs)  # the figure's rows are the table's, values and all
+    assert grid["models"] == [r["model"] for r in table["rows"]]
+    assert grid["f1"]["coco random"] == [r["values"] for r in table["rows"]]
