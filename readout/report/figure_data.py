@@ -191,6 +191,25 @@ def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> t
     return data, caption
 
 
+def delta_by_readout(pairs: list[tuple[str, dict]]) -> list[tuple[str, dict, str]]:
+    """Every compared pair under one readout, a figure per readout that all pairs hold: (readout, data, caption),
+    the data shaped as delta_f1's with the pairs ("B vs A") as its rows, so the same drawing serves."""
+    common = [n for n in pairs[0][1]["readouts"] if all(n in d["readouts"] for _, d in pairs)]
+    splits = list(dict.fromkeys(s for _, d in pairs for s in d["splits"]))
+    out = []
+    for readout in common:
+        table = {s: {label: d["splits"][s][readout] for label, d in pairs if readout in d["splits"].get(s, {})}
+                 for s in splits}
+        sizes = {s: {d["questions"].get(s) for _, d in pairs} - {None} for s in splits}
+        data = {"readout": readout, "readouts": [label for label, _ in pairs], "splits": table,
+                "questions": {s: n.pop() if len(n) == 1 else "varies" for s, n in sizes.items()},
+                "pairs": [{"label": label, "compare": d["compare"], "a": d["a"], "b": d["b"]} for label, d in pairs]}
+        out.append((readout, data, f"ΔF1 under {readout} for every pair compared on this page (rows), per split, with "
+                                   "each pair's paired interval and McNemar's p, as in the pair's own figure: one "
+                                   "readout's view of every method (and model) at once."))
+    return out
+
+
 def benchmark_bars(result: dict, benchmark) -> tuple[dict, str]:
     """A benchmark run's official headline metric under every readout, and under each of its tools' rules
     that reports that metric (the official rule always does), from score --benchmark's numbers."""

@@ -49,6 +49,9 @@ def readable_ticks(axis, low: float, high: float, count: int = 5) -> None:
     ticks = [t for t in MaxNLocator(nbins=count).tick_values(low, high) if low - 1e-12 <= t <= high + 1e-12]
     step = ticks[1] - ticks[0] if len(ticks) > 1 else abs(high - low) or 1
     decimals = max(0, -math.floor(math.log10(step) + 1e-9))
+    # as many more as a tick needs to be printed exactly: a step of 0.15 printed to one decimal put "-0.2" on -0.15
+    while decimals < 12 and any(abs(round(t, decimals) - t) > 1e-9 * max(1.0, abs(t)) for t in ticks):
+        decimals += 1
     axis.set_major_locator(FixedLocator(ticks))
     axis.set_ticklabels([f"{t:.{decimals}f}" for t in ticks])
 
@@ -315,12 +318,13 @@ def delta_f1(title: str, data: dict):
     where the interval excludes 0."""
     splits = list(data["splits"])
     names = list(data["readouts"])
-    fig = _figure(160 + 330 * len(splits), 110 + 30 * len(names))
+    left = max(160, 16 + 6 * max(map(len, names), default=0))  # the row names: readouts, or pairs of runs
+    fig = _figure(left + 330 * len(splits), 110 + 30 * len(names))
     fig.suptitle(title, fontsize=10)
     width, height = fig.bbox.width, fig.bbox.height
     reach = data.get("axis_half_width") or delta_reach([data])  # the page's shared scale, else its own
     for k, split in enumerate(splits):
-        ax = fig.add_axes(((160 + 330 * k) / width, 50 / height, 230 / width, 1 - 110 / height))
+        ax = fig.add_axes(((left + 330 * k) / width, 50 / height, 230 / width, 1 - 110 / height))
         table = data["splits"][split]
         _rows(ax, names)
         if k:

@@ -202,6 +202,13 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
         path = page.out / f"compare-{_slug(where.parent.name)}" / f"delta_f1_{_slug(names[1])}_vs_{_slug(names[0])}"
         page.add(figures.delta_f1(title, data), data, path, caption + " Every ΔF1 panel of this page shares one "
                  "scale.")
+    if len(drawn) > 1:  # then one readout at a time, every pair in one figure
+        page.html('</div>\n<h2>Every pair compared, one readout at a time</h2>\n<div class="side">')
+        combined = [(f"{names[1]} vs {names[0]}", data) for _, _, names, data, _ in drawn]
+        for readout, data, caption in figure_data.delta_by_readout(combined):
+            data["axis_half_width"] = reach
+            page.add(figures.delta_f1(f"ΔF1 under {readout}", data), data,
+                     page.out / "compare-all" / f"delta_f1_{_slug(readout)}", caption)
     if inputs.comparisons:
         page.html("</div>")
 

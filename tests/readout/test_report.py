@@ -440,7 +440,8 @@ def test_delta_f1_panels_of_one_page_share_one_scale(tmp_path):
     out = tmp_path / "report"
     result = CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)])
     assert result.exit_code == 0, result.output
-    drawn = [json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_*.json"))]
+    drawn = [json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_*.json"))
+             if p.parent.name != "compare-all"]  # the pairs' own figures, not the per-readout ones
     assert len(drawn) == 2
     reach = max(abs(v) for d in drawn for t in d["splits"].values() for r in t.values()
                 for v in r["delta_f1_ci95"] + [r["delta_f1"]])
@@ -468,3 +469,32 @@ def test_model_table_rows_name_the_model_not_the_folder(tmp_path):
     grid, _ = figure_data.f1_grid(runs)  # the figure's rows are the table's, values and all
     assert grid["models"] == [r["model"] for r in table["rows"]]
     assert grid["f1"]["coco random"] == [r["values"] for r in table["rows"]]
+
+
+@pytest.mark.slow
+def test_every_pair_under_one_readout_in_one_figure(tmp_path):
+    """With two pairs on a page, a figure per readout holds every pair's ΔF1 (rows), the numbers of each pair's own
+    figure, on the page's shared scale (issue 35: one combined figure across methods and models per readout)."""
+    first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 5))
+    out = tmp_path / "report"
+    assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)]).exit_code == 0
+    own = {p.parent.name: json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_vcd_vs_none.json"))}
+    combined = json.loads((out / "compare-all" / "delta_f1_legacy_2tok.json").read_text())
+    assert combined["readout"] == "legacy_2tok" and len(combined["readouts"]) == 2
+    for (label, row), data in zip(combined["splits"]["random"].items(), own.values()):
+        assert row == data["splits"]["random"]["legacy_2tok"]
+    assert combined["axis_half_width"] == next(iter(own.values()))["axis_half_width"]
+    assert len(list((out / "compare-all").glob("*.png"))) == len(next(iter(own.values()))["readouts"])
+
+
+@pytest.mark.parametrize("reach", [0.33, 0.0733, 0.8, 1e-3, 0.021])
+def test_tick_labels_say_where_their_ticks_are(reach):
+    """Each tick label reads as its tick's position: a ΔF1 axis of ±0.33 has ticks 0.15 apart, which one decimal
+    labelled -0.2 and 0.2 (a point at -0.067 then looked like -0.09)."""
+    from pope_fast.readout.report.figures import _figure, readable_ticks
+
+    ax = _figure(300, 200).add_axes((0.1, 0.2, 0.8, 0.7))
+    ax.set_xlim(-reach, reach)
+    readable_ticks(ax.xaxis, -reach, reach, count=4)
+    ticks, labels = ax.get_xticks(), [t.get_text() for t in ax.get_xticklabels()]
+    assert len(ticks) >= 3 and all(float(label) == pytest.approx(t, abs=1e-12) for t, label in zip(ticks, labels))
