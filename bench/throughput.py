@@ -17,10 +17,10 @@ from typing import Callable
 import torch
 
 from ..distributed import Shard
-from ..hub import TOKENIZER_FILES, local_or_hub
 from ..engine import FAMILIES, Engine, Settings, parse_method
 from ..engine.models import family_class
 from ..engine.synthetic import builtin_questions, write_checkpoint, write_images
+from ..hub import TOKENIZER_FILES, local_or_hub
 from ..readout import READOUTS, Question, load_questions
 from ..readout.readouts import FIRST_TOKEN, LOGIT
 from ..readout.records import json_lines
