@@ -31,7 +31,9 @@ cd "$OUT" || exit 1
 [ "${KERNELS:-1}" = 0 ] || timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
 # Each family gets BENCH_TIMEOUT seconds at most, and none starts once less
 # than a minute of the BUDGET (seconds since the script started) is left.
-MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*FAMILIES)")}  # every registered family
+# every registered family but qwen3_vl_moe, whose random checkpoint at its seed size (Qwen3-VL-30B-A3B, 31B
+# parameters) is 62 GB in fp16, more than the lent machine's disk: name it in MODELS where the disk holds it
+MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*(f for f in FAMILIES if f != 'qwen3_vl_moe'))")}
 for model in $MODELS; do
   left=$(( ${BUDGET:-500} - SECONDS ))
   [ "$left" -lt 60 ] && { echo "skipped $model: ${left}s of the budget left"; continue; }

@@ -16,7 +16,6 @@ A greedy continuation (`decode`) exists only for string readouts.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -27,95 +26,12 @@ from ..kernels import PrefixRuns, gather_logits, resolve_backend, rms_norm, voca
 from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, causal_attention, image_block_attention,
                         masked_attention, probe_attention, suffix_attention)
 from .beam import BeamSearch
+from .dims import DecoderDims
 from .generation import GreedyState
 from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
 from .layers import Rotary, apply_rotary, make_linear, offset_rms_norm
+from .moe import ExpertMLP
 from .plan import TokenBatch
-
-
-@dataclass(frozen=True)
-class DecoderDims:
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_eps: float
-    rope_theta: float
-    sliding_window: int | None = None  # a sliding layer's query attends keys fewer than this many tokens back
-    # which layers slide (transformers' layer_types: "sliding_attention"); None: every layer, where a window is set
-    layer_sliding: tuple[bool, ...] | None = None
-    qkv_bias: bool = False  # q, k and v projections carry biases
-    mrope_section: tuple[int, ...] | None = None  # M-RoPE: rotary frequencies split among 3-D position streams
-    mrope_interleaved: bool = False  # M-RoPE: the streams' frequencies interleaved, not in chunks
-    qk_norm: bool = False  # an RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
-    # DeepStack: image features carry 1 + deepstack blocks of hidden_size along their last axis; block 0 is
-    # the input embedding, block i + 1 is added to the image positions' output of layer i.
-    deepstack: int = 0
-    layer_rope: tuple[tuple[float, float], ...] | None = None  # per layer (RoPE theta, linear scaling factor)
-    embed_scale: float | None = None  # text embeddings times this, in the embedding's dtype
-    norm_unit_offset: bool = False  # the final RMSNorm scales by (1 + w), in fp32 before the cast
-    image_bidirectional: bool = False  # the tokens of one image attend to each other both ways (else causal)
-    max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
-
-    @classmethod
-    def from_config(cls, cfg) -> "DecoderDims":
-        """From a transformers text config (LlamaConfig, MistralConfig, Qwen2-VL's), whose defaults fill the gaps
-        that llava-hf's abbreviated `text_config` leaves; the switches a family's config does not spell are
-        the family's `text_dims` to set."""
-        rope = getattr(cfg, "rope_parameters", None) or {}
-        if not isinstance(rope, dict):
-            rope = {}
-        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
-        legacy = getattr(cfg, "rope_scaling", None)
-        if rope_type != "default" or (isinstance(legacy, dict) and legacy.get("rope_type", legacy.get("type"))
-                                      not in (None, "default")):
-            raise NotImplementedError(f"rope type {rope_type or legacy} is not supported (default RoPE only)")
-        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
-        heads = cfg.num_attention_heads
-        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
-        kinds = getattr(cfg, "layer_types", None)  # Qwen2's: only the layers from max_window_layers on slide
-        return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-                   num_layers=cfg.num_hidden_layers, num_heads=heads,
-                   num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
-                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
-                   rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)),
-                   sliding_window=window,
-                   layer_sliding=tuple(k == "sliding_attention" for k in kinds) if window and kinds else None,
-                   qkv_bias=bool(getattr(cfg, "attention_bias", False)),
-                   mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None,
-                   mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
-                   max_positions=getattr(cfg, "max_position_embeddings", None) or 4096)
-
-    def slides(self, layer: int) -> bool:
-        """Whether `layer` attends within the sliding window."""
-        return self.sliding_window is not None and (self.layer_sliding is None or self.layer_sliding[layer])
-
-    def expected_shapes(self) -> dict[str, tuple[int, ...]]:
-        h, d = self.hidden_size, self.head_dim
-        shapes = {"embed_tokens.weight": (self.vocab_size, h), "norm.weight": (h,),
-                  "lm_head.weight": (self.vocab_size, h)}
-        for i in range(self.num_layers):
-            p = f"layers.{i}."
-            shapes.update({
-                p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
-                p + "self_attn.q_proj.weight": (self.num_heads * d, h),
-                p + "self_attn.k_proj.weight": (self.num_kv_heads * d, h),
-                p + "self_attn.v_proj.weight": (self.num_kv_heads * d, h),
-                p + "self_attn.o_proj.weight": (h, self.num_heads * d),
-                p + "mlp.gate_proj.weight": (self.intermediate_size, h),
-                p + "mlp.up_proj.weight": (self.intermediate_size, h),
-                p + "mlp.down_proj.weight": (h, self.intermediate_size),
-            })
-            if self.qk_norm:
-                shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
-            if self.qkv_bias:
-                shapes.update({p + "self_attn.q_proj.bias": (self.num_heads * d,),
-                               p + "self_attn.k_proj.bias": (self.num_kv_heads * d,),
-                               p + "self_attn.v_proj.bias": (self.num_kv_heads * d,)})
-        return shapes
 
 
 class DecoderLayer(nn.Module):
@@ -126,8 +42,10 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(weights["post_attention_layernorm.weight"], requires_grad=False)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
             linear(weights[f"self_attn.{n}_proj.weight"], weights.get(f"self_attn.{n}_proj.bias")) for n in "qkvo")
-        self.gate_proj, self.up_proj, self.down_proj = (
-            linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))
+        self.experts = ExpertMLP(dims, weights) if "mlp.experts.gate_up_proj" in weights else None  # moe.py
+        if self.experts is None:
+            self.gate_proj, self.up_proj, self.down_proj = (
+                linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))
         if dims.qk_norm:
             self.q_norm, self.k_norm = (nn.Parameter(weights[f"self_attn.{n}_norm.weight"], requires_grad=False)
                                         for n in "qk")
@@ -156,6 +74,8 @@ class DecoderLayer(nn.Module):
         b, _, s, _ = attn.shape
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
         h = rms_norm(x, self.post_norm, self.dims.rms_eps)
+        if self.experts is not None:
+            return x + self.experts(h)
         return x + self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
 
 
@@ -180,8 +100,11 @@ class DecoderLM(nn.Module):
         for i in range(dims.num_layers):
             prefix = f"layers.{i}."
             own = {k[len(prefix):]: weights.pop(k) for k in [k for k in weights if k.startswith(prefix)]}
+            # the tensors no Linear holds, never quantized (transformers' bitsandbytes replaces Linears only): the
+            # norms, and a mixture of experts' router and fused experts
             norms = {k: v.to(device=device, dtype=dtype) for k, v in own.items()
-                     if "layernorm" in k or k.endswith(("q_norm.weight", "k_norm.weight"))}
+                     if "layernorm" in k or k.endswith(("q_norm.weight", "k_norm.weight", "mlp.gate.weight"))
+                     or ".experts." in k}
             layers.append(layer_class(dims, {**own, **norms}, linear))
         self.layers = nn.ModuleList(layers)
         specs = dims.layer_rope or ((dims.rope_theta, 1.0),) * dims.num_layers

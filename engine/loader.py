@@ -206,9 +206,11 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
                 raise CheckpointError(f"{path}: tensor(s) the index places here are missing: {', '.join(absent[:20])}")
             for ours in ours_list:
                 tensor = f.get_tensor(names[ours])
-                if tuple(tensor.shape) != tuple(expected[ours]):
+                shapes = [tuple(s) for s in expected[ours]] if isinstance(expected[ours], list) \
+                    else [tuple(expected[ours])]  # a list: the layouts a checkpoint may store it in
+                if tuple(tensor.shape) not in shapes:
                     raise CheckpointError(f"{path}: tensor {names[ours]} has shape {tuple(tensor.shape)}, "
-                                          f"the config implies {tuple(expected[ours])}")
+                                          f"the config implies {' or '.join(map(str, shapes))}")
                 if not tensor.is_floating_point() and not ours.endswith(INDEX_BUFFERS):
                     raise CheckpointError(f"{path}: tensor {names[ours]} is stored as {str(tensor.dtype)[6:]}, but it "
                                           "is a weight the model computes with in floating point (its bits would be "

@@ -16,7 +16,7 @@ import torch
 from familychecks import processor_inputs, processor_oracle, qwen_oracle
 from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl, make_tiny_llava,
                         make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
-                        make_tiny_qwen3_vl, qwen_inputs, synthetic_image)
+                        make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe, qwen_inputs, synthetic_image)
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import family_class
@@ -196,6 +196,11 @@ REGISTRY = {f.name: f for f in [
                                                                       (160, 160)])], 3,
            template="qwen2_vl_chat", logits=_FIVE_CASES, run=((True, 8),), run_items=_the_grids,
            continuations=({"prefix_reuse": True}, {"prefix_reuse": False}), probe=(0, 4), nf4=_QWEN_NF4),
+    Family("qwen3_vl_moe", make_tiny_qwen3_vl_moe, "Qwen3VLMoeForConditionalGeneration",
+           [synthetic_image(i + 71, size) for i, size in enumerate([(100, 60), (60, 100), (64, 64), (230, 35),
+                                                                      (160, 160)])], 3,
+           template="qwen2_vl_chat", logits=_FIVE_CASES, run=((True, 8),), run_items=_the_grids,
+           continuations=({"prefix_reuse": True}, {"prefix_reuse": False}), probe=(0, 3), nf4=_QWEN_NF4),
     # The built-in stand-in tokenizer (Gemma's special-token ids, Yes/No and turn format): gemma-3-4b-it's real
     # one takes seconds to load on 2 cores, once per engine, processor and checkpoint. The checks of what the
     # real tokenizer renders are test_gemma3's, on a checkpoint of their own.

@@ -205,6 +205,34 @@ def make_tiny_qwen3_vl(folder: Path, *, seed: int = 0, layers: int = 3, hidden: 
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 
+def make_tiny_qwen3_vl_moe(folder: Path, *, seed: int = 0, layers: int = 3, hidden: int = 64, vision_dim: int = 32,
+                           experts: int = 6, per_token: int = 2, dense_layers=(1,), init_std: float = 0.08,
+                           dtype=torch.float32, builtin_tokenizer: bool = False) -> Path:
+    """A random Qwen3-VL-MoE checkpoint: make_tiny_qwen3_vl's tower, DeepStack and Qwen3 attention, with
+    `experts` experts 48 wide (not 2 x 64 / 2: the fused tensors' two layouts then differ in shape), `per_token`
+    of them a token, on every layer but `dense_layers` (a dense MLP there, as mlp_only_layers makes it)."""
+    dims = dict(vision=dict(depth=4, hidden_size=vision_dim, intermediate_size=2 * vision_dim, num_heads=4,
+                            out_hidden_size=hidden, patch_size=16, num_position_embeddings=16,
+                            deepstack_visual_indexes=[0, 2], hidden_act="gelu_pytorch_tanh"),
+                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=32064,
+                          max_position_embeddings=4096, initializer_range=init_std, moe_intermediate_size=48,
+                          num_experts=experts, num_experts_per_tok=per_token, decoder_sparse_step=1,
+                          mlp_only_layers=list(dense_layers),
+                          rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
+                                           "mrope_interleaved": True}),
+                processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
+                               image_std=[0.5] * 3, min_pixels=4 * 32 * 32, max_pixels=30 * 32 * 32))
+    extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(layers) for n in "qk"}
+    # a router whose logits spread (std ~4 over unit-RMS hidden states): a token's k-th and k+1-th experts are
+    # then far apart, so the one-ulp differences of fp16 attention cannot swap them (test_qwen3_vl_moe checks the
+    # gap); at the model's 0.08 they came within 6e-5 and an fp16 run routed one token differently from transformers
+    extra.update({f"model.language_model.layers.{i}.mlp.gate.weight": 0.5 for i in range(layers) if i not in dense_layers})
+    return write_checkpoint(
+        "qwen3_vl_moe", folder, dims, tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer),
+        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
+
+
 def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, vision_hidden: int = 32,
                      init_std: float = 0.08, dtype=torch.float32, text: dict | None = None,
                      config: dict | None = None) -> Path:

@@ -226,8 +226,8 @@ class Family:
         candidate rows and one argmax pass of lm_head."""
         lm = self.lm.dims
         h = lm.hidden_size
-        per_token = 2 * lm.num_layers * (h * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads)
-                                         + 3 * h * lm.intermediate_size)
+        per_token = 2 * sum(h * lm.head_dim * (2 * lm.num_heads + 2 * lm.num_kv_heads) + 3 * h * lm.mlp_width(layer)
+                            for layer in range(lm.num_layers))  # a sparse layer: the experts one token runs
         return (self.vision_flops(counts) + per_token * (counts.prefix_tokens + counts.suffix_tokens)
                 + 2 * counts.prompts * h * lm.vocab_size)
 

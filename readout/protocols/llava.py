@@ -35,6 +35,7 @@ COVERAGE = {
     "llava_onevision": ONLY_LLAVA,
     "internvl": ONLY_LLAVA,
     "qwen3_vl": ONLY_LLAVA,
+    "qwen3_vl_moe": ONLY_LLAVA,
     "gemma3": ONLY_LLAVA,
 }
 

@@ -133,6 +133,11 @@ COVERAGE = {
     "qwen3_vl": Coverage("qwen3_vl (the chat class, which --model qwen3_vl runs)", "lmms_eval_qwen2_vl", 128,
                          image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216",
                          dtype="bf16", generation_config=GENERATE),
+    # The same class for Qwen3-VL-MoE: models/simple/qwen3_vl.py (which the chat class extends) loads
+    # Qwen3VLMoeForConditionalGeneration where the checkpoint's name reads like 30B-A3B (l.113-114, l.46-52).
+    "qwen3_vl_moe": Coverage("qwen3_vl (the chat class; its MoE class for an A3B checkpoint)", "lmms_eval_qwen2_vl",
+                             128, image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32",
+                             processor_pixels="4096:16777216", dtype="bf16", generation_config=GENERATE),
     # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).

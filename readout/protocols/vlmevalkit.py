@@ -173,6 +173,11 @@ COVERAGE = {
                          image_resize="qwen_vl_utils:32", dtype="auto", deviations=(
         "VLMEvalKit samples with vLLM (temperature 0.7, top_p 0.8, top_k 20, presence_penalty 1.5: config.py "
         "l.1451-1462, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",)),
+    # vlmeval/config.py l.1403-1414 (Qwen3-VL-30B-A3B-Instruct): the 8B's Qwen3VLChat settings, word for word.
+    "qwen3_vl_moe": Coverage("Qwen3VLChat (Qwen3-VL-30B-A3B-Instruct)", "vlmevalkit_qwen2_5_vl", 16384,
+                             image_resize="qwen_vl_utils:32", dtype="auto", deviations=(
+        "VLMEvalKit samples with vLLM (temperature 0.7, top_p 0.8, top_k 20, presence_penalty 1.5: config.py "
+        "l.1403-1414, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",)),
     # vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question] (image_base.py
     # l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template (l.187),
     # greedy with 4,096 new tokens (l.109-112); each image a path in the message (l.127), which the processor

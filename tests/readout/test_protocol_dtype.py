@@ -19,10 +19,11 @@ from pope_fast.readout.protocols.scoring import checks
 PINNED = {
     ("lmms-eval", "llava"): "auto", ("lmms-eval", "llava_next"): "auto", ("lmms-eval", "instructblip"): "auto",
     ("lmms-eval", "qwen2_vl"): "auto", ("lmms-eval", "qwen2_5_vl"): "bf16", ("lmms-eval", "internvl"): "bf16",
-    ("lmms-eval", "qwen3_vl"): "bf16", ("lmms-eval", "gemma3"): "bf16",
+    ("lmms-eval", "qwen3_vl"): "bf16", ("lmms-eval", "qwen3_vl_moe"): "bf16", ("lmms-eval", "gemma3"): "bf16",
     ("vlmevalkit", "llava"): "fp16", ("vlmevalkit", "llava_next"): "fp16", ("vlmevalkit", "mplug_owl2"): "fp16",
     ("vlmevalkit", "qwen2_vl"): "auto", ("vlmevalkit", "qwen2_5_vl"): "auto", ("vlmevalkit", "llava_onevision"): "fp16",
-    ("vlmevalkit", "qwen3_vl"): "auto", ("vlmevalkit", "gemma3"): "bf16", ("llava", "llava"): "fp16",
+    ("vlmevalkit", "qwen3_vl"): "auto", ("vlmevalkit", "qwen3_vl_moe"): "auto", ("vlmevalkit", "gemma3"): "bf16",
+    ("llava", "llava"): "fp16",
 }
 
 

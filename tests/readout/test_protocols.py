@@ -489,7 +489,7 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
     """Every class of lmms-eval, VLMEvalKit and LLaVA's script calls transformers' generate, which applies the
     checkpoint's generation_config.json: each coverage says greedy, VLMEvalKit's Qwen2VLChat with its own
     repetition_penalty 1.0 (vlm/qwen2_vl/model.py l.190); eval --protocol's settings take both, and score names a
-    run made without them. Not VLMEvalKit's Qwen3VLChat (vLLM) nor InternVLChat (InternVL's chat calls its inner
+    run made without them. Not VLMEvalKit's Qwen3VLChat (vLLM; dense and MoE) nor InternVLChat (InternVL's chat calls its inner
     language model's generate, whose generation config is that model's default)."""
     from pope_fast.engine import Settings
     from pope_fast.evaluate import protocol_settings
@@ -503,7 +503,7 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
             continue
     assert covered
     penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0, "instructblip": 1.5} if tool == "vlmevalkit" else {}
-    own = {"qwen3_vl", "internvl"} if tool == "vlmevalkit" else set()
+    own = {"qwen3_vl", "qwen3_vl_moe", "internvl"} if tool == "vlmevalkit" else set()
     # LLaVA's, LLaVA-NeXT's and LAVIS's own generate: inputs_embeds alone
     embeds = {"vlmevalkit": {"llava", "instructblip"}, "llava": {"llava"}}.get(tool, {"llava_onevision"})
     assert {m: c.generation_config for m, c in covered.items()} == \

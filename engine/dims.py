@@ -1,0 +1,115 @@
+"""The shape of a family's language model: every size and switch the decoder (decoder.py) reads, from the
+checkpoint's text config and what the family declares (`Family.text_dims`), and the tensors a checkpoint must
+hold for it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class DecoderDims:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_eps: float
+    rope_theta: float
+    sliding_window: int | None = None  # a sliding layer's query attends keys fewer than this many tokens back
+    # which layers slide (transformers' layer_types: "sliding_attention"); None: every layer, where a window is set
+    layer_sliding: tuple[bool, ...] | None = None
+    qkv_bias: bool = False  # q, k and v projections carry biases
+    mrope_section: tuple[int, ...] | None = None  # M-RoPE: rotary frequencies split among 3-D position streams
+    mrope_interleaved: bool = False  # M-RoPE: the streams' frequencies interleaved, not in chunks
+    qk_norm: bool = False  # an RMSNorm over each head of q and k (q_norm, k_norm) before RoPE
+    # DeepStack: image features carry 1 + deepstack blocks of hidden_size along their last axis; block 0 is
+    # the input embedding, block i + 1 is added to the image positions' output of layer i.
+    deepstack: int = 0
+    layer_rope: tuple[tuple[float, float], ...] | None = None  # per layer (RoPE theta, linear scaling factor)
+    embed_scale: float | None = None  # text embeddings times this, in the embedding's dtype
+    norm_unit_offset: bool = False  # the final RMSNorm scales by (1 + w), in fp32 before the cast
+    image_bidirectional: bool = False  # the tokens of one image attend to each other both ways (else causal)
+    max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
+    # Mixture of experts (Qwen3-VL-MoE): on the layers `sparse_layers` marks (None: every layer), the MLP is
+    # `experts` gated MLPs `expert_size` wide, each token's top `experts_per_token` by the router (moe.py)
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_size: int = 0
+    sparse_layers: tuple[bool, ...] | None = None
+
+    @classmethod
+    def from_config(cls, cfg) -> "DecoderDims":
+        """From a transformers text config (LlamaConfig, MistralConfig, Qwen2-VL's), whose defaults fill the gaps
+        that llava-hf's abbreviated `text_config` leaves; the switches a family's config does not spell are
+        the family's `text_dims` to set."""
+        rope = getattr(cfg, "rope_parameters", None) or {}
+        if not isinstance(rope, dict):
+            rope = {}
+        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+        legacy = getattr(cfg, "rope_scaling", None)
+        if rope_type != "default" or (isinstance(legacy, dict) and legacy.get("rope_type", legacy.get("type"))
+                                      not in (None, "default")):
+            raise NotImplementedError(f"rope type {rope_type or legacy} is not supported (default RoPE only)")
+        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+        heads = cfg.num_attention_heads
+        window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
+        kinds = getattr(cfg, "layer_types", None)  # Qwen2's: only the layers from max_window_layers on slide
+        return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+                   num_layers=cfg.num_hidden_layers, num_heads=heads,
+                   num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+                   head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
+                   rms_eps=cfg.rms_norm_eps, rope_theta=float(theta or getattr(cfg, "rope_theta", 10000.0)),
+                   sliding_window=window,
+                   layer_sliding=tuple(k == "sliding_attention" for k in kinds) if window and kinds else None,
+                   qkv_bias=bool(getattr(cfg, "attention_bias", False)),
+                   mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None,
+                   mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
+                   max_positions=getattr(cfg, "max_position_embeddings", None) or 4096)
+
+    def slides(self, layer: int) -> bool:
+        """Whether `layer` attends within the sliding window."""
+        return self.sliding_window is not None and (self.layer_sliding is None or self.layer_sliding[layer])
+
+    def sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is the mixture of experts."""
+        return self.experts > 0 and (self.sparse_layers is None or self.sparse_layers[layer])
+
+    def mlp_width(self, layer: int) -> int:
+        """The MLP width one token computes through on `layer` (its experts' together on a sparse one)."""
+        return self.experts_per_token * self.expert_size if self.sparse(layer) else self.intermediate_size
+
+    def mlp_shapes(self, layer: int) -> dict[str, tuple[int, ...] | list[tuple[int, ...]]]:
+        """The MLP's tensors of `layer`. A sparse layer's experts are fused as transformers holds them, [experts,
+        2 x width, hidden] and [experts, hidden, width], or transposed in their last two axes as the published
+        checkpoints store them (transformers' conversion_mapping transposes those on load): either shape is taken."""
+        h, p = self.hidden_size, f"layers.{layer}.mlp."
+        if not self.sparse(layer):
+            i = self.intermediate_size
+            return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
+        e, w = self.experts, self.expert_size
+        return {p + "gate.weight": (e, h), p + "experts.gate_up_proj": [(e, 2 * w, h), (e, h, 2 * w)],
+                p + "experts.down_proj": [(e, h, w), (e, w, h)]}
+
+    def expected_shapes(self) -> dict[str, tuple[int, ...] | list[tuple[int, ...]]]:
+        h, d = self.hidden_size, self.head_dim
+        shapes = {"embed_tokens.weight": (self.vocab_size, h), "norm.weight": (h,),
+                  "lm_head.weight": (self.vocab_size, h)}
+        for i in range(self.num_layers):
+            p = f"layers.{i}."
+            shapes.update({
+                p + "input_layernorm.weight": (h,), p + "post_attention_layernorm.weight": (h,),
+                p + "self_attn.q_proj.weight": (self.num_heads * d, h),
+                p + "self_attn.k_proj.weight": (self.num_kv_heads * d, h),
+                p + "self_attn.v_proj.weight": (self.num_kv_heads * d, h),
+                p + "self_attn.o_proj.weight": (h, self.num_heads * d),
+                **self.mlp_shapes(i),
+            })
+            if self.qk_norm:
+                shapes.update({p + "self_attn.q_norm.weight": (d,), p + "self_attn.k_norm.weight": (d,)})
+            if self.qkv_bias:
+                shapes.update({p + "self_attn.q_proj.bias": (self.num_heads * d,),
+                               p + "self_attn.k_proj.bias": (self.num_kv_heads * d,),
+                               p + "self_attn.v_proj.bias": (self.num_kv_heads * d,)})
+        return shapes
