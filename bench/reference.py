@@ -13,6 +13,7 @@ import torch
 
 from ..engine import PromptResult, Settings
 from ..engine.models import family_class
+from ..engine.reference import load_reference
 from ..readout import Question
 from ..readout.readout_plan import ReadoutPlan
 from .measure import median_run, peak_memory_mb, reset_peak_memory
@@ -25,20 +26,6 @@ class ReferenceSpec:
 
     prompts: dict[str, str]
     readout: ReadoutPlan
-
-
-def load_reference(checkpoint: Path, settings: Settings):
-    """The transformers model of a checkpoint, on the device, NF4 as transformers quantizes it."""
-    from transformers import AutoModelForImageTextToText, BitsAndBytesConfig
-
-    kwargs = {"dtype": settings.torch_dtype}
-    if settings.quant == "nf4":
-        kwargs["quantization_config"] = BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=settings.torch_dtype)
-        kwargs["device_map"] = str(settings.torch_device)
-    model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), **kwargs).eval()
-    return model if settings.quant == "nf4" else model.to(settings.torch_device)
 
 
 def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Question], images: Path, settings: Settings,

@@ -191,31 +191,20 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     Without --model this is the demo: a random tiny LLaVA-1.5 (real 576-token image prefix) written by
     transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
     """
+    from .distributed import device_and_shard  # torch, as the next
     from .evaluate import EvalJob, out_folder, run_eval  # torch: only a command that runs a model loads it
     from .progress import progress_bar
 
     with ExitStack() as stack:
         with _failures():  # the folders before anything is written; an --out it made goes if left empty
             out = stack.enter_context(out_folder(out_dir, cache_dir, options["question_files"]))
-        device, shard = _device_and_shard(device)
+        with _failures():
+            device, shard = device_and_shard(device)
         with _failures(shard):
             job = EvalJob.from_options(out, cache_dir=cache_dir, device=device, command=" ".join(sys.argv), **options)
             outcome = run_eval(job, shard, progress_bar, lambda text: click.echo(text, err=True))
     if outcome is not None:  # rank 0 (or the only process) reports
         click.echo(outcome.summary())
-
-
-def _device_and_shard(device: str | None):
-    """The device (cuda when available) and this process's torchrun Shard, joined (None outside torchrun)."""
-    import torch
-
-    from .distributed import join_job  # torch, as eval's imports
-
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        return device, join_job(device)
-    except ValueError as err:
-        _fail(str(err))
 
 
 @main.command()
@@ -254,15 +243,35 @@ def bench(device, fmt, **options) -> None:
     import json
 
     from .bench import BenchConfig, format_report, run_bench  # torch: bench runs models
+    from .distributed import device_and_shard  # torch, as bench
     from .progress import labelled_bars
 
-    device, shard = _device_and_shard(device)  # under torchrun every rank times its share; rank 0 reports
+    with _failures():  # under torchrun every rank times its share; rank 0 reports
+        device, shard = device_and_shard(device)
     with labelled_bars() as progress, _failures(shard, (ValueError,)):
         report = run_bench(BenchConfig.from_options(device=device, shard=shard, **options), progress)
     if shard is not None:
         shard.leave()
     if shard is None or shard.lead:
         click.echo(json.dumps(report, indent=2) if fmt == "json" else format_report(report))
+
+
+@main.command()
+@click.option("--model", "model", required=True, help="a checkpoint folder or a hub id ORG/NAME[@REVISION]")
+@click.option("--questions", "n_questions", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--images", "images_dir", default=None, type=click.Path(exists=True, file_okay=False))
+@click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
+@click.option("--quant", type=click.Choice(["none", "nf4"]), default="none", show_default=True)
+@click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
+@click.option("--max-new-tokens", default=8, show_default=True, type=click.IntRange(min=1))
+def verify(model, **options) -> None:
+    """The engine against transformers' class on a checkpoint, a few questions; exit 1 where they disagree."""
+    from .verify import verify as run_verify  # torch and transformers: only this command loads them here
+
+    with _failures():
+        verdict = run_verify(local_or_hub(model, "--model")[0], **options)
+    click.echo(verdict.summary())
+    sys.exit(0 if verdict.agrees else 1)
 
 
 @main.command()
@@ -273,9 +282,8 @@ def protocols(tokenizer_dir) -> None:
     from .protocol_table import describe_protocols  # torch (the family registry): only `protocols` loads it
 
     with _failures():
-        tokenizer = load_tokenizer(local_or_hub(tokenizer_dir, "--tokenizer", TOKENIZER_FILES)[0]) \
-            if tokenizer_dir else None
-        text = describe_protocols(tokenizer)
+        text = describe_protocols(load_tokenizer(local_or_hub(tokenizer_dir, "--tokenizer", TOKENIZER_FILES)[0])
+                                  if tokenizer_dir else None)
     click.echo(text)
 
 

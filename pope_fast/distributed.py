@@ -173,6 +173,13 @@ class Shard:
         return total
 
 
+def device_and_shard(device: str | None) -> tuple[str, Shard | None]:
+    """The device (cuda when available) and this process's torchrun Shard, joined (None outside torchrun);
+    ValueError naming why it cannot join."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return device, join_job(device)
+
+
 def join_job(device: str) -> Shard | None:
     """This process's Shard, joined to its torchrun job, or None outside torchrun; ValueError naming why
     it cannot join."""

@@ -1,0 +1,150 @@
+"""`pope-fast verify`: a user's own proof, on their checkpoint and their device, that the engine computes what
+transformers' class of the checkpoint computes. A few questions (POPE-shaped, on synthetic images or the user's)
+go through both: the candidate logits at the answer position, the argmax, every logit readout's decision and the
+greedy continuation (both applying the checkpoint's generation_config.json, as transformers' generate does).
+
+They agree when every candidate logit is within four steps of the dtype at the logits' scale (fp32: 1e-4 of it;
+rounding in another order is all that may differ), the argmaxes and decisions are equal (a decision between two
+logits closer than that bound is a near-tie, reported, not failed) and the continuations are the same text.
+"""
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .engine import Engine, Settings
+from .engine.loader import read_config
+from .engine.models import family_class
+from .engine.reference import load_reference, reference_answer
+from .engine.synthetic import builtin_questions, write_images
+from .readout import LOGIT_READOUTS
+from .readout.readouts import compare_max_logits
+
+# the relative bound per dtype: four steps of its significand (fp32: 1e-4, what the suite holds on tiny models)
+BOUND = {torch.float32: 1e-4, torch.float16: 4 * 2.0**-10, torch.bfloat16: 4 * 2.0**-7}
+IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+
+
+@dataclass
+class Verdict:
+    """What verify found; `agrees` decides the exit status."""
+
+    model: str
+    questions: int = 0
+    worst_logit: float = 0.0  # the largest |ours - theirs| over every candidate logit
+    scale: float = 1.0  # the largest |candidate logit| transformers gave (at least 1)
+    bound: float = 0.0  # what worst_logit may reach: BOUND of the dtype, times the scale
+    argmax_equal: int = 0
+    decisions: dict[str, int] = field(default_factory=dict)  # readout -> questions decided alike
+    near_ties: list[str] = field(default_factory=list)
+    continuations_equal: int = 0
+    disagreements: list[str] = field(default_factory=list)
+    nothing_to_compare: str | None = None
+
+    @property
+    def agrees(self) -> bool:
+        return not self.disagreements
+
+    def summary(self) -> str:
+        if self.nothing_to_compare:
+            return f"{self.model}: nothing to compare ({self.nothing_to_compare})"
+        n = self.questions
+        lines = [f"{self.model}: {n} questions through the engine and transformers' class",
+                 f"worst candidate-logit difference {self.worst_logit:.3g} (bound {self.bound:.3g})",
+                 f"argmax equal {self.argmax_equal}/{n}; continuations equal {self.continuations_equal}/{n}",
+                 "decisions equal: " + ", ".join(f"{r} {k}/{n}" for r, k in self.decisions.items())]
+        lines += [f"near-tie (not counted): {t}" for t in self.near_ties]
+        lines.append("agree" if self.agrees else f"DISAGREE: {self.disagreements[0]}"
+                     + (f" (and {len(self.disagreements) - 1} more)" if len(self.disagreements) > 1 else ""))
+        return "\n".join(lines)
+
+
+def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | None = None, dtype: str | None = None,
+           quant: str = "none", device: str | None = None, max_new_tokens: int = 8) -> Verdict:
+    """The engine against transformers' class on `model_dir`, in `dtype` (default: fp32 on CPU, fp16 on CUDA and
+    with NF4) and `quant`, on `device` (default: cuda when available)."""
+    verdict = Verdict(str(model_dir))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    images_dir = None if images_dir is None else Path(images_dir)
+    model_type = read_config(Path(model_dir)).get("model_type")
+    try:
+        family = family_class(model_type)
+    except ValueError as why:  # no family: the transformers backend is the only path, so nothing to hold it against
+        verdict.nothing_to_compare = str(why)
+        return verdict
+    if family.reference_unavailable:
+        verdict.nothing_to_compare = family.reference_unavailable
+        return verdict
+    settings = Settings(device=device, dtype=dtype, quant=quant, max_new_tokens=max_new_tokens,
+                        generation_config="greedy")  # both sides apply the checkpoint's generation rules
+    engine = Engine.load(model_dir, settings, readouts="all")
+    with tempfile.TemporaryDirectory() as tmp:
+        asked = _questions(n_questions, images_dir, Path(tmp))
+        ours = {(path, q): answer for path, texts in asked.items()
+                for q, answer in zip(texts, engine.score(path, texts))}
+        reference = load_reference(Path(model_dir), settings)
+        processor = family.reference_processor(Path(model_dir))
+        for (path, question), answer in ours.items():
+            logits, generated = reference_answer(reference, processor, path, engine.prompt(question), settings,
+                                                  max_new_tokens)
+            _compare(verdict, engine, question, answer, logits, generated)
+    verdict.bound = BOUND[settings.torch_dtype] * verdict.scale
+    if verdict.worst_logit > verdict.bound:
+        verdict.disagreements.insert(0, f"a candidate logit differs by {verdict.worst_logit:.3g}, over the bound "
+                                        f"{verdict.bound:.3g}")
+    return verdict
+
+
+def _questions(n: int, images_dir: Path | None, tmp: Path) -> dict[Path, list[str]]:
+    """Image path -> the questions asked of it: the built-in POPE-shaped ones (six an image), on synthetic
+    images, or on the first images of `images_dir` in name order."""
+    questions = builtin_questions(n)
+    names = list(dict.fromkeys(q.image for q in questions))
+    if images_dir is None:
+        folder = write_images(tmp, names)
+        paths = [folder / name for name in names]
+    else:
+        paths = sorted(p for p in Path(images_dir).iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)[:len(names)]
+        if len(paths) < len(names):
+            raise ValueError(f"--images {images_dir}: {len(names)} images wanted (JPEG or PNG), {len(paths)} found")
+    by_name = dict(zip(names, paths))
+    asked: dict[Path, list[str]] = {}
+    for q in questions:
+        asked.setdefault(by_name[q.image], []).append(q.text)
+    return asked
+
+
+def _compare(verdict: Verdict, engine: Engine, question: str, answer, logits: torch.Tensor, generated: list[int]):
+    """One question's four comparisons, added to the verdict."""
+    verdict.questions += 1
+    ids = sorted(answer.candidate_logits)
+    scale = float(logits[ids].abs().max())
+    verdict.scale = max(verdict.scale, scale)
+    verdict.worst_logit = max(verdict.worst_logit, max(abs(answer.candidate_logits[i] - float(logits[i])) for i in ids))
+    if answer.first_token_id == int(logits.argmax()):
+        verdict.argmax_equal += 1
+    else:
+        verdict.disagreements.append(f"{question!r}: argmax {answer.first_token_id} here, {int(logits.argmax())} in "
+                                     "transformers")
+    step = BOUND[engine.settings.torch_dtype] * max(1.0, scale)
+    for name in LOGIT_READOUTS:
+        if name not in engine.readout.token_sets:
+            continue
+        sets = engine.readout.token_sets[name]
+        theirs = compare_max_logits({i: float(logits[i]) for i in sets.ids}, sets)
+        if answer.predictions.get(name) == theirs:
+            verdict.decisions[name] = verdict.decisions.get(name, 0) + 1
+            continue
+        margin = abs(max(float(logits[i]) for i in sets.yes_ids) - max(float(logits[i]) for i in sets.no_ids))
+        (verdict.near_ties if margin <= 2 * step else verdict.disagreements).append(
+            f"{question!r}: {name} says {answer.predictions.get(name)} here, {theirs} in transformers "
+            f"(yes - no margin {margin:.3g})")
+    stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
+    text = engine.model.tokenizer.decode(generated[:stop], skip_special_tokens=True)
+    if (answer.decoded or "") == text:
+        verdict.continuations_equal += 1
+    else:
+        verdict.disagreements.append(f"{question!r}: continuation {answer.decoded!r} here, {text!r} in transformers")
