@@ -8,7 +8,7 @@
 # Wheels in .whl/ are installed first (for a machine without a package index); POPE question files in
 # .device-pope/ replace the built-in questions; MODELS (families, in order), BUDGET (seconds for all of it,
 # default 500) and BENCH_TIMEOUT (seconds per family, default 170) adjust the run; KERNELS=0 skips the kernel
-# benchmark (25 s on an H200) when only the families are wanted.
+# benchmark (25 s on an H200) and VERIFY=0 the fp16 `pope-fast verify` of every family's tiny checkpoint.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -29,11 +29,22 @@ POPE=()
 # (readout/, engine/, ...) live beside it in the source tree
 cd "$OUT" || exit 1
 [ "${KERNELS:-1}" = 0 ] || timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
-# Each family gets BENCH_TIMEOUT seconds at most, and none starts once less
-# than a minute of the BUDGET (seconds since the script started) is left.
 # every registered family but qwen3_vl_moe, whose random checkpoint at its seed size (Qwen3-VL-30B-A3B, 31B
 # parameters) is 62 GB in fp16, more than the lent machine's disk: name it in MODELS where the disk holds it
 MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*(f for f in FAMILIES if f != 'qwen3_vl_moe'))")}
+# `pope-fast verify` in fp16 on each family's tiny random checkpoint (bench keeps them in --work-dir): the engine
+# against transformers' class where cuBLAS and the Triton kernels compute (VERIFY=0 skips it; ~2 minutes)
+if [ "${VERIFY:-1}" != 0 ]; then
+  timeout 240 pope-fast bench --models "$(echo "$MODELS" | tr ' ' ',')" --size tiny --questions 6 --no-reference \
+    --work-dir /tmp/pope-fast-tiny > /dev/null 2> "$OUT/verify-bench.err"
+  for model in $MODELS; do
+    [ -d "/tmp/pope-fast-tiny/$model-tiny" ] || { echo "verify $model: no tiny checkpoint"; continue; }
+    timeout 90 pope-fast verify --model "/tmp/pope-fast-tiny/$model-tiny" --dtype fp16 > "$OUT/verify-$model.txt" 2>&1
+    echo "verify $model: $(tail -1 "$OUT/verify-$model.txt")"
+  done
+fi
+# Each family gets BENCH_TIMEOUT seconds at most, and none starts once less
+# than a minute of the BUDGET (seconds since the script started) is left.
 for model in $MODELS; do
   left=$(( ${BUDGET:-500} - SECONDS ))
   [ "$left" -lt 60 ] && { echo "skipped $model: ${left}s of the budget left"; continue; }

@@ -432,22 +432,6 @@ def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
     assert "the two readouts whose F1 differ most here" in (out / "report.html").read_text()
 
 
-@pytest.mark.slow
-def test_delta_f1_panels_of_one_page_share_one_scale(tmp_path):
-    """Two paired folders on one page: every ΔF1 figure is drawn on the axis that holds all of their intervals
-    (a ±0.006 panel beside a ±0.2 one would look as large, issue 35), and the JSON says which."""
-    first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 1))
-    out = tmp_path / "report"
-    result = CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)])
-    assert result.exit_code == 0, result.output
-    drawn = [json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_*.json"))
-             if p.parent.name != "compare-all"]  # the pairs' own figures, not the per-readout ones
-    assert len(drawn) == 2
-    reach = max(abs(v) for d in drawn for t in d["splits"].values() for r in t.values()
-                for v in r["delta_f1_ci95"] + [r["delta_f1"]])
-    assert [d["axis_half_width"] for d in drawn] == [pytest.approx(max(reach, 0.01) * 1.1)] * 2
-
-
 def test_model_table_rows_name_the_model_not_the_folder(tmp_path):
     """`score --format models` rows: the hub id a run came from, else its checkpoint folder's name (a cache
     snapshot's repository); the run folder beside it where two runs share the model; the folder when none."""
@@ -472,12 +456,22 @@ def test_model_table_rows_name_the_model_not_the_folder(tmp_path):
 
 
 @pytest.mark.slow
-def test_every_pair_under_one_readout_in_one_figure(tmp_path):
-    """With two pairs on a page, a figure per readout holds every pair's ΔF1 (rows), the numbers of each pair's own
-    figure, on the page's shared scale (issue 35: one combined figure across methods and models per readout)."""
+def test_every_pair_under_one_readout_in_one_figure_on_one_scale(tmp_path):
+    """Two paired folders on one page (issue 35): every ΔF1 figure is drawn on the axis that holds all of their
+    intervals (a ±0.006 panel beside a ±0.2 one would look as large), and the JSON says which; and a figure per
+    readout holds every pair's ΔF1 (rows), the numbers of each pair's own figure, on that scale."""
     first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 5))
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)]).exit_code == 0
+    drawn = [json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_*.json"))
+             if p.parent.name != "compare-all"]  # the pairs' own figures, not the per-readout ones
+    assert len(drawn) == 2
+    reach = max(abs(v) for d in drawn for t in d["splits"].values() for r in t.values()
+                for v in r["delta_f1_ci95"] + [r["delta_f1"]])
+    assert [d["axis_half_width"] for d in drawn] == [pytest.approx(max(reach, 0.01) * 1.1)] * 2
+    from pope_fast.readout.report.figures import delta_reach
+
+    assert delta_reach([drawn[0]]) != delta_reach([drawn[1]])  # each alone would have drawn its own scale
     own = {p.parent.name: json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_vcd_vs_none.json"))}
     combined = json.loads((out / "compare-all" / "delta_f1_legacy_2tok.json").read_text())
     assert combined["readout"] == "legacy_2tok" and len(combined["readouts"]) == 2
