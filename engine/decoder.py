@@ -238,12 +238,12 @@ class DecoderLM(nn.Module):
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
                first: torch.Tensor, steps: int, stop_ids: set[int], intervention: Intervention | None = None,
                finished: Callable[[list[list[int]]], bool] | None = None, chunk: int = 64,
-               greedy: GreedyState | None = None) -> torch.Tensor:
+               greedy: GreedyState | None = None, tick: Callable[[int], None] | None = None) -> torch.Tensor:
         """Greedy tokens after each row's prompt: [B, <= steps], starting with `first` [B] (the argmax at
         the answer position, or what `greedy` chose there). Each next token is the argmax, or with `greedy`, what
         its rules choose from the whole vocabulary's logits. Rows that emitted a stop id keep going but are cut
         by the caller, as transformers' generate pads them; the loop ends early once every row has stopped, or
-        once `finished` says the tokens so far are all any reader needs."""
+        once `finished` says the tokens so far are all any reader needs. `tick` hears each step's token count."""
         cache, edits = self._decode_cache(prefix, prefix_index, suffix, steps, chunk, intervention)
         backend = resolve_backend(self.kernels, self.device)
         tokens = [first]
@@ -263,6 +263,8 @@ class DecoderLM(nn.Module):
                                    logits_dtype=self.dtype)
             tokens.append(nxt)
             done |= torch.isin(nxt, stops)
+            if tick is not None:
+                tick(len(tokens))
         return torch.stack(tokens, dim=1)
 
     @torch.inference_mode()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
+from typing import Callable
 
 import torch
 
@@ -32,6 +33,9 @@ class ImagePrompts:
     prompts: list[str]
 
 
+DECODE_TICK = 32  # new tokens between two calls of Runner.on_decode
+
+
 class Runner:
     def __init__(self, model: Family, settings: Settings, readout: ReadoutPlan):
         self.model, self.settings, self.readout = model, settings, readout
@@ -42,6 +46,13 @@ class Runner:
         self._finished = partial(readout.finished, stop_ids=model.stop_ids, decode=self._decode) \
             if readout.first_sentence else None
         self.rules = self._rules() if readout.generates else GreedyRules()
+        # told (new tokens so far, the most a row may take, rows) as a greedy continuation goes: a long one (a
+        # tool's 2,048 tokens) otherwise shows nothing until its batch is recorded
+        self.on_decode: Callable[[int, int, int], None] | None = None
+
+    def _ticked(self, steps: int, most: int, rows: int) -> None:
+        if steps % DECODE_TICK == 0:
+            self.on_decode(steps, most, rows)
 
     def _rules(self) -> GreedyRules:
         """What a continuation's every step applies besides the argmax: the checkpoint's generation config where
@@ -162,8 +173,10 @@ class Runner:
                 # the first new token: the answer position's argmax, unless the rules choose another
                 if greedy is not None and greedy.bites():
                     first = greedy.choose(lm.vocab_logits(out.last_hidden)).to(first.dtype)
+                tick = None if self.on_decode is None else partial(self._ticked, most=max(allowed),
+                                                                      rows=len(batch.rows))
                 generated = lm.decode(prefix, batch.slots, out.kv, first, max(allowed), self.model.stop_ids,
-                                      intervention, self._finished, greedy=greedy)
+                                      intervention, self._finished, greedy=greedy, tick=tick)
                 self.counts.decode_steps += (generated.shape[1] - 1) * len(batch.rows)
                 generated = generated.tolist()
         # the prompt's own ids: image slots are special tokens, skipped when decoded anyway (an answer cut

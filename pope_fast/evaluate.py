@@ -126,6 +126,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
         update = stack.enter_context(_lazy(progress, len(questions), lead))
+        engine.runner.on_decode = update.decoding  # a long continuation's progress, between recorded batches
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
         benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
         provenance = {**({"command": job.command} if job.command else {}), **({"hub": job.hub} if job.hub else {}),
@@ -312,10 +313,19 @@ def _lazy(progress: ProgressFactory, total: int, lead: bool):
     with ExitStack() as stack:
         update = None
 
-        def tell(n: int) -> None:
+        def opened():
             nonlocal update
             if update is None:
                 update = stack.enter_context(progress(total, lead))
-            update(n)
+            return update
 
+        def tell(n: int) -> None:
+            opened()(n)
+
+        def decoding(steps: int, most: int, rows: int) -> None:
+            shown = getattr(opened(), "decoding", None)  # a display that shows a continuation's progress
+            if shown is not None:
+                shown(steps, most, rows)
+
+        tell.decoding = decoding
         yield tell

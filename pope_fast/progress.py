@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable
@@ -66,14 +67,57 @@ def watched(out_dir: Path, update: Callable[[int], None], total: int, every: flo
     catch_up()
 
 
-@contextmanager
-def progress_bar(total: int, shown: bool):
-    """eval's bar of `total` questions (only where `shown`: rank 0); entered, the callable told of more done."""
-    from tqdm import tqdm
+class SweepProgress:
+    """eval's progress of `total` questions on stderr: a bar on a terminal, else (a log file would fill with a bar's
+    redraws) one plain line at most every `every` seconds and one at the end. Called with more questions done;
+    `decoding` hears how far a long continuation has come, which records no question until its batch ends."""
 
-    # disable=None: no bar where the output is no terminal (a log file would fill with its redraws)
-    with tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, disable=None if shown else True) as bar:
-        yield bar.update
+    def __init__(self, total: int, stream, every: float = 30.0):
+        from tqdm import tqdm
+
+        self.total, self.stream, self.every, self.done = total, stream, every, 0
+        self.bar = tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, file=stream) if stream.isatty() \
+            else None
+        self._last = time.monotonic()
+
+    def __call__(self, n: int) -> None:
+        self.done += n
+        if self.bar is not None:
+            self.bar.set_postfix_str("", refresh=False)
+            self.bar.update(n)
+        elif self.done == self.total or time.monotonic() - self._last >= self.every:
+            self._line(f"{self.done} of {self.total} questions recorded")
+
+    def decoding(self, steps: int, most: int, rows: int) -> None:
+        text = f"decoding {rows} questions: {steps} of at most {most} new tokens"
+        if self.bar is not None:
+            self.bar.set_postfix_str(text)
+        elif time.monotonic() - self._last >= self.every:
+            self._line(f"{self.done} of {self.total} questions recorded; {text}")
+
+    def _line(self, text: str) -> None:
+        print(f"POPE: {text}", file=self.stream, flush=True)
+        self._last = time.monotonic()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+@contextmanager
+def progress_bar(total: int, shown: bool, stream=None):
+    """eval's progress (SweepProgress on stderr, only where `shown`: rank 0); entered, the callable told of more
+    done, with its `decoding`."""
+    import sys
+
+    if not shown:
+        yield lambda n: None
+        return
+    progress = SweepProgress(total, sys.stderr if stream is None else stream)
+    try:
+        yield progress
+    finally:
+        progress.close()
 
 
 @contextmanager
