@@ -23,11 +23,21 @@ def _cells(line: str) -> list[str]:
     return [c.strip() for c in line.strip().strip("|").split("|")]
 
 
+NUMBER = re.compile(r"[-+]?(\d[\d.,]*|\.\d+)(e[-+]?\d+)?%?|-|\[[^\]]*\]|nan|inf", re.IGNORECASE)
+
+
 def _table(lines: list[str]) -> str:
-    """A pipe table; its second line (|---|) sets the header apart. Numeric columns align right (STYLE)."""
+    """A pipe table; its second line (|---|) sets the header apart. A column of numbers (intervals, "-" among them)
+    aligns right, as the page's tables do; a column with words in it aligns left."""
     head, rows = _cells(lines[0]), [_cells(line) for line in lines[2:]]
-    thead = "".join(f"<th>{inline(c)}</th>" for c in head)
-    body = "".join("<tr>" + "".join(f"<td>{inline(c)}</td>" for c in row) + "</tr>" for row in rows)
+    words = [any(not NUMBER.fullmatch(row[k]) for row in rows if k < len(row)) for k in range(len(head))]
+
+    def cell(tag: str, k: int, text: str) -> str:
+        aligned = ' style="text-align:left"' if words[k] else ""
+        return f"<{tag}{aligned}>{inline(text)}</{tag}>"
+
+    thead = "".join(cell("th", k, c) for k, c in enumerate(head))
+    body = "".join("<tr>" + "".join(cell("td", k, c) for k, c in enumerate(row)) + "</tr>" for row in rows)
     return f'<div class="wide"><table><thead><tr>{thead}</tr></thead><tbody>{body}</tbody></table></div>'
 
 

@@ -116,7 +116,9 @@ def test_mme_end_to_end(checkpoint, tmp_path):
     data = _mme(tmp_path / "mme.parquet")
     printed = _eval(checkpoint, data, tmp_path, tmp_path / "run")  # images are embedded: --images unused
     # MME's own numbers lead; no yes-positive F1 table per subtask (issue 35: ~290 lines of them before)
-    assert printed.splitlines()[1].startswith("### MME") and "F1 95% CI" not in printed, printed
+    lines = printed.splitlines()
+    after = next(i for i, line in enumerate(lines) if "unique prompts evaluated" in line) + 1
+    assert lines[after].startswith("### MME") and "F1 95% CI" not in printed, printed
     records = read_records(tmp_path / "run")
     assert {e.dataset for e in records.entries} == {"mme"} and len(records.entries) == 8
     scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
@@ -186,7 +188,8 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     page = (tmp_path / "report/report.html").read_text()
     shown = [f"| {r['split']} |" for r in scored["rules"]["vlmevalkit"]["rows"]]
     assert shown == ["| Overall |", "| VD |", "| VS |", "| VD_illusion |", "| VS_chart |"]
-    assert "score file, its rows:" in page and all(f"<tr><td>{cell[2:-2]}</td>" in page for cell in shown)
+    assert "score file, its rows:" in page and all(f'<tr><td style="text-align:left">{cell[2:-2]}</td>' in page
+                                                    for cell in shown)  # a column of names: aligned left
     assert "<pre>" not in page  # tables, not markdown text in a box (issue 35)
     # a fresh run gives the text-only question the same answer as the resumed one
     _eval(checkpoint, data, images, tmp_path / "fresh")
