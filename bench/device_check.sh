@@ -8,7 +8,8 @@
 # Wheels in .whl/ are installed first (for a machine without a package index); POPE question files in
 # .device-pope/ replace the built-in questions; MODELS (families, in order), BUDGET (seconds for all of it,
 # default 500) and BENCH_TIMEOUT (seconds per family, default 170) adjust the run; KERNELS=0 skips the kernel
-# benchmark (25 s on an H200) and VERIFY=0 the fp16 `pope-fast verify` of every family's tiny checkpoint.
+# benchmark (25 s on an H200) and VERIFY=0 the fp16 `pope-fast verify` of every family's tiny checkpoint
+# (VERIFY_MODELS: only these).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -33,11 +34,13 @@ cd "$OUT" || exit 1
 # parameters) is 62 GB in fp16, more than the lent machine's disk: name it in MODELS where the disk holds it
 MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*(f for f in FAMILIES if f != 'qwen3_vl_moe'))")}
 # `pope-fast verify` in fp16 on each family's tiny random checkpoint (bench keeps them in --work-dir): the engine
-# against transformers' class where cuBLAS and the Triton kernels compute (VERIFY=0 skips it; ~2 minutes)
+# against transformers' class where cuBLAS and the Triton kernels compute; every family unless VERIFY_MODELS names
+# some (VERIFY=0 skips it; ~2 minutes)
+VERIFY_MODELS=${VERIFY_MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*FAMILIES)")}
 if [ "${VERIFY:-1}" != 0 ]; then
-  timeout 240 pope-fast bench --models "$(echo "$MODELS" | tr ' ' ',')" --size tiny --questions 6 --no-reference \
-    --work-dir /tmp/pope-fast-tiny > /dev/null 2> "$OUT/verify-bench.err"
-  for model in $MODELS; do
+  timeout 240 pope-fast bench --models "$(echo "$VERIFY_MODELS" | tr ' ' ',')" --size tiny --questions 6 \
+    --no-reference --work-dir /tmp/pope-fast-tiny > /dev/null 2> "$OUT/verify-bench.err"
+  for model in $VERIFY_MODELS; do
     [ -d "/tmp/pope-fast-tiny/$model-tiny" ] || { echo "verify $model: no tiny checkpoint"; continue; }
     timeout 90 pope-fast verify --model "/tmp/pope-fast-tiny/$model-tiny" --dtype fp16 > "$OUT/verify-$model.txt" 2>&1
     echo "verify $model: $(tail -1 "$OUT/verify-$model.txt")"
