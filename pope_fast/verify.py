@@ -9,6 +9,7 @@ logits closer than that bound is a near-tie, reported, not failed) and the conti
 """
 from __future__ import annotations
 
+import gc
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -85,12 +86,18 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
         asked = _questions(n_questions, images_dir, Path(tmp))
         ours = {(path, q): answer for path, texts in asked.items()
                 for q, answer in zip(texts, engine.score(path, texts))}
+        prompts = {q: engine.prompt(q) for _, q in ours}
+        side = Ours(engine.readout.token_sets, engine.model.stop_ids, engine.model.tokenizer, settings.torch_dtype)
+        del engine  # its weights go before transformers' come: one model on the device at a time
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
         reference = load_reference(Path(model_dir), settings)
         processor = family.reference_processor(Path(model_dir))
         for (path, question), answer in ours.items():
-            logits, generated = reference_answer(reference, processor, path, engine.prompt(question), settings,
+            logits, generated = reference_answer(reference, processor, path, prompts[question], settings,
                                                   max_new_tokens)
-            _compare(verdict, engine, question, answer, logits, generated)
+            _compare(verdict, side, question, answer, logits, generated)
     verdict.bound = BOUND[settings.torch_dtype] * verdict.scale
     if verdict.worst_logit > verdict.bound:
         verdict.disagreements.insert(0, f"a candidate logit differs by {verdict.worst_logit:.3g}, over the bound "
@@ -117,7 +124,17 @@ def _questions(n: int, images_dir: Path | None, tmp: Path) -> dict[Path, list[st
     return asked
 
 
-def _compare(verdict: Verdict, engine: Engine, question: str, answer, logits: torch.Tensor, generated: list[int]):
+@dataclass(frozen=True)
+class Ours:
+    """What the comparison reads of the engine once its weights are gone."""
+
+    token_sets: dict
+    stop_ids: set[int]
+    tokenizer: object
+    dtype: torch.dtype
+
+
+def _compare(verdict: Verdict, engine: Ours, question: str, answer, logits: torch.Tensor, generated: list[int]):
     """One question's four comparisons, added to the verdict."""
     verdict.questions += 1
     ids = sorted(answer.candidate_logits)
@@ -129,11 +146,11 @@ def _compare(verdict: Verdict, engine: Engine, question: str, answer, logits: to
     else:
         verdict.disagreements.append(f"{question!r}: argmax {answer.first_token_id} here, {int(logits.argmax())} in "
                                      "transformers")
-    step = BOUND[engine.settings.torch_dtype] * max(1.0, scale)
+    step = BOUND[engine.dtype] * max(1.0, scale)
     for name in LOGIT_READOUTS:
-        if name not in engine.readout.token_sets:
+        if name not in engine.token_sets:
             continue
-        sets = engine.readout.token_sets[name]
+        sets = engine.token_sets[name]
         theirs = compare_max_logits({i: float(logits[i]) for i in sets.ids}, sets)
         if answer.predictions.get(name) == theirs:
             verdict.decisions[name] = verdict.decisions.get(name, 0) + 1
@@ -142,8 +159,8 @@ def _compare(verdict: Verdict, engine: Engine, question: str, answer, logits: to
         (verdict.near_ties if margin <= 2 * step else verdict.disagreements).append(
             f"{question!r}: {name} says {answer.predictions.get(name)} here, {theirs} in transformers "
             f"(yes - no margin {margin:.3g})")
-    stop = next((k for k, t in enumerate(generated) if t in engine.model.stop_ids), len(generated))
-    text = engine.model.tokenizer.decode(generated[:stop], skip_special_tokens=True)
+    stop = next((k for k, t in enumerate(generated) if t in engine.stop_ids), len(generated))
+    text = engine.tokenizer.decode(generated[:stop], skip_special_tokens=True)
     if (answer.decoded or "") == text:
         verdict.continuations_equal += 1
     else:
