@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ..readouts import READOUTS
 from ..records import strict_json
+from .tables import markdown_table
 
 
 def format_compare(result: dict, fmt: str = "markdown") -> str:
@@ -46,11 +47,6 @@ def _flag(pair: dict) -> list[str]:
     return flags
 
 
-def _table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
-                      *("| " + " | ".join(r) + " |" for r in rows)])
-
-
 def _signed(value: float) -> str:
     return f"{value:+.4f}"
 
@@ -68,7 +64,7 @@ def _summary(pair: dict) -> list[str]:
     lines = [f"### {_title(pair)}"]
     if pair["same_model"] is False:
         lines.append("The runs read different checkpoints: this compares models.")
-    lines += [*_flag(pair), _table(header, rows), _ranking_line(pair)]
+    lines += [*_flag(pair), markdown_table(header, rows), _ranking_line(pair)]
     lines += _left_out(pair)
     return lines
 
@@ -121,7 +117,7 @@ def _details(pair: dict) -> list[str]:
         q = pair["questions"][split]
         lines += [f"### {split}: {_title(pair)}, {q['compared']} questions compared", *_flag(pair)]
         if table:
-            lines.append(_table(list(DETAIL_COLUMNS), [_detail_row(n, r) for n, r in table.items()]))
+            lines.append(markdown_table(list(DETAIL_COLUMNS), [_detail_row(n, r) for n, r in table.items()]))
         else:
             lines.append("No question answered by both runs.")
     return lines

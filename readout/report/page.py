@@ -270,7 +270,7 @@ def _benchmark_comparisons(page: "Page", inputs: Inputs) -> None:
     """A paired benchmark folder's compare.json (`pope-fast compare` on the benchmark's own metrics) as tables."""
     for where, result, _ in inputs.comparisons:
         if "benchmark" in result:
-            page.html(markdown_html(format_benchmark_compare(result)).replace("<h3>", "<h3>", 1)
+            page.html(markdown_html(format_benchmark_compare(result))
                       + f"<p>From <code>{html.escape(str(where))}</code>.</p>")
 
 
@@ -296,8 +296,9 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
     out = Path(out_dir)
     inputs = read_inputs(paths, seed=seed, resamples=resamples)
     labels = model_labels(list(inputs.metas))
-    benchmarks = {b.name: b for b in map(run_benchmark, _record_sets(inputs).values()) if b is not None}
-    pope = Inputs([(run, records) for run, records in inputs.scored if run_benchmark(records) is None], inputs.metas,
+    kind = {source: run_benchmark(records) for source, records in _record_sets(inputs).items()}  # None: POPE
+    benchmarks = {b.name: b for b in kind.values() if b is not None}
+    pope = Inputs([(run, records) for run, records in inputs.scored if kind[records.source] is None], inputs.metas,
                   [c for c in inputs.comparisons if "benchmark" not in c[1]])
     if protocol is not None:
         for benchmark in benchmarks.values():
