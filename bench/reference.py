@@ -5,15 +5,16 @@ turns logits into decisions."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
 import torch
 
-from ..engine import PromptResult, Settings
+from ..engine import FAMILIES, PromptResult, Settings
+from ..engine.loader import read_config
 from ..engine.models import family_class
-from ..engine.reference import load_reference
+from ..engine.reference import ReferenceModel
 from ..readout import Question
 from ..readout.readout_plan import ReadoutPlan
 from .measure import median_run, peak_memory_mb, reset_peak_memory
@@ -36,16 +37,14 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
 
     device = settings.torch_device
     reset_peak_memory(device)
-    model = load_reference(checkpoint, settings)
-    processor = family_class(model.config.model_type).reference_processor(checkpoint)
+    # the checkpoint's generation rules as generate applies them (the backend's model, under "greedy")
+    reference = ReferenceModel(checkpoint, replace(settings, generation_config="greedy"), _family(checkpoint))
 
     def answer(q: Question):
-        inputs = processor(images=Image.open(images / q.image), text=spec.prompts[q.text], return_tensors="pt")
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        inputs["pixel_values"] = inputs["pixel_values"].to(settings.torch_dtype)
+        inputs = reference.inputs([Image.open(images / q.image).convert("RGB")], [spec.prompts[q.text]])
         with torch.inference_mode():
-            return model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
-                                  return_dict_in_generate=True)
+            return reference.model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
+                                            return_dict_in_generate=True)
 
     answer(questions[0])  # untimed, as pope-fast's warmup: one-time costs are not per-question costs
     walls = []
@@ -67,3 +66,9 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
                "questions_per_s": round(len(questions) / wall, 2), "runs_s": [round(w, 3) for w in walls],
                "peak_memory_mb": round(peak_memory_mb(device), 1)}
     return figures, decisions
+
+
+def _family(checkpoint: Path):
+    """The engine's family of the checkpoint (its processor and templates), or None where it has none."""
+    model_type = read_config(checkpoint).get("model_type")
+    return family_class(model_type) if model_type in FAMILIES else None

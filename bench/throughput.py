@@ -17,7 +17,7 @@ from typing import Callable
 import torch
 
 from ..distributed import Shard
-from ..engine import FAMILIES, Engine, Settings, parse_method
+from ..engine import FAMILIES, Engine, Settings, load_engine, parse_method
 from ..engine.models import family_class
 from ..engine.synthetic import builtin_questions, write_checkpoint, write_images
 from ..hub import TOKENIZER_FILES, local_or_hub
@@ -111,7 +111,7 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     images = write_images(work / "images", [q.image for q in questions])
     reset_peak_memory(settings.torch_device)
     load_start = time.perf_counter()
-    engine = Engine.load(checkpoint, settings, readouts=BENCH_READOUTS)
+    engine = load_engine(checkpoint, settings, readouts=BENCH_READOUTS)  # a model without a family: transformers'
     engine.warmup()
     engine.meta()  # hashes the checkpoint's files once (what a resume is proven by), outside the timed runs
     load_s = time.perf_counter() - load_start
@@ -126,7 +126,7 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     ours.update(floor_figures(engine.model.matmul_flops(counts), ours["wall_s"], settings.torch_device))
     entry = {"checkpoint": str(checkpoint), "size": cfg.size if name not in cfg.model_dirs else "checkpoint",
              "pope_fast": ours}
-    unavailable = family_class(name).reference_unavailable
+    unavailable = family_class(name).reference_unavailable if name in FAMILIES else None
     if not cfg.reference or unavailable:
         if cfg.reference:
             entry["reference_unavailable"] = unavailable

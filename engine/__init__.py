@@ -8,6 +8,7 @@ The sweep over question files and its run folders, and torchrun, are the applica
 `pope_fast.sweep` (run_pope, run_paired, SweepResult, write_summaries) and `pope_fast.distributed`
 (Shard, RankError).
 """
+from .backend import BACKENDS, load_engine
 from .core import Answer, Engine, Prepared
 from .images import ImageError, LoadedImage, check_images, image_file, read_image
 from .interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
@@ -21,7 +22,7 @@ from .settings import Settings
 from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
-__all__ = ["Answer", "Engine", "Prepared", "ImagePrompts", "FAMILIES", "Family", "load_model", "ImageError",
+__all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImagePrompts", "FAMILIES", "Family", "load_model", "ImageError",
            "LoadedImage", "check_images", "image_file", "read_image", "AttentionEdit", "Intervention",
            "ImageAttentionAmplification", "ImageAttentionTemperature", "PAIAttention", "CheckpointError",
            "PromptLayout", "PromptResult", "METHODS", "Method", "parse_method", "Settings", "Counts", "Timings",

@@ -56,6 +56,8 @@ class Answer(PromptResult):
 
 
 class Engine:
+    runner_class = Runner  # what runs a call's prompts (the transformers backend's runs them whole)
+
     def __init__(self, model: Family, settings: Settings, template: Template | str | None = None,
                  readouts: str | list[str] | None = None, cache: VisionCache | None = None,
                  lengths: dict[str, int] | None = None):
@@ -70,7 +72,7 @@ class Engine:
                                         max_new_tokens=settings.max_new_tokens, positions=dims.max_positions,
                                         lengths=lengths, answer_cut=ANSWER_CUTS.get(settings.answer_cut))
         self.cache = cache or VisionCache()
-        self.runner = Runner(model, settings, self.readout)
+        self.runner = self.runner_class(model, settings, self.readout)
         # part of every feature-cache key (a re-encoding only where one is asked: the keys of before stay valid)
         self._preprocess = model.preprocess_settings() | (
             {"reencode": settings.image_reencode} if settings.image_reencode != "none" else {}) | (
@@ -115,7 +117,7 @@ class Engine:
     def reset(self, clear_cache: bool = False) -> None:
         """Timings and counts restart; with clear_cache, cached image features and text-only logits are
         forgotten too (an empty in-memory cache replaces the engine's), so the next sweep runs cold."""
-        self.runner = Runner(self.model, self.settings, self.readout)
+        self.runner = self.runner_class(self.model, self.settings, self.readout)
         if clear_cache:
             self.cache = VisionCache()
             self._text_logits = {}
@@ -133,7 +135,8 @@ class Engine:
             self._file_digests = checkpoint_digests(self.model.folder)
         plan = self.readout_of(method).to_meta()
         return {
-            "model": {"path": str(self.model.folder), "family": self.model.family, "files": self._file_digests},
+            "model": {"path": str(self.model.folder), "family": self.model.family, "backend": self.model.backend,
+                      "files": self._file_digests},
             "template": self.template.name,
             "prompt_example": self.template.render(SAMPLE_QUESTION, self.model.tokenizer),
             "readouts": plan["readouts"], "token_sets": plan["token_sets"], "candidate_ids": plan["candidate_ids"],
@@ -146,6 +149,10 @@ class Engine:
             "method": method.to_json(self.model.lm.dims.num_layers),
             "protocol_coverage": protocol_coverage(self.model.folder),  # what `score --protocol` checks against
         }
+
+    def check_method(self, method: Method) -> None:
+        """ValueError where a method's settings do not fit the model (a layer range past its layers, say)."""
+        method.passes(self.model.lm.dims.num_layers)
 
     def _loaded(self, image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:
         """An image as the API takes one: a file path, a file's bytes, a PIL image or a LoadedImage."""

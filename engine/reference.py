@@ -1,19 +1,41 @@
-"""transformers' own model of a checkpoint, the reference the engine is held against (bench's pipeline,
-`pope-fast verify`): the class its config names through AutoModelForImageTextToText, on the device, NF4 as
-transformers' bitsandbytes integration quantizes it."""
+"""transformers' own model of a checkpoint: the reference the engine is held against (bench's pipeline,
+`pope-fast verify`) and the backend that runs every model the engine has no family for (`ReferenceModel`,
+run by reference_engine.ReferenceEngine): transformers' image-text-to-text class of its model_type, on the device,
+NF4 as transformers' bitsandbytes integration quantizes it; its processor and chat template make the inputs."""
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from PIL import Image
 
+from .loader import CheckpointError, generation_config, quiet_fallback, read_config, stop_ids
 from .settings import Settings
+
+# generation_config fields of sampling, which a greedy generate does not read (left out, as it warns of them)
+SAMPLING = ("do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
+            "transformers_version")
+# The image-token id a config names, under the names transformers' classes use for it.
+IMAGE_TOKEN_FIELDS = ("image_token_id", "image_token_index")
+
+
+def reference_class(folder: Path, config: dict):
+    """transformers' image-text-to-text Auto class, where it maps the checkpoint's model_type; CheckpointError
+    where it does not."""
+    import transformers
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MAPPED
+
+    if config.get("model_type") not in MAPPED:
+        raise CheckpointError(f"{folder}/config.json: model_type {config.get('model_type')!r} has no "
+                              "image-text-to-text class in transformers")
+    return transformers.AutoModelForImageTextToText
 
 
 def load_reference(checkpoint: Path, settings: Settings):
     """The transformers model of a checkpoint, on the device, NF4 as transformers quantizes it."""
-    from transformers import AutoModelForImageTextToText, BitsAndBytesConfig
+    from transformers import BitsAndBytesConfig
 
     kwargs = {"dtype": settings.torch_dtype}
     if settings.quant == "nf4":
@@ -21,18 +43,154 @@ def load_reference(checkpoint: Path, settings: Settings):
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=settings.torch_dtype)
         kwargs["device_map"] = str(settings.torch_device)
-    model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), **kwargs).eval()
+    from transformers.utils import logging
+
+    bar = logging.is_progress_bar_enabled()
+    logging.disable_progress_bar()  # its "Loading weights" bar: `\r` lines in a log, and the CLI has its own
+    try:
+        with quiet_fallback():  # the PIL image processors' torchvision notice
+            model = reference_class(checkpoint, read_config(checkpoint)).from_pretrained(str(checkpoint),
+                                                                                         **kwargs).eval()
+    finally:
+        if bar:
+            logging.enable_progress_bar()
     return model if settings.quant == "nf4" else model.to(settings.torch_device)
 
 
-def reference_answer(model, processor, image: Path, prompt: str, settings: Settings, max_new_tokens: int
-                     ) -> tuple[torch.Tensor, list[int]]:
-    """transformers' answer-position logits (fp32, on the CPU) and its greedy new tokens (generate, which applies
-    the checkpoint's generation_config.json) for one prompt about one image."""
-    inputs = processor(images=Image.open(image).convert("RGB"), text=prompt, return_tensors="pt")
-    inputs = {k: v.to(settings.torch_device) for k, v in inputs.items()}
-    inputs["pixel_values"] = inputs["pixel_values"].to(settings.torch_dtype)
-    with torch.inference_mode():
-        logits = model(**inputs).logits[0, -1].float().cpu()
-        out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
-    return logits, out[0, inputs["input_ids"].shape[1]:].tolist()
+@dataclass(frozen=True)
+class ReferenceDims:
+    """What the rest of the code reads of a language model's shape (decoder.DecoderDims' names)."""
+
+    num_layers: int
+    max_positions: int
+    vocab_size: int
+    mrope_section: None = None  # the positions are the processor's and the class's own
+    sliding_window: None = None
+
+
+@dataclass(frozen=True)
+class ReferenceLM:
+    dims: ReferenceDims
+
+
+class ReferenceModel:
+    """A checkpoint as transformers runs it, declaring what the engine's families declare (family.Family's
+    names): its model_type, tokenizer, stop ids, generation config, template, the language model's shape. A
+    family's checkpoint keeps the family's templates and processor (`--backend transformers` on it); any other
+    renders its chat template (else the question as it is) and the processor places the image's tokens."""
+
+    backend = "transformers"
+    features_per_prompt = False
+
+    def __init__(self, folder: Path, settings: Settings, family=None):
+        config = read_config(folder)
+        self.folder, self.settings, self.config = folder, settings, config
+        self.family = config.get("model_type")
+        self.name = f"{family.name if family else self.family} (transformers)"
+        self.model = load_reference(folder, settings)
+        with quiet_fallback():
+            self.processor = family.reference_processor(folder) if family else _processor(folder)
+        # a processor object takes a batch; a family's stand-in function (where transformers' own needs
+        # torchvision) one prompt and its image
+        self.batched = hasattr(self.processor, "tokenizer")
+        self.tokenizer = self.processor.tokenizer if self.batched else _tokenizer(folder)
+        self.tokenizer.padding_side = "left"  # a batch's answer positions all last
+        self.generation_config = generation_config(folder)
+        self.stop_ids = stop_ids(self.generation_config, self.tokenizer)
+        self.model.generation_config = self._rules()
+        chat = bool(getattr(self.tokenizer, "chat_template", None))
+        self.default_template = family.default_template if family else ("reference_chat" if chat else
+                                                                          "reference_plain")
+        self.image_marker = family.image_marker if family else ""  # else the processor places the image's tokens
+        text = self.model.config.get_text_config()
+        self.lm = ReferenceLM(ReferenceDims(
+            num_layers=text.num_hidden_layers, max_positions=getattr(text, "max_position_embeddings", None) or 1 << 20,
+            vocab_size=self.model.get_output_embeddings().weight.shape[0]))
+        self.image_token_id = next((config[f] for f in IMAGE_TOKEN_FIELDS if isinstance(config.get(f), int)), None)
+        self.text_only_refusal = family.text_only_refusal if family else self._text_only_refusal()
+        self.feature_fingerprint = f"transformers:{self.family}"  # never cached: the key names the image alone
+
+    def _rules(self):
+        """The generation config generate reads, as the settings apply the checkpoint's (engine.settings'
+        generation_config): under "greedy" the checkpoint's own, sampling off; under "none" only its stop and pad
+        ids (generate fills every field a given config leaves unset from the model's, so the model's is replaced)."""
+        from transformers import GenerationConfig
+
+        own = self.model.generation_config
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else min(self.stop_ids)
+        if self.settings.generation_config == "greedy":
+            rules = GenerationConfig(**{k: v for k, v in own.to_dict().items() if k not in SAMPLING})
+        else:
+            rules = GenerationConfig(bos_token_id=own.bos_token_id)
+        rules.update(do_sample=False, eos_token_id=sorted(self.stop_ids), pad_token_id=pad)
+        return rules
+
+    def _text_only_refusal(self) -> str | None:
+        """Why the class or its processor takes no prompt without an image (BLIP-2's forward requires pixel_values,
+        PaliGemma's processor an image), or None."""
+        pixels = inspect.signature(self.model.forward).parameters.get("pixel_values")
+        if pixels is not None and pixels.default is inspect.Parameter.empty:
+            return f"{type(self.model).__name__}.forward requires pixel_values"
+        try:
+            self.processor(text=["Is there a dog?"], return_tensors="pt")
+        except (ValueError, TypeError) as why:
+            return f"its processor takes no prompt without an image ({str(why).splitlines()[0]})"
+        return None
+
+    def preprocess_settings(self) -> dict:
+        return {"backend": self.backend}
+
+    def preprocess(self, image: Image.Image) -> Image.Image:
+        """The image as the processor takes it: RGB (the processor resizes and normalizes it with the prompt)."""
+        return image.convert("RGB")
+
+    def inputs(self, images: list[Image.Image | None], prompts: list[str]) -> dict:
+        """The processor's batch (left-padded) on the device, floating tensors in the model's dtype; images all
+        None for text-only prompts."""
+        if not self.batched:
+            [image], [prompt] = images, prompts
+            out = self.processor(images=image, text=prompt, return_tensors="pt")
+        elif any(image is not None for image in images):
+            out = self.processor(images=[[image] for image in images], text=prompts, padding=True,
+                                 return_tensors="pt")
+        else:
+            out = self.processor(text=prompts, padding=True, return_tensors="pt")
+        out = {k: v for k, v in dict(out).items() if k != "labels"}  # PaliGemma's, for a loss not computed here
+        return {k: v.to(self.settings.torch_device, self.settings.torch_dtype if v.is_floating_point() else None)
+                for k, v in out.items()}
+
+    def answer(self, image: Image.Image, prompt: str, max_new_tokens: int) -> tuple[torch.Tensor, list[int]]:
+        """One prompt about one image, alone: the answer position's logits (fp32, on the CPU) and generate's
+        greedy new tokens (under the settings' generation rules), as a user of the class computes them."""
+        inputs = self.inputs([image.convert("RGB")], [prompt])
+        with torch.inference_mode():
+            logits = self.model(**inputs).logits[0, -1].float().cpu()
+            out = self.model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
+        return logits, out[0, inputs["input_ids"].shape[1]:].tolist()
+
+    def vision_tokens(self, image: Image.Image) -> int:
+        """The image tokens a prompt of this image holds (what torchrun's step costs weigh)."""
+        ids = self.inputs([image], ["Is there a dog?"])["input_ids"][0]
+        return int((ids == self.image_token_id).sum()) if self.image_token_id is not None else 0
+
+    def matmul_flops(self, counts) -> float:
+        """Two FLOPs per parameter per token run (every prompt whole, every decode step), the vision side's
+        counted in: an estimate for bench's floor, not a count of the class's kernels."""
+        params = sum(p.numel() for p in self.model.parameters())
+        return 2.0 * params * (counts.suffix_tokens + counts.decode_steps)
+
+
+def _processor(folder: Path):
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(str(folder))
+    except (OSError, ValueError, ImportError) as why:
+        raise CheckpointError(f"{folder}: transformers' processor does not load ({str(why).splitlines()[0]})") \
+            from None
+
+
+def _tokenizer(folder: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(folder))

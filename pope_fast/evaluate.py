@@ -13,7 +13,7 @@ from typing import Callable, ContextManager
 
 from .builtin import demo_inputs
 from .distributed import Shard, every_rank
-from .engine import Engine, Settings, Timings, parse_method
+from .engine import Settings, Timings, load_engine, parse_method
 from .engine.models import protocol_for
 from .hub import resolve_inputs
 from .progress import watched
@@ -53,11 +53,12 @@ class EvalJob:
     protocol: str | None = None  # a published protocol (readout/protocols/): its prompt, length, image aspect
     benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
     hub: dict | None = None  # the hub snapshots --model and --questions named (hub.Inputs.sources), for meta.json
+    backend: str = "auto"  # engine | transformers | auto (the engine where it has the model's family)
 
     @classmethod
     def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
                      no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, limit=None,
-                     command=None, protocol=None, benchmark=None, subset=None, **settings) -> "EvalJob":
+                     command=None, protocol=None, benchmark=None, subset=None, backend="auto", **settings) -> "EvalJob":
         """The job of `pope-fast eval`'s options (every other option is a Settings field); hub ids among the
         model and questions are fetched here, or found in the cache (hub.resolve_inputs)."""
         def path(p):
@@ -67,7 +68,7 @@ class EvalJob:
         return cls(Path(out_dir), inputs.model_dir, inputs.question_files, path(images_dir), demo_questions,
                    inputs.split, dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
                    {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol, benchmark,
-                   inputs.sources)
+                   inputs.sources, backend)
 
 
 @dataclass
@@ -183,8 +184,11 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         asked = None
         if benchmark is not None and job.protocol:  # the tool's task prompt, inside its model class's template
             questions, asked = asked_questions(benchmark, job.protocol, questions, template)
-        engine = Engine.load(model_dir, settings, template=template, readouts=job.readouts, cache_dir=job.cache_dir,
-                             lengths=lengths)
+        engine = load_engine(model_dir, settings, backend=job.backend, template=template, readouts=job.readouts,
+                             cache_dir=job.cache_dir, lengths=lengths)
+        if engine.model.backend == "transformers" and lead:
+            notice(f"{engine.model.name}: the reference path (transformers' own class, every prompt whole: no prefix "
+                   "reuse, no feature cache)")
         questions = _limited(questions, job.limit)
         per_image = Counter(q.image for q in questions)
         engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes

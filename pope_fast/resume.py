@@ -27,7 +27,8 @@ def _resume_fingerprint(meta: dict) -> dict:
     tokenizer = {k: meta.get("tokenizer", {}).get(k) for k in ("class", "vocab_size")}
     model = meta.get("model") or {}
     method = meta.get("method") or {}  # absent before paired runs: the model as it is
-    return {"model": {"family": model.get("family"), "files": model.get("files") or {}},
+    return {"model": {"family": model.get("family"), "files": model.get("files") or {},
+                      "backend": model.get("backend", "engine")},  # absent before the transformers backend
             "method": {"name": method.get("name", "none"), "settings": method.get("settings") or {}},
             "template": meta.get("template"), "token_sets": meta.get("token_sets"), "settings": settings,
             # the prompt itself: a template's text fixed under the same name (llava_official's system text) is

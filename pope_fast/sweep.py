@@ -91,8 +91,8 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
               workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
               provenance: dict | None = None) -> list[SweepResult]:
     """The sweep of run_pope and run_paired: every folder's method on the questions, out_dir locked."""
-    for f in folders:  # settings that do not fit this model are refused before any folder is touched
-        f.method.passes(engine.model.lm.dims.num_layers)
+    for f in folders:  # settings that do not fit this model (or its backend) are refused before any folder is touched
+        engine.check_method(f.method)
     seen = set()
     for q in questions:
         key = record_key(q.split, q.key, q.dataset)

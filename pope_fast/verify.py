@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from PIL import Image
 
 from .engine import Engine, Settings
 from .engine.loader import read_config
 from .engine.models import family_class
-from .engine.reference import load_reference, reference_answer
+from .engine.reference import ReferenceModel
 from .engine.synthetic import builtin_questions, write_images
 from .readout import LOGIT_READOUTS
 from .readout.readouts import compare_max_logits
@@ -92,11 +93,9 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        reference = load_reference(Path(model_dir), settings)
-        processor = family.reference_processor(Path(model_dir))
+        reference = ReferenceModel(Path(model_dir).expanduser().resolve(), settings, family)
         for (path, question), answer in ours.items():
-            logits, generated = reference_answer(reference, processor, path, prompts[question], settings,
-                                                  max_new_tokens)
+            logits, generated = reference.answer(Image.open(path), prompts[question], max_new_tokens)
             _compare(verdict, side, question, answer, logits, generated)
     verdict.bound = BOUND[settings.torch_dtype] * verdict.scale
     if verdict.worst_logit > verdict.bound:

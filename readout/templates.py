@@ -87,6 +87,14 @@ OWN_TEMPLATES: dict[str, Template] = {
         Template("internvl_chat", "", "<IMG_CONTEXT>",
                  "the tokenizer's chat template (InternVL3-hf's: images as '<IMG_CONTEXT>\\n'), one user message "
                  "[image, question + yes/no instruction]", chat=True),
+        # the transformers backend's, for a model the engine has no family for: the processor places the image's
+        # tokens (the chat template's image part, or before the text where the processor puts them)
+        Template("reference_chat", "", "",
+                 "the checkpoint's chat template (the transformers backend), one user message "
+                 "[image, question + yes/no instruction]", chat=True),
+        Template("reference_plain", "{question}" + YES_NO_SUFFIX, "",
+                 "the question and the yes/no instruction as the processor takes them (a checkpoint without a chat "
+                 "template, on the transformers backend)"),
     )
 }
 

@@ -61,6 +61,7 @@ class Family:
     # The Settings bounds its image processor takes, each → the processor's keyword arguments it sets
     processor_bounds: ClassVar[dict[str, tuple[str, str]]] = {}
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
+    backend: ClassVar[str] = "engine"  # what runs it (meta.json's model.backend; the other: reference.ReferenceModel)
 
     tokenizer: object
     lm: DecoderLM

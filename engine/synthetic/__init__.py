@@ -122,6 +122,30 @@ def builtin_tokenizer(folder: Path):
     return fast
 
 
+def builtin_chat_tokenizer(specials: list[str], *, eos: str, pad: str, bos: str | None = None,
+                           chat_template: str | None = None):
+    """A word-level stand-in for the tokenizer of a model the engine has no family for (the transformers backend's
+    checkpoints): COCO's words and the prompts', then `specials` (its image, turn and padding tokens), BOS
+    prepended where it has one, and its chat template's shape where it has one. Returned unsaved: its processor
+    saves it."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
+        "system user assistant User Assistant Question Answer answer : ? . , yes no Yes No only or Is is there in "
+        "the image a an en".split())
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(words))}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.add_special_tokens(list(dict.fromkeys([*([bos] if bos else []), eos, pad, *specials])))
+    if bos:
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token=bos, eos_token=eos, pad_token=pad)
+    if chat_template:
+        fast.chat_template = chat_template
+    return fast
+
+
 def builtin_bert_tokenizer(folder: Path):
     """A word-level BERT-like tokenizer ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4, lowercased
     words), standing in for bert-base-uncased on machines without it."""

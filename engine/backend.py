@@ -1,0 +1,34 @@
+"""Which backend runs a checkpoint: the engine where it has a family for the model_type, transformers' own class
+otherwise (reference_engine.ReferenceEngine), or the one `--backend` names."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .core import Engine
+from .loader import CheckpointError, read_config
+from .models import FAMILIES, unsupported
+from .reference_engine import ReferenceEngine
+from .settings import Settings
+
+BACKENDS = ("auto", "engine", "transformers")
+
+
+def resolve_backend(folder: Path, backend: str = "auto") -> str:
+    """"engine" or "transformers" for the checkpoint in `folder`; CheckpointError where the engine is asked for a
+    model_type it has no family for."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    model_type = read_config(folder).get("model_type")
+    if backend == "engine" and model_type not in FAMILIES:
+        raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}; --backend transformers runs it "
+                              "through transformers' own class")
+    return "engine" if backend != "transformers" and model_type in FAMILIES else "transformers"
+
+
+def load_engine(folder: str | Path, settings: Settings | None = None, *, backend: str = "auto", **kwargs) -> Engine:
+    """The Engine (Engine.load's keyword arguments) of the backend resolve_backend chooses."""
+    folder = Path(folder).expanduser().resolve()
+    if resolve_backend(folder, backend) == "engine":
+        return Engine.load(folder, settings, **kwargs)
+    model_type = read_config(folder).get("model_type")
+    return ReferenceEngine.load(folder, settings, family=model_type if model_type in FAMILIES else None, **kwargs)

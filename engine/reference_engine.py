@@ -1,0 +1,178 @@
+"""The transformers backend as an Engine: every prompt run whole through transformers' class of the checkpoint
+(reference.ReferenceModel), in batches of left-padded prompts, no prefix reuse and no feature cache. What it
+gives is what the engine gives, in the same PromptResults, so the sweep, records, readouts, methods, resume and
+torchrun above it are the engine's own: the answer position's candidate logits and argmax (the whole vocabulary's
+for contrastive methods), a continuation from `generate` (greedy or the tool's beam search, the checkpoint's
+generation rules where the settings apply them), VCD's noised pixels and ICD's system prompt. Attention edits
+(PAI) and the attention probe need the engine's own attention, and are refused in one line."""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+
+import torch
+from PIL import Image
+
+from .core import Engine, Prepared
+from .methods import Method, diffusion_noise, noise_generator
+from .models import family_class
+from .plan import PromptResult
+from .reference import ReferenceModel
+from .runner import ImagePrompts, Runner
+from .settings import Settings
+from .stats import Clock
+
+# settings the backend honours only at these values: what any other asks of the engine's own computation
+REFUSED = {
+    "probe": (("none",), "the attention probe reads the engine's own attention"),
+    "generation_config": (("none", "greedy"), "greedy_output gives generate the prompt as inputs_embeds (LLaVA's "
+                                              "own generate), and the backend gives it input_ids"),
+    "max_length": ((None,), "max_length counts the prompt as inputs_embeds (LAVIS's generate)"),
+    "image_mask": (("model",), "a causal image mask replaces the class's own attention mask"),
+    "image_aspect": (("processor",), "padding to square replaces the processor's own resizing"),
+    "quantize_lm_head": ((False,), "transformers keeps lm_head unquantized under load_in_4bit"),
+    "processor_pixels": ((None,), "pixel bounds are the checkpoint processor's"),
+    "processor_patches": ((None,), "tile bounds are the checkpoint processor's"),
+}
+
+
+def check_settings(settings: Settings) -> None:
+    """ValueError naming the first setting the backend cannot honour, and why."""
+    for name, (allowed, why) in REFUSED.items():
+        if getattr(settings, name) not in allowed:
+            raise ValueError(f"{name} {getattr(settings, name)!r}: the transformers backend cannot run it ({why})")
+
+
+@dataclass(frozen=True)
+class NoisedImage:
+    """VCD's noised copy of an image: the processor's pixel_values of the image, noised at `step` by the
+    generator of the image's key and the method's seed (methods.noise_generator), as the engine noises its
+    family's pixels."""
+
+    image: Image.Image
+    step: int
+    key: str
+    seed: int
+
+
+class ReferenceRunner(Runner):
+    """Runs prompts whole through transformers' class: the Runner's readout plan, allowances, counts and timings."""
+
+    def __init__(self, model: ReferenceModel, settings: Settings, readout):
+        super().__init__(model, settings, readout)
+        self._keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
+
+    def run_items(self, items: list[ImagePrompts], *, vocab: bool, decode: bool) -> list[list[PromptResult]]:
+        """Per image, per prompt, its PromptResult: consecutive prompts batched (batch_size, or one at a time
+        where the processor takes one), prompts with and without an image apart, a noised image's one at a time
+        (its noise is drawn over its own pixels, not a batch's padding)."""
+        rows = [(i, j, item.features, prompt) for i, item in enumerate(items) for j, prompt in enumerate(item.prompts)]
+        size = self.settings.batch_size if self.model.batched else 1
+        batches: list[list] = []
+        for row in rows:
+            last = batches[-1] if batches else None
+            alone = isinstance(row[2], NoisedImage)
+            if last and not alone and len(last) < size and (last[0][2] is None) == (row[2] is None) \
+                    and not isinstance(last[0][2], NoisedImage):
+                last.append(row)
+            else:
+                batches.append([row])
+        out = [[None] * len(item.prompts) for item in items]
+        for batch in batches:
+            for (i, j, _, _), result in zip(batch, self.run_batch_rows(batch, vocab=vocab, decode=decode)):
+                out[i][j] = result
+        return out
+
+    def run_batch_rows(self, batch: list, *, vocab: bool, decode: bool) -> list[PromptResult]:
+        model, device, ids = self.model, self.settings.torch_device, list(self.readout.candidate_ids)
+        images = [row[2].image if isinstance(row[2], NoisedImage) else row[2] for row in batch]
+        with Clock(self.timings, "image_encode", device):  # the processor: pixels and the prompt's image tokens
+            inputs = model.inputs(images, [row[3] for row in batch])
+            if isinstance(batch[0][2], NoisedImage):
+                inputs["pixel_values"] = _noised(inputs["pixel_values"], batch[0][2])
+        with Clock(self.timings, "question_prefill", device), torch.inference_mode():
+            out = model.model(**inputs, **({"logits_to_keep": 1} if self._keep else {}))
+            logits = out.logits[:, -1].float()
+            first = logits.argmax(dim=-1)
+        lengths = inputs["attention_mask"].sum(dim=1).tolist()
+        self.counts.prompts += len(batch)
+        self.counts.suffix_tokens += int(sum(lengths))
+        texts = [{}] * len(batch)
+        if self.readout.generates and decode:
+            texts = self._generated(inputs, lengths)
+        everything = list(logits) if vocab else [None] * len(batch)
+        return [PromptResult(f, dict(zip(ids, row)), vocab_logits=v, **text)
+                for f, row, text, v in zip(first.tolist(), logits[:, ids].tolist(), texts, everything)]
+
+    def _generated(self, inputs: dict, lengths: list[int]) -> list[dict]:
+        """Each row's continuation from `generate` (to the longest row's allowance), as its text readouts read it."""
+        s, device = self.settings, self.settings.torch_device
+        allowed = [self._steps(n) for n in lengths]
+        tool = {"min_new_tokens": s.min_new_tokens} if s.min_new_tokens else {}
+        tool |= {} if s.repetition_penalty is None else {"repetition_penalty": float(s.repetition_penalty)}
+        with Clock(self.timings, "decode", device), torch.inference_mode():
+            sequences = self.model.model.generate(**inputs, max_new_tokens=max(allowed), do_sample=False,
+                                                  num_beams=s.num_beams, length_penalty=s.length_penalty, **tool)
+        width = inputs["input_ids"].shape[1]
+        new = sequences[:, width:].tolist()
+        self.counts.decode_steps += sum(max(0, len(row) - 1) for row in new)
+        image_token = self.model.image_token_id
+        prompts = [[t for t, keep in zip(ids, mask) if keep and t != image_token]
+                   for ids, mask in zip(inputs["input_ids"].tolist(), inputs["attention_mask"].tolist())]
+        return [self.readout.texts(tokens[:steps], self.model.stop_ids, self._decode, prompt, self._decode_special)
+                for tokens, steps, prompt in zip(new, allowed, prompts)]
+
+
+def _noised(pixels: torch.Tensor, noised: NoisedImage) -> torch.Tensor:
+    values = diffusion_noise(pixels.float().cpu().numpy(), noised.step, noise_generator(noised.key, noised.seed))
+    return torch.from_numpy(values).to(pixels.device, pixels.dtype)
+
+
+class ReferenceEngine(Engine):
+    """The Engine over transformers' class: its readout plan, prompts, methods' passes, decisions and meta are the
+    Engine's; images are the processor's to prepare, and every pass runs through ReferenceRunner."""
+
+    runner_class = ReferenceRunner
+
+    @classmethod
+    def load(cls, folder, settings: Settings | None = None, *, template: str | None = None, readouts=None,
+             cache_dir=None, lengths: dict[str, int] | None = None, family: str | None = None) -> "ReferenceEngine":
+        """`family`: the checkpoint's model_type where the engine has a family for it, whose templates and
+        processor the backend then keeps."""
+        settings = settings or Settings()
+        check_settings(settings)
+        owner = family_class(family) if family else None
+        return cls(ReferenceModel(folder, settings, owner), settings, template, readouts, None, lengths)
+
+    def encode(self, prepared: list[Prepared | None]) -> list[Image.Image | None]:
+        """The images as the processor takes them (no features: the class runs its own tower per prompt)."""
+        out = [None if p is None else self._pixels(p) for p in prepared]
+        self.counts.images_encoded += sum(p is not None for p in prepared)
+        return out
+
+    def noised_features(self, prepared: list[Prepared], step: int, seed: int) -> list[NoisedImage]:
+        return [NoisedImage(self._pixels(p), step, p.key, seed) for p in prepared]
+
+    def warmup(self, images: int | None = None, prompts: int | None = None) -> None:
+        """One prompt through every step a sweep takes, so one-time costs land before the first timed batch."""
+        from ..readout.templates import SAMPLE_QUESTION  # why: core holds the sample too; one name, read where used
+
+        self.run_images([ImagePrompts(Image.new("RGB", (640, 480), (124, 116, 104)), [self.prompt(SAMPLE_QUESTION)])])
+        self.reset()
+
+    def run_passes(self, items: list[ImagePrompts], interventions: list, *, vocab: bool = False,
+                   decode: list[bool] | None = None) -> list[list[list[PromptResult]]]:
+        if any(i is not None for i in interventions):
+            raise ValueError("the transformers backend cannot edit attention (an Intervention acts inside the "
+                             "engine's own attention and hidden states)")
+        decode = decode or [True] * len(interventions)
+        return [self.runner.run_items(items, vocab=vocab, decode=d) for d in decode]
+
+    def check_method(self, method: Method) -> None:
+        """ValueError where a method needs what the backend does not compute (an attention edit)."""
+        super().check_method(method)
+        if any(p.edit is not None for p in method.passes(self.model.lm.dims.num_layers).values()):
+            raise ValueError(f"method {method.name}: the transformers backend cannot edit attention (its passes act "
+                             "inside the engine's own attention); run it on a model the engine has a family for")
+
+

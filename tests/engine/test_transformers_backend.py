@@ -1,0 +1,161 @@
+"""The transformers backend (engine/reference_engine.py) on one tiny checkpoint of each kind the engine has no
+family for: cross-attention (mllama), prefix-LM (paligemma), image splitting (idefics3), a Q-Former (BLIP-2), and
+MoE (qwen3_vl_moe, which the engine has, forced onto the backend). The oracle is the class itself, loaded here,
+one prompt at a time with its own processor: the backend's batched, left-padded records must equal its logits
+(within fp32's bound), its argmax and its `generate`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+from tinymodels import QUESTIONS, qwen_inputs, synthetic_image
+
+from pope_fast.engine import CheckpointError, Settings, load_engine, parse_method
+from pope_fast.engine.methods import diffusion_noise, noise_generator
+from pope_fast.engine.reference_engine import ReferenceEngine
+from pope_fast.engine.synthetic import Weights, write_checkpoint
+
+BOUND = 1e-4  # fp32: four steps at the logits' scale (pope_fast.verify.BOUND); padding changes only the rounding
+KINDS = ["mllama", "paligemma", "idefics3", "blip2"]
+IMAGES = [synthetic_image(5, (90, 60)), synthetic_image(6, (50, 110))]
+# three an image of two lengths (dog; dining table, traffic light), in batches of four: a batch crosses images
+# and pads its shorter prompts
+ASKED = [QUESTIONS[0], QUESTIONS[3], QUESTIONS[5]]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, tiny) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("backend")
+    # weights wide enough that the candidate logits differ by more than rounding (decisions that mean something)
+    made = {kind: write_checkpoint(kind, root / kind, weights=Weights(init="model", dtype=torch.float32, std=0.2))
+            for kind in KINDS}
+    return {**made, "qwen3_vl_moe": tiny.checkpoint("qwen3_vl_moe")}
+
+
+def _oracle(folder: Path):
+    """The class and a function (image, prompt) -> its inputs, as a user of transformers makes them."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32).eval()
+    if json.loads((folder / "config.json").read_text())["model_type"] == "qwen3_vl_moe":
+        return model, lambda image, prompt: qwen_inputs(folder, image, prompt)
+    processor = AutoProcessor.from_pretrained(str(folder))
+    return model, lambda image, prompt: processor(images=image, text=prompt, return_tensors="pt")
+
+
+def _answers(engine) -> list[list]:
+    """Per image, per question of ASKED, the PromptResult: every image's prompts in one call, as a sweep's step."""
+    return engine.run_methods(engine.prepare(IMAGES), [ASKED] * len(IMAGES), [parse_method("none")])["none"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", [*KINDS, "qwen3_vl_moe"])
+def test_records_equal_the_class_and_its_generate(kind, checkpoints):
+    folder = checkpoints[kind]
+    engine = load_engine(folder, Settings(batch_size=4, max_new_tokens=4), backend="transformers", readouts="all")
+    assert isinstance(engine, ReferenceEngine) and engine.meta()["model"]["backend"] == "transformers"
+    answers = _answers(engine)
+    model, inputs_of = _oracle(folder)
+    stops = engine.model.stop_ids
+    lengths = set()
+    for image, row in zip(IMAGES, answers):
+        for question, answer in zip(ASKED, row):
+            inputs = {k: v for k, v in inputs_of(image, engine.prompt(question)).items() if k != "labels"}
+            lengths.add(inputs["input_ids"].shape[1])
+            with torch.inference_mode():
+                logits = model(**inputs).logits[0, -1]
+                new = model.generate(**inputs, max_new_tokens=4, do_sample=False)[0, inputs["input_ids"].shape[1]:]
+            ids = sorted(answer.candidate_logits)
+            scale = max(1.0, float(logits[ids].abs().max()))
+            worst = max(abs(answer.candidate_logits[i] - float(logits[i])) for i in ids)
+            assert worst <= BOUND * scale, (kind, question, worst)
+            assert answer.first_token_id == int(logits.argmax())
+            tokens = new.tolist()
+            stop = next((k for k, t in enumerate(tokens) if t in stops), len(tokens))
+            assert answer.decoded == engine.model.tokenizer.decode(tokens[:stop], skip_special_tokens=True)
+    assert len(lengths) >= 2  # the batches padded
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mllama", "idefics3"])
+def test_the_prompt_is_the_checkpoints_own_chat_template(kind, checkpoints):
+    """A model without a family is asked through its own chat template, as its processor renders a message."""
+    from transformers import AutoProcessor
+
+    engine = load_engine(checkpoints[kind], Settings(), readouts="dynamic_single")
+    assert engine.template.name == "reference_chat"
+    message = [{"role": "user", "content": [{"type": "image"},
+                                            {"type": "text", "text": ASKED[0] + " Answer yes or no only."}]}]
+    own = AutoProcessor.from_pretrained(str(checkpoints[kind])).apply_chat_template(message, add_generation_prompt=True)
+    assert engine.prompt(ASKED[0]) == own
+
+
+def test_auto_runs_a_model_without_a_family_on_transformers_and_engine_refuses_it(checkpoints, tiny):
+    assert load_engine(checkpoints["blip2"], Settings(), readouts="dynamic_single").model.backend == "transformers"
+    assert load_engine(tiny.checkpoint("llava"), Settings(), readouts="dynamic_single").model.backend == "engine"
+    with pytest.raises(CheckpointError, match=r"config.json: model_type 'blip-2' is not supported.*--backend "
+                                              "transformers"):
+        load_engine(checkpoints["blip2"], Settings(), backend="engine")
+
+
+@pytest.mark.parametrize("settings, named", [(dict(probe="image-attention"), "probe"),
+                                             (dict(generation_config="greedy_output"), "generation_config"),
+                                             (dict(image_mask="causal"), "image_mask")])
+def test_what_the_backend_cannot_compute_is_refused_in_one_line(settings, named, checkpoints):
+    with pytest.raises(ValueError, match=rf"^{named} .*the transformers backend cannot run it \(") as err:
+        load_engine(checkpoints["blip2"], Settings(**settings), readouts="dynamic_single")
+    assert "\n" not in str(err.value)
+
+
+def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkpoints):
+    """PAI edits attention: refused by name. VCD's noised pass is the class on the processor's pixel_values noised as
+    the engine noises a family's (the image's key and the method's seed), combined as VCD combines."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = checkpoints["blip2"]
+    engine = load_engine(folder, Settings(batch_size=4), readouts="dynamic_single")
+    with pytest.raises(ValueError, match="method pai: the transformers backend cannot edit attention"):
+        engine.check_method(parse_method("pai"))
+    vcd = parse_method("vcd")
+    prepared = engine.prepare(IMAGES[:1])
+    got = engine.run_methods(prepared, [ASKED[:2]], [vcd])["vcd"][0]
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32).eval()
+    processor = AutoProcessor.from_pretrained(str(folder))
+    step, seed = vcd.settings["noise_step"], vcd.settings["seed"]
+    for question, result in zip(ASKED[:2], got):
+        inputs = processor(images=IMAGES[0], text=engine.prompt(question), return_tensors="pt")
+        noised = dict(inputs, pixel_values=torch.from_numpy(diffusion_noise(
+            inputs["pixel_values"].numpy(), step, noise_generator(prepared[0].key, seed))))
+        with torch.inference_mode():
+            plain, other = (model(**x).logits[0, -1] for x in (inputs, noised))
+        combined = vcd.combine({"main": plain[None], "noised": other[None]})[0]
+        ids = sorted(result.candidate_logits)
+        assert np.allclose([result.candidate_logits[i] for i in ids], combined[ids].numpy(), atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(plain[ids], other[ids], atol=1e-3)  # the noise reached the class
+
+
+def test_text_only_questions_run_where_the_class_takes_them(checkpoints):
+    """Idefics3's class answers a prompt alone, as its processor makes it; BLIP-2's forward requires pixel_values
+    and PaliGemma's processor an image, which the backend says in one line before anything runs."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = checkpoints["idefics3"]
+    engine = load_engine(folder, Settings(), readouts="dynamic_single")
+    assert engine.text_only_refusal() is None
+    [answer] = engine.score(None, ASKED[:1])
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32).eval()
+    prompt = engine.prompt(ASKED[0], image=False)
+    assert "<image>" not in prompt
+    inputs = AutoProcessor.from_pretrained(str(folder))(text=prompt, return_tensors="pt")
+    with torch.inference_mode():
+        logits = model(**inputs).logits[0, -1]
+    ids = sorted(answer.candidate_logits)
+    assert np.allclose([answer.candidate_logits[i] for i in ids], logits[ids].numpy(), atol=1e-4)
+    refusals = {kind: load_engine(checkpoints[kind], Settings(), readouts="dynamic_single").text_only_refusal()
+                for kind in ("blip2", "paligemma")}
+    assert refusals["blip2"].endswith("Blip2ForConditionalGeneration.forward requires pixel_values")
+    assert "its processor takes no prompt without an image" in refusals["paligemma"]
