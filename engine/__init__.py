@@ -22,7 +22,8 @@ from .settings import Settings
 from .stats import Counts, Timings
 from .vision_cache import VisionCache
 
-__all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImagePrompts", "FAMILIES", "Family", "load_model", "ImageError",
+__all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImagePrompts", "FAMILIES", "Family",
+           "load_model", "ImageError",
            "LoadedImage", "check_images", "image_file", "read_image", "AttentionEdit", "Intervention",
            "ImageAttentionAmplification", "ImageAttentionTemperature", "PAIAttention", "CheckpointError",
            "PromptLayout", "PromptResult", "METHODS", "Method", "parse_method", "Settings", "Counts", "Timings",

@@ -18,10 +18,16 @@ def resolve_backend(folder: Path, backend: str = "auto") -> str:
     model_type it has no family for."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
+    # why: transformers' registry loads with transformers, which a checkpoint the engine runs never needs
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MAPPED
+
     model_type = read_config(folder).get("model_type")
     if backend == "engine" and model_type not in FAMILIES:
         raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}; --backend transformers runs it "
                               "through transformers' own class")
+    if backend == "auto" and model_type not in FAMILIES and model_type not in MAPPED:
+        raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}, and transformers has no "
+                              "image-text-to-text class for it")
     return "engine" if backend != "transformers" and model_type in FAMILIES else "transformers"
 
 

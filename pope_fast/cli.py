@@ -182,7 +182,7 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="a mitigation method (none, vcd, pai, icd; settings default to its paper's); repeatable: "
                    "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")
 @click.option("--backend", type=click.Choice(["auto", "engine", "transformers"]), default="auto", show_default=True,
-              help="transformers: the checkpoint's own class, every prompt whole (auto: where the engine has no family)")
+              help="transformers: the model's own class, every prompt whole (auto: where the engine has no family)")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
 @click.option("--limit", default=None, type=click.IntRange(min=1), help="only the first N questions of each split")
 @click.option("--benchmark", type=click.Choice(BENCHMARKS), default=None,
@@ -210,7 +210,8 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 
 
 @main.command()
-@click.option("--models", default="all", show_default=True, help="all, or a comma-separated list of families")
+@click.option("--models", default="all", show_default=True,
+              help="all (the families), or a comma-separated list of families and models without one (mllama, ...)")
 @click.option("--model", "model_dirs", multiple=True,
               help="NAME=DIR: a real checkpoint for a family (DIR: a folder or a hub id ORG/NAME[@REVISION])")
 @click.option("--size", type=click.Choice(["tiny", "7b"]), default=None,
@@ -225,7 +226,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
 @click.option("--batch-size", default=32, show_default=True)
 @click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
-              show_default=True, help="pope-fast also records the image-attention probe (its cost shows in the wall time)")
+              show_default=True, help="pope-fast also records the image-attention probe (its cost is in the wall time)")
 @click.option("--method", "method_specs", multiple=True, metavar="NAME[:key=value,...]",
               help="also time these methods as one paired sweep (as eval --method), beside the baseline")
 @click.option("--no-reference", is_flag=True, help="skip the transformers reference pipeline")
@@ -235,7 +236,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 @click.option("--reference-sample", default=None, type=int,
               help="questions the reference runs, extrapolated to all (default: all on CPU, 200 on CUDA)")
 @click.option("--tokenizer", "tokenizer_dir", default=None,
-              help="a real tokenizer for the random checkpoints, a folder or hub id (default: a built-in word-level one)")
+              help="a real tokenizer for the random checkpoints, a folder or hub id (default: a built-in stand-in)")
 @click.option("--work-dir", default=None, type=click.Path(file_okay=False), help="keep checkpoints and records here")
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
 def bench(device, fmt, **options) -> None:

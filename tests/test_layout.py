@@ -196,8 +196,13 @@ def test_every_registered_family_declares_what_the_rest_asks():
         checkpoints = family_checkpoints(model_type)
         assert set(checkpoints.SIZES) == {"tiny", "7b"}, model_type
         assert callable(checkpoints.write_checkpoint), model_type
+    from pope_fast.engine.synthetic import REFERENCE_ONLY  # the transformers backend's random checkpoints
+
+    for name in REFERENCE_ONLY:
+        checkpoints = family_checkpoints(name)
+        assert "tiny" in checkpoints.SIZES and callable(checkpoints.write_checkpoint), name
     synthetic = {p.stem for p in (ROOT / "engine/synthetic").glob("*.py")} - {"__init__"}
-    assert synthetic == set(FAMILIES), synthetic ^ set(FAMILIES)
+    assert synthetic == set(FAMILIES) | set(REFERENCE_ONLY), synthetic ^ (set(FAMILIES) | set(REFERENCE_ONLY))
 
 
 def test_setup_installs_every_module(monkeypatch):

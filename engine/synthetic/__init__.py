@@ -37,6 +37,11 @@ LLAMA_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, n
                   num_key_value_heads=4, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)
 
 
+# Random checkpoints of models the engine has no family for, which the transformers backend runs (its tests, and
+# bench --models NAME): one module each, named as the families' are (BLIP-2's model_type is "blip-2").
+REFERENCE_ONLY = ("mllama", "paligemma", "idefics3", "blip2")
+
+
 def family_checkpoints(model_type: str):
     """The module of a family's random checkpoints: engine/synthetic/<model_type>.py (SIZES, write_checkpoint)."""
     return importlib.import_module(f"{__package__}.{model_type}")
@@ -139,7 +144,8 @@ def builtin_chat_tokenizer(specials: list[str], *, eos: str, pad: str, bos: str 
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(list(dict.fromkeys([*([bos] if bos else []), eos, pad, *specials])))
     if bos:
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                           special_tokens=[(bos, tok.token_to_id(bos))])
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token=bos, eos_token=eos, pad_token=pad)
     if chat_template:
         fast.chat_template = chat_template

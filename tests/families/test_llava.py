@@ -385,7 +385,10 @@ def _edit_tensors(folder, edit):
     ("no-folder", r"no such checkpoint folder"),
     ("no-config", r"config\.json: missing"),
     ("model-type", rf"model_type 'mllama' is not supported \(MllamaForConditionalGeneration\): the engine does not "
-                   rf"implement its cross-attention layers .* \(supported: {', '.join(FAMILIES)}\)"),
+                   rf"implement its cross-attention layers .* \(supported: {', '.join(FAMILIES)}\); --backend "
+                   "transformers runs it"),
+    ("unknown-model-type", rf"model_type 'not_a_vlm' is not supported \(supported: {', '.join(FAMILIES)}\), and "
+                           "transformers has no image-text-to-text class for it"),
     ("missing-tensor", r"missing tensors: lm\.layers\.1\.mlp\.up_proj\.weight"),
     ("unexpected-tensor", r"unexpected tensors: language_model\.model\.layers\.9\.extra\.weight"),
     ("bad-shape", r"tensor multi_modal_projector\.linear_2\.weight has shape \(64, 32\)"),
@@ -394,14 +397,16 @@ def _edit_tensors(folder, edit):
 ])
 def test_bad_checkpoints_are_named(checkpoint, tmp_path, breakage, message):
     folder = _copy(checkpoint, tmp_path)
-    template = None
+    template, extra = None, []
     if breakage == "no-folder":
         folder = tmp_path / "nowhere"
     elif breakage == "no-config":
         (folder / "config.json").unlink()
-    elif breakage == "model-type":
+    elif breakage in ("model-type", "unknown-model-type"):  # mllama: forced onto the engine, which lacks it
         cfg = json.loads((folder / "config.json").read_text())
-        (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mllama"}))
+        known = breakage == "model-type"
+        (folder / "config.json").write_text(json.dumps({**cfg, "model_type": "mllama" if known else "not_a_vlm"}))
+        extra = ["--backend", "engine"] if known else []
     elif breakage == "missing-tensor":
         _edit_tensors(folder, lambda t: t.pop("language_model.model.layers.1.mlp.up_proj.weight"))
     elif breakage == "unexpected-tensor":
@@ -415,7 +420,7 @@ def test_bad_checkpoints_are_named(checkpoint, tmp_path, breakage, message):
         template = "mplug_owl2"
     result = CliRunner().invoke(main, ["eval", "--model", str(folder), "--questions", str(_question_file(tmp_path)),
                                        "--images", str(tmp_path), "--out", str(tmp_path / "out"), "--device", "cpu"]
-                                + (["--template", template] if template else []))
+                                + (["--template", template] if template else []) + extra)
     assert result.exit_code != 0
     assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
     import re
