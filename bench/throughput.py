@@ -19,7 +19,7 @@ import torch
 from ..distributed import Shard
 from ..engine import FAMILIES, Engine, Settings, load_engine, parse_method
 from ..engine.models import family_class
-from ..engine.synthetic import builtin_questions, write_checkpoint, write_images
+from ..engine.synthetic import REFERENCE_ONLY, builtin_questions, write_checkpoint, write_images
 from ..hub import TOKENIZER_FILES, local_or_hub
 from ..readout import READOUTS, Question, load_questions
 from ..readout.readouts import FIRST_TOKEN, LOGIT
@@ -235,9 +235,10 @@ def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Qu
 
 
 def run_bench(cfg: BenchConfig, progress: Callable[[str, int, int], None] | None = None) -> dict:
-    unknown = [m for m in cfg.models if m not in FAMILIES]
+    known = [*FAMILIES, *REFERENCE_ONLY]  # the families, then models the transformers backend runs
+    unknown = [m for m in cfg.models if m not in known and m not in cfg.model_dirs]
     if unknown:
-        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(FAMILIES)}")
+        raise ValueError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)}")
     report = {"device": device_name(cfg.device), "size": cfg.size, "models": {}}
     with tempfile.TemporaryDirectory(prefix="pope-fast-bench-") as tmp:
         work = Path(cfg.work_dir or tmp)

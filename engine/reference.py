@@ -170,7 +170,12 @@ class ReferenceModel:
 
     def vision_tokens(self, image: Image.Image) -> int:
         """The image tokens a prompt of this image holds (what torchrun's step costs weigh)."""
-        ids = self.inputs([image], ["Is there a dog?"])["input_ids"][0]
+        if self.image_marker or not getattr(self.tokenizer, "chat_template", None):
+            prompt = f"{self.image_marker}?"  # a family's marker, or the processor places the image's tokens
+        else:
+            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": [
+                {"type": "image"}, {"type": "text", "text": "?"}]}], add_generation_prompt=True, tokenize=False)
+        ids = self.inputs([image], [prompt])["input_ids"][0]
         return int((ids == self.image_token_id).sum()) if self.image_token_id is not None else 0
 
     def matmul_flops(self, counts) -> float:

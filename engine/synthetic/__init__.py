@@ -152,6 +152,14 @@ def builtin_chat_tokenizer(specials: list[str], *, eos: str, pad: str, bos: str 
     return fast
 
 
+def stand_in_only(tokenizer_dir: Path | None, module: str) -> None:
+    """The transformers backend's random checkpoints take their built-in tokenizer alone: a real one lacks the
+    stand-in vocabulary's sizes and the processor's special tokens, which the writer sets together."""
+    if tokenizer_dir is not None:
+        raise ValueError(f"--tokenizer {tokenizer_dir}: {module.rpartition('.')[2]}'s random checkpoints use their "
+                         "built-in stand-in tokenizer (give a real checkpoint with --model NAME=DIR instead)")
+
+
 def builtin_bert_tokenizer(folder: Path):
     """A word-level BERT-like tokenizer ([PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4, lowercased
     words), standing in for bert-base-uncased on machines without it."""

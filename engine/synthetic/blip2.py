@@ -5,26 +5,30 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..loader import quiet_fallback
-from . import Weights, builtin_chat_tokenizer, checkpoint_folder, save_checkpoint, sized
+from . import (Weights, builtin_chat_tokenizer, checkpoint_folder, save_checkpoint, sized, stand_in_only,
+               with_vocab)
 
 # ViT at 28 px, a 2-layer Q-Former of 4 queries, OPT below it; no chat template (POPE's "Question: ... Answer:")
+# (32,064 vocabulary rows, as the families' tables pad LLaMA's: the legacy readouts' fixed ids are rows)
 SIZES = {"tiny": dict(
     vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=28,
                 patch_size=14),
     qformer=dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
                  encoder_hidden_size=32),
     text=dict(model_type="opt", hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
-              word_embed_proj_dim=64, max_position_embeddings=2048),
+              word_embed_proj_dim=64, max_position_embeddings=2048, vocab_size=32064),
     queries=4)}
 
 
-def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, weights: Weights | None = None, **stream) -> Path:
+def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                     weights: Weights | None = None, **stream) -> Path:
     with quiet_fallback():
         from transformers import Blip2Config, Blip2ForConditionalGeneration, Blip2Processor, BlipImageProcessor
 
+    stand_in_only(tokenizer_dir, __name__)
     dims, folder = sized(SIZES, dims), checkpoint_folder(folder)
     tok = builtin_chat_tokenizer(["<image>"], bos="</s>", eos="</s>", pad="<pad>")
-    text = dict(dims["text"], vocab_size=len(tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+    text = dict(with_vocab(dims["text"], tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id)
     config = Blip2Config(vision_config=dims["vision"], qformer_config=dict(dims["qformer"], vocab_size=len(tok)),
                          text_config=text, num_query_tokens=dims["queries"],

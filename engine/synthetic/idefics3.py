@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..loader import quiet_fallback
-from . import Weights, builtin_chat_tokenizer, checkpoint_folder, save_checkpoint, sized
+from . import (Weights, builtin_chat_tokenizer, checkpoint_folder, save_checkpoint, sized, stand_in_only,
+               with_vocab)
 
 # SmolVLM's chat template's shape: "User:<image> question<end_of_utterance>\nAssistant:"
 CHAT = ("<|im_start|>{% for m in messages %}{{ m['role'] | capitalize }}:{% for c in m['content'] %}"
@@ -15,22 +16,25 @@ SPECIALS = ["<|im_start|>", "<image>", "<fake_token_around_image>", "<global-img
             *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
 # 56-px tiles of 14-px patches, shuffled by 2: 4 tokens a tile; an image's longest edge resized to 112 (up to 2 x 2
 # tiles and the global view)
+# (32,064 vocabulary rows, as the families' tables pad LLaMA's: the legacy readouts' fixed ids are rows)
 SIZES = {"tiny": dict(
     vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56,
                 patch_size=14),
     text=dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=2048),
+              num_key_value_heads=2, max_position_embeddings=2048, vocab_size=32064),
     longest_edge=112, scale_factor=2)}
 
 
-def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, weights: Weights | None = None, **stream) -> Path:
+def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
+                     weights: Weights | None = None, **stream) -> Path:
     with quiet_fallback():
         from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, \
             Idefics3Processor
 
+    stand_in_only(tokenizer_dir, __name__)
     dims, folder = sized(SIZES, dims), checkpoint_folder(folder)
     tok = builtin_chat_tokenizer(SPECIALS, eos="<end_of_utterance>", pad="<pad>", chat_template=CHAT)
-    text = dict(dims["text"], vocab_size=len(tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    text = dict(with_vocab(dims["text"], tok), eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
     vision, scale = dims["vision"], dims["scale_factor"]
     config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=scale,
                             image_token_id=tok.convert_tokens_to_ids("<image>"))

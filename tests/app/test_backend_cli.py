@@ -1,0 +1,81 @@
+"""Every command end to end on a model the engine has no family for (a tiny Idefics3: image splitting, run by the
+transformers backend): eval (paired, with its notice and meta.json's backend), score, compare, report, a resume
+that gives the same bytes, torchrun's two ranks giving one process's bytes, and bench against the reference."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from pope_fast.cli import main
+from pope_fast.engine.synthetic import Weights, builtin_questions, write_checkpoint, write_images, write_question_file
+
+pytestmark = pytest.mark.slow  # whole commands on a tiny checkpoint
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    root = tmp_path_factory.mktemp("backend-cli")
+    checkpoint = write_checkpoint("idefics3", root / "idefics3",
+                                  weights=Weights(init="model", dtype=torch.float32, std=0.2))
+    questions = builtin_questions(12, "demo")
+    write_question_file(root / "demo_pope.json", questions)
+    write_images(root / "images", [q.image for q in questions])
+    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"), "--split", "demo",
+            "--images", str(root / "images"), "--max-new-tokens", "3", "--batch-size", "4", "--image-batch", "1",
+            "--device", "cpu"]
+    return root, args
+
+
+def _invoke(*args, stream: str = "stdout") -> str:
+    result = CliRunner().invoke(main, [str(a) for a in args])
+    assert result.exit_code == 0, result.output
+    return getattr(result, stream)
+
+
+def test_eval_score_compare_report_and_resume(job):
+    root, args = job
+    out = root / "paired"
+    told = _invoke(*args, "--out", out, "--method", "none", "--method", "vcd", stream="stderr")
+    assert "idefics3 (transformers): the reference path" in told
+    meta = json.loads((out / "none/meta.json").read_text())
+    assert meta["model"]["backend"] == "transformers" and meta["template"] == "reference_chat"
+    [pair] = json.loads((out / "compare.json").read_text())["pairs"]
+    assert pair["method_b"]["name"] == "vcd"
+    assert "dynamic_single" in _invoke("score", out / "none")
+    assert "ΔF1" in _invoke("compare", out / "none", out / "vcd")
+    _invoke("report", out, "--out", root / "report")
+    assert (root / "report/report.html").is_file()
+
+    records = out / "none/records.jsonl"
+    whole = records.read_bytes()
+    lines = whole.splitlines(keepends=True)
+    records.write_bytes(b"".join(lines[:5]))  # a run stopped after its first records
+    _invoke(*args, "--out", out, "--method", "none", "--method", "vcd")
+    assert records.read_bytes() == whole
+    moved = CliRunner().invoke(main, [*args, "--out", str(out / "none"), "--backend", "engine"])
+    assert moved.exit_code != 0 and "is not supported" in moved.output  # the engine lacks the family
+
+
+def test_two_ranks_give_one_process_bytes(job):
+    root, args = job
+    single = root / "single"
+    _invoke(*args, "--out", single)
+    two = root / "two"
+    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
+                          "pope_fast", *args, "--out", str(two)], capture_output=True, text=True, cwd=root,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert (two / "records.jsonl").read_bytes() == (single / "records.jsonl").read_bytes()
+
+
+def test_bench_times_it_against_the_reference(job, tmp_path):
+    report = json.loads(_invoke("bench", "--models", "idefics3", "--questions", "6", "--device", "cpu",
+                                "--work-dir", tmp_path, "--format", "json"))
+    entry = report["models"]["idefics3"]
+    assert entry["reference"]["questions"] == 6 and set(entry["agreement"].values()) == {1.0}, entry
