@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 from PIL import Image
+from safetensors import SafetensorError
 
 from .loader import CheckpointError, generation_config, quiet_fallback, read_config, stop_ids
 from .settings import Settings
@@ -51,6 +52,12 @@ def load_reference(checkpoint: Path, settings: Settings):
         with quiet_fallback():  # the PIL image processors' torchvision notice
             model = reference_class(checkpoint, read_config(checkpoint)).from_pretrained(str(checkpoint),
                                                                                          **kwargs).eval()
+    except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as why:  # a file transformers cannot read
+        if isinstance(why, CheckpointError):
+            raise
+        raise CheckpointError(f"{checkpoint}: transformers' {read_config(checkpoint).get('model_type')} class does "
+                              f"not load it ({type(why).__name__}: {str(why).splitlines()[0] if str(why) else ''})"
+                              ) from None
     finally:
         if bar:
             logging.enable_progress_bar()

@@ -278,9 +278,14 @@ def test_a_family_the_engine_lacks_is_one_line(hub_env, pope, tmp_path):
     config = json.dumps({"model_type": "paligemma", "architectures": ["PaliGemmaForConditionalGeneration"]})
     cache_snapshot(hub_env, "google/paligemma-tiny", {"config.json": config.encode(), "model.safetensors": b"x"})
     images, questions = pope
-    line = error_line(run("eval", "--model", "google/paligemma-tiny", "--questions", questions, "--images", images,
-                          "--out", tmp_path / "out"))
+    eval_ = ["eval", "--model", "google/paligemma-tiny", "--questions", questions, "--images", images, "--out",
+             tmp_path / "out"]
+    line = error_line(run(*eval_, "--backend", "engine"))
     assert "paligemma" in line and "not supported" in line, line
+    assert not (tmp_path / "out").exists()
+    # on transformers' class (auto), the snapshot's broken weights file is named in one line too
+    line = error_line(run(*eval_))
+    assert "transformers' paligemma class does not load it (SafetensorError: " in line, line
     assert not (tmp_path / "out").exists()
 
 
