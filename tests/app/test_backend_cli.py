@@ -1,16 +1,14 @@
 """Every command end to end on a model the engine has no family for (a tiny Idefics3: image splitting, run by the
 transformers backend): eval (paired, with its notice and meta.json's backend), score, compare, report, a resume
-that gives the same bytes, torchrun's two ranks giving one process's bytes, and bench against the reference."""
+that gives the same bytes, torchrun's weighing of its images, and bench against the reference."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 import torch
 from click.testing import CliRunner
+from PIL import Image
 
 from pope_fast.cli import main
 from pope_fast.engine.synthetic import Weights, builtin_questions, write_checkpoint, write_images, write_question_file
@@ -62,16 +60,24 @@ def test_eval_score_compare_report_and_resume(job):
     assert moved.exit_code != 0 and "is not supported" in moved.output  # the engine lacks the family
 
 
-def test_two_ranks_give_one_process_bytes(job):
+def test_torchrun_weighs_each_image_by_the_classes_own_tokens(job):
+    """What torchrun's step assignment reads of a model (distributed.image_costs): the tokens the class's processor
+    gives an image (Idefics3's tiles and global view) and each distinct prompt; the ranks' runs themselves are the
+    engine's (tests/app/test_distributed.py)."""
+    from pope_fast.distributed import image_costs
+    from pope_fast.engine import Settings, load_engine
+    from pope_fast.readout import load_questions
+
     root, args = job
-    single = root / "single"
-    _invoke(*args, "--out", single)
-    two = root / "two"
-    run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m",
-                          "pope_fast", *args, "--out", str(two)], capture_output=True, text=True, cwd=root,
-                         env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
-    assert run.returncode == 0, run.stderr
-    assert (two / "records.jsonl").read_bytes() == (single / "records.jsonl").read_bytes()
+    engine = load_engine(args[args.index("--model") + 1], Settings(), readouts="dynamic_single")
+    questions = load_questions(root / "demo_pope.json")
+    costs = image_costs(questions, engine)
+    tiles = engine.model.vision_tokens(Image.new("RGB", (640, 480)))
+    assert tiles == 5 * 4  # 2 x 2 tiles and the global view, 4 tokens each after the pixel shuffle
+    prompts = {q.image: [] for q in questions}
+    for q in questions:
+        prompts[q.image].append(len(engine.model.tokenizer(engine.prompt(q.text))["input_ids"]))
+    assert costs == {name: tiles + sum(lengths) for name, lengths in prompts.items()}
 
 
 def test_bench_times_it_against_the_reference(job, tmp_path):
