@@ -100,6 +100,8 @@ class ReferenceModel:
         # a processor object takes a batch; a family's stand-in function (where transformers' own needs
         # torchvision) one prompt and its image
         self.batched = hasattr(self.processor, "tokenizer")
+        self.own_processor = family is None  # transformers' AutoProcessor, not a family's reference pipeline
+        self.special_tokens: bool | None = None  # the tokenizer's own special tokens, unless set (False: none added)
         self.tokenizer = self.processor.tokenizer if self.batched else _tokenizer(folder)
         self.tokenizer.padding_side = "left"  # a batch's answer positions all last
         self.generation_config = generation_config(folder)
@@ -157,11 +159,10 @@ class ReferenceModel:
         if not self.batched:
             [image], [prompt] = images, prompts
             out = self.processor(images=image, text=prompt, return_tensors="pt")
-        elif any(image is not None for image in images):
-            out = self.processor(images=[[image] for image in images], text=prompts, padding=True,
-                                 return_tensors="pt")
         else:
-            out = self.processor(text=prompts, padding=True, return_tensors="pt")
+            specials = {} if self.special_tokens is None else {"add_special_tokens": self.special_tokens}
+            pixels = {"images": [[image] for image in images]} if any(image is not None for image in images) else {}
+            out = self.processor(**pixels, text=prompts, padding=True, return_tensors="pt", **specials)
         out = {k: v for k, v in dict(out).items() if k != "labels"}  # PaliGemma's, for a loss not computed here
         return {k: v.to(self.settings.torch_device, self.settings.torch_dtype if v.is_floating_point() else None)
                 for k, v in out.items()}

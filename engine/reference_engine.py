@@ -134,6 +134,15 @@ class ReferenceEngine(Engine):
 
     runner_class = ReferenceRunner
 
+    def __init__(self, model: ReferenceModel, settings: Settings, template=None, readouts=None, cache=None,
+                 lengths: dict[str, int] | None = None):
+        super().__init__(model, settings, template, readouts, cache, lengths)
+        # A prompt its chat template rendered holds the template's own BOS (Llama 3's writes <|begin_of_text|>):
+        # tokenized without added special tokens, as apply_chat_template(tokenize=True) and lmms-eval tokenize one.
+        # A family's processor (--backend transformers on it) tokenizes as the family's reference does.
+        if model.own_processor and self.template.chat:
+            model.special_tokens = False
+
     @classmethod
     def load(cls, folder, settings: Settings | None = None, *, template: str | None = None, readouts=None,
              cache_dir=None, lengths: dict[str, int] | None = None, family: str | None = None) -> "ReferenceEngine":

@@ -4,7 +4,7 @@ its module here, one line in FAMILIES and its test file."""
 from __future__ import annotations
 
 import importlib
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import json
@@ -86,13 +86,34 @@ def load_model(folder: str | Path, settings: Settings) -> Family:
     return family_class(model_type)(folder, settings)
 
 
+@dataclass(frozen=True)
+class ReferenceFacts:
+    """What a protocol reads of a model the engine has no family for (protocols.base.FamilyFacts), which the
+    transformers backend runs: its model_type, and its default template (the backend's: the checkpoint's chat
+    template, else the question as its processor takes it)."""
+
+    family: str
+    name: str
+    seed_model: str
+    default_template: str
+
+
+def model_facts(folder: Path, config: dict):
+    """The family of the checkpoint's model_type, or its ReferenceFacts where the engine has none."""
+    model_type = config.get("model_type")
+    if model_type in FAMILIES:
+        return family_class(model_type)
+    template = "reference_chat" if _has_chat_template(folder) else "reference_plain"
+    return ReferenceFacts(model_type, f"{model_type} (transformers)", str(model_type), template)
+
+
 def protocol_for(folder: str | Path, name: str) -> Coverage:
     """How protocol `name` runs the checkpoint in `folder` (its tool's room says, by the family), proven from its
     files before it loads: ValueError (one line) where the protocol does not cover its family or the checkpoint
     lacks the chat template the protocol's prompt is rendered with."""
     folder = Path(folder).expanduser().resolve()
     config = read_config(folder)
-    covered = coverage(name, family_class(config.get("model_type")), config)
+    covered = coverage(name, model_facts(folder, config), config)
     if get_template(covered.template).chat and not _has_chat_template(folder):
         raise CheckpointError(f"{folder}: protocol {name} renders its prompt ({covered.template}) with the "
                               "tokenizer's chat template, and the checkpoint has none (tokenizer_config.json's "

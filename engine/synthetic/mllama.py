@@ -8,9 +8,11 @@ from ..loader import quiet_fallback
 from . import (Weights, builtin_chat_tokenizer, checkpoint_folder, save_checkpoint, sized, stand_in_only,
                with_vocab)
 
-# the chat template's shape (Llama 3's header turns, the image as <|image|> before the text), BOS left to the tokenizer
-CHAT = ("{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{% for c in m['content'] %}"
-        "{% if c['type'] == 'image' %}<|image|>{% else %}{{ c['text'] }}{% endif %}{% endfor %}<|eot_id|>"
+# the chat template's shape (BOS, Llama 3's header turns, the image as <|image|> before the text); the tokenizer adds
+# a BOS too, as Llama 3's does, so a rendered prompt is tokenized without added special tokens
+CHAT = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+        "{% for c in m['content'] %}{% if c['type'] == 'image' %}<|image|>{% else %}{{ c['text'] }}{% endif %}"
+        "{% endfor %}<|eot_id|>"
         "{% endfor %}{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
 SPECIALS = ["<|image|>", "<|start_header_id|>", "<|end_header_id|>"]
 # 28-px tiles of 2 x 2 patches, up to the class's four tiles; three decoder layers, the middle one cross-attention
@@ -29,8 +31,8 @@ def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: 
 
     stand_in_only(tokenizer_dir, __name__)
     dims, folder = sized(SIZES, dims), checkpoint_folder(folder)
-    tok = builtin_chat_tokenizer(SPECIALS, bos="<|begin_of_text|>", eos="<|eot_id|>", pad="<|finetune_right_pad_id|>",
-                                 chat_template=CHAT)
+    tok = builtin_chat_tokenizer(SPECIALS, bos="<|begin_of_text|>", eos="<|eot_id|>",
+                                 pad="<|finetune_right_pad_id|>", chat_template=CHAT)
     text = dict(with_vocab(dims["text"], tok), bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                 pad_token_id=tok.pad_token_id)
     config = MllamaConfig(vision_config=dims["vision"], text_config=text,

@@ -61,6 +61,10 @@ TEMPLATES = (
     Template("lmms_eval_internvl_hf", "", "<IMG_CONTEXT>",
              "lmms-eval internvl_hf (chat class): the processor's chat template over [image, question + "
              "post_prompt], no system message", chat=True, suffix=SHORT_ANSWER),
+    Template("lmms_eval_llama_vision", "", "",
+             "lmms-eval llama_vision: the processor's chat template over [image, question + post_prompt], no system "
+             "message, tokenized without added special tokens (the transformers backend)", chat=True,
+             suffix=SHORT_ANSWER),
 )
 
 
@@ -147,6 +151,16 @@ COVERAGE = {
     # (tests/families/test_gemma3.py test_lmms_eval_padding_changes_no_logit), so the unpadded run is lmms-eval's.
     "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85", dtype="bf16",
                        generation_config=GENERATE),
+    # Models the engine has no family for, which the transformers backend runs (their class, processor and chat
+    # template). models/simple/llama_vision.py: the checkpoint's own dtype (dtype="auto", l.32, l.55), the task's
+    # RGB image, [image, the task's text] (l.174-187) through the processor's chat template (l.188), tokenized
+    # without added special tokens (l.189: the template writes <|begin_of_text|> itself, as the backend tokenizes a
+    # chat-rendered prompt), generate greedily (l.191-208: temperature 0, do_sample False) for the task's 128 new
+    # tokens, which it decodes without special tokens (l.209-210).
+    "mllama": Coverage("llama_vision", "lmms_eval_llama_vision", 128, image_reencode=TASK_IMAGE, dtype="auto",
+                       generation_config=GENERATE),
+    "idefics3": "lmms-eval 0.7.3 has no Idefics3 (SmolVLM) class: its idefics2 loads Idefics2ForConditionalGeneration "
+                "(models/simple/idefics2.py l.74)",
 }
 
 PROTOCOL = Protocol(
@@ -158,8 +172,8 @@ PROTOCOL = Protocol(
      "lmms_eval/evaluator.py l.1092-1136, api/reasoning.py l.5-35 (each answer's <think>/<analysis> blocks cut "
      "and the text stripped before the task scores it: __main__.py l.303-308's default --reasoning_tags)",
      "lmms_eval/utils.py make_table l.606, l.625 (sorted metrics, '%.4f')",
-     "lmms_eval/models/chat/llava_hf.py, simple/qwen2_vl.py, simple/instructblip.py (each class's "
-     "prompt)"),
+     "lmms_eval/models/chat/llava_hf.py, simple/qwen2_vl.py, simple/instructblip.py, simple/llama_vision.py (each "
+     "class's prompt)"),
     "`--tasks pope` (the Overall row: all 9,000 questions pooled) and `--tasks pope_full` (one row per "
     "split), as fractions",
     covers=by_model_type(COVERAGE), templates=TEMPLATES)

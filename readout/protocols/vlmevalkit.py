@@ -69,6 +69,10 @@ TEMPLATES = (
              "language model"),
     Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
              "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
+    # the transformers backend's (no family: its processor expands <image>, which a text-only prompt drops)
+    Template("vlmevalkit_smolvlm", "<|im_start|>User:<image>{question}<end_of_utterance>\nAssistant:", "",
+             "VLMEvalKit SmolVLM: build_prompt_default's '<|im_start|>User:' + '<image>' + the bare question + "
+             "'<end_of_utterance>\\nAssistant:'", image_part="<image>"),
 )
 
 
@@ -188,6 +192,16 @@ COVERAGE = {
     # attends within it, as the sliding layers do (DecodeCache.window_masks).
     "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", dtype="bf16",
                        image_mask="causal", generation_config=GENERATE),
+    # Models the engine has no family for, which the transformers backend runs. vlmeval/vlm/smolvlm.py SmolVLM
+    # (config.py l.1720-1725: SmolVLM-Instruct, -256M, -500M, all Idefics3ForConditionalGeneration): fp32 (l.22),
+    # 2048 new tokens (l.24) under the checkpoint's generation config; POPE takes build_prompt_default (l.84):
+    # '<|im_start|>User:', '<image>' per image (each opened with transformers' load_image, l.109), the stripped
+    # question, '<end_of_utterance>\nAssistant:' (l.106-118), which the processor tokenizes with its own special
+    # tokens (l.91-93); the answer: the new tokens decoded without special tokens, stripped (l.96-101).
+    "idefics3": Coverage("SmolVLM (SmolVLM-Instruct: Idefics3ForConditionalGeneration)", "vlmevalkit_smolvlm", 2048,
+                         image_reencode="load_image", dtype="fp32", generation_config=GENERATE),
+    "mllama": "VLMEvalKit's llama_vision samples for an Instruct checkpoint (vlm/llama_vision.py l.33-34: do_sample, "
+              "temperature 0.6, top_p 0.9), which no deterministic run reproduces",
 }
 
 PROTOCOL = Protocol(
@@ -196,8 +210,8 @@ PROTOCOL = Protocol(
     ("vlmeval/dataset/image_yorn.py l.31-38 (the bare question), l.91 (score)",
      "vlmeval/dataset/utils/yorn.py l.148-187 (POPE_rating), l.254-261 (YOrN_Extraction)",
      "vlmeval/smp/misc.py l.18-33 (process_punctuation)",
-     "vlmeval/vlm/llava/llava.py, vlmeval/vlm/qwen2_vl/prompt.py, vlmeval/vlm/mplug_owl2.py (prompts, "
-     "generation)"),
+     "vlmeval/vlm/llava/llava.py, vlmeval/vlm/qwen2_vl/prompt.py, vlmeval/vlm/mplug_owl2.py, vlmeval/vlm/smolvlm.py "
+     "(prompts, generation)"),
     "the POPE score CSV: F1 (`Overall`), acc, precision, recall in percent, an Overall row over every "
     "split and one per split; with an API judge configured, VLMEvalKit asks GPT for its Unknown rows, "
     "which this does not", unknown_is_no=True, covers=by_model_type(COVERAGE), templates=TEMPLATES)

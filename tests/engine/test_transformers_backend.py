@@ -44,7 +44,10 @@ def _oracle(folder: Path):
     if json.loads((folder / "config.json").read_text())["model_type"] == "qwen3_vl_moe":
         return model, lambda image, prompt: qwen_inputs(folder, image, prompt)
     processor = AutoProcessor.from_pretrained(str(folder))
-    return model, lambda image, prompt: processor(images=image, text=prompt, return_tensors="pt")
+    # a prompt the chat template rendered holds its BOS already (Llama 3's): tokenized without added special tokens,
+    # as transformers' model cards and lmms-eval do
+    specials = {"add_special_tokens": False} if processor.chat_template else {}
+    return model, lambda image, prompt: processor(images=image, text=prompt, return_tensors="pt", **specials)
 
 
 def _answers(engine) -> list[list]:
@@ -159,3 +162,78 @@ def test_text_only_questions_run_where_the_class_takes_them(checkpoints):
                 for kind in ("blip2", "paligemma")}
     assert refusals["blip2"].endswith("Blip2ForConditionalGeneration.forward requires pixel_values")
     assert "its processor takes no prompt without an image" in refusals["paligemma"]
+
+
+def test_lmms_eval_runs_llama_vision_as_its_class_does(checkpoints):
+    """--protocol lmms-eval on Llama-3.2-Vision (models/simple/llama_vision.py l.174-189): the processor's chat
+    template over [image, question + post_prompt], tokenized without added special tokens (one BOS, the
+    template's); 128 new tokens, greedy under the checkpoint's generation config, its own dtype."""
+    from transformers import AutoProcessor
+
+    from pope_fast.engine.models import protocol_for
+
+    folder = checkpoints["mllama"]
+    covered = protocol_for(folder, "lmms-eval")
+    assert (covered.template, covered.new_tokens, covered.generation_config, covered.dtype, covered.image_reencode) \
+        == ("lmms_eval_llama_vision", 128, "greedy", "fp32", "rgb")
+    engine = load_engine(folder, Settings(generation_config="greedy"), template=covered.template,
+                         readouts="exact_match")
+    processor = AutoProcessor.from_pretrained(str(folder))
+    contexts = ASKED[0] + "\nAnswer the question using a single word or phrase."
+    prompt = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"},
+                                                                         {"type": "text", "text": contexts}]}],
+                                           add_generation_prompt=True)
+    assert engine.prompt(ASKED[0]) == prompt
+    theirs = processor(IMAGES[:1], prompt, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    assert torch.equal(engine.model.inputs(IMAGES[:1], [prompt])["input_ids"], theirs)
+    assert int((theirs == processor.tokenizer.bos_token_id).sum()) == 1
+
+
+def test_vlmevalkit_runs_smolvlm_as_its_class_does(checkpoints):
+    """--protocol vlmevalkit on an Idefics3 checkpoint (vlm/smolvlm.py SmolVLM, build_prompt_default l.103-119): its
+    own prompt string, tokenized as its processor call tokenizes it (l.91-93), fp32, load_image, 2048 tokens."""
+    from transformers import AutoProcessor
+
+    from pope_fast.engine.models import protocol_coverage, protocol_for
+
+    folder = checkpoints["idefics3"]
+    covered = protocol_for(folder, "vlmevalkit")
+    assert (covered.template, covered.new_tokens, covered.dtype, covered.image_reencode, covered.generation_config) \
+        == ("vlmevalkit_smolvlm", 2048, "fp32", "load_image", "greedy")
+    engine = load_engine(folder, Settings(dtype="fp32", image_reencode="load_image", generation_config="greedy"),
+                         template=covered.template, readouts="yorn")
+    prompt = "<|im_start|>User:<image>" + ASKED[1] + "<end_of_utterance>\nAssistant:"
+    assert engine.prompt(ASKED[1]) == prompt
+    assert engine.prompt(ASKED[1], image=False) == prompt.replace("<image>", "")
+    theirs = AutoProcessor.from_pretrained(str(folder))(text=prompt, images=IMAGES[:1], return_tensors="pt")
+    assert torch.equal(engine.model.inputs(IMAGES[:1], [prompt])["input_ids"], theirs["input_ids"])
+    # what each tool does not run, in meta.json's words
+    assert "no Idefics3 (SmolVLM) class" in protocol_coverage(folder)["lmms-eval"]["not_covered"]
+    assert "which no deterministic run reproduces" in protocol_coverage(checkpoints["mllama"])["vlmevalkit"][
+        "not_covered"]
+    assert protocol_coverage(checkpoints["blip2"])["paper"]["template"] == "reference_plain"
+
+
+@pytest.mark.slow
+def test_eval_and_score_under_a_protocol_on_the_backend(checkpoints, tmp_path):
+    """`eval --protocol lmms-eval` on Llama-3.2-Vision runs llama_vision's protocol through the backend, and `score
+    --protocol` says so; VLMEvalKit's, whose class samples, is named as not covering it."""
+    from click.testing import CliRunner
+
+    from pope_fast.cli import main
+    from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
+
+    questions = builtin_questions(6, "demo")
+    write_question_file(tmp_path / "demo_pope.json", questions)
+    write_images(tmp_path / "images", [q.image for q in questions])
+    run = CliRunner().invoke(main, ["eval", "--model", str(checkpoints["mllama"]), "--questions",
+                                    str(tmp_path / "demo_pope.json"), "--images", str(tmp_path / "images"), "--out",
+                                    str(tmp_path / "run"), "--protocol", "lmms-eval", "--device", "cpu"])
+    assert run.exit_code == 0, run.output
+    meta = json.loads((tmp_path / "run/meta.json").read_text())
+    assert meta["template"] == "lmms_eval_llama_vision" and meta["generation"]["exact_match"]["max_new_tokens"] == 128
+    scored = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--protocol", "lmms-eval"])
+    assert scored.exit_code == 0 and "the run is lmms-eval's: its prompt, length and image preprocessing" in \
+        scored.output
+    other = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--protocol", "vlmevalkit"])
+    assert "vlmevalkit does not cover this model" in other.output
