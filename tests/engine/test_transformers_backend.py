@@ -237,3 +237,22 @@ def test_eval_and_score_under_a_protocol_on_the_backend(checkpoints, tmp_path):
         scored.output
     other = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--protocol", "vlmevalkit"])
     assert "vlmevalkit does not cover this model" in other.output
+
+
+def test_icd_asks_the_class_with_its_instruction_as_a_system_message(checkpoints):
+    """ICD's disturbed pass is the class on the prompt its chat template renders with the instruction as a system
+    message, combined with the plain pass as ICD combines."""
+    folder = checkpoints["idefics3"]
+    engine = load_engine(folder, Settings(batch_size=4), readouts="dynamic_single")
+    icd = parse_method("icd")
+    got = engine.run_methods(engine.prepare(IMAGES[:1]), [ASKED[:2]], [icd])["icd"][0]
+    model, inputs_of = _oracle(folder)
+    for question, result in zip(ASKED[:2], got):
+        disturbed = engine.prompt(question, system=icd.settings["instruction"])
+        assert icd.settings["instruction"] in disturbed and disturbed != engine.prompt(question)
+        with torch.inference_mode():
+            plain, other = (model(**inputs_of(IMAGES[0], p)).logits[0, -1] for p in (engine.prompt(question), disturbed))
+        combined = icd.combine({"main": plain[None], "disturbed": other[None]})[0]
+        ids = sorted(result.candidate_logits)
+        assert np.allclose([result.candidate_logits[i] for i in ids], combined[ids].numpy(), atol=1e-4, rtol=1e-4)
+        assert not torch.allclose(plain[ids], other[ids], atol=1e-3)
