@@ -251,7 +251,8 @@ def test_icd_asks_the_class_with_its_instruction_as_a_system_message(checkpoints
         disturbed = engine.prompt(question, system=icd.settings["instruction"])
         assert icd.settings["instruction"] in disturbed and disturbed != engine.prompt(question)
         with torch.inference_mode():
-            plain, other = (model(**inputs_of(IMAGES[0], p)).logits[0, -1] for p in (engine.prompt(question), disturbed))
+            plain, other = (model(**inputs_of(IMAGES[0], p)).logits[0, -1]
+                            for p in (engine.prompt(question), disturbed))
         combined = icd.combine({"main": plain[None], "disturbed": other[None]})[0]
         ids = sorted(result.candidate_logits)
         assert np.allclose([result.candidate_logits[i] for i in ids], combined[ids].numpy(), atol=1e-4, rtol=1e-4)
