@@ -39,6 +39,8 @@ def load_reference(checkpoint: Path, settings: Settings):
     from transformers import BitsAndBytesConfig
 
     kwargs = {"dtype": settings.torch_dtype}
+    if settings.probe != "none":  # the probe reads attention weights, which only eager attention returns
+        kwargs["attn_implementation"] = "eager"
     if settings.quant == "nf4":
         kwargs["quantization_config"] = BitsAndBytesConfig(
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,

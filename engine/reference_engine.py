@@ -3,8 +3,9 @@
 gives is what the engine gives, in the same PromptResults, so the sweep, records, readouts, methods, resume and
 torchrun above it are the engine's own: the answer position's candidate logits and argmax (the whole vocabulary's
 for contrastive methods), a continuation from `generate` (greedy or the tool's beam search, the checkpoint's
-generation rules where the settings apply them), VCD's noised pixels and ICD's system prompt. Attention edits
-(PAI) and the attention probe need the engine's own attention, and are refused in one line."""
+generation rules where the settings apply them), VCD's noised pixels, ICD's system prompt, and the image-attention
+probe from the class's eager attention weights. Attention edits (PAI) act inside the engine's own attention, and are
+refused in one line."""
 from __future__ import annotations
 
 import inspect
@@ -24,7 +25,6 @@ from .stats import Clock
 
 # settings the backend honours only at these values: what any other asks of the engine's own computation
 REFUSED = {
-    "probe": (("none",), "the attention probe reads the engine's own attention"),
     "generation_config": (("none", "greedy"), "greedy_output gives generate the prompt as inputs_embeds (LLaVA's "
                                               "own generate), and the backend gives it input_ids"),
     "max_length": ((None,), "max_length counts the prompt as inputs_embeds (LAVIS's generate)"),
@@ -90,10 +90,13 @@ class ReferenceRunner(Runner):
             inputs = model.inputs(images, [row[3] for row in batch])
             if isinstance(batch[0][2], NoisedImage):
                 inputs["pixel_values"] = _noised(inputs["pixel_values"], batch[0][2])
+        probing = self.settings.probe != "none"
         with Clock(self.timings, "question_prefill", device), torch.inference_mode():
-            out = model.model(**inputs, **({"logits_to_keep": 1} if self._keep else {}))
+            out = model.model(**inputs, **({"logits_to_keep": 1} if self._keep else {}),
+                              **({"output_attentions": True} if probing else {}))
             logits = out.logits[:, -1].float()
             first = logits.argmax(dim=-1)
+            probes = _probes(out, inputs, model.image_token_id) if probing else [None] * len(batch)
         lengths = inputs["attention_mask"].sum(dim=1).tolist()
         self.counts.prompts += len(batch)
         self.counts.suffix_tokens += int(sum(lengths))
@@ -101,8 +104,8 @@ class ReferenceRunner(Runner):
         if self.readout.generates and decode:
             texts = self._generated(inputs, lengths)
         everything = list(logits) if vocab else [None] * len(batch)
-        return [PromptResult(f, dict(zip(ids, row)), vocab_logits=v, **text)
-                for f, row, text, v in zip(first.tolist(), logits[:, ids].tolist(), texts, everything)]
+        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
+                for f, row, text, probe, v in zip(first.tolist(), logits[:, ids].tolist(), texts, probes, everything)]
 
     def _generated(self, inputs: dict, lengths: list[int]) -> list[dict]:
         """Each row's continuation from `generate` (to the longest row's allowance), as its text readouts read it."""
@@ -121,6 +124,24 @@ class ReferenceRunner(Runner):
                    for ids, mask in zip(inputs["input_ids"].tolist(), inputs["attention_mask"].tolist())]
         return [self.readout.texts(tokens[:steps], self.model.stop_ids, self._decode, prompt, self._decode_special)
                 for tokens, steps, prompt in zip(new, allowed, prompts)]
+
+
+def _probes(out, inputs: dict, image_token: int | None) -> list[dict | None]:
+    """The image-attention probe of each row (the engine's: per layer of the language model, per head, how much of
+    the answer position's attention falls on the prompt's image tokens; heads averaged per layer beside), from the
+    class's eager attention weights; None for a row without image tokens. Refused in one line where a layer
+    attends to anything but the sequence (Llama-3.2-Vision's cross-attention reads the image's features apart)."""
+    attentions = getattr(out, "attentions", None)
+    if attentions is None:  # BLIP-2's output keeps its language model's apart
+        attentions = getattr(getattr(out, "language_model_outputs", None), "attentions", None)
+    width = inputs["input_ids"].shape[1]
+    if not attentions or any(a.shape[-1] != width for a in attentions):
+        raise ValueError("the image-attention probe weighs image tokens of the prompt, and this class reads the "
+                         "image otherwise (cross-attention layers, or no attention weights returned)")
+    mask = (inputs["input_ids"] == image_token).float()  # [B, T]; pads take no attention
+    heads = torch.stack([(a[:, :, -1, :].float() * mask[:, None, :]).sum(dim=-1) for a in attentions], dim=1)
+    return [None if not row.any() else {"image_attention": h.mean(dim=-1).tolist(), "image_attention_heads": h.tolist()}
+            for row, h in zip(mask.bool(), heads)]  # h: [L, H]
 
 
 def _noised(pixels: torch.Tensor, noised: NoisedImage) -> torch.Tensor:

@@ -105,7 +105,7 @@ def test_auto_runs_a_model_without_a_family_on_transformers_and_engine_refuses_i
         load_engine(checkpoints["blip2"], Settings(), backend="engine")
 
 
-@pytest.mark.parametrize("settings, named", [(dict(probe="image-attention"), "probe"),
+@pytest.mark.parametrize("settings, named", [(dict(max_length=64), "max_length"),
                                              (dict(generation_config="greedy_output"), "generation_config"),
                                              (dict(image_mask="causal"), "image_mask")])
 def test_what_the_backend_cannot_compute_is_refused_in_one_line(settings, named, checkpoints):
@@ -257,3 +257,32 @@ def test_icd_asks_the_class_with_its_instruction_as_a_system_message(checkpoints
         ids = sorted(result.candidate_logits)
         assert np.allclose([result.candidate_logits[i] for i in ids], combined[ids].numpy(), atol=1e-4, rtol=1e-4)
         assert not torch.allclose(plain[ids], other[ids], atol=1e-3)
+
+
+def test_the_probe_weighs_the_classes_own_attention_on_the_image_tokens(checkpoints):
+    """probe image-attention:heads on the backend: per layer and head, the answer position's attention on the
+    prompt's image tokens, as the class's eager attention weights give it for each prompt alone (a batch's pads take
+    none); Llama-3.2-Vision, whose cross-attention reads the image apart, is refused in one line."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    folder = checkpoints["paligemma"]
+    engine = load_engine(folder, Settings(batch_size=4, probe="image-attention:heads"), readouts="dynamic_single")
+    got = _answers(engine)
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32,
+                                                        attn_implementation="eager").eval()
+    processor = AutoProcessor.from_pretrained(str(folder))
+    config = json.loads((folder / "config.json").read_text())
+    image_token = config.get("image_token_id", config.get("image_token_index"))
+    for image, row in zip(IMAGES, got):
+        for question, result in zip(ASKED, row):
+            inputs = processor(images=image, text=engine.prompt(question), return_tensors="pt")
+            inputs.pop("labels", None)
+            with torch.inference_mode():
+                attentions = model(**inputs, output_attentions=True).attentions
+            on_image = inputs["input_ids"][0] == image_token
+            theirs = [[float(a[0, h, -1][on_image].sum()) for h in range(a.shape[1])] for a in attentions]
+            assert np.allclose(result.probe["image_attention_heads"], theirs, atol=1e-5)
+            assert np.allclose(result.probe["image_attention"], np.mean(theirs, axis=1), atol=1e-5)
+    refused = load_engine(checkpoints["mllama"], Settings(probe="image-attention"), readouts="dynamic_single")
+    with pytest.raises(ValueError, match="^the image-attention probe weighs image tokens of the prompt, and this "):
+        refused.score(IMAGES[0], ASKED[:1])
