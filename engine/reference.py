@@ -82,6 +82,38 @@ class ReferenceLM:
     dims: ReferenceDims
 
 
+class ReferenceInputs:
+    """What a checkpoint's processor makes of prompts about images, as transformers' class takes them: a family's
+    reference processor (`--backend transformers` on it), else transformers' AutoProcessor; the batch left-padded,
+    on the device, floating tensors in the settings' dtype. Bench's reference, `verify`, the backend and the tests'
+    oracles all build their inputs here."""
+
+    def __init__(self, folder: Path, settings: Settings, family=None):
+        self.settings = settings
+        with quiet_fallback():  # the PIL image processors' torchvision notice
+            self.processor = family.reference_processor(folder) if family else _processor(folder)
+        # a processor object takes a batch; a family's stand-in function (where transformers' own needs
+        # torchvision) one prompt and its image
+        self.batched = hasattr(self.processor, "tokenizer")
+        self.own_processor = family is None  # transformers' AutoProcessor, not a family's reference pipeline
+        self.special_tokens: bool | None = None  # the tokenizer's own special tokens, unless set (False: none added)
+        self.tokenizer = self.processor.tokenizer if self.batched else _tokenizer(folder)
+        self.tokenizer.padding_side = "left"  # a batch's answer positions all last
+
+    def __call__(self, images: list[Image.Image | None], prompts: list[str]) -> dict:
+        """The processor's batch; images all None for text-only prompts."""
+        if not self.batched:
+            [image], [prompt] = images, prompts
+            out = self.processor(images=image, text=prompt, return_tensors="pt")
+        else:
+            specials = {} if self.special_tokens is None else {"add_special_tokens": self.special_tokens}
+            pixels = {"images": [[image] for image in images]} if any(image is not None for image in images) else {}
+            out = self.processor(**pixels, text=prompts, padding=True, return_tensors="pt", **specials)
+        out = {k: v for k, v in dict(out).items() if k != "labels"}  # PaliGemma's, for a loss not computed here
+        return {k: v.to(self.settings.torch_device, self.settings.torch_dtype if v.is_floating_point() else None)
+                for k, v in out.items()}
+
+
 class ReferenceModel:
     """A checkpoint as transformers runs it, declaring what the engine's families declare (family.Family's
     names): its model_type, tokenizer, stop ids, generation config, template, the language model's shape. A
@@ -97,15 +129,8 @@ class ReferenceModel:
         self.family = config.get("model_type")
         self.name = f"{family.name if family else self.family} (transformers)"
         self.model = load_reference(folder, settings)
-        with quiet_fallback():
-            self.processor = family.reference_processor(folder) if family else _processor(folder)
-        # a processor object takes a batch; a family's stand-in function (where transformers' own needs
-        # torchvision) one prompt and its image
-        self.batched = hasattr(self.processor, "tokenizer")
-        self.own_processor = family is None  # transformers' AutoProcessor, not a family's reference pipeline
-        self.special_tokens: bool | None = None  # the tokenizer's own special tokens, unless set (False: none added)
-        self.tokenizer = self.processor.tokenizer if self.batched else _tokenizer(folder)
-        self.tokenizer.padding_side = "left"  # a batch's answer positions all last
+        self.inputs = ReferenceInputs(folder, settings, family)
+        self.tokenizer = self.inputs.tokenizer
         self.generation_config = generation_config(folder)
         self.stop_ids = stop_ids(self.generation_config, self.tokenizer)
         self.model.generation_config = self._rules()
@@ -143,7 +168,7 @@ class ReferenceModel:
         if pixels is not None and pixels.default is inspect.Parameter.empty:
             return f"{type(self.model).__name__}.forward requires pixel_values"
         try:
-            self.processor(text=["Is there a dog?"], return_tensors="pt")
+            self.inputs.processor(text=["Is there a dog?"], return_tensors="pt")
         except (ValueError, TypeError) as why:
             return f"its processor takes no prompt without an image ({str(why).splitlines()[0]})"
         return None
@@ -154,20 +179,6 @@ class ReferenceModel:
     def preprocess(self, image: Image.Image) -> Image.Image:
         """The image as the processor takes it: RGB (the processor resizes and normalizes it with the prompt)."""
         return image.convert("RGB")
-
-    def inputs(self, images: list[Image.Image | None], prompts: list[str]) -> dict:
-        """The processor's batch (left-padded) on the device, floating tensors in the model's dtype; images all
-        None for text-only prompts."""
-        if not self.batched:
-            [image], [prompt] = images, prompts
-            out = self.processor(images=image, text=prompt, return_tensors="pt")
-        else:
-            specials = {} if self.special_tokens is None else {"add_special_tokens": self.special_tokens}
-            pixels = {"images": [[image] for image in images]} if any(image is not None for image in images) else {}
-            out = self.processor(**pixels, text=prompts, padding=True, return_tensors="pt", **specials)
-        out = {k: v for k, v in dict(out).items() if k != "labels"}  # PaliGemma's, for a loss not computed here
-        return {k: v.to(self.settings.torch_device, self.settings.torch_dtype if v.is_floating_point() else None)
-                for k, v in out.items()}
 
     def answer(self, image: Image.Image, prompt: str, max_new_tokens: int) -> tuple[torch.Tensor, list[int]]:
         """One prompt about one image, alone: the answer position's logits (fp32, on the CPU) and generate's

@@ -67,7 +67,7 @@ class ReferenceRunner(Runner):
         where the processor takes one), prompts with and without an image apart, a noised image's one at a time
         (its noise is drawn over its own pixels, not a batch's padding)."""
         rows = [(i, j, item.features, prompt) for i, item in enumerate(items) for j, prompt in enumerate(item.prompts)]
-        size = self.settings.batch_size if self.model.batched else 1
+        size = self.settings.batch_size if self.model.inputs.batched else 1
         batches: list[list] = []
         for row in rows:
             last = batches[-1] if batches else None
@@ -161,8 +161,8 @@ class ReferenceEngine(Engine):
         # A prompt its chat template rendered holds the template's own BOS (Llama 3's writes <|begin_of_text|>):
         # tokenized without added special tokens, as apply_chat_template(tokenize=True) and lmms-eval tokenize one.
         # A family's processor (--backend transformers on it) tokenizes as the family's reference does.
-        if model.own_processor and self.template.chat:
-            model.special_tokens = False
+        if model.inputs.own_processor and self.template.chat:
+            model.inputs.special_tokens = False
 
     @classmethod
     def load(cls, folder, settings: Settings | None = None, *, template: str | None = None, readouts=None,

@@ -8,9 +8,9 @@ question it is given, naming the image and question that differ.
 from __future__ import annotations
 
 import torch
-from tinymodels import assert_matches_nf4_oracle, generated_text, qwen_inputs, worst_difference
+from tinymodels import assert_matches_nf4_oracle, generated_text, worst_difference
 
-from pope_fast.engine import Engine, ImagePrompts, Settings
+from pope_fast.engine import ImagePrompts
 
 
 def transformers_oracle(model, inputs_of, prompt, images, questions, new_tokens: int = 4) -> dict:
@@ -35,13 +35,6 @@ def processor_oracle(model_class, checkpoint, processor, prompt, images, questio
     """The oracle of model_class loaded from the checkpoint in fp32, fed what `processor` makes of each prompt."""
     model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     return transformers_oracle(model, processor_inputs(processor), prompt, images, questions, new_tokens)
-
-
-def qwen_oracle(checkpoint, model, images, questions) -> dict:
-    """A Qwen-VL family's oracle (its processors stood in for by tinymodels.qwen_inputs) on the engine's prompt."""
-    prompt = Engine.load(checkpoint, Settings(), readouts="template_aware").prompt
-    return transformers_oracle(model, lambda image, text: qwen_inputs(checkpoint, image, text), prompt, images,
-                               questions)
 
 
 def image_items(engine, images, questions) -> list[ImagePrompts]:

@@ -13,13 +13,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from familychecks import processor_inputs, processor_oracle, qwen_oracle
+from familychecks import transformers_oracle
 from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl, make_tiny_llava,
                         make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
-                        make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe, qwen_inputs, synthetic_image)
+                        make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe, synthetic_image)
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import family_class
+from pope_fast.engine.reference import ReferenceInputs
 
 # InternVL: (width, height) → tiles: 2 x 1 + thumbnail, 1 x 3 + thumbnail, square 2 x 2 (the tie with 1 x 1 goes to
 # more tiles for an image this large) + thumbnail, one tile, 5 x 1 + thumbnail, 3 x 2 + thumbnail
@@ -49,7 +50,6 @@ class Family:
     images: list
     questions: int                 # the oracle's questions: QUESTIONS[:questions]
     template: str | None = None    # the engine's default template, where the logits check asserts it
-    processor: Callable | None = None   # checkpoint -> processor taking (images=, text=); None: tinymodels.qwen_inputs
     prompt: Callable | None = None      # question -> the oracle's prompt; None: the engine's default prompt
     logits: tuple = ((True, 2), (True, 32), (False, 3))   # (prefix_reuse, batch_size) of the logits check
     counts_image_tokens: bool = False   # features as long as the oracle's run of image tokens
@@ -75,28 +75,16 @@ class Family:
         return getattr(transformers, self.model_class)
 
     def inputs_of(self, checkpoint: Path):
-        """(image, prompt) -> the transformers model's inputs, as the family's processor makes them."""
-        if self.processor is None:
-            return partial(qwen_inputs, checkpoint)
-        return processor_inputs(self.processor(checkpoint))
+        """(image, prompt) -> the transformers model's inputs, as the transformers backend makes them (the
+        family's reference processor: engine/reference.py ReferenceInputs, the one reference path)."""
+        inputs = ReferenceInputs(checkpoint, Settings(), family_class(self.name))
+        return lambda image, prompt: inputs([image], [prompt])
 
     def oracle(self, checkpoint: Path, model=None) -> dict:
         """familychecks' oracle on the family's images and questions (the prompt its own or the engine's)."""
-        if self.processor is None:
-            return qwen_oracle(checkpoint, model, self.images, self.oracle_questions)
         prompt = self.prompt or Engine.load(checkpoint, Settings()).prompt
-        return processor_oracle(self.transformers_class(), checkpoint, self.processor(checkpoint), prompt,
-                                self.images, self.oracle_questions)
-
-
-def _auto_processor(checkpoint: Path):
-    from transformers import AutoProcessor
-
-    return AutoProcessor.from_pretrained(str(checkpoint))
-
-
-def _reference_processor(name: str):
-    return lambda checkpoint: family_class(name).reference_processor(checkpoint)
+        model = model or self.transformers_class().from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+        return transformers_oracle(model, self.inputs_of(checkpoint), prompt, self.images, self.oracle_questions)
 
 
 def _newline_is_fp16_source(engine, model) -> None:
@@ -143,7 +131,7 @@ _FIVE_CASES = ((True, 1), (True, 2), (True, 32), (False, 1), (False, 3))
 REGISTRY = {f.name: f for f in [
     Family("llava", make_tiny_llava, "LlavaForConditionalGeneration",
            [synthetic_image(i, size) for i, size in enumerate([(90, 70), (42, 42), (50, 120)])], 6,
-           processor=_auto_processor, prompt=lambda q: f"USER: <image>\n{q}\nASSISTANT:",
+           prompt=lambda q: f"USER: <image>\n{q}\nASSISTANT:",
            logits=((True, 1), (True, 4), (True, 16), (False, 3)), continuations=({"batch_size": 4},),
            text_readouts="string_parse,exact_match",
            notes="its run over every image (prefix counts, texts) is test_llava's; NF4 is engine/test_engine_nf4's"),
@@ -151,7 +139,7 @@ REGISTRY = {f.name: f for f in [
     Family("llava_next", make_tiny_llava_next, "LlavaNextForConditionalGeneration",
            [synthetic_image(i + 11, size) for i, size in enumerate([(90, 40), (40, 90), (60, 60), (120, 30),
                                                                       (20, 18)])], 3,
-           template="mistral_inst", processor=_auto_processor,
+           template="mistral_inst",
            prompt="[INST] <image>\n{} Answer yes or no only. [/INST]".format, counts_image_tokens=True,
            run=((True, 4),), run_items=_at_least_three_lengths, continuation_images=3,
            nf4=NF4(dict(vision_hidden=64, seed=5), (0, 1, 2), _newline_is_fp16_source),
@@ -161,21 +149,21 @@ REGISTRY = {f.name: f for f in [
     Family("llava_onevision", make_tiny_llava_onevision, "LlavaOnevisionForConditionalGeneration",
            [synthetic_image(i + 11, size) for i, size in enumerate([(200, 200), (220, 170), (90, 40), (40, 90),
                                                                       (30, 30), (300, 100)])], 3,
-           template="llava_onevision_chat", processor=_reference_processor("llava_onevision"),
+           template="llava_onevision_chat",
            counts_image_tokens=True, run=((True, 4),), run_items=_one_length_per_image,
            continuations=({"prefix_reuse": True, "batch_size": 2}, {"prefix_reuse": False, "batch_size": 2}),
            probe=(0, 2), nf4=NF4(dict(vision_hidden=64, seed=5), (1, 3), _newline_is_fp16_source),
            methods=((True, 2),), tied=2, pad_refusal="LLaVA-OneVision tiles every image"),
     Family("internvl", make_tiny_internvl, "InternVLForConditionalGeneration",
            [synthetic_image(i + 21, size) for i, size in enumerate(INTERNVL_SIZES)], 3,
-           template="internvl_chat", processor=_reference_processor("internvl"), logits=_FIVE_CASES,
+           template="internvl_chat", logits=_FIVE_CASES,
            run=((True, 4),), run_items=_one_length_per_image,
            continuations=({"prefix_reuse": True, "batch_size": 2}, {"prefix_reuse": False, "batch_size": 2}),
            probe=(5, 3), nf4=NF4(dict(vision_hidden=64, seed=5), (3, 5), _projector_norm_is_kept),
            methods=((True, 2),), tied=3, pad_refusal="InternVL3 tiles every image"),
     Family("instructblip", make_tiny_instructblip, "InstructBlipForConditionalGeneration",
            [synthetic_image(i + 31, size) for i, size in enumerate([(90, 40), (40, 90), (60, 60)])], 4,
-           template="instructblip", processor=_auto_processor,
+           template="instructblip",
            prompt=lambda q: f"Question: {q} Answer yes or no only. Answer:",
            logits=((True, 1), (True, 5), (True, 32)), run=((True, 7),),
            nf4=NF4(dict(vision_hidden=64, qformer_hidden=64, seed=7), (0, 1),
@@ -206,7 +194,7 @@ REGISTRY = {f.name: f for f in [
     # real tokenizer renders are test_gemma3's, on a checkpoint of their own.
     Family("gemma3", partial(make_tiny_gemma3, builtin_tokenizer=True), "Gemma3ForConditionalGeneration",
            [synthetic_image(i + 31, size) for i, size in enumerate([(90, 70), (40, 90), (64, 64)])], 3,
-           template="gemma3_chat", processor=_reference_processor("gemma3"),
+           template="gemma3_chat",
            logits=((True, 1), (True, 32), (False, 3)),
            run=((True, 4), (False, 4)),
            continuations=({"prefix_reuse": True, "batch_size": 2}, {"prefix_reuse": False, "batch_size": 2}),
@@ -237,6 +225,5 @@ class Tiny:
     def oracle(self, name: str) -> dict:
         if name not in self._oracles:
             family = REGISTRY[name]
-            model = self.model(name) if family.processor is None else None
-            self._oracles[name] = family.oracle(self.checkpoint(name), model)
+            self._oracles[name] = family.oracle(self.checkpoint(name), self.model(name))
         return self._oracles[name]

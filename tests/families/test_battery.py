@@ -4,7 +4,7 @@ quirks are its own file's."""
 import pytest
 import torch
 from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
-                          assert_run_matches, assert_scores_match, image_items, processor_oracle)
+                          assert_run_matches, assert_scores_match, image_items, transformers_oracle)
 from methodchecks import check_methods, formula_oracle
 from registry import REGISTRY
 from tinymodels import QUESTIONS, bnb_nf4_oracle, worst_difference
@@ -114,12 +114,8 @@ def test_nf4(family, tmp_path):
 
 @pytest.fixture(scope="session")
 def methods_oracle(family, family_checkpoint):
-    """test_methods' oracle (its PAI attention under the model's own mask) with the family's processor."""
-    def inputs_of(folder):
-        processor = family.processor(folder)
-        return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
-
-    return formula_oracle(family_checkpoint, family.transformers_class(), inputs_of)
+    """test_methods' oracle (its PAI attention under the model's own mask) on the family's reference inputs."""
+    return formula_oracle(family_checkpoint, family.transformers_class(), family.inputs_of)
 
 
 @pytest.mark.slow
@@ -144,8 +140,9 @@ def test_tied_head(family, tmp_path):
     assert any(k.endswith("embed_tokens.weight") for k in names) and not any("lm_head" in k for k in names)
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
     image = family.images[family.tied]
-    oracle = processor_oracle(family.transformers_class(), checkpoint, family.processor(checkpoint), engine.prompt,
-                              [image], QUESTIONS[:2], new_tokens=1)
+    model = family.transformers_class().from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    oracle = transformers_oracle(model, family.inputs_of(checkpoint), engine.prompt, [image], QUESTIONS[:2],
+                                 new_tokens=1)
     for answer in engine.score(image, QUESTIONS[:2]):
         logits, _, _ = oracle[0, answer.question]
         worst, at = worst_difference(answer.candidate_logits, logits)
