@@ -85,3 +85,17 @@ def test_bench_times_it_against_the_reference(job, tmp_path):
                                 "--work-dir", tmp_path, "--format", "json"))
     entry = report["models"]["idefics3"]
     assert entry["reference"]["questions"] == 6 and set(entry["agreement"].values()) == {1.0}, entry
+
+
+@pytest.mark.parametrize("kind", ["mllama", "paligemma", "blip2", "qwen3_vl_moe"])
+def test_each_kind_runs_a_paired_eval_score_and_compare(kind, job, tiny, tmp_path):
+    """The other kinds the backend was tested on (cross-attention, prefix-LM, Q-Former, MoE forced onto it) through
+    the same commands: a paired run (VCD beside the baseline), its scores and its comparison."""
+    root, args = job
+    folder = tiny.checkpoint(kind) if kind == "qwen3_vl_moe" else write_checkpoint(
+        kind, tmp_path / kind, weights=Weights(init="model", dtype=torch.float32, std=0.2))
+    run = [*args[:2], str(folder), *args[3:], "--backend", "transformers", "--out", tmp_path / "run"]
+    _invoke(*run, "--method", "none", "--method", "vcd")
+    assert json.loads((tmp_path / "run/vcd/meta.json").read_text())["model"]["backend"] == "transformers"
+    assert "dynamic_single" in _invoke("score", tmp_path / "run/none")
+    assert "ΔF1" in _invoke("compare", tmp_path / "run/none", tmp_path / "run/vcd")

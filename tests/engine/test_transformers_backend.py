@@ -286,3 +286,37 @@ def test_the_probe_weighs_the_classes_own_attention_on_the_image_tokens(checkpoi
     refused = load_engine(checkpoints["mllama"], Settings(probe="image-attention"), readouts="dynamic_single")
     with pytest.raises(ValueError, match="^the image-attention probe weighs image tokens of the prompt, and this "):
         refused.score(IMAGES[0], ASKED[:1])
+
+
+@pytest.mark.slow
+def test_nf4_is_transformers_bitsandbytes_nf4(tmp_path):
+    """quant nf4 on the backend: the class as transformers' bitsandbytes integration quantizes it (NF4, double
+    quant, fp16 compute), the same decisions and logits as that model loaded by hand."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor, BitsAndBytesConfig
+
+    from pope_fast.engine.synthetic import paligemma
+
+    # every layer at least one NF4 block (64) wide: bitsandbytes' CPU path takes no narrower one
+    wide = dict(paligemma.SIZES["tiny"], vision=dict(paligemma.SIZES["tiny"]["vision"], hidden_size=64,
+                                                     intermediate_size=128))
+    folder = write_checkpoint("paligemma", tmp_path / "nf4", wide,
+                              weights=Weights(init="model", dtype=torch.float16, std=0.2))
+    engine = load_engine(folder, Settings(quant="nf4", batch_size=1), readouts="dynamic_single")
+    assert engine.settings.torch_dtype == torch.float16
+    got = _answers(engine)
+    config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                                bnb_4bit_compute_dtype=torch.float16)
+    model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float16, quantization_config=config,
+                                                        device_map="cpu").eval()
+    assert any(type(m).__name__ == "Linear4bit" for m in engine.model.model.modules())
+    processor = AutoProcessor.from_pretrained(str(folder))
+    for image, row in zip(IMAGES, got):
+        for question, result in zip(ASKED, row):
+            inputs = processor(images=image, text=engine.prompt(question), return_tensors="pt")
+            inputs.pop("labels")
+            inputs["pixel_values"] = inputs["pixel_values"].half()
+            with torch.inference_mode():
+                logits = model(**inputs).logits[0, -1].float()
+            ids = sorted(result.candidate_logits)
+            assert np.allclose([result.candidate_logits[i] for i in ids], logits[ids].numpy(), atol=1e-6)
+            assert result.first_token_id == int(logits.argmax())
