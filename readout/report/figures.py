@@ -17,7 +17,8 @@ MISSING = "#d9d9d9"  # cells and bars with nothing to show: no answered question
 NO_MATPLOTLIB = 'pope-fast report draws with matplotlib, which is not installed: pip install -e ".[report]"'
 
 
-def _figure(width_px: int, height_px: int):
+def new_figure(width_px: int, height_px: int):
+    """A figure of these pixels at DPI on its own Agg canvas (never pyplot's global state)."""
     try:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
@@ -75,7 +76,7 @@ def confusion_grid(title: str, data: dict):
     names = list(data["readouts"])
     cols = min(4, len(names))
     rows = math.ceil(len(names) / cols)
-    fig = _figure(250 * cols, 230 * rows + 60)
+    fig = new_figure(250 * cols, 230 * rows + 60)
     fig.suptitle(title, fontsize=10)
     for k, name in enumerate(names):
         _matrix(fig.add_subplot(rows, cols, k + 1), data["readouts"][name], data["n"], name)
@@ -85,7 +86,7 @@ def confusion_grid(title: str, data: dict):
 
 def confusion_pair(title: str, data: dict):
     """The paper's Fig. 2: two readouts' confusion matrices side by side, F1 in each title."""
-    fig = _figure(520, 290)
+    fig = new_figure(520, 290)
     fig.suptitle(title, fontsize=10)
     for k, (name, m) in enumerate(data["readouts"].items()):
         _matrix(fig.add_subplot(1, 2, k + 1), m, data["n"], f"{name}: F1 {m['f1']:.4f}")
@@ -104,7 +105,7 @@ def _rows(ax, names: list[str]) -> None:
 
 def f1_intervals(title: str, data: dict):
     names = list(data["readouts"])
-    fig = _figure(*_bars_size(len(names)))
+    fig = new_figure(*_bars_size(len(names)))
     ax = _axes(fig, 160, 50, 40, 35)
     _rows(ax, names)
     for y, name in enumerate(names):
@@ -123,7 +124,7 @@ def yes_rates(title: str, data: dict):
     """Bars of the answered predictions' yes-rate; a readout that answered nothing is a hatched grey band
     saying so, not a bar of length 0."""
     names = list(data["readouts"])
-    fig = _figure(*_bars_size(len(names)))
+    fig = new_figure(*_bars_size(len(names)))
     ax = _axes(fig, 160, 50, 40, 35)
     _rows(ax, names)
     for y, name in enumerate(names):
@@ -149,7 +150,7 @@ def benchmark_bars(title: str, data: dict):
     """One bar per readout (the benchmark's official aggregation) and per rule that reports the same metric,
     the rules' bars in another colour; a readout the formula could not take is absent from `bars`."""
     bars = data["bars"]
-    fig = _figure(*_bars_size(len(bars)))
+    fig = new_figure(*_bars_size(len(bars)))
     ax = _axes(fig, 170, 50, 60, 35)
     _rows(ax, [plain(b["name"]) for b in bars])
     top = max([b["value"] * b["factor"] for b in bars] + [data["scale"]])
@@ -175,7 +176,7 @@ def first_tokens(title: str, data: dict):
     labels = [_token_label(t) for t in tokens]
     label_px = 12 + 6 * max(map(len, labels), default=4)  # rotated labels: their length is their height
     marks = 22 * len(marked)
-    fig = _figure(220 + 40 * max(1, len(tokens)), 240 + label_px + marks)
+    fig = new_figure(220 + 40 * max(1, len(tokens)), 240 + label_px + marks)
     bars = _axes(fig, 160, 30 + label_px + marks, 30, 40)
     bars.bar(range(len(tokens)), [t["count"] for t in tokens], color="C2")
     bars.set_xticks(range(len(tokens)), labels, rotation=90, fontsize=7)
@@ -212,7 +213,7 @@ def attention_plot(title: str, data: dict):
     """Per readout, the image attention of right and wrong answers (box plots side by side), with Cohen's d
     and the Mann-Whitney p at the right of its row."""
     names = list(data["readouts"])
-    fig = _figure(860, 120 + 56 * len(names))
+    fig = new_figure(860, 120 + 56 * len(names))
     ax = _axes(fig, 160, 60, 190, 40)
     _rows(ax, names)
     values = [v for name in names for group in ("correct", "wrong") for v in data["readouts"][name][group]]
@@ -285,7 +286,7 @@ def f1_grid(data: dict):
     panel_h = max(90, 28 * len(models))  # one model's row is a readable band, not a strip
     under = [20 + 6 * max(len(n) for k in row for n in data["readouts"][groups[k]]) for row in rows]  # rotated names
     width = max(360, max(left + sum(widths[k] + 20 for k in row) for row in rows)) + 60  # + the colour bar
-    fig = _figure(width, 40 + sum(panel_h + 30 + u for u in under))
+    fig = new_figure(width, 40 + sum(panel_h + 30 + u for u in under))
     fig.suptitle("F1 by model, readout and split", fontsize=10)
     height, y = fig.bbox.height, fig.bbox.height - 40
     for row, below in zip(rows, under):
@@ -319,7 +320,7 @@ def delta_f1(title: str, data: dict):
     splits = list(data["splits"])
     names = list(data["readouts"])
     left = max(160, 16 + 6 * max(map(len, names), default=0))  # the row names: readouts, or pairs of runs
-    fig = _figure(left + 330 * len(splits), 110 + 30 * len(names))
+    fig = new_figure(left + 330 * len(splits), 110 + 30 * len(names))
     fig.suptitle(title, fontsize=10)
     width, height = fig.bbox.width, fig.bbox.height
     reach = data.get("axis_half_width") or delta_reach([data])  # the page's shared scale, else its own

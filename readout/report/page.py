@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import column as column_layout
 from . import figure_data, figures
 from ..benchmarks.compare import format_benchmark_compare
 from ..benchmarks.score import format_benchmark, only_rule, rule_of, run_benchmark, score_run
@@ -99,11 +100,15 @@ class Page:
     def __init__(self, out: Path):
         self.out, self.body, self.count = out, [], 0
 
-    def add(self, fig, data: dict, path: Path, caption: str) -> None:
+    def add(self, fig, data: dict, path: Path, caption: str, column=None) -> None:
+        """The figure (PNG, PDF, SVG and its numbers) and, where given, its one-column layout (column.save)."""
         png = figures.save(fig, data, path)
         self.count += 1
         encoded = base64.b64encode(png.read_bytes()).decode("ascii")
         numbers = png.with_suffix(".json").relative_to(self.out).as_posix()
+        if column is not None:
+            narrow = column_layout.save(column, path).relative_to(self.out).as_posix()
+            caption += f" One column wide (3.3 in, 8 pt): {narrow}."
         width = max(480, round(fig.bbox.width))  # the caption wraps at the figure's width, or a readable one
         self.body.append(f'<figure id="figure-{self.count}" style="width:{width}px"><img alt="Figure {self.count}" '
                          f'src="data:image/png;base64,{encoded}"><figcaption><b>Figure {self.count}.</b> '
@@ -201,14 +206,15 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
         title = f"ΔF1 of {names[1]} against {names[0]}" + (" (MISMATCHED RUNS)" if pair["mismatches"] else "")
         path = page.out / f"compare-{_slug(where.parent.name)}" / f"delta_f1_{_slug(names[1])}_vs_{_slug(names[0])}"
         page.add(figures.delta_f1(title, data), data, path, caption + " Every ΔF1 panel of this page shares one "
-                 "scale.")
+                 "scale.", column_layout.delta_f1(title, data))
     if len(drawn) > 1:  # then one readout at a time, every pair in one figure
         page.html('</div>\n<h2>Every pair compared, one readout at a time</h2>\n<div class="side">')
         combined = [(f"{names[1]} vs {names[0]}", data) for _, _, names, data, _ in drawn]
         for readout, data, caption in figure_data.delta_by_readout(combined):
             data["axis_half_width"] = reach
             page.add(figures.delta_f1(f"ΔF1 under {readout}", data), data,
-                     page.out / "compare-all" / f"delta_f1_{_slug(readout)}", caption)
+                     page.out / "compare-all" / f"delta_f1_{_slug(readout)}", caption,
+                     column_layout.delta_f1(f"ΔF1 under {readout}", data))
     if inputs.comparisons:
         page.html("</div>")
 
@@ -235,8 +241,10 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
         drawn.append((figures.first_tokens, tokens, "first_tokens"))
     if "image_attention" in run:
         drawn.append((figures.attention_plot, figure_data.attention(run, records), "image_attention"))
+    narrow = {"f1": column_layout.f1_intervals, "yes_rate": column_layout.yes_rates}
     for draw, (data, caption), name in drawn:
-        page.add(draw(title, data), data, folder / name, f"{title}: {caption}")
+        page.add(draw(title, data), data, folder / name, f"{title}: {caption}",
+                 narrow[name](title, data) if name in narrow else None)
 
 
 def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str], protocol: str | None) -> list[dict]:
@@ -258,7 +266,8 @@ def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str], pr
         data, caption = figure_data.benchmark_bars(result, benchmark)
         if data["bars"]:
             page.add(figures.benchmark_bars(f"{model}: {data['metric']}", data), data,
-                     page.out / _slug(model) / f"{benchmark.name}_headline", f"{model}: {caption}")
+                     page.out / _slug(model) / f"{benchmark.name}_headline", f"{model}: {caption}",
+                     column_layout.benchmark_bars(f"{model}: {data['metric']}", data))
     return results
 
 

@@ -485,10 +485,60 @@ def test_every_pair_under_one_readout_in_one_figure_on_one_scale(tmp_path):
 def test_tick_labels_say_where_their_ticks_are(reach):
     """Each tick label reads as its tick's position: a ΔF1 axis of ±0.33 has ticks 0.15 apart, which one decimal
     labelled -0.2 and 0.2 (a point at -0.067 then looked like -0.09)."""
-    from pope_fast.readout.report.figures import _figure, readable_ticks
+    from pope_fast.readout.report.figures import new_figure, readable_ticks
 
-    ax = _figure(300, 200).add_axes((0.1, 0.2, 0.8, 0.7))
+    ax = new_figure(300, 200).add_axes((0.1, 0.2, 0.8, 0.7))
     ax.set_xlim(-reach, reach)
     readable_ticks(ax.xaxis, -reach, reach, count=4)
     ticks, labels = ax.get_xticks(), [t.get_text() for t in ax.get_xticklabels()]
     assert len(ticks) >= 3 and all(float(label) == pytest.approx(t, abs=1e-12) for t, label in zip(ticks, labels))
+
+
+def _legible_at_one_column(fig) -> None:
+    """3.3 in wide; every text at least 8 pt, inside the figure, and clear of every other text."""
+    from matplotlib.text import Text
+
+    assert fig.get_size_inches()[0] == pytest.approx(3.3, abs=0.01)
+    fig.canvas.draw()
+    renderer, box = fig.canvas.get_renderer(), fig.bbox
+    texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+    assert len(texts) > 5
+    extents = [(t.get_text(), t.get_window_extent(renderer)) for t in texts]
+    for t, (text, e) in zip(texts, extents):
+        assert t.get_fontsize() >= 8, (text, t.get_fontsize())
+        assert e.x0 >= -0.5 and e.y0 >= -0.5 and e.x1 <= box.x1 + 0.5 and e.y1 <= box.y1 + 0.5, (text, e)
+    for k, (text, e) in enumerate(extents):  # no text drawn over another (a title over a panel's, rows' labels)
+        for other, f in extents[k + 1:]:
+            assert min(e.x1, f.x1) - max(e.x0, f.x0) <= 0.5 or min(e.y1, f.y1) - max(e.y0, f.y0) <= 0.5, (text, other)
+
+
+@pytest.mark.slow
+def test_the_interval_and_bar_figures_have_a_layout_one_column_wide(tmp_path):
+    """Issue 35: F1, yes-rate, ΔF1 (a pair's, and every pair's under one readout) and a benchmark's headline, each
+    also as `<name>.column.pdf`: 3.3 in wide, nothing under 8 pt, every label inside; the numbers are the page
+    figure's (its JSON), each row's value in its label."""
+    from pope_fast.readout.report import column
+
+    first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 5))
+    out = tmp_path / "report"
+    assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)]).exit_code == 0
+    kinds = {"f1": column.f1_intervals, "yes_rate": column.yes_rates, "delta_f1": column.delta_f1}
+    checked = 0
+    for numbers in sorted(out.rglob("*.json")):
+        kind = "delta_f1" if numbers.stem.startswith("delta_f1_") else numbers.stem  # each run's: f1, yes_rate
+        if kind not in kinds:
+            continue
+        assert numbers.with_name(numbers.stem + ".column.pdf").is_file(), numbers
+        data = json.loads(numbers.read_text())
+        fig = kinds[kind]("a title as long as a model's hub id and its split, to wrap: llava-hf/llava-1.5-7b-hf, "
+                          "adversarial", data)
+        _legible_at_one_column(fig)
+        if kind == "f1":
+            name, m = next(iter(data["readouts"].items()))
+            assert f"{name}  {m['f1']:.3f}" in [t.get_text() for t in fig.axes[0].get_yticklabels()]
+        checked += 1
+    assert checked >= 2 + 2 + 2 + 11  # each run's F1 and yes-rate, both pairs, a figure per readout
+    bars = {"bars": [{"name": "string_parse_with_prompt", "value": 1234.5, "factor": 1, "kind": "readout"},
+                     {"name": "lmms-eval's rule", "value": 0.75, "factor": 100, "kind": "rule"}],
+            "metric": "MME perception score (sum of the subtasks' acc + acc+)", "scale": 2000}
+    _legible_at_one_column(column.benchmark_bars("MME: perception", bars))

@@ -1,0 +1,167 @@
+"""The report's interval and bar figures laid out for one column of a two-column paper: 3.3 in wide at print size,
+no text under 8 pt, every label inside the figure. Drawn from the same numbers as the page's figures (each one's
+JSON), saved as PDF beside them (`<name>.column.pdf`).
+
+At that width the page's side-by-side panels and the numbers printed beside each mark do not fit, so the column
+layouts stack a ΔF1 figure's splits, and put each row's number into its row label ("template_aware  0.822"); the
+JSON keeps every digit and the p-values."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .figures import DPI, MISSING, delta_reach, new_figure, plain, readable_ticks
+
+WIDTH_IN = 3.3  # one column of a two-column paper (ACL, CVPR, NeurIPS: 3.25-3.33 in)
+POINTS = 8  # the smallest text, at print size
+TITLE_POINTS = 9
+WIDTH = round(WIDTH_IN * DPI)  # the layout's pixels
+ROW = 18  # px a row of bars or intervals takes: an 8-pt label (11 px) and air
+LINE = 13  # px an 8-pt line takes; a 9-pt one 15
+MAX_LABEL = 0.62  # of the width the row labels may take; a longer label is shortened in its middle
+
+
+def _measure(fig, points: float):
+    """The width in pixels of a text at `points`, as the figure's renderer draws it."""
+    from matplotlib.font_manager import FontProperties
+
+    renderer, font = fig.canvas.get_renderer(), FontProperties(size=points)
+    return lambda text: renderer.get_text_width_height_descent(text, font, ismath=False)[0]
+
+
+def _shortened(label: str, width, most: float) -> str:
+    """label, or its start and end about an ellipsis, within `most` pixels."""
+    def cut(keep: int) -> str:
+        return label if keep == len(label) else label[:keep // 2] + "…" + label[len(label) - (keep - keep // 2):]
+
+    keep = len(label)
+    while keep > 4 and width(cut(keep)) > most:
+        keep -= 1
+    return cut(keep)
+
+
+def _wrapped(text: str, width, most: float) -> str:
+    """text in as many lines as keep each within `most` pixels."""
+    lines: list[str] = []
+    for word in text.split():
+        if lines and width(lines[-1] + " " + word) <= most:
+            lines[-1] += " " + word
+        else:
+            lines.append(word)
+    return "\n".join(lines)
+
+
+def _rows_figure(title: str, labels: list[str], xlabel: str, panels: int = 1, panel_titles: bool = False):
+    """A figure of `panels` stacked panels of len(labels) rows each, the labels (shortened to fit) on the left,
+    room above each panel for its title where it has one, and the x axis's name (wrapped to fit) under the last,
+    centred on the figure: the figure and the axes, top to bottom."""
+    probe = new_figure(WIDTH, 100)
+    width, title_width = _measure(probe, POINTS), _measure(probe, TITLE_POINTS)
+    labels = [_shortened(plain(label), width, WIDTH * MAX_LABEL) for label in labels]
+    heading, under = _wrapped(title, title_width, WIDTH * 0.96), _wrapped(xlabel, width, WIDTH * 0.96)
+    top = 10 + 15 * (heading.count("\n") + 1) + (16 if panel_titles else 0)
+    bottom = 26 + LINE * (under.count("\n") + 1)  # the x tick labels, then the name
+    panel, gap = ROW * len(labels) + 10, 36  # gap: a panel's title and the x ticks above it
+    height = top + panels * panel + (panels - 1) * gap + bottom
+    fig = new_figure(WIDTH, height)
+    fig.suptitle(heading, fontsize=TITLE_POINTS, y=1 - 6 / height, va="top")
+    fig.text(0.5, 3 / height, under, ha="center", va="bottom", fontsize=POINTS)
+    left = 10 + max(map(width, labels), default=1)
+    axes = []
+    for k in range(panels):
+        y = bottom + (panels - 1 - k) * (panel + gap)
+        # right: half the last x tick label ("-0.20" at 8 pt) stands past the axes
+        ax = fig.add_axes((left / WIDTH, y / height, (WIDTH - left - 20) / WIDTH, panel / height))
+        ax.set_yticks(range(len(labels)), labels, fontsize=POINTS)
+        ax.set_ylim(len(labels) - 0.5, -0.5)
+        ax.tick_params(axis="x", labelsize=POINTS)
+        axes.append(ax)
+    return fig, axes
+
+
+def _ticks(ax, low: float, high: float) -> None:
+    """As many x ticks as labels of up to six characters fit side by side in the axes' width."""
+    readable_ticks(ax.xaxis, low, high, count=max(1, min(4, int(ax.bbox.width / (7 * POINTS * 0.62 * DPI / 72)))))
+
+
+def f1_intervals(title: str, data: dict):
+    """F1 with its 95% interval per readout; the value in the row's label."""
+    names = list(data["readouts"])
+    rows = [data["readouts"][n] for n in names]
+    fig, [ax] = _rows_figure(title, [f"{n}  {m['f1']:.3f}" for n, m in zip(names, rows)],
+                             "F1, 95% interval (unknown = wrong)")
+    for y, m in enumerate(rows):
+        low, high = m["f1_ci95"]
+        ax.errorbar(m["f1"], y, xerr=[[m["f1"] - low], [high - m["f1"]]], fmt="o", color="C0", capsize=2,
+                    markersize=3)
+    ax.set_xlim(0, 1)
+    _ticks(ax, 0, 1)
+    return fig
+
+
+def yes_rates(title: str, data: dict):
+    """The answered predictions' yes-rate per readout (a grey band where none was answered), the labels' rate
+    dashed."""
+    names = list(data["readouts"])
+    rows = [data["readouts"][n] for n in names]
+    label = data["label_yes_rate"]
+    fig, [ax] = _rows_figure(title, [f"{n}  {m['yes_rate']:.3f}" if m["answered"] else f"{n}  none answered"
+                                     for n, m in zip(names, rows)],
+                             "yes-rate" + (f" (dashed: labels, {label:.3f})" if label is not None else ""))
+    for y, m in enumerate(rows):
+        if m["answered"]:
+            ax.barh(y, m["yes_rate"], color="C1")
+        else:
+            ax.barh(y, 1, color=MISSING, hatch="//", edgecolor="white")
+    if label is not None:
+        ax.axvline(label, color="black", linestyle="--")
+    ax.set_xlim(0, 1)
+    _ticks(ax, 0, 1)
+    return fig
+
+
+def benchmark_bars(title: str, data: dict):
+    """The benchmark's headline metric per readout and rule (the rules' bars green), the value in the label."""
+    bars = data["bars"]
+    labels = [f"{b['name']}  {b['value']:.6g}" + (f" x{b['factor']:g}" if b["factor"] != 1 else "") for b in bars]
+    fig, [ax] = _rows_figure(title, labels, plain(data["metric"]))
+    top = max([b["value"] * b["factor"] for b in bars] + [data["scale"]])
+    for y, bar in enumerate(bars):
+        ax.barh(y, bar["value"] * bar["factor"], color="C2" if bar["kind"] == "rule" else "C0")
+    ax.set_xlim(0, top)
+    _ticks(ax, 0, top)
+    return fig
+
+
+def delta_f1(title: str, data: dict):
+    """ΔF1 (B - A) with its paired interval per readout (or pair), one panel per split stacked, on the page's
+    shared scale; green or red where the interval excludes 0."""
+    splits, names = list(data["splits"]), list(data["readouts"])
+    reach = data.get("axis_half_width") or delta_reach([data])
+    fig, axes = _rows_figure(title, [f"{n}  +0.000" for n in names], "ΔF1 (B - A), paired 95% interval",
+                             len(splits), True)  # the widest labels the panels' will be
+    for ax, split in zip(axes, splits):
+        table = data["splits"][split]
+        # each label the layout's with this split's value in place of "+0.000" (the end a shortened label keeps)
+        drawn = [t.get_text()[:-6] for t in ax.get_yticklabels()]
+        ax.set_yticks(range(len(names)), [f"{d}{table[n]['delta_f1']:+.3f}" if n in table else f"{d}     -"
+                                          for d, n in zip(drawn, names)], fontsize=POINTS)
+        ax.axvline(0, color="black", linewidth=0.6)
+        for y, name in enumerate(names):
+            if name in table:
+                r = table[name]
+                low, high = r["delta_f1_ci95"]
+                color = "C2" if low > 0 else "C3" if high < 0 else "0.45"
+                ax.errorbar(r["delta_f1"], y, xerr=[[r["delta_f1"] - low], [high - r["delta_f1"]]], fmt="o",
+                            color=color, capsize=2, markersize=3)
+        ax.set_xlim(-reach, reach)
+        _ticks(ax, -reach, reach)
+        ax.set_title(f"{split} (n={data['questions'][split]})", fontsize=POINTS, pad=3)
+    return fig
+
+
+def save(fig, path: Path) -> Path:
+    """path.column.pdf: the column layout, vector, beside the page figure of the same name."""
+    out = path.with_name(path.name + ".column.pdf")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="pdf", metadata={"Date": None})
+    return out
