@@ -459,7 +459,8 @@ def test_model_table_rows_name_the_model_not_the_folder(tmp_path):
 def test_every_pair_under_one_readout_in_one_figure_on_one_scale(tmp_path):
     """Two paired folders on one page (issue 35): every ΔF1 figure is drawn on the axis that holds all of their
     intervals (a ±0.006 panel beside a ±0.2 one would look as large), and the JSON says which; and a figure per
-    readout holds every pair's ΔF1 (rows), the numbers of each pair's own figure, on that scale."""
+    readout holds every pair's ΔF1 (rows), the numbers of each pair's own figure, on that scale; each of the
+    report's interval and bar figures is legible one column wide too."""
     first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 5))
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)]).exit_code == 0
@@ -479,6 +480,7 @@ def test_every_pair_under_one_readout_in_one_figure_on_one_scale(tmp_path):
         assert row == data["splits"]["random"]["legacy_2tok"]
     assert combined["axis_half_width"] == next(iter(own.values()))["axis_half_width"]
     assert len(list((out / "compare-all").glob("*.png"))) == len(next(iter(own.values()))["readouts"])
+    _column_layouts_are_legible(out)  # the same report's figures, one column wide
 
 
 @pytest.mark.parametrize("reach", [0.33, 0.0733, 0.8, 1e-3, 0.021])
@@ -512,16 +514,12 @@ def _legible_at_one_column(fig) -> None:
             assert min(e.x1, f.x1) - max(e.x0, f.x0) <= 0.5 or min(e.y1, f.y1) - max(e.y0, f.y0) <= 0.5, (text, other)
 
 
-@pytest.mark.slow
-def test_the_interval_and_bar_figures_have_a_layout_one_column_wide(tmp_path):
+def _column_layouts_are_legible(out) -> None:
     """Issue 35: F1, yes-rate, ΔF1 (a pair's, and every pair's under one readout) and a benchmark's headline, each
     also as `<name>.column.pdf`: 3.3 in wide, nothing under 8 pt, every label inside; the numbers are the page
     figure's (its JSON), each row's value in its label."""
     from pope_fast.readout.report import column
 
-    first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 5))
-    out = tmp_path / "report"
-    assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)]).exit_code == 0
     kinds = {"f1": column.f1_intervals, "yes_rate": column.yes_rates, "delta_f1": column.delta_f1}
     checked = 0
     for numbers in sorted(out.rglob("*.json")):
