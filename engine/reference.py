@@ -37,6 +37,7 @@ def reference_class(folder: Path, config: dict):
 def load_reference(checkpoint: Path, settings: Settings):
     """The transformers model of a checkpoint, on the device, NF4 as transformers quantizes it."""
     from transformers import BitsAndBytesConfig
+    from transformers.utils import logging
 
     kwargs = {"dtype": settings.torch_dtype}
     if settings.probe != "none":  # the probe reads attention weights, which only eager attention returns
@@ -46,8 +47,6 @@ def load_reference(checkpoint: Path, settings: Settings):
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
             bnb_4bit_compute_dtype=settings.torch_dtype)
         kwargs["device_map"] = str(settings.torch_device)
-    from transformers.utils import logging
-
     bar = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # its "Loading weights" bar: `\r` lines in a log, and the CLI has its own
     try:

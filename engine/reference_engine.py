@@ -14,7 +14,9 @@ from dataclasses import dataclass
 import torch
 from PIL import Image
 
+from ..readout.templates import SAMPLE_QUESTION
 from .core import Engine, Prepared
+from .generation import GreedyRules
 from .methods import Method, diffusion_noise, noise_generator
 from .models import family_class
 from .plan import PromptResult
@@ -61,6 +63,11 @@ class ReferenceRunner(Runner):
     def __init__(self, model: ReferenceModel, settings: Settings, readout):
         super().__init__(model, settings, readout)
         self._keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
+
+    def _rules(self) -> GreedyRules:
+        """None of the engine's: generate applies the checkpoint's rules itself, every one of them
+        (ReferenceModel._rules), which the engine's GreedyRules would refuse some of."""
+        return GreedyRules()
 
     def run_items(self, items: list[ImagePrompts], *, vocab: bool, decode: bool) -> list[list[PromptResult]]:
         """Per image, per prompt, its PromptResult: consecutive prompts batched (batch_size, or one at a time
@@ -185,8 +192,6 @@ class ReferenceEngine(Engine):
 
     def warmup(self, images: int | None = None, prompts: int | None = None) -> None:
         """One prompt through every step a sweep takes, so one-time costs land before the first timed batch."""
-        from ..readout.templates import SAMPLE_QUESTION  # why: core holds the sample too; one name, read where used
-
         self.run_images([ImagePrompts(Image.new("RGB", (640, 480), (124, 116, 104)), [self.prompt(SAMPLE_QUESTION)])])
         self.reset()
 

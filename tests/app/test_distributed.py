@@ -5,8 +5,6 @@ built-in tiny LLaVA (fp32) and compare with a single process run byte for byte; 
 without processes."""
 import json
 import os
-import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -14,17 +12,15 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from torchrunjobs import launch, make_job, run, run_meta, same_run
 
-import pope_fast
 
 from pope_fast.distributed import RankError, Shard, assign_steps
-from pope_fast.engine.synthetic import llava as llava_checkpoints
-from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 from pope_fast.engine.vision_cache import VisionCache
 from pope_fast.progress import RecordCount
 from pope_fast.readout import Question, make_record
 from pope_fast.readout.records import part_name
-from pope_fast.store import RunLock, fold_parts, order_records
+from pope_fast.store import fold_parts, order_records
 from pope_fast.sweep import canonical_order
 
 pytestmark = pytest.mark.slow  # eval and score end to end on tiny checkpoints
@@ -233,99 +229,24 @@ def test_two_processes_writing_the_same_cache_keys(tmp_path):
         assert torch.equal(features, torch.arange(20000, dtype=torch.float32).reshape(400, 50) + k)
 
 
-# --- whole jobs under torchrun -------------------------------------------------------------------------------
+# --- whole jobs under torchrun (their faults: test_distributed_faults.py, a module of its own so that the two
+# groups of process tests run on two workers) ------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
-    """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them."""
-    root = tmp_path_factory.mktemp("dist")
-    checkpoint = llava_checkpoints.write_checkpoint(root / "llava-tiny", "tiny", dtype=torch.float32)
-    questions = builtin_questions(36, "demo")
-    write_question_file(root / "demo_pope.json", questions)
-    write_images(root / "images", [q.image for q in questions])
-    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"), "--split", "demo",
-            "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
-    job = SimpleNamespace(root=root, args=args)
-    single = _run(job, 0, root / "single")
-    assert single.returncode == 0, single.stderr
-    return job
-
-
-# pope-fast's command with a fault injected from outside: rank FAULT_RANK's records writer raises (or, with
-# FAULT_HOW=kill, the rank SIGKILLs itself) right after it writes its first image step's records.
-FAULTY = """
-import os, signal
-from pope_fast import store
-from pope_fast.cli import main
-from pope_fast.readout.records import part_name
-
-write = store.RecordWriter.write
-
-def faulty(self, records):
-    write(self, records)
-    if self.path.name == part_name(int(os.environ["FAULT_RANK"])):
-        if os.environ.get("FAULT_HOW") == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        raise RuntimeError(f"injected: stopped after writing {len(records)} records")
-
-store.RecordWriter.write = faulty
-main(prog_name="pope-fast")
-"""
-
-
-def _run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subprocess.CompletedProcess:
-    """pope-fast eval into `out`: under torchrun with `ranks` processes, or (0) as one plain process;
-    fault "R" or "R:kill" injects FAULTY's fault into rank R. Every process computes on one thread, as
-    torchrun sets it for several."""
-    launch = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] \
-        if ranks else [sys.executable]
-    command = ["-m", "pope_fast"]
-    if fault is not None:
-        script = job.root / "faulty.py"
-        script.write_text(FAULTY)
-        rank, _, how = fault.partition(":")
-        command, env = [str(script)], {**env, "FAULT_RANK": rank, "FAULT_HOW": how}
-    return _launch([*launch, *command, *job.args, "--out", str(out)], job.root, **env)
-
-
-def _launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
-    """Run a command in a session of its own, so that a timeout kills torchrun's workers too."""
-    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True) as proc:
-        try:
-            out, err = proc.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            raise
-    return subprocess.CompletedProcess(args, proc.returncode, out, err)
-
-
-def _run_meta(folder: Path) -> dict:
-    """meta.json less when and by which command line the run was made, which two runs never share."""
-    return {k: v for k, v in json.loads((folder / "meta.json").read_text()).items()
-            if k not in ("created", "updated", "command")}
-
-
-def _same_run(job, out: Path) -> None:
-    single = job.root / "single"
-    assert (out / "records.jsonl").read_bytes() == (single / "records.jsonl").read_bytes()
-    assert _run_meta(out) == _run_meta(single)
-    for name in ("summary.json", "summary.md"):  # identical but for the folder they name
-        ours, theirs = (out / name).read_text(), (single / name).read_text()
-        assert ours.replace(str(out), "RUN") == theirs.replace(str(single), "RUN"), name
-    assert not list(out.glob("records.rank*"))
+    return make_job(tmp_path_factory)
 
 
 @pytest.mark.slow
 def test_two_ranks_give_a_single_process_run_byte_for_byte_and_bench_each_rank(job):
     out = job.root / "two"
-    result = _run(job, 2, out)
+    result = run(job, 2, out)
     assert result.returncode == 0, result.stderr
     assert "36 unique prompts evaluated for 36 questions on 2 ranks" in result.stdout
     assert result.stdout.count("records, meta and summaries in") == 1  # rank 0 alone reports
-    _same_run(job, out)
+    same_run(job, out)
 
-    bench = _launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+    bench = launch([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                      "-m", "pope_fast", "bench", "--models", "llava", "--questions", "120", "--no-reference",
                      "--format", "json"], job.root)
     assert bench.returncode == 0, bench.stderr
@@ -338,37 +259,6 @@ def test_two_ranks_give_a_single_process_run_byte_for_byte_and_bench_each_rank(j
 
 
 @pytest.mark.slow
-def test_a_rank_that_fails_stops_the_job_and_any_number_of_ranks_resumes_it(job):
-    out = job.root / "stopped"
-    result = _run(job, 2, out, fault="1")
-    assert result.returncode != 0
-    assert "Error: rank 1 of 2: RuntimeError: injected: stopped after writing" in result.stderr
-    lines = [line for line in result.stderr.splitlines() if line.startswith("Error: rank 0")]
-    assert all("rank(s) 1 stopped before the end of the sweep" in line for line in lines), lines  # not a timeout
-    parts = {p.name: [json.loads(line) for line in p.read_text().splitlines()] for p in out.glob("records.rank*")}
-    assert sorted(parts) == [part_name(0), part_name(1)] and all(parts.values())
-    images = {name: {r["image"] for r in recs} for name, recs in parts.items()}
-    assert not images[part_name(0)] & images[part_name(1)]  # every prompt of an image on one rank
-    assert sum(map(len, parts.values())) < 36
-    shutil.copytree(out, job.root / "stopped-copy")
-    with RunLock(out):  # a failure in setup, on rank 0 alone: every rank stops with its message
-        busy = _run(job, 2, out)
-    assert busy.returncode != 0
-    stops = [line for line in busy.stderr.splitlines() if line.startswith("Error: ")]  # one per rank
-    assert len(stops) == 2 and all(line.startswith("Error: rank 0 of 2: ") for line in stops), busy.stderr
-    assert "another pope-fast run is writing here" in stops[0]
-    # an expected failure: torchrun's summary shows each rank's line, not a traceback through our code
-    assert f'File "{Path(pope_fast.__file__).resolve().parents[1]}' not in busy.stderr
-    resumed = _run(job, 3, out)
-    assert resumed.returncode == 0, resumed.stderr
-    assert f"resumed: {sum(map(len, parts.values()))} of 36 questions were already recorded" in resumed.stdout
-    _same_run(job, out)
-    alone = _run(job, 0, job.root / "stopped-copy")
-    assert alone.returncode == 0, alone.stderr
-    _same_run(job, job.root / "stopped-copy")
-
-
-@pytest.mark.slow
 def test_a_paired_methods_run_on_two_ranks_is_the_single_process_run(job):
     """Every method's folder (and the comparison) as one process writes them: an image's prompts of
     every method on one rank."""
@@ -376,26 +266,11 @@ def test_a_paired_methods_run_on_two_ranks_is_the_single_process_run(job):
                                                              "--method", "none", "--method", "vcd"])
     single, two = job.root / "paired-single", job.root / "paired-two"
     for ranks, out in ((0, single), (2, two)):
-        result = _run(paired, ranks, out)
+        result = run(paired, ranks, out)
         assert result.returncode == 0, result.stderr
     for method in ("none", "vcd"):
         assert (two / method / "records.jsonl").read_bytes() == (single / method / "records.jsonl").read_bytes(), method
-        assert _run_meta(two / method) == _run_meta(single / method), method
+        assert run_meta(two / method) == run_meta(single / method), method
         assert not list((two / method).glob("records.rank*"))
     compared = [(out / "compare.json").read_text().replace(str(out), "RUN") for out in (single, two)]
     assert compared[0] == compared[1] and '"delta_f1"' in compared[0]
-
-
-@pytest.mark.slow
-def test_a_rank_killed_outright_stops_the_job_and_one_process_resumes_it(job):
-    """A real SIGKILL (not an exception the rank reports): torchrun names the killed rank and stops the job
-    (rank 0 may report the rank missing at its barrier first, or be stopped before it gets there), and a
-    plain process finishes the run exactly."""
-    out = job.root / "killed"
-    result = _run(job, 2, out, fault="1:kill")
-    assert result.returncode != 0
-    assert "Signal 9 (SIGKILL)" in result.stderr and "rank      : 1 (local_rank: 1)" in result.stderr
-    resumed = _run(job, 0, out)
-    assert resumed.returncode == 0, resumed.stderr
-    assert "resumed: " in resumed.stdout
-    _same_run(job, out)

@@ -521,21 +521,22 @@ def _column_layouts_are_legible(out) -> None:
     from pope_fast.readout.report import column
 
     kinds = {"f1": column.f1_intervals, "yes_rate": column.yes_rates, "delta_f1": column.delta_f1}
-    checked = 0
+    found: dict[str, list] = {kind: [] for kind in kinds}
     for numbers in sorted(out.rglob("*.json")):
         kind = "delta_f1" if numbers.stem.startswith("delta_f1_") else numbers.stem  # each run's: f1, yes_rate
-        if kind not in kinds:
-            continue
-        assert numbers.with_name(numbers.stem + ".column.pdf").is_file(), numbers
-        data = json.loads(numbers.read_text())
+        if kind in kinds:
+            assert numbers.with_name(numbers.stem + ".column.pdf").is_file(), numbers
+            found[kind].append(json.loads(numbers.read_text()))
+    # each run's F1 and yes-rate (a pair per section), both pairs' ΔF1 and a ΔF1 figure per readout (rows: the pairs)
+    assert len(found["f1"]) == len(found["yes_rate"]) >= 4 and len(found["delta_f1"]) == 2 + 11
+    drawn = [*found["f1"][:1], *found["yes_rate"][:1], found["delta_f1"][0], found["delta_f1"][-1]]
+    for kind, data in zip(["f1", "yes_rate", "delta_f1", "delta_f1"], drawn):  # one of each layout drawn again
         fig = kinds[kind]("a title as long as a model's hub id and its split, to wrap: llava-hf/llava-1.5-7b-hf, "
                           "adversarial", data)
         _legible_at_one_column(fig)
         if kind == "f1":
             name, m = next(iter(data["readouts"].items()))
             assert f"{name}  {m['f1']:.3f}" in [t.get_text() for t in fig.axes[0].get_yticklabels()]
-        checked += 1
-    assert checked >= 2 + 2 + 2 + 11  # each run's F1 and yes-rate, both pairs, a figure per readout
     bars = {"bars": [{"name": "string_parse_with_prompt", "value": 1234.5, "factor": 1, "kind": "readout"},
                      {"name": "lmms-eval's rule", "value": 0.75, "factor": 100, "kind": "rule"}],
             "metric": "MME perception score (sum of the subtasks' acc + acc+)", "scale": 2000}

@@ -1,0 +1,97 @@
+"""Whole pope-fast jobs under torchrun, for the process tests (test_distributed, test_distributed_faults): a tiny
+job and its single-process run, a launcher that can inject a fault into one rank, and the byte-for-byte check
+against the single process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import torch
+
+from pope_fast.engine.synthetic import llava as llava_checkpoints
+from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
+
+
+def make_job(tmp_path_factory) -> SimpleNamespace:
+    """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them (root/single)."""
+    root = tmp_path_factory.mktemp("dist")
+    checkpoint = llava_checkpoints.write_checkpoint(root / "llava-tiny", "tiny", dtype=torch.float32)
+    questions = builtin_questions(36, "demo")
+    write_question_file(root / "demo_pope.json", questions)
+    write_images(root / "images", [q.image for q in questions])
+    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"), "--split", "demo",
+            "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
+    job = SimpleNamespace(root=root, args=args)
+    single = run(job, 0, root / "single")
+    assert single.returncode == 0, single.stderr
+    return job
+
+
+# pope-fast's command with a fault injected from outside: rank FAULT_RANK's records writer raises (or, with
+# FAULT_HOW=kill, the rank SIGKILLs itself) right after it writes its first image step's records.
+FAULTY = """
+import os, signal
+from pope_fast import store
+from pope_fast.cli import main
+from pope_fast.readout.records import part_name
+
+write = store.RecordWriter.write
+
+def faulty(self, records):
+    write(self, records)
+    if self.path.name == part_name(int(os.environ["FAULT_RANK"])):
+        if os.environ.get("FAULT_HOW") == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        raise RuntimeError(f"injected: stopped after writing {len(records)} records")
+
+store.RecordWriter.write = faulty
+main(prog_name="pope-fast")
+"""
+
+
+def run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subprocess.CompletedProcess:
+    """pope-fast eval into `out`: under torchrun with `ranks` processes, or (0) as one plain process;
+    fault "R" or "R:kill" injects FAULTY's fault into rank R. Every process computes on one thread, as
+    torchrun sets it for several."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] \
+        if ranks else [sys.executable]
+    command = ["-m", "pope_fast"]
+    if fault is not None:
+        script = job.root / "faulty.py"
+        script.write_text(FAULTY)
+        rank, _, how = fault.partition(":")
+        command, env = [str(script)], {**env, "FAULT_RANK": rank, "FAULT_HOW": how}
+    return launch([*launcher, *command, *job.args, "--out", str(out)], job.root, **env)
+
+
+def launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
+    """Run a command in a session of its own, so that a timeout kills torchrun's workers too."""
+    with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+def run_meta(folder: Path) -> dict:
+    """meta.json less when and by which command line the run was made, which two runs never share."""
+    return {k: v for k, v in json.loads((folder / "meta.json").read_text()).items()
+            if k not in ("created", "updated", "command")}
+
+
+def same_run(job, out: Path) -> None:
+    single = job.root / "single"
+    assert (out / "records.jsonl").read_bytes() == (single / "records.jsonl").read_bytes()
+    assert run_meta(out) == run_meta(single)
+    for name in ("summary.json", "summary.md"):  # identical but for the folder they name
+        ours, theirs = (out / name).read_text(), (single / name).read_text()
+        assert ours.replace(str(out), "RUN") == theirs.replace(str(single), "RUN"), name
+    assert not list(out.glob("records.rank*"))
