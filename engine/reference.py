@@ -92,11 +92,11 @@ class ReferenceInputs:
         with quiet_fallback():  # the PIL image processors' torchvision notice
             self.processor = family.reference_processor(folder) if family else _processor(folder)
         # a processor object takes a batch; a family's stand-in function (where transformers' own needs
-        # torchvision) one prompt and its image
-        self.batched = hasattr(self.processor, "tokenizer")
+        # torchvision, or a wrapper of it) one prompt and its image, its tokenizer beside it
+        self.batched = not inspect.isfunction(self.processor)
         self.own_processor = family is None  # transformers' AutoProcessor, not a family's reference pipeline
         self.special_tokens: bool | None = None  # the tokenizer's own special tokens, unless set (False: none added)
-        self.tokenizer = self.processor.tokenizer if self.batched else _tokenizer(folder)
+        self.tokenizer = getattr(self.processor, "tokenizer", None) or _tokenizer(folder)
         self.tokenizer.padding_side = "left"  # a batch's answer positions all last
 
     def __call__(self, images: list[Image.Image | None], prompts: list[str]) -> dict:

@@ -8,7 +8,7 @@ battery, the family files and the other folders' tests alike (tests/conftest.py 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import partial
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Callable
 
@@ -31,6 +31,13 @@ PER_TILE = 4  # (56 / 14 * 0.5)²: tokens per tile after the pixel shuffle
 # ragged one), 2 x 2 (exactly one window), 1 x 7 (four windows, the last of one token) and 5 x 5 (nine windows,
 # ragged on both sides). Qwen3-VL: the same grids in 32-px units.
 GRIDS = [(2, 3), (3, 2), (2, 2), (1, 7), (5, 5)]
+
+
+@lru_cache(maxsize=None)
+def _reference_inputs(checkpoint: Path, name: str) -> ReferenceInputs:
+    """A checkpoint's reference inputs, its processor loaded once a session (a qwen stand-in's tokenizer and image
+    processor take about a second to load, and the checks ask for them dozens of times)."""
+    return ReferenceInputs(checkpoint, Settings(), family_class(name))
 
 
 @dataclass(frozen=True)
@@ -77,7 +84,7 @@ class Family:
     def inputs_of(self, checkpoint: Path):
         """(image, prompt) -> the transformers model's inputs, as the transformers backend makes them (the
         family's reference processor: engine/reference.py ReferenceInputs, the one reference path)."""
-        inputs = ReferenceInputs(checkpoint, Settings(), family_class(self.name))
+        inputs = _reference_inputs(checkpoint, self.name)
         return lambda image, prompt: inputs([image], [prompt])
 
     def oracle(self, checkpoint: Path, model=None) -> dict:

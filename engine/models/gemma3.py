@@ -283,6 +283,7 @@ class Gemma3Model(Family):
         def process(images, text: str, return_tensors: str):
             return processor(images=images, text=text, return_tensors=return_tensors, add_special_tokens=False)
 
+        process.tokenizer = processor.tokenizer
         return process
 
 

@@ -207,6 +207,7 @@ class InternVLModel(LlavaModel):
             encoded = counter.tokenizer(expanded, return_tensors=return_tensors)
             return {**encoded, "pixel_values": pixels["pixel_values"]}
 
+        process.tokenizer = counter.tokenizer
         return process
 
 

@@ -137,4 +137,5 @@ class LlavaOnevisionModel(LlavaNextModel):
             encoded = counter.tokenizer(expanded, return_tensors=return_tensors)
             return {**encoded, "pixel_values": pixels["pixel_values"], "image_sizes": pixels["image_sizes"]}
 
+        process.tokenizer = counter.tokenizer
         return process

@@ -191,6 +191,7 @@ class Qwen2VLModel(Family):
             encoded = tokenizer(text.replace(IMAGE_PAD, IMAGE_PAD * tokens), return_tensors=return_tensors)
             return {**encoded, **pixels, "mm_token_type_ids": (encoded["input_ids"] == pad_id).int()}
 
+        process.tokenizer = tokenizer  # what the reference's batching pads with
         return process
 
 
