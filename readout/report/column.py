@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .figures import DPI, MISSING, delta_reach, new_figure, plain, readable_ticks
+from .figures import DPI, MISSING, delta_reach, horizontal_boxes, new_figure, plain, readable_ticks
 
 WIDTH_IN = 3.3  # one column of a two-column paper (ACL, CVPR, NeurIPS: 3.25-3.33 in)
 POINTS = 8  # the smallest text, at print size
@@ -50,7 +50,8 @@ def _wrapped(text: str, width, most: float) -> str:
     return "\n".join(lines)
 
 
-def _rows_figure(title: str, labels: list[str], xlabel: str, panels: int = 1, panel_titles: bool = False):
+def _rows_figure(title: str, labels: list[str], xlabel: str, panels: int = 1, panel_titles: bool = False,
+                 row: int = ROW):
     """A figure of `panels` stacked panels of len(labels) rows each, the labels (shortened to fit) on the left,
     room above each panel for its title where it has one, and the x axis's name (wrapped to fit) under the last,
     centred on the figure: the figure and the axes, top to bottom."""
@@ -60,7 +61,7 @@ def _rows_figure(title: str, labels: list[str], xlabel: str, panels: int = 1, pa
     heading, under = _wrapped(title, title_width, WIDTH * 0.96), _wrapped(xlabel, width, WIDTH * 0.96)
     top = 10 + 15 * (heading.count("\n") + 1) + (16 if panel_titles else 0)
     bottom = 26 + LINE * (under.count("\n") + 1)  # the x tick labels, then the name
-    panel, gap = ROW * len(labels) + 10, 36  # gap: a panel's title and the x ticks above it
+    panel, gap = row * len(labels) + 10, 36  # gap: a panel's title and the x ticks above it
     height = top + panels * panel + (panels - 1) * gap + bottom
     fig = new_figure(WIDTH, height)
     fig.suptitle(heading, fontsize=TITLE_POINTS, y=1 - 6 / height, va="top")
@@ -156,6 +157,66 @@ def delta_f1(title: str, data: dict):
         ax.set_xlim(-reach, reach)
         _ticks(ax, -reach, reach)
         ax.set_title(f"{split} (n={data['questions'][split]})", fontsize=POINTS, pad=3)
+    return fig
+
+
+def attention(title: str, data: dict):
+    """Per readout, the image attention of right (blue) and wrong (red) answers as box plots; Cohen's d in the
+    row's label (the page figure and its JSON: the Mann-Whitney p and the group sizes)."""
+    names = list(data["readouts"])
+    groups = [data["readouts"][n] for n in names]
+    first, last = data["layers"]
+    fig, [ax] = _rows_figure(title, [f"{n}  d {g['cohens_d']:.2f}" if g["cohens_d"] is not None else f"{n}  d -"
+                                     for n, g in zip(names, groups)],
+                             f"image attention, layers {first}-{last} (blue: right, red: wrong)", row=26)
+    values = [v for g in groups for side in ("correct", "wrong") for v in g[side]]
+    for y, g in enumerate(groups):
+        for offset, (side, color) in enumerate((("correct", "C0"), ("wrong", "C3"))):
+            if g[side]:
+                ax.boxplot(g[side], positions=[y + (offset - 0.5) * 0.4], widths=0.32, **horizontal_boxes(),
+                           patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6}, showfliers=False,
+                           manage_ticks=False)
+    if values:
+        low, high = min(values), max(values)
+        pad = (high - low) * 0.05 or abs(high) * 1e-4 or 1e-4
+        ax.set_xlim(low - pad, high + pad)
+        _ticks(ax, low - pad, high + pad)
+    return fig
+
+
+def confusion(title: str, data: dict, per_row: int = 3):
+    """Each readout's confusion matrix (rows the label, columns the prediction), `per_row` to a row; a matrix's
+    title its readout (shortened to fit) and, in a pair's figure, its F1."""
+    items = list(data["readouts"].items())
+    probe = new_figure(WIDTH, 100)
+    width = _measure(probe, POINTS)
+    heading = _wrapped(title, _measure(probe, TITLE_POINTS), WIDTH * 0.96)
+    cell_w = (WIDTH - 10) / per_row
+    side = min(70.0, cell_w - 40)  # the matrix, square; its left: "yes"/"no" and air
+    rows = -(-len(items) // per_row)
+    band = 2 * LINE + 6 + side + 30  # two title lines, the matrix, its x tick labels
+    top = 10 + 15 * (heading.count("\n") + 1)
+    height = top + rows * band + 20
+    fig = new_figure(WIDTH, height)
+    fig.suptitle(heading, fontsize=TITLE_POINTS, y=1 - 6 / height, va="top")
+    fig.text(0.5, 3 / height, "rows: label; columns: prediction", ha="center", va="bottom", fontsize=POINTS)
+    n = data["n"]
+    for k, (name, m) in enumerate(items):
+        row, col = divmod(k, per_row)
+        x = 5 + col * cell_w + (cell_w - side) / 2 + 10
+        y = height - top - row * band - 2 * LINE - 6 - side
+        ax = fig.add_axes((x / WIDTH, y / height, side / WIDTH, side / height))
+        cells = [[m["tp"], m["fn"]], [m["fp"], m["tn"]]]
+        ax.imshow(cells, cmap="Blues", vmin=0, vmax=max(1, n // 2))
+        for i in range(2):
+            for j in range(2):
+                ax.text(j, i, str(cells[i][j]), ha="center", va="center", fontsize=POINTS,
+                        color="white" if cells[i][j] > n // 4 else "black")
+        ax.set_xticks([0, 1], ["yes", "no"], fontsize=POINTS)
+        ax.set_yticks([0, 1], ["yes", "no"], fontsize=POINTS)
+        second = f"F1 {m['f1']:.3f}" if "f1" in m else (f"unknown {m['unknown']}" if m["unknown"] else "")
+        ax.set_title(_shortened(plain(name), width, cell_w - 6) + (f"\n{second}" if second else ""),
+                     fontsize=POINTS, pad=3)
     return fig
 
 

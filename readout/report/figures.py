@@ -201,7 +201,7 @@ def _stat(value, fmt: str) -> str:
     return "-" if value is None else format(value, fmt)
 
 
-def _horizontal() -> dict:
+def horizontal_boxes() -> dict:
     """Horizontal boxes: `orientation` from matplotlib 3.10, `vert` (deprecated there) before it."""
     import matplotlib
 
@@ -221,7 +221,7 @@ def attention_plot(title: str, data: dict):
         groups = data["readouts"][name]
         for offset, (group, color) in enumerate((("correct", "C0"), ("wrong", "C3"))):
             if groups[group]:
-                ax.boxplot(groups[group], positions=[y + (offset - 0.5) * 0.36], widths=0.3, **_horizontal(),
+                ax.boxplot(groups[group], positions=[y + (offset - 0.5) * 0.36], widths=0.3, **horizontal_boxes(),
                            patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6}, showfliers=False,
                            manage_ticks=False)
         ax.text(1.02, y, f"d {_stat(groups['cohens_d'], '.2f')}, p {_stat(groups['mann_whitney_p'], '.2g')}\n"

@@ -190,7 +190,8 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
     for run, _, data, caption in pairs:
         model = labels[run["source"]]
         page.add(figures.confusion_pair(titled(model, group_name(run)), data), data,
-                 page.out / _slug(model) / f"two_readouts_{_slug(group_name(run))}", f"{model}: {caption}")
+                 page.out / _slug(model) / f"two_readouts_{_slug(group_name(run))}", f"{model}: {caption}",
+                 column_layout.confusion(titled(model, group_name(run)), data, per_row=2))
     if pairs:
         page.html("</div>")
     if inputs.comparisons:
@@ -241,7 +242,8 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
         drawn.append((figures.first_tokens, tokens, "first_tokens"))
     if "image_attention" in run:
         drawn.append((figures.attention_plot, figure_data.attention(run, records), "image_attention"))
-    narrow = {"f1": column_layout.f1_intervals, "yes_rate": column_layout.yes_rates}
+    narrow = {"f1": column_layout.f1_intervals, "yes_rate": column_layout.yes_rates,
+              "confusion": column_layout.confusion, "image_attention": column_layout.attention}
     for draw, (data, caption), name in drawn:
         page.add(draw(title, data), data, folder / name, f"{title}: {caption}",
                  narrow[name](title, data) if name in narrow else None)

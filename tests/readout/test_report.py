@@ -515,22 +515,25 @@ def _legible_at_one_column(fig) -> None:
 
 
 def _column_layouts_are_legible(out) -> None:
-    """Issue 35: F1, yes-rate, ΔF1 (a pair's, and every pair's under one readout) and a benchmark's headline, each
-    also as `<name>.column.pdf`: 3.3 in wide, nothing under 8 pt, every label inside; the numbers are the page
-    figure's (its JSON), each row's value in its label."""
+    """Issue 35: F1, yes-rate, confusion (every readout's, and the paper's two), ΔF1 (a pair's, and every pair's
+    under one readout), the probe's and a benchmark's headline, each also as `<name>.column.pdf`: 3.3 in wide,
+    nothing under 8 pt, every label inside; the numbers are the page figure's (its JSON)."""
     from pope_fast.readout.report import column
 
-    kinds = {"f1": column.f1_intervals, "yes_rate": column.yes_rates, "delta_f1": column.delta_f1}
+    kinds = {"f1": column.f1_intervals, "yes_rate": column.yes_rates, "delta_f1": column.delta_f1,
+             "confusion": column.confusion, "two_readouts": lambda title, data: column.confusion(title, data, 2)}
     found: dict[str, list] = {kind: [] for kind in kinds}
     for numbers in sorted(out.rglob("*.json")):
-        kind = "delta_f1" if numbers.stem.startswith("delta_f1_") else numbers.stem  # each run's: f1, yes_rate
-        if kind in kinds:
+        kind = next((k for k in ("delta_f1", "two_readouts") if numbers.stem.startswith(k + "_")), numbers.stem)
+        if kind in kinds:  # and each run's f1, yes_rate, confusion
             assert numbers.with_name(numbers.stem + ".column.pdf").is_file(), numbers
             found[kind].append(json.loads(numbers.read_text()))
-    # each run's F1 and yes-rate (a pair per section), both pairs' ΔF1 and a ΔF1 figure per readout (rows: the pairs)
-    assert len(found["f1"]) == len(found["yes_rate"]) >= 4 and len(found["delta_f1"]) == 2 + 11
-    drawn = [*found["f1"][:1], *found["yes_rate"][:1], found["delta_f1"][0], found["delta_f1"][-1]]
-    for kind, data in zip(["f1", "yes_rate", "delta_f1", "delta_f1"], drawn):  # one of each layout drawn again
+    # each run's F1, yes-rate and confusion (a pair per section), both pairs' ΔF1 and a ΔF1 figure per readout (rows:
+    # the pairs), and the paper's two readouts per run
+    assert len(found["f1"]) == len(found["yes_rate"]) == len(found["confusion"]) >= 4
+    assert len(found["delta_f1"]) == 2 + 11 and found["two_readouts"]
+    drawn = [(kind, found[kind][0]) for kind in kinds] + [("delta_f1", found["delta_f1"][-1])]
+    for kind, data in drawn:  # one of each layout drawn again
         fig = kinds[kind]("a title as long as a model's hub id and its split, to wrap: llava-hf/llava-1.5-7b-hf, "
                           "adversarial", data)
         _legible_at_one_column(fig)
@@ -541,3 +544,7 @@ def _column_layouts_are_legible(out) -> None:
                      {"name": "lmms-eval's rule", "value": 0.75, "factor": 100, "kind": "rule"}],
             "metric": "MME perception score (sum of the subtasks' acc + acc+)", "scale": 2000}
     _legible_at_one_column(column.benchmark_bars("MME: perception", bars))
+    probe = {"layers": [0, 31], "readouts": {
+        "dynamic_single": {"correct": [0.1, 0.2, 0.15, 0.3], "wrong": [0.05, 0.12, 0.2], "cohens_d": 0.42},
+        "string_parse_with_prompt": {"correct": [0.11, 0.25], "wrong": [], "cohens_d": None}}}
+    _legible_at_one_column(column.attention("llava-1.5-7b-hf, adversarial (n=3000)", probe))
