@@ -220,6 +220,50 @@ def confusion(title: str, data: dict, per_row: int = 3):
     return fig
 
 
+def f1_grid(data: dict):
+    """Every model's F1 under every readout: a panel per split (and per few models where more do not fit), the
+    readouts as rows and the models as columns keyed A, B, ... (the key under the panels), each model's best
+    readouts bold, as on the page."""
+    from matplotlib.colors import ListedColormap
+
+    models, groups = data["models"], data["groups"]
+    keys = [chr(ord("A") + i) if i < 26 else f"M{i + 1}" for i in range(len(models))]
+    probe = new_figure(WIDTH, 100)
+    width = _measure(probe, POINTS)
+    left = 10 + max(width(plain(r)) for g in groups for r in data["readouts"][g])
+    cell = max(38.0, width("0.000") + 8)
+    per_panel = max(1, int((WIDTH - left - 12) // cell))
+    panels = [(g, list(range(i, min(i + per_panel, len(models))))) for g in groups
+              for i in range(0, len(models), per_panel)]
+    key = _wrapped("; ".join(f"{k}: {plain(m)}" for k, m in zip(keys, models)), width, WIDTH * 0.96)
+    bands = [16 + 14 + 16 * len(data["readouts"][g]) + 8 for g, _ in panels]  # title, keys, rows, air
+    top, bottom = 10 + 15, 8 + LINE * (key.count("\n") + 1)
+    height = top + sum(bands) + bottom
+    fig = new_figure(WIDTH, height)
+    fig.suptitle("F1 by model, readout and split", fontsize=TITLE_POINTS, y=1 - 6 / height, va="top")
+    fig.text(0.5, 3 / height, key, ha="center", va="bottom", fontsize=POINTS)
+    y = height - top
+    for (group, chunk), band in zip(panels, bands):
+        readouts, rows = data["readouts"][group], 16 * len(data["readouts"][group])
+        y -= band
+        ax = fig.add_axes((left / WIDTH, (y + 8) / height, cell * len(chunk) / WIDTH, rows / height))
+        f1 = [[data["f1"][group][m][r] for m in chunk] for r in range(len(readouts))]  # [readout][model]
+        ax.imshow([[1.0] * len(chunk)] * len(readouts), cmap=ListedColormap([MISSING]), aspect="auto")
+        ax.imshow([[float("nan") if v is None else v for v in row] for row in f1], cmap="viridis", vmin=0, vmax=1,
+                  aspect="auto")
+        for r, row in enumerate(f1):
+            for c, v in enumerate(row):
+                ax.text(c, r, "-" if v is None else f"{v:.3f}", ha="center", va="center", fontsize=POINTS,
+                        color="#555" if v is None else "black" if v > 0.6 else "white",
+                        fontweight="bold" if data["best"][group][chunk[c]][r] else "normal")
+        ax.set_yticks(range(len(readouts)), [plain(r) for r in readouts], fontsize=POINTS)
+        ax.xaxis.tick_top()
+        ax.set_xticks(range(len(chunk)), [keys[m] for m in chunk], fontsize=POINTS)
+        ax.tick_params(length=0)
+        ax.set_title(_shortened(plain(group), width, WIDTH - left - 10), fontsize=POINTS, pad=14, loc="left")
+    return fig
+
+
 def save(fig, path: Path) -> Path:
     """path.column.pdf: the column layout, vector, beside the page figure of the same name."""
     out = path.with_name(path.name + ".column.pdf")

@@ -183,7 +183,8 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
     page.html("<h2>F1, models × readouts × splits</h2>")
     page.body += map(_html_table, f1_tables(runs))
     data, caption = figure_data.f1_grid(runs)
-    page.add(figures.f1_grid(data), data, page.out / "f1_models_readouts_splits", caption)
+    page.add(figures.f1_grid(data), data, page.out / "f1_models_readouts_splits", caption,
+             column_layout.f1_grid(data))
     pairs = figure_data.paper_pairs(inputs.scored)
     if pairs:
         page.html('<h2>Two readouts of one answer position</h2>\n<div class="side">')
