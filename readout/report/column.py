@@ -16,7 +16,7 @@ POINTS = 8  # the smallest text, at print size
 TITLE_POINTS = 9
 WIDTH = round(WIDTH_IN * DPI)  # the layout's pixels
 ROW = 18  # px a row of bars or intervals takes: an 8-pt label (11 px) and air
-LINE = 13  # px an 8-pt line takes; a 9-pt one 15
+LINE = 14  # px an 8-pt line takes (8 pt x 1.2 line spacing: 13.3 px); a 9-pt one 15
 MAX_LABEL = 0.62  # of the width the row labels may take; a longer label is shortened in its middle
 
 
@@ -40,13 +40,15 @@ def _shortened(label: str, width, most: float) -> str:
 
 
 def _wrapped(text: str, width, most: float) -> str:
-    """text in as many lines as keep each within `most` pixels."""
+    """text in as many lines as keep each within `most` pixels (its own line breaks kept)."""
     lines: list[str] = []
-    for word in text.split():
-        if lines and width(lines[-1] + " " + word) <= most:
-            lines[-1] += " " + word
-        else:
-            lines.append(word)
+    for paragraph in text.split("\n"):
+        start = len(lines)
+        for word in paragraph.split():
+            if len(lines) > start and width(lines[-1] + " " + word) <= most:
+                lines[-1] += " " + word
+            else:
+                lines.append(word)
     return "\n".join(lines)
 
 
@@ -261,6 +263,26 @@ def f1_grid(data: dict):
         ax.set_xticks(range(len(chunk)), [keys[m] for m in chunk], fontsize=POINTS)
         ax.tick_params(length=0)
         ax.set_title(_shortened(plain(group), width, WIDTH - left - 10), fontsize=POINTS, pad=14, loc="left")
+    return fig
+
+
+def first_tokens(title: str, data: dict):
+    """The first generated tokens' counts as bars (the token and its id, the count, in the row's label); under
+    them, per readout, the shown tokens it counts as yes and as no."""
+    tokens = data["tokens"]
+    names = [f"{plain(t['token'])} {t['id']}" if t["token"] is not None else str(t["id"]) for t in tokens]
+    marks = []
+    for readout in data["marked_readouts"]:
+        said = {side: [n for n, t in zip(names, tokens) if t["readouts"].get(readout) == side]
+                for side in ("yes", "no")}
+        if said["yes"] or said["no"]:
+            marks.append(f"{readout}: yes {', '.join(said['yes']) or '-'}; no {', '.join(said['no']) or '-'}")
+    fig, [ax] = _rows_figure(title, [f"{n}  {t['count']}" for n, t in zip(names, tokens)],
+                             "\n".join(["questions (first token)", *marks]))
+    ax.barh(range(len(tokens)), [t["count"] for t in tokens], color="C2")
+    most = max([t["count"] for t in tokens] + [1])
+    ax.set_xlim(0, most)
+    _ticks(ax, 0, most)
     return fig
 
 

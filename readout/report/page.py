@@ -244,7 +244,8 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
     if "image_attention" in run:
         drawn.append((figures.attention_plot, figure_data.attention(run, records), "image_attention"))
     narrow = {"f1": column_layout.f1_intervals, "yes_rate": column_layout.yes_rates,
-              "confusion": column_layout.confusion, "image_attention": column_layout.attention}
+              "confusion": column_layout.confusion, "image_attention": column_layout.attention,
+              "first_tokens": column_layout.first_tokens}
     for draw, (data, caption), name in drawn:
         page.add(draw(title, data), data, folder / name, f"{title}: {caption}",
                  narrow[name](title, data) if name in narrow else None)

@@ -515,14 +515,14 @@ def _legible_at_one_column(fig) -> None:
 
 
 def _column_layouts_are_legible(out) -> None:
-    """Issue 35: F1, yes-rate, confusion (every readout's, and the paper's two), the F1 grid, ΔF1 (a pair's, and every
-    pair's under one readout), the probe's and a benchmark's headline, each also as `<name>.column.pdf`: 3.3 in wide,
+    """Issue 35: every figure of the report (F1, yes-rate, confusion, the paper's two readouts, first tokens, the F1
+    grid, ΔF1 per pair and per readout, the probe's, a benchmark's headline) also as `<name>.column.pdf`: 3.3 in wide,
     nothing under 8 pt, every label inside; the numbers are the page figure's (its JSON)."""
     from pope_fast.readout.report import column
 
     kinds = {"f1": column.f1_intervals, "yes_rate": column.yes_rates, "delta_f1": column.delta_f1,
              "confusion": column.confusion, "two_readouts": lambda title, data: column.confusion(title, data, 2),
-             "f1_models_readouts_splits": lambda title, data: column.f1_grid(data)}
+             "f1_models_readouts_splits": lambda title, data: column.f1_grid(data), "first_tokens": column.first_tokens}
     found: dict[str, list] = {kind: [] for kind in kinds}
     for numbers in sorted(out.rglob("*.json")):
         kind = next((k for k in ("delta_f1", "two_readouts") if numbers.stem.startswith(k + "_")), numbers.stem)
@@ -531,7 +531,7 @@ def _column_layouts_are_legible(out) -> None:
             found[kind].append(json.loads(numbers.read_text()))
     # each run's F1, yes-rate and confusion (a pair per section), both pairs' ΔF1 and a ΔF1 figure per readout (rows:
     # the pairs), and the paper's two readouts per run
-    assert len(found["f1"]) == len(found["yes_rate"]) == len(found["confusion"]) >= 4
+    assert len(found["f1"]) == len(found["yes_rate"]) == len(found["confusion"]) == len(found["first_tokens"]) >= 4
     assert len(found["delta_f1"]) == 2 + 11 and found["two_readouts"] and len(found["f1_models_readouts_splits"]) == 1
     drawn = [(kind, found[kind][0]) for kind in kinds] + [("delta_f1", found["delta_f1"][-1])]
     for kind, data in drawn:  # one of each layout drawn again
