@@ -1,10 +1,12 @@
-"""The report's interval and bar figures laid out for one column of a two-column paper: 3.3 in wide at print size,
-no text under 8 pt, every label inside the figure. Drawn from the same numbers as the page's figures (each one's
-JSON), saved as PDF beside them (`<name>.column.pdf`).
+"""The report's figures laid out for one column of a two-column paper: 3.3 in wide at print size, no text under
+8 pt, every label inside the figure and clear of the others. Drawn from the same numbers as the page's figures
+(each one's JSON), saved as PDF beside them (`<name>.column.pdf`).
 
-At that width the page's side-by-side panels and the numbers printed beside each mark do not fit, so the column
-layouts stack a ΔF1 figure's splits, and put each row's number into its row label ("template_aware  0.822"); the
-JSON keeps every digit and the p-values."""
+At that width the page's side-by-side panels and the numbers printed beside each mark do not fit: the column
+layouts stack a ΔF1 figure's splits, put each row's number into its row label ("template_aware  0.822"), set the
+confusion matrices three to a row, transpose the F1 grid (readouts as rows, models keyed A, B, ...) and list under
+the first-token bars each readout's tokens; the JSON keeps every digit and the p-values. Labels are measured with
+matplotlib's renderer, then shortened in the middle or wrapped, never set smaller."""
 from __future__ import annotations
 
 from pathlib import Path
