@@ -11,9 +11,7 @@ from typing import Callable
 
 import torch
 
-from ..engine import FAMILIES, PromptResult, Settings
-from ..engine.loader import read_config
-from ..engine.models import family_class
+from ..engine import PromptResult, Settings
 from ..engine.reference import ReferenceModel
 from ..readout import Question
 from ..readout.readout_plan import ReadoutPlan
@@ -38,7 +36,7 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
     device = settings.torch_device
     reset_peak_memory(device)
     # the checkpoint's generation rules as generate applies them (the backend's model, under "greedy")
-    reference = ReferenceModel(checkpoint, replace(settings, generation_config="greedy"), _family(checkpoint))
+    reference = ReferenceModel(checkpoint, replace(settings, generation_config="greedy"))
 
     def answer(q: Question):
         inputs = reference.inputs([Image.open(images / q.image).convert("RGB")], [spec.prompts[q.text]])
@@ -67,8 +65,3 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
                "peak_memory_mb": round(peak_memory_mb(device), 1)}
     return figures, decisions
 
-
-def _family(checkpoint: Path):
-    """The engine's family of the checkpoint (its processor and templates), or None where it has none."""
-    model_type = read_config(checkpoint).get("model_type")
-    return family_class(model_type) if model_type in FAMILIES else None

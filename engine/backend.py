@@ -34,7 +34,5 @@ def resolve_backend(folder: Path, backend: str = "auto") -> str:
 def load_engine(folder: str | Path, settings: Settings | None = None, *, backend: str = "auto", **kwargs) -> Engine:
     """The Engine (Engine.load's keyword arguments) of the backend resolve_backend chooses."""
     folder = Path(folder).expanduser().resolve()
-    if resolve_backend(folder, backend) == "engine":
-        return Engine.load(folder, settings, **kwargs)
-    model_type = read_config(folder).get("model_type")
-    return ReferenceEngine.load(folder, settings, family=model_type if model_type in FAMILIES else None, **kwargs)
+    chosen = Engine if resolve_backend(folder, backend) == "engine" else ReferenceEngine
+    return chosen.load(folder, settings, **kwargs)

@@ -13,6 +13,7 @@ from PIL import Image
 from safetensors import SafetensorError
 
 from .loader import CheckpointError, generation_config, quiet_fallback, read_config, stop_ids
+from .models import family_of
 from .settings import Settings
 
 # generation_config fields of sampling, which a greedy generate does not read (left out, as it warns of them)
@@ -122,10 +123,11 @@ class ReferenceModel:
     backend = "transformers"
     features_per_prompt = False
 
-    def __init__(self, folder: Path, settings: Settings, family=None):
+    def __init__(self, folder: Path, settings: Settings):
         config = read_config(folder)
         self.folder, self.settings, self.config = folder, settings, config
         self.family = config.get("model_type")
+        family = family_of(self.family)
         self.name = f"{family.name if family else self.family} (transformers)"
         self.model = load_reference(folder, settings)
         self.inputs = ReferenceInputs(folder, settings, family)

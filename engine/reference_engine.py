@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from PIL import Image
@@ -18,7 +19,6 @@ from ..readout.templates import SAMPLE_QUESTION
 from .core import Engine, Prepared
 from .generation import GreedyRules
 from .methods import Method, diffusion_noise, noise_generator
-from .models import family_class
 from .plan import PromptResult
 from .reference import ReferenceModel
 from .runner import ImagePrompts, Runner
@@ -77,11 +77,9 @@ class ReferenceRunner(Runner):
         size = self.settings.batch_size if self.model.inputs.batched else 1
         batches: list[list] = []
         for row in rows:
-            last = batches[-1] if batches else None
-            alone = isinstance(row[2], NoisedImage)
-            if last and not alone and len(last) < size and (last[0][2] is None) == (row[2] is None) \
-                    and not isinstance(last[0][2], NoisedImage):
-                last.append(row)
+            kind = _kind(row[2])
+            if batches and kind != "noised" and _kind(batches[-1][0][2]) == kind and len(batches[-1]) < size:
+                batches[-1].append(row)
             else:
                 batches.append([row])
         out = [[None] * len(item.prompts) for item in items]
@@ -133,6 +131,11 @@ class ReferenceRunner(Runner):
                 for tokens, steps, prompt in zip(new, allowed, prompts)]
 
 
+def _kind(image) -> str:
+    """What a row's batch must share: an image, no image (text-only), or a noised image (alone in its batch)."""
+    return "noised" if isinstance(image, NoisedImage) else "text" if image is None else "image"
+
+
 def _probes(out, inputs: dict, image_token: int | None) -> list[dict | None]:
     """The image-attention probe of each row (the engine's: per layer of the language model, per head, how much of
     the answer position's attention falls on the prompt's image tokens; heads averaged per layer beside), from the
@@ -173,13 +176,11 @@ class ReferenceEngine(Engine):
 
     @classmethod
     def load(cls, folder, settings: Settings | None = None, *, template: str | None = None, readouts=None,
-             cache_dir=None, lengths: dict[str, int] | None = None, family: str | None = None) -> "ReferenceEngine":
-        """`family`: the checkpoint's model_type where the engine has a family for it, whose templates and
-        processor the backend then keeps."""
+             cache_dir=None, lengths: dict[str, int] | None = None) -> "ReferenceEngine":
+        """Engine.load's, on transformers' class (no feature cache: `cache_dir` is not read)."""
         settings = settings or Settings()
         check_settings(settings)
-        owner = family_class(family) if family else None
-        return cls(ReferenceModel(folder, settings, owner), settings, template, readouts, None, lengths)
+        return cls(ReferenceModel(Path(folder), settings), settings, template, readouts, None, lengths)
 
     def encode(self, prepared: list[Prepared | None]) -> list[Image.Image | None]:
         """The images as the processor takes them (no features: the class runs its own tower per prompt)."""

@@ -93,7 +93,7 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        reference = ReferenceModel(Path(model_dir).expanduser().resolve(), settings, family)
+        reference = ReferenceModel(Path(model_dir).expanduser().resolve(), settings)
         for (path, question), answer in ours.items():
             logits, generated = reference.answer(Image.open(path), prompts[question], max_new_tokens)
             _compare(verdict, side, question, answer, logits, generated)

@@ -75,6 +75,11 @@ def family_class(model_type: str) -> type[Family]:
     return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
+def family_of(model_type: str | None) -> type[Family] | None:
+    """The family of a model_type, or None where the engine has none (the transformers backend runs it)."""
+    return family_class(model_type) if model_type in FAMILIES else None
+
+
 def load_model(folder: str | Path, settings: Settings) -> Family:
     """The family object for a local checkpoint folder (never the hub)."""
     folder = Path(folder).expanduser().resolve()
@@ -101,8 +106,8 @@ class ReferenceFacts:
 def model_facts(folder: Path, config: dict):
     """The family of the checkpoint's model_type, or its ReferenceFacts where the engine has none."""
     model_type = config.get("model_type")
-    if model_type in FAMILIES:
-        return family_class(model_type)
+    if (family := family_of(model_type)) is not None:
+        return family
     template = "reference_chat" if _has_chat_template(folder) else "reference_plain"
     return ReferenceFacts(model_type, f"{model_type} (transformers)", str(model_type), template)
 

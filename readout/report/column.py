@@ -9,6 +9,7 @@ the first-token bars each readout's tokens; the JSON keeps every digit and the p
 matplotlib's renderer, then shortened in the middle or wrapped, never set smaller."""
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from .figures import DPI, MISSING, delta_reach, horizontal_boxes, new_figure, plain, readable_ticks
@@ -22,11 +23,13 @@ LINE = 14  # px an 8-pt line takes (8 pt x 1.2 line spacing: 13.3 px); a 9-pt on
 MAX_LABEL = 0.62  # of the width the row labels may take; a longer label is shortened in its middle
 
 
-def _measure(fig, points: float):
-    """The width in pixels of a text at `points`, as the figure's renderer draws it."""
+@lru_cache(maxsize=None)
+def _measure(points: float):
+    """The width in pixels of a text at `points`, as an Agg renderer at DPI draws it (one for every figure: the
+    width of a text does not depend on the figure it is drawn in)."""
     from matplotlib.font_manager import FontProperties
 
-    renderer, font = fig.canvas.get_renderer(), FontProperties(size=points)
+    renderer, font = new_figure(WIDTH, 100).canvas.get_renderer(), FontProperties(size=points)
     return lambda text: renderer.get_text_width_height_descent(text, font, ismath=False)[0]
 
 
@@ -59,8 +62,7 @@ def _rows_figure(title: str, labels: list[str], xlabel: str, panels: int = 1, pa
     """A figure of `panels` stacked panels of len(labels) rows each, the labels (shortened to fit) on the left,
     room above each panel for its title where it has one, and the x axis's name (wrapped to fit) under the last,
     centred on the figure: the figure and the axes, top to bottom."""
-    probe = new_figure(WIDTH, 100)
-    width, title_width = _measure(probe, POINTS), _measure(probe, TITLE_POINTS)
+    width, title_width = _measure(POINTS), _measure(TITLE_POINTS)
     labels = [_shortened(plain(label), width, WIDTH * MAX_LABEL) for label in labels]
     heading, under = _wrapped(title, title_width, WIDTH * 0.96), _wrapped(xlabel, width, WIDTH * 0.96)
     top = 10 + 15 * (heading.count("\n") + 1) + (16 if panel_titles else 0)
@@ -192,9 +194,8 @@ def confusion(title: str, data: dict, per_row: int = 3):
     """Each readout's confusion matrix (rows the label, columns the prediction), `per_row` to a row; a matrix's
     title its readout (shortened to fit) and, in a pair's figure, its F1."""
     items = list(data["readouts"].items())
-    probe = new_figure(WIDTH, 100)
-    width = _measure(probe, POINTS)
-    heading = _wrapped(title, _measure(probe, TITLE_POINTS), WIDTH * 0.96)
+    width = _measure(POINTS)
+    heading = _wrapped(title, _measure(TITLE_POINTS), WIDTH * 0.96)
     cell_w = (WIDTH - 10) / per_row
     side = min(70.0, cell_w - 40)  # the matrix, square; its left: "yes"/"no" and air
     rows = -(-len(items) // per_row)
@@ -232,8 +233,7 @@ def f1_grid(data: dict):
 
     models, groups = data["models"], data["groups"]
     keys = [chr(ord("A") + i) if i < 26 else f"M{i + 1}" for i in range(len(models))]
-    probe = new_figure(WIDTH, 100)
-    width = _measure(probe, POINTS)
+    width = _measure(POINTS)
     left = 10 + max(width(plain(r)) for g in groups for r in data["readouts"][g])
     cell = max(38.0, width("0.000") + 8)
     per_panel = max(1, int((WIDTH - left - 12) // cell))
