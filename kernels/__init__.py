@@ -27,7 +27,8 @@ if __name__ == "kernels":
     # the import system returns whatever sys.modules holds under the name once this file has run
     sys.modules["kernels"] = _module = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_module)
-else:
+else:  # imported as pope_fast.kernels, the only name it has in pope-fast
+    # the public ops, each beside its torch reference
     from . import common
     from .common import interpreter_on, resolve_backend, triton_available
     from .nf4 import NF4Weight, dequantize_nf4, dequantize_nf4_ref, quantize_nf4
