@@ -215,7 +215,22 @@ def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
                     raise CheckpointError(f"{path}: tensor {names[ours]} is stored as {str(tensor.dtype)[6:]}, but it "
                                           "is a weight the model computes with in floating point (its bits would be "
                                           "read as numbers)")
-                yield ours, tensor
+                yield ours, aligned(tensor)
+
+
+# c10's CPU allocator places every tensor at a multiple of 64 bytes. A CPU matmul's kernel (oneDNN's, MKL's) can
+# take another path for an operand that starts elsewhere, and so sum in another order: a weight read in place from
+# its file, at whatever offset the file's layout gives it, would make the records depend on that layout (one float32
+# step on some CPUs for the same weights stored in another order or shape).
+ALIGNMENT = 64
+
+
+def aligned(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor where torch's allocator would have put it: itself if it starts on an ALIGNMENT boundary and is
+    contiguous, else an owned contiguous copy."""
+    if tensor.data_ptr() % ALIGNMENT == 0 and tensor.is_contiguous():
+        return tensor
+    return tensor.clone(memory_format=torch.contiguous_format)
 
 
 def load_grouped(folder: Path, rules: list[tuple[str, str]], expected: dict[str, tuple[int, ...]],
