@@ -39,6 +39,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+# torch.distributed.nn's functions take `group=group.WORLD` as a default argument: imported while a group is up
+# (transformers imports it loading some models) they hold the group past destroy_process_group, and it is then torn
+# down at interpreter exit, where gloo's threads were seen to abort the rank ("terminate called without an active
+# exception"). Imported with this module, before any group, the defaults are None. (Imported inside Shard.join, it
+# made `torch` a local name there, so the CUDA branch's torch.cuda.set_device raised UnboundLocalError.)
+import torch.distributed.nn  # noqa: F401
 from PIL import Image
 
 from .readout import DataError, Question
@@ -89,13 +95,6 @@ class Shard:
         on_cuda = device.startswith("cuda")
         if on_cuda:
             torch.cuda.set_device(torch.device(self.device(device)))
-        # torch.distributed.nn's functions take `group=group.WORLD` as a default argument: imported while a
-        # group is up (transformers imports it loading some models) they hold the group past
-        # destroy_process_group, and it is then torn down at interpreter exit, where gloo's threads were
-        # seen to abort the rank ("terminate called without an active exception"). Imported first, the
-        # defaults are None.
-        import torch.distributed.nn  # noqa: F401
-
         if not dist.is_initialized():
             dist.init_process_group("nccl" if on_cuda else "gloo", timeout=timeout)
         self.group = dist.new_group(backend="gloo", timeout=timeout) if on_cuda else dist.group.WORLD
