@@ -29,7 +29,7 @@ if __name__ == "kernels":
     _spec.loader.exec_module(_module)
 else:  # imported as pope_fast.kernels, the only name it has in pope-fast
     # the public ops, each beside its torch reference
-    from . import common
+    from . import common  # noqa: F401 (the module the tests switch the interpreter in)
     from .common import interpreter_on, resolve_backend, triton_available
     from .nf4 import NF4Weight, dequantize_nf4, dequantize_nf4_ref, quantize_nf4
     from .gather_logits import gather_logits, gather_logits_ref, rms_norm, vocab_argmax, vocab_argmax_ref

@@ -113,7 +113,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         raise ValueError("with --model, give --questions (and --images unless the questions embed them)")
     device = job.settings["device"]
     progress = progress or no_progress
-    protocol = _protocol_options(job)
+    check_protocol_options(job)  # before the folder, the demo or the model is made
     demo_tokens = DEMO_TOKENS if job.model_dir is None else None  # the random model never ends a sentence
     options = {k: v for k, v in job.settings.items() if v is not None or k not in ("image_aspect",)}
     settings = Settings(**{**options, "device": shard.device(device) if shard else device,
@@ -195,10 +195,10 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
     return lock, engine, questions, images_dir, asked
 
 
-def _protocol_options(job: EvalJob):
-    """The job's protocol, its options checked against what the protocol decides (before anything loads)."""
+def check_protocol_options(job: EvalJob) -> None:
+    """ValueError where the job's options set what its protocol decides (checked before anything loads)."""
     if job.protocol is None:
-        return None
+        return
     protocol = get_protocol(job.protocol)
     for option, value in (("--template", job.template), ("--max-new-tokens", job.settings.get("max_new_tokens")),
                           ("--image-aspect", job.settings.get("image_aspect"))):
@@ -207,7 +207,6 @@ def _protocol_options(job: EvalJob):
                              "image preprocessing; drop the option, or run without --protocol")
     if job.readouts.strip() != "all" and protocol.readout not in [n.strip() for n in job.readouts.split(",")]:
         raise ValueError(f"--readouts {job.readouts}: --protocol {protocol.name} answers by {protocol.readout}; add it")
-    return protocol
 
 
 def _under_protocol(job: EvalJob, model_dir: Path, settings: Settings):

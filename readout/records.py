@@ -5,7 +5,6 @@ locked, repaired and ordered is the application's run-folder store (`pope_fast/s
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import math
 import re
 from dataclasses import dataclass, field

@@ -12,7 +12,7 @@ import json
 from ...readout.protocols import PROTOCOLS, Coverage, coverage, get_template
 from ..loader import CheckpointError, check_config, checkpoint_dtype, read_config
 from ..settings import DTYPES, Settings
-from .base import Family, TextOnlyRefused
+from .base import Family, TextOnlyRefused  # noqa: F401 (re-exported: the engine's public refusal)
 
 # model_type → "module:class" within this package, in the order tables list them.
 FAMILIES: dict[str, str] = {

@@ -421,7 +421,7 @@ def test_a_run_never_reads_its_own_folder_as_questions(checkpoint, pope, clean, 
     shutil.copytree(files[0].parent, folder, ignore=shutil.ignore_patterns("images"))
     base = ["eval", "--model", checkpoint, "--images", images, "--readouts", READOUTS, "--max-new-tokens", "2"]
     refused([*base, "--questions", folder, "--out", folder / "run"],
-            rf"--out \S+ lies inside --questions \S+questions, whose files are all read as questions")
+            r"--out \S+ lies inside --questions \S+questions, whose files are all read as questions")
     assert not (folder / "run").exists()
     refused([*base, "--questions", clean / "records.jsonl", "--out", clean],
             r"--questions \S+records.jsonl lies inside --out \S+, the run's own folder")

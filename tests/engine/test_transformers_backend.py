@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from tinymodels import QUESTIONS, qwen_inputs, synthetic_image
 
 from pope_fast.engine import CheckpointError, Settings, load_engine, parse_method
