@@ -18,17 +18,25 @@ setup(
     python_requires=">=3.10",
     packages=PACKAGES,
     package_dir={"pope_fast": "pope_fast", **{f"pope_fast.{name}": name for name in SUBPACKAGES}},
+    # Dependency policy (CONTRIBUTING.md, "Dependencies"): the packages whose behaviour the engine mirrors bit for bit
+    # (transformers' classes and processors, its tokenizers, bitsandbytes' NF4, triton's kernels) carry the bounds
+    # the suite has passed at, both ends; the rest a floor. constraints.txt pins the last green resolve, which
+    # .ci/run and the README's commands install; moving a bound or a pin is a change with its own suite run.
     install_requires=[
         # torch is installed first by .ci/run and the README (a pinned CPU wheel); a bare range here
         # then installs nothing more instead of pulling a multi-GB CUDA build.
         "torch>=2.4",
-        "triton>=3.0",
-        "transformers>=5.0",
+        # the GPU kernels, and on a CPU the interpreter their tests run them in (3.6: the lent H200's, with torch
+        # 2.11; 3.9: the CPU machines'); a CUDA torch brings the triton it was built with
+        "triton>=3.6,<3.10",
+        # 5.24 and 5.25 passed the suite; each release has moved a class or a processor the engine mirrors
+        "transformers>=5.24,<5.26",
         "safetensors>=0.4",
-        "bitsandbytes>=0.45",
+        # NF4 exactly as transformers quantizes (the engine's own NF4 is checked against it; bench's reference)
+        "bitsandbytes>=0.50,<0.51",
         "numpy>=1.24",
         "click>=8.1",
-        "tokenizers>=0.20",
+        "tokenizers>=0.23,<0.24",
         "pillow>=10",
         "tqdm>=4.60",
         # transformers needs it to place a bitsandbytes-quantized model (device_map), which the
@@ -38,9 +46,9 @@ setup(
     extras_require={
         "parquet": ["pyarrow>=14"],  # lmms-lab/POPE parquet question files with embedded images
         "report": ["matplotlib>=3.7"],  # pope-fast report's figures
-        # the tests exercise both extras (without them the parquet and report tests would skip) and run on
-        # every core (pytest-xdist, setup.cfg)
-        "test": ["pytest>=8", "pytest-xdist>=3.5", "pyarrow>=14", "matplotlib>=3.7"],
+        # the tests exercise both extras (without them the parquet and report tests would skip), run on
+        # every core (pytest-xdist, setup.cfg) and hold pyflakes' checks at zero findings (ruff's F rules)
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "pyarrow>=14", "matplotlib>=3.7", "ruff>=0.6"],
     },
     entry_points={"console_scripts": ["pope-fast=pope_fast.cli:main"]},
 )
