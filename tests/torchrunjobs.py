@@ -17,6 +17,11 @@ from pope_fast.engine.synthetic import llava as llava_checkpoints
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 
 
+# Every job starts in the clone's root, where users stand (the README's commands put them there): torchrun's `-m
+# pope_fast` and `python -m pope_fast` then have the root on sys.path, beside the installed package.
+CLONE = Path(__file__).resolve().parents[1]
+
+
 def make_job(tmp_path_factory) -> SimpleNamespace:
     """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them (root/single)."""
     root = tmp_path_factory.mktemp("dist")
@@ -55,7 +60,8 @@ main(prog_name="pope-fast")
 
 
 def run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subprocess.CompletedProcess:
-    """pope-fast eval into `out`: under torchrun with `ranks` processes, or (0) as one plain process;
+    """pope-fast eval into `out`, started in the clone's root: under torchrun with `ranks` processes, or (0) as one
+    plain process;
     fault "R" or "R:kill" injects FAULTY's fault into rank R. Every process computes on one thread, as
     torchrun sets it for several."""
     launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] \
@@ -66,7 +72,7 @@ def run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subproce
         script.write_text(FAULTY)
         rank, _, how = fault.partition(":")
         command, env = [str(script)], {**env, "FAULT_RANK": rank, "FAULT_HOW": how}
-    return launch([*launcher, *command, *job.args, "--out", str(out)], job.root, **env)
+    return launch([*launcher, *command, *job.args, "--out", str(out)], CLONE, **env)
 
 
 def launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
