@@ -8,8 +8,8 @@
 # Wheels in .whl/ are installed first (for a machine without a package index); POPE question files in
 # .device-pope/ replace the built-in questions; MODELS (families, in order), BUDGET (seconds for all of it,
 # default 500) and BENCH_TIMEOUT (seconds per family, default 170) adjust the run; KERNELS=0 skips the kernel
-# benchmark (25 s on an H200) and VERIFY=0 the fp16 `pope-fast verify` of every family's tiny checkpoint
-# (VERIFY_MODELS: only these).
+# benchmark (25 s on an H200), VERIFY=0 the fp16 `pope-fast verify` of every family's tiny checkpoint
+# (VERIFY_MODELS: only these) and TORCHRUN=0 the one-rank NCCL torchrun of the demo.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 OUT=${OUT:-/tmp/out}
@@ -45,6 +45,16 @@ if [ "${VERIFY:-1}" != 0 ]; then
     timeout 90 pope-fast verify --model "/tmp/pope-fast-tiny/$model-tiny" --dtype fp16 > "$OUT/verify-$model.txt" 2>&1
     echo "verify $model: $(tail -1 "$OUT/verify-$model.txt")"
   done
+fi
+# torchrun on the GPU (NCCL, one rank) against one plain process: the demo's records, byte for byte (TORCHRUN=0
+# skips it; ~30 s)
+if [ "${TORCHRUN:-1}" != 0 ]; then
+  timeout 120 pope-fast eval --device cuda --out "$OUT/demo-single" > /dev/null 2> "$OUT/demo-single.err" \
+    && timeout 150 torchrun --standalone --nproc-per-node 1 -m pope_fast eval --device cuda --out "$OUT/demo-torchrun" \
+      > /dev/null 2> "$OUT/demo-torchrun.err" \
+    && cmp "$OUT/demo-single/records.jsonl" "$OUT/demo-torchrun/records.jsonl" \
+    && echo "torchrun (nccl, 1 rank): the same records as one process" \
+    || { echo "torchrun (nccl, 1 rank): FAILED"; tail -3 "$OUT/demo-single.err" "$OUT/demo-torchrun.err"; }
 fi
 # Each family gets BENCH_TIMEOUT seconds at most, and none starts once less
 # than a minute of the BUDGET (seconds since the script started) is left.
