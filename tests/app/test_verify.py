@@ -64,6 +64,11 @@ def test_nothing_to_compare_is_its_own_exit_status(tmp_path, shared):
     assert result.exit_code == 3 and "nothing to compare (model_type 'paligemma' is not supported" in result.output
 
 
+def test_the_exit_statuses_are_in_the_help():
+    shown = " ".join(CliRunner().invoke(main, ["verify", "--help"]).output.split())
+    assert "exit 0 agree, 1 disagree, 3 nothing verified" in shown
+
+
 @pytest.fixture(scope="module")
 def ours(tmp_path_factory):
     """The comparison's view of an engine: two readouts' token sets, the stand-in tokenizer, fp32."""
