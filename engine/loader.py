@@ -5,6 +5,7 @@ that cannot be read."""
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import re
 import zipfile
@@ -89,6 +90,8 @@ _SAFETENSORS_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torc
 # Buffers that checkpoints store as integers (indices, not weights) where they store them at all: the
 # modules recompute them, so load_grouped takes them as optional and load_module does not miss them.
 INDEX_BUFFERS = ("position_ids",)
+# What a checkpoint may store as integers besides them (a BatchNorm's step count), for a class transformers runs.
+INTEGER_BUFFERS = (*INDEX_BUFFERS, "num_batches_tracked")
 # Index file → the weight format it indexes; safetensors first, as transformers prefers them.
 INDEXES = (("model.safetensors.index.json", "*.safetensors"), ("pytorch_model.bin.index.json", "pytorch_model*.bin"))
 
@@ -181,7 +184,13 @@ def map_names(files: dict[str, Path], rename: Callable[[str], str | None],
             raise CheckpointError(f"{folder}: tensors {ours[target]} and {name} both map to {target}")
         else:
             ours[target] = name
-    missing = [n for n in expected if n not in ours]
+    refuse_names(folder, [n for n in expected if n not in ours], unexpected)
+    return ours
+
+
+def refuse_names(folder: Path, missing: list[str], unexpected: list[str]) -> None:
+    """Raise, naming (the first 20 of) each, where a checkpoint lacks tensors or holds ones nothing reads: the
+    engine's loader and the transformers backend's refuse the same faults in the same line."""
     problems = []
     if missing:
         problems.append(f"missing tensors: {', '.join(missing[:20])}" + (" ..." if len(missing) > 20 else ""))
@@ -189,33 +198,69 @@ def map_names(files: dict[str, Path], rename: Callable[[str], str | None],
         problems.append(f"unexpected tensors: {', '.join(unexpected[:20])}" + (" ..." if len(unexpected) > 20 else ""))
     if problems:
         raise CheckpointError(f"{folder}: " + "; ".join(problems))
-    return ours
 
 
 def iter_tensors(folder: Path, files: dict[str, Path], names: dict[str, str],
                  expected: dict[str, tuple[int, ...]]) -> Iterator[tuple[str, torch.Tensor]]:
-    """(our name, tensor on CPU in its stored dtype), one shard open at a time; shapes are checked."""
+    """(our name, tensor on CPU in its stored dtype), one shard open at a time; shapes, dtypes and values are
+    checked (check_tensor)."""
+    ours_of = {theirs: ours for ours, theirs in names.items()}
+    for path, name, tensor in stored_tensors(files, list(ours_of)):
+        ours = ours_of[name]
+        shapes = [tuple(s) for s in expected[ours]] if isinstance(expected[ours], list) \
+            else [tuple(expected[ours])]  # a list: the layouts a checkpoint may store it in
+        if tuple(tensor.shape) not in shapes:
+            raise CheckpointError(f"{path}: tensor {name} has shape {tuple(tensor.shape)}, "
+                                  f"the config implies {' or '.join(map(str, shapes))}")
+        check_tensor(path, name, tensor, floating=not ours.endswith(INDEX_BUFFERS))
+        yield ours, aligned(tensor)
+
+
+def stored_tensors(files: dict[str, Path], wanted: list[str]) -> Iterator[tuple[Path, str, torch.Tensor]]:
+    """(file, checkpoint name, tensor) of each wanted name, one shard open at a time."""
     by_file: dict[Path, list[str]] = {}
-    for ours, theirs in names.items():
-        by_file.setdefault(files[theirs], []).append(ours)
-    for path, ours_list in by_file.items():
+    for name in wanted:
+        by_file.setdefault(files[name], []).append(name)
+    for path, names in by_file.items():
         with open_shard(path) as f:
             stored = set(f.keys())
-            absent = [names[ours] for ours in ours_list if names[ours] not in stored]
+            absent = [name for name in names if name not in stored]
             if absent:
                 raise CheckpointError(f"{path}: tensor(s) the index places here are missing: {', '.join(absent[:20])}")
-            for ours in ours_list:
-                tensor = f.get_tensor(names[ours])
-                shapes = [tuple(s) for s in expected[ours]] if isinstance(expected[ours], list) \
-                    else [tuple(expected[ours])]  # a list: the layouts a checkpoint may store it in
-                if tuple(tensor.shape) not in shapes:
-                    raise CheckpointError(f"{path}: tensor {names[ours]} has shape {tuple(tensor.shape)}, "
-                                          f"the config implies {' or '.join(map(str, shapes))}")
-                if not tensor.is_floating_point() and not ours.endswith(INDEX_BUFFERS):
-                    raise CheckpointError(f"{path}: tensor {names[ours]} is stored as {str(tensor.dtype)[6:]}, but it "
-                                          "is a weight the model computes with in floating point (its bits would be "
-                                          "read as numbers)")
-                yield ours, aligned(tensor)
+            for name in names:
+                yield path, name, f.get_tensor(name)
+
+
+# The dtypes whose values check_tensor reads (fp8 has no CPU reduction, and a quantizer's own formats are its own)
+FINITE_CHECKED = frozenset(_SAFETENSORS_DTYPES.values())
+
+
+def check_tensor(path: Path, name: str, tensor: torch.Tensor, floating: bool = True) -> None:
+    """Refuse, naming the file and tensor, a weight stored as integers (`floating`: one the model computes with in
+    floating point) or a floating tensor holding a NaN or an infinity: either would run and be scored as numbers
+    no model computed. aminmax propagates NaN and reads the tensor once (30 times faster than isfinite().all()
+    on 2 cores: 0.6 ns an fp16 value)."""
+    if floating and not tensor.is_floating_point():
+        raise CheckpointError(f"{path}: tensor {name} is stored as {str(tensor.dtype)[6:]}, but it is a weight the "
+                              "model computes with in floating point (its bits would be read as numbers)")
+    if tensor.dtype not in FINITE_CHECKED or not tensor.numel():
+        return
+    low, high = tensor.aminmax()
+    if math.isfinite(low) and math.isfinite(high):
+        return
+    nan, inf = int(torch.isnan(tensor).sum()), int(torch.isinf(tensor).sum())
+    held = " and ".join(f"{n:,} {what}" for n, what in ((nan, "NaN"), (inf, "infinite")) if n)
+    raise CheckpointError(f"{path}: tensor {name} holds {held} value(s) of {tensor.numel():,}; a weight is a finite "
+                          "number (a broken conversion or save, or a corrupted file)")
+
+
+def check_stored(folder: Path, quantized: bool = False) -> None:
+    """Every tensor a checkpoint stores, checked as the engine's loader checks the ones it reads (check_tensor):
+    the transformers backend's half of one loading contract. Integers are a weight's only where a quantization
+    config packs them, or a stored index buffer."""
+    files = tensor_files(folder)
+    for path, name, tensor in stored_tensors(files, list(files)):
+        check_tensor(path, name, tensor, floating=not quantized and not name.endswith(INTEGER_BUFFERS))
 
 
 # c10's CPU allocator places every tensor at a multiple of 64 bytes. A CPU matmul's kernel (oneDNN's, MKL's) can

@@ -12,7 +12,8 @@ import torch
 from PIL import Image
 from safetensors import SafetensorError
 
-from .loader import CheckpointError, generation_config, quiet_fallback, read_config, stop_ids
+from .loader import (INDEX_BUFFERS, CheckpointError, check_stored, generation_config, quiet_fallback, read_config,
+                     refuse_names, stop_ids)
 from .models import family_of
 from .settings import Settings
 
@@ -36,11 +37,17 @@ def reference_class(folder: Path, config: dict):
 
 
 def load_reference(checkpoint: Path, settings: Settings):
-    """The transformers model of a checkpoint, on the device, NF4 as transformers quantizes it."""
+    """The transformers model of a checkpoint, on the device, NF4 as transformers quantizes it; refused as the
+    engine's loader refuses it (docs/design.md, "One loading contract"): a stored tensor of the wrong dtype or not
+    finite, a tensor the class needs and the checkpoint lacks (transformers would fill it at random), one nothing
+    reads, one of another shape."""
     from transformers import BitsAndBytesConfig
     from transformers.utils import logging
 
-    kwargs = {"dtype": settings.torch_dtype}
+    config = read_config(checkpoint)
+    check_stored(checkpoint, quantized="quantization_config" in config)
+    # a mismatch is reported, not raised, so that it is refused below in the engine's words
+    kwargs = {"dtype": settings.torch_dtype, "output_loading_info": True, "ignore_mismatched_sizes": True}
     if settings.probe != "none":  # the probe reads attention weights, which only eager attention returns
         kwargs["attn_implementation"] = "eager"
     if settings.quant == "nf4":
@@ -50,20 +57,42 @@ def load_reference(checkpoint: Path, settings: Settings):
         kwargs["device_map"] = str(settings.torch_device)
     bar = logging.is_progress_bar_enabled()
     logging.disable_progress_bar()  # its "Loading weights" bar: `\r` lines in a log, and the CLI has its own
+    # its LOAD REPORT table, whose every fault is refused below in one line (a filter, not a level: a level of
+    # WARNING or above turns on its tensor-parallel plan's warning)
+    report = logging.get_logger("transformers.modeling_utils")
+    report.addFilter(_no_load_report)
     try:
         with quiet_fallback():  # the PIL image processors' torchvision notice
-            model = reference_class(checkpoint, read_config(checkpoint)).from_pretrained(str(checkpoint),
-                                                                                         **kwargs).eval()
+            model, info = reference_class(checkpoint, config).from_pretrained(str(checkpoint), **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as why:  # a file transformers cannot read
         if isinstance(why, CheckpointError):
             raise
-        raise CheckpointError(f"{checkpoint}: transformers' {read_config(checkpoint).get('model_type')} class does "
+        raise CheckpointError(f"{checkpoint}: transformers' {config.get('model_type')} class does "
                               f"not load it ({type(why).__name__}: {str(why).splitlines()[0] if str(why) else ''})"
                               ) from None
     finally:
+        report.removeFilter(_no_load_report)
         if bar:
             logging.enable_progress_bar()
+    _refuse_loading_faults(checkpoint, info)
+    model.eval()
     return model if settings.quant == "nf4" else model.to(settings.torch_device)
+
+
+def _no_load_report(record) -> bool:
+    return "LOAD REPORT" not in record.getMessage()
+
+
+def _refuse_loading_faults(checkpoint: Path, info: dict) -> None:
+    """from_pretrained's loading info refused in the engine's lines (loader.map_names and iter_tensors); its
+    error_msgs it raises itself."""
+    mismatched = sorted(info["mismatched_keys"], key=lambda m: m[0])
+    if mismatched:
+        name, stored, wanted = mismatched[0]
+        raise CheckpointError(f"{checkpoint}: tensor {name} has shape {tuple(stored)}, the config implies "
+                              f"{tuple(wanted)}")
+    refuse_names(checkpoint, sorted(k for k in info["missing_keys"] if not k.endswith(INDEX_BUFFERS)),
+                 sorted(info["unexpected_keys"]))
 
 
 @dataclass(frozen=True)

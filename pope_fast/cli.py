@@ -266,13 +266,13 @@ def bench(device, fmt, **options) -> None:
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
 @click.option("--max-new-tokens", default=8, show_default=True, type=click.IntRange(min=1))
 def verify(model, **options) -> None:
-    """The engine against transformers' class on a checkpoint, a few questions; exit 1 where they disagree."""
+    """The engine against transformers' class on a checkpoint; exit 0 agree, 1 disagree, 3 nothing verified."""
     from .verify import verify as run_verify  # torch and transformers: only this command loads them here
 
     with _failures():
         verdict = run_verify(local_or_hub(model, "--model")[0], **options)
     click.echo(verdict.summary())
-    sys.exit(0 if verdict.agrees else 1)
+    sys.exit(verdict.exit_status)
 
 
 @main.command()

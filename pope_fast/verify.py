@@ -5,11 +5,15 @@ greedy continuation (both applying the checkpoint's generation_config.json, as t
 
 They agree when every candidate logit is within four steps of the dtype at the logits' scale (fp32: 1e-4 of it;
 rounding in another order is all that may differ), the argmaxes and decisions are equal (a decision between two
-logits closer than that bound is a near-tie, reported, not failed) and the continuations are the same text.
+logits closer than that bound is a near-tie, reported, not failed) and the continuations are the same text. A
+candidate logit that is not finite on either side is a disagreement (no bound holds a NaN). The exit status says
+which: 0 agree, 1 disagree, NOTHING_VERIFIED where no engine family or no transformers class holds the model,
+so a gate on it never passes having checked nothing.
 """
 from __future__ import annotations
 
 import gc
+import math
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +32,7 @@ from .readout.readouts import compare_max_logits
 # the relative bound per dtype: four steps of its significand (fp32: 1e-4, what the suite holds on tiny models)
 BOUND = {torch.float32: 1e-4, torch.float16: 4 * 2.0**-10, torch.bfloat16: 4 * 2.0**-7}
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png")
+NOTHING_VERIFIED = 3  # verify's exit status where there was nothing to compare (1 is a disagreement or an error)
 
 
 @dataclass
@@ -50,9 +55,14 @@ class Verdict:
     def agrees(self) -> bool:
         return not self.disagreements
 
+    @property
+    def exit_status(self) -> int:
+        return NOTHING_VERIFIED if self.nothing_to_compare else 0 if self.agrees else 1
+
     def summary(self) -> str:
         if self.nothing_to_compare:
-            return f"{self.model}: nothing to compare ({self.nothing_to_compare})"
+            return (f"{self.model}: nothing to compare ({self.nothing_to_compare}); nothing verified (exit status "
+                    f"{NOTHING_VERIFIED})")
         n = self.questions
         lines = [f"{self.model}: {n} questions through the engine and transformers' class",
                  f"worst candidate-logit difference {self.worst_logit:.3g} (bound {self.bound:.3g})",
@@ -96,9 +106,9 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
         reference = ReferenceModel(Path(model_dir).expanduser().resolve(), settings)
         for (path, question), answer in ours.items():
             logits, generated = reference.answer(Image.open(path), prompts[question], max_new_tokens)
-            _compare(verdict, side, question, answer, logits, generated)
+            compare_one(verdict, side, question, answer, logits, generated)
     verdict.bound = BOUND[settings.torch_dtype] * verdict.scale
-    if verdict.worst_logit > verdict.bound:
+    if verdict.worst_logit > verdict.bound:  # NaN where a logit was not finite: failed per question, in compare_one
         verdict.disagreements.insert(0, f"a candidate logit differs by {verdict.worst_logit:.3g}, over the bound "
                                         f"{verdict.bound:.3g}")
     return verdict
@@ -133,13 +143,23 @@ class Ours:
     dtype: torch.dtype
 
 
-def _compare(verdict: Verdict, engine: Ours, question: str, answer, logits: torch.Tensor, generated: list[int]):
+def compare_one(verdict: Verdict, engine: Ours, question: str, answer, logits: torch.Tensor, generated: list[int]):
     """One question's four comparisons, added to the verdict."""
     verdict.questions += 1
     ids = sorted(answer.candidate_logits)
+    bad = {side: {i: v for i, v in values.items() if not math.isfinite(v)} for side, values in (
+        ("here", answer.candidate_logits), ("in transformers", {i: float(logits[i]) for i in ids}))}
+    if any(bad.values()):  # max() and > read past a NaN (max(0.0, nan) is 0.0): named, and the worst is NaN
+        verdict.worst_logit = math.nan
+        verdict.disagreements.append(f"{question!r}: candidate logits not finite " + "; ".join(
+            f"{side} ({', '.join(f'{i}: {v}' for i, v in list(values.items())[:4])})"
+            for side, values in bad.items() if values))
+        return
     scale = float(logits[ids].abs().max())
     verdict.scale = max(verdict.scale, scale)
-    verdict.worst_logit = max(verdict.worst_logit, max(abs(answer.candidate_logits[i] - float(logits[i])) for i in ids))
+    difference = max(abs(answer.candidate_logits[i] - float(logits[i])) for i in ids)
+    verdict.worst_logit = verdict.worst_logit if math.isnan(verdict.worst_logit) else max(verdict.worst_logit,
+                                                                                            difference)
     if answer.first_token_id == int(logits.argmax()):
         verdict.argmax_equal += 1
     else:
