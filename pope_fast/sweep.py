@@ -25,7 +25,8 @@ from .engine import Engine, ImageError, Intervention, check_images, image_file
 from .engine.methods import METHODS, Intervened, Method
 from .prefetch import embedded_images, prepared_steps
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
-from .readout.records import logit_faults, record_key, strict_json
+from .readout.records import strict_json
+from .readout.records import record_key
 from .resume import check_done, check_has_meta, check_resumable
 from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
 
@@ -278,7 +279,6 @@ class _Sweep:
                 failed += [(q, {"error": str(failure)}) for qs in by_image[name].values() for q in qs]
             step = [(n, p) for n, p in step if not isinstance(p, ImageError)]
             answered = _answer(engine, step, by_image, methods) if step else []
-            stop_at_non_finite(answered)
             self.evaluated += sum(len(by_image[name]) for name, _ in step)
             self._write(sinks, failed + answered)
             refused = [q for q, fields in answered if any("error" in f for f in fields.values())]  # a method's
@@ -360,18 +360,6 @@ def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, 
             fields.update(refused)
             out += [(q, fields) for q in by_image[name][text]]
     return out
-
-
-def stop_at_non_finite(answered: list[tuple[Question, dict]]) -> None:
-    """A NaN or +inf candidate logit stops the run naming its question (issue 48): every logit readout would answer
-    unknown and be scored. The steps before it stay recorded; the same command resumes from them."""
-    for q, fields in answered:
-        for method, own in fields.items():
-            if faults := logit_faults(own.get("candidate_logits")):
-                raise ValueError(f"question {q.question_id} of split {q.split}: candidate logits not finite under "
-                                 f"method {method} ({', '.join(f'{i}: {v}' for i, v in list(faults.items())[:4])}), "
-                                 "a numerical fault in the forward pass (fp16 overflows where bf16 and fp32 do not); "
-                                 "stopped rather than score every logit readout 'unknown'")
 
 
 def _fields(engine: Engine, result, digest: str) -> dict:

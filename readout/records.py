@@ -5,10 +5,10 @@ locked, repaired and ordered is the application's run-folder store (`pope_fast/s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 import math
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from .data import LABELS, DataError, Question
 from .readouts import DECISIONS, READOUTS, TokenSets
@@ -55,7 +55,8 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     # so is a NaN or +inf (a numerical fault), which `non_finite` names, to be read back as it was
     record["candidate_logits"] = {str(i): float(v) if math.isfinite(v) else None
                                   for i, v in (candidate_logits or {}).items()}
-    faulty = logit_faults(candidate_logits)
+    faulty = {str(i): "nan" if math.isnan(v) else "inf" for i, v in (candidate_logits or {}).items()
+              if not math.isfinite(v) and v != float("-inf")}
     faults = {"candidate_logits": faulty} if faulty else {}
     if decoded is not None:
         record["decoded"] = decoded
@@ -74,12 +75,6 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     if faults:
         record["non_finite"] = faults
     return record
-
-
-def logit_faults(candidate_logits: dict | None) -> dict[str, str]:
-    """Token id → "nan" or "inf" for each candidate logit that is a numerical fault (-inf is a method's cut)."""
-    return {str(i): "nan" if math.isnan(v) else "inf" for i, v in (candidate_logits or {}).items()
-            if not math.isfinite(v) and v != float("-inf")}
 
 
 def _finite_list(values):
