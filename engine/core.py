@@ -73,10 +73,7 @@ class Engine:
                                         lengths=lengths, answer_cut=ANSWER_CUTS.get(settings.answer_cut))
         self.cache = cache or VisionCache()
         self.runner = self.runner_class(model, settings, self.readout)
-        # part of every feature-cache key (a re-encoding only where one is asked: the keys of before stay valid)
-        self._preprocess = model.preprocess_settings() | (
-            {"reencode": settings.image_reencode} if settings.image_reencode != "none" else {}) | (
-            {"resize": settings.image_resize} if settings.image_resize != "none" else {})
+        self._processor = model.preprocess_settings()  # part of every feature-cache key
         self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
         self._text_logits: dict[tuple[int, ...], PromptResult] = {}  # text-only prompts (PAI), by token ids
 
@@ -177,7 +174,7 @@ class Engine:
         prepared = []
         for image in images:
             image = self._loaded(image)
-            key = feature_key(image.data, self._preprocess, self.model.feature_fingerprint)
+            key = feature_key(image.data, self._processor, self.settings, self.model.feature_fingerprint)
             pixels = None
             if not self.cache.contains(key):
                 try:
