@@ -28,7 +28,7 @@ def _on_cuda(settings: Settings) -> Settings:
 FP16 = Settings(dtype="fp16")
 NF4 = Settings(dtype="fp16", quant="nf4")
 DECIDE_FEATURES = {
-    "device": (Settings(), _on_cuda(Settings())),
+    "device": (Settings(dtype="fp32"), _on_cuda(Settings(dtype="fp32"))),  # the dtype fixed: CUDA's default is fp16
     "dtype": (Settings(), Settings(dtype="bf16")),
     "quant": (FP16, NF4),
     "nf4_weights": (NF4, replace(NF4, nf4_weights="packed")),
