@@ -30,7 +30,7 @@ from .plan import PromptLayout, PromptResult, Row, SuffixBatch
 from .runner import ImagePrompts, Runner
 from .settings import Settings
 from .stats import Clock
-from .vision_cache import VisionCache, feature_key
+from .vision_cache import VisionCache, feature_key, noised_key
 
 # Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
 # converts it when the same image comes from a file.
@@ -226,7 +226,7 @@ class Engine:
         """Features of VCD's noised copy of each prepared image (methods.diffusion_noise at `step`), the
         noise drawn per image from `seed` and the image's content, so a rerun, another batch or another
         device draws the same; cached beside the image's own features under their own key."""
-        keys = [f"{p.key}-noise{step}-seed{seed}" for p in prepared]
+        keys = [noised_key(p.key, step, seed) for p in prepared]
         out = [self.cache.get(key, self.settings.torch_device) for key in keys]
         todo = [(i, keys[i], diffusion_noise(self._pixels(p), step, noise_generator(p.key, seed)))
                 for i, p in enumerate(prepared) if out[i] is None]

@@ -61,6 +61,11 @@ def feature_key(image_bytes: bytes, processor: dict, settings: Settings, model_f
     return h.hexdigest()
 
 
+def noised_key(key: str, step: int, seed: int) -> str:
+    """The key of VCD's noised copy of the image of `key`: its noise step and the seed its noise is drawn from."""
+    return f"{key}-noise{step}-seed{seed}"
+
+
 def entry_digest(key: str, features: torch.Tensor) -> str:
     """What proves a disk entry: its key, its features' dtype and shape, every byte of them (sha256, the faster
     of it and blake2b here: 3.4 ms for a 7B model's 4.7 MB of features, docs/design.md)."""

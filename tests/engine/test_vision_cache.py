@@ -8,8 +8,8 @@ import torch
 from safetensors.torch import load_file, save
 
 from pope_fast.engine import Settings
-from pope_fast.engine.vision_cache import (ENTRY_FORMAT, VisionCache, entry_digest, feature_key, tensor_fingerprint,
-                                           vision_fingerprint)
+from pope_fast.engine.vision_cache import (ENTRY_FORMAT, VisionCache, entry_digest, feature_key, noised_key,
+                                           tensor_fingerprint, vision_fingerprint)
 from pope_fast.readout.protocols import ANSWER_CUTS
 
 IMAGE = bytes(range(256)) * 40
@@ -103,6 +103,13 @@ def test_the_key_covers_the_model_fingerprint():
     edited = {k: v.clone() for k, v in TENSORS.items()}
     edited["vision.b.bias"][3] += 1e-3
     assert feature_key(IMAGE, PROCESSOR, settings, vision_fingerprint(edited, settings)) != base
+
+
+def test_a_noised_copy_has_a_key_of_its_own_per_image_step_and_seed():
+    key, other = key_of(Settings()), key_of(Settings(), image=IMAGE + b"\0")
+    keys = [noised_key(k, step, seed) for k in (key, other) for step in (1, 500, 999) for seed in (0, 1, 7)]
+    assert len(set(keys) | {key, other}) == len(keys) + 2
+    assert noised_key(key, 500, 1) == noised_key(key, 500, 1)
 
 
 def test_vision_fingerprint_sees_an_edit_anywhere():
