@@ -1,13 +1,17 @@
 """The feature cache without a model: its key changes with every input that decides an image's features (and
 with none that does not), and a disk entry is served only when its proof holds (renamed, swapped, altered or
 old entries are dropped, listed in `rejected` and recomputed by the caller)."""
+import io
 from dataclasses import fields, replace
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
+from PIL import Image
 from safetensors.torch import load_file, save
 
-from pope_fast.engine import Settings
+from pope_fast.engine import Engine, Settings
 from pope_fast.engine.vision_cache import (ENTRY_FORMAT, VisionCache, entry_digest, feature_key, noised_key,
                                            tensor_fingerprint, vision_fingerprint)
 from pope_fast.readout.protocols import ANSWER_CUTS
@@ -68,6 +72,19 @@ def test_a_setting_that_decides_the_features_changes_the_key(name):
 @pytest.mark.parametrize("name", sorted(LEAVE_FEATURES))
 def test_a_setting_of_the_language_model_keeps_the_key(name):
     assert key_of(Settings(**{name: LEAVE_FEATURES[name]})) == key_of(Settings())
+
+
+def test_the_engine_keys_each_image_by_its_own_settings():
+    """Engine.prepare's key is key_of its settings (a stand-in family: the key path alone, no weights)."""
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (200, 30, 90)).save(buf, format="PNG")
+    for settings in [Settings()] + [s for pair in DECIDE_FEATURES.values() for s in pair] + [
+            Settings(**{name: value}) for name, value in LEAVE_FEATURES.items()]:
+        engine = Engine.__new__(Engine)
+        engine.settings, engine.cache, engine._processor = settings, VisionCache(), PROCESSOR
+        engine.model = SimpleNamespace(feature_fingerprint=vision_fingerprint(TENSORS, settings), preprocess=np.asarray)
+        [prepared] = engine.prepare([buf.getvalue()])
+        assert prepared.key == key_of(settings, image=buf.getvalue()), settings
 
 
 def test_the_key_covers_every_byte_of_the_image():
