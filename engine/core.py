@@ -30,7 +30,7 @@ from .plan import PromptLayout, PromptResult, Row, SuffixBatch
 from .runner import ImagePrompts, Runner
 from .settings import Settings
 from .stats import Clock
-from .vision_cache import VisionCache, feature_key
+from .vision_cache import VisionCache, feature_key, noised_key
 
 # Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
 # converts it when the same image comes from a file.
@@ -73,10 +73,7 @@ class Engine:
                                         lengths=lengths, answer_cut=ANSWER_CUTS.get(settings.answer_cut))
         self.cache = cache or VisionCache()
         self.runner = self.runner_class(model, settings, self.readout)
-        # part of every feature-cache key (a re-encoding only where one is asked: the keys of before stay valid)
-        self._preprocess = model.preprocess_settings() | (
-            {"reencode": settings.image_reencode} if settings.image_reencode != "none" else {}) | (
-            {"resize": settings.image_resize} if settings.image_resize != "none" else {})
+        self._processor = model.preprocess_settings()  # part of every feature-cache key
         self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
         self._text_logits: dict[tuple[int, ...], PromptResult] = {}  # text-only prompts (PAI), by token ids
 
@@ -177,7 +174,7 @@ class Engine:
         prepared = []
         for image in images:
             image = self._loaded(image)
-            key = feature_key(image.data, self._preprocess, self.model.feature_fingerprint)
+            key = feature_key(image.data, self._processor, self.settings, self.model.feature_fingerprint)
             pixels = None
             if not self.cache.contains(key):
                 try:
@@ -229,7 +226,7 @@ class Engine:
         """Features of VCD's noised copy of each prepared image (methods.diffusion_noise at `step`), the
         noise drawn per image from `seed` and the image's content, so a rerun, another batch or another
         device draws the same; cached beside the image's own features under their own key."""
-        keys = [f"{p.key}-noise{step}-seed{seed}" for p in prepared]
+        keys = [noised_key(p.key, step, seed) for p in prepared]
         out = [self.cache.get(key, self.settings.torch_device) for key in keys]
         todo = [(i, keys[i], diffusion_noise(self._pixels(p), step, noise_generator(p.key, seed)))
                 for i, p in enumerate(prepared) if out[i] is None]

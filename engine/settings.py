@@ -20,6 +20,8 @@ RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "pro
 GENERATION_CONFIGS = ("none", "greedy", "greedy_output")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
+# what decides an image's pixels besides its bytes and its processor's own settings (feature-cache keys hold them)
+PIXEL_SETTINGS = ("image_aspect", "image_reencode", "image_resize", "processor_pixels", "processor_patches")
 
 
 @dataclass(frozen=True)
@@ -168,6 +170,10 @@ class Settings:
         """The settings, besides the weights, that decide cached vision features (part of their key)."""
         return {"dtype": str(self.torch_dtype), "quant": self.quant, "nf4_weights": self.nf4_weights,
                 "kernels": self.kernels, "device": self.torch_device.type}
+
+    def pixel_settings(self) -> dict:
+        """The settings that decide an image's pixels (part of the key of its cached features)."""
+        return {name: getattr(self, name) for name in PIXEL_SETTINGS}
 
     def to_json(self) -> dict:
         out = asdict(self)

@@ -124,6 +124,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     lead = shard is None or shard.lead
     with ExitStack() as stack:
         lock, engine, questions, images_dir, asked = _setup(job, settings, shard, stack, notice)
+        stack.callback(lambda: _cache_notice(engine.cache.rejected, notice))  # once, at the end (a failed run's too)
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
         update = stack.enter_context(_lazy(progress, len(questions), lead))
@@ -193,6 +194,15 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         per_image = Counter(q.image for q in questions)
         engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes
     return lock, engine, questions, images_dir, asked
+
+
+def _cache_notice(rejected: list[tuple[Path, str]], notice) -> None:
+    """One line for the disk entries the run recomputed rather than served, their proof failing (see VisionCache)."""
+    if rejected:
+        reasons = "; ".join(f"{n} {why}" for why, n in Counter(why for _, why in rejected).items())
+        entries = "1 entry" if len(rejected) == 1 else f"{len(rejected)} entries"
+        notice(f"--cache-dir {rejected[0][0].parent}: {entries} recomputed, not served ({reasons}; the first: "
+               f"{rejected[0][0].name})")
 
 
 def check_protocol_options(job: EvalJob) -> None:

@@ -25,7 +25,7 @@ from ..loader import CheckpointError, generation_config, load_grouped, quiet_fal
 from ..plan import PromptLayout
 from ..settings import Settings
 from ..stats import Counts
-from ..vision_cache import tensor_fingerprint
+from ..vision_cache import vision_fingerprint
 
 
 class TextOnlyRefused(ValueError):
@@ -139,7 +139,7 @@ class Family:
 
     def fingerprint(self, tensors: dict[str, torch.Tensor], **extra) -> str:
         """The cached features' dependence on the weights that make them, the compute settings and `extra`."""
-        return tensor_fingerprint(tensors, extra={**self.settings.feature_settings(), **extra})
+        return vision_fingerprint(tensors, self.settings, **extra)
 
     def pretrained(self, loader, what: str, **kwargs):
         """loader.from_pretrained of this folder (never the hub), or a one-line CheckpointError naming `what`."""
