@@ -21,6 +21,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
+from .loader import aligned
 from .settings import Settings
 
 ENTRY_FORMAT = "pope-fast features 2"  # 1: the entries before their proof (a tensor alone)
@@ -120,7 +121,7 @@ class VisionCache:
                 self._path(key).unlink()
             return None
         self.disk_hits += 1
-        features = features.to(device)
+        features = aligned(features).to(device)  # read in place, at its file's offset: the loader says why not
         self._remember(key, features)
         return features
 

@@ -12,6 +12,7 @@ from PIL import Image
 from safetensors.torch import load_file, save
 
 from pope_fast.engine import Engine, Settings
+from pope_fast.engine.loader import ALIGNMENT
 from pope_fast.engine.vision_cache import (ENTRY_FORMAT, VisionCache, entry_digest, feature_key, noised_key,
                                            tensor_fingerprint, vision_fingerprint)
 from pope_fast.readout.protocols import ANSWER_CUTS
@@ -225,3 +226,12 @@ def test_a_rejected_entry_is_rewritten_with_its_proof(tmp_path):
     again.put(key, features)
     assert _served(cache.dir, key)[1] == [] and torch.equal(_served(cache.dir, key)[0], features)
     assert (again.misses, again.disk_hits, len(again.rejected)) == (1, 0, 1)
+
+
+def test_a_served_entry_starts_where_torchs_allocator_puts_tensors(tmp_path):
+    """Read back at its file's offset, an entry would reach the projector's matmul misaligned, and a CPU can sum a
+    misaligned operand in another order than the fresh features of a run without the cache (engine/loader.py)."""
+    features = torch.arange(3 * 5, dtype=torch.float32).reshape(3, 5)
+    VisionCache(tmp_path).put("k" * 7, features)
+    served = VisionCache(tmp_path).get("k" * 7, torch.device("cpu"))
+    assert served.data_ptr() % ALIGNMENT == 0 and torch.equal(served, features)
