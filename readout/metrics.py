@@ -67,6 +67,13 @@ def bootstrap_f1_ci(labels, predictions, *, seed: int = 0, resamples: int = 1000
     return [float(low), float(high)]
 
 
+def answered(metrics: dict) -> int:
+    """The questions a readout answered yes or no, of summarize()'s counts. A readout that answered none has no
+    F1, precision, recall or yes-rate (summarize gives them as 0): tables print "–", and neither a best F1 nor a
+    ranking counts it."""
+    return metrics["tp"] + metrics["tn"] + metrics["fp"] + metrics["fn"]
+
+
 def summarize(labels, predictions, *, seed: int = 0, resamples: int = 1000) -> dict:
     c = confusion(labels, predictions)
     answered = c["tp"] + c["tn"] + c["fp"] + c["fn"]
