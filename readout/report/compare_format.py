@@ -6,7 +6,7 @@ from ..compare import silent_sides
 from ..metrics import answered
 from ..readouts import READOUTS
 from ..records import strict_json
-from .tables import NO_ANSWER, markdown_table, reason_lines
+from .tables import NO_ANSWER, markdown_table, reason_lines, reasons_of
 
 # McNemar's p beside ΔF1: why p = 1 can stand beside an interval that excludes 0 (compare's header, the report's
 # ΔF1 captions)
@@ -110,7 +110,7 @@ def _left_out(pair: dict) -> list[str]:
         lines += [f"{split}: {name} not compared ({why})." for name, why in missing.items()]
     for split, table in pair["splits"].items():
         for side in ("a", "b"):
-            lines += [f"{line}." for line in reason_lines({n: r[side] for n, r in table.items()},
+            lines += [f"{line}." for line in reason_lines(reasons_of({n: r[side] for n, r in table.items()}),
                                                           pair["questions"][split]["compared"],
                                                           f"{split}, {side.upper()}: ")]
     return lines

@@ -25,7 +25,7 @@ from ..readouts import READOUTS
 from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_json
 from ..score import score_records
 from .markup import markdown_html
-from .tables import f1_tables, format_f1_tables, group_name, model_labels, reason_lines
+from .tables import f1_tables, format_f1_tables, group_name, model_labels, reason_lines, reasons_of
 
 COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -233,7 +233,7 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
     if run.get("unavailable"):
         page.html("<p>Unavailable: " + html.escape("; ".join(f"{n} ({why})" for n, why in
                                                             run["unavailable"].items())) + "</p>")
-    page.body += [f"<p>{html.escape(line)}.</p>" for line in reason_lines(run["readouts"],
+    page.body += [f"<p>{html.escape(line)}.</p>" for line in reason_lines(reasons_of(run["readouts"]),
                                                                          run["n"] - run.get("errors", 0))]
     if not run["readouts"]:
         return

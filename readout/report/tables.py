@@ -47,16 +47,21 @@ def _rows(run: dict, percent: bool = False) -> list[list[str]]:
     return rows
 
 
-def reason_lines(readouts: dict[str, dict], of: int | None = None, who: str = "") -> list[str]:
+def reason_lines(reasons: dict[str, dict[str, int]], of: int | None = None, who: str = "") -> list[str]:
     """'unknown, all candidates cut (...): legacy_2tok 90 of 90, ...': per reason, the readouts whose unknown
-    answers it explains (their metrics' unknown_reasons), each with its count (of `of` answers, where given);
-    `who` names the run the line is about."""
+    answers it explains (`reasons`: readout → its unknown_reasons), each with its count (of `of` answers, where
+    given); `who` names the run the line is about."""
     by_reason: dict[str, list[str]] = {}
-    for name, m in readouts.items():
-        for reason, count in (m.get("unknown_reasons") or {}).items():
+    for name, counts in reasons.items():
+        for reason, count in counts.items():
             by_reason.setdefault(reason, []).append(f"{name} {count}" + (f" of {of}" if of is not None else ""))
     return [f"{who}unknown, {REASON_TEXT.get(reason, reason)}: {', '.join(names)}"
             for reason, names in by_reason.items()]
+
+
+def reasons_of(readouts: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Each readout's unknown_reasons from its metrics ({} where they hold none: compare.json of an older run)."""
+    return {name: m.get("unknown_reasons") or {} for name, m in readouts.items()}
 
 
 def format_csv(runs: list[dict], percent: bool = False) -> str:
@@ -136,7 +141,7 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         for name, why in run.get("unavailable", {}).items():
             by_reason.setdefault(why, []).append(name)
         parts += [f"unavailable: {', '.join(names)} ({why})" for why, names in by_reason.items()]
-        parts += reason_lines(run["readouts"], run["n"] - run.get("errors", 0))
+        parts += reason_lines(reasons_of(run["readouts"]), run["n"] - run.get("errors", 0))
         if run.get("capped"):
             parts.append("text cut at max_new_tokens: " + ", ".join(f"{n} {c} of {run['n'] - run.get('errors', 0)}"
                                                                       for n, c in run["capped"].items()))
@@ -259,7 +264,7 @@ def f1_tables(runs: list[dict], percent: bool = False) -> list[dict]:
                               # bold what reads as the best: readouts tied at the shown decimals all are
                               "best": [n in f1 and rate(f1[n], percent) == rate(top, percent)
                                        for n in table["readouts"]]})
-        table["notes"] += reason_lines(run["readouts"], run["n"] - errors, f"{model}: ")
+        table["notes"] += reason_lines(reasons_of(run["readouts"]), run["n"] - errors, f"{model}: ")
     return list(tables.values())
 
 

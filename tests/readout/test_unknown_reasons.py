@@ -175,3 +175,25 @@ def test_score_cli_prints_the_reason_under_each_method(tmp_path):
     none, vcd = result.output.split("\n\n")
     assert "all candidates cut" not in none
     assert "unknown, all candidates cut" in vcd and "legacy_2tok 16 of 16" in vcd
+
+
+def test_a_benchmark_run_names_its_cut_readouts(tmp_path):
+    """An MME run under a method: the official aggregation of a readout whose every candidate was cut is made of
+    unknowns, and the benchmark's table says so under it."""
+    from pope_fast.readout.benchmarks.score import format_benchmark, score_benchmark_paths
+
+    folder = tmp_path / "mme-vcd"
+    folder.mkdir()
+    write_meta(folder, {"benchmark": "mme", "readouts": ["template_aware"], "template": "llava_plain",
+                        "token_sets": {"template_aware": {"yes_ids": [3869], "no_ids": [1939]}}})
+    questions = [Question(f"color/{img}.png#{k}", f"color/{img}.png", f"Is it {img} {k}? Please answer yes or no.",
+                          label, "color", "mme") for img in "ab" for k, label in enumerate(("yes", "no"))]
+    with RecordWriter(folder) as w:
+        w.write([make_record(q, "llava_plain", first_token_id=5, candidate_logits={3869: CUT, 1939: CUT},
+                             decoded="Yes") for q in questions[:3]]
+                + [make_record(questions[3], "llava_plain", first_token_id=5, decoded="No",
+                               candidate_logits={3869: 0.0, 1939: 1.0})])
+    [result] = score_benchmark_paths([str(folder)], readouts=["template_aware"])
+    assert result["unknown_reasons"] == {"template_aware": {ALL_CUT: 3}}
+    assert "unknown, all candidates cut (every candidate logit -inf" in format_benchmark(result)
+    assert "template_aware 3 of 4" in format_benchmark(result)
