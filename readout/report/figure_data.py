@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from ..attention_stats import layer_mean
 from ..benchmarks.score import OFFICIAL, metric
+from ..compare import silent_sides
 from ..readouts import NO, YES
 from ..records import RecordSet
 from ..score import predictions, run_entries
-from ..compare import silent_sides
 from .compare_format import MCNEMAR_LEGEND
 from .tables import f1_tables, group_name, row_labels
 
