@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .metrics import mcnemar_exact, summarize
+from .metrics import answered, mcnemar_exact, summarize
 from .reading import read_records
 from .readouts import NO, READOUTS, UNKNOWN, YES
 from .protocols.base import TOOL_STEPS
 from .records import Entry, RecordSet
-from .score import POOLED, Unavailable, predictions, question_order
+from .score import POOLED, Unavailable, predictions, question_order, unknown_reasons
 
 LEVEL = 0.95
 DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")
@@ -240,6 +240,8 @@ def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names:
             unavailable[name] = str(why)
             continue
         table[name] = _readout(labels, decided_a, decided_b, weights, seed, resamples)
+        table[name]["a"]["unknown_reasons"] = unknown_reasons(a, name, entries_a)  # as score counts them
+        table[name]["b"]["unknown_reasons"] = unknown_reasons(b, name, entries_b)
     return table, counts, unavailable
 
 
@@ -297,15 +299,25 @@ def delta_intervals(labels: list[str], decided_a: list[str], decided_b: list[str
     return {m: [float(q) for q in np.quantile(by_b[m] - by_a[m], [tail, 1 - tail])] for m in DELTAS}
 
 
+def silent_sides(r: dict) -> str | None:
+    """"A", "B" or "A and B": the runs of a compared readout that answered no question (every answer unknown, as
+    when a method's cut removed every candidate), whose F1 is no F1 and whose ΔF1 is no effect; None if both did."""
+    silent = [side for side in ("a", "b") if not answered(r[side])]
+    return " and ".join(side.upper() for side in silent) or None
+
+
 def _ranking(table: dict) -> dict:
     """Whether A vs B rank the same under every readout of a split. The ranking changes when ΔF1 is
     positive under one readout and negative under another, or when its interval excludes 0 under some
-    readouts and not others (a zero ΔF1 has no sign)."""
-    positive = [n for n, r in table.items() if r["delta_f1"] > 0]
-    negative = [n for n, r in table.items() if r["delta_f1"] < 0]
-    excludes = [n for n, r in table.items() if r["delta_f1_ci95"][0] > 0 or r["delta_f1_ci95"][1] < 0]
-    return {"changes": bool(positive and negative) or 0 < len(excludes) < len(table),
-            "positive": positive, "negative": negative, "excludes_zero": excludes}
+    readouts and not others (a zero ΔF1 has no sign). A readout that answered no question in A or in B does
+    not count (`no_answers`: which run it was silent in): its ΔF1 compares an F1 with nothing."""
+    no_answers = {n: side for n, r in table.items() if (side := silent_sides(r))}
+    counted = {n: r for n, r in table.items() if n not in no_answers}
+    positive = [n for n, r in counted.items() if r["delta_f1"] > 0]
+    negative = [n for n, r in counted.items() if r["delta_f1"] < 0]
+    excludes = [n for n, r in counted.items() if r["delta_f1_ci95"][0] > 0 or r["delta_f1_ci95"][1] < 0]
+    return {"changes": bool(positive and negative) or 0 < len(excludes) < len(counted),
+            "positive": positive, "negative": negative, "excludes_zero": excludes, "no_answers": no_answers}
 
 
 # --- rendering ---

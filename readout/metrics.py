@@ -67,18 +67,25 @@ def bootstrap_f1_ci(labels, predictions, *, seed: int = 0, resamples: int = 1000
     return [float(low), float(high)]
 
 
+def answered(metrics: dict) -> int:
+    """The questions a readout answered yes or no, of summarize()'s counts. A readout that answered none has no
+    F1, precision, recall or yes-rate (summarize gives them as 0): tables print "–", and neither a best F1 nor a
+    ranking counts it."""
+    return metrics["tp"] + metrics["tn"] + metrics["fp"] + metrics["fn"]
+
+
 def summarize(labels, predictions, *, seed: int = 0, resamples: int = 1000) -> dict:
     c = confusion(labels, predictions)
-    answered = c["tp"] + c["tn"] + c["fp"] + c["fn"]
+    decided = answered(c)
     precision = _ratio(c["tp"], c["tp"] + c["fp"])
     recall = _ratio(c["tp"], c["tp"] + c["fn"])
     return {**c,
-            "accuracy": _ratio(c["tp"] + c["tn"], answered + c["unknown"]),
+            "accuracy": _ratio(c["tp"] + c["tn"], decided + c["unknown"]),
             "precision": precision,
             "recall": recall,
             "f1": float(_f1(np.int64(c["tp"]), c["fp"], c["fn"])),
             "f1_ci95": bootstrap_f1_ci(labels, predictions, seed=seed, resamples=resamples),
-            "yes_rate": _ratio(c["tp"] + c["fp"], answered)}
+            "yes_rate": _ratio(c["tp"] + c["fp"], decided)}
 
 
 def mcnemar_exact(labels, pred_a, pred_b) -> float:

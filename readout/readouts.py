@@ -48,18 +48,42 @@ class TokenSets:
         return cls(tuple(int(i) for i in obj["yes_ids"]), tuple(int(i) for i in obj["no_ids"]))
 
 
+# Why a logit readout answers unknown: the reasons score, compare and report count per readout (and method).
+NO_CANDIDATE = "no candidate id"  # a side of the token set is empty: no yes (or no) form is one token
+ALL_CUT = "all candidates cut"  # every candidate -inf: a method's plausibility cut removed them all
+NON_FINITE = "non-finite logit"  # a NaN or +inf among the candidates: a numerical fault
+UNKNOWN_REASONS = (ALL_CUT, NON_FINITE, NO_CANDIDATE)
+
+
+def undecidable(logits: Mapping[int, float], sets: TokenSets) -> str | None:
+    """Why max vs max cannot decide between these candidates (one of UNKNOWN_REASONS), or None where it can.
+
+    A NaN or +inf anywhere among the candidates never decides: max() over a NaN depends on the order of the ids,
+    and a +inf is an overflow, not a preference. Only when every candidate, yes and no alike, is -inf is the cut
+    the reason: the method's own decoding would emit some token outside both sets, so neither answer is its
+    own. Where the cut removed one side only, the other side wins, as `compare_max_logits` says why."""
+    if not sets.yes_ids or not sets.no_ids:
+        return NO_CANDIDATE
+    values = [float(logits[i]) for i in sets.ids]
+    if any(math.isnan(v) or v == math.inf for v in values):
+        return NON_FINITE
+    if all(v == -math.inf for v in values):
+        return ALL_CUT
+    return None
+
+
 def compare_max_logits(logits: Mapping[int, float], sets: TokenSets) -> str:
     """Yes when the best yes logit is strictly larger than the best no logit; ties are no.
 
-    An empty side (a vocabulary where no yes form is a single token) or a NaN logit gives unknown:
-    there is nothing to compare, and a silent 'no' would be scored as an answer.
+    Unknown where `undecidable` names a reason: a silent 'no' from comparing nothing would be scored as an
+    answer. A side whose every candidate is -inf (VCD's, PAI's and ICD's plausibility cut: p < beta · max p)
+    loses to a side with a finite candidate: the method itself ruled that side's tokens implausible and would
+    sample the other's, so that is the method's answer, not an artefact of the readout.
     """
-    if not sets.yes_ids or not sets.no_ids:
+    if undecidable(logits, sets) is not None:
         return UNKNOWN
     best_yes = max(float(logits[i]) for i in sets.yes_ids)
     best_no = max(float(logits[i]) for i in sets.no_ids)
-    if math.isnan(best_yes) or math.isnan(best_no):
-        return UNKNOWN
     return YES if best_yes > best_no else NO
 
 
@@ -234,6 +258,14 @@ class Readout:
         if text is None:
             raise Missing("no decoded text (run with a string readout to generate it)")
         return self(None, None, None, text)
+
+    def why_unknown(self, sets: TokenSets | None, answer) -> str | None:
+        """Why this readout cannot decide this answer (`undecidable`'s reason), None where it can or where
+        the reason is not the candidates' (a text readout's unknown, an answer lacking its input: `read` says)."""
+        logits = answer.candidate_logits
+        if self.kind != LOGIT or sets is None or logits is None or any(i not in logits for i in sets.ids):
+            return None
+        return undecidable(logits, sets)
 
 
 # The one registry. Order is the order tables show.

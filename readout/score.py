@@ -47,11 +47,24 @@ def predictions(records: RecordSet, name: str, entries: list[Entry] | None = Non
     return [_decide(e, name, records) for e in (records.entries if entries is None else entries)]
 
 
-def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int) -> dict:
+def unknown_reasons(records: RecordSet, name: str, entries: list[Entry]) -> dict[str, int]:
+    """Per reason (readouts.UNKNOWN_REASONS: every candidate cut, a non-finite logit, an empty side), how many of
+    these answered records the readout could not decide, most frequent first; {} where none has such a reason
+    (a text readout's unknowns, an imported file's stored predictions)."""
+    readout, sets = READOUTS[name], records.token_sets.get(name)
+    counts = Counter(readout.why_unknown(sets, e) for e in entries
+                     if e.error is None and not (records.prefer_stored and name in e.stored))
+    counts.pop(None, None)
+    return dict(counts.most_common())
+
+
+def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int, reasons: dict[str, int]) -> dict:
     """summarize()'s metrics plus `yes_rate_all`: yes answers over every scored question, unknowns
-    included, as run_multi_model_audit.py divides (`yes_rate` divides by the answered ones)."""
+    included, as run_multi_model_audit.py divides (`yes_rate` divides by the answered ones), and
+    `unknown_reasons`: why the readout could not decide (unknown_reasons)."""
     m = summarize(labels, decided, seed=seed, resamples=resamples)
     m["yes_rate_all"] = (m["tp"] + m["fp"]) / len(labels) if labels else 0.0
+    m["unknown_reasons"] = reasons
     return m
 
 
@@ -124,7 +137,8 @@ def _score_group(records: RecordSet, dataset: str, split: str, members: list[str
         "n": len(everything),
         **({"asked": asked} if asked > len(everything) else {}),  # a run that stopped
         "errors": len(everything) - len(entries),
-        "readouts": {n: _metrics(labels, p, seed, resamples) for n, p in decided.items()},
+        "readouts": {n: _metrics(labels, p, seed, resamples, unknown_reasons(records, n, entries))
+                     for n, p in decided.items()},
         "first_token_counts": dict(first_tokens.most_common()),
         **_capped(entries, decided),
         "mcnemar": {f"{a} vs {b}": float(f"{mcnemar_exact(labels, decided[a], decided[b]):.4g}")

@@ -16,8 +16,8 @@ from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import META_FILE, RECORDS_FILE, Entry, RecordSet, rank_parts, read_meta
 from ..report.cells import csv_text
-from ..report.tables import markdown_table
-from ..score import Unavailable, predictions, question_order
+from ..report.tables import markdown_table, reason_lines
+from ..score import Unavailable, predictions, question_order, unknown_reasons
 from .base import Answer, Benchmark, Response
 
 OFFICIAL = "official"
@@ -29,7 +29,8 @@ def _answers(entries: list[Entry], decisions: list[str]) -> list[Answer]:
 
 def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str] | None = None) -> dict:
     """{"source", "benchmark", "n", "errors", "rules": {rule: metrics}, "readouts": {readout: metrics},
-    "unavailable": {name: why}, "checks": [...]} over the records of the benchmark's dataset; error records
+    "unavailable": {name: why}, "checks": [...]} over the records of the benchmark's dataset, and where a logit
+    readout could not decide some answers, "unknown_reasons": {readout: {reason: count}}; error records
     (no answer) are left out and counted."""
     mine = sorted((e for e in records.entries if e.dataset == benchmark.name),
                   key=lambda e: (e.split, *question_order(e)))
@@ -64,6 +65,8 @@ def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str
             out["unavailable"][name] = str(why)
             continue
         _aggregate(out, "readouts", name, official, _answers(answered, decided))
+        if reasons := unknown_reasons(records, name, answered):  # as score counts them: a cut run says so
+            out.setdefault("unknown_reasons", {})[name] = reasons
     return out
 
 
@@ -138,6 +141,7 @@ def format_benchmark(result: dict) -> str:
         headline = benchmark.rules[OFFICIAL].headline
         blocks.append("every readout, aggregated as the official code does:\n" + markdown_table(
             ["readout", *headline], [[n, *cells(m, headline)] for n, m in result["readouts"].items()]))
+    blocks += reason_lines(result.get("unknown_reasons") or {}, result["n"] - result.get("errors", 0))
     blocks += result.get("notes", [])
     blocks += [f"! {note}" for note in result.get("checks", [])]
     blocks += [f"unavailable: {name} ({why})" for name, why in result.get("unavailable", {}).items()]

@@ -2,9 +2,18 @@
 interval, McNemar's p and the answers flipped (markdown), or the result as JSON."""
 from __future__ import annotations
 
+from ..compare import silent_sides
+from ..metrics import answered
 from ..readouts import READOUTS
 from ..records import strict_json
-from .tables import markdown_table
+from .tables import NO_ANSWER, markdown_table, reason_lines, reasons_of
+
+# McNemar's p beside ΔF1: why p = 1 can stand beside an interval that excludes 0 (compare's header, the report's
+# ΔF1 captions)
+MCNEMAR_LEGEND = ("McNemar's p tests whether A and B are right on different questions, not whether F1 moved: "
+                  "answers that trade one error for another (a false positive for a false negative, a wrong answer "
+                  "for an unknown) change F1 but not p, so p = 1 beside an interval that excludes 0 is no "
+                  "contradiction.")
 
 
 def format_compare(result: dict, fmt: str = "markdown") -> str:
@@ -17,7 +26,9 @@ def format_compare(result: dict, fmt: str = "markdown") -> str:
     level = round(result["level"] * 100)
     blocks = ["## Does the method's gain survive the readout?",
               f"Cells: ΔF1 = F1(B) - F1(A) [paired bootstrap {level}% interval, {result['resamples']} resamples, "
-              f"seed {result['seed']}], McNemar's exact p on the paired answers' correctness."]
+              f"seed {result['seed']}], McNemar's exact p on the paired answers' correctness. {MCNEMAR_LEGEND} "
+              f"{NO_ANSWER}: a readout that answered no question in A or in B (every answer unknown), which has no "
+              "ΔF1 and does not count in the ranking."]
     for pair in result["pairs"]:
         blocks += _summary(pair)
     blocks.append("## Metrics of each run")
@@ -52,6 +63,8 @@ def _signed(value: float) -> str:
 
 
 def _cell(r: dict) -> str:
+    if silent_sides(r):
+        return f"{NO_ANSWER} (no answer in {silent_sides(r)})"
     low, high = r["delta_f1_ci95"]
     return f"{_signed(r['delta_f1'])} [{_signed(low)}, {_signed(high)}], p={r['mcnemar_p']:.3g}"
 
@@ -81,7 +94,9 @@ def _ranking_line(pair: dict) -> str:
         shown = [f"ΔF1 {sign} 0 under {', '.join(names)}" for sign, names in
                  ((">", r["positive"]), ("<", r["negative"])) if names] or ["ΔF1 = 0 under every readout"]
         excludes = ", ".join(r["excludes_zero"]) or "no readout"
-        parts.append(f"{split}: {'; '.join(shown)}; interval excludes 0 under {excludes}")
+        silent = [f"{name} (no answer in {side})" for name, side in r.get("no_answers", {}).items()]
+        left = f"; not counted: {', '.join(silent)}" if silent else ""
+        parts.append(f"{split}: {'; '.join(shown)}; interval excludes 0 under {excludes}{left}")
     return f"{head} ({' | '.join(parts)})."
 
 
@@ -93,6 +108,11 @@ def _left_out(pair: dict) -> list[str]:
                          f"A {q['errors_a']}, B {q['errors_b']}).")
     for split, missing in pair.get("unavailable", {}).items():
         lines += [f"{split}: {name} not compared ({why})." for name, why in missing.items()]
+    for split, table in pair["splits"].items():
+        for side in ("a", "b"):
+            lines += [f"{line}." for line in reason_lines(reasons_of({n: r[side] for n, r in table.items()}),
+                                                          pair["questions"][split]["compared"],
+                                                          f"{split}, {side.upper()}: ")]
     return lines
 
 
@@ -101,11 +121,19 @@ DETAIL_COLUMNS = ("readout", "F1 A", "F1 B", "ΔF1 [95% CI]", "prec A", "prec B"
 
 
 def _detail_row(name: str, r: dict) -> list[str]:
+    """A readout's metrics of A and B; "–" for a run's F1, precision, recall and yes-rate where it answered no
+    question, and for ΔF1 where either did."""
     a, b = r["a"], r["b"]
     low, high = r["delta_f1_ci95"]
-    values = [f"{a['f1']:.4f}", f"{b['f1']:.4f}", f"{_signed(r['delta_f1'])} [{_signed(low)}, {_signed(high)}]"]
+
+    def pair_of(m: str) -> list[str]:
+        over_answered = m != "accuracy"  # accuracy is over every question, an unknown counted wrong
+        return [NO_ANSWER if over_answered and not answered(x) else f"{x[m]:.4f}" for x in (a, b)]
+
+    delta = NO_ANSWER if silent_sides(r) else f"{_signed(r['delta_f1'])} [{_signed(low)}, {_signed(high)}]"
+    values = [*pair_of("f1"), delta]
     for m in ("precision", "recall", "accuracy", "yes_rate"):
-        values += [f"{a[m]:.4f}", f"{b[m]:.4f}"]
+        values += pair_of(m)
     values += [str(a["unknown"]), str(b["unknown"]), str(r["flips"]["yes_to_no"]), str(r["flips"]["no_to_yes"]),
                f"{r['mcnemar_p']:.3g}"]
     return [name] + values

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 from ..attention_stats import layer_mean
 from ..benchmarks.score import OFFICIAL, metric
+from ..compare import silent_sides
 from ..readouts import NO, YES
 from ..records import RecordSet
 from ..score import predictions, run_entries
+from .compare_format import MCNEMAR_LEGEND
 from .tables import f1_tables, group_name, row_labels
 
 TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
@@ -165,29 +167,36 @@ def f1_grid(runs: list[dict]) -> tuple[dict, str]:
                                for m in models]
     return data, ("F1 of every model (rows) under every readout (columns), a panel per dataset and split, the "
                   "numbers of tables.md (here at full precision). Bold: the model's best readout in that split; "
-                  "grey \"-\": a readout the model's records cannot supply, or a split with no answered question.")
+                  "grey \"-\": a readout the model's records cannot supply, a split with no answered question, "
+                  "or a readout that answered no question (\"–\" in the tables: every answer unknown).")
 
 
 def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> tuple[dict, str]:
     """One pair of compare.json: ΔF1 per split and readout with its paired interval and McNemar's p."""
+    # a readout that answered no question in A or B has no ΔF1: not drawn, its panel row says which run
     splits = {split: {n: {k: r[k] for k in ("f1_a", "f1_b", "delta_f1", "delta_f1_ci95", "mcnemar_p")}
-                      for n, r in table.items()} for split, table in pair["splits"].items()}
-    readouts = list(dict.fromkeys([*pair["readouts"], *(n for t in splits.values() for n in t)]))
+                      for n, r in table.items() if not silent_sides(r)} for split, table in pair["splits"].items()}
+    silent = {split: {n: side for n, r in table.items() if (side := silent_sides(r))}
+              for split, table in pair["splits"].items()}
+    readouts = list(dict.fromkeys([*pair["readouts"], *(n for t in pair["splits"].values() for n in t)]))
     data = {"compare": where, "a": pair["a"], "b": pair["b"], "method_a": pair["method_a"],
             "method_b": pair["method_b"], "level": result["level"], "resamples": result["resamples"],
             "seed": result["seed"], "readouts": readouts, "splits": splits,
+            "no_answers": {s: names for s, names in silent.items() if names},
             "questions": {s: q["compared"] for s, q in pair["questions"].items()}}
+    left_out = sorted({f"{n} (no answer in {side})" for names in silent.values() for n, side in names.items()})
     changes = any(r["changes"] for r in pair["ranking"].values())
     flags = "".join(f" {text}" for test, text in (
         (changes, "The ranking of A and B changes with the readout."),
+        (left_out, f"Not drawn, every answer unknown in a run: {', '.join(left_out)}."),
         (pair["mismatches"], "MISMATCHED RUNS (compared with --allow-mismatch): " + "; ".join(pair["mismatches"])),
         (pair.get("incomplete"), "INCOMPLETE RUNS: " + "; ".join(pair.get("incomplete") or []))) if test)
     level = round(result["level"] * 100)
     caption = (f"ΔF1 = F1(B) - F1(A), B {labels[1]} ({pair['method_b']['name']}) against A {labels[0]} "
                f"({pair['method_a']['name']}), per readout and split, with the paired bootstrap {level}% interval "
                f"({result['resamples']} resamples, seed {result['seed']}; questions resampled jointly) and "
-               f"McNemar's exact p on the paired correctness. Green or red: the interval excludes 0. From "
-               f"{where}.{flags}")
+               f"McNemar's exact p on the paired correctness. Green or red: the interval excludes 0. "
+               f"{MCNEMAR_LEGEND} From {where}.{flags}")
     return data, caption
 
 
@@ -201,7 +210,10 @@ def delta_by_readout(pairs: list[tuple[str, dict]]) -> list[tuple[str, dict, str
         table = {s: {label: d["splits"][s][readout] for label, d in pairs if readout in d["splits"].get(s, {})}
                  for s in splits}
         sizes = {s: {d["questions"].get(s) for _, d in pairs} - {None} for s in splits}
+        silent = {s: {label: side for label, d in pairs if (side := d.get("no_answers", {}).get(s, {}).get(readout))}
+                  for s in splits}
         data = {"readout": readout, "readouts": [label for label, _ in pairs], "splits": table,
+                "no_answers": {s: labels for s, labels in silent.items() if labels},
                 "questions": {s: n.pop() if len(n) == 1 else "varies" for s, n in sizes.items()},
                 "pairs": [{"label": label, "compare": d["compare"], "a": d["a"], "b": d["b"]} for label, d in pairs]}
         out.append((readout, data, f"ΔF1 under {readout} for every pair compared on this page (rows), per split, with "

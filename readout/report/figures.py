@@ -333,7 +333,9 @@ def delta_f1(title: str, data: dict):
         ax.axvline(0, color="black", linewidth=0.8)
         for y, name in enumerate(names):
             if name not in table:
-                ax.text(0, y, "not compared", ha="center", va="center", fontsize=7, color="#666")
+                side = data.get("no_answers", {}).get(split, {}).get(name)
+                ax.text(0, y, f"no answer in {side}" if side else "not compared", ha="center", va="center",
+                        fontsize=7, color="#666")
                 continue
             r = table[name]
             low, high = r["delta_f1_ci95"]

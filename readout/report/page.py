@@ -25,7 +25,7 @@ from ..readouts import READOUTS
 from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_json
 from ..score import score_records
 from .markup import markdown_html
-from .tables import f1_tables, format_f1_tables, group_name, model_labels
+from .tables import f1_tables, format_f1_tables, group_name, model_labels, reason_lines, reasons_of
 
 COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -174,8 +174,9 @@ def _html_table(table: dict) -> str:
     rows = "".join("<tr><td>" + html.escape(r["model"]) + f"</td><td>{r['n']}</td>" + "".join(
         f"<td><b>{c}</b></td>" if best else f"<td>{c}</td>" for c, best in zip(r["cells"], r["best"])) + "</tr>"
         for r in table["rows"])
+    notes = "".join(f"<p>{html.escape(note)}</p>" for note in table["notes"])
     return (f"<h3>F1 by readout, {html.escape(table['group'])}</h3>"
-            f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>')
+            f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table></div>{notes}')
 
 
 def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
@@ -232,6 +233,8 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
     if run.get("unavailable"):
         page.html("<p>Unavailable: " + html.escape("; ".join(f"{n} ({why})" for n, why in
                                                             run["unavailable"].items())) + "</p>")
+    page.body += [f"<p>{html.escape(line)}.</p>" for line in reason_lines(reasons_of(run["readouts"]),
+                                                                         run["n"] - run.get("errors", 0))]
     if not run["readouts"]:
         return
     folder = page.out / _slug(model) / _slug(group_name(run))

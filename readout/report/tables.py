@@ -4,6 +4,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..metrics import answered
+from ..readouts import ALL_CUT, NO_CANDIDATE, NON_FINITE
 from ..records import RECORDS_FILE, strict_json
 from ..score import POOLED
 from .cells import csv_text
@@ -16,6 +18,14 @@ CSV_COLUMNS = ("source", "dataset", "readout", "split", "n", "unknown", "F1", "a
                "yes_rate")
 
 
+# a metric over the answered questions (F1, precision, recall, yes-rate) of a readout that answered none
+NO_ANSWER = "–"
+# Why a readout answered unknown (readouts.undecidable), as the lines under a table name it
+REASON_TEXT = {ALL_CUT: "all candidates cut (every candidate logit -inf: the method's plausibility cut removed them)",
+               NON_FINITE: "non-finite logit (NaN or +inf among the candidates)",
+               NO_CANDIDATE: "no candidate id (a side of the readout's token set is empty)"}
+
+
 def rate(value: float, percent: bool = False) -> str:
     """A fraction as the tables show it: 4 decimals, or in percent 2 (as papers print 85.27)."""
     return f"{value * 100:.2f}" if percent else f"{value:.4f}"
@@ -25,11 +35,33 @@ def _rows(run: dict, percent: bool = False) -> list[list[str]]:
     rows = []
     for name, m in run["readouts"].items():
         low, high = m["f1_ci95"]
-        rows.append([name, *(str(m[k]) for k in ("tp", "tn", "fp", "fn", "unknown")),
-                     *(rate(m[k], percent) for k in ("accuracy", "precision", "recall", "f1")),
-                     f"{rate(low, percent)}-{rate(high, percent)}", rate(m["yes_rate"], percent),
+        some = answered(m) > 0
+
+        def shown(value):
+            return rate(value, percent) if some else NO_ANSWER
+
+        rows.append([name, *(str(m[k]) for k in ("tp", "tn", "fp", "fn", "unknown")), rate(m["accuracy"], percent),
+                     *(shown(m[k]) for k in ("precision", "recall", "f1")),
+                     f"{rate(low, percent)}-{rate(high, percent)}" if some else NO_ANSWER, shown(m["yes_rate"]),
                      rate(m["yes_rate_all"], percent)])
     return rows
+
+
+def reason_lines(reasons: dict[str, dict[str, int]], of: int | None = None, who: str = "") -> list[str]:
+    """'unknown, all candidates cut (...): legacy_2tok 90 of 90, ...': per reason, the readouts whose unknown
+    answers it explains (`reasons`: readout → its unknown_reasons), each with its count (of `of` answers, where
+    given); `who` names the run the line is about."""
+    by_reason: dict[str, list[str]] = {}
+    for name, counts in reasons.items():
+        for reason, count in counts.items():
+            by_reason.setdefault(reason, []).append(f"{name} {count}" + (f" of {of}" if of is not None else ""))
+    return [f"{who}unknown, {REASON_TEXT.get(reason, reason)}: {', '.join(names)}"
+            for reason, names in by_reason.items()]
+
+
+def reasons_of(readouts: dict[str, dict]) -> dict[str, dict[str, int]]:
+    """Each readout's unknown_reasons from its metrics ({} where they hold none: compare.json of an older run)."""
+    return {name: m.get("unknown_reasons") or {} for name, m in readouts.items()}
 
 
 def format_csv(runs: list[dict], percent: bool = False) -> str:
@@ -109,6 +141,7 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         for name, why in run.get("unavailable", {}).items():
             by_reason.setdefault(why, []).append(name)
         parts += [f"unavailable: {', '.join(names)} ({why})" for why, names in by_reason.items()]
+        parts += reason_lines(reasons_of(run["readouts"]), run["n"] - run.get("errors", 0))
         if run.get("capped"):
             parts.append("text cut at max_new_tokens: " + ", ".join(f"{n} {c} of {run['n'] - run.get('errors', 0)}"
                                                                       for n, c in run["capped"].items()))
@@ -200,27 +233,38 @@ def row_labels(runs: list[dict]) -> dict[str, str]:
 
 def f1_tables(runs: list[dict], percent: bool = False) -> list[dict]:
     """The models x readouts F1 table of each dataset and split (the paper's multi-model table):
-    {"group", "readouts", "rows": [{"model", "n", "cells", "best"}]}; a cell is F1 to 4 places, "-"
-    where that model's records cannot supply the readout (or hold no answer at all); best marks each
-    row's highest F1; n names the error records among the questions."""
+    {"group", "readouts", "rows": [{"model", "n", "cells", "best"}], "notes"}; a cell is F1 to 4 places, "-"
+    where that model's records cannot supply the readout (or hold no answer at all), "–" where the readout
+    answered no question (every answer unknown: it has no F1); best marks each row's highest F1 among the
+    readouts that answered; n names the error records among the questions; notes, one per model and reason,
+    say which cells hold answers a readout could not decide and why (every candidate cut by a method), so that
+    no table is silently made of them."""
     labels = row_labels(runs)
     tables: dict[str, dict] = {}
     for run in runs:
-        table = tables.setdefault(group_name(run), {"group": group_name(run), "readouts": [], "rows": []})
+        table = tables.setdefault(group_name(run), {"group": group_name(run), "readouts": [], "rows": [],
+                                                    "notes": []})
         table["readouts"] += [n for n in run["readouts"] if n not in table["readouts"]]
     for run in runs:
         table = tables[group_name(run)]
-        # a run with no answered question (every record an error) has no F1 to show, nor a best one
-        f1 = {n: m["f1"] for n, m in run["readouts"].items()} if run["n"] > run.get("errors", 0) else {}
+        scored = run["n"] > run.get("errors", 0)  # a run with no answered question (every record an error)
+        f1 = {n: m["f1"] for n, m in run["readouts"].items() if answered(m)} if scored else {}
         top = max(f1.values(), default=None)
         errors = run.get("errors", 0)
         n = f"{run['n']} ({errors} errors)" if errors else run["n"]
-        table["rows"].append({"model": labels[run["source"]], "n": n,
-                              "cells": [rate(f1[n], percent) if n in f1 else "-" for n in table["readouts"]],
+        model = labels[run["source"]]
+
+        def cell(name):
+            if name in f1:
+                return rate(f1[name], percent)
+            return NO_ANSWER if scored and name in run["readouts"] else "-"
+
+        table["rows"].append({"model": model, "n": n, "cells": [cell(n) for n in table["readouts"]],
                               "values": [f1.get(n) for n in table["readouts"]],  # full precision
                               # bold what reads as the best: readouts tied at the shown decimals all are
                               "best": [n in f1 and rate(f1[n], percent) == rate(top, percent)
                                        for n in table["readouts"]]})
+        table["notes"] += reason_lines(reasons_of(run["readouts"]), run["n"] - errors, f"{model}: ")
     return list(tables.values())
 
 
@@ -244,16 +288,19 @@ def _latex_table(table: dict, percent: bool = False) -> str:
              rf"\begin{{tabular}}{{lr{'r' * len(table['readouts'])}}}", r"\toprule", " & ".join(header) + r" \\",
              r"\midrule"]
     for row in table["rows"]:
-        cells = [rf"\textbf{{{c}}}" if best else c for c, best in zip(row["cells"], row["best"])]
+        cells = [rf"\textbf{{{c}}}" if best else "--" if c == NO_ANSWER else c  # LaTeX's en dash
+                 for c, best in zip(row["cells"], row["best"])]
         lines.append(" & ".join([latex_escape(row["model"]), str(row["n"])] + cells) + r" \\")
-    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}", r"\end{table}"])
+    notes = [rf"\par\smallskip{{\footnotesize {latex_escape(note)}}}" for note in table["notes"]]
+    return "\n".join(lines + [r"\bottomrule", r"\end{tabular}", *notes, r"\end{table}"])
 
 
 def _markdown_f1_table(table: dict, percent: bool = False) -> str:
     rows = [[row["model"], str(row["n"])] + [f"**{c}**" if best else c for c, best in zip(row["cells"], row["best"])]
             for row in table["rows"]]
+    notes = "".join(f"\n\n{note}" for note in table["notes"])
     return f"### {_unit(percent)} by readout, {table['group']} (best per model in bold)\n\n" + \
-        markdown_table(["model", "n"] + table["readouts"], rows)
+        markdown_table(["model", "n"] + table["readouts"], rows) + notes
 
 
 def format_f1_tables(runs: list[dict], fmt: str = "markdown", percent: bool = False) -> str:

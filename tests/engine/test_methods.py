@@ -182,6 +182,15 @@ def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path)
         run_pope(engine, questions, images, tmp_path / "paired/vcd")
 
 
+def _score_output(out) -> str:
+    """What `pope-fast score` prints for a paired run's folder."""
+    from click.testing import CliRunner
+
+    from pope_fast.cli import main
+
+    return CliRunner().invoke(main, ["score", str(out)]).output
+
+
 def test_eval_with_methods_then_compare_on_the_command_line(checkpoint, tmp_path):
     from click.testing import CliRunner
     from tinymodels import write_pope_set
@@ -205,6 +214,15 @@ def test_eval_with_methods_then_compare_on_the_command_line(checkpoint, tmp_path
     cell = pair["splits"]["random"]["template_aware"]
     assert cell["delta_f1"] == cell["f1_b"] - cell["f1_a"] and 0 <= cell["mcnemar_p"] <= 1  # full precision
     assert set(cell["flips"]) == {"yes_to_no", "no_to_yes"} and len(cell["delta_f1_ci95"]) == 2
+    # every readout's answers with every candidate cut (null in the records): counted as such, per method (issue 48)
+    sets = json.loads((out / "vcd" / "meta.json").read_text())["token_sets"]
+    vcd = [json.loads(line) for line in _lines(out / "vcd")]
+    for name in ("template_aware", "legacy_2tok"):
+        ids = [str(i) for i in sets[name]["yes_ids"] + sets[name]["no_ids"]]
+        cut = sum(all(r["candidate_logits"][i] is None for i in ids) for r in vcd if r["split"] == "random")
+        b = cell["b"] if name == "template_aware" else pair["splits"]["random"][name]["b"]
+        assert b["unknown_reasons"] == ({"all candidates cut": cut} if cut else {}) and b["unknown"] >= cut
+        assert (f"{name} {cut} of" in _score_output(out)) == (cut > 0)
     # a contrastive method with a text readout named explicitly is refused before any work
     refused = CliRunner().invoke(main, inputs + ["--readouts", "string_parse", "--method", "vcd"])
     assert refused.exit_code != 0 and "method vcd combines logits at the answer position" in refused.output

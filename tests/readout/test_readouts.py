@@ -3,8 +3,9 @@ import math
 import pytest
 
 from pope_fast.readout import READOUTS, TokenSets, parse_readouts
-from pope_fast.readout.readouts import (compare_max_logits, exact_match, first_token_decision,
-                                        lmms_eval_scored_text, pope_official, string_parse)
+from pope_fast.readout.readouts import (ALL_CUT, NO_CANDIDATE, NON_FINITE, compare_max_logits, exact_match,
+                                        first_token_decision, lmms_eval_scored_text, pope_official, string_parse,
+                                        undecidable)
 
 SETS = TokenSets(yes_ids=(10, 11), no_ids=(20, 21))
 
@@ -19,7 +20,28 @@ def test_compare_max_logits(logits, expected):
     assert compare_max_logits(logits, SETS) == expected
 
 
+CUT = -math.inf  # what VCD's, PAI's and ICD's plausibility cut gives a token below beta · max p
+
+
+@pytest.mark.parametrize("logits, expected, reason", [
+    ({10: CUT, 11: CUT, 20: CUT, 21: CUT}, "unknown", ALL_CUT),  # was "no": -inf > -inf is false
+    ({10: CUT, 11: CUT, 20: CUT, 21: -3.0}, "no", None),         # the cut left a no candidate: the method's answer
+    ({10: CUT, 11: -3.0, 20: CUT, 21: CUT}, "yes", None),        # ... or a yes candidate
+    ({10: 1.0, 11: math.nan, 20: 0.0, 21: 0.0}, "unknown", NON_FINITE),  # max(1.0, nan) is 1.0: a NaN would hide
+    ({10: 1.0, 11: 2.0, 20: math.nan, 21: 0.0}, "unknown", NON_FINITE),  # a NaN on the losing side too
+    ({10: math.inf, 11: 0.0, 20: 0.0, 21: 0.0}, "unknown", NON_FINITE),  # +inf is an overflow, not a yes
+    ({10: math.inf, 11: 0.0, 20: math.inf, 21: 0.0}, "unknown", NON_FINITE),  # was "no": inf > inf is false
+    ({10: CUT, 11: CUT, 20: math.nan, 21: CUT}, "unknown", NON_FINITE),  # a fault is named before the cut
+], ids=["all-cut", "yes-side-cut", "no-side-cut", "nan-behind-a-finite-yes", "nan-on-the-no-side", "plus-inf",
+        "plus-inf-both", "nan-among-cut"])
+def test_a_readout_with_no_candidate_left_answers_unknown_and_says_why(logits, expected, reason):
+    assert compare_max_logits(logits, SETS) == expected
+    assert undecidable(logits, SETS) == reason
+    assert READOUTS["template_aware"](SETS, logits, None, None) == expected  # the engine's live decision too
+
+
 def test_empty_side_is_unknown():
+    assert undecidable({10: 9.0}, TokenSets((10,), ())) == NO_CANDIDATE
     assert compare_max_logits({10: 9.0}, TokenSets((10,), ())) == "unknown"
     assert first_token_decision(10, TokenSets((), (20,))) == "unknown"
 

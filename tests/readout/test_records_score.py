@@ -162,7 +162,8 @@ def test_score_cli_json_shape(shared):
     assert result.exit_code == 0, result.output
     [run] = json.loads(result.output)["runs"]
     assert set(run["readouts"]["legacy_8tok"]) == {"tp", "tn", "fp", "fn", "unknown", "accuracy", "precision",
-                                                   "recall", "f1", "f1_ci95", "yes_rate", "yes_rate_all"}
+                                                   "recall", "f1", "f1_ci95", "yes_rate", "yes_rate_all",
+                                                   "unknown_reasons"}
     assert list(run["mcnemar"]) == ["legacy_2tok vs legacy_8tok"]
     bad = CliRunner().invoke(main, ["score", str(shared / FIXTURE), "--readouts", "template_aware"])
     assert bad.exit_code != 0 and "no token sets" in bad.output

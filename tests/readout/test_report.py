@@ -128,13 +128,18 @@ def _markdown_cells(md: str) -> list[list[list[str]]]:
     return tables
 
 
+def _answered(f1: float) -> dict:
+    """A readout's metrics as the F1 tables read them: its F1 and counts of a readout that answered."""
+    return {"f1": f1, "tp": 1, "tn": 1, "fp": 1, "fn": 0, "unknown": 0}
+
+
 def test_latex_and_markdown_tables_agree_cell_for_cell():
     runs = [{"source": "runs/llava_1.5/records.jsonl", "dataset": "coco", "split": "adversarial", "n": 3000,
-             "readouts": {"legacy_2tok": {"f1": 0.7608}, "template_aware": {"f1": 0.8221}}},
+             "readouts": {"legacy_2tok": _answered(0.7608), "template_aware": _answered(0.8221)}},
             {"source": "runs/qwen&co/records.jsonl", "dataset": "coco", "split": "adversarial", "n": 3000,
-             "readouts": {"legacy_2tok": {"f1": 0.85}, "template_aware": {"f1": 0.85}}},
+             "readouts": {"legacy_2tok": _answered(0.85), "template_aware": _answered(0.85)}},
             {"source": "ugaa_pope_random.json", "split": "random", "n": 600,
-             "readouts": {"legacy_8tok": {"f1": 0.5}}}]
+             "readouts": {"legacy_8tok": _answered(0.5)}}]
     md, tex = format_f1_tables(runs, "markdown"), format_f1_tables(runs, "latex")
     assert _latex_cells(tex) == _markdown_cells(md) == [
         [["model", "n", "legacy_2tok", "template_aware"], ["llava_1.5", "3000", "0.7608", "0.8221"],
@@ -153,7 +158,7 @@ def test_latex_compiles_as_a_fragment(tmp_path):
     if engine is None:
         pytest.skip("no LaTeX engine (pdflatex, lualatex, xelatex, tectonic) on this machine")
     runs = [{"source": "runs/a_b&c%#~^{x}/records.jsonl", "dataset": "gqa", "split": "random", "n": 10,
-             "readouts": {"legacy_2tok": {"f1": 0.5}, "exact_match": {"f1": 0.25}}}]
+             "readouts": {"legacy_2tok": _answered(0.5), "exact_match": _answered(0.25)}}]
     (tmp_path / "t.tex").write_text("\\documentclass{article}\n\\usepackage{booktabs}\n\\begin{document}\n"
                                     + format_f1_tables(runs, "latex") + "\n\\end{document}\n")
     args = [engine, "t.tex"] if engine == "tectonic" else [engine, "-interaction=nonstopmode", "-halt-on-error", "t.tex"]
