@@ -113,7 +113,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         raise ValueError("with --model, give --questions (and --images unless the questions embed them)")
     device = job.settings["device"]
     progress = progress or no_progress
-    protocol = _protocol_options(job)
+    _protocol_options(job)  # its options checked before anything loads
     demo_tokens = DEMO_TOKENS if job.model_dir is None else None  # the random model never ends a sentence
     options = {k: v for k, v in job.settings.items() if v is not None or k not in ("image_aspect",)}
     settings = Settings(**{**options, "device": shard.device(device) if shard else device,
@@ -187,6 +187,9 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         engine = load_engine(model_dir, settings, backend=job.backend, template=template, readouts=job.readouts,
                              cache_dir=job.cache_dir, lengths=lengths)
         if engine.model.backend == "transformers" and lead:
+            if engine.model.misfit:  # a family's model_type holding another language model or tower
+                notice(f"{engine.model.misfit}; it runs as a model without a family: on the transformers backend, with "
+                       "the checkpoint's own chat template and processor")
             notice(f"{engine.model.name}: the reference path (transformers' own class, every prompt whole: no prefix "
                    "reuse, no feature cache)")
         questions = _limited(questions, job.limit)
