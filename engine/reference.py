@@ -217,7 +217,7 @@ def first_line(why: BaseException) -> str:
     text = re.split(r"(?<=\.) ", text, maxsplit=1)[0]
     # ModuleNotFoundError names the module; transformers' requires_backends says "requires the Torchvision library"
     named = getattr(why, "name", None) or next(iter(re.findall(r"requires the (\w+) library", text)), None)
-    return f"{text}; missing package: {named.lower()}" if isinstance(why, ImportError) and named else text
+    return f"{text.rstrip('.')}; missing package: {named.lower()}" if isinstance(why, ImportError) and named else text
 
 
 def _processor(folder: Path):

@@ -157,7 +157,7 @@ def test_a_checkpoint_without_a_chat_template_whose_processor_needs_one_is_refus
 
 
 @pytest.mark.parametrize("raised, reason", [
-    ("torchvision", "Qwen2VLVideoProcessor requires the Torchvision library but it was not found in your environment.; "
+    ("torchvision", "Qwen2VLVideoProcessor requires the Torchvision library but it was not found in your environment; "
                     "missing package: torchvision"),
     (ModuleNotFoundError("No module named 'decord'", name="decord"), "No module named 'decord'; missing package: "
                                                                       "decord"),
