@@ -174,7 +174,7 @@ class ReferenceModel:
         try:
             self.inputs.processor(text=["Is there a dog?"], return_tensors="pt")
         except (ValueError, TypeError) as why:
-            return f"its processor takes no prompt without an image ({first_line(why)})"
+            return f"its processor takes no prompt without an image ({error_reason(why)})"
         return None
 
     def preprocess_settings(self) -> dict:
@@ -210,7 +210,7 @@ class ReferenceModel:
         return 2.0 * params * (counts.suffix_tokens + counts.decode_steps)
 
 
-def first_line(why: BaseException) -> str:
+def error_reason(why: BaseException) -> str:
     """An exception's message for a one-line error: its first sentence of text (transformers' import errors start
     with a newline and run to lines of install advice) and, for a package that is not installed, its name."""
     text = next((line.strip() for line in str(why).splitlines() if line.strip()), type(why).__name__)
@@ -226,7 +226,7 @@ def _processor(folder: Path):
     try:
         return AutoProcessor.from_pretrained(str(folder))
     except (OSError, ValueError, ImportError) as why:
-        raise CheckpointError(f"{folder}: transformers' processor does not load ({first_line(why)})") from None
+        raise CheckpointError(f"{folder}: transformers' processor does not load ({error_reason(why)})") from None
 
 
 def _tokenizer(folder: Path):

@@ -18,10 +18,10 @@ from PIL import Image
 from ..readout.templates import SAMPLE_QUESTION
 from .core import Engine, Prepared
 from .generation import GreedyRules
+from .loader import CheckpointError
 from .methods import Method, diffusion_noise, noise_generator
 from .plan import PromptResult
-from .loader import CheckpointError
-from .reference import ReferenceModel, first_line
+from .reference import ReferenceModel, error_reason
 from .runner import ImagePrompts, Runner
 from .settings import Settings
 from .stats import Clock
@@ -191,7 +191,7 @@ class ReferenceEngine(Engine):
                 "; the checkpoint has no chat template (tokenizer_config.json's chat_template, chat_template.json or "
                 "chat_template.jinja) to render the prompt with")
             raise CheckpointError(f"{self.model.folder}: {processor} finds no place for the image in template "
-                                  f"{self.template.name}'s prompt ({first_line(why)}){missing}") from None
+                                  f"{self.template.name}'s prompt ({error_reason(why)}){missing}") from None
 
     @classmethod
     def load(cls, folder, settings: Settings | None = None, *, template: str | None = None, readouts=None,

@@ -117,6 +117,7 @@ def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backe
     prompt; --template reference_chat taken), saying why; the engine refuses it in one line naming what it holds."""
     from transformers import AutoProcessor
 
+    from pope_fast.engine.models import protocol_coverage
     from pope_fast.engine.synthetic.llava import write_interleave_checkpoint
 
     folder = write_interleave_checkpoint(tmp_path / "interleave").resolve()
@@ -129,6 +130,10 @@ def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backe
     assert engine.prompt(ASKED[0]) == own == f"USER: <image>\n{ASKED[0]} Answer yes or no only. ASSISTANT:"
     named = load_engine(folder, Settings(), backend="transformers", template="reference_chat", readouts="yorn")
     assert named.prompt(ASKED[0]) == own
+    # no tool's LLaVA-1.5 entry (its Vicuna prompt) is taken for it: the protocols without a model class run its own
+    covered = protocol_coverage(folder)
+    assert covered["paper"]["template"] == covered["pope-official"]["template"] == "reference_chat"
+    assert covered["lmms-eval"] == {"not_covered": "protocol lmms-eval does not cover llava (transformers): no entry"}
     refusal = f"{folder}/config.json: {INTERLEAVE}; --backend transformers runs it through transformers' own class"
     for load in (lambda: load_engine(folder, Settings(), backend="engine"), lambda: Engine.load(folder, Settings())):
         with pytest.raises(CheckpointError) as err:
