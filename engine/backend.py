@@ -1,12 +1,12 @@
-"""Which backend runs a checkpoint: the engine where it has a family for the model_type, transformers' own class
-otherwise (reference_engine.ReferenceEngine), or the one `--backend` names."""
+"""Which backend runs a checkpoint: the engine where it has a family that fits it (models.family_of), transformers'
+own class otherwise (reference_engine.ReferenceEngine), or the one `--backend` names."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from .core import Engine
 from .loader import CheckpointError, read_config
-from .models import FAMILIES, unsupported
+from .models import engine_refusal
 from .reference_engine import ReferenceEngine
 from .settings import Settings
 
@@ -15,20 +15,21 @@ BACKENDS = ("auto", "engine", "transformers")
 
 def resolve_backend(folder: Path, backend: str = "auto") -> str:
     """"engine" or "transformers" for the checkpoint in `folder`; CheckpointError where the engine is asked for a
-    model_type it has no family for."""
+    checkpoint it has no family for (its model_type's, or one whose language model and tower it implements)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
     # why: transformers' registry loads with transformers, which a checkpoint the engine runs never needs
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MAPPED
 
-    model_type = read_config(folder).get("model_type")
-    if backend == "engine" and model_type not in FAMILIES:
-        raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}; --backend transformers runs it "
-                              "through transformers' own class")
-    if backend == "auto" and model_type not in FAMILIES and model_type not in MAPPED:
-        raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}, and transformers has no "
-                              "image-text-to-text class for it")
-    return "engine" if backend != "transformers" and model_type in FAMILIES else "transformers"
+    config = read_config(folder)
+    why = engine_refusal(config)  # no family for its model_type, or one that does not fit what it holds
+    if backend == "engine" and why is not None:
+        raise CheckpointError(f"{folder}/config.json: {why}; --backend transformers runs it through transformers' "
+                              "own class")
+    if backend == "auto" and why is not None and config.get("model_type") not in MAPPED:
+        raise CheckpointError(f"{folder}/config.json: {why}, and transformers has no image-text-to-text class for "
+                              "it")
+    return "engine" if backend != "transformers" and why is None else "transformers"
 
 
 def load_engine(folder: str | Path, settings: Settings | None = None, *, backend: str = "auto", **kwargs) -> Engine:

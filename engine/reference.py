@@ -5,6 +5,7 @@ NF4 as transformers' bitsandbytes integration quantizes it; its processor and ch
 from __future__ import annotations
 
 import inspect
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from safetensors import SafetensorError
 
 from .loader import (INDEX_BUFFERS, CheckpointError, check_stored, generation_config, quiet_fallback, read_config,
                      refuse_names, stop_ids)
-from .models import family_of
+from .models import family_of, misfit
 from .settings import Settings
 
 # generation_config fields of sampling, which a greedy generate does not read (left out, as it warns of them)
@@ -68,8 +69,7 @@ def load_reference(checkpoint: Path, settings: Settings):
         if isinstance(why, CheckpointError):
             raise
         raise CheckpointError(f"{checkpoint}: transformers' {config.get('model_type')} class does "
-                              f"not load it ({type(why).__name__}: {str(why).splitlines()[0] if str(why) else ''})"
-                              ) from None
+                              f"not load it ({type(why).__name__}: {error_reason(why)})") from None
     finally:
         report.removeFilter(_no_load_report)
         if bar:
@@ -147,7 +147,8 @@ class ReferenceModel:
     """A checkpoint as transformers runs it, declaring what the engine's families declare (family.Family's
     names): its model_type, tokenizer, stop ids, generation config, template, the language model's shape. A
     family's checkpoint keeps the family's templates and processor (`--backend transformers` on it); any other
-    renders its chat template (else the question as it is) and the processor places the image's tokens."""
+    renders its chat template (else the question as it is) and the processor places the image's tokens: a checkpoint
+    of no family's model_type, or of one whose language model or tower the family does not implement (misfit)."""
 
     backend = "transformers"
     features_per_prompt = False
@@ -156,7 +157,8 @@ class ReferenceModel:
         config = read_config(folder)
         self.folder, self.settings, self.config = folder, settings, config
         self.family = config.get("model_type")
-        family = family_of(self.family)
+        family = family_of(config)
+        self.misfit = misfit(config)  # why its model_type's family does not run it (it runs as one without), or None
         self.name = f"{family.name if family else self.family} (transformers)"
         self.model = load_reference(folder, settings)
         self.inputs = ReferenceInputs(folder, settings, family)
@@ -200,7 +202,7 @@ class ReferenceModel:
         try:
             self.inputs.processor(text=["Is there a dog?"], return_tensors="pt")
         except (ValueError, TypeError) as why:
-            return f"its processor takes no prompt without an image ({str(why).splitlines()[0]})"
+            return f"its processor takes no prompt without an image ({error_reason(why)})"
         return None
 
     def preprocess_settings(self) -> dict:
@@ -236,14 +238,23 @@ class ReferenceModel:
         return 2.0 * params * (counts.suffix_tokens + counts.decode_steps)
 
 
+def error_reason(why: BaseException) -> str:
+    """An exception's message for a one-line error: its first sentence of text (transformers' import errors start
+    with a newline and run to lines of install advice) and, for a package that is not installed, its name."""
+    text = next((line.strip() for line in str(why).splitlines() if line.strip()), type(why).__name__)
+    text = re.split(r"(?<=\.) ", text, maxsplit=1)[0]
+    # ModuleNotFoundError names the module; transformers' requires_backends says "requires the Torchvision library"
+    named = getattr(why, "name", None) or next(iter(re.findall(r"requires the (\w+) library", text)), None)
+    return f"{text.rstrip('.')}; missing package: {named.lower()}" if isinstance(why, ImportError) and named else text
+
+
 def _processor(folder: Path):
     from transformers import AutoProcessor
 
     try:
         return AutoProcessor.from_pretrained(str(folder))
     except (OSError, ValueError, ImportError) as why:
-        raise CheckpointError(f"{folder}: transformers' processor does not load ({str(why).splitlines()[0]})") \
-            from None
+        raise CheckpointError(f"{folder}: transformers' processor does not load ({error_reason(why)})") from None
 
 
 def _tokenizer(folder: Path):

@@ -18,9 +18,10 @@ from PIL import Image
 from ..readout.templates import SAMPLE_QUESTION
 from .core import Engine, Prepared
 from .generation import GreedyRules
+from .loader import CheckpointError
 from .methods import Method, diffusion_noise, noise_generator
 from .plan import PromptResult
-from .reference import ReferenceModel
+from .reference import ReferenceModel, error_reason
 from .runner import ImagePrompts, Runner
 from .settings import Settings
 from .stats import Clock
@@ -173,6 +174,24 @@ class ReferenceEngine(Engine):
         # A family's processor (--backend transformers on it) tokenizes as the family's reference does.
         if model.inputs.own_processor and self.template.chat:
             model.inputs.special_tokens = False
+        if model.inputs.own_processor and not self.template.chat:
+            self._check_plain_prompt()
+
+    def _check_plain_prompt(self) -> None:
+        """A prompt no chat template rendered (reference_plain: the question alone; a tool's own string) leaves the
+        image's place to the processor: BLIP-2's and PaliGemma's put its tokens before the text themselves,
+        Idefics3's looks for its `<image>` in the text. Tried once with an image at load: a processor that finds no
+        place is refused in one line naming the template, and the checkpoint's missing chat template where it has
+        none (the run would otherwise stop at its first image on the processor's own count of image tokens)."""
+        try:
+            self.model.inputs([Image.new("RGB", (224, 224))], [self.prompt(SAMPLE_QUESTION)])
+        except ValueError as why:
+            processor = type(self.model.inputs.processor).__name__
+            missing = "" if getattr(self.model.tokenizer, "chat_template", None) else (
+                "; the checkpoint has no chat template (tokenizer_config.json's chat_template, chat_template.json or "
+                "chat_template.jinja) to render the prompt with")
+            raise CheckpointError(f"{self.model.folder}: {processor} finds no place for the image in template "
+                                  f"{self.template.name}'s prompt ({error_reason(why)}){missing}") from None
 
     @classmethod
     def load(cls, folder, settings: Settings | None = None, *, template: str | None = None, readouts=None,

@@ -188,6 +188,9 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         engine = load_engine(model_dir, settings, backend=job.backend, template=template, readouts=job.readouts,
                              cache_dir=job.cache_dir, lengths=lengths)
         if engine.model.backend == "transformers" and lead:
+            if engine.model.misfit:  # a family's model_type holding another language model or tower
+                notice(f"{engine.model.misfit}; it runs as a model without a family: on the transformers backend, with "
+                       "the checkpoint's own chat template and processor")
             notice(f"{engine.model.name}: the reference path (transformers' own class, every prompt whole: no prefix "
                    "reuse, no feature cache)")
         questions = _limited(questions, job.limit)

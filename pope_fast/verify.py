@@ -23,7 +23,7 @@ from PIL import Image
 
 from .engine import Engine, Settings
 from .engine.loader import read_config
-from .engine.models import family_class
+from .engine.models import engine_refusal, family_class
 from .engine.reference import ReferenceModel
 from .engine.synthetic import builtin_questions, write_images
 from .readout import LOGIT_READOUTS
@@ -81,12 +81,11 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
     verdict = Verdict(str(model_dir))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     images_dir = None if images_dir is None else Path(images_dir)
-    model_type = read_config(Path(model_dir)).get("model_type")
-    try:
-        family = family_class(model_type)
-    except ValueError as why:  # no family: the transformers backend is the only path, so nothing to hold it against
-        verdict.nothing_to_compare = str(why)
+    config = read_config(Path(model_dir))
+    if (why := engine_refusal(config)) is not None:  # no family that fits: the backend is the only path
+        verdict.nothing_to_compare = why
         return verdict
+    family = family_class(config["model_type"])
     if family.reference_unavailable:
         verdict.nothing_to_compare = family.reference_unavailable
         return verdict

@@ -3,6 +3,7 @@
 its module here, one line in FAMILIES and its test file."""
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -10,7 +11,7 @@ from pathlib import Path
 import json
 
 from ...readout.protocols import PROTOCOLS, Coverage, coverage, get_template
-from ..loader import CheckpointError, check_config, checkpoint_dtype, read_config
+from ..loader import CheckpointError, check_config, checkpoint_dtype, quiet_fallback, read_config
 from ..settings import DTYPES, Settings
 from .base import Family, TextOnlyRefused  # noqa: F401 (re-exported: the engine's public refusal)
 
@@ -75,9 +76,56 @@ def family_class(model_type: str) -> type[Family]:
     return getattr(importlib.import_module(f"{__package__}.{module}"), name)
 
 
-def family_of(model_type: str | None) -> type[Family] | None:
-    """The family of a model_type, or None where the engine has none (the transformers backend runs it)."""
-    return family_class(model_type) if model_type in FAMILIES else None
+def inner_types(config: dict) -> dict[str, str] | None:
+    """The model_type of each sub-config of a checkpoint's config.json (text_config, vision_config, ...) as
+    transformers' config class of its model_type builds them, the class's default where the file names none; None
+    where transformers has no such class or cannot build it (the family's own loading then names what is wrong)."""
+    built = _built_inner_types(json.dumps(config, sort_keys=True))
+    return None if built is None else dict(built)
+
+
+@functools.lru_cache(maxsize=8)  # one checkpoint's config is asked for by the backend's choice, each protocol, the load
+def _built_inner_types(text: str) -> tuple[tuple[str, str], ...] | None:
+    # why: the config classes are transformers', which a checkpoint with no sub-configs to check never loads
+    from huggingface_hub.errors import StrictDataclassError
+    from transformers import CONFIG_MAPPING
+
+    config = json.loads(text)
+    try:
+        with quiet_fallback():
+            built = CONFIG_MAPPING[config["model_type"]].from_dict(config)
+    except (KeyError, ValueError, TypeError, ArithmeticError, AttributeError, StrictDataclassError):
+        return None  # a config its class cannot build: the family's loading names the field (loader.check_config)
+    return tuple((name, getattr(getattr(built, name, None), "model_type", None)) for name in built.sub_configs)
+
+
+def misfit(config: dict) -> str | None:
+    """Why the engine's family of a checkpoint's model_type does not run it, in words for one line: a sub-config of
+    a model_type the family does not implement (llava-interleave: a llava of a Qwen2 language model and a SigLIP
+    tower, which LLaVA-1.5's code would load as Vicuna and CLIP); None where it fits or no family has the
+    model_type."""
+    model_type = config.get("model_type")
+    family = family_class(model_type) if model_type in FAMILIES else None
+    found = inner_types(config) if family is not None and family.inner_types else None
+    if found is None or all(found.get(name) in types for name, types in family.inner_types.items()):
+        return None
+    held = " and ".join(f"{name} {found.get(name)!r}" for name in family.inner_types)
+    runs = " and ".join(f"{name} {' or '.join(map(repr, types))}" for name, types in family.inner_types.items())
+    return f"model_type {model_type!r} with {held}: the engine's {family.name} implements {runs}"
+
+
+def engine_refusal(config: dict) -> str | None:
+    """Why the engine does not run a checkpoint (no family for its model_type, or a family its sub-configs do not
+    fit), in words for one line; None where it does."""
+    model_type = config.get("model_type")
+    return unsupported(model_type) if model_type not in FAMILIES else misfit(config)
+
+
+def family_of(config: dict) -> type[Family] | None:
+    """The engine's family of a checkpoint, recognised by what its config.json holds (its model_type, and the
+    sub-configs' model_types the family implements); None where the engine has none that fits (the transformers
+    backend runs it)."""
+    return family_class(config["model_type"]) if engine_refusal(config) is None else None
 
 
 def load_model(folder: str | Path, settings: Settings) -> Family:
@@ -88,6 +136,9 @@ def load_model(folder: str | Path, settings: Settings) -> Family:
     if model_type not in FAMILIES:
         raise CheckpointError(f"{folder}/config.json: {unsupported(model_type)}")
     check_config(config, folder / "config.json")
+    if (why := misfit(config)) is not None:
+        raise CheckpointError(f"{folder}/config.json: {why}; --backend transformers runs it through transformers' "
+                              "own class")
     return family_class(model_type)(folder, settings)
 
 
@@ -104,12 +155,16 @@ class ReferenceFacts:
 
 
 def model_facts(folder: Path, config: dict):
-    """The family of the checkpoint's model_type, or its ReferenceFacts where the engine has none."""
+    """The engine's family of the checkpoint, or its ReferenceFacts where the engine has none that fits."""
     model_type = config.get("model_type")
-    if (family := family_of(model_type)) is not None:
+    if (family := family_of(config)) is not None:
         return family
     template = "reference_chat" if _has_chat_template(folder) else "reference_plain"
-    return ReferenceFacts(model_type, f"{model_type} (transformers)", str(model_type), template)
+    # a tool's coverage is keyed by model_type and follows its family's kind of checkpoint: a checkpoint the family
+    # does not fit is keyed by what it holds, which no tool's table names
+    held = inner_types(config) if model_type in FAMILIES else None
+    key = model_type if held is None else f"{model_type} ({' + '.join(map(str, held.values()))})"
+    return ReferenceFacts(key, f"{model_type} (transformers)", str(model_type), template)
 
 
 def protocol_for(folder: str | Path, name: str) -> Coverage:

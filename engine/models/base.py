@@ -62,6 +62,11 @@ class Family:
     processor_bounds: ClassVar[dict[str, tuple[str, str]]] = {}
     reference_unavailable: ClassVar[str | None] = None  # why bench has no transformers pipeline to time
     backend: ClassVar[str] = "engine"  # what runs it (meta.json's model.backend; the other: reference.ReferenceModel)
+    # The model_types of the sub-configs the family implements (text_config, vision_config), as transformers' config
+    # class builds them from config.json (its default where the file names none): a checkpoint of the family's
+    # model_type with another language model or tower inside (llava-interleave: a llava of Qwen2 and SigLIP) is not
+    # the family's, and runs on the transformers backend. Empty: the family reads its own config (no such class).
+    inner_types: ClassVar[dict[str, tuple[str, ...]]] = {}
 
     tokenizer: object
     lm: DecoderLM

@@ -157,6 +157,7 @@ class Gemma3Model(Family):
     family = "gemma3"
     name = "Gemma 3"
     seed_model = "Gemma-3-4B-it"
+    inner_types = {"text_config": ("gemma3_text",), "vision_config": ("siglip_vision_model",)}
     default_template = "gemma3_chat"
     image_marker = BOI
     own_aspect = "resizes every image to its square"

@@ -42,6 +42,7 @@ class InstructBlipModel(Family):
     family = "instructblip"
     name = "InstructBLIP"
     seed_model = "InstructBLIP-Vicuna-7B"
+    inner_types = {"text_config": ("llama",), "vision_config": ("instructblip_vision_model",)}  # Vicuna
     default_template = "instructblip"
     image_marker = ""  # the image enters through the Q-Former, ahead of the text
     features_per_prompt = True

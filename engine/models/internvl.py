@@ -41,6 +41,7 @@ class InternVLModel(LlavaModel):
     family = "internvl"
     name = "InternVL3"
     seed_model = "InternVL3-8B"
+    inner_types = {"text_config": ("qwen2",), "vision_config": ("internvl_vision",)}  # Qwen2.5, InternViT
     default_template = "internvl_chat"
     image_marker = CONTEXT
     own_aspect = "tiles every image its own way"

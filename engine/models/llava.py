@@ -49,6 +49,7 @@ class LlavaModel(Family):
     family = "llava"
     name = "LLaVA-1.5"
     seed_model = "LLaVA-1.5-7B"
+    inner_types = {"text_config": ("llama",), "vision_config": ("clip_vision_model",)}  # Vicuna, CLIP
     default_template = "llava_plain"
     image_marker = "<image>"
     own_aspect = None  # original LLaVA pads to square: Settings.image_aspect "pad" reproduces it

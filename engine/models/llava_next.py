@@ -33,6 +33,7 @@ class LlavaNextModel(LlavaModel):
     family = "llava_next"
     name = "LLaVA-NeXT"
     seed_model = "LLaVA-1.6-Mistral-7B"
+    inner_types = {"text_config": ("llama", "mistral"), "vision_config": ("clip_vision_model",)}
     default_template = "mistral_inst"
     own_aspect = "tiles every image its own way"
     name_rules = [(r"^(?:model\.)?image_newline$", "extra.image_newline"), *NAME_RULES]

@@ -41,6 +41,7 @@ class LlavaOnevisionModel(LlavaNextModel):
     family = "llava_onevision"
     name = "LLaVA-OneVision"
     seed_model = "LLaVA-OneVision-Qwen2-7B-OV"
+    inner_types = {"text_config": ("qwen2",), "vision_config": ("siglip_vision_model",)}
     default_template = "llava_onevision_chat"
     own_aspect = "tiles every image its own way"
     tower_class = "SiglipVisionModel"

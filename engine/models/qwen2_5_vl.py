@@ -21,6 +21,7 @@ class Qwen2_5_VLModel(Qwen2VLModel):
     family = "qwen2_5_vl"
     name = "Qwen2.5-VL"
     seed_model = "Qwen2.5-VL-7B-Instruct"
+    inner_types = {"text_config": ("qwen2_5_vl_text",), "vision_config": ("qwen2_5_vl_vision",)}
 
     @staticmethod
     def transformers_classes() -> tuple[type, type, type]:

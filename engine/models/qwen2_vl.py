@@ -45,6 +45,7 @@ class Qwen2VLModel(Family):
     family = "qwen2_vl"
     name = "Qwen2-VL"
     seed_model = "Qwen2-VL-7B-Instruct"
+    inner_types = {"text_config": ("qwen2_vl_text",), "vision_config": ("qwen2_vl_vision",)}
     default_template = "qwen2_vl_chat"
     image_marker = "<|vision_start|><|image_pad|><|vision_end|>"
     own_aspect = "keeps each image's own aspect"

@@ -34,6 +34,7 @@ class Qwen3VLModel(Qwen2VLModel):
     family = "qwen3_vl"
     name = "Qwen3-VL"
     seed_model = "Qwen3-VL-8B-Instruct"
+    inner_types = {"text_config": ("qwen3_vl_text",), "vision_config": ("qwen3_vl_vision",)}
 
     def __init__(self, folder, settings):
         super().__init__(folder, settings)

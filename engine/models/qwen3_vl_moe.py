@@ -21,6 +21,7 @@ class Qwen3VLMoeModel(Qwen3VLModel):
     family = "qwen3_vl_moe"
     name = "Qwen3-VL-MoE"
     seed_model = "Qwen3-VL-30B-A3B-Instruct"
+    inner_types = {"text_config": ("qwen3_vl_moe_text",), "vision_config": ("qwen3_vl_moe_vision",)}
 
     def text_dims(self, text_config) -> DecoderDims:
         """Qwen3-VL's, with the experts and which layers hold them."""

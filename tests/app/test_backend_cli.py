@@ -99,3 +99,21 @@ def test_each_kind_runs_a_paired_eval_score_and_compare(kind, job, tmp_path):
     assert json.loads((tmp_path / "run/vcd/meta.json").read_text())["model"]["backend"] == "transformers"
     assert "dynamic_single" in _invoke("score", tmp_path / "run/none")
     assert "ΔF1" in _invoke("compare", tmp_path / "run/none", tmp_path / "run/vcd")
+
+
+def test_a_llava_of_qwen2_and_siglip_is_told_and_asked_its_own_chat_template(job, tmp_path):
+    """llava-interleave's kind on the default backend: one line says why the engine's LLaVA-1.5 does not run it,
+    and the run is the transformers backend's with the checkpoint's own chat template (meta.json's prompt)."""
+    from pope_fast.engine.synthetic.llava import write_interleave_checkpoint
+
+    root, args = job
+    folder = write_interleave_checkpoint(tmp_path / "interleave", weights=Weights(init="model", dtype=torch.float32))
+    told = _invoke(*args[:2], folder, *args[3:], "--limit", 2, "--out", tmp_path / "run", stream="stderr")
+    assert ("model_type 'llava' with text_config 'qwen2' and vision_config 'siglip_vision_model': the engine's "
+            "LLaVA-1.5 implements text_config 'llama' and vision_config 'clip_vision_model'; it runs as a model without "
+            "a family: on the transformers backend, with the checkpoint's own chat template and processor") \
+        in told.splitlines()
+    assert "llava (transformers): the reference path" in told
+    meta = json.loads((tmp_path / "run/meta.json").read_text())
+    assert (meta["template"], meta["model"]["backend"]) == ("reference_chat", "transformers")
+    assert meta["prompt_example"] == "USER: <image>\nIs there a dog in the image? Answer yes or no only. ASSISTANT:"

@@ -62,6 +62,12 @@ def test_nothing_to_compare_is_its_own_exit_status(tmp_path, shared):
     (folder / "config.json").write_text(json.dumps({"model_type": "paligemma"}))
     result = verify("--model", folder)
     assert result.exit_code == 3 and "nothing to compare (model_type 'paligemma' is not supported" in result.output
+    # a llava of Qwen2 and SigLIP (llava-interleave's kind) is no LLaVA-1.5: the backend is its only path
+    (folder / "config.json").write_text(json.dumps({"model_type": "llava", "text_config": {"model_type": "qwen2"},
+                                                    "vision_config": {"model_type": "siglip_vision_model"}}))
+    result = verify("--model", folder)
+    assert result.exit_code == 3 and ("nothing to compare (model_type 'llava' with text_config 'qwen2' and "
+                                      "vision_config 'siglip_vision_model': the engine's LLaVA-1.5") in result.output
 
 
 def test_the_exit_statuses_are_in_the_help():

@@ -6,6 +6,7 @@ one prompt at a time with its own processor: the backend's batched, left-padded 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,8 +14,9 @@ import pytest
 import torch
 from tinymodels import QUESTIONS, qwen_inputs, synthetic_image
 
-from pope_fast.engine import CheckpointError, Settings, load_engine, parse_method
+from pope_fast.engine import CheckpointError, Engine, Settings, load_engine, parse_method
 from pope_fast.engine.methods import diffusion_noise, noise_generator
+from pope_fast.engine.reference import ReferenceInputs
 from pope_fast.engine.reference_engine import ReferenceEngine
 from pope_fast.engine.synthetic import Weights, write_checkpoint
 
@@ -102,6 +104,83 @@ def test_auto_runs_a_model_without_a_family_on_transformers_and_engine_refuses_i
     with pytest.raises(CheckpointError, match=r"config.json: model_type 'blip-2' is not supported.*--backend "
                                               "transformers"):
         load_engine(checkpoints["blip2"], Settings(), backend="engine")
+
+
+# llava-interleave's kind, as models.misfit says it
+INTERLEAVE = ("model_type 'llava' with text_config 'qwen2' and vision_config 'siglip_vision_model': the engine's "
+              "LLaVA-1.5 implements text_config 'llama' and vision_config 'clip_vision_model'")
+
+
+def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backend(tmp_path):
+    """llava-interleave's kind: a llava checkpoint of a Qwen2 language model and a SigLIP tower is no LLaVA-1.5. The
+    default backend runs it as a model without a family (its own chat template and processor, not LLaVA-1.5's Vicuna
+    prompt; --template reference_chat taken), saying why; the engine refuses it in one line naming what it holds."""
+    from transformers import AutoProcessor
+
+    from pope_fast.engine.models import protocol_coverage
+    from pope_fast.engine.synthetic.llava import write_interleave_checkpoint
+
+    folder = write_interleave_checkpoint(tmp_path / "interleave").resolve()
+    engine = load_engine(folder, Settings(), readouts="dynamic_single")
+    assert isinstance(engine, ReferenceEngine) and engine.model.misfit == INTERLEAVE
+    assert (engine.model.name, engine.template.name) == ("llava (transformers)", "reference_chat")
+    message = [{"role": "user", "content": [{"type": "image"},
+                                            {"type": "text", "text": ASKED[0] + " Answer yes or no only."}]}]
+    own = AutoProcessor.from_pretrained(str(folder)).apply_chat_template(message, add_generation_prompt=True)
+    assert engine.prompt(ASKED[0]) == own == f"USER: <image>\n{ASKED[0]} Answer yes or no only. ASSISTANT:"
+    named = load_engine(folder, Settings(), backend="transformers", template="reference_chat", readouts="yorn")
+    assert named.prompt(ASKED[0]) == own
+    # no tool's LLaVA-1.5 entry (its Vicuna prompt) is taken for it: the protocols without a model class run its own
+    covered = protocol_coverage(folder)
+    assert covered["paper"]["template"] == covered["pope-official"]["template"] == "reference_chat"
+    assert covered["lmms-eval"] == {"not_covered": "protocol lmms-eval does not cover llava (transformers): no entry"}
+    refusal = f"{folder}/config.json: {INTERLEAVE}; --backend transformers runs it through transformers' own class"
+    for load in (lambda: load_engine(folder, Settings(), backend="engine"), lambda: Engine.load(folder, Settings())):
+        with pytest.raises(CheckpointError) as err:
+            load()
+        assert str(err.value) == refusal
+
+
+def test_a_checkpoint_without_a_chat_template_whose_processor_needs_one_is_refused_naming_it(checkpoints, tmp_path):
+    """Idefics3's processor looks for the image's `<image>` in the text, which only its chat template writes: without
+    one the question alone gives it no place for the image, and the load says so (not the processor's count of image
+    tokens at the run's first image). BLIP-2's processor places the image itself: the question alone runs."""
+    folder = shutil.copytree(checkpoints["idefics3"], tmp_path / "idefics3")
+    (folder / "chat_template.jinja").unlink()
+    for name in ("tokenizer_config.json", "processor_config.json"):
+        config = json.loads((folder / name).read_text())
+        config.pop("chat_template", None)
+        (folder / name).write_text(json.dumps(config))
+    with pytest.raises(CheckpointError) as err:
+        load_engine(folder, Settings(), readouts="dynamic_single")
+    assert str(err.value) == (
+        f"{folder}: Idefics3Processor finds no place for the image in template reference_plain's prompt (The total "
+        "number of <image> tokens in the prompts should be the same as the number of images passed.); the checkpoint "
+        "has no chat template (tokenizer_config.json's chat_template, chat_template.json or chat_template.jinja) to "
+        "render the prompt with")
+    assert load_engine(checkpoints["blip2"], Settings(), readouts="dynamic_single").template.name == "reference_plain"
+
+
+@pytest.mark.parametrize("raised, reason", [
+    ("torchvision", "Qwen2VLVideoProcessor requires the Torchvision library but it was not found in your environment; "
+                    "missing package: torchvision"),
+    (ModuleNotFoundError("No module named 'decord'", name="decord"), "No module named 'decord'; missing package: "
+                                                                      "decord"),
+    (ValueError("\n\nUnrecognized processing class in x.\nSee the docs."), "Unrecognized processing class in x.")])
+def test_a_processor_that_does_not_load_is_named_with_its_reason(raised, reason, monkeypatch, tmp_path):
+    """transformers' import errors start with a newline (the newest families' processors import torchvision for their
+    video half): the reason is the message's first line of text, and the package that is missing."""
+    import transformers
+    from transformers.utils.import_utils import TORCHVISION_IMPORT_ERROR
+
+    def fails(*args, **kwargs):  # what requires_backends raises where torchvision is not installed
+        raise ImportError(TORCHVISION_IMPORT_ERROR.format("Qwen2VLVideoProcessor")) if raised == "torchvision" \
+            else raised
+
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", fails)
+    with pytest.raises(CheckpointError) as err:
+        ReferenceInputs(tmp_path, Settings())
+    assert str(err.value) == f"{tmp_path}: transformers' processor does not load ({reason})"
 
 
 @pytest.mark.parametrize("settings, named", [(dict(max_length=64), "max_length"),

@@ -10,6 +10,7 @@ from registry import REGISTRY
 from tinymodels import QUESTIONS, bnb_nf4_oracle, worst_difference
 
 from pope_fast.engine import Engine, Settings
+from pope_fast.engine.models import FAMILIES, family_class, family_of, misfit
 
 
 def _path(reuse: bool) -> str:
@@ -193,3 +194,32 @@ def test_a_config_field_no_real_checkpoint_has_is_refused_at_load(family, family
     named = re.escape(f"config.json: {'.'.join(path)} is {value!r}; every real checkpoint's is a positive number")
     with pytest.raises(CheckpointError, match=named):
         Engine.load(folder, Settings())
+
+
+@pytest.mark.parametrize("model_type", [t for t in FAMILIES if family_class(t).inner_types])
+def test_each_family_declares_the_inner_types_transformers_builds(model_type):
+    """What a family implements inside (its language model's and tower's model_types) is what transformers' config
+    class of its model_type builds there: the one type of a fixed sub-config class, each declared one of a sub-config
+    chosen by its own model_type; a checkpoint that names each is the family's."""
+    from transformers import CONFIG_MAPPING
+
+    cls, config_class = family_class(model_type), CONFIG_MAPPING[model_type]
+    assert set(cls.inner_types) == {"text_config", "vision_config"}, model_type
+    for name, types in cls.inner_types.items():
+        fixed = getattr(config_class.sub_configs[name], "model_type", None)  # None: chosen by the sub-config's own
+        assert types == (fixed,) if fixed else all(t in CONFIG_MAPPING for t in types), (name, types)
+        for inner in types:
+            named = {other: {"model_type": kinds[0]} for other, kinds in cls.inner_types.items()}
+            assert family_of({"model_type": model_type, **named, name: {"model_type": inner}}) is cls, (name, inner)
+
+
+def test_a_family_is_recognised_by_its_config_class_defaults_too():
+    """A sub-config without a model_type is the class's default: InstructBLIP's is OPT (the FLAN-T5 and OPT
+    checkpoints), which the engine's InstructBLIP-Vicuna does not implement; LLaVA's, Vicuna and CLIP, it does."""
+    assert misfit({"model_type": "instructblip"}) == (
+        "model_type 'instructblip' with text_config 'opt' and vision_config 'instructblip_vision_model': the engine's "
+        "InstructBLIP implements text_config 'llama' and vision_config 'instructblip_vision_model'")
+    assert family_of({"model_type": "instructblip"}) is None
+    assert family_of({"model_type": "llava"}) is family_class("llava")
+    assert "vision_config 'siglip_vision_model'" in misfit({"model_type": "llava_next", "vision_config": {
+        "model_type": "siglip_vision_model"}})
