@@ -25,6 +25,9 @@ MODEL_FILES = (*TOKENIZER_FILES, "*.safetensors")
 BIN_FILES = ("pytorch_model*.bin",)
 OFFLINE_VALUES = ("1", "on", "yes", "true")  # huggingface_hub's reading of HF_HUB_OFFLINE
 SHARD = re.compile(r"-(\d+)-of-(\d+)\.")  # a dataset shard's place in its split: test-00000-of-00003.parquet
+# A ref name's parts as git and the hub allow them (git check-ref-format): the hub library writes a revision to
+# refs/<revision> in the cache, so a part ".." would write outside it
+REF_PART = re.compile(r"^(?!\.)(?!.*\.\.)[\w.-]+(?<!\.lock)$")
 
 
 class HubError(ValueError):
@@ -50,6 +53,14 @@ def parse_hub_id(text: str) -> tuple[str, str | None] | None:
     """(repo id, revision or None) of `ORG/NAME[@REVISION]`, or None for anything else."""
     match = HUB_ID.match(text)
     return (match["repo"], match["revision"]) if match else None
+
+
+def revision_fault(revision: str) -> str | None:
+    """Why `revision` is no branch, tag or commit name the hub could hold, or None."""
+    if all(REF_PART.match(part) for part in revision.split("/")) and not revision.endswith("."):
+        return None
+    return (f"revision {revision!r} is not a branch, tag or commit name (its parts are never empty, never begin with "
+            "'.', never end with '.lock' and hold no '..')")
 
 
 def offline() -> str | None:
@@ -104,6 +115,8 @@ def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, 
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     name = repo_id + (f"@{revision}" if revision else "")
+    if revision is not None and revision_fault(revision):
+        raise HubError(f"{option} {name}: {revision_fault(revision)}")
     common = dict(repo_id=repo_id, revision=revision, repo_type=repo_type, cache_dir=cache_dir(),
                   allow_patterns=list(files))
     try:

@@ -379,3 +379,33 @@ def test_mme_by_hub_id_reads_as_its_parquet(hub_env, shared):
     _, expected = benchmark_questions([str(p) for p in local])
     assert name == "mme" and len(questions) == len(expected) > 0
     assert [(q.question_id, q.text, q.label) for q in questions] == [(q.question_id, q.text, q.label) for q in expected]
+
+
+# --- issue 49: a revision is a branch, tag or commit name, never a path -----------------------------------------
+
+@pytest.mark.parametrize("revision", ["../../../outside", "v1/../../x", "..", ".hidden", "a//b", "x.lock"])
+def test_a_revision_that_is_no_ref_name_is_refused_before_the_hub_is_asked(revision, hub_env, tmp_path):
+    from pope_fast.hub import local_or_hub
+
+    repo = Repo({"config.json": b"{}", "model.safetensors": b"x"}, refs=("main", revision))
+    with HubServer({("model", "org/tiny"): repo}) as hub:
+        os.environ["HF_ENDPOINT"] = hub.url
+        try:
+            with pytest.raises(HubError) as refused:
+                local_or_hub(f"org/tiny@{revision}", "--model")
+        finally:
+            del os.environ["HF_ENDPOINT"]
+    assert str(refused.value) == (f"--model org/tiny@{revision}: revision {revision!r} is not a branch, tag or "
+                                  "commit name (its parts are never empty, never begin with '.', never end with "
+                                  "'.lock' and hold no '..')")
+    assert not hub.requests
+    assert not list(tmp_path.iterdir())  # nothing written, in the cache or beside it
+
+
+def test_the_ref_names_the_hub_gives_are_revisions():
+    from pope_fast.hub import revision_fault
+
+    for revision in ("main", "v1.0", "refs/pr/12", "release/2024.1_b-2", COMMIT):
+        assert revision_fault(revision) is None, revision
+    for revision in ("a/", "/a", "a/./b", "v1.", "refs/pr/..", "x..y"):
+        assert revision_fault(revision), revision
