@@ -164,11 +164,32 @@ def _model_missing(folder: Path) -> str | None:
         return "config.json"
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
-            shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
-            return next((shard for shard in shards if not (folder / shard).is_file()), None)
+            return next((shard for shard in _index_shards(folder / index) if not (folder / shard).is_file()), None)
     if any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin")):
         return None
     return "weights"
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The weights files a shard index names (its weight_map's values), in name order."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise HubError(f"{index}:{err.lineno}: malformed JSON: {err.msg}") from None
+    except UnicodeDecodeError as err:
+        raise HubError(f"{index}: not UTF-8 text ({err.reason})") from None
+    if not isinstance(data, dict):
+        raise HubError(f"{index}: expected a JSON object, found {type(data).__name__}")
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise HubError(f"{index}: weight_map is not an object of tensor names to file names (found "
+                       f"{type(weight_map).__name__ if weight_map is not None else None})")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise HubError(f"{index}: weight_map[{name!r}] {shard!r} is not a file name")
+    if not weight_map:
+        raise HubError(f"{index}: weight_map names no weights file")
+    return sorted(set(weight_map.values()))
 
 
 def _card_missing(folder: Path) -> str | None:
@@ -183,54 +204,81 @@ def _tokenizer_missing(folder: Path) -> str | None:
 def _data_patterns(card: Path, where: str, subset: str | None, split: str | None) -> tuple[str, ...]:
     """The data-file patterns of a dataset card's config `subset` (default: the one named "default", else the only
     one) and of its `split` (default: all of its splits)."""
-    configs = _card_configs(card)
-    if not configs:
+    subsets = _card_configs(card)
+    if not subsets:
         if subset or split:
             raise HubError(f"{where}: its card declares no configs or splits, so --subset/--split cannot pick one")
         return ("*.parquet", "**/*.parquet")
-    names = [c.get("config_name", "default") for c in configs]
+    names = list(subsets)
     if subset is None:
         subset = "default" if "default" in names else names[0] if len(names) == 1 else None
         if subset is None:
             raise HubError(f"{where}: the dataset has several subsets ({', '.join(names)}); name one with --subset")
     if subset not in names:
         raise HubError(f"{where}: --subset {subset}: no such subset; it has {', '.join(names)}")
-    splits = _splits(configs[names.index(subset)])
+    splits = subsets[subset]
     if split is not None and split not in splits:
         raise HubError(f"{where}: --split {split}: subset {subset} has splits {', '.join(splits)}")
     chosen = [splits[split]] if split else list(splits.values())
     return tuple(p for paths in chosen for p in paths)
 
 
-def _card_configs(card: Path) -> list[dict]:
-    """The `configs:` list of a dataset card's YAML header, or [] (no card, no header, no configs)."""
+def _card_configs(card: Path) -> dict[str, dict[str, list[str]]]:
+    """subset → split → path patterns, as a dataset card's YAML header declares them (`configs:`), or {} (no card,
+    no header, no configs); every field checked as it is read."""
     import yaml  # huggingface_hub's own dependency
 
     if not card.is_file():
-        return []
+        return {}
     text = card.read_text(encoding="utf-8")
     if not text.startswith("---"):
-        return []
-    header = text.split("---", 2)[1]
+        return {}
     try:
-        configs = (yaml.safe_load(header) or {}).get("configs") or []
+        header = yaml.safe_load(text.split("---", 2)[1]) or {}
     except yaml.YAMLError as err:
         raise HubError(f"{card}: unreadable YAML header ({str(err).splitlines()[0]})") from None
-    return [c for c in configs if isinstance(c, dict)]
+    if not isinstance(header, dict):
+        raise HubError(f"{card}: its YAML header is not a mapping of fields")
+    configs = header.get("configs") or []
+    if not isinstance(configs, list):
+        raise HubError(f"{card}: configs {configs!r} is not a list of subsets")
+    subsets: dict[str, dict[str, list[str]]] = {}
+    for i, config in enumerate(configs):
+        if not isinstance(config, dict):
+            raise HubError(f"{card}: configs[{i}] {config!r} is not a mapping (config_name, data_files)")
+        name = config.get("config_name", "default")
+        if not isinstance(name, str) or not name:
+            raise HubError(f"{card}: configs[{i}].config_name {name!r} is not a name")
+        if name in subsets:
+            raise HubError(f"{card}: configs[{i}].config_name {name!r} names a subset declared before")
+        subsets[name] = _splits(config.get("data_files") or [], f"{card}: configs[{i}].data_files")
+    return subsets
 
 
-def _splits(config: dict) -> dict[str, list[str]]:
-    """split → its path patterns, as a card's config lists its data_files (a string, a list, or split entries)."""
-    files = config.get("data_files") or []
+def _splits(files, where: str) -> dict[str, list[str]]:
+    """split → its path patterns, as a card's config lists its data_files (a pattern, a list of patterns or of
+    {split, path} entries, or a mapping of split to patterns, as the datasets library reads them); split names
+    that YAML reads as numbers are their text."""
     if isinstance(files, str):
         return {"train": [files]}
+    if isinstance(files, dict):
+        files = [{"split": split, "path": paths} for split, paths in files.items()]
+    if not isinstance(files, list):
+        raise HubError(f"{where} {files!r} is not a path pattern, a list of them or of splits (split, path)")
     splits: dict[str, list[str]] = {}
-    for entry in files:
+    for j, entry in enumerate(files):
         if isinstance(entry, str):
             splits.setdefault("train", []).append(entry)
-        else:
-            paths = entry.get("path")
-            splits.setdefault(entry.get("split", "train"), []).extend([paths] if isinstance(paths, str) else paths)
+            continue
+        if not isinstance(entry, dict):
+            raise HubError(f"{where}[{j}] {entry!r} is not a path pattern or a split (split, path)")
+        split, paths = entry.get("split", "train"), entry.get("path")
+        if isinstance(split, bool) or not isinstance(split, (str, int)) or split == "":
+            raise HubError(f"{where}[{j}].split {split!r} is not a split name")
+        patterns = [paths] if isinstance(paths, str) else paths
+        if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p for p in patterns):
+            raise HubError(f"{where}[{j}].path {paths!r} is not a path pattern or a list of them")
+        splits.setdefault(str(split), []).extend(patterns)
     return splits
 
 

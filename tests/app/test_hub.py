@@ -409,3 +409,65 @@ def test_the_ref_names_the_hub_gives_are_revisions():
         assert revision_fault(revision) is None, revision
     for revision in ("a/", "/a", "a/./b", "v1.", "refs/pr/..", "x..y"):
         assert revision_fault(revision), revision
+
+
+# --- issue 48: every field read from a hub file is checked where it enters ----------------------------------------
+
+@pytest.mark.parametrize("header, fault", [
+    ("- a\n- b\n", "its YAML header is not a mapping of fields"),
+    ("configs: default\n", "configs 'default' is not a list of subsets"),
+    ("configs:\n- 3\n", "configs[0] 3 is not a mapping (config_name, data_files)"),
+    ("configs:\n- config_name: [a]\n  data_files: x/*\n", "configs[0].config_name ['a'] is not a name"),
+    ("configs:\n- config_name: a\n  data_files: x/*\n- config_name: a\n  data_files: y/*\n",
+     "configs[1].config_name 'a' names a subset declared before"),
+    ("configs:\n- config_name: a\n  data_files: 7\n",
+     "configs[0].data_files 7 is not a path pattern, a list of them or of splits (split, path)"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: null\n    path: x/*\n",
+     "configs[0].data_files[0].split None is not a split name"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: [t]\n    path: x/*\n",
+     "configs[0].data_files[0].split ['t'] is not a split name"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: test\n",
+     "configs[0].data_files[0].path None is not a path pattern or a list of them"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: test\n    path: [x/*, 5]\n",
+     "configs[0].data_files[0].path ['x/*', 5] is not a path pattern or a list of them"),
+    ("configs:\n- config_name: a\n  data_files:\n  - [x/*]\n",
+     "configs[0].data_files[0] ['x/*'] is not a path pattern or a split (split, path)"),
+], ids=["header-list", "configs-str", "config-int", "name-list", "name-twice", "files-int", "split-null",
+        "split-list", "path-absent", "path-int", "entry-list"])
+def test_a_card_of_another_shape_is_named_by_its_field(header, fault, tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text(f"---\n{header}---\n# card\n")
+    with pytest.raises(HubError) as refused:
+        _data_patterns(card, "--questions org/data", None, None)
+    assert str(refused.value) == f"{card}: {fault}"
+
+
+def test_a_cards_split_names_and_data_files_read_as_the_datasets_library_reads_them(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: 2023\n    path: y/*\n"
+                    "- config_name: b\n  data_files:\n    test: t/*\n    dev: [d/1-*, d/2-*]\n---\n")
+    assert _data_patterns(card, "x", "a", "2023") == ("y/*",)
+    assert _data_patterns(card, "x", "b", None) == ("t/*", "d/1-*", "d/2-*")
+    assert _data_patterns(card, "x", "b", "dev") == ("d/1-*", "d/2-*")
+
+
+@pytest.mark.parametrize("index, fault", [
+    ('{"metadata": {}}', "weight_map is not an object of tensor names to file names (found None)"),
+    ('{"weight_map": ["model-00001-of-00002.safetensors"]}',
+     "weight_map is not an object of tensor names to file names (found list)"),
+    ('{"weight_map": {"a.weight": 3}}', "weight_map['a.weight'] 3 is not a file name"),
+    ('{"weight_map": {}}', "weight_map names no weights file"),
+    ('{"weight_map": {"a": ', ":1: malformed JSON: Expecting value"),
+    ('[1]', "expected a JSON object, found list"),
+], ids=["no-map", "map-list", "file-int", "map-empty", "malformed", "array"])
+def test_a_shard_index_of_another_shape_is_named_by_its_field(index, fault, hub_env, monkeypatch):
+    from pope_fast.hub import local_or_hub
+
+    cache_snapshot(hub_env, "org/sharded", {"config.json": b"{}", "model.safetensors.index.json": index.encode(),
+                                            "model-00001-of-00002.safetensors": b"x"})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/sharded", "--model")
+    folder = hub_env / "models--org--sharded" / "snapshots" / COMMIT
+    index = folder / "model.safetensors.index.json"
+    assert str(refused.value) == (f"{index}{fault}" if fault.startswith(":") else f"{index}: {fault}")
