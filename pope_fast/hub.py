@@ -123,17 +123,18 @@ def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, 
         folder = Path(snapshot_download(**common, local_files_only=True))
         absent = missing(folder)
     except LocalEntryNotFoundError:
-        folder, absent = None, "not in the local cache"
+        folder, absent = None, None
     if folder is not None and (absent is None or (not required and offline())):
         return Snapshot(folder, repo_id, revision, folder.name, repo_type)
-    reason = absent if folder is None else f"its cached snapshot lacks {absent}"
+    reason = _uncached(repo_id, revision, repo_type) if folder is None else \
+        f"its cached snapshot lacks {absent} ({cache_dir()})"
     if offline():
-        raise HubError(f"{option} {name}: {reason} ({cache_dir()}) and {offline()} is set; unset it to download, or "
-                       "give a local folder")
+        raise HubError(f"{option} {name}: {reason} and {offline()} is set; unset it to download, or give a local "
+                       "folder")
     try:
         folder = Path(snapshot_download(**common, endpoint=os.environ.get("HF_ENDPOINT") or None))
     except Exception as err:  # noqa: BLE001 (the hub library's and its HTTP client's errors, each said in one line)
-        raise HubError(f"{option} {name}: {_download_failure(err, repo_id, repo_type)}") from None
+        raise HubError(f"{option} {name}: {_download_failure(err, repo_id, repo_type, reason)}") from None
     absent = missing(folder)
     if absent is not None and required:
         raise HubError(f"{option} {name}: the repository has no {absent} (is it a {repo_type} repository of the "
@@ -141,9 +142,27 @@ def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, 
     return Snapshot(folder, repo_id, revision, folder.name, repo_type)
 
 
-def _download_failure(err: Exception, repo_id: str, repo_type: str) -> str:
-    """What went wrong with a download, and what to do, in words."""
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+def _uncached(repo_id: str, revision: str | None, repo_type: str) -> str:
+    """Why the cache holds no snapshot of `repo_id` at `revision`, in words naming what it holds instead."""
+    root = cache_dir() / f"{repo_type}s--{repo_id.replace('/', '--')}"  # the hub library's repo_folder_name
+    if not root.is_dir():
+        return f"not in the local cache ({cache_dir()})"
+    wanted = revision or "main"
+    refs = {p.relative_to(root / "refs").as_posix(): p.read_text().strip() for p in (root / "refs").rglob("*")
+            if p.is_file()}
+    snapshots = root / "snapshots"
+    if (snapshots / refs.get(wanted, wanted)).is_dir():
+        return f"its cached snapshot of {wanted} is incomplete ({snapshots / refs.get(wanted, wanted)})"
+    held = [f"{ref} at {commit[:12]}" for ref, commit in sorted(refs.items())]
+    held = held or sorted(p.name[:12] for p in snapshots.glob("*") if p.is_dir())  # commits no ref names
+    return f"revision {wanted} is not in the local cache ({cache_dir()}; it holds {', '.join(held) or 'no snapshot'})"
+
+
+def _download_failure(err: Exception, repo_id: str, repo_type: str, uncached: str) -> str:
+    """What went wrong with a download, and what to do, in words (`uncached`: why the cache could not answer)."""
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
     page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo_id}"
     login = "log in with `hf auth login` (or set HF_TOKEN)"
@@ -154,8 +173,17 @@ def _download_failure(err: Exception, repo_id: str, repo_type: str) -> str:
     if isinstance(err, RepositoryNotFoundError):
         return (f"no local folder of that name, and no such {repo_type} repository on the hub (or a private one: "
                 f"check the id, or {login})")
-    return (f"the download stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); run the "
-            "same command again to finish it (whole files are kept in the cache; a cut-off one is never read)")
+    if isinstance(err, LocalEntryNotFoundError):  # what the hub library raises when the hub does not answer
+        cause = err.__cause__ or err
+        endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+        return (f"{uncached}, and the hub cannot be reached at {endpoint} ({type(cause).__name__}: "
+                f"{_first_line(cause)}); check the network or HF_ENDPOINT (HF_HUB_OFFLINE=1 reads the cache alone)")
+    return (f"the download stopped ({type(err).__name__}: {_first_line(err)}); run the same command again to finish "
+            "it (whole files are kept in the cache; a cut-off one is never read)")
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else ""
 
 
 def _model_missing(folder: Path) -> str | None:

@@ -471,3 +471,45 @@ def test_a_shard_index_of_another_shape_is_named_by_its_field(index, fault, hub_
     folder = hub_env / "models--org--sharded" / "snapshots" / COMMIT
     index = folder / "model.safetensors.index.json"
     assert str(refused.value) == (f"{index}{fault}" if fault.startswith(":") else f"{index}: {fault}")
+
+
+# --- issue 48: a hub that cannot be reached, a revision the cache lacks --------------------------------------------
+
+@pytest.fixture
+def unreachable(monkeypatch):
+    """HF_ENDPOINT at a port of 127.0.0.1 where nothing listens (connections refused at once)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    return url
+
+
+def test_a_hub_that_cannot_be_reached_is_named_so(hub_env, unreachable):
+    from pope_fast.hub import local_or_hub
+
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/absent", "--model")
+    message = str(refused.value)
+    assert message.startswith(f"--model org/absent: not in the local cache ({hub_env}), and the hub cannot be reached "
+                              f"at {unreachable} (ConnectError: "), message
+    assert message.endswith("); check the network or HF_ENDPOINT (HF_HUB_OFFLINE=1 reads the cache alone)"), message
+    assert "run the same command again" not in message
+
+
+def test_a_revision_the_cache_lacks_is_named(hub_env, unreachable, monkeypatch):
+    from pope_fast.hub import local_or_hub
+
+    cache_snapshot(hub_env, "org/name", {"config.json": b"{}", "model.safetensors": b"x"})
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/name@v2", "--model")
+    assert str(refused.value).startswith(f"--model org/name@v2: revision v2 is not in the local cache ({hub_env}; it "
+                                         f"holds main at {COMMIT[:12]}), and the hub cannot be reached at ")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/name@v2", "--model")
+    assert str(refused.value) == (f"--model org/name@v2: revision v2 is not in the local cache ({hub_env}; it holds "
+                                  f"main at {COMMIT[:12]}) and HF_HUB_OFFLINE is set; unset it to download, or give a "
+                                  "local folder")
