@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .hub_hashes import first_mismatch
+
 # `org/name` or `org/name@revision`: the hub's repo-id characters; a revision is a branch, tag or commit
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
 # What a load reads: config, tokenizer, processor and chat-template files, and the safetensors weights (PyTorch
@@ -135,6 +137,12 @@ def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, 
         folder = Path(snapshot_download(**common, endpoint=os.environ.get("HF_ENDPOINT") or None))
     except Exception as err:  # noqa: BLE001 (the hub library's and its HTTP client's errors, each said in one line)
         raise HubError(f"{option} {name}: {_download_failure(err, repo_id, repo_type, reason)}") from None
+    bad = first_mismatch(_matching(folder, files))
+    if bad is not None:
+        bad.remove()
+        raise HubError(f"{option} {name}: {bad.link.relative_to(folder)} as downloaded is not the file the hub "
+                       f"announced (its {bad.algorithm} is {bad.actual}, the hub's {bad.expected}); it is removed "
+                       "from the cache: run the same command again to download it again")
     absent = missing(folder)
     if absent is not None and required:
         raise HubError(f"{option} {name}: the repository has no {absent} (is it a {repo_type} repository of the "

@@ -513,3 +513,37 @@ def test_a_revision_the_cache_lacks_is_named(hub_env, unreachable, monkeypatch):
     assert str(refused.value) == (f"--model org/name@v2: revision v2 is not in the local cache ({hub_env}; it holds "
                                   f"main at {COMMIT[:12]}) and HF_HUB_OFFLINE is set; unset it to download, or give a "
                                   "local folder")
+
+
+# --- issue 48: a download is the file the hub announced, or it is not read ---------------------------------------
+
+@pytest.mark.parametrize("corrupt", ["model.safetensors", "config.json"])
+def test_a_download_whose_bytes_are_not_the_hubs_is_refused_and_removed(corrupt, hub_env, pope, tmp_path):
+    """The hub states each file's hash (an LFS file's sha256, a git file's blob id); a stand-in serving other bytes
+    of the same length (the last 100 zeroed) is refused naming the file, and the next run downloads it again."""
+    from pope_fast.hub import local_or_hub
+
+    files = {"config.json": b'{"model_type": "llava"}' + b" " * 200, "model.safetensors": os.urandom(4000)}
+    repo = Repo(files, served={corrupt: files[corrupt][:-100] + bytes(100)})
+    images, questions = pope
+    with HubServer({("model", "org/tiny"): repo}) as hub:
+        os.environ["HF_ENDPOINT"] = hub.url
+        try:
+            line = error_line(run("eval", "--model", "org/tiny", "--questions", questions, "--images", images,
+                                  "--out", tmp_path / "out"))
+            cached = sorted(p.name for p in hub_env.glob("models--org--tiny/snapshots/*/*"))
+            blobs = {p.name: p.stat().st_size for p in hub_env.glob("models--org--tiny/blobs/*")}
+            repo.served.clear()
+            folder, _ = local_or_hub("org/tiny", "--model")
+        finally:
+            del os.environ["HF_ENDPOINT"]
+    algorithm = "sha256" if corrupt.endswith(".safetensors") else "git blob id"
+    expected = hashlib.sha256(files[corrupt]).hexdigest() if corrupt.endswith(".safetensors") else \
+        hashlib.sha1(b"blob %d\0" % len(files[corrupt]) + files[corrupt]).hexdigest()
+    assert line.startswith(f"Error: --model org/tiny: {corrupt} as downloaded is not the file the hub announced (its "
+                           f"{algorithm} is "), line
+    assert line.endswith(f", the hub's {expected}); it is removed from the cache: run the same command again to "
+                         "download it again"), line
+    assert not (tmp_path / "out").exists()
+    assert corrupt not in cached and expected not in blobs and len(blobs) == 1  # the other file's, kept
+    assert folder_files(folder) == files  # downloaded again, whole
