@@ -12,6 +12,7 @@ import torch
 from PIL import Image
 from safetensors import SafetensorError
 
+from ..readout.templates import render_chat
 from .loader import CheckpointError, generation_config, quiet_fallback, read_config, stop_ids
 from .models import family_of
 from .settings import Settings
@@ -195,8 +196,8 @@ class ReferenceModel:
         if self.image_marker or not getattr(self.tokenizer, "chat_template", None):
             prompt = f"{self.image_marker}?"  # a family's marker, or the processor places the image's tokens
         else:
-            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": [
-                {"type": "image"}, {"type": "text", "text": "?"}]}], add_generation_prompt=True, tokenize=False)
+            prompt = render_chat(self.tokenizer, [{"role": "user", "content": [{"type": "image"},
+                                                                               {"type": "text", "text": "?"}]}])
         ids = self.inputs([image], [prompt])["input_ids"][0]
         return int((ids == self.image_token_id).sum()) if self.image_token_id is not None else 0
 
