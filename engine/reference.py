@@ -13,6 +13,7 @@ from PIL import Image
 from safetensors import SafetensorError
 
 from ..readout.templates import render_chat
+from .generation import rule_fields
 from .loader import CheckpointError, generation_config, quiet_fallback, read_config, stop_ids
 from .models import family_of
 from .settings import Settings
@@ -130,10 +131,12 @@ class ReferenceModel:
         self.family = config.get("model_type")
         family = family_of(self.family)
         self.name = f"{family.name if family else self.family} (transformers)"
+        self.generation_config = generation_config(folder)  # checked before transformers reads it
+        if settings.generation_config == "greedy":  # generate applies its rules: their fields of the right types
+            rule_fields(self.generation_config, str(folder / "generation_config.json"))
         self.model = load_reference(folder, settings)
         self.inputs = ReferenceInputs(folder, settings, family)
         self.tokenizer = self.inputs.tokenizer
-        self.generation_config = generation_config(folder)
         self.stop_ids = stop_ids(self.generation_config, self.tokenizer)
         self.model.generation_config = self._rules()
         chat = bool(getattr(self.tokenizer, "chat_template", None))
