@@ -145,9 +145,27 @@ def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, 
                        "from the cache: run the same command again to download it again")
     absent = missing(folder)
     if absent is not None and required:
+        unreached = _unreached(repo_id, revision, repo_type)  # the hub library returns a cached part when it is
+        if unreached is not None:
+            raise HubError(f"{option} {name}: {_no_answer(unreached, reason)}")
         raise HubError(f"{option} {name}: the repository has no {absent} (is it a {repo_type} repository of the "
                        "layout pope-fast reads?)")
     return Snapshot(folder, repo_id, revision, folder.name, repo_type)
+
+
+def _unreached(repo_id: str, revision: str | None, repo_type: str) -> Exception | None:
+    """The HTTP client's error where the hub gives no answer at all to a question about the repository, else None."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).repo_info(repo_id, revision=revision or "main",
+                                                                         repo_type=repo_type)
+    except HfHubHTTPError:  # an answer, whatever it says
+        return None
+    except Exception as err:  # noqa: BLE001 (the HTTP client's errors: no connection, no answer in time)
+        return err
+    return None
 
 
 def _uncached(repo_id: str, revision: str | None, repo_type: str) -> str:
@@ -168,7 +186,6 @@ def _uncached(repo_id: str, revision: str | None, repo_type: str) -> str:
 
 def _download_failure(err: Exception, repo_id: str, repo_type: str, uncached: str) -> str:
     """What went wrong with a download, and what to do, in words (`uncached`: why the cache could not answer)."""
-    from huggingface_hub import constants
     from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
                                         RevisionNotFoundError)
 
@@ -182,12 +199,17 @@ def _download_failure(err: Exception, repo_id: str, repo_type: str, uncached: st
         return (f"no local folder of that name, and no such {repo_type} repository on the hub (or a private one: "
                 f"check the id, or {login})")
     if isinstance(err, LocalEntryNotFoundError):  # what the hub library raises when the hub does not answer
-        cause = err.__cause__ or err
-        endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
-        return (f"{uncached}, and the hub cannot be reached at {endpoint} ({type(cause).__name__}: "
-                f"{_first_line(cause)}); check the network or HF_ENDPOINT (HF_HUB_OFFLINE=1 reads the cache alone)")
+        return _no_answer(err.__cause__ or err, uncached)
     return (f"the download stopped ({type(err).__name__}: {_first_line(err)}); run the same command again to finish "
             "it (whole files are kept in the cache; a cut-off one is never read)")
+
+
+def _no_answer(cause: BaseException, uncached: str) -> str:
+    from huggingface_hub import constants
+
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    return (f"{uncached}, and the hub cannot be reached at {endpoint} ({type(cause).__name__}: {_first_line(cause)}); "
+            "check the network or HF_ENDPOINT (HF_HUB_OFFLINE=1 reads the cache alone)")
 
 
 def _first_line(err: BaseException) -> str:

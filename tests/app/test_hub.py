@@ -547,3 +547,21 @@ def test_a_download_whose_bytes_are_not_the_hubs_is_refused_and_removed(corrupt,
     assert not (tmp_path / "out").exists()
     assert corrupt not in cached and expected not in blobs and len(blobs) == 1  # the other file's, kept
     assert folder_files(folder) == files  # downloaded again, whole
+
+
+def test_a_cached_part_while_the_hub_cannot_be_reached_is_not_called_the_repositorys_all(hub_env, unreachable):
+    """The hub library hands back a cached snapshot that lacks files when the hub does not answer: the line says the
+    hub cannot be reached, not that the repository lacks them; a hub that answers without them says that."""
+    from pope_fast.hub import local_or_hub
+
+    cache_snapshot(hub_env, "org/name", {"config.json": b"{}"})
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/name", "--model")
+    assert str(refused.value).startswith(f"--model org/name: its cached snapshot lacks weights ({hub_env}), and the "
+                                         f"hub cannot be reached at {unreachable} (ConnectError: "), str(refused.value)
+    with HubServer({("model", "org/name"): Repo({"config.json": b"{}"}, commit=COMMIT)}) as hub:
+        os.environ["HF_ENDPOINT"] = hub.url
+        with pytest.raises(HubError) as refused:
+            local_or_hub("org/name", "--model")
+    assert str(refused.value) == ("--model org/name: the repository has no weights (is it a model repository of the "
+                                  "layout pope-fast reads?)")
