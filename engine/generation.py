@@ -26,6 +26,33 @@ def greedy_fields(config: dict) -> dict:
     return {name: config[name] for name in names if config.get(name) is not None}
 
 
+def rule_fields(config: dict, where: str) -> dict:
+    """GreedyRules' fields that a generation config sets, each of the type its transformers processor takes
+    (logits_process.py refuses a penalty that is no float and a length or n-gram size that is no integer, where it
+    applies them), else a ValueError naming the field."""
+    values = {}
+    for field in fields(GreedyRules):
+        name, default, value = field.name, field.default, config.get(field.name)
+        if value is None:
+            continue
+        if isinstance(default, tuple):
+            if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+                raise ValueError(f"{where}: {name} must be a list of token ids, not {value!r}")
+            value = tuple(value)
+        elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
+                or (name == "repetition_penalty" and value <= 0):
+            raise ValueError(f"{where}: {name} must be a {'positive' if default == 1.0 else 'non-negative'} "
+                             f"number, not {value!r}")
+        elif isinstance(default, int) and not isinstance(value, int) and value != 0:  # 0.0: no processor
+            raise ValueError(f"{where}: {name} must be an integer, not {value!r} (transformers' generate refuses "
+                             "another number)")
+        elif isinstance(default, float) and isinstance(value, int) and value != 1:
+            raise ValueError(f"{where}: {name} must be a float, not {value!r} (transformers' generate refuses an "
+                             f"integer: write {value}.0)")
+        values[name] = type(default)(value)
+    return values
+
+
 @dataclass(frozen=True)
 class GreedyRules:
     """The processors of a greedy `generate`, as the fields of generation_config.json that make them."""
@@ -45,23 +72,7 @@ class GreedyRules:
             if value is not None and not (name == "guidance_scale" and value == 1):
                 raise ValueError(f"{where}: {name} {value!r} changes generate's greedy choice, which the engine "
                                  f"does not compute; run without the tool's generation config or remove the field")
-        known = {f.name: f.default for f in fields(cls)}
-        values = {}
-        for name, default in known.items():
-            value = config.get(name)
-            if value is None:
-                continue
-            if isinstance(default, tuple):
-                if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool)
-                                                          for v in value):
-                    raise ValueError(f"{where}: {name} must be a list of token ids, not {value!r}")
-                value = tuple(value)
-            elif isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 \
-                    or (name == "repetition_penalty" and value <= 0):
-                raise ValueError(f"{where}: {name} must be a {'positive' if default == 1.0 else 'non-negative'} "
-                                 f"number, not {value!r}")
-            values[name] = type(default)(value)
-        return cls(**values)
+        return cls(**rule_fields(config, where))
 
     @property
     def active(self) -> bool:

@@ -322,9 +322,14 @@ def no_init():
 
 def generation_config(folder: Path) -> dict:
     """The checkpoint's generation_config.json ({} where it has none), which generate() merges under its
-    arguments."""
+    arguments; its eos_token_id checked here, the rules' fields where the rules are read (GreedyRules.of)."""
     path = folder / "generation_config.json"
-    return _read_json(path) if path.is_file() else {}
+    config = _read_json(path) if path.is_file() else {}
+    eos = config.get("eos_token_id")
+    ids = eos if isinstance(eos, list) else [eos]
+    if eos is not None and not (ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
+        raise CheckpointError(f"{path}: eos_token_id must be a token id or a non-empty list of them, not {eos!r}")
+    return config
 
 
 def stop_ids(config: dict, tokenizer) -> set[int]:

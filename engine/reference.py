@@ -13,6 +13,8 @@ import torch
 from PIL import Image
 from safetensors import SafetensorError
 
+from ..readout.templates import render_chat
+from .generation import rule_fields
 from .loader import (INDEX_BUFFERS, CheckpointError, check_stored, generation_config, quiet_fallback, read_config,
                      refuse_names, stop_ids)
 from .models import family_of, misfit
@@ -160,10 +162,12 @@ class ReferenceModel:
         family = family_of(config)
         self.misfit = misfit(config)  # why its model_type's family does not run it (it runs as one without), or None
         self.name = f"{family.name if family else self.family} (transformers)"
+        self.generation_config = generation_config(folder)  # checked before transformers reads it
+        if settings.generation_config == "greedy":  # generate applies its rules: their fields of the right types
+            rule_fields(self.generation_config, str(folder / "generation_config.json"))
         self.model = load_reference(folder, settings)
         self.inputs = ReferenceInputs(folder, settings, family)
         self.tokenizer = self.inputs.tokenizer
-        self.generation_config = generation_config(folder)
         self.stop_ids = stop_ids(self.generation_config, self.tokenizer)
         self.model.generation_config = self._rules()
         chat = bool(getattr(self.tokenizer, "chat_template", None))
@@ -226,8 +230,8 @@ class ReferenceModel:
         if self.image_marker or not getattr(self.tokenizer, "chat_template", None):
             prompt = f"{self.image_marker}?"  # a family's marker, or the processor places the image's tokens
         else:
-            prompt = self.tokenizer.apply_chat_template([{"role": "user", "content": [
-                {"type": "image"}, {"type": "text", "text": "?"}]}], add_generation_prompt=True, tokenize=False)
+            prompt = render_chat(self.tokenizer, [{"role": "user", "content": [{"type": "image"},
+                                                                               {"type": "text", "text": "?"}]}])
         ids = self.inputs([image], [prompt])["input_ids"][0]
         return int((ids == self.image_token_id).sum()) if self.image_token_id is not None else 0
 

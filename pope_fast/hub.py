@@ -16,6 +16,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from .hub_hashes import first_mismatch
+
 # `org/name` or `org/name@revision`: the hub's repo-id characters; a revision is a branch, tag or commit
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
 # What a load reads: config, tokenizer, processor and chat-template files, and the safetensors weights (PyTorch
@@ -25,6 +27,9 @@ MODEL_FILES = (*TOKENIZER_FILES, "*.safetensors")
 BIN_FILES = ("pytorch_model*.bin",)
 OFFLINE_VALUES = ("1", "on", "yes", "true")  # huggingface_hub's reading of HF_HUB_OFFLINE
 SHARD = re.compile(r"-(\d+)-of-(\d+)\.")  # a dataset shard's place in its split: test-00000-of-00003.parquet
+# A ref name's parts as git and the hub allow them (git check-ref-format): the hub library writes a revision to
+# refs/<revision> in the cache, so a part ".." would write outside it
+REF_PART = re.compile(r"^(?!\.)(?!.*\.\.)[\w.-]+(?<!\.lock)$")
 
 
 class HubError(ValueError):
@@ -50,6 +55,14 @@ def parse_hub_id(text: str) -> tuple[str, str | None] | None:
     """(repo id, revision or None) of `ORG/NAME[@REVISION]`, or None for anything else."""
     match = HUB_ID.match(text)
     return (match["repo"], match["revision"]) if match else None
+
+
+def revision_fault(revision: str) -> str | None:
+    """Why `revision` is no branch, tag or commit name the hub could hold, or None."""
+    if all(REF_PART.match(part) for part in revision.split("/")) and not revision.endswith("."):
+        return None
+    return (f"revision {revision!r} is not a branch, tag or commit name (its parts are never empty, never begin with "
+            "'.', never end with '.lock' and hold no '..')")
 
 
 def offline() -> str | None:
@@ -104,33 +117,77 @@ def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, 
     from huggingface_hub.errors import LocalEntryNotFoundError
 
     name = repo_id + (f"@{revision}" if revision else "")
+    if revision is not None and revision_fault(revision):
+        raise HubError(f"{option} {name}: {revision_fault(revision)}")
     common = dict(repo_id=repo_id, revision=revision, repo_type=repo_type, cache_dir=cache_dir(),
                   allow_patterns=list(files))
     try:
         folder = Path(snapshot_download(**common, local_files_only=True))
         absent = missing(folder)
     except LocalEntryNotFoundError:
-        folder, absent = None, "not in the local cache"
+        folder, absent = None, None
     if folder is not None and (absent is None or (not required and offline())):
         return Snapshot(folder, repo_id, revision, folder.name, repo_type)
-    reason = absent if folder is None else f"its cached snapshot lacks {absent}"
+    reason = _uncached(repo_id, revision, repo_type) if folder is None else \
+        f"its cached snapshot lacks {absent} ({cache_dir()})"
     if offline():
-        raise HubError(f"{option} {name}: {reason} ({cache_dir()}) and {offline()} is set; unset it to download, or "
-                       "give a local folder")
+        raise HubError(f"{option} {name}: {reason} and {offline()} is set; unset it to download, or give a local "
+                       "folder")
     try:
         folder = Path(snapshot_download(**common, endpoint=os.environ.get("HF_ENDPOINT") or None))
     except Exception as err:  # noqa: BLE001 (the hub library's and its HTTP client's errors, each said in one line)
-        raise HubError(f"{option} {name}: {_download_failure(err, repo_id, repo_type)}") from None
+        raise HubError(f"{option} {name}: {_download_failure(err, repo_id, repo_type, reason)}") from None
+    bad = first_mismatch(_matching(folder, files))
+    if bad is not None:
+        bad.remove()
+        raise HubError(f"{option} {name}: {bad.link.relative_to(folder)} as downloaded is not the file the hub "
+                       f"announced (its {bad.algorithm} is {bad.actual}, the hub's {bad.expected}); it is removed "
+                       "from the cache: run the same command again to download it again")
     absent = missing(folder)
     if absent is not None and required:
+        unreached = _unreached(repo_id, revision, repo_type)  # the hub library returns a cached part when it is
+        if unreached is not None:
+            raise HubError(f"{option} {name}: {_no_answer(unreached, reason)}")
         raise HubError(f"{option} {name}: the repository has no {absent} (is it a {repo_type} repository of the "
                        "layout pope-fast reads?)")
     return Snapshot(folder, repo_id, revision, folder.name, repo_type)
 
 
-def _download_failure(err: Exception, repo_id: str, repo_type: str) -> str:
-    """What went wrong with a download, and what to do, in words."""
-    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError, RevisionNotFoundError
+def _unreached(repo_id: str, revision: str | None, repo_type: str) -> Exception | None:
+    """The HTTP client's error where the hub gives no answer at all to a question about the repository, else None."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import HfHubHTTPError
+
+    try:
+        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).repo_info(repo_id, revision=revision or "main",
+                                                                         repo_type=repo_type)
+    except HfHubHTTPError:  # an answer, whatever it says
+        return None
+    except Exception as err:  # noqa: BLE001 (the HTTP client's errors: no connection, no answer in time)
+        return err
+    return None
+
+
+def _uncached(repo_id: str, revision: str | None, repo_type: str) -> str:
+    """Why the cache holds no snapshot of `repo_id` at `revision`, in words naming what it holds instead."""
+    root = cache_dir() / f"{repo_type}s--{repo_id.replace('/', '--')}"  # the hub library's repo_folder_name
+    if not root.is_dir():
+        return f"not in the local cache ({cache_dir()})"
+    wanted = revision or "main"
+    refs = {p.relative_to(root / "refs").as_posix(): p.read_text().strip() for p in (root / "refs").rglob("*")
+            if p.is_file()}
+    snapshots = root / "snapshots"
+    if (snapshots / refs.get(wanted, wanted)).is_dir():
+        return f"its cached snapshot of {wanted} is incomplete ({snapshots / refs.get(wanted, wanted)})"
+    held = [f"{ref} at {commit[:12]}" for ref, commit in sorted(refs.items())]
+    held = held or sorted(p.name[:12] for p in snapshots.glob("*") if p.is_dir())  # commits no ref names
+    return f"revision {wanted} is not in the local cache ({cache_dir()}; it holds {', '.join(held) or 'no snapshot'})"
+
+
+def _download_failure(err: Exception, repo_id: str, repo_type: str, uncached: str) -> str:
+    """What went wrong with a download, and what to do, in words (`uncached`: why the cache could not answer)."""
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
 
     page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo_id}"
     login = "log in with `hf auth login` (or set HF_TOKEN)"
@@ -141,8 +198,22 @@ def _download_failure(err: Exception, repo_id: str, repo_type: str) -> str:
     if isinstance(err, RepositoryNotFoundError):
         return (f"no local folder of that name, and no such {repo_type} repository on the hub (or a private one: "
                 f"check the id, or {login})")
-    return (f"the download stopped ({type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}); run the "
-            "same command again to finish it (whole files are kept in the cache; a cut-off one is never read)")
+    if isinstance(err, LocalEntryNotFoundError):  # what the hub library raises when the hub does not answer
+        return _no_answer(err.__cause__ or err, uncached)
+    return (f"the download stopped ({type(err).__name__}: {_first_line(err)}); run the same command again to finish "
+            "it (whole files are kept in the cache; a cut-off one is never read)")
+
+
+def _no_answer(cause: BaseException, uncached: str) -> str:
+    from huggingface_hub import constants
+
+    endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    return (f"{uncached}, and the hub cannot be reached at {endpoint} ({type(cause).__name__}: {_first_line(cause)}); "
+            "check the network or HF_ENDPOINT (HF_HUB_OFFLINE=1 reads the cache alone)")
+
+
+def _first_line(err: BaseException) -> str:
+    return str(err).strip().splitlines()[0] if str(err).strip() else ""
 
 
 def _model_missing(folder: Path) -> str | None:
@@ -151,11 +222,32 @@ def _model_missing(folder: Path) -> str | None:
         return "config.json"
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
-            shards = sorted(set(json.loads((folder / index).read_text())["weight_map"].values()))
-            return next((shard for shard in shards if not (folder / shard).is_file()), None)
+            return next((shard for shard in _index_shards(folder / index) if not (folder / shard).is_file()), None)
     if any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin")):
         return None
     return "weights"
+
+
+def _index_shards(index: Path) -> list[str]:
+    """The weights files a shard index names (its weight_map's values), in name order."""
+    try:
+        data = json.loads(index.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise HubError(f"{index}:{err.lineno}: malformed JSON: {err.msg}") from None
+    except UnicodeDecodeError as err:
+        raise HubError(f"{index}: not UTF-8 text ({err.reason})") from None
+    if not isinstance(data, dict):
+        raise HubError(f"{index}: expected a JSON object, found {type(data).__name__}")
+    weight_map = data.get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise HubError(f"{index}: weight_map is not an object of tensor names to file names (found "
+                       f"{type(weight_map).__name__ if weight_map is not None else None})")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise HubError(f"{index}: weight_map[{name!r}] {shard!r} is not a file name")
+    if not weight_map:
+        raise HubError(f"{index}: weight_map names no weights file")
+    return sorted(set(weight_map.values()))
 
 
 def _card_missing(folder: Path) -> str | None:
@@ -170,54 +262,81 @@ def _tokenizer_missing(folder: Path) -> str | None:
 def _data_patterns(card: Path, where: str, subset: str | None, split: str | None) -> tuple[str, ...]:
     """The data-file patterns of a dataset card's config `subset` (default: the one named "default", else the only
     one) and of its `split` (default: all of its splits)."""
-    configs = _card_configs(card)
-    if not configs:
+    subsets = _card_configs(card)
+    if not subsets:
         if subset or split:
             raise HubError(f"{where}: its card declares no configs or splits, so --subset/--split cannot pick one")
         return ("*.parquet", "**/*.parquet")
-    names = [c.get("config_name", "default") for c in configs]
+    names = list(subsets)
     if subset is None:
         subset = "default" if "default" in names else names[0] if len(names) == 1 else None
         if subset is None:
             raise HubError(f"{where}: the dataset has several subsets ({', '.join(names)}); name one with --subset")
     if subset not in names:
         raise HubError(f"{where}: --subset {subset}: no such subset; it has {', '.join(names)}")
-    splits = _splits(configs[names.index(subset)])
+    splits = subsets[subset]
     if split is not None and split not in splits:
         raise HubError(f"{where}: --split {split}: subset {subset} has splits {', '.join(splits)}")
     chosen = [splits[split]] if split else list(splits.values())
     return tuple(p for paths in chosen for p in paths)
 
 
-def _card_configs(card: Path) -> list[dict]:
-    """The `configs:` list of a dataset card's YAML header, or [] (no card, no header, no configs)."""
+def _card_configs(card: Path) -> dict[str, dict[str, list[str]]]:
+    """subset → split → path patterns, as a dataset card's YAML header declares them (`configs:`), or {} (no card,
+    no header, no configs); every field checked as it is read."""
     import yaml  # huggingface_hub's own dependency
 
     if not card.is_file():
-        return []
+        return {}
     text = card.read_text(encoding="utf-8")
     if not text.startswith("---"):
-        return []
-    header = text.split("---", 2)[1]
+        return {}
     try:
-        configs = (yaml.safe_load(header) or {}).get("configs") or []
+        header = yaml.safe_load(text.split("---", 2)[1]) or {}
     except yaml.YAMLError as err:
         raise HubError(f"{card}: unreadable YAML header ({str(err).splitlines()[0]})") from None
-    return [c for c in configs if isinstance(c, dict)]
+    if not isinstance(header, dict):
+        raise HubError(f"{card}: its YAML header is not a mapping of fields")
+    configs = header.get("configs") or []
+    if not isinstance(configs, list):
+        raise HubError(f"{card}: configs {configs!r} is not a list of subsets")
+    subsets: dict[str, dict[str, list[str]]] = {}
+    for i, config in enumerate(configs):
+        if not isinstance(config, dict):
+            raise HubError(f"{card}: configs[{i}] {config!r} is not a mapping (config_name, data_files)")
+        name = config.get("config_name", "default")
+        if not isinstance(name, str) or not name:
+            raise HubError(f"{card}: configs[{i}].config_name {name!r} is not a name")
+        if name in subsets:
+            raise HubError(f"{card}: configs[{i}].config_name {name!r} names a subset declared before")
+        subsets[name] = _splits(config.get("data_files") or [], f"{card}: configs[{i}].data_files")
+    return subsets
 
 
-def _splits(config: dict) -> dict[str, list[str]]:
-    """split → its path patterns, as a card's config lists its data_files (a string, a list, or split entries)."""
-    files = config.get("data_files") or []
+def _splits(files, where: str) -> dict[str, list[str]]:
+    """split → its path patterns, as a card's config lists its data_files (a pattern, a list of patterns or of
+    {split, path} entries, or a mapping of split to patterns, as the datasets library reads them); split names
+    that YAML reads as numbers are their text."""
     if isinstance(files, str):
         return {"train": [files]}
+    if isinstance(files, dict):
+        files = [{"split": split, "path": paths} for split, paths in files.items()]
+    if not isinstance(files, list):
+        raise HubError(f"{where} {files!r} is not a path pattern, a list of them or of splits (split, path)")
     splits: dict[str, list[str]] = {}
-    for entry in files:
+    for j, entry in enumerate(files):
         if isinstance(entry, str):
             splits.setdefault("train", []).append(entry)
-        else:
-            paths = entry.get("path")
-            splits.setdefault(entry.get("split", "train"), []).extend([paths] if isinstance(paths, str) else paths)
+            continue
+        if not isinstance(entry, dict):
+            raise HubError(f"{where}[{j}] {entry!r} is not a path pattern or a split (split, path)")
+        split, paths = entry.get("split", "train"), entry.get("path")
+        if isinstance(split, bool) or not isinstance(split, (str, int)) or split == "":
+            raise HubError(f"{where}[{j}].split {split!r} is not a split name")
+        patterns = [paths] if isinstance(paths, str) else paths
+        if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p for p in patterns):
+            raise HubError(f"{where}[{j}].path {paths!r} is not a path pattern or a list of them")
+        splits.setdefault(str(split), []).extend(patterns)
     return splits
 
 

@@ -31,6 +31,17 @@ class Question:
         return str(self.question_id)
 
 
+def surrogate_fault(text: str) -> str | None:
+    """Why `text` is no Unicode text (a lone surrogate, which JSON's \\ud800 escape gives and no tokenizer or file
+    name takes), or None."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as err:
+        return (f"holds a lone surrogate ({text[err.start]!r} at character {err.start + 1}), which is no Unicode "
+                "text (a \\u escape of half a character pair?)")
+    return None
+
+
 def read_text(path: Path, what: str) -> str:
     """A UTF-8 file's text; a DataError naming it where it is missing ("no such <what>") or not UTF-8."""
     try:

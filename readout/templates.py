@@ -10,7 +10,9 @@ readout/protocols' registry collects every template with these (`TEMPLATES`, `ge
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 YES_NO_SUFFIX = " Answer yes or no only."
 # lmms-eval's POPE post_prompt (tasks/pope/pope.yaml, lmms_eval_specific_kwargs.default), which LLaVA's
@@ -49,7 +51,7 @@ class Template:
             {"type": "image"}] * image + [{"type": "text", "text": question + self.suffix}]}]
         if system:
             messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return render_chat(tokenizer, messages)
 
     def without_image(self) -> str:
         """What a plain template's text loses when no image is asked about (image_part)."""
@@ -58,6 +60,37 @@ class Template:
         if not self.image_marker:
             return ""
         return self.image_marker + "\n" if self.image_marker + "\n" in self.text else self.image_marker
+
+
+# where a checkpoint keeps its chat template: transformers reads the first two beside the tokenizer's config
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
+
+
+def render_chat(tokenizer, messages: list[dict]) -> str:
+    """The prompt the tokenizer's chat template renders of `messages`, ending in the assistant's turn; a template
+    that does not parse or raises (jinja's raise_exception) is one ValueError naming its file and why."""
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    except Exception as err:  # noqa: BLE001 (the template is the checkpoint's code: whatever it raises is its fault)
+        line = f" at line {err.lineno}" if isinstance(getattr(err, "lineno", None), int) else ""
+        why = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        raise ValueError(f"{chat_template_file(tokenizer)}: its chat template fails{line} ({type(err).__name__}: "
+                         f"{why})") from None
+
+
+def chat_template_file(tokenizer) -> str:
+    """The file of the tokenizer's folder that holds its chat template, else what names the tokenizer."""
+    folder = Path(tokenizer.name_or_path) if getattr(tokenizer, "name_or_path", "") else None
+    for path in (folder / name for name in CHAT_TEMPLATE_FILES) if folder else ():
+        try:
+            own = path.read_text(encoding="utf-8")
+            own = own if path.suffix == ".jinja" else json.loads(own).get("chat_template")
+        except (OSError, ValueError, AttributeError):  # absent, or not the object a template file holds
+            continue
+        named = own if isinstance(own, list) else [{"template": own}]  # a list holds named templates
+        if any(isinstance(t, dict) and t.get("template") == tokenizer.chat_template for t in named):
+            return str(path)
+    return f"{folder or 'the tokenizer'} (its tokenizer's chat template)"
 
 
 OWN_TEMPLATES: dict[str, Template] = {

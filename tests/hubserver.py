@@ -1,8 +1,9 @@
 """A stand-in for the Hugging Face hub on 127.0.0.1: the endpoints huggingface_hub's snapshot_download calls
 (repo info at a revision, the file tree, HEAD and ranged GET of each file), answered from repositories held
 in memory. Tests point HF_ENDPOINT at it. It can refuse a gated repository without a token (401, as the hub
-does) and cut a file's download off after some bytes, to test what a user sees then. Bounded: it answers at
-most MAX_REQUESTS requests and stops itself after LIFETIME_S seconds, whatever the test does.
+does), cut a file's download off after some bytes, or serve other bytes than the hashes it states, to test what
+a user sees then. Bounded: it answers at most MAX_REQUESTS requests and stops itself after LIFETIME_S seconds,
+whatever the test does.
 """
 from __future__ import annotations
 
@@ -26,9 +27,11 @@ class Repo:
     refs: tuple[str, ...] = ("main",)
     gated: bool = False  # 401 unless a token is sent
     cut: dict[str, int] = field(default_factory=dict)  # path -> bytes sent before a GET of it is cut off
+    served: dict[str, bytes] = field(default_factory=dict)  # path -> bytes a GET sends instead of the file's own
 
     def tree(self) -> list[dict]:
-        return [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b).hexdigest(),
+        """The hub's tree entries: a file's git blob id, and an LFS file's sha256 (which its ETag is)."""
+        return [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest(),
                  **({"lfs": {"oid": hashlib.sha256(b).hexdigest(), "size": len(b), "pointerSize": 134}}
                     if p.endswith((".safetensors", ".parquet", ".bin")) else {})}
                 for p, b in sorted(self.files.items())]
@@ -126,7 +129,7 @@ def _handler(hub: HubServer):
             self._file(repo, rest, body)
 
         def _file(self, repo: Repo, path: str, body: bool) -> None:
-            data = repo.files[path]
+            data = repo.served.get(path, repo.files[path])
             start = 0
             if self.headers.get("Range", "").startswith("bytes="):
                 start = int(self.headers["Range"][6:].split("-")[0])

@@ -22,6 +22,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 
+from ...readout.templates import render_chat
 from ..decoder import DecoderDims
 from ..loader import CheckpointError
 from ..stats import Counts
@@ -40,8 +41,7 @@ class Qwen3VLModel(Qwen2VLModel):
         super().__init__(folder, settings)
         if not getattr(self.tokenizer, "chat_template", None):
             return
-        opening = self.tokenizer.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True,
-                                                     tokenize=False)
+        opening = render_chat(self.tokenizer, [{"role": "user", "content": "?"}])
         if "<think>" in opening[opening.rfind("<|im_start|>"):]:
             raise CheckpointError(f"{folder}: a thinking checkpoint (its chat template opens a <think> block), whose "
                                   "first answer token begins its reasoning, not a yes/no; use an Instruct checkpoint")

@@ -379,3 +379,189 @@ def test_mme_by_hub_id_reads_as_its_parquet(hub_env, shared):
     _, expected = benchmark_questions([str(p) for p in local])
     assert name == "mme" and len(questions) == len(expected) > 0
     assert [(q.question_id, q.text, q.label) for q in questions] == [(q.question_id, q.text, q.label) for q in expected]
+
+
+# --- issue 49: a revision is a branch, tag or commit name, never a path -----------------------------------------
+
+@pytest.mark.parametrize("revision", ["../../../outside", "v1/../../x", "..", ".hidden", "a//b", "x.lock"])
+def test_a_revision_that_is_no_ref_name_is_refused_before_the_hub_is_asked(revision, hub_env, tmp_path):
+    from pope_fast.hub import local_or_hub
+
+    repo = Repo({"config.json": b"{}", "model.safetensors": b"x"}, refs=("main", revision))
+    with HubServer({("model", "org/tiny"): repo}) as hub:
+        os.environ["HF_ENDPOINT"] = hub.url
+        try:
+            with pytest.raises(HubError) as refused:
+                local_or_hub(f"org/tiny@{revision}", "--model")
+        finally:
+            del os.environ["HF_ENDPOINT"]
+    assert str(refused.value) == (f"--model org/tiny@{revision}: revision {revision!r} is not a branch, tag or "
+                                  "commit name (its parts are never empty, never begin with '.', never end with "
+                                  "'.lock' and hold no '..')")
+    assert not hub.requests
+    assert not list(tmp_path.iterdir())  # nothing written, in the cache or beside it
+
+
+def test_the_ref_names_the_hub_gives_are_revisions():
+    from pope_fast.hub import revision_fault
+
+    for revision in ("main", "v1.0", "refs/pr/12", "release/2024.1_b-2", COMMIT):
+        assert revision_fault(revision) is None, revision
+    for revision in ("a/", "/a", "a/./b", "v1.", "refs/pr/..", "x..y"):
+        assert revision_fault(revision), revision
+
+
+# --- issue 48: every field read from a hub file is checked where it enters ----------------------------------------
+
+@pytest.mark.parametrize("header, fault", [
+    ("- a\n- b\n", "its YAML header is not a mapping of fields"),
+    ("configs: default\n", "configs 'default' is not a list of subsets"),
+    ("configs:\n- 3\n", "configs[0] 3 is not a mapping (config_name, data_files)"),
+    ("configs:\n- config_name: [a]\n  data_files: x/*\n", "configs[0].config_name ['a'] is not a name"),
+    ("configs:\n- config_name: a\n  data_files: x/*\n- config_name: a\n  data_files: y/*\n",
+     "configs[1].config_name 'a' names a subset declared before"),
+    ("configs:\n- config_name: a\n  data_files: 7\n",
+     "configs[0].data_files 7 is not a path pattern, a list of them or of splits (split, path)"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: null\n    path: x/*\n",
+     "configs[0].data_files[0].split None is not a split name"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: [t]\n    path: x/*\n",
+     "configs[0].data_files[0].split ['t'] is not a split name"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: test\n",
+     "configs[0].data_files[0].path None is not a path pattern or a list of them"),
+    ("configs:\n- config_name: a\n  data_files:\n  - split: test\n    path: [x/*, 5]\n",
+     "configs[0].data_files[0].path ['x/*', 5] is not a path pattern or a list of them"),
+    ("configs:\n- config_name: a\n  data_files:\n  - [x/*]\n",
+     "configs[0].data_files[0] ['x/*'] is not a path pattern or a split (split, path)"),
+], ids=["header-list", "configs-str", "config-int", "name-list", "name-twice", "files-int", "split-null",
+        "split-list", "path-absent", "path-int", "entry-list"])
+def test_a_card_of_another_shape_is_named_by_its_field(header, fault, tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text(f"---\n{header}---\n# card\n")
+    with pytest.raises(HubError) as refused:
+        _data_patterns(card, "--questions org/data", None, None)
+    assert str(refused.value) == f"{card}: {fault}"
+
+
+def test_a_cards_split_names_and_data_files_read_as_the_datasets_library_reads_them(tmp_path):
+    card = tmp_path / "README.md"
+    card.write_text("---\nconfigs:\n- config_name: a\n  data_files:\n  - split: 2023\n    path: y/*\n"
+                    "- config_name: b\n  data_files:\n    test: t/*\n    dev: [d/1-*, d/2-*]\n---\n")
+    assert _data_patterns(card, "x", "a", "2023") == ("y/*",)
+    assert _data_patterns(card, "x", "b", None) == ("t/*", "d/1-*", "d/2-*")
+    assert _data_patterns(card, "x", "b", "dev") == ("d/1-*", "d/2-*")
+
+
+@pytest.mark.parametrize("index, fault", [
+    ('{"metadata": {}}', "weight_map is not an object of tensor names to file names (found None)"),
+    ('{"weight_map": ["model-00001-of-00002.safetensors"]}',
+     "weight_map is not an object of tensor names to file names (found list)"),
+    ('{"weight_map": {"a.weight": 3}}', "weight_map['a.weight'] 3 is not a file name"),
+    ('{"weight_map": {}}', "weight_map names no weights file"),
+    ('{"weight_map": {"a": ', ":1: malformed JSON: Expecting value"),
+    ('[1]', "expected a JSON object, found list"),
+], ids=["no-map", "map-list", "file-int", "map-empty", "malformed", "array"])
+def test_a_shard_index_of_another_shape_is_named_by_its_field(index, fault, hub_env, monkeypatch):
+    from pope_fast.hub import local_or_hub
+
+    cache_snapshot(hub_env, "org/sharded", {"config.json": b"{}", "model.safetensors.index.json": index.encode(),
+                                            "model-00001-of-00002.safetensors": b"x"})
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/sharded", "--model")
+    folder = hub_env / "models--org--sharded" / "snapshots" / COMMIT
+    index = folder / "model.safetensors.index.json"
+    assert str(refused.value) == (f"{index}{fault}" if fault.startswith(":") else f"{index}: {fault}")
+
+
+# --- issue 48: a hub that cannot be reached, a revision the cache lacks --------------------------------------------
+
+@pytest.fixture
+def unreachable(monkeypatch):
+    """HF_ENDPOINT at a port of 127.0.0.1 where nothing listens (connections refused at once)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    monkeypatch.setenv("HF_ENDPOINT", url)
+    return url
+
+
+def test_a_hub_that_cannot_be_reached_is_named_so(hub_env, unreachable):
+    from pope_fast.hub import local_or_hub
+
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/absent", "--model")
+    message = str(refused.value)
+    assert message.startswith(f"--model org/absent: not in the local cache ({hub_env}), and the hub cannot be reached "
+                              f"at {unreachable} (ConnectError: "), message
+    assert message.endswith("); check the network or HF_ENDPOINT (HF_HUB_OFFLINE=1 reads the cache alone)"), message
+    assert "run the same command again" not in message
+
+
+def test_a_revision_the_cache_lacks_is_named(hub_env, unreachable, monkeypatch):
+    from pope_fast.hub import local_or_hub
+
+    cache_snapshot(hub_env, "org/name", {"config.json": b"{}", "model.safetensors": b"x"})
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/name@v2", "--model")
+    assert str(refused.value).startswith(f"--model org/name@v2: revision v2 is not in the local cache ({hub_env}; it "
+                                         f"holds main at {COMMIT[:12]}), and the hub cannot be reached at ")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/name@v2", "--model")
+    assert str(refused.value) == (f"--model org/name@v2: revision v2 is not in the local cache ({hub_env}; it holds "
+                                  f"main at {COMMIT[:12]}) and HF_HUB_OFFLINE is set; unset it to download, or give a "
+                                  "local folder")
+
+
+# --- issue 48: a download is the file the hub announced, or it is not read ---------------------------------------
+
+@pytest.mark.parametrize("corrupt", ["model.safetensors", "config.json"])
+def test_a_download_whose_bytes_are_not_the_hubs_is_refused_and_removed(corrupt, hub_env, pope, tmp_path):
+    """The hub states each file's hash (an LFS file's sha256, a git file's blob id); a stand-in serving other bytes
+    of the same length (the last 100 zeroed) is refused naming the file, and the next run downloads it again."""
+    from pope_fast.hub import local_or_hub
+
+    files = {"config.json": b'{"model_type": "llava"}' + b" " * 200, "model.safetensors": os.urandom(4000)}
+    repo = Repo(files, served={corrupt: files[corrupt][:-100] + bytes(100)})
+    images, questions = pope
+    with HubServer({("model", "org/tiny"): repo}) as hub:
+        os.environ["HF_ENDPOINT"] = hub.url
+        try:
+            line = error_line(run("eval", "--model", "org/tiny", "--questions", questions, "--images", images,
+                                  "--out", tmp_path / "out"))
+            cached = sorted(p.name for p in hub_env.glob("models--org--tiny/snapshots/*/*"))
+            blobs = {p.name: p.stat().st_size for p in hub_env.glob("models--org--tiny/blobs/*")}
+            repo.served.clear()
+            folder, _ = local_or_hub("org/tiny", "--model")
+        finally:
+            del os.environ["HF_ENDPOINT"]
+    algorithm = "sha256" if corrupt.endswith(".safetensors") else "git blob id"
+    expected = hashlib.sha256(files[corrupt]).hexdigest() if corrupt.endswith(".safetensors") else \
+        hashlib.sha1(b"blob %d\0" % len(files[corrupt]) + files[corrupt]).hexdigest()
+    assert line.startswith(f"Error: --model org/tiny: {corrupt} as downloaded is not the file the hub announced (its "
+                           f"{algorithm} is "), line
+    assert line.endswith(f", the hub's {expected}); it is removed from the cache: run the same command again to "
+                         "download it again"), line
+    assert not (tmp_path / "out").exists()
+    assert corrupt not in cached and expected not in blobs and len(blobs) == 1  # the other file's, kept
+    assert folder_files(folder) == files  # downloaded again, whole
+
+
+def test_a_cached_part_while_the_hub_cannot_be_reached_is_not_called_the_repositorys_all(hub_env, unreachable):
+    """The hub library hands back a cached snapshot that lacks files when the hub does not answer: the line says the
+    hub cannot be reached, not that the repository lacks them; a hub that answers without them says that."""
+    from pope_fast.hub import local_or_hub
+
+    cache_snapshot(hub_env, "org/name", {"config.json": b"{}"})
+    with pytest.raises(HubError) as refused:
+        local_or_hub("org/name", "--model")
+    assert str(refused.value).startswith(f"--model org/name: its cached snapshot lacks weights ({hub_env}), and the "
+                                         f"hub cannot be reached at {unreachable} (ConnectError: "), str(refused.value)
+    with HubServer({("model", "org/name"): Repo({"config.json": b"{}"}, commit=COMMIT)}) as hub:
+        os.environ["HF_ENDPOINT"] = hub.url
+        with pytest.raises(HubError) as refused:
+            local_or_hub("org/name", "--model")
+    assert str(refused.value) == ("--model org/name: the repository has no weights (is it a model repository of the "
+                                  "layout pope-fast reads?)")

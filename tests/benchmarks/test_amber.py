@@ -280,3 +280,14 @@ def test_real_vlmevalkit_reads_what_official_refuses(real, tmp_path):
     # Attribute 3814/7628 = 50.0; Existence 0/4924; Relation 975/1664 = 58.59375; mean of the three.
     assert scores == {"Attribute": 50.0, "Existence": 0.0, "Relation": 58.59375,
                       "Avg ACC": pytest.approx((50.0 + 0.0 + 58.59375) / 3, abs=1e-12)}
+
+
+@pytest.mark.parametrize("key", ["image", "query"])
+def test_a_lone_surrogate_in_a_query_is_named_by_item_and_field(tmp_path, key):
+    """Issue 49: "\\ud800" is valid JSON but no Unicode text (no tokenizer or file name takes it)."""
+    queries = [{"id": i, "image": f"AMBER_{i % 3 + 1}.jpg", "query": q} for i, (_, _, q) in SMALL.items()]
+    queries[1][key] = "A\ud800" + queries[1][key]
+    root = _write_data(tmp_path / "data", queries=queries)
+    message = _error(lambda: Amber.questions(root))
+    assert message.endswith(f" item 2: {key!r} {queries[1][key]!r} holds a lone surrogate ('\\ud800' at character "
+                            "2), which is no Unicode text (a \\u escape of half a character pair?)"), message

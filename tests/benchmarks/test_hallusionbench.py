@@ -374,3 +374,17 @@ def test_fields_parse_the_official_key():
                                                                                           "3")
     with pytest.raises(ValueError):
         fields("VS_chart_1_3")
+
+
+@pytest.mark.parametrize("field", ["question", "filename"])
+def test_a_lone_surrogate_in_a_question_is_named_by_item_and_field(tmp_path, field):
+    """Issue 49: "\\ud800" is valid JSON but no Unicode text (no tokenizer or file name takes it)."""
+    rows = [dict(row) for row in MINI]
+    rows[2][field] = rows[2][field].replace("0", "\ud800", 1)
+    path = _write(tmp_path / "HallusionBench.json", rows)
+    with pytest.raises(DataError) as refused:
+        HallusionBench.questions(path)
+    at = rows[2][field].index("\ud800") + 1
+    assert str(refused.value) == (f"{path} item 3: {field} {rows[2][field]!r} holds a lone surrogate ('\\ud800' at "
+                                  f"character {at}), which is no Unicode text (a \\u escape of half a character "
+                                  "pair?)")

@@ -94,3 +94,18 @@ def test_folders_and_overrides(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match=r"empty: no question files"):
         find_question_files(tmp_path / "empty")
+
+
+@pytest.mark.parametrize("key", ["text", "image", "question_id"])
+def test_a_lone_surrogate_is_named_by_file_line_and_field(tmp_path, key):
+    """Issue 49: "\\ud800" is valid JSON but no Unicode text: no tokenizer takes it and no file name encodes it."""
+    row = {"question_id": "q1", "image": "a.jpg", "text": "Is there a dog?", "label": "yes"}
+    row[key] = row[key][:1] + "\ud800" + row[key][1:]
+    path = tmp_path / "questions.jsonl"
+    path.write_text('{"question_id": 0, "image": "b.jpg", "text": "q", "label": "no"}\n' + json.dumps(row) + "\n")
+    with pytest.raises(DataError) as refused:
+        load_questions(path)
+    assert str(refused.value) == (f"{path}:2: {key} {row[key]!r} holds a lone surrogate ('\\ud800' at character 2), "
+                                  "which is no Unicode text (a \\u escape of half a character pair?)")
+    path.write_text(json.dumps({**row, key: row[key].replace("\ud800", "\u00e9")}) + "\n")  # é: text as any other
+    assert len(load_questions(path)) == 1

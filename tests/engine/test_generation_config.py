@@ -183,3 +183,53 @@ def test_the_rules_bite_only_while_they_can_change_a_choice():
         state.push(tokens[:1])
         assert state.bites()
     assert not GreedyRules().active and GreedyRules(min_new_tokens=1).active
+
+
+# --- issue 49: every field read from generation_config.json is checked where it enters ------------------------------
+
+@pytest.mark.parametrize("eos", [[2, "x"], [[2]], "2", [], True, -1, 2.0],
+                         ids=["list-with-text", "nested", "text", "empty", "bool", "negative", "float"])
+def test_an_eos_token_id_that_is_no_token_id_is_one_line_naming_the_field(eos, tmp_path):
+    import json
+
+    from pope_fast.engine.loader import CheckpointError, generation_config
+
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "bos_token_id": 1}))
+    with pytest.raises(CheckpointError) as refused:
+        generation_config(tmp_path)
+    assert str(refused.value) == (f"{tmp_path / 'generation_config.json'}: eos_token_id must be a token id or a "
+                                  f"non-empty list of them, not {eos!r}")
+
+
+def test_eos_token_ids_that_are_token_ids_are_the_stop_ids(tmp_path):
+    import json
+
+    from pope_fast.engine.loader import generation_config, stop_ids
+
+    class Tokenizer:
+        eos_token_id = 9
+
+    for eos, stops in ((2, {2}), ([2, 7], {2, 7}), (None, {9})):
+        (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+        assert stop_ids(generation_config(tmp_path), Tokenizer()) == stops
+
+
+@pytest.mark.parametrize("field, value, fault", [
+    ("no_repeat_ngram_size", 1.5, "must be an integer, not 1.5 (transformers' generate refuses another number)"),
+    ("no_repeat_ngram_size", 2.0, "must be an integer, not 2.0 (transformers' generate refuses another number)"),
+    ("min_length", 3.5, "must be an integer, not 3.5 (transformers' generate refuses another number)"),
+    ("min_new_tokens", 1.25, "must be an integer, not 1.25 (transformers' generate refuses another number)"),
+    ("repetition_penalty", 2, "must be a float, not 2 (transformers' generate refuses an integer: write 2.0)"),
+    ("no_repeat_ngram_size", "2", "must be a non-negative number, not '2'"),
+], ids=["ngram-fraction", "ngram-float", "min-length", "min-new-tokens", "penalty-int", "ngram-text"])
+def test_a_rule_of_a_type_transformers_refuses_is_refused_naming_it(field, value, fault):
+    with pytest.raises(ValueError) as refused:
+        GreedyRules.of({field: value}, "gc.json")
+    assert str(refused.value) == f"gc.json: {field} {fault}"
+
+
+def test_a_rule_transformers_does_not_apply_is_not_refused_for_its_type():
+    """0.0 makes no processor (generate applies a length or n-gram rule above 0), an integer penalty of 1 neither."""
+    assert not GreedyRules.of({"no_repeat_ngram_size": 0.0, "min_length": 0.0, "repetition_penalty": 1}, "g").active
+    assert GreedyRules.of({"no_repeat_ngram_size": 3, "repetition_penalty": 1.5}, "g") == \
+        GreedyRules(repetition_penalty=1.5, no_repeat_ngram_size=3)

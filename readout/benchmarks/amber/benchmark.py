@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from . import metrics as amber_metrics
-from ...data import DataError, Question, read_text
+from ...data import DataError, Question, read_text, surrogate_fault
 from ...formats import vlmevalkit as tables
 from ...readouts import NO, UNKNOWN, YES, yorn
 from ..base import Benchmark, Response, Rule
@@ -102,6 +102,9 @@ def _questions(path: Path) -> list[Question]:
     for index, entry in enumerate(queries):
         qid = _field(query_file, index, entry, "id", int)
         image, text = (_field(query_file, index, entry, key, str) for key in ("image", "query"))
+        for key, value in (("image", image), ("query", text)):  # a tokenizer and a file system read them
+            if surrogate_fault(value):
+                raise DataError(f"{_where(query_file, index)}: {key!r} {value!r} {surrogate_fault(value)}")
         if qid in seen:
             raise DataError(f"{_where(query_file, index)}: id {qid} is there twice")
         seen.add(qid)

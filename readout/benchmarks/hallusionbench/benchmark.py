@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 from typing import Mapping
 
 from . import metrics
-from ...data import DataError, Question
+from ...data import DataError, Question, surrogate_fault
 from ...formats import vlmevalkit as tables
 from ...readouts import NO, YES, yorn
 from ..base import Answer, Benchmark, Response, Rule
@@ -107,6 +107,10 @@ def rows(path: Path) -> list[dict]:
 def _question(key: str, where: str, row: dict) -> Question:
     if not isinstance(row["question"], str) or not row["question"].strip():
         raise DataError(f"{where}: question is not a non-empty string")
+    for field in ("question", "filename"):  # a tokenizer and a file system read them
+        fault = surrogate_fault(row[field]) if isinstance(row.get(field), str) else None
+        if fault:
+            raise DataError(f"{where}: {field} {row[field]!r} {fault}")
     return Question(question_id=key, image=_image(row, where), text=row["question"], label=_label(row, where),
                     split=metrics.split_name(row["category"], row["visual_input"]), dataset=NAME)
 

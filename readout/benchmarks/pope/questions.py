@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from ...data import LABELS, DataError, Question, open_parquet, read_text
+from ...data import LABELS, DataError, Question, open_parquet, read_text, surrogate_fault
 
 REQUIRED_KEYS = ("question_id", "image", "text", "label")
 
@@ -167,6 +167,10 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
         for key in ("image", "text"):  # null would become the string "None"
             if not isinstance(row[key], str) or not row[key].strip():
                 raise DataError(f"{where}: {key} {row[key]!r} is not a non-empty string")
+        for key in ("question_id", "image", "text"):  # written to records and read by a tokenizer or a file system
+            fault = surrogate_fault(row[key]) if isinstance(row[key], str) else None
+            if fault:
+                raise DataError(f"{where}: {key} {row[key]!r} {fault}")
         seen[row_split, str(qid)] = lineno
         questions.append(Question(qid, row["image"], row["text"], label, str(row_split), dataset,
                                   row["image_data"] if parquet else None))
