@@ -71,12 +71,7 @@ def test_ece_over_ten_equal_bins_and_brier_from_their_definitions():
     p = np.array([0.0, 0.05, 0.1, 0.35, 0.5, 0.55, 0.95, 1.0, 0.99, 0.12])
     y = np.array([0, 0, 1, 0, 1, 1, 1, 1, 0, 0], dtype=bool)
     got = calibration(np.ones((1, len(p))), p, y)
-    ece = 0.0
-    for b in range(10):
-        inside = [i for i in range(len(p)) if b / 10 <= p[i] < (b + 1) / 10 or (b == 9 and p[i] == 1.0)]
-        if inside:
-            ece += len(inside) / len(p) * abs(np.mean(y[inside]) - np.mean(p[inside]))
-    assert got["ece"][0] == pytest.approx(ece, abs=1e-15)
+    assert got["ece"][0] == pytest.approx(_ece(p, y), abs=1e-15)
     assert got["brier"][0] == pytest.approx(sum((pi - yi) ** 2 for pi, yi in zip(p, y)) / len(p), abs=1e-15)
 
 
@@ -108,6 +103,24 @@ def _images_resampled(statistic, images, seed, resamples):
     return list(np.quantile(values, [0.025, 0.975]))
 
 
+def _ece(p, y) -> float:
+    total = 0.0
+    for b in range(10):
+        inside = [i for i in range(len(p)) if b / 10 <= p[i] < (b + 1) / 10 or (b == 9 and p[i] == 1.0)]
+        if inside:
+            total += len(inside) / len(p) * abs(np.mean([y[i] for i in inside]) - np.mean([p[i] for i in inside]))
+    return total
+
+
+def _by_hand(margins, y, yes=None) -> dict:
+    """Every statistic of one side from its definition; `yes`: decisions other than margin > 0 (the control)."""
+    yes = [m > 0 for m in margins] if yes is None else yes
+    p = [(math.exp(m) + math.exp(-5)) / (math.exp(m) + math.exp(-5) + 1 + math.exp(-6)) for m in margins]
+    return {"yes_rate": sum(yes) / len(y), "f1": _f1(yes, y), "accuracy": sum(a == t for a, t in zip(yes, y)) / len(y),
+            "auroc": _mann_whitney(margins, y), "auprc": _average_precision(list(margins), y), "ece": _ece(p, y),
+            "brier": sum((pi - t) ** 2 for pi, t in zip(p, y)) / len(y)}
+
+
 def test_statistics_and_image_intervals_against_resamples_built_by_hand():
     rng = np.random.default_rng(5)
     n = 36
@@ -116,32 +129,31 @@ def test_statistics_and_image_intervals_against_resamples_built_by_hand():
     y = [label == "yes" for label in labels]
     ma, mb = rng.normal(0, 1, n).round(2), rng.normal(0.5, 1, n).round(2)
     a, b = _entries(ma, labels, images), _entries(mb, labels, images)
-    weights = cluster_weights(image_clusters(a), seed=3, resamples=60)
-    s = bias_statistics(labels, a, SETS, b, SETS, weights)
+    s = bias_statistics(labels, a, SETS, b, SETS, cluster_weights(image_clusters(a), seed=3, resamples=60))
     assert (s["n"], s["images"], s["excluded"]) == (n, 6, {"a": {}, "b": {}, "either": 0})
-    assert s["a"]["auroc"] == pytest.approx(_mann_whitney(ma, y)) and s["b"]["auroc"] == _mann_whitney(mb, y)
-    assert s["b"]["auprc"] == pytest.approx(_average_precision(list(mb), y), abs=1e-15)
-    assert s["delta"]["yes_rate"] == pytest.approx((sum(mb > 0) - sum(ma > 0)) / n, abs=1e-15)
-    assert (s["a"]["yes_rate"], s["b"]["yes_rate"]) == (sum(ma > 0) / n, sum(mb > 0) / n)
     k = int(sum(mb > 0))
     top = sorted(range(n), key=lambda i: (-ma[i], i))[:k]
     control = [i in top for i in range(n)]
-    assert s["control"]["yes_rate"] == s["b"]["yes_rate"] and s["control"]["f1"] == pytest.approx(_f1(control, y))
-    assert s["control"]["accuracy"] == pytest.approx(sum(c == t for c, t in zip(control, y)) / n)
+    for side, margins in (("a", ma), ("b", mb)):
+        assert s[side] == pytest.approx(_by_hand(margins, y), abs=1e-14)
+    hand = _by_hand(ma, y, control)
+    assert s["control"] == pytest.approx({**{m: hand[m] for m in ("yes_rate", "f1", "accuracy")},
+                                          "threshold": ma[top[-1]], "ties_left_no": 0}, abs=1e-14)
+    assert s["control"]["yes_rate"] == s["b"]["yes_rate"]
 
-    def auroc_shift(rows):
-        return _mann_whitney(mb[rows], [y[i] for i in rows]) - _mann_whitney(ma[rows], [y[i] for i in rows])
+    def shift(metric, rows, control_side=False):
+        ys = [y[i] for i in rows]
+        other = _by_hand(ma[rows], ys, [control[i] for i in rows] if control_side else None)
+        return _by_hand(mb[rows], ys)[metric] - other[metric]
 
-    def yes_shift(rows):
-        return (sum(mb[rows] > 0) - sum(ma[rows] > 0)) / len(rows)
-
-    def beyond(rows):
-        return _f1([mb[i] > 0 for i in rows], [y[i] for i in rows]) - _f1([control[i] for i in rows],
-                                                                          [y[i] for i in rows])
-
-    for got, statistic in ((s["delta_ci95"]["auroc"], auroc_shift), (s["delta_ci95"]["yes_rate"], yes_shift),
-                           (s["beyond_control_ci95"]["f1"], beyond)):
-        assert got == pytest.approx(_images_resampled(statistic, images, 3, 60), abs=1e-12)
+    for m in ("yes_rate", "auroc", "auprc", "ece", "brier"):
+        assert s["delta"][m] == pytest.approx(shift(m, list(range(n))), abs=1e-14)
+        assert s["delta_ci95"][m] == pytest.approx(_images_resampled(lambda rows: shift(m, rows), images, 3, 60),
+                                                   abs=1e-12)
+    for m in ("f1", "accuracy"):
+        assert s["beyond_control"][m] == pytest.approx(shift(m, list(range(n)), True), abs=1e-14)
+        assert s["beyond_control_ci95"][m] == pytest.approx(
+            _images_resampled(lambda rows: shift(m, rows, True), images, 3, 60), abs=1e-12)
 
 
 def test_a_shift_of_every_margin_is_labelled_threshold_alone_and_leaves_auroc_equal():
