@@ -6,7 +6,9 @@ answer in either run (an error record) leaves the pair, and the counts say how m
 from `score.predictions`, so each run's metrics are the ones `pope-fast score` reports for the
 questions compared. Differences are B - A, with a paired percentile bootstrap (questions resampled
 jointly, drawn as `metrics.bootstrap_f1_ci` draws them; one set of resamples per split, shared by every
-readout and every metric) and McNemar's exact test on the paired correctness.
+readout and every metric) and McNemar's exact test on the paired correctness. Every logit readout also gets
+bias.py's statistics (yes-rate shift, the yes-rate-matched control, AUROC, calibration), their intervals drawn
+by image.
 
 Two runs are comparable when everything that decides an answer, except the method, is the same: dtype,
 quantization, image preprocessing, template, token sets, continuation lengths, question set and
@@ -19,9 +21,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from .bias import bias_statistics, cluster_weights, image_clusters
 from .metrics import answered, mcnemar_exact, summarize
 from .reading import read_records
-from .readouts import NO, READOUTS, UNKNOWN, YES
+from .readouts import LOGIT, NO, READOUTS, UNKNOWN, YES
 from .protocols.base import TOOL_STEPS
 from .records import Entry, RecordSet
 from .score import POOLED, Unavailable, predictions, question_order, unknown_reasons
@@ -231,6 +234,7 @@ def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names:
     entries_a, entries_b = [ea for ea, _ in kept], [eb for _, eb in kept]
     labels = [e.label for e in entries_a]
     weights = resample_weights(len(kept), seed, resamples)
+    by_image = None  # the bias statistics' resamples: images drawn, made once where a logit readout needs them
     table, unavailable = {}, {}
     for name in names:
         try:
@@ -242,6 +246,11 @@ def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names:
         table[name] = _readout(labels, decided_a, decided_b, weights, seed, resamples)
         table[name]["a"]["unknown_reasons"] = unknown_reasons(a, name, entries_a)  # as score counts them
         table[name]["b"]["unknown_reasons"] = unknown_reasons(b, name, entries_b)
+        if READOUTS[name].kind == LOGIT:
+            if by_image is None:
+                by_image = cluster_weights(image_clusters(entries_a), seed, resamples)
+            table[name]["bias"] = bias_statistics(labels, entries_a, a.token_sets.get(name), entries_b,
+                                                  b.token_sets.get(name), by_image)
     return table, counts, unavailable
 
 

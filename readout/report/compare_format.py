@@ -6,6 +6,7 @@ from ..compare import silent_sides
 from ..metrics import answered
 from ..readouts import READOUTS
 from ..records import strict_json
+from .bias_format import format_bias
 from .tables import NO_ANSWER, markdown_table, reason_lines, reasons_of
 
 # McNemar's p beside ΔF1: why p = 1 can stand beside an interval that excludes 0 (compare's header, the report's
@@ -18,7 +19,8 @@ MCNEMAR_LEGEND = ("McNemar's p tests whether A and B are right on different ques
 
 def format_compare(result: dict, fmt: str = "markdown") -> str:
     """`json`: the result as is; `markdown`: per pair, the ΔF1 table (readouts x splits) and whether the
-    ranking survives the readout, then each split's metrics of both runs."""
+    ranking survives the readout, then what a yes-bias alone gives (bias_format), then each split's metrics of both
+    runs."""
     if fmt == "json":
         return strict_json(result, indent=2, ensure_ascii=False)
     if fmt != "markdown":
@@ -31,6 +33,9 @@ def format_compare(result: dict, fmt: str = "markdown") -> str:
               "ΔF1 and does not count in the ranking."]
     for pair in result["pairs"]:
         blocks += _summary(pair)
+    bias = format_bias(result, _title)
+    if bias:
+        blocks.append(bias)
     blocks.append("## Metrics of each run")
     for pair in result["pairs"]:
         blocks += _details(pair)

@@ -24,6 +24,7 @@ from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_json
 from ..score import score_records
+from .bias_format import format_bias
 from .markup import markdown_html
 from .tables import f1_tables, format_f1_tables, group_name, model_labels, reason_lines, reasons_of
 
@@ -220,6 +221,11 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
                      column_layout.delta_f1(f"ΔF1 under {readout}", data))
     if inputs.comparisons:
         page.html("</div>")
+    for where, result, sources in inputs.comparisons:
+        section = format_bias(result, lambda pair: f"B {labels[sources[pair['b']]]} against A "
+                                                   f"{labels[sources[pair['a']]]}")
+        if section:
+            page.html(f"{markdown_html(section)}<p>From <code>{html.escape(str(where))}</code>.</p>")
 
 
 def titled(model: str, group: str) -> str:

@@ -222,6 +222,9 @@ def test_eval_with_methods_then_compare_on_the_command_line(checkpoint, tmp_path
         cut = sum(all(r["candidate_logits"][i] is None for i in ids) for r in vcd if r["split"] == "random")
         b = cell["b"] if name == "template_aware" else pair["splits"]["random"][name]["b"]
         assert b["unknown_reasons"] == ({"all candidates cut": cut} if cut else {}) and b["unknown"] >= cut
+        bias = pair["splits"]["random"][name]["bias"]  # a question with no margin is left out of it, counted alike
+        assert bias["excluded"]["b"] == b["unknown_reasons"] and bias["n"] == cell["a"]["tp"] + cell["a"]["fp"] + \
+            cell["a"]["tn"] + cell["a"]["fn"] + cell["a"]["unknown"] - bias["excluded"]["either"]
         assert (f"{name} {cut} of" in _score_output(out)) == (cut > 0)
     # a contrastive method with a text readout named explicitly is refused before any work
     refused = CliRunner().invoke(main, inputs + ["--readouts", "string_parse", "--method", "vcd"])

@@ -381,6 +381,10 @@ def test_report_of_a_paired_folder_draws_delta_f1_from_compare_json(tmp_path):
     assert "B vcd (vcd) against A none (none)" in caption and str(moved / "compare.json") in caption
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
     assert grid["models"] == ["none", "vcd"]
+    bias = pair["splits"]["random"]["template_aware"]["bias"]  # the yes-bias section, from compare.json
+    assert "Does the gain survive a yes-bias?" in page and "resampling IMAGES" in page
+    cells = re.sub(r"<td[^>]*>", "<td>", page)
+    assert f"<td>{bias['n']} ({bias['images']} images)</td><td>{bias['a']['yes_rate']:.4f} → " in cells
 
 
 def test_attention_figure_puts_d_and_p_on_each_readouts_row_and_ticks_apart():
