@@ -25,7 +25,7 @@ from ..readouts import READOUTS
 from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_json
 from ..score import score_records
 from .markup import markdown_html
-from .tables import f1_tables, format_f1_tables, group_name, model_labels
+from .tables import INCOMPLETE, asked_note, f1_tables, format_f1_tables, group_name, model_labels
 
 COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -227,8 +227,11 @@ def titled(model: str, group: str) -> str:
 
 
 def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: int, resamples: int) -> None:
-    title = f"{titled(model, group_name(run))} (n={run['n']})"
+    title = f"{titled(model, group_name(run))} (n={run['n']}{asked_note(run)}{', incomplete' * bool(run.get('asked'))})"
     page.html(f"<h2>{html.escape(title)}</h2>")
+    if run.get("asked"):
+        page.html(f"<p><b>Incomplete</b>: {run['n']}{asked_note(run)} ({INCOMPLETE}); every number of this "
+                  "split is partial.</p>")
     if run.get("unavailable"):
         page.html("<p>Unavailable: " + html.escape("; ".join(f"{n} ({why})" for n, why in
                                                             run["unavailable"].items())) + "</p>")

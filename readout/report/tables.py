@@ -16,6 +16,14 @@ CSV_COLUMNS = ("source", "dataset", "readout", "split", "n", "unknown", "F1", "a
                "yes_rate")
 
 
+INCOMPLETE = "incomplete: the run stopped part way"
+
+
+def asked_note(run: dict) -> str:
+    """' of 48 asked' for a scored split of which the run recorded fewer questions than its meta.json asked."""
+    return f" of {run['asked']} asked" if run.get("asked") else ""
+
+
 def rate(value: float, percent: bool = False) -> str:
     """A fraction as the tables show it: 4 decimals, or in percent 2 (as papers print 85.27)."""
     return f"{value * 100:.2f}" if percent else f"{value:.4f}"
@@ -64,8 +72,9 @@ def _aligned(header: list[str], rows: list[list[str]]) -> str:
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
-                      *("| " + " | ".join(r) + " |" for r in rows)])
+    """A pipe table; a `|` inside a cell (a folder's name, say) is escaped, not read as the next column."""
+    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, rows)])
 
 
 def _significant_pairs(run: dict, alpha: float = 0.05, shown: int = 4) -> list[str]:
@@ -93,7 +102,7 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         split = f"{run['split']} (splits pooled: {', '.join(run['pooled'])})" if run.get("pooled") else run["split"]
         title = f"{run['source']} — {dataset}split {split}, n={run['n']}"
         if run.get("asked"):
-            title += f" of {run['asked']} asked (incomplete: the run stopped part way)"
+            title += f"{asked_note(run)} ({INCOMPLETE})"
         if run.get("relabelled"):
             title += ", " + relabel_note(run["relabelled"])
         if run.get("errors"):
@@ -202,7 +211,8 @@ def f1_tables(runs: list[dict], percent: bool = False) -> list[dict]:
     """The models x readouts F1 table of each dataset and split (the paper's multi-model table):
     {"group", "readouts", "rows": [{"model", "n", "cells", "best"}]}; a cell is F1 to 4 places, "-"
     where that model's records cannot supply the readout (or hold no answer at all); best marks each
-    row's highest F1; n names the error records among the questions."""
+    row's highest F1; n names the error records among the questions, and how many a run that stopped part way
+    asked."""
     labels = row_labels(runs)
     tables: dict[str, dict] = {}
     for run in runs:
@@ -214,7 +224,8 @@ def f1_tables(runs: list[dict], percent: bool = False) -> list[dict]:
         f1 = {n: m["f1"] for n, m in run["readouts"].items()} if run["n"] > run.get("errors", 0) else {}
         top = max(f1.values(), default=None)
         errors = run.get("errors", 0)
-        n = f"{run['n']} ({errors} errors)" if errors else run["n"]
+        n = (f"{run['n']}{asked_note(run)}" + " (incomplete)" * bool(run.get("asked"))
+             + f" ({errors} errors)" * bool(errors))
         table["rows"].append({"model": labels[run["source"]], "n": n,
                               "cells": [rate(f1[n], percent) if n in f1 else "-" for n in table["readouts"]],
                               "values": [f1.get(n) for n in table["readouts"]],  # full precision
