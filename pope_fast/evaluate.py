@@ -23,6 +23,7 @@ from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING, parse_readouts
+from .resume import COMPARE_FILE, check_layout
 from .score_jobs import CompareJob, score_paths
 from .store import RunLock, atomic_write, remove_unused_folder
 from .sweep import SweepResult, check_image_names, run_paired, run_pope
@@ -113,7 +114,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         raise ValueError("with --model, give --questions (and --images unless the questions embed them)")
     device = job.settings["device"]
     progress = progress or no_progress
-    protocol = _protocol_options(job)
+    _protocol_options(job)  # its options refused before anything loads
     demo_tokens = DEMO_TOKENS if job.model_dir is None else None  # the random model never ends a sentence
     options = {k: v for k, v in job.settings.items() if v is not None or k not in ("image_aspect",)}
     settings = Settings(**{**options, "device": shard.device(device) if shard else device,
@@ -121,6 +122,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     methods = [parse_method(spec) for spec in job.methods]
     parse_readouts(job.readouts)  # a bad argument is refused before the folder, the demo or the model is made
     _check_method_readouts(methods, job.readouts)
+    check_layout(job.out_dir, paired=bool(methods))
     lead = shard is None or shard.lead
     with ExitStack() as stack:
         lock, engine, questions, images_dir, asked = _setup(job, settings, shard, stack, notice)
@@ -301,7 +303,7 @@ def _comparison(out: Path, results: list[SweepResult], benchmark: str | None) ->
     """OUT/compare.json: every method against the first, as `pope-fast compare` compares them (a benchmark's runs
     on its own metrics, POPE's by ΔF1), and its markdown."""
     job = CompareJob(tuple(str(r.out_dir) for r in results), "json", benchmark=benchmark)
-    atomic_write(out / "compare.json", job.run() + "\n")
+    atomic_write(out / COMPARE_FILE, job.run() + "\n")
     return replace(job, fmt="markdown").run()
 
 

@@ -14,6 +14,7 @@ from .readout.compare import leaf_differences
 from .readout.records import rank_parts, record_key
 from .store import RecordWriter
 
+COMPARE_FILE = "compare.json"  # a paired run's comparison of its methods, beside their folders
 # Settings that only change how work is batched, never a value; any other difference between the
 # run on disk and this one (dtype, quantization, image aspect, kernels, continuation length, ...)
 # would mix two runs' records in one folder.
@@ -70,6 +71,24 @@ def check_has_meta(out_dir: Path) -> None:
     if held:
         raise ValueError(f"{held[0]}: holds records but {out_dir / META_FILE} is missing, so nothing proves they "
                          "are this run's; restore meta.json or choose a new --out")
+
+
+def check_layout(out_dir: Path, paired: bool) -> None:
+    """A plain run's folder holds its records; a paired run's holds a folder per method and compare.json. One kind
+    written into the other's folder would sit beside it, and `report` and `compare` read the folder as the kind it
+    holds: refused, naming what it holds."""
+    if not out_dir.is_dir():
+        return
+    own = any((out_dir / name).exists() for name in (META_FILE, RECORDS_FILE)) or bool(rank_parts(out_dir))
+    held = sorted(f"{f.name}/" for f in out_dir.iterdir() if f.is_dir() and (f / META_FILE).is_file())
+    held += [COMPARE_FILE] * (out_dir / COMPARE_FILE).is_file()
+    if paired and own:
+        raise ValueError(f"{out_dir}: holds a plain run (its {META_FILE} and records); a paired run (--method) writes "
+                         "a folder per method and compare.json, which would sit beside it unread; choose a new --out")
+    if not paired and not own and held:
+        raise ValueError(f"{out_dir}: holds a paired run ({', '.join(held)}); a plain run's records here would sit "
+                         "beside its method folders and `report` would show this run alone; resume it with its "
+                         "--method options, or choose a new --out")
 
 
 def check_done(writer: RecordWriter, questions: list[Question], images_dir: Path | None, embedded: dict[str, bytes],
