@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from PIL import Image
 from tinymodels import QUESTIONS, qwen_inputs, synthetic_image
 
 from pope_fast.engine import CheckpointError, Settings, load_engine, parse_method
@@ -103,6 +102,26 @@ def test_auto_runs_a_model_without_a_family_on_transformers_and_engine_refuses_i
     with pytest.raises(CheckpointError, match=r"config.json: model_type 'blip-2' is not supported.*--backend "
                                               "transformers"):
         load_engine(checkpoints["blip2"], Settings(), backend="engine")
+
+
+@pytest.mark.slow  # the registry's tiny LLaVA's processor files, made with its weights
+@pytest.mark.parametrize("family", ["llava", None], ids=["family-processor", "auto-processor"])
+def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_path):
+    """transformers' JSON error names no file; the backend names the one cut, as the engine's loader does."""
+    import shutil
+
+    from pope_fast.engine.models import family_of
+    from pope_fast.engine.reference import ReferenceInputs
+
+    for path in tiny.checkpoint("llava").glob("*.json"):  # the processor's files; no weights are read
+        shutil.copy(path, tmp_path / path.name)
+    text = (tmp_path / "tokenizer.json").read_text()
+    (tmp_path / "tokenizer.json").write_text(text[:len(text) // 3])
+    with pytest.raises(json.JSONDecodeError) as cut:
+        json.loads(text[:len(text) // 3])
+    with pytest.raises(CheckpointError) as err:
+        ReferenceInputs(tmp_path, Settings(), family_of(family) if family else None)
+    assert str(err.value) == f"{tmp_path / 'tokenizer.json'}:{cut.value.lineno}: malformed JSON: {cut.value.msg}"
 
 
 @pytest.mark.parametrize("settings, named", [(dict(max_length=64), "max_length"),
