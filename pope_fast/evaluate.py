@@ -88,6 +88,8 @@ class EvalOutcome:
         first = self.results[0]
         lines = [f"resumed: {first.recorded_before} of {first.questions} questions were already recorded"] \
             if first.recorded_before else []
+        lines += [f"kept: {first.past_limit} records of questions past --limit, from an earlier run with a larger "
+                  "one, scored with this run's"] if first.past_limit else []
         ranks = f" on {self.world_size} ranks" if self.world_size else ""
         lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions{ranks}; "
                      f"{first.error_records} error records; phases (s): {self.timings.to_json()}"
@@ -125,7 +127,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     check_layout(job.out_dir, paired=bool(methods))
     lead = shard is None or shard.lead
     with ExitStack() as stack:
-        lock, engine, questions, images_dir, asked = _setup(job, settings, shard, stack, notice)
+        lock, engine, questions, images_dir, asked, every = _setup(job, settings, shard, stack, notice)
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
         update = stack.enter_context(_lazy(progress, len(questions), lead))
@@ -137,7 +139,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
                       **({"benchmark": benchmark} if benchmark else {}),
                       **({"benchmark_prompt": asked} if asked else {})}
         run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard,
-                   provenance=provenance or None)
+                   provenance=provenance or None, question_file=every if job.limit else None)
         if methods:
             results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
         else:
@@ -191,10 +193,10 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         if engine.model.backend == "transformers" and lead:
             notice(f"{engine.model.name}: the reference path (transformers' own class, every prompt whole: no prefix "
                    "reuse, no feature cache)")
-        questions = _limited(questions, job.limit)
+        every, questions = questions, _limited(questions, job.limit)
         per_image = Counter(q.image for q in questions)
         engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes
-    return lock, engine, questions, images_dir, asked
+    return lock, engine, questions, images_dir, asked, every
 
 
 def _protocol_options(job: EvalJob):

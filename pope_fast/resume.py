@@ -140,6 +140,26 @@ def _check_strays(writer: RecordWriter, questions: list[Question]) -> None:
                          "for another name")
 
 
+def question_counts(questions: list[Question]) -> dict[str, int]:
+    """meta.json's count of the questions a run asks per split ("dataset/split" where it names one), so that
+    scoring can tell a run that stopped part way from one that finished."""
+    counts: dict[str, int] = {}
+    for q in questions:
+        name = f"{q.dataset}/{q.split}" if q.dataset else q.split
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def held_counts(before: dict | None, held: list[Question], every: list[Question]) -> dict[str, int]:
+    """meta.json's questions of a run folder, per split: what it holds of the question file (the questions asked
+    and those recorded past --limit), or what an earlier run into it asked where that is more (a run that stopped
+    part way stays marked so after a rerun with a smaller --limit), never more than the file has. Without a limit,
+    the questions asked."""
+    before, whole = before if isinstance(before, dict) else {}, question_counts(every)
+    return {name: min(whole[name], max(n, before[name] if isinstance(before.get(name), int) else 0))
+            for name, n in question_counts(held).items()}
+
+
 def _image_sha256(path: Path) -> str | None:
     try:
         return hashlib.sha256(path.read_bytes()).hexdigest()
