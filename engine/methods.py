@@ -278,6 +278,8 @@ def parse_method(spec: str) -> Method:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"method {spec!r}: settings take key=value, not {item!r}")
+        if key.strip() in settings:  # else the last would win unsaid
+            raise ValueError(f"method {spec!r}: {key.strip()} is given twice; give each setting once")
         settings[key.strip()] = _number(value.strip())
     return METHODS[name](**settings)
 

@@ -5,6 +5,7 @@ NF4 as transformers' bitsandbytes integration quantizes it; its processor and ch
 from __future__ import annotations
 
 import inspect
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,14 +122,18 @@ class ReferenceInputs:
 
     def __init__(self, folder: Path, settings: Settings, family=None):
         self.settings = settings
-        with quiet_fallback():  # the PIL image processors' torchvision notice
-            self.processor = family.reference_processor(folder) if family else _processor(folder)
+        try:
+            with quiet_fallback():  # the PIL image processors' torchvision notice
+                self.processor = family.reference_processor(folder) if family else _processor(folder)
+            self.tokenizer = getattr(self.processor, "tokenizer", None) or _tokenizer(folder)
+        except (OSError, ValueError) as why:
+            _name_bad_json(folder, why)
+            raise
         # a processor object takes a batch; a family's stand-in function (where transformers' own needs
         # torchvision, or a wrapper of it) one prompt and its image, its tokenizer beside it
         self.batched = not inspect.isfunction(self.processor)
         self.own_processor = family is None  # transformers' AutoProcessor, not a family's reference pipeline
         self.special_tokens: bool | None = None  # the tokenizer's own special tokens, unless set (False: none added)
-        self.tokenizer = getattr(self.processor, "tokenizer", None) or _tokenizer(folder)
         self.tokenizer.padding_side = "left"  # a batch's answer positions all last
 
     def __call__(self, images: list[Image.Image | None], prompts: list[str]) -> dict:
@@ -265,3 +270,13 @@ def _tokenizer(folder: Path):
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(folder))
+
+
+def _name_bad_json(folder: Path, why: BaseException) -> None:
+    """A CheckpointError naming the folder's file that `why` (or the error it replaced) failed to parse as JSON, as
+    the engine's loader names one: transformers reads the processor's and tokenizer's files without saying which."""
+    bad = next((e for e in (why, why.__context__) if isinstance(e, json.JSONDecodeError)), None)
+    path = bad and next((p for p in sorted(folder.glob("*.json"))
+                         if p.read_text(encoding="utf-8", errors="replace") == bad.doc), None)
+    if path is not None:
+        raise CheckpointError(f"{path}:{bad.lineno}: malformed JSON: {bad.msg}") from None

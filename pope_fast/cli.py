@@ -19,6 +19,7 @@ from .store import RunLock, repair_records
 BENCHMARKS = ["pope", "repope", *REGISTRY]
 
 PROTOCOL_HELP = "score under a published protocol: its answer rule and aggregation, and whether the run is its"
+RESAMPLES = dict(default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
 
 
 def _fail(message: str) -> None:
@@ -41,7 +42,7 @@ def main() -> None:
                    "Overall first (VLMEvalKit's score file, with source and readout columns), full precision")
 @click.option("--percent", is_flag=True, help="rates x100 (2 decimals in the tables); not with json or --protocol")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
-@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
+@click.option("--resamples", **RESAMPLES)
 @click.option("--layers", default=None, metavar="FIRST-LAST",
               help="image-attention probe: the decoder layers averaged (inclusive; default: 14-19 on 32-layer "
                    "models, as the paper, else the middle fifth)")
@@ -65,7 +66,7 @@ def score(files, readouts, fmt, percent, seed, resamples, layers, protocol, labe
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--format", "fmt", type=click.Choice(["markdown", "json"]), default="markdown", show_default=True)
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
-@click.option("--resamples", default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
+@click.option("--resamples", **RESAMPLES)
 @click.option("--allow-mismatch", is_flag=True,
               help="compare runs that differ in more than their method (dtype, quantization, template, token sets, "
                    "questions, library versions, or an imported file without meta.json); every table is flagged")
@@ -75,19 +76,18 @@ def score(files, readouts, fmt, percent, seed, resamples, layers, protocol, labe
 def compare(runs, fmt, seed, resamples, allow_mismatch, protocol, benchmark) -> None:
     """Compare runs with the first (the baseline) on the same questions: per readout and split, ΔF1 with
     a paired bootstrap interval, McNemar's exact p and the answers flipped; a benchmark's runs on its metrics."""
-    if len(expand_runs(runs)) < 2:
+    if len(runs := tuple(expand_runs(runs))) < 2:
         _fail("compare needs a baseline run and at least one more: pope-fast compare RUN_A RUN_B [...] (or a "
               "paired run's folder)")
     with _failures():
-        job = CompareJob(tuple(expand_runs(runs)), fmt, seed, resamples, allow_mismatch, protocol, benchmark)
-        click.echo(job.run())
+        click.echo(CompareJob(runs, fmt, seed, resamples, allow_mismatch, protocol, benchmark).run())
 
 
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path(exists=True))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), help="folder for the report")
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
-@click.option("--resamples", default=1000, show_default=True, help="bootstrap resamples")
+@click.option("--resamples", **RESAMPLES)
 @click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
 def report(runs, out_dir, seed, resamples, protocol) -> None:
     """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs, record files and
@@ -233,7 +233,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 @click.option("--repeat", default=1, show_default=True, type=click.IntRange(min=1),
               help="timed runs of each pipeline (each pope-fast run cold: no records, no cached features); "
                    "the median run counts")
-@click.option("--reference-sample", default=None, type=int,
+@click.option("--reference-sample", default=None, type=click.IntRange(min=1),
               help="questions the reference runs, extrapolated to all (default: all on CPU, 200 on CUDA)")
 @click.option("--tokenizer", "tokenizer_dir", default=None,
               help="a real tokenizer for the random checkpoints, a folder or hub id (default: a built-in stand-in)")

@@ -23,6 +23,7 @@ from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING, parse_readouts
+from .resume import COMPARE_FILE, check_layout
 from .score_jobs import CompareJob, score_paths
 from .store import RunLock, atomic_write, remove_unused_folder
 from .sweep import SweepResult, check_image_names, run_paired, run_pope
@@ -87,6 +88,8 @@ class EvalOutcome:
         first = self.results[0]
         lines = [f"resumed: {first.recorded_before} of {first.questions} questions were already recorded"] \
             if first.recorded_before else []
+        lines += [f"kept: {first.past_limit} records of questions past --limit, from an earlier run with a larger "
+                  "one, scored with this run's"] if first.past_limit else []
         ranks = f" on {self.world_size} ranks" if self.world_size else ""
         lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions{ranks}; "
                      f"{first.error_records} error records; phases (s): {self.timings.to_json()}"
@@ -121,9 +124,10 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
     methods = [parse_method(spec) for spec in job.methods]
     parse_readouts(job.readouts)  # a bad argument is refused before the folder, the demo or the model is made
     _check_method_readouts(methods, job.readouts)
+    check_layout(job.out_dir, paired=bool(methods))
     lead = shard is None or shard.lead
     with ExitStack() as stack:
-        lock, engine, questions, images_dir, asked = _setup(job, settings, shard, stack, notice)
+        lock, engine, questions, images_dir, asked, every = _setup(job, settings, shard, stack, notice)
         stack.callback(lambda: _cache_notice(engine.cache.rejected, notice))  # once, at the end (a failed run's too)
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
@@ -136,7 +140,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
                       **({"benchmark": benchmark} if benchmark else {}),
                       **({"benchmark_prompt": asked} if asked else {})}
         run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard,
-                   provenance=provenance or None)
+                   provenance=provenance or None, question_file=every if job.limit else None)
         if methods:
             results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
         else:
@@ -193,10 +197,10 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
                        "the checkpoint's own chat template and processor")
             notice(f"{engine.model.name}: the reference path (transformers' own class, every prompt whole: no prefix "
                    "reuse, no feature cache)")
-        questions = _limited(questions, job.limit)
+        every, questions = questions, _limited(questions, job.limit)
         per_image = Counter(q.image for q in questions)
         engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes
-    return lock, engine, questions, images_dir, asked
+    return lock, engine, questions, images_dir, asked, every
 
 
 def _cache_notice(rejected: list[tuple[Path, str]], notice) -> None:
@@ -313,7 +317,7 @@ def _comparison(out: Path, results: list[SweepResult], benchmark: str | None) ->
     """OUT/compare.json: every method against the first, as `pope-fast compare` compares them (a benchmark's runs
     on its own metrics, POPE's by ΔF1), and its markdown."""
     job = CompareJob(tuple(str(r.out_dir) for r in results), "json", benchmark=benchmark)
-    atomic_write(out / "compare.json", job.run() + "\n")
+    atomic_write(out / COMPARE_FILE, job.run() + "\n")
     return replace(job, fmt="markdown").run()
 
 

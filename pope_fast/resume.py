@@ -14,6 +14,7 @@ from .readout.compare import leaf_differences
 from .readout.records import rank_parts, record_key
 from .store import RecordWriter
 
+COMPARE_FILE = "compare.json"  # a paired run's comparison of its methods, beside their folders
 # Settings that only change how work is batched, never a value; any other difference between the
 # run on disk and this one (dtype, quantization, image aspect, kernels, continuation length, ...)
 # would mix two runs' records in one folder.
@@ -72,6 +73,24 @@ def check_has_meta(out_dir: Path) -> None:
                          "are this run's; restore meta.json or choose a new --out")
 
 
+def check_layout(out_dir: Path, paired: bool) -> None:
+    """A plain run's folder holds its records; a paired run's holds a folder per method and compare.json. One kind
+    written into the other's folder would sit beside it, and `report` and `compare` read the folder as the kind it
+    holds: refused, naming what it holds."""
+    if not out_dir.is_dir():
+        return
+    own = any((out_dir / name).exists() for name in (META_FILE, RECORDS_FILE)) or bool(rank_parts(out_dir))
+    held = sorted(f"{f.name}/" for f in out_dir.iterdir() if f.is_dir() and (f / META_FILE).is_file())
+    held += [COMPARE_FILE] * (out_dir / COMPARE_FILE).is_file()
+    if paired and own:
+        raise ValueError(f"{out_dir}: holds a plain run (its {META_FILE} and records); a paired run (--method) writes "
+                         "a folder per method and compare.json, which would sit beside it unread; choose a new --out")
+    if not paired and not own and held:
+        raise ValueError(f"{out_dir}: holds a paired run ({', '.join(held)}); a plain run's records here would sit "
+                         "beside its method folders and `report` would show this run alone; resume it with its "
+                         "--method options, or choose a new --out")
+
+
 def check_done(writer: RecordWriter, questions: list[Question], images_dir: Path | None, embedded: dict[str, bytes],
                 workers: int) -> None:
     """A recorded question must be this question, asked of these bytes: the same image name, label
@@ -119,6 +138,26 @@ def _check_strays(writer: RecordWriter, questions: list[Question]) -> None:
         raise ValueError(f"{writer.path}: question {strays[0][2]} of split {strays[0][1]} is recorded here but "
                          f"not in this run's question file ({len(strays)} such); choose a new --out, or --split "
                          "for another name")
+
+
+def question_counts(questions: list[Question]) -> dict[str, int]:
+    """meta.json's count of the questions a run asks per split ("dataset/split" where it names one), so that
+    scoring can tell a run that stopped part way from one that finished."""
+    counts: dict[str, int] = {}
+    for q in questions:
+        name = f"{q.dataset}/{q.split}" if q.dataset else q.split
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def held_counts(before: dict | None, held: list[Question], every: list[Question]) -> dict[str, int]:
+    """meta.json's questions of a run folder, per split: what it holds of the question file (the questions asked
+    and those recorded past --limit), or what an earlier run into it asked where that is more (a run that stopped
+    part way stays marked so after a rerun with a smaller --limit), never more than the file has. Without a limit,
+    the questions asked."""
+    before, whole = before if isinstance(before, dict) else {}, question_counts(every)
+    return {name: min(whole[name], max(n, before[name] if isinstance(before.get(name), int) else 0))
+            for name, n in question_counts(held).items()}
 
 
 def _image_sha256(path: Path) -> str | None:

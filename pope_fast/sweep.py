@@ -27,7 +27,7 @@ from .prefetch import embedded_images, prepared_steps
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
 from .readout.records import strict_json
 from .readout.records import record_key
-from .resume import check_done, check_has_meta, check_resumable
+from .resume import check_done, check_has_meta, check_resumable, held_counts, question_counts
 from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
 
 Progress = Callable[[int], None]  # told how many more questions are recorded
@@ -41,6 +41,7 @@ class SweepResult:
     evaluated_prompts: int  # unique (image, prompt) pairs run by this call
     error_records: int
     runs: list[dict]
+    past_limit: int = 0  # records kept of questions past --limit (an earlier run's, with a larger one)
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class RunFolder:
 def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
              skip_bad: bool = False, progress: Progress | None = None, workers: int | None = None,
              lock: RunLock | None = None, shard: Shard | None = None, intervention: Intervention | None = None,
-             provenance: dict | None = None) -> SweepResult:
+             provenance: dict | None = None, question_file: list[Question] | None = None) -> SweepResult:
     """Evaluate every question not yet recorded in out_dir with the model as it is; returns the scored
     runs. `workers` threads (default: one per CPU core, at most 8) check, read, decode and preprocess
     images ahead of the model. Images embedded in the questions (parquet) are read from there, the
@@ -62,17 +63,18 @@ def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path |
     (`lock`). Under torchrun (`shard`) this rank runs its share of the images and rank 0, the one that
     holds the lock, merges the ranks' records; only rank 0's result holds the scored runs. An
     `intervention` (engine.Intervention) runs every question under it; `provenance` goes into meta.json
-    beside what the engine says (the command line that made the run, say)."""
+    beside what the engine says (the command line that made the run, say). `question_file`: every question of
+    the files, where `questions` are the first --limit of each split (records of the rest stay: run_sweep)."""
     method = METHODS["none"]() if intervention is None else Intervened(intervention)
     return run_sweep(engine, questions, images_dir, Path(out_dir), [RunFolder(Path(out_dir), method)],
                      skip_bad=skip_bad, progress=progress, workers=workers, lock=lock, shard=shard,
-                     provenance=provenance)[0]
+                     provenance=provenance, question_file=question_file)[0]
 
 
 def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path,
                methods: list[Method], *, skip_bad: bool = False, progress: Progress | None = None,
                workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
-               provenance: dict | None = None) -> list[SweepResult]:
+               provenance: dict | None = None, question_file: list[Question] | None = None) -> list[SweepResult]:
     """A paired run: every method on the same questions, images and settings in one sweep, each into its
     own ordinary run folder out_dir/<method name>/ (resumable as any run). `progress` counts questions
     once, not once per method. Under torchrun as run_pope, every method's share of an image on the same
@@ -83,14 +85,16 @@ def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path
                          "each: name each method once")
     folders = [RunFolder(Path(out_dir) / m.name, m) for m in methods]
     return run_sweep(engine, questions, images_dir, Path(out_dir), folders, skip_bad=skip_bad, progress=progress,
-                     workers=workers, lock=lock, shard=shard, provenance=provenance)
+                     workers=workers, lock=lock, shard=shard, provenance=provenance, question_file=question_file)
 
 
 def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: Path,
               folders: list[RunFolder], *, skip_bad: bool = False, progress: Progress | None = None,
               workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
-              provenance: dict | None = None) -> list[SweepResult]:
-    """The sweep of run_pope and run_paired: every folder's method on the questions, out_dir locked."""
+              provenance: dict | None = None, question_file: list[Question] | None = None) -> list[SweepResult]:
+    """The sweep of run_pope and run_paired: every folder's method on the questions, out_dir locked. A rerun with a
+    smaller --limit (`question_file` holds more than `questions`) keeps what a folder recorded past it, proven to be
+    the file's questions, in its place: it is scored and counted as the folder's, and nothing of it is asked again."""
     for f in folders:  # settings that do not fit this model (or its backend) are refused before any folder is touched
         engine.check_method(f.method)
     seen = set()
@@ -109,7 +113,7 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
                          "record them as that method's errors")
     out_dir.mkdir(parents=True, exist_ok=True)
     sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions), skip_bad,
-                   progress, workers or default_workers(), shard, provenance or {})
+                   progress, workers or default_workers(), shard, provenance or {}, question_file)
     # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
     with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
         return sweep.run(questions, folders)
@@ -162,6 +166,7 @@ class _Sink:
     questions: list[Question]
     todo: set[tuple[str, str, str]]  # record keys not yet recorded
     readouts: list[str]  # what its summaries score (a contrastive method's: the answer position's readouts)
+    held: list[Question]  # in the files' order: the questions asked, and those recorded past --limit
 
 
 @dataclass
@@ -174,6 +179,7 @@ class _Sweep:
     workers: int
     shard: Shard | None
     provenance: dict
+    question_file: list[Question] | None  # every question of the files, where --limit asks the first of each split
     evaluated: int = 0
     errors: int = 0
 
@@ -248,14 +254,17 @@ class _Sweep:
         else:
             shard.begin(folder)
         writer = stack.enter_context(RecordWriter(folder) if shard is None else shard.writer(folder))
+        every = self.question_file or questions
         if writer.done and not any(dataset for dataset, _, _ in writer.done):
             # A folder whose records name no dataset goes on without one, as the one run it is.
-            questions = [replace(q, dataset="") for q in questions]
-        check_done(writer, questions, self.images_dir, self.embedded, self.workers)
+            questions, every = ([replace(q, dataset="") for q in group] for group in (questions, every))
+        check_done(writer, every, self.images_dir, self.embedded, self.workers)  # records past --limit: the file's
+        asked = {_key(q) for q in questions}
+        held = [q for q in every if _key(q) in asked or _key(q) in writer.recorded]
+        meta["questions"] = held_counts(old.get("questions"), held, every)
         if shard is None or shard.lead:
             write_meta(folder, meta)
-        todo = {_key(q) for q in questions} - set(writer.done)
-        return _Sink(folder, run.method, writer, questions, todo, meta["readouts"])
+        return _Sink(folder, run.method, writer, questions, asked - set(writer.done), meta["readouts"], held)
 
     def _evaluate(self, steps: list[list[str]], asked: list[Question], pending: set, sinks: list[_Sink]) -> None:
         """Every step's images with all their questions, recorded as each step ends (a folder's records of
@@ -305,22 +314,13 @@ class _Sweep:
             counts = self.shard.merge(sink.folder, counts)
             if not self.shard.lead:
                 return SweepResult(sink.folder, questions, before, *counts, [])
-        order_records(sink.folder, canonical_order(sink.questions, self.engine.prompt))
-        return SweepResult(sink.folder, questions, before, *counts, write_summaries(sink.folder, sink.readouts))
+        order_records(sink.folder, canonical_order(sink.held, self.engine.prompt))
+        return SweepResult(sink.folder, questions, before, *counts, write_summaries(sink.folder, sink.readouts),
+                           len(sink.held) - len(sink.questions))
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def question_counts(questions: list[Question]) -> dict[str, int]:
-    """meta.json's count of the questions a run asks per split ("dataset/split" where it names one), so that
-    scoring can tell a run that stopped part way from one that finished."""
-    counts: dict[str, int] = {}
-    for q in questions:
-        name = f"{q.dataset}/{q.split}" if q.dataset else q.split
-        counts[name] = counts.get(name, 0) + 1
-    return counts
 
 
 def _key(q: Question) -> tuple[str, str, str]:

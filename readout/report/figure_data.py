@@ -12,7 +12,7 @@ from ..readouts import NO, YES
 from ..records import RecordSet
 from ..score import predictions, run_entries
 from .compare_format import MCNEMAR_LEGEND
-from .tables import f1_tables, group_name, row_labels
+from .tables import INCOMPLETE, asked_note, f1_tables, group_name, row_labels
 
 TOP_TOKENS = 20  # most frequent first tokens drawn; each readout's own ids are drawn as well
 PAPER_PAIR = ("legacy_2tok", "template_aware")  # the paper's Fig. 2: the widely copied ids, the recommended rule
@@ -20,12 +20,12 @@ PAPER_SPLIT = "adversarial"
 
 
 def _base(run: dict) -> dict:
-    return {k: run[k] for k in ("source", "dataset", "split", "pooled", "n", "errors") if k in run}
+    return {k: run[k] for k in ("source", "dataset", "split", "pooled", "n", "asked", "errors") if k in run}
 
 
 def _scored(run: dict) -> str:
     errors = f"; {run['errors']} error records left out" if run.get("errors") else ""
-    return f"n={run['n']}{errors}"
+    return f"n={run['n']}{asked_note(run)}{f' ({INCOMPLETE})' if run.get('asked') else ''}{errors}"
 
 
 def confusion(run: dict) -> tuple[dict, str]:
@@ -165,10 +165,13 @@ def f1_grid(runs: list[dict]) -> tuple[dict, str]:
         data["f1"][group] = [[cells.get(m, {}).get(n, (None,))[0] for n in table["readouts"]] for m in models]
         data["best"][group] = [[cells.get(m, {}).get(n, (None, False))[1] for n in table["readouts"]]
                                for m in models]
+    labels = row_labels(runs)
+    stopped = [f"{labels[r['source']]}, {group_name(r)}: {r['n']}{asked_note(r)}" for r in runs if r.get("asked")]
     return data, ("F1 of every model (rows) under every readout (columns), a panel per dataset and split, the "
                   "numbers of tables.md (here at full precision). Bold: the model's best readout in that split; "
                   "grey \"-\": a readout the model's records cannot supply, a split with no answered question, "
-                  "or a readout that answered no question (\"–\" in the tables: every answer unknown).")
+                  "or a readout that answered no question (\"–\" in the tables: every answer unknown)."
+                  + (f" INCOMPLETE RUNS (stopped part way, partial F1): {'; '.join(stopped)}." if stopped else ""))
 
 
 def delta_f1(pair: dict, result: dict, labels: tuple[str, str], where: str) -> tuple[dict, str]:

@@ -20,7 +20,9 @@ def inline(text: str) -> str:
 
 
 def _cells(line: str) -> list[str]:
-    return [c.strip() for c in line.strip().strip("|").split("|")]
+    """A table row's cells, split at the pipes that are not escaped (tables.markdown_table's `\\|`)."""
+    inner = line.strip().removeprefix("|").removesuffix("|")
+    return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
 
 
 NUMBER = re.compile(r"[-+]?(\d[\d.,]*|\.\d+)(e[-+]?\d+)?%?|-|\[[^\]]*\]|nan|inf", re.IGNORECASE)

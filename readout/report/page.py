@@ -26,7 +26,8 @@ from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_j
 from ..score import score_records
 from .bias_format import format_bias
 from .markup import markdown_html
-from .tables import f1_tables, format_f1_tables, group_name, model_labels, reason_lines, reasons_of
+from .tables import (INCOMPLETE, asked_note, f1_tables, format_f1_tables, group_name, model_labels, reason_lines,
+                     reasons_of)
 
 COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -234,8 +235,11 @@ def titled(model: str, group: str) -> str:
 
 
 def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: int, resamples: int) -> None:
-    title = f"{titled(model, group_name(run))} (n={run['n']})"
+    title = f"{titled(model, group_name(run))} (n={run['n']}{asked_note(run)}{', incomplete' * bool(run.get('asked'))})"
     page.html(f"<h2>{html.escape(title)}</h2>")
+    if run.get("asked"):
+        page.html(f"<p><b>Incomplete</b>: {run['n']}{asked_note(run)} ({INCOMPLETE}); every number of this "
+                  "split is partial.</p>")
     if run.get("unavailable"):
         page.html("<p>Unavailable: " + html.escape("; ".join(f"{n} ({why})" for n, why in
                                                             run["unavailable"].items())) + "</p>")

@@ -24,6 +24,12 @@ NO_ANSWER = "–"
 REASON_TEXT = {ALL_CUT: "all candidates cut (every candidate logit -inf: the method's plausibility cut removed them)",
                NON_FINITE: "non-finite logit (NaN or +inf among the candidates)",
                NO_CANDIDATE: "no candidate id (a side of the readout's token set is empty)"}
+INCOMPLETE = "incomplete: the run stopped part way"
+
+
+def asked_note(run: dict) -> str:
+    """' of 48 asked' for a scored split of which the run recorded fewer questions than its meta.json asked."""
+    return f" of {run['asked']} asked" if run.get("asked") else ""
 
 
 def rate(value: float, percent: bool = False) -> str:
@@ -96,8 +102,9 @@ def _aligned(header: list[str], rows: list[list[str]]) -> str:
 
 
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    return "\n".join(["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|",
-                      *("| " + " | ".join(r) + " |" for r in rows)])
+    """A pipe table; a `|` inside a cell (a folder's name, say) is escaped, not read as the next column."""
+    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, rows)])
 
 
 def _significant_pairs(run: dict, alpha: float = 0.05, shown: int = 4) -> list[str]:
@@ -125,7 +132,7 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         split = f"{run['split']} (splits pooled: {', '.join(run['pooled'])})" if run.get("pooled") else run["split"]
         title = f"{run['source']} — {dataset}split {split}, n={run['n']}"
         if run.get("asked"):
-            title += f" of {run['asked']} asked (incomplete: the run stopped part way)"
+            title += f"{asked_note(run)} ({INCOMPLETE})"
         if run.get("relabelled"):
             title += ", " + relabel_note(run["relabelled"])
         if run.get("errors"):
@@ -238,7 +245,7 @@ def f1_tables(runs: list[dict], percent: bool = False) -> list[dict]:
     answered no question (every answer unknown: it has no F1); best marks each row's highest F1 among the
     readouts that answered; n names the error records among the questions; notes, one per model and reason,
     say which cells hold answers a readout could not decide and why (every candidate cut by a method), so that
-    no table is silently made of them."""
+    no table is silently made of them; n also says how many a run that stopped part way asked."""
     labels = row_labels(runs)
     tables: dict[str, dict] = {}
     for run in runs:
@@ -251,7 +258,8 @@ def f1_tables(runs: list[dict], percent: bool = False) -> list[dict]:
         f1 = {n: m["f1"] for n, m in run["readouts"].items() if answered(m)} if scored else {}
         top = max(f1.values(), default=None)
         errors = run.get("errors", 0)
-        n = f"{run['n']} ({errors} errors)" if errors else run["n"]
+        n = (f"{run['n']}{asked_note(run)}" + " (incomplete)" * bool(run.get("asked"))
+             + f" ({errors} errors)" * bool(errors))
         model = labels[run["source"]]
 
         def cell(name):

@@ -181,6 +181,24 @@ def test_a_processor_that_does_not_load_is_named_with_its_reason(raised, reason,
     with pytest.raises(CheckpointError) as err:
         ReferenceInputs(tmp_path, Settings())
     assert str(err.value) == f"{tmp_path}: transformers' processor does not load ({reason})"
+@pytest.mark.slow  # the registry's tiny LLaVA's processor files, made with its weights
+@pytest.mark.parametrize("family", ["llava", None], ids=["family-processor", "auto-processor"])
+def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_path):
+    """transformers' JSON error names no file; the backend names the one cut, as the engine's loader does."""
+    import shutil
+
+    from pope_fast.engine.models import family_of
+    from pope_fast.engine.reference import ReferenceInputs
+
+    for path in tiny.checkpoint("llava").glob("*.json"):  # the processor's files; no weights are read
+        shutil.copy(path, tmp_path / path.name)
+    text = (tmp_path / "tokenizer.json").read_text()
+    (tmp_path / "tokenizer.json").write_text(text[:len(text) // 3])
+    with pytest.raises(json.JSONDecodeError) as cut:
+        json.loads(text[:len(text) // 3])
+    with pytest.raises(CheckpointError) as err:
+        ReferenceInputs(tmp_path, Settings(), family_of(family) if family else None)
+    assert str(err.value) == f"{tmp_path / 'tokenizer.json'}:{cut.value.lineno}: malformed JSON: {cut.value.msg}"
 
 
 @pytest.mark.parametrize("settings, named", [(dict(max_length=64), "max_length"),

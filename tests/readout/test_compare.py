@@ -1,4 +1,5 @@
 import json
+import math
 import random
 from math import comb
 
@@ -36,10 +37,10 @@ def _questions(labels: str, split: str = "adversarial", text: str = "Is there a 
 
 
 def _logits(decisions: dict[str, str]) -> dict[int, float]:
-    """Candidate logits under which each readout decides as given ('y' or 'n')."""
+    """Candidate logits under which each readout decides as given ('y', 'n', or 'u': unknown, a NaN logit)."""
     logits = {}
     for name, (yes_id, no_id) in YES_IDS.items():
-        logits[yes_id], logits[no_id] = (1.0, 0.0) if decisions[name] == "y" else (0.0, 1.0)
+        logits[yes_id], logits[no_id] = {"y": (1.0, 0.0), "n": (0.0, 1.0), "u": (math.nan, math.nan)}[decisions[name]]
     return logits
 
 
@@ -160,6 +161,52 @@ def test_bootstrap_interval_equals_a_direct_numpy_computation(tmp_path):
         assert r["delta_f1_ci95"][0] <= r["delta_f1"] <= r["delta_f1_ci95"][1]
     other = compare_runs([a, b], seed=8, resamples=300)["pairs"][0]["splits"]["adversarial"]
     assert other["template_aware"]["delta_f1_ci95"] != pair["splits"]["adversarial"]["template_aware"]["delta_f1_ci95"]
+
+
+def _interval_by_definition(labels: str, dec_a: str, dec_b: str, seed: int, resamples: int) -> dict[str, list]:
+    """Each metric's paired 95% percentile interval written from its definition, one resample at a time: resample
+    r asks the questions of row r of numpy's [resamples, n] draw from the seed (with replacement), both runs are
+    scored on them (an unknown 'u' answer out of the confusion matrix, wrong for accuracy), and the interval is the
+    2.5th and 97.5th percentiles of B - A."""
+    draws = np.random.default_rng(seed).integers(0, len(labels), size=(resamples, len(labels)))
+    ratio = lambda num, den: num / den if den else 0.0
+
+    def scored(dec: str, row) -> dict[str, float]:
+        count = lambda label, answer: sum(labels[i] == label and dec[i] == answer for i in row)
+        tp, fp, fn, tn = count("y", "y"), count("n", "y"), count("y", "n"), count("n", "n")
+        return {"f1": ratio(2 * tp, 2 * tp + fp + fn), "precision": ratio(tp, tp + fp), "recall": ratio(tp, tp + fn),
+                "accuracy": (tp + tn) / len(row), "yes_rate": ratio(tp + fp, tp + fp + fn + tn)}
+
+    deltas = [{m: b - scored(dec_a, row)[m] for m, b in scored(dec_b, row).items()} for row in draws]
+    tail = (1 - 0.95) / 2
+    return {m: [float(q) for q in np.quantile([d[m] for d in deltas], [tail, 1 - tail])] for m in deltas[0]}
+
+
+def test_every_paired_interval_is_its_definition_with_unknowns_and_pooled_splits(tmp_path):
+    """Every metric's B - A interval (not F1's and accuracy's alone), with unknown answers in both runs, and the
+    pooled Overall's: its questions in `score`'s pooled order (split name, then question id), resampled anew."""
+    rng = random.Random(5)
+    sizes = {"random": 30, "adversarial": 26}  # A's records hold random first: Overall still pools adversarial first
+    labels = {s: "".join(rng.choice("yn") for _ in range(n)) for s, n in sizes.items()}
+    dec = {side: {s: {name: "".join(rng.choice("yyynnnu" if side == "a" else "yynnnu") for _ in range(n))
+                      for name in YES_IDS} for s, n in sizes.items()} for side in "ab"}
+    folders = {}
+    for side in "ab":
+        records = [(q, {n: d[i] for n, d in dec[side][s].items()}) for s in sizes
+                   for i, q in enumerate(_questions(labels[s], s))]
+        order = sorted(range(len(records)), key=lambda i: rng.random()) if side == "b" else None
+        qs, decisions = [q for q, _ in records], {n: "".join(d[n] for _, d in records) for n in YES_IDS}
+        folders[side] = _run(tmp_path / side, qs, decisions, order=order)
+    [pair] = compare_runs([folders["a"], folders["b"]], seed=11, resamples=200)["pairs"]
+    assert list(pair["splits"]) == ["random", "adversarial", "Overall"]
+    pooled = ("adversarial", "random")
+    for split, members in (("random", ("random",)), ("adversarial", ("adversarial",)), ("Overall", pooled)):
+        for name in YES_IDS:
+            joined = lambda side: "".join(dec[side][s][name] for s in members)
+            expected = _interval_by_definition("".join(labels[s] for s in members), joined("a"), joined("b"), 11, 200)
+            got = pair["splits"][split][name]
+            assert got["delta_ci95"] == expected, (split, name)
+            assert got["delta_f1_ci95"] == expected["f1"]
 
 
 def test_questions_join_by_id_not_position(tmp_path):

@@ -1,3 +1,6 @@
+import random
+
+import numpy as np
 import pytest
 
 from pope_fast.readout import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
@@ -36,6 +39,35 @@ def test_bootstrap_is_seeded_and_brackets_f1():
     assert a != bootstrap_f1_ci(labels, preds, seed=4)
     f1 = summarize(labels, preds)["f1"]
     assert a[0] < f1 < a[1] and a[1] - a[0] < 0.2
+
+
+def test_bootstrap_interval_is_the_95_percent_percentile_interval_by_definition():
+    """bootstrap_f1_ci (and summarize's f1_ci95) from its definition, one resample at a time: resample r asks the
+    questions of row r of numpy's [resamples, n] draw from the seed, unknown answers with their questions (out of
+    the confusion matrix); the interval is F1's 2.5th and 97.5th percentiles over the resamples, not a 90% one."""
+    rng = random.Random(2)
+    labels = [rng.choice(["yes", "no"]) for _ in range(60)]
+    preds = [rng.choice(["yes", "yes", "no", "unknown"]) for _ in range(60)]
+    f1s = []
+    for row in np.random.default_rng(4).integers(0, 60, size=(500, 60)):
+        count = lambda label, answer: sum(labels[i] == label and preds[i] == answer for i in row)
+        tp, fp, fn = count("yes", "yes"), count("no", "yes"), count("yes", "no")
+        f1s.append(2 * tp / (2 * tp + fp + fn) if tp + fp + fn else 0.0)
+    tail = (1 - 0.95) / 2
+    expected = [float(q) for q in np.quantile(f1s, [tail, 1 - tail])]
+    assert bootstrap_f1_ci(labels, preds, seed=4, resamples=500) == expected
+    assert summarize(labels, preds, seed=4, resamples=500)["f1_ci95"] == expected
+    ninety = np.quantile(f1s, [0.05, 0.95])
+    assert expected[0] < ninety[0] and ninety[1] < expected[1]  # these data tell a 95% interval from a 90% one
+
+
+def test_mcnemar_counts_an_unknown_answer_as_wrong():
+    # 9 questions labelled no: A unknown on 5 that B gets right (c = 5), A right on 1 that B gets wrong (b = 1),
+    # both right on 3: p = 2 (C(6, 0) + C(6, 1)) / 2^6
+    labels = ["no"] * 9
+    a = ["unknown"] * 5 + ["no"] * 4
+    b = ["no"] * 5 + ["yes"] + ["no"] * 3
+    assert mcnemar_exact(labels, a, b) == mcnemar_exact(labels, b, a) == 14 / 64
 
 
 def test_mcnemar_exact_values():

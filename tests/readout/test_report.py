@@ -52,6 +52,8 @@ def test_report_on_two_runs(tmp_path):
     from PIL import Image
 
     runs = [_write_run(tmp_path / "llava-a", 1), _write_run(tmp_path / "llava-b", 2)]
+    stopped = json.loads((runs[1] / "meta.json").read_text())  # llava-b stopped 6 questions short of its random split
+    write_meta(runs[1], {**stopped, "questions": {"coco/random": 30, "coco/adversarial": 24}})
     out = tmp_path / "report"
     result = CliRunner().invoke(main, ["report", *map(str, runs), "--out", str(out)])
     assert result.exit_code == 0, result.output
@@ -106,6 +108,12 @@ def test_report_on_two_runs(tmp_path):
     assert page.count("<img") == len(pngs) and not re.search(r"(src|href)=\"(?!data:)|<script|<link", page)
     tables = CliRunner().invoke(main, ["score", *map(str, runs), "--format", "models"]).output
     assert (out / "tables.md").read_text() == tables
+    # the stopped split is marked as `score` marks it, in the page's tables, its section and its figures' captions
+    assert tables.count("| llava-b | 24 of 30 asked (incomplete) |") == 1 and "| llava-a | 24 |" in tables
+    assert page.count("<td>24 of 30 asked (incomplete)</td>") == 1 and page.count("(incomplete)") == 2  # + Overall
+    assert "<h2>llava-b, coco random (n=24 of 30 asked, incomplete)</h2>\n<p><b>Incomplete</b>: 24 of 30 asked " \
+           "(incomplete: the run stopped part way); every number of this split is partial.</p>" in page
+    assert "(n=24 of 30 asked (incomplete: the run stopped part way))" in page  # its figures' captions
     assert (out / "tables.tex").read_text() == CliRunner().invoke(main, ["score", *map(str, runs), "--format",
                                                                           "latex"]).output
 
@@ -151,6 +159,40 @@ def test_latex_and_markdown_tables_agree_cell_for_cell():
     assert "| **0.8221** |" in md and md.count("**0.8500**") == 2
     assert [t["group"] for t in f1_tables(runs)] == ["coco adversarial", "random"]
     assert tex.count(r"\toprule") == tex.count(r"\bottomrule") == 2
+
+
+def test_a_run_that_stopped_part_way_is_marked_in_its_tables_and_captions(tmp_path):
+    """`report`'s tables (tables.md, tables.tex, `score --format models`) and figure captions mark a split that
+    recorded fewer questions than its meta.json asked, as `score`'s own tables do; a finished run's n stays bare."""
+    from pope_fast.readout import read_records, score_records
+    from pope_fast.readout.report.tables import format_runs
+
+    runs = []
+    for name, asked in (("whole", 24), ("stopped", 40)):
+        folder = _write_run(tmp_path / name, 1, groups=(("coco", "random"),))
+        write_meta(folder, {**json.loads((folder / "meta.json").read_text()), "questions": {"coco/random": asked}})
+        runs += score_records(read_records(folder), ["legacy_2tok"])
+    assert [r["n"] for r in f1_tables(runs)[0]["rows"]] == ["24", "24 of 40 asked (incomplete)"]
+    assert "| stopped | 24 of 40 asked (incomplete) | " in format_f1_tables(runs, "markdown")
+    assert r"stopped & 24 of 40 asked (incomplete) & " in format_f1_tables(runs, "latex")
+    assert "n=24 of 40 asked (incomplete: the run stopped part way)" in format_runs(runs[1:], "markdown")
+    caption = figure_data.confusion(runs[1])[1]
+    assert "(n=24 of 40 asked (incomplete: the run stopped part way))" in caption
+    assert "(n=24)" in figure_data.confusion(runs[0])[1] and figure_data.f1(runs[1], 0, 9)[0]["asked"] == 40
+    assert figure_data.f1_grid(runs)[1].endswith(" INCOMPLETE RUNS (stopped part way, partial F1): stopped, coco "
+                                                 "random: 24 of 40 asked.")
+
+
+def test_a_pipe_in_a_models_name_stays_in_its_cell():
+    """A run folder named `a|b` is one cell of the markdown tables (`score --format models`, tables.md), and one
+    cell again where the page renders markdown tables."""
+    from pope_fast.readout.report.markup import markdown_html
+
+    runs = [{"source": "runs/llava|nf4/records.jsonl", "dataset": "coco", "split": "random", "n": 30,
+             "readouts": {"legacy_2tok": {"f1": 0.75}, "template_aware": {"f1": 0.5}}}]
+    md = format_f1_tables(runs, "markdown")
+    assert md.splitlines()[-1] == r"| llava\|nf4 | 30 | **0.7500** | 0.5000 |"
+    assert "<td style=\"text-align:left\">llava|nf4</td><td>30</td>" in markdown_html(md)
 
 
 def test_latex_compiles_as_a_fragment(tmp_path):

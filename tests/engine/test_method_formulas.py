@@ -1,0 +1,105 @@
+"""Each method's arithmetic on small logits, against its paper's formula written here in numpy (float64, in
+probability space where the paper writes it so), with settings away from the defaults: the quick lane's check of
+the numbers a method records (and the one refusal of its settings that needs no model). tests/engine/test_methods.py
+runs the same formulas through whole models (slow)."""
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pope_fast.engine.interventions import ImageAttentionAmplification, PAIAttention
+from pope_fast.engine.methods import parse_method
+
+
+def _logits(seed: int, rows: int = 4, vocab: int = 23) -> torch.Tensor:
+    """[rows, vocab] fp32 logits spread over 4 nats: a plausibility cut of 0.1-0.3 keeps some of each row, not all."""
+    return (torch.rand(rows, vocab, generator=torch.Generator().manual_seed(seed)) * 4 - 2).float()
+
+
+def _probabilities(logits: np.ndarray) -> np.ndarray:
+    e = np.exp(logits - logits.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def _head(logits: np.ndarray, beta: float) -> np.ndarray:
+    """The adaptive plausibility constraint of VCD (Leng et al., CVPR 2024), which ICD and PAI take over:
+    V_head = {y : p(y | v, x) >= beta * max_w p(w | v, x)}, on the probabilities of the image-conditioned pass."""
+    p = _probabilities(logits)
+    return p >= beta * p.max(axis=-1, keepdims=True)
+
+
+def _check(ours: torch.Tensor, expected: np.ndarray) -> None:
+    ours = ours.double().numpy()
+    assert (np.isneginf(ours) == np.isneginf(expected)).all(), "another set of tokens cut"
+    assert 0 < np.isfinite(expected).sum() < expected.size  # the cut matters in these rows
+    kept = np.isfinite(expected)
+    worst = np.abs(ours[kept] - expected[kept]).max()
+    assert worst < 1e-5, f"off by {worst}"
+
+
+def _contrast(main: np.ndarray, other: np.ndarray, alpha: float, beta: float) -> np.ndarray:
+    """VCD's contrast (Leng et al., CVPR 2024) and ICD's (Wang et al., ACL Findings 2024), before the softmax:
+    (1 + alpha) logit(y | v, x) - alpha logit(y | v', x), set to -inf outside V_head."""
+    return np.where(_head(main, beta), (1 + alpha) * main - alpha * other, -np.inf)
+
+
+def test_vcd_contrasts_the_noised_pass_within_the_plausible_tokens():
+    main, noised = _logits(1), _logits(2)
+    ours = parse_method("vcd:alpha=0.7,beta=0.3").combine({"main": main, "noised": noised})
+    _check(ours, _contrast(main.double().numpy(), noised.double().numpy(), 0.7, 0.3))
+
+
+def test_icd_contrasts_the_disturbed_instruction_within_the_plausible_tokens():
+    main, disturbed = _logits(3), _logits(4)
+    ours = parse_method("icd:alpha=0.4,beta=0.15").combine({"main": main, "disturbed": disturbed})
+    _check(ours, _contrast(main.double().numpy(), disturbed.double().numpy(), 0.4, 0.15))
+
+
+def test_pai_contrasts_log_probabilities_with_the_text_only_pass():
+    """PAI's contrast (Liu et al., ECCV 2024): gamma log p(y | X_V, X_I) - (gamma - 1) log p(y | X_I), the text-only pass
+    without the image, within the image pass's V_head."""
+    main, text = _logits(5), _logits(6)
+    ours = parse_method("pai:gamma=1.4,beta=0.2").combine({"main": main, "text": text})
+    log_main, log_text = (np.log(_probabilities(x.double().numpy())) for x in (main, text))
+    _check(ours, np.where(_head(main.double().numpy(), 0.2), 1.4 * log_main - 0.4 * log_text, -np.inf))
+
+
+def test_the_baseline_records_the_models_logits_as_they_are():
+    main = _logits(7)
+    assert torch.equal(parse_method("none").combine({"main": main}), main)
+
+
+def test_pais_attention_edit_is_s_plus_alpha_abs_s_in_its_layers_at_the_answer_only():
+    """PAI's edit of the image keys' attention logits (LALBJ/PAI attention.py): s + alpha |s|, layers first..last
+    inclusive, at the answer position only."""
+    edit = PAIAttention(0.3, (1, 2))
+    assert edit.image_attention(0) is None and edit.image_attention(3) is None
+    scores = _logits(8, rows=3 * 5, vocab=7).view(1, 3, 5, 7)  # [B, heads, queries, keys]
+    for layer in (1, 2):
+        applied = edit.image_attention(layer)
+        assert applied.answer_only
+        edited = applied.per_head(3, torch.device("cpu")).apply(scores, lambda x: x.view(1, 3, 1, 1))
+        expected = scores.double().numpy() + 0.3 * np.abs(scores.double().numpy())
+        assert np.abs(edited.double().numpy() - expected).max() < 1e-6
+
+
+def test_amplified_image_attention_is_the_attention_times_alpha_renormalized():
+    """ImageAttentionAmplification(alpha): after the softmax, each image key's weight is alpha times its weight
+    before, the row renormalized."""
+    alpha = 2.5
+    scores = _logits(9, rows=6, vocab=9).double()
+    image = torch.tensor([False, True, True, True, False, False, False, False, False])
+    edit = ImageAttentionAmplification(alpha, (0, 0)).image_attention(0)
+    edited = torch.where(image, edit.apply(scores, lambda x: torch.as_tensor(x, dtype=scores.dtype)), scores)
+    before = _probabilities(scores.numpy())
+    weighted = np.where(image.numpy(), alpha * before, before)
+    assert torch.softmax(edited, -1).numpy() == pytest.approx(weighted / weighted.sum(-1, keepdims=True), abs=1e-12)
+    assert math.isclose(edit.bias, math.log(alpha))
+
+
+def test_a_setting_given_twice_in_one_method_is_refused():
+    with pytest.raises(ValueError, match=r"^method 'vcd:alpha=1,alpha=2': alpha is given twice; give each setting "
+                                         r"once$"):
+        parse_method("vcd:alpha=1,alpha=2")
+    assert parse_method("vcd:alpha=1, beta=0.2").settings["alpha"] == 1  # distinct keys as before
