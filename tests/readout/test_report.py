@@ -189,7 +189,7 @@ def test_a_pipe_in_a_models_name_stays_in_its_cell():
     from pope_fast.readout.report.markup import markdown_html
 
     runs = [{"source": "runs/llava|nf4/records.jsonl", "dataset": "coco", "split": "random", "n": 30,
-             "readouts": {"legacy_2tok": {"f1": 0.75}, "template_aware": {"f1": 0.5}}}]
+             "readouts": {"legacy_2tok": _answered(0.75), "template_aware": _answered(0.5)}}]
     md = format_f1_tables(runs, "markdown")
     assert md.splitlines()[-1] == r"| llava\|nf4 | 30 | **0.7500** | 0.5000 |"
     assert "<td style=\"text-align:left\">llava|nf4</td><td>30</td>" in markdown_html(md)
