@@ -6,7 +6,7 @@ records written since the last fsync, which a resume recomputes: lines reach the
 given, a torn last line is mended on open (RecordWriter), and resume is bit for bit as before.
 
 The first error (a full disk, a refused write, a record that is not JSON) stops the thread writing; it is
-raised, naming the file, by the next `put` or by `close`.
+raised by the next `put` or by `close` (an OSError naming the file).
 """
 from __future__ import annotations
 
@@ -75,7 +75,7 @@ class Appender:
                         self._sync()
                         unsynced, last_sync = 0, time.monotonic()
                 except BaseException as err:  # kept for the caller's next put or close, never lost with the thread
-                    self._error = err
+                    self._error, unsynced = err, 0  # nothing more is written, so nothing waits for a sync
             if item is _CLOSE:
                 return
 
