@@ -155,7 +155,7 @@ def _bench_ours(name: str, cfg: BenchConfig, engine: Engine, questions: list[Que
     runs = []  # (wall, phases, counts) per timed run
     for _ in range(cfg.repeat):
         shutil.rmtree(records_dir, ignore_errors=True)
-        engine.reset(clear_cache=True)
+        engine.reset(clear_cache=True, timed=True)
         start = time.perf_counter()
         result = run_pope(engine, questions, images, records_dir, progress=tick)
         if device.type == "cuda":
@@ -184,7 +184,7 @@ def _bench_paired(cfg: BenchConfig, engine: Engine, questions: list[Question], i
     runs = []
     for _ in range(cfg.repeat):
         shutil.rmtree(out, ignore_errors=True)
-        engine.reset(clear_cache=True)
+        engine.reset(clear_cache=True, timed=True)
         start = time.perf_counter()
         run_paired(engine, questions, images, out, methods, progress=tick)
         if engine.settings.torch_device.type == "cuda":
@@ -211,7 +211,7 @@ def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Qu
     walls = []  # per timed run: every rank's wall time
     for _ in range(cfg.repeat):
         shutil.rmtree(records_dir, ignore_errors=True)
-        engine.reset(clear_cache=True)
+        engine.reset(clear_cache=True, timed=True)
         shard.gather(None)  # a barrier: the ranks start each timed run together
         start = time.perf_counter()
         prompts = run_pope(engine, mine, images, records_dir).evaluated_prompts if mine else 0  # more ranks than steps

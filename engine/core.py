@@ -111,10 +111,12 @@ class Engine:
             torch.cuda.synchronize(self.settings.torch_device)
         self.reset()
 
-    def reset(self, clear_cache: bool = False) -> None:
+    def reset(self, clear_cache: bool = False, *, timed: bool = False) -> None:
         """Timings and counts restart; with clear_cache, cached image features and text-only logits are
-        forgotten too (an empty in-memory cache replaces the engine's), so the next sweep runs cold."""
+        forgotten too (an empty in-memory cache replaces the engine's), so the next sweep runs cold. With
+        timed, each phase synchronises the device at its start and end (stats.Timings): bench's phases."""
         self.runner = self.runner_class(self.model, self.settings, self.readout)
+        self.runner.timings.synchronize = timed
         if clear_cache:
             self.cache = VisionCache()
             self._text_logits = {}

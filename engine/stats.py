@@ -2,22 +2,25 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 
 import torch
 
 
 @dataclass
 class Timings:
-    """Seconds per phase, summed over calls (for the benchmark's phase table)."""
+    """Seconds per phase, summed over calls (for the benchmark's phase table). With `synchronize` (bench sets it:
+    Engine.reset(timed=True)) each phase waits for the device at its start and end, so its seconds are the
+    device's; without it a phase is the host's time to launch its work, and a sweep never waits for a clock."""
 
     image_encode: float = 0.0
     prefix_prefill: float = 0.0
     question_prefill: float = 0.0
     decode: float = 0.0
+    synchronize: bool = field(default=False, compare=False)
 
     def to_json(self) -> dict:
-        return {k: round(v, 4) for k, v in vars(self).items()}
+        return {f.name: round(getattr(self, f.name), 4) for f in fields(self) if f.name != "synchronize"}
 
 
 @dataclass
@@ -33,7 +36,8 @@ class Counts:
 
 
 class Clock:
-    """Adds elapsed wall time to one Timings field; synchronises CUDA so the phase is honest."""
+    """Adds elapsed wall time to one Timings field; synchronises CUDA where the timings ask for it, so the phase
+    is the device's."""
 
     def __init__(self, timings: Timings, field: str, device: torch.device):
         self.timings, self.field, self.device = timings, field, device
@@ -47,5 +51,5 @@ class Clock:
         setattr(self.timings, self.field, getattr(self.timings, self.field) + time.perf_counter() - self.start)
 
     def _sync(self):
-        if self.device.type == "cuda":
+        if self.timings.synchronize and self.device.type == "cuda":
             torch.cuda.synchronize(self.device)

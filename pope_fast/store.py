@@ -1,5 +1,5 @@
-"""The run folder: where a run's records and meta go as it runs. One writer appends whole batches and
-mends what a crash leaves; one lock keeps a second run out; repair keeps one record per question;
+"""The run folder: where a run's records and meta go as it runs. One writer appends whole batches (from a
+thread of its own) and mends what a crash leaves; one lock keeps a second run out; repair keeps one record per question;
 records are put in their canonical order; torchrun ranks write parts that are folded in; every
 rewrite (meta.json, summaries, a repaired or reordered records file) is atomic."""
 from __future__ import annotations
@@ -12,6 +12,7 @@ import socket
 import tempfile
 from pathlib import Path
 
+from .appender import Appender
 from .readout.data import DataError
 from .readout.records import (META_FILE, PART, RECORDS_FILE, checked_record, duplicate_message, json_lines, rank_parts,
                               record_key, strict_json)
@@ -23,12 +24,14 @@ FORMAT = "pope-fast/records-v1"
 class RecordWriter:
     """Appends records batch by batch; a run that stops resumes from what is on disk.
 
-    Each batch is one append, fsynced; a batch that fails part way (a full disk) is cut off again
-    before the error is raised, and after a crash at most the last line is torn: `open` drops a torn
-    last line (it was never complete, so nothing recorded is lost) and returns the questions already
-    done: (split, question_id) → their record. Error records do not count as done: a rerun retries
-    them, and the new record supersedes the error. Two complete records of one question (two
-    writers of old) are refused, naming `repair_records`.
+    Each batch is one append, made by a thread of its own and fsynced with the batches around it
+    (appender.Appender: the sweep goes on meanwhile; a write's error is raised by the next write or by
+    close, naming the file); a batch that fails part way (a full disk) is cut off again, and after a
+    crash at most the last line is torn: `open` drops a torn last line (it was never complete, so
+    nothing recorded is lost) and returns the questions already done: (split, question_id) → their
+    record. Records the crash kept from the disk are not done either, and are recomputed. Error records
+    do not count as done: a rerun retries them, and the new record supersedes the error. Two complete
+    records of one question (two writers of old) are refused, naming `repair_records`.
     """
 
     def __init__(self, out_dir: str | Path, name: str = RECORDS_FILE, also: tuple[str, ...] = ()):
@@ -41,6 +44,7 @@ class RecordWriter:
         self.recorded: set[tuple[str, str, str]] = set()  # every record's key, error records' too
         self.errors: dict[tuple[str, str, str], str] = {}  # the last error recorded per key
         self._fd: int | None = None
+        self._appender: Appender | None = None
 
     def open(self) -> dict[tuple[str, str, str], dict]:
         try:
@@ -51,6 +55,7 @@ class RecordWriter:
                 self._mend_last_line()
                 self._read(self.path, self.path.read_text(encoding="utf-8"))
             self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._appender = Appender(self._fd, self.path)
         except OSError as err:
             raise OSError(err.errno, err.strerror, str(self.path)) from None
         except UnicodeDecodeError as err:
@@ -90,31 +95,25 @@ class RecordWriter:
             f.write(b"\n")
 
     def write(self, records: list[dict]) -> None:
-        if self._fd is None:
+        """Hands the records to the writing thread (an earlier batch's error is raised here)."""
+        if self._appender is None:
             raise RuntimeError("RecordWriter.open() first")
-        # make_record writes a non-finite value as null; allow_nan=False keeps a bare NaN from ever reaching the file
-        data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records).encode("utf-8")
-        start = os.fstat(self._fd).st_size
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(self._fd, view):]
-            os.fsync(self._fd)
-        except OSError as err:
-            try:
-                os.ftruncate(self._fd, start)  # no torn line, no half batch: the rerun redoes it whole
-            except OSError:
-                pass  # a file that refuses writes (made immutable, say) refuses this too: nothing was written
-            raise OSError(err.errno, err.strerror, str(self.path)) from None
+        self._appender.put(records)
         keys = [record_key(r["split"], r["question_id"], r.get("dataset", "")) for r in records]
         self.recorded.update(keys)
         self.done.update((k, r) for k, r in zip(keys, records) if "error" not in r)
         self.errors.update((k, r["error"]) for k, r in zip(keys, records) if "error" in r)
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        """Every record written and fsynced, or the writing thread's first error raised."""
+        appender, fd = self._appender, self._fd
+        self._appender = self._fd = None
+        try:
+            if appender is not None:
+                appender.close()
+        finally:
+            if fd is not None:
+                os.close(fd)
 
     def __enter__(self):
         self.open()

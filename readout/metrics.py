@@ -10,6 +10,7 @@ questions (the yes-rate is that of the *predictions*, not of the labels as in lm
 from __future__ import annotations
 
 from fractions import Fraction
+from functools import lru_cache
 
 import numpy as np
 
@@ -51,20 +52,36 @@ def confusion(labels, predictions) -> dict[str, int]:
 
 def bootstrap_f1_ci(labels, predictions, *, seed: int = 0, resamples: int = 1000,
                     level: float = 0.95) -> list[float]:
-    """Percentile bootstrap interval of F1, resampling questions (with their unknowns) with replacement."""
+    """Percentile bootstrap interval of F1, resampling questions (with their unknowns) with replacement.
+
+    The resamples are the generator's [resamples, n] matrix of question indices, counted per question
+    (_resample_counts, made once for every readout of a group of n questions): a resample's TP, FP and FN
+    are its counts of those questions, the same integers as summing the drawn questions one by one."""
     y, p = _codes(labels), _codes(predictions)
     n = len(y)
     if n == 0:
         return [0.0, 0.0]
-    rng = np.random.default_rng(seed)
-    draws = rng.integers(0, n, size=(resamples, n))  # [B, n] question indices per resample
-    tp = ((p == 1) & (y == 1))[draws].sum(axis=1)
-    fp = ((p == 1) & (y == 0))[draws].sum(axis=1)
-    fn = ((p == 0) & (y == 1))[draws].sum(axis=1)
+    counts = _resample_counts(n, seed, resamples)
+    # [B] each; one matrix-vector product per cell (4-9x faster here than one product with a [n, 3] matrix)
+    tp, fp, fn = ((counts @ cell.astype(counts.dtype)).astype(np.int64)
+                  for cell in ((p == 1) & (y == 1), (p == 1) & (y == 0), (p == 0) & (y == 1)))
     f1 = _f1(tp, fp, fn)
     alpha = (1 - level) / 2
     low, high = np.quantile(f1, [alpha, 1 - alpha])
     return [float(low), float(high)]
+
+
+@lru_cache(maxsize=1)
+def _resample_counts(n: int, seed: int, resamples: int) -> np.ndarray:
+    """[resamples, n]: how often each resample draws each question. float32 (half the memory, and twice the
+    speed, of float64) wherever the sums stay integers float32 holds exactly (n < 2**24), so a resample's
+    counts are exact in any order of summation; read-only, as it is shared."""
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))  # [B, n] question indices
+    counts = np.empty((resamples, n), dtype=np.float32 if n < 2**24 else np.float64)
+    for row, drawn in zip(counts, draws):  # a row's bins stay in cache: 8x faster than one flat bincount at 9,000
+        row[:] = np.bincount(drawn, minlength=n)
+    counts.flags.writeable = False
+    return counts
 
 
 def answered(metrics: dict) -> int:

@@ -2,10 +2,12 @@
 process) resumes it to a single process's bytes (the pieces and the plain jobs: test_distributed.py)."""
 import json
 import shutil
+import signal
+import sys
 from pathlib import Path
 
 import pytest
-from torchrunjobs import make_job, run, same_run
+from torchrunjobs import CLONE, launch, make_job, run, same_run
 
 import pope_fast
 from pope_fast.readout.records import part_name
@@ -60,4 +62,43 @@ def test_a_rank_killed_outright_stops_the_job_and_one_process_resumes_it(job):
     resumed = run(job, 0, out)
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed: " in resumed.stdout
+    same_run(job, out)
+
+
+# A plain run killed by SIGKILL inside the records writer's thread, as it appends its second image step: with
+# part of the step's bytes in the file (a torn last line) or none (records handed over but never written).
+KILLED_WRITER = """
+import os, signal
+from pope_fast import appender
+from pope_fast.cli import main
+
+append, calls = appender.Appender._append, []
+
+def killed(self, data):
+    calls.append(len(data))
+    if len(calls) == 2:
+        os.write(self.fd, data[:int(len(data) * float(os.environ["KEEP"]))])
+        os.kill(os.getpid(), signal.SIGKILL)
+    append(self, data)
+
+appender.Appender._append = killed
+main(prog_name="pope-fast")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep", ["0.5", "0"], ids=["mid-write", "unwritten"])
+def test_a_run_killed_in_its_records_writer_resumes_to_the_same_bytes(job, keep):
+    out = job.root / f"writer-killed-{keep}"
+    script = job.root / "killed_writer.py"
+    script.write_text(KILLED_WRITER)
+    killed = launch([sys.executable, str(script), *job.args, "--out", str(out)], CLONE, KEEP=keep)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    text = (out / "records.jsonl").read_text()
+    assert text.endswith("\n") == (keep == "0")  # torn mid-line where part of the step got in
+    whole = text.count("\n")  # the first step's 12 records (2 images, 6 questions each), some of the second's
+    assert whole == 12 if keep == "0" else 12 < whole < 24
+    resumed = run(job, 0, out)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resumed: {whole} of 36 questions were already recorded" in resumed.stdout
     same_run(job, out)

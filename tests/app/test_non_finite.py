@@ -46,7 +46,8 @@ def test_non_finite_values_are_null_named_and_read_back(tmp_path):
 
 
 def test_a_writer_never_writes_a_bare_nan(tmp_path):
-    with RecordWriter(tmp_path) as w, pytest.raises(ValueError):
+    """The records are encoded by the writing thread: the error comes with the close (or the next write)."""
+    with pytest.raises(ValueError, match="Out of range float"), RecordWriter(tmp_path) as w:
         w.write([{"question_id": 1, "split": "random", "label": "yes", "candidate_logits": {"5": math.nan}}])
     assert (tmp_path / "records.jsonl").read_bytes() == b""
 

@@ -87,3 +87,33 @@ def test_bench_times_a_paired_run_cold_beside_the_baseline(tmp_path):
     assert "| llava | none + vcd |" in format_report(report)
     refused = CliRunner().invoke(main, ["bench", "--models", "llava", "--device", "cpu", "--method", "dola"])
     assert refused.exit_code != 0 and "unknown method 'dola'" in refused.output
+
+
+def test_eval_never_waits_on_the_phase_clock_and_bench_does(tmp_path, monkeypatch):
+    """A stand-in for torch.cuda.synchronize, and every phase clock told its device is CUDA: bench's timed runs
+    synchronise at each phase's start and end, a plain eval not once."""
+    import torch
+    from tinymodels import make_tiny_llava, write_pope_set
+
+    from pope_fast.engine import stats
+
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))
+    entered = []
+    init, enter = stats.Clock.__init__, stats.Clock.__enter__
+    monkeypatch.setattr(stats.Clock, "__init__", lambda self, t, f, d: init(self, t, f, torch.device("cuda", 0)))
+    monkeypatch.setattr(stats.Clock, "__enter__",
+                        lambda self: (entered.append(getattr(self.timings, "synchronize", None)), enter(self))[1])
+    checkpoint = make_tiny_llava(tmp_path / "ckpt", builtin_tokenizer=True)
+    images, files = write_pope_set(tmp_path / "pope", n_images=2)
+    result = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--images", str(images), "--questions",
+                                       str(files[0]), "--out", str(tmp_path / "out"), "--device", "cpu",
+                                       "--readouts", "legacy_2tok"])
+    assert result.exit_code == 0, result.output
+    assert entered and calls == [] and not any(entered)  # phases timed, the device never waited for
+    cfg = BenchConfig(models=["llava"], size="tiny", device="cpu", quant="none", dtype=None, n_questions=6,
+                      reference=False, work_dir=tmp_path / "bench")
+    entered.clear()
+    run_bench(cfg)
+    timed = entered.count(True)  # the timed run's phases (the warmup's, before it, are not)
+    assert timed >= 3 and calls == [torch.device("cuda", 0)] * (2 * timed)

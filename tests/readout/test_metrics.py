@@ -31,6 +31,34 @@ def test_confusion_rejects_bad_values():
         confusion(["yes", "no"], ["yes"])
 
 
+def _bootstrap_drawn_one_by_one(labels, predictions, seed, resamples):
+    """The interval as the resampling defines it: the generator's [resamples, n] index matrix, each resample's
+    TP, FP and FN summed over the questions it drew, the 2.5th and 97.5th percentiles of F1."""
+    table = {"yes": 1, "no": 0, "unknown": -1}
+    y, p = np.array([table[v] for v in labels]), np.array([table[v] for v in predictions])
+    draws = np.random.default_rng(seed).integers(0, len(y), size=(resamples, len(y)))
+    tp, fp, fn = (cell[draws].sum(axis=1) for cell in ((p == 1) & (y == 1), (p == 1) & (y == 0), (p == 0) & (y == 1)))
+    denom = 2 * tp + fp + fn
+    f1 = np.where(denom > 0, 2 * tp / np.maximum(denom, 1), 0.0)
+    return [float(q) for q in np.quantile(f1, [0.025, 0.975])]
+
+
+@pytest.mark.parametrize("n, seed, resamples", [(1, 0, 50), (7, 3, 1000), (301, 5, 999), (3000, 0, 1000)])
+def test_bootstrap_is_the_resampling_drawn_one_by_one_to_the_bit(n, seed, resamples):
+    """The counted form (one count matrix per group, shared by its readouts) against the sums of the drawn
+    questions: equal floats, for readouts that answer, fail and leave unknowns, in any order of calls."""
+    rng = np.random.default_rng(n)
+    labels = list(rng.choice(["yes", "no"], size=n))
+    readouts = [list(rng.choice(["yes", "no", "unknown"], size=n, p=[0.45, 0.45, 0.1])),
+                ["yes"] * n, ["unknown"] * n, list(rng.choice(["yes", "no"], size=n))]
+    for preds in readouts + readouts[::-1]:
+        assert bootstrap_f1_ci(labels, preds, seed=seed, resamples=resamples) == \
+            _bootstrap_drawn_one_by_one(labels, preds, seed, resamples)
+    other = labels[1:] + labels[:1]  # another group of as many questions: same draws, its own labels
+    assert bootstrap_f1_ci(other, readouts[0], seed=seed, resamples=resamples) == \
+        _bootstrap_drawn_one_by_one(other, readouts[0], seed, resamples)
+
+
 def test_bootstrap_is_seeded_and_brackets_f1():
     labels = ["yes", "no"] * 150
     preds = ["yes" if i % 7 else "no" for i in range(300)]
@@ -102,3 +130,19 @@ def test_mcnemar_past_its_exact_size_is_the_same_tail_in_log_space(monkeypatch):
     assert mcnemar_exact(labels, right_first, right_second) == pytest.approx(expected, rel=1e-9)
     lopsided = mcnemar_exact(["yes"] * 3_000, ["yes"] * 1_000 + ["no"] * 2_000, ["no"] * 1_000 + ["yes"] * 2_000)
     assert 0 < lopsided < 1e-70
+
+
+def test_bootstrap_draws_once_for_every_readout_of_a_group(monkeypatch):
+    """score's summaries bootstrap each of a group's readouts: the [resamples, n] draws are made once, not per
+    readout (a full POPE run: 4 groups of 3,000-9,000 questions, 11 readouts)."""
+    from pope_fast.readout import metrics
+
+    made = []
+    real = np.random.default_rng
+    monkeypatch.setattr(np.random, "default_rng", lambda seed: (made.append(seed), real(seed))[1])
+    metrics._resample_counts.cache_clear()
+    labels = ["yes", "no"] * 40
+    intervals = [bootstrap_f1_ci(labels, preds, seed=11) for preds in (["yes"] * 80, ["no", "yes"] * 40, labels)]
+    assert made == [11] and intervals[2] == [1.0, 1.0] and intervals[1] == [0.0, 0.0]
+    bootstrap_f1_ci(labels[:79], labels[:79], seed=11)  # another group: its own draws
+    assert made == [11, 11]
