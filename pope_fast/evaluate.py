@@ -48,7 +48,8 @@ class EvalJob:
     cache_dir: Path | None = None
     skip_bad: bool = False
     settings: dict = field(default_factory=dict)  # Settings fields, the device among them
-    limit: int | None = None  # the first N questions of each split (a quick look, as lmms-eval's --limit)
+    limit: int | None = None  # the first N questions in all, in the files' order (lmms-eval's --limit)
+    limit_per_split: int | None = None  # the first N of each dataset's split (a look at every split), before `limit`
     command: str | None = None  # the command line, recorded in meta.json
     protocol: str | None = None  # a published protocol (readout/protocols/): its prompt, length, image aspect
     benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
@@ -58,7 +59,8 @@ class EvalJob:
     @classmethod
     def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
                      no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, limit=None,
-                     command=None, protocol=None, benchmark=None, subset=None, backend="auto", **settings) -> "EvalJob":
+                     limit_per_split=None, command=None, protocol=None, benchmark=None, subset=None, backend="auto",
+                     **settings) -> "EvalJob":
         """The job of `pope-fast eval`'s options (every other option is a Settings field); hub ids among the
         model and questions are fetched here, or found in the cache (hub.resolve_inputs)."""
         def path(p):
@@ -67,8 +69,8 @@ class EvalJob:
         inputs = resolve_inputs(model_dir, tuple(question_files), subset, split)
         return cls(Path(out_dir), inputs.model_dir, inputs.question_files, path(images_dir), demo_questions,
                    inputs.split, dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
-                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol, benchmark,
-                   inputs.sources, backend)
+                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, limit_per_split, command, protocol,
+                   benchmark, inputs.sources, backend)
 
 
 @dataclass
@@ -113,7 +115,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         raise ValueError("with --model, give --questions (and --images unless the questions embed them)")
     device = job.settings["device"]
     progress = progress or no_progress
-    protocol = _protocol_options(job)
+    _protocol_options(job)  # its options checked before anything loads
     demo_tokens = DEMO_TOKENS if job.model_dir is None else None  # the random model never ends a sentence
     options = {k: v for k, v in job.settings.items() if v is not None or k not in ("image_aspect",)}
     settings = Settings(**{**options, "device": shard.device(device) if shard else device,
@@ -189,7 +191,7 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         if engine.model.backend == "transformers" and lead:
             notice(f"{engine.model.name}: the reference path (transformers' own class, every prompt whole: no prefix "
                    "reuse, no feature cache)")
-        questions = _limited(questions, job.limit)
+        questions = limited(questions, job.limit, job.limit_per_split)
         per_image = Counter(q.image for q in questions)
         engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes
     return lock, engine, questions, images_dir, asked
@@ -273,18 +275,18 @@ def _writable(path, option: str) -> Path:
     return folder
 
 
-def _limited(questions: list, limit: int | None) -> list:
-    """The first `limit` questions of each dataset's split, in order (all without a limit)."""
-    if limit is None:
-        return questions
+def limited(questions: list, limit: int | None, per_split: int | None = None) -> list:
+    """`eval --limit-per-split` then `--limit`: the first `per_split` questions of each dataset's split, then
+    the first `limit` of those, in the order the files hold them (a split, as HallusionBench's categories,
+    can be small: a limit in all is what lmms-eval's --limit means)."""
     seen: dict[tuple[str, str], int] = {}
     kept = []
     for q in questions:
         count = seen.get((q.dataset, q.split), 0)
-        if count < limit:
+        if per_split is None or count < per_split:
             kept.append(q)
             seen[q.dataset, q.split] = count + 1
-    return kept
+    return kept[:limit]
 
 
 def _check_method_readouts(methods, readouts: str) -> None:
