@@ -18,7 +18,7 @@ from .engine.models import protocol_for
 from .hub import resolve_inputs
 from .progress import watched
 from .readout import READOUTS, find_question_files, format_runs, load_question_sources
-from .readout.benchmarks import REGISTRY, benchmark_questions
+from .readout.benchmarks import REGISTRY, benchmark_questions, get_benchmark
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
@@ -29,8 +29,9 @@ from .sweep import SweepResult, check_image_names, run_paired, run_pope
 
 DEMO_TOKENS = 6  # the demo's continuations: its random tiny model never ends an answer
 
-# A progress display for `total` questions: entered, it gives the callable that hears of more done.
-ProgressFactory = Callable[[int, bool], ContextManager[Callable[[int], None]]]
+# A progress display for `total` questions of a benchmark (its title), shown where the bool says (rank 0):
+# entered, it gives the callable that hears of more done.
+ProgressFactory = Callable[[int, bool, str], ContextManager[Callable[[int], None]]]
 
 
 @dataclass
@@ -90,7 +91,7 @@ class EvalOutcome:
         lines = [f"resumed: {first.recorded_before} of {first.questions} questions were already recorded"] \
             if first.recorded_before else []
         ranks = f" on {self.world_size} ranks" if self.world_size else ""
-        lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions{ranks}; "
+        lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {_asked(first)}{ranks}; "
                      f"{first.error_records} error records; phases (s): {self.timings.to_json()}"
                      + (" (rank 0)" if self.world_size else ""))
         for result in self.results:
@@ -105,6 +106,17 @@ class EvalOutcome:
         lines += [f"\n{self.comparison}"] if self.comparison is not None else []
         lines.append(f"records, meta and summaries in {self.out_dir}" + ("/<method>/" if self.paired else ""))
         return "\n".join(lines)
+
+
+def _asked(result: SweepResult) -> str:
+    """The questions a run's prompts were evaluated for: on a resume, those it lacked."""
+    if not result.recorded_before:
+        return f"{result.questions} questions"
+    lacking = result.questions - result.recorded_before
+    # a step of images runs whole, as a clean run batches it: its recorded questions are asked again, kept as they were
+    again = " (and the recorded questions that share their image steps)" \
+        if result.evaluated_prompts > lacking else ""
+    return f"the {lacking} question{'s' * (lacking != 1)} not yet recorded{again}"
 
 
 def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None = None,
@@ -128,10 +140,11 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         lock, engine, questions, images_dir, asked = _setup(job, settings, shard, stack, notice)
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
-        update = stack.enter_context(_lazy(progress, len(questions), lead))
+        benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
+        named = get_benchmark(benchmark).short_name if benchmark else "POPE"
+        update = stack.enter_context(_lazy(progress, len(questions), lead, named))
         engine.runner.on_decode = update.decoding  # a long continuation's progress, between recorded batches
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
-        benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
         provenance = {**({"command": job.command} if job.command else {}), **({"hub": job.hub} if job.hub else {}),
                       **({"protocol": job.protocol} if job.protocol else {}),
                       **({"benchmark": benchmark} if benchmark else {}),
@@ -308,12 +321,12 @@ def _comparison(out: Path, results: list[SweepResult], benchmark: str | None) ->
 
 
 @contextmanager
-def no_progress(total: int, lead: bool):
+def no_progress(total: int, lead: bool, benchmark: str):
     yield lambda n: None
 
 
 @contextmanager
-def _lazy(progress: ProgressFactory, total: int, lead: bool):
+def _lazy(progress: ProgressFactory, total: int, lead: bool, benchmark: str):
     """progress's display, opened when the sweep first tells of its questions: a run refused before it
     starts (a resume of another run into this folder, say) shows no bar at 0% first."""
     with ExitStack() as stack:
@@ -322,7 +335,7 @@ def _lazy(progress: ProgressFactory, total: int, lead: bool):
         def opened():
             nonlocal update
             if update is None:
-                update = stack.enter_context(progress(total, lead))
+                update = stack.enter_context(progress(total, lead, benchmark))
             return update
 
         def tell(n: int) -> None:

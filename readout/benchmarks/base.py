@@ -67,6 +67,7 @@ class Benchmark:
 
     name: ClassVar[str]
     title: ClassVar[str]
+    short_name: ClassVar[str]  # as its authors write it, where a line names it (eval's progress)
     data: ClassVar[str]  # where its data and images are published, and under which licence
     rules: ClassVar[dict[str, Rule]]  # "official" first, then the tools that have it (lmms-eval, vlmevalkit)
     scale: ClassVar[float]  # the official headline's full mark (MME's Perception 2000, a percentage 100)

@@ -220,6 +220,7 @@ RULES = {
 class HallusionBench(Benchmark):
     name = NAME
     title = "HallusionBench"
+    short_name = "HallusionBench"
     data = ("github.com/tianyi-lab/HallusionBench: HallusionBench.json (BSD-3-Clause); the figures are "
             "hallusion_bench.zip, linked from its README (Google Drive)")
     rules = RULES

@@ -132,6 +132,7 @@ def read_vlmevalkit_table(path: Path) -> list[Response]:
 class MME(Benchmark):
     name = "mme"
     title = "MME: a comprehensive evaluation benchmark for multimodal large language models (Fu et al., 2023)"
+    short_name = "MME"
     data = ("lmms-lab/MME on Hugging Face (lmms-lab-encoder/MME since lmms-eval 4be7ee0e), the test split as "
             "parquet with embedded images; its licence is not established here (../shared's synthetic stand-in "
             "copies only the layout)")
