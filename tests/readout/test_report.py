@@ -240,7 +240,9 @@ def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     "-" where meta.json records none; every figure numbered in order with a caption naming its numbers."""
     made = _write_run(tmp_path / "llava-nf4", 1, groups=(("coco", "adversarial"),))
     meta = json.loads((made / "meta.json").read_text())
-    (made / "meta.json").write_text(json.dumps({**meta, **META}))
+    command = f"/home/me/venv/bin/pope-fast eval --model llava-1.5-7b-hf --images {tmp_path}/images --out={made} " \
+              "--device cpu"
+    (made / "meta.json").write_text(json.dumps({**meta, **META, "command": command}))
     older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),))
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(made), str(older), "--out", str(out)]).exit_code == 0
@@ -249,9 +251,14 @@ def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     assert re.findall(r"<th>(.*?)</th>", header[1]) == ["run", "model", "family", "template", "method", "dtype",
                                                        "quantization", "created", "pope-fast"]
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", header[2])]
-    assert rows == [["llava-nf4", "/models/llava-1.5-7b-hf", "llava", "llava_plain", "none", "float16", "nf4",
+    assert rows == [["llava-nf4", "llava-1.5-7b-hf", "llava", "llava_plain", "none", "float16", "nf4",
                      "2026-11-30T12:00:00+00:00", "0.9.1"],
                     ["older", "-", "-", "-", "none", "-", "-", "-", "-"]]
+    # a shared page names no folder of the machine: the checkpoint's name, the command and sources from the page
+    assert str(tmp_path) not in page and "/venv/bin" not in page and "/models/" not in page
+    assert "llava-nf4: <code>pope-fast eval --model llava-1.5-7b-hf --images ../images --out=../llava-nf4 " \
+           "--device cpu</code>" in page
+    assert "llava-nf4 (<code>../llava-nf4/records.jsonl</code>), older (<code>../older/records.jsonl</code>)" in page
     assert "Template llava_plain: <code>USER: &lt;image&gt;&#92;nIs there a dog in the image?&#92;nASSISTANT:</code>" \
         in page
     shown = _figures(page)
