@@ -102,7 +102,7 @@ def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path
 
 
 def _from_responses(responses: list[Response], read) -> list[Answer]:
-    return [Answer(r.key, r.split, r.image, r.label, read(r.text)) for r in responses]
+    return [Answer(r.key, r.split, r.image, r.label, read(r.text), r.group) for r in responses]
 
 
 def metric(metrics: dict, name: str):

@@ -163,7 +163,7 @@ def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[
         if len(ids) < 6:
             raise DataError(f"{where}: index {row['index']!r} has no set, figure and question ids (its 4th-6th "
                             "'_'-separated parts, as VLMEvalKit's Hallusion_rating reads them)")
-        l2 = row["l2-category"]  # `VD_ocr` in VLMEvalKit's TSV; the bare subcategory is taken too
+        l2 = row["l2-category"]  # `VD_ocr` in VLMEvalKit's TSV; a bare subcategory joins the data too
         sub = l2[len(row["category"]) + 1:] if l2.startswith(f"{row['category']}_") else l2
         key = metrics.question_key(row["category"], sub, *ids[3:6])
         if key not in known:
@@ -175,7 +175,7 @@ def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[
         if label != question.label:
             raise DataError(f"{where}: question {key} has answer {row['answer']!r}; the question data says "
                             f"{question.label}: another version of HallusionBench?")
-        out.append(Response(key, question.split, row["prediction"], label, question.image, where))
+        out.append(Response(key, question.split, row["prediction"], label, question.image, where, group=l2))
     return out
 
 
@@ -252,7 +252,7 @@ class HallusionBench(Benchmark):
         ids = metrics.fields(answer.key)  # the set id made distinct: every group's key holds it
         key = metrics.question_key(ids.category, ids.subcategory, f"{ids.set_id}r{draw}", ids.figure_id,
                                    ids.question_id)
-        return Answer(key, answer.split, answer.image, answer.label, answer.decision)
+        return Answer(key, answer.split, answer.image, answer.label, answer.decision, answer.group)
 
     @classmethod
     def questions(cls, path: Path) -> list[Question]:
