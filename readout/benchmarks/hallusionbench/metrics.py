@@ -180,12 +180,13 @@ def _mean100(values: list[bool]) -> float | None:
 
 
 def l2_category(ids: Fields) -> str:
-    """VLMEvalKit's `l2-category` (`VD_ocr`, `VS_ocr`, `VS_chart`) of an answer read from no table of its (a run's
-    records), as HallusionBench.json lacks the column: `{category}_{subcategory}`; a table's own column is taken as
-    it comes (Answer.group), as Hallusion_rating groups whatever it holds. Its code only reads the column (yorn.py:102, 110, 136-143); what the column
-    holds shows in a score file of that TSV (its md5, image_yorn.py:25, unchanged since 570bcda9) posted in
-    open-compass/VLMEvalKit#825: rows `VD_ocr` and `VS_ocr`, and Overall fAcc and qAcc of 131/346 and 200/455, the
-    group counts with the category in the key (left out, VD's and VS's ocr figures would make 332 and 429)."""
+    """VLMEvalKit's `l2-category` (`VD_ocr`, `VS_ocr`, `VS_chart`) of an answer read from no table of its (a
+    run's records), as HallusionBench.json lacks the column: `{category}_{subcategory}`; a table's own column is
+    taken as it comes (Answer.group), as Hallusion_rating groups whatever it holds. Its code only reads the
+    column (yorn.py:102, 110, 136-143); what the column holds shows in a score file of that TSV (its md5,
+    image_yorn.py:25, unchanged since 570bcda9) posted in open-compass/VLMEvalKit#825: rows `VD_ocr` and `VS_ocr`,
+    and Overall fAcc and qAcc of 131/346 and 200/455, the group counts with the category in the key (left out,
+    VD's and VS's ocr figures would make 332 and 429)."""
     return f"{ids.category}_{ids.subcategory}"
 
 
