@@ -12,7 +12,7 @@ import json
 from ...readout.protocols import PROTOCOLS, Coverage, coverage, get_template
 from ..loader import CheckpointError, check_config, checkpoint_dtype, read_config
 from ..settings import DTYPES, Settings
-from .base import Family, TextOnlyRefused
+from .base import Family, TextOnlyRefused as TextOnlyRefused  # re-exported: engine and core import it here
 
 # model_type → "module:class" within this package, in the order tables list them.
 FAMILIES: dict[str, str] = {
@@ -62,7 +62,7 @@ def unsupported(model_type: str | None) -> str:
     why = f"model_type {model_type!r} is not supported"
     if model_type in CLASSES:
         missing = NOT_IMPLEMENTED.get(model_type)
-        why += f" ({CLASSES[model_type]}): " + (f"the engine does not implement its {missing}" if missing
+        why += f" ({CLASSES[model_type]}): " + (f"the engine does not implement {missing}" if missing
                                                   else "no family module implements it yet")
     return f"{why} (supported: {', '.join(FAMILIES)})"
 
