@@ -255,7 +255,8 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
                                                             run["unavailable"].items())) + "</p>")
     if not run["readouts"]:
         return
-    folder = page.out / _slug(model) / _slug(group_name(run))
+    # one folder per run, its figures named by the split: a run's folder is the only one below the report's
+    prefix = page.out / _slug(model) / _slug(group_name(run))
     drawn = [(figures.confusion_grid, figure_data.confusion(run), "confusion"),
              (figures.f1_intervals, figure_data.f1(run, seed, resamples), "f1"),
              (figures.yes_rates, figure_data.yes_rate(run, records), "yes_rate")]
@@ -268,7 +269,7 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
               "confusion": column_layout.confusion, "image_attention": column_layout.attention,
               "first_tokens": column_layout.first_tokens}
     for draw, (data, caption), name in drawn:
-        page.add(draw(title, data), data, folder / name, f"{title}: {caption}",
+        page.add(draw(title, data), data, prefix.with_name(f"{prefix.name}_{name}"), f"{title}: {caption}",
                  narrow[name](title, data) if name in narrow else None)
 
 
