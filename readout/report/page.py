@@ -164,7 +164,8 @@ def shown_command(command: str, out: Path) -> str:
         option, eq, value = w.partition("=") if w.startswith("--") and "=" in w else ("", "", w)
         return option + eq + (shown_path(value, out) if value.startswith("/") else value)
 
-    return " ".join(["pope-fast" if name in ("pope-fast", "__main__.py") else name, *map(word, words)])
+    ours = name == "pope-fast" or (name == "__main__.py" and Path(program).parent.name == "pope_fast")  # -m pope_fast
+    return " ".join(["pope-fast" if ours else name, *map(word, words)])
 
 
 def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int, out: Path) -> str:
@@ -178,9 +179,9 @@ def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int, o
               for t, p in prompts]
     commands = [(labels[s], m["command"]) for s, m in inputs.metas.items() if m.get("command")]
     if commands:  # how to make each run again, as it was typed
-        lines.append("<p>Commands (absolute paths shown from this page's folder): " + "; ".join(
+        lines.append("<p>Commands: " + "; ".join(
             f"{html.escape(label)}: <code>{html.escape(shown_command(command, out))}</code>"
-            for label, command in commands) + ".</p>")
+            for label, command in commands) + " (absolute paths as this page's folder reaches them).</p>")
     lines.append("<p>Sources (from this page's folder): " + ", ".join(
         f"{html.escape(labels[s])} (<code>{html.escape(shown_path(s, out))}</code>)" for s in inputs.metas) + ". "
                  f"Scored under every readout the records supply, bootstrap seed {seed}, {resamples} resamples; "
@@ -305,7 +306,9 @@ def _benchmark_comparisons(page: "Page", inputs: Inputs) -> None:
     """A paired benchmark folder's compare.json (`pope-fast compare` on the benchmark's own metrics) as tables."""
     for where, result, _ in inputs.comparisons:
         if "benchmark" in result:
-            page.html(markdown_html(format_benchmark_compare(result))
+            shown = {**result, "pairs": [{**pair, **{side: shown_path(pair[side], page.out) for side in ("a", "b")}}
+                                         for pair in result["pairs"]]}  # the runs as the page's folder reaches them
+            page.html(markdown_html(format_benchmark_compare(shown))
                       + f"<p>From <code>{html.escape(shown_path(where, page.out))}</code>.</p>")
 
 

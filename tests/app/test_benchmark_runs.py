@@ -317,6 +317,7 @@ def test_report_of_a_benchmark_leads_with_its_own_metrics(checkpoint, tmp_path):
     assert "<title>AMBER (discriminative): pope-fast report</title>" in page and "<pre>" not in page
     assert "F1 by readout" not in page and "amber: B - A on its own metrics" in page
     assert "Commands: none: <code>" in page and "; pai: <code>" in page  # how each run was made
+    assert str(checkpoint) not in page and str(tmp_path) not in page  # and no folder of this machine
     assert json.loads((out / "scores.json").read_text()) == {"runs": []}
     results = json.loads((out / "benchmarks.json").read_text())["runs"]
     assert [r["benchmark"] for r in results] == ["amber", "amber"] and len(results[0]["rules"]) > 1
