@@ -25,6 +25,12 @@ def format_report(report: dict) -> str:
             cols = [why, "-", "-", "-", f"{ours['peak_memory_mb']:.0f} / -"]
         lines.append(f"| {name} ({e['size']}) | {ours['questions']} ({ours['unique_prompts']} prompts) | "
                      f"{ours['questions_per_s']} | {ours['wall_s']} | " + " | ".join(cols) + f" | {phases} | {floor} |")
+    floored = [e["pope_fast"] for e in report["models"].values() if "floor_s" in e["pope_fast"]]
+    if floored:
+        rate = floored[0]
+        lines += ["", "floor s: the time the sweep's unavoidable matmul FLOPs would take at this device's own "
+                      f"measured matmul rate ({rate['device_tflops']} TFLOP/s, {rate['device_rate']}); the ratio is "
+                      "the wall time over it (1 / the model-FLOP utilization: 1× would be every cycle a useful matmul)"]
     paired = [(name, e["pope_fast"]["paired"]) for name, e in report["models"].items() if "paired" in e["pope_fast"]]
     if paired:
         lines += ["", "paired methods: one sweep of all of them, cold, against the baseline sweep above", "",

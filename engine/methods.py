@@ -27,6 +27,10 @@ from .interventions import Intervention, PAIAttention
 # VCD (Leng et al., CVPR 2024) noises the processor's pixels with a diffusion forward process of 1000
 # steps, betas sigmoid(linspace(-6, 6)) scaled into [1e-5, 5e-3] (vcd_utils/vcd_add_noise.py).
 DIFFUSION_STEPS = 1000
+# The step VCD noises at in its own POPE runs (experiments/cd_scripts/llava1.5_pope.bash: noise_step=500);
+# a "noised" pass that names no step is noised there, not at step 0, which leaves the image nearly clean.
+VCD_NOISE_STEP = 500
+PASS_IMAGES = ("image", "noised", "none")
 
 
 def diffusion_alpha_bar(step: int) -> float:
@@ -57,16 +61,28 @@ def noise_generator(feature_key: str, seed: int) -> torch.Generator:
 @dataclass(frozen=True)
 class Pass:
     """One forward pass a method reads. image: "image" (the image's features), "noised" (VCD's noised
-    copy, `noise_step`, drawn per image from `seed`), or "none" (the prompt's tokens without the image
-    tokens); system: an instruction rendered as the template's system text (ICD); edit: an attention
-    intervention, named by `edit_name` (what tells two passes apart)."""
+    copy at `noise_step`, VCD's own step unless given, drawn per image from `seed`), or "none" (the
+    prompt's tokens without the image tokens); system: an instruction rendered as the template's system
+    text (ICD); edit: an attention intervention, named by `edit_name` (what tells two passes apart)."""
 
     image: str = "image"
     system: str | None = None
-    noise_step: int = 0
+    noise_step: int | None = None  # a "noised" pass's only: None there is VCD_NOISE_STEP
     seed: int = 0
     edit_name: str = ""
     edit: Intervention | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self):
+        if self.image not in PASS_IMAGES:
+            raise ValueError(f"Pass: image must be one of {', '.join(PASS_IMAGES)}, not {self.image!r}")
+        if self.image != "noised":
+            if self.noise_step is not None:
+                raise ValueError(f"Pass: noise_step applies to a 'noised' pass, not to image={self.image!r}")
+            return
+        step = VCD_NOISE_STEP if self.noise_step is None else self.noise_step
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < DIFFUSION_STEPS:
+            raise ValueError(f"Pass: noise_step must be an integer in [0, {DIFFUSION_STEPS - 1}], not {step!r}")
+        object.__setattr__(self, "noise_step", step)  # frozen: the step it runs at, as two equal passes compare
 
 
 def plausible(logits: torch.Tensor, beta: float) -> torch.Tensor:
@@ -152,7 +168,7 @@ class VCD(Method):
     reference = ("Leng et al., Mitigating Object Hallucinations in Large Vision-Language Models through Visual "
                  "Contrastive Decoding, CVPR 2024 (DAMO-NLP-SG/VCD): (1 + alpha) l - alpha l_noised where "
                  "l >= log(beta) + max l, else -inf; noise step 500, alpha 1, beta 0.1 as its POPE scripts")
-    defaults = {"alpha": 1.0, "beta": 0.1, "noise_step": 500, "seed": 0}
+    defaults = {"alpha": 1.0, "beta": 0.1, "noise_step": VCD_NOISE_STEP, "seed": 0}
     text_only_refusal = "it contrasts the image with a noised copy of it, and there is no image to noise"
     params = {"alpha": ALPHA, "beta": BETA, "noise_step": Param(int, 0, DIFFUSION_STEPS - 1), "seed": Param(int, 0)}
 

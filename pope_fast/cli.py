@@ -148,8 +148,7 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--split", default=None, help="split name for a single question file (default: its category column, "
                                             "else its name); of a hub dataset, the split to read (default: all)")
 @click.option("--dataset", default=None,
-              help="dataset name for the question files (default: from their names: coco, aokvqa, gqa; lmms-lab for "
-                   "parquet)")
+              help="the question files' dataset (default: from their names: coco, aokvqa, gqa; lmms-lab for parquet)")
 @click.option("--template", default=None, type=click.Choice(list(TEMPLATES)), help="default: the model's own")
 @click.option("--readouts", default="all", show_default=True, help="all, or a comma-separated list")
 @click.option("--quant", type=click.Choice(["none", "nf4"]), default="none", show_default=True)
@@ -184,7 +183,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--backend", type=click.Choice(["auto", "engine", "transformers"]), default="auto", show_default=True,
               help="transformers: the model's own class, every prompt whole (auto: where the engine has no family)")
 @click.option("--skip-bad", is_flag=True, help="record missing or undecodable images as error records")
-@click.option("--limit", default=None, type=click.IntRange(min=1), help="only the first N questions of each split")
+@click.option("--limit", default=None, type=click.IntRange(min=1), help="only the first N questions, in file order")
+@click.option("--limit-per-split", default=None, type=click.IntRange(min=1), help="only the first N of each split")
 @click.option("--benchmark", type=click.Choice(BENCHMARKS), default=None,
               help="default: what --questions is (MME's parquet, AMBER's data folder, HallusionBench.json; else POPE)")
 def eval_cmd(out_dir, cache_dir, device, **options) -> None:

@@ -18,7 +18,7 @@ from .engine.models import protocol_for
 from .hub import resolve_inputs
 from .progress import watched
 from .readout import READOUTS, find_question_files, format_runs, load_question_sources
-from .readout.benchmarks import REGISTRY, benchmark_questions
+from .readout.benchmarks import REGISTRY, benchmark_questions, get_benchmark
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
 from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
@@ -30,8 +30,9 @@ from .sweep import SweepResult, check_image_names, run_paired, run_pope
 
 DEMO_TOKENS = 6  # the demo's continuations: its random tiny model never ends an answer
 
-# A progress display for `total` questions: entered, it gives the callable that hears of more done.
-ProgressFactory = Callable[[int, bool], ContextManager[Callable[[int], None]]]
+# A progress display for `total` questions of a benchmark (its title), shown where the bool says (rank 0):
+# entered, it gives the callable that hears of more done.
+ProgressFactory = Callable[[int, bool, str], ContextManager[Callable[[int], None]]]
 
 
 @dataclass
@@ -49,7 +50,8 @@ class EvalJob:
     cache_dir: Path | None = None
     skip_bad: bool = False
     settings: dict = field(default_factory=dict)  # Settings fields, the device among them
-    limit: int | None = None  # the first N questions of each split (a quick look, as lmms-eval's --limit)
+    limit: int | None = None  # the first N questions in all, in the files' order (lmms-eval's --limit)
+    limit_per_split: int | None = None  # the first N of each dataset's split (a look at every split), before `limit`
     command: str | None = None  # the command line, recorded in meta.json
     protocol: str | None = None  # a published protocol (readout/protocols/): its prompt, length, image aspect
     benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
@@ -59,7 +61,8 @@ class EvalJob:
     @classmethod
     def from_options(cls, out_dir: Path, *, model_dir, question_files, images_dir, cache_dir, method_specs,
                      no_prefix_reuse, demo_questions, split, dataset, template, readouts, skip_bad, limit=None,
-                     command=None, protocol=None, benchmark=None, subset=None, backend="auto", **settings) -> "EvalJob":
+                     limit_per_split=None, command=None, protocol=None, benchmark=None, subset=None, backend="auto",
+                     **settings) -> "EvalJob":
         """The job of `pope-fast eval`'s options (every other option is a Settings field); hub ids among the
         model and questions are fetched here, or found in the cache (hub.resolve_inputs)."""
         def path(p):
@@ -68,8 +71,8 @@ class EvalJob:
         inputs = resolve_inputs(model_dir, tuple(question_files), subset, split)
         return cls(Path(out_dir), inputs.model_dir, inputs.question_files, path(images_dir), demo_questions,
                    inputs.split, dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
-                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, command, protocol, benchmark,
-                   inputs.sources, backend)
+                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, limit_per_split, command, protocol,
+                   benchmark, inputs.sources, backend)
 
 
 @dataclass
@@ -91,7 +94,7 @@ class EvalOutcome:
         lines += [f"kept: {first.past_limit} records of questions past --limit, from an earlier run with a larger "
                   "one, scored with this run's"] if first.past_limit else []
         ranks = f" on {self.world_size} ranks" if self.world_size else ""
-        lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {first.questions} questions{ranks}; "
+        lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {_asked(first)}{ranks}; "
                      f"{first.error_records} error records; phases (s): {self.timings.to_json()}"
                      + (" (rank 0)" if self.world_size else ""))
         for result in self.results:
@@ -106,6 +109,17 @@ class EvalOutcome:
         lines += [f"\n{self.comparison}"] if self.comparison is not None else []
         lines.append(f"records, meta and summaries in {self.out_dir}" + ("/<method>/" if self.paired else ""))
         return "\n".join(lines)
+
+
+def _asked(result: SweepResult) -> str:
+    """The questions a run's prompts were evaluated for: on a resume, those it lacked."""
+    if not result.recorded_before:
+        return f"{result.questions} questions"
+    lacking = result.questions - result.recorded_before
+    # a step of images runs whole, as a clean run batches it: its recorded questions are asked again, kept as they were
+    again = " (and the recorded questions that share their image steps)" \
+        if result.evaluated_prompts > lacking else ""
+    return f"the {lacking} question{'s' * (lacking != 1)} not yet recorded{again}"
 
 
 def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None = None,
@@ -131,16 +145,17 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         stack.callback(lambda: _cache_notice(engine.cache.rejected, notice))  # once, at the end (a failed run's too)
         # every method records each question once: the first method's folder counts the job's progress
         counted = job.out_dir / methods[0].name if methods else job.out_dir
-        update = stack.enter_context(_lazy(progress, len(questions), lead))
+        benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
+        named = get_benchmark(benchmark).short_name if benchmark else "POPE"
+        update = stack.enter_context(_lazy(progress, len(questions), lead, named))
         engine.runner.on_decode = update.decoding  # a long continuation's progress, between recorded batches
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
-        benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
         provenance = {**({"command": job.command} if job.command else {}), **({"hub": job.hub} if job.hub else {}),
                       **({"protocol": job.protocol} if job.protocol else {}),
                       **({"benchmark": benchmark} if benchmark else {}),
                       **({"benchmark_prompt": asked} if asked else {})}
         run = dict(skip_bad=job.skip_bad, progress=update if shard is None else None, lock=lock, shard=shard,
-                   provenance=provenance or None, question_file=every if job.limit else None)
+                   provenance=provenance or None, question_file=every if job.limit or job.limit_per_split else None)
         if methods:
             results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
         else:
@@ -197,7 +212,7 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
                        "the checkpoint's own chat template and processor")
             notice(f"{engine.model.name}: the reference path (transformers' own class, every prompt whole: no prefix "
                    "reuse, no feature cache)")
-        every, questions = questions, _limited(questions, job.limit)
+        every, questions = questions, limited(questions, job.limit, job.limit_per_split)
         per_image = Counter(q.image for q in questions)
         engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes
     return lock, engine, questions, images_dir, asked, every
@@ -289,18 +304,18 @@ def _writable(path, option: str) -> Path:
     return folder
 
 
-def _limited(questions: list, limit: int | None) -> list:
-    """The first `limit` questions of each dataset's split, in order (all without a limit)."""
-    if limit is None:
-        return questions
+def limited(questions: list, limit: int | None, per_split: int | None = None) -> list:
+    """`eval --limit-per-split` then `--limit`: the first `per_split` questions of each dataset's split, then
+    the first `limit` of those, in the order the files hold them (a split, as HallusionBench's categories,
+    can be small: a limit in all is what lmms-eval's --limit means)."""
     seen: dict[tuple[str, str], int] = {}
     kept = []
     for q in questions:
         count = seen.get((q.dataset, q.split), 0)
-        if count < limit:
+        if per_split is None or count < per_split:
             kept.append(q)
             seen[q.dataset, q.split] = count + 1
-    return kept
+    return kept[:limit]
 
 
 def _check_method_readouts(methods, readouts: str) -> None:
@@ -322,12 +337,12 @@ def _comparison(out: Path, results: list[SweepResult], benchmark: str | None) ->
 
 
 @contextmanager
-def no_progress(total: int, lead: bool):
+def no_progress(total: int, lead: bool, benchmark: str):
     yield lambda n: None
 
 
 @contextmanager
-def _lazy(progress: ProgressFactory, total: int, lead: bool):
+def _lazy(progress: ProgressFactory, total: int, lead: bool, benchmark: str):
     """progress's display, opened when the sweep first tells of its questions: a run refused before it
     starts (a resume of another run into this folder, say) shows no bar at 0% first."""
     with ExitStack() as stack:
@@ -336,7 +351,7 @@ def _lazy(progress: ProgressFactory, total: int, lead: bool):
         def opened():
             nonlocal update
             if update is None:
-                update = stack.enter_context(progress(total, lead))
+                update = stack.enter_context(progress(total, lead, benchmark))
             return update
 
         def tell(n: int) -> None:

@@ -68,15 +68,16 @@ def watched(out_dir: Path, update: Callable[[int], None], total: int, every: flo
 
 
 class SweepProgress:
-    """eval's progress of `total` questions on stderr: a bar on a terminal, else (a log file would fill with a bar's
-    redraws) one plain line at most every `every` seconds and one at the end. Called with more questions done;
-    `decoding` hears how far a long continuation has come, which records no question until its batch ends."""
+    """eval's progress of `total` questions of `benchmark` (its title) on stderr: a bar on a terminal, else (a log
+    file would fill with a bar's redraws) one plain line at most every `every` seconds and one at the end. Called
+    with more questions done; `decoding` hears how far a long continuation has come, which records no question
+    until its batch ends."""
 
-    def __init__(self, total: int, stream, every: float = 30.0):
+    def __init__(self, total: int, stream, every: float = 30.0, benchmark: str = "POPE"):
         from tqdm import tqdm
 
-        self.total, self.stream, self.every, self.done = total, stream, every, 0
-        self.bar = tqdm(total=total, unit="q", desc="POPE", dynamic_ncols=True, file=stream) if stream.isatty() \
+        self.total, self.stream, self.every, self.done, self.benchmark = total, stream, every, 0, benchmark
+        self.bar = tqdm(total=total, unit="q", desc=benchmark, dynamic_ncols=True, file=stream) if stream.isatty() \
             else None
         self._last = time.monotonic()
 
@@ -96,7 +97,7 @@ class SweepProgress:
             self._line(f"{self.done} of {self.total} questions recorded; {text}")
 
     def _line(self, text: str) -> None:
-        print(f"POPE: {text}", file=self.stream, flush=True)
+        print(f"{self.benchmark}: {text}", file=self.stream, flush=True)
         self._last = time.monotonic()
 
     def close(self) -> None:
@@ -105,15 +106,15 @@ class SweepProgress:
 
 
 @contextmanager
-def progress_bar(total: int, shown: bool, stream=None):
-    """eval's progress (SweepProgress on stderr, only where `shown`: rank 0); entered, the callable told of more
-    done, with its `decoding`."""
+def progress_bar(total: int, shown: bool, benchmark: str = "POPE", stream=None):
+    """eval's progress of `benchmark`'s questions (SweepProgress on stderr, only where `shown`: rank 0); entered,
+    the callable told of more done, with its `decoding`."""
     import sys
 
     if not shown:
         yield lambda n: None
         return
-    progress = SweepProgress(total, sys.stderr if stream is None else stream)
+    progress = SweepProgress(total, sys.stderr if stream is None else stream, benchmark=benchmark)
     try:
         yield progress
     finally:

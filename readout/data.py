@@ -57,7 +57,7 @@ def open_parquet(path: Path, columns: tuple[str, ...]):
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError(f'{path}: reading parquet needs pyarrow: pip install "pope-fast[parquet]"') from None
+        raise DataError(f'{path}: reading parquet needs pyarrow: pip install -e ".[parquet]"') from None
     try:
         table = pq.ParquetFile(path)
     except (OSError, ValueError) as err:

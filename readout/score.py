@@ -11,7 +11,7 @@ from itertools import combinations
 
 from .attention_stats import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
-from .readouts import READOUTS, UNKNOWN, Missing
+from .readouts import GENERATING, READOUTS, UNKNOWN, Missing
 from .records import Entry, RecordSet, model_name
 
 
@@ -44,7 +44,27 @@ def question_order(entry: Entry) -> tuple:
 
 
 def predictions(records: RecordSet, name: str, entries: list[Entry] | None = None) -> list[str]:
-    return [_decide(e, name, records) for e in (records.entries if entries is None else entries)]
+    try:
+        return [_decide(e, name, records) for e in (records.entries if entries is None else entries)]
+    except Unavailable:
+        method = answer_position_method(records.meta) if READOUTS[name].kind in GENERATING else None
+        if method is None:
+            raise
+        raise Unavailable(METHOD_RUN.format(method=method)) from None
+
+
+METHOD_RUN = ("the run of method {method} is scored under the answer position's readouts only (logit and first-token "
+              "readouts): a contrastive method (VCD, PAI, ICD) changes the first token's logits, and a text readout "
+              "would need it inside a decode loop")
+
+
+def answer_position_method(meta: dict) -> str | None:
+    """The method of a run whose records hold the answer position's readouts only (a contrastive method of a
+    paired run: VCD, PAI, ICD), else None."""
+    method, recorded = (meta.get("method") or {}).get("name"), meta.get("readouts")
+    if method in (None, "none") or not isinstance(recorded, list):
+        return None
+    return None if any(READOUTS[n].kind in GENERATING for n in recorded if n in READOUTS) else method
 
 
 def unknown_reasons(records: RecordSet, name: str, entries: list[Entry]) -> dict[str, int]:

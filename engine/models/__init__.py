@@ -63,7 +63,7 @@ def unsupported(model_type: str | None) -> str:
     why = f"model_type {model_type!r} is not supported"
     if model_type in CLASSES:
         missing = NOT_IMPLEMENTED.get(model_type)
-        why += f" ({CLASSES[model_type]}): " + (f"the engine does not implement its {missing}" if missing
+        why += f" ({CLASSES[model_type]}): " + (f"the engine does not implement {missing}" if missing
                                                   else "no family module implements it yet")
     return f"{why} (supported: {', '.join(FAMILIES)})"
 

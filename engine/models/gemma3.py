@@ -219,7 +219,7 @@ class Gemma3Model(Family):
 
     def tied(self) -> bool:
         """Tied (true where config.json does not say; the published checkpoints store no lm_head), unless an
-        lm_head is stored all the same (as the stream writer's is), which transformers 5 then keeps untied."""
+        lm_head is stored all the same, which transformers 5 then keeps untied."""
         cfg = self.config
         stored = any(rename(name, NAME_RULES) == "lm.lm_head.weight" for name in tensor_files(self.folder))
         return bool(getattr(cfg, "tie_word_embeddings", getattr(cfg.text_config, "tie_word_embeddings", True))) \

@@ -125,11 +125,14 @@ class MplugOwl2Model(Family):
     reference_unavailable = "no transformers class (upstream X-PLUG code, transformers 4.31, not installed)"
 
     def __init__(self, folder: Path, settings: Settings):
-        from transformers import AutoImageProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer, PretrainedConfig
 
         super().__init__(folder, settings)
         self.config, self.dims, vision_dims, abstractor_dims = parse_config(folder)
-        self.tokenizer = legacy_llama_tokenizer(self.pretrained(AutoTokenizer, "tokenizer files"))
+        # a config of no model_type: left to itself, AutoTokenizer reads config.json, whose mplug_owl2 transformers
+        # does not know, and warns of it on every load; the tokenizer's class is tokenizer_config.json's either way
+        self.tokenizer = legacy_llama_tokenizer(self.pretrained(AutoTokenizer, "tokenizer files",
+                                                                config=PretrainedConfig()))
         self.image_processor = self.pretrained(AutoImageProcessor, "image processor files")
         expected = {f"lm.{k}": v for k, v in lm_expected_shapes(self.dims).items()}
         expected.update({f"vision.{k}": v for k, v in vision_dims.expected_shapes().items()})

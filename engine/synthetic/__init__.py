@@ -244,8 +244,14 @@ def with_vocab(text: dict, tok) -> dict:
 def save_checkpoint(folder: Path, config, model_class, processor, weights: Weights) -> Path:
     if weights.init == "stream":  # transformers' own tensor names, shard by shard: a 7B model never sits in memory
         with torch.device("meta"):
-            shapes = {k: tuple(v.shape) for k, v in model_class(config).state_dict().items()
-                      if not k.endswith("position_ids")}
+            model = model_class(config)
+        # a weight tied to an earlier one (lm_head to the embeddings, where the config ties them) is not stored, as
+        # save_pretrained and the published checkpoints store none: one stored with other values, transformers
+        # keeps untied and warns of it on every load
+        first: dict[int, str] = {}
+        tied = {n for n, p in model.named_parameters(remove_duplicate=False) if first.setdefault(id(p), n) != n}
+        shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()
+                  if not k.endswith("position_ids") and k not in tied}
         write_tensors(folder, shapes, weights)
         config.save_pretrained(str(folder))
     elif weights.init == "model":

@@ -24,6 +24,9 @@ class Answer:
     image: str | None
     label: str
     decision: str
+    # the group a tool's own table files it under, as that table's column holds it (VLMEvalKit's HallusionBench
+    # l2-category); None: the benchmark's metric names the group itself
+    group: str | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class Response:
     label: str | None
     image: str | None
     line: str
+    group: str | None = None  # Answer.group: the table's own grouping column's value
 
 
 class Benchmark:
@@ -67,6 +71,7 @@ class Benchmark:
 
     name: ClassVar[str]
     title: ClassVar[str]
+    short_name: ClassVar[str]  # as its authors write it, where a line names it (eval's progress)
     data: ClassVar[str]  # where its data and images are published, and under which licence
     rules: ClassVar[dict[str, Rule]]  # "official" first, then the tools that have it (lmms-eval, vlmevalkit)
     scale: ClassVar[float]  # the official headline's full mark (MME's Perception 2000, a percentage 100)

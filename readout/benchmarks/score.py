@@ -17,7 +17,7 @@ from ..readouts import READOUTS
 from ..records import META_FILE, RECORDS_FILE, Entry, RecordSet, rank_parts, read_meta
 from ..report.cells import csv_text
 from ..report.tables import markdown_table, reason_lines
-from ..score import Unavailable, predictions, question_order, unknown_reasons
+from ..score import Unavailable, answer_position_method, predictions, question_order, unknown_reasons
 from .base import Answer, Benchmark, Response
 
 OFFICIAL = "official"
@@ -44,8 +44,11 @@ def score_run(records: RecordSet, benchmark: type[Benchmark], readouts: list[str
     asked = (records.meta.get("benchmark_prompt") or {}).get("rule")  # eval --protocol TOOL: TOOL's prompt
     out["notes"] = [_asked_note(asked, records.meta["benchmark_prompt"])] if asked else []
     if any(t is None for t in texts):
-        out["unavailable"].update({name: "the run recorded no answer text (run with a text readout)"
-                                   for name in benchmark.rules})
+        method = answer_position_method(records.meta)
+        why = (f"every rule reads answer text, which the run of method {method} does not record: it is scored under "
+               f"the answer position's logit and first-token readouts, each under {benchmark.short_name}'s official "
+               "formula" if method else "the run recorded no answer text (run with a text readout)")
+        out["unavailable"].update({name: why for name in benchmark.rules})
     else:
         for name, rule in benchmark.rules.items():
             _aggregate(out, "rules", name, rule.aggregate, _answers(answered, [rule.read(t) for t in texts]))
@@ -105,7 +108,7 @@ def score_responses(path: str | Path, benchmark: type[Benchmark], questions_path
 
 
 def _from_responses(responses: list[Response], read) -> list[Answer]:
-    return [Answer(r.key, r.split, r.image, r.label, read(r.text)) for r in responses]
+    return [Answer(r.key, r.split, r.image, r.label, read(r.text), r.group) for r in responses]
 
 
 def metric(metrics: dict, name: str):

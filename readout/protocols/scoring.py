@@ -43,6 +43,14 @@ def _rules_text(rules: Mapping) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(rules.items())) or "no rule"
 
 
+# How each image_reencode hands an image to the processor, in words (engine/images.py reencoded).
+REENCODED = {"none": "hands its processor each image file as read",
+             "rgb": "converts each image to RGB first (PIL's convert('RGB'), which drops a transparency band)",
+             "load_image": "opens each image as transformers' load_image does (turned upright by its EXIF "
+                           "orientation, then converted to RGB)",
+             "jpeg85": "re-encodes each image as a quality-85 JPEG first"}
+
+
 def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     """What stands between a run and the number `protocol`'s tool prints for its model: each line a
     difference (the prompt, the length, the image preprocessing, a method), or what the tool's pipeline
@@ -72,7 +80,10 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
             continue
         default = STEP_DEFAULTS[name]
         theirs, ours = coverage.get(name, default), (meta.get("settings") or {}).get(name, default)
-        if ours != theirs:  # no processor bounds set: the checkpoint's own
+        if ours != theirs and name == "image_reencode":
+            out.append(f"image: this run {REENCODED.get(ours, ours)}; {protocol.name} {REENCODED.get(theirs, theirs)}, "
+                       f"so the pixels the model sees can differ (image_reencode {ours}, {protocol.name}'s {theirs})")
+        elif ours != theirs:  # no processor bounds set: the checkpoint's own
             shown = [v if v is not None else "the checkpoint's" for v in (ours, theirs)]
             kind = STEP_KINDS.get(name, "image")
             out.append(f"{kind}: this run's {name} is {shown[0]}, {protocol.name}'s {shown[1]}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +23,7 @@ from ..benchmarks.score import format_benchmark, only_rule, rule_of, run_benchma
 from ..protocols import format_protocol_runs, get_protocol, score_protocol
 from ..reading import read_records
 from ..readouts import READOUTS
-from ..records import RECORDS_FILE, RecordSet, expand_runs, rank_parts, strict_json
+from ..records import RECORDS_FILE, RecordSet, expand_runs, model_name, rank_parts, strict_json
 from ..score import score_records
 from .bias_format import format_bias
 from .markup import markdown_html
@@ -141,7 +142,8 @@ def header_row(label: str, meta: dict) -> list[str]:
                 "-", "-", "-", "-"]
     model, settings = meta.get("model") or {}, meta.get("settings") or {}
     dtype = settings.get("resolved_dtype") or settings.get("dtype") or "-"
-    return [label, str(model.get("path") or "-"), str(model.get("family") or "-"), str(meta.get("template") or "-"),
+    # the hub id, else the checkpoint folder's name: a shared page names no folder of the machine that ran it
+    return [label, model_name(meta) or "-", str(model.get("family") or "-"), str(meta.get("template") or "-"),
             _method(meta), str(dtype), _quantization(settings), str(meta.get("created") or "-"),
             str(meta.get("pope_fast_version") or "-")]
 
@@ -149,7 +151,26 @@ def header_row(label: str, meta: dict) -> list[str]:
 HEADER = ("run", "model", "family", "template", "method", "dtype", "quantization", "created", "pope-fast")
 
 
-def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int) -> str:
+def shown_path(path: str | Path, out: Path) -> str:
+    """A path as the page shows it: relative to the report's folder (a shared page names no machine's folders)."""
+    return Path(os.path.relpath(Path(path).resolve(), out.resolve())).as_posix()
+
+
+def shown_command(command: str, out: Path) -> str:
+    """A run's command as it was typed, its program as `pope-fast` (not the path of the environment's binary) and
+    every absolute path relative to the report's folder."""
+    program, *words = command.split(" ")
+    name = Path(program).name
+
+    def word(w: str) -> str:
+        option, eq, value = w.partition("=") if w.startswith("--") and "=" in w else ("", "", w)
+        return option + eq + (shown_path(value, out) if value.startswith("/") else value)
+
+    ours = name == "pope-fast" or (name == "__main__.py" and Path(program).parent.name == "pope_fast")  # -m pope_fast
+    return " ".join(["pope-fast" if ours else name, *map(word, words)])
+
+
+def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int, out: Path) -> str:
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in header_row(labels[s], meta)) + "</tr>"
                    for s, meta in inputs.metas.items())
     head = "".join(f"<th>{h}</th>" for h in HEADER)
@@ -160,10 +181,11 @@ def _header(inputs: Inputs, labels: dict[str, str], seed: int, resamples: int) -
               for t, p in prompts]
     commands = [(labels[s], m["command"]) for s, m in inputs.metas.items() if m.get("command")]
     if commands:  # how to make each run again, as it was typed
-        lines.append("<p>Commands: " + "; ".join(f"{html.escape(label)}: <code>{html.escape(command)}</code>"
-                                                 for label, command in commands) + ".</p>")
-    lines.append("<p>Sources: " + ", ".join(f"{html.escape(labels[s])} (<code>{html.escape(s)}</code>)"
-                                            for s in inputs.metas) + ". "
+        lines.append("<p>Commands: " + "; ".join(
+            f"{html.escape(label)}: <code>{html.escape(shown_command(command, out))}</code>"
+            for label, command in commands) + " (absolute paths as this page's folder reaches them).</p>")
+    lines.append("<p>Sources (from this page's folder): " + ", ".join(
+        f"{html.escape(labels[s])} (<code>{html.escape(shown_path(s, out))}</code>)" for s in inputs.metas) + ". "
                  f"Scored under every readout the records supply, bootstrap seed {seed}, {resamples} resamples; "
                  "each figure's numbers lie beside its PNG as JSON, every score in scores.json "
                  "(<code>pope-fast score --format json</code>).</p>")
@@ -204,7 +226,7 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
     for where, result, sources in inputs.comparisons:
         for pair in result["pairs"]:
             names = (labels[sources[pair["a"]]], labels[sources[pair["b"]]])
-            drawn.append((where, pair, names, *figure_data.delta_f1(pair, result, names, str(where))))
+            drawn.append((where, pair, names, *figure_data.delta_f1(pair, result, names, shown_path(where, page.out))))
     reach = figures.delta_reach([data for *_, data, _ in drawn]) if drawn else None  # one ΔF1 scale for all
     for where, pair, names, data, caption in drawn:
         data["axis_half_width"] = reach
@@ -247,7 +269,8 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
                                                                          run["n"] - run.get("errors", 0))]
     if not run["readouts"]:
         return
-    folder = page.out / _slug(model) / _slug(group_name(run))
+    # one folder per run, its figures named by the split: a run's folder is the only one below the report's
+    prefix = page.out / _slug(model) / _slug(group_name(run))
     drawn = [(figures.confusion_grid, figure_data.confusion(run), "confusion"),
              (figures.f1_intervals, figure_data.f1(run, seed, resamples), "f1"),
              (figures.yes_rates, figure_data.yes_rate(run, records), "yes_rate")]
@@ -260,7 +283,7 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
               "confusion": column_layout.confusion, "image_attention": column_layout.attention,
               "first_tokens": column_layout.first_tokens}
     for draw, (data, caption), name in drawn:
-        page.add(draw(title, data), data, folder / name, f"{title}: {caption}",
+        page.add(draw(title, data), data, prefix.with_name(f"{prefix.name}_{name}"), f"{title}: {caption}",
                  narrow[name](title, data) if name in narrow else None)
 
 
@@ -296,8 +319,10 @@ def _benchmark_comparisons(page: "Page", inputs: Inputs) -> None:
     """A paired benchmark folder's compare.json (`pope-fast compare` on the benchmark's own metrics) as tables."""
     for where, result, _ in inputs.comparisons:
         if "benchmark" in result:
-            page.html(markdown_html(format_benchmark_compare(result))
-                      + f"<p>From <code>{html.escape(str(where))}</code>.</p>")
+            shown = {**result, "pairs": [{**pair, **{side: shown_path(pair[side], page.out) for side in ("a", "b")}}
+                                         for pair in result["pairs"]]}  # the runs as the page's folder reaches them
+            page.html(markdown_html(format_benchmark_compare(shown))
+                      + f"<p>From <code>{html.escape(shown_path(where, page.out))}</code>.</p>")
 
 
 def _title(benchmarks: dict, pope: bool) -> str:
@@ -337,7 +362,7 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
     title = _title(benchmarks, bool(pope.scored))
     page = Page(out)
     page.html(f"<h1>{html.escape(title)}</h1>")
-    page.html(_header(inputs, labels, seed, resamples))
+    page.html(_header(inputs, labels, seed, resamples, out))
     if benchmarks:  # a benchmark's own numbers lead; POPE's yes-positive F1 is shown for POPE's runs only
         results = _benchmark_sections(page, inputs, labels, protocol)
         (out / "benchmarks.json").write_text(strict_json({"runs": results}, indent=2) + "\n", encoding="utf-8")

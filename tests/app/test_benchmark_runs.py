@@ -119,6 +119,7 @@ def test_mme_end_to_end(checkpoint, tmp_path):
     lines = printed.splitlines()
     after = next(i for i, line in enumerate(lines) if "unique prompts evaluated" in line) + 1
     assert lines[after].startswith("### MME") and "F1 95% CI" not in printed, printed
+    assert "MME: 8 of 8 questions recorded" in lines and "POPE:" not in printed  # the progress line names it
     records = read_records(tmp_path / "run")
     assert {e.dataset for e in records.entries} == {"mme"} and len(records.entries) == 8
     scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
@@ -172,7 +173,8 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
         assert error.key == "VS_chart_1_0_0" and "no text path" in error.error
     printed = _eval(checkpoint, data, images, tmp_path / "run")  # resumed: the error record's question is asked
     assert "### HallusionBench" in printed and "3 of 4 questions were already recorded" in printed
-    assert "1 unique prompts evaluated for 4 questions; 0 error records" in printed
+    assert "1 unique prompts evaluated for the 1 question not yet recorded; 0 error records" in printed
+    assert "HallusionBench: 4 of 4 questions recorded" in printed and "POPE:" not in printed
     records = read_records(tmp_path / "run")
     assert len(records.entries) == 4 and all(e.error is None for e in records.entries)
     stored = {r["question_id"]: r for r in map(json.loads, (tmp_path / "run/records.jsonl").read_text().splitlines())}
@@ -315,6 +317,7 @@ def test_report_of_a_benchmark_leads_with_its_own_metrics(checkpoint, tmp_path):
     assert "<title>AMBER (discriminative): pope-fast report</title>" in page and "<pre>" not in page
     assert "F1 by readout" not in page and "amber: B - A on its own metrics" in page
     assert "Commands: none: <code>" in page and "; pai: <code>" in page  # how each run was made
+    assert str(checkpoint) not in page and str(tmp_path) not in page  # and no folder of this machine
     assert json.loads((out / "scores.json").read_text()) == {"runs": []}
     results = json.loads((out / "benchmarks.json").read_text())["runs"]
     assert [r["benchmark"] for r in results] == ["amber", "amber"] and len(results[0]["rules"]) > 1

@@ -162,4 +162,4 @@ def test_parquet_without_pyarrow_says_which_extra(pope_sources):
             "except DataError as err:\n    print(err)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip().endswith('adversarial-00000-of-00001.parquet: reading parquet needs pyarrow: '
-                                        'pip install "pope-fast[parquet]"')
+                                        'pip install -e ".[parquet]"')

@@ -41,6 +41,38 @@ def test_a_sweep_in_a_log_says_how_far_it_is_and_how_far_a_long_continuation_is(
     assert quiet.getvalue() == "POPE: 10 of 10 questions recorded\n"
 
 
+def test_a_sweep_of_another_benchmark_is_named_by_it():
+    """MME and HallusionBench runs said `POPE: 84 of 84 questions recorded`."""
+    from pope_fast.progress import progress_bar
+
+    log = io.StringIO()
+    with progress_bar(2, True, "HallusionBench", stream=log) as progress:
+        progress(2)
+    assert log.getvalue() == "HallusionBench: 2 of 2 questions recorded\n"
+
+
+@pytest.mark.parametrize("before, evaluated, said", [
+    (0, 20, "20 unique prompts evaluated for 24 questions;"),  # a fresh run: some prompts shared across splits
+    (12, 12, "12 unique prompts evaluated for the 12 questions not yet recorded;"),
+    (23, 4, "4 unique prompts evaluated for the 1 question not yet recorded (and the recorded questions that share "
+            "their image steps);"),
+    (24, 0, "0 unique prompts evaluated for the 0 questions not yet recorded;")])
+def test_a_resume_says_what_this_run_evaluated_and_for_which_questions(before, evaluated, said):
+    """A resume printed `resumed: 12 of 24 questions were already recorded` then `24 unique prompts evaluated for 24
+    questions`: the prompts are those this run evaluated, for the questions it lacked (a step of images runs whole,
+    as a clean run batches it, so a recorded question sharing one is asked again and kept as it was)."""
+    from pathlib import Path
+
+    from pope_fast.engine.stats import Timings
+    from pope_fast.evaluate import EvalOutcome
+    from pope_fast.sweep import SweepResult
+
+    result = SweepResult(Path("run"), 24, before, evaluated, 0, [])
+    lines = EvalOutcome(Path("run"), [result], Timings(), False, None, None).summary().splitlines()
+    resumed = [f"resumed: {before} of 24 questions were already recorded"] if before else []
+    assert lines[:len(resumed)] == resumed and lines[len(resumed)].startswith(said)
+
+
 @pytest.mark.slow  # the demo, end to end
 def test_eval_tells_the_display_of_each_continuations_progress(monkeypatch):
     """The engine reports a continuation every 32 new tokens (Runner.on_decode) to eval's display."""

@@ -58,6 +58,8 @@ def test_the_python_api_page_runs_as_pasted(tmp_path, monkeypatch):
     # what the blocks promise in their comments
     assert set(namespace["answers"][0].predictions) >= {"legacy_2tok", "template_aware"}
     assert [r.out_dir.name for r in namespace["results"]] == ["none", "prior"]
+    first = namespace["pope"][0]
+    assert (first.split, first.dataset, first.label) == ("random", "coco", "yes")
     for run in ("api-demo", "api-blind", "api-prior/none", "api-prior/prior"):
         assert (tmp_path / "runs" / run / "records.jsonl").is_file(), run
     import json

@@ -117,3 +117,25 @@ def test_eval_never_waits_on_the_phase_clock_and_bench_does(tmp_path, monkeypatc
     run_bench(cfg)
     timed = entered.count(True)  # the timed run's phases (the warmup's, before it, are not)
     assert timed >= 3 and calls == [torch.device("cuda", 0)] * (2 * timed)
+def test_bench_says_what_its_floor_is_and_leaks_no_transformers_warning(tmp_path):
+    """transformers warned twice: of the mplug_owl2 config its AutoTokenizer read, and of the random Gemma 3's
+    lm_head, stored with other values than the embeddings its config ties it to."""
+    import logging
+
+    heard = []
+
+    class Heard(logging.Handler):
+        def emit(self, record):
+            heard.append(record.getMessage())
+
+    handler = Heard(logging.WARNING)
+    logging.getLogger("transformers").addHandler(handler)
+    try:
+        result = CliRunner().invoke(main, ["bench", "--models", "gemma3,mplug_owl2", "--questions", "2",
+                                           "--reference-sample", "2", "--device", "cpu", "--work-dir", str(tmp_path)])
+    finally:
+        logging.getLogger("transformers").removeHandler(handler)
+    assert result.exit_code == 0, result.output
+    assert heard == []
+    assert "floor s: the time the sweep's unavoidable matmul FLOPs would take at this device's own measured matmul " \
+           "rate (" in result.output and "| gemma3 (tiny) | 2 (2 prompts) |" in result.output

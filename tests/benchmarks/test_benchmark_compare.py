@@ -147,3 +147,27 @@ def test_hallusionbench_resamples_whole_sets(tmp_path):
     assert {n: m["delta"] for n, m in vlmevalkit.items()} == {"aAcc": 25.0, "fAcc": 25.0, "qAcc": 50.0}
     assert vlmevalkit["qAcc"]["delta_ci95"] == [0.0, 100.0]
     assert list(pair["rules"])[0] == "official" and pair["rules"]["official"]["qAcc"]["delta"] == 50.0
+
+
+def test_an_mme_method_run_says_no_rule_reads_it_and_which_numbers_it_has(tmp_path):
+    """A VCD run's MME records hold no text: every rule (all three read the answer text) is unavailable, saying it is
+    scored under the answer position's readouts under MME's official formula, which follow."""
+    from pope_fast.readout import TokenSets, read_records
+    from pope_fast.readout.benchmarks import get_benchmark
+    from pope_fast.readout.benchmarks.score import score_run
+
+    folder = tmp_path / "vcd"
+    folder.mkdir()
+    write_meta(folder, {"benchmark": "mme", "readouts": ["legacy_2tok"], "method": {"name": "vcd", "settings": {}},
+                        "token_sets": {"legacy_2tok": TokenSets((5,), (6,)).to_json()}})
+    with RecordWriter(folder) as w:
+        w.write([make_record(q, "llava_plain", first_token_id=5, candidate_logits={5: 1.0, 6: 0.0})
+                 for q in MME_QUESTIONS])
+    scored = score_run(read_records(folder), get_benchmark("mme"), ["legacy_2tok", "yorn"])
+    assert scored["rules"] == {} and set(scored["readouts"]) == {"legacy_2tok"}
+    why = scored["unavailable"]
+    assert set(why) == {"official", "lmms-eval", "vlmevalkit", "yorn"}
+    assert why["official"] == ("every rule reads answer text, which the run of method vcd does not record: it is "
+                               "scored under the answer position's logit and first-token readouts, each under MME's "
+                               "official formula")
+    assert why["yorn"].startswith("the run of method vcd is scored under the answer position's readouts only")

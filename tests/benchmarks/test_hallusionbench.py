@@ -3,6 +3,7 @@ in the comments), result files read back and written for the official script, an
 import csv
 import io
 import json
+import re
 
 import pytest
 from click.testing import CliRunner
@@ -319,6 +320,11 @@ def test_bad_result_files_are_refused_in_one_line(tmp_path, mini, items, expecte
     with pytest.raises(DataError, match=expected) as err:
         HallusionBench.responses(path, mini)
     assert str(err.value).startswith(f"{path} item ") and "\n" not in str(err.value)
+    if items != ["not an object"]:  # `score` tells the file as HallusionBench's and says the same (a row without
+        # visual_input was "neither pope-fast JSON-lines records nor a ugaa-research record file")
+        result = CliRunner().invoke(main, ["score", str(path), "--data", str(tmp_path / "HallusionBench.json")])
+        assert result.exit_code != 0 and re.search(expected, result.output) and "neither" not in result.output, \
+            result.output
 
 
 @pytest.mark.parametrize("text, expected", [('[{"category": "VD",', ":1: malformed JSON"),
@@ -362,10 +368,14 @@ def test_detect(tmp_path, mini):
     (tmp_path / "HallusionBench.json").unlink()
     pope = tmp_path / "coco_pope_random.json"
     pope.write_text('{"question_id": 1, "image": "a.jpg", "text": "Is there a dog?", "label": "yes"}\n')
-    lacking = _write(tmp_path / "other.json", [{k: v for k, v in MINI[0].items() if k != "visual_input"}])
+    # a row without visual_input is still HallusionBench's (reading it names the field); one without its ids is not
+    lacking = _write(tmp_path / "lacking.json", [{k: v for k, v in MINI[0].items() if k != "visual_input"}])
+    assert HallusionBench.detect(lacking)
+    lacking.unlink()
+    other = _write(tmp_path / "other.json", [{k: v for k, v in MINI[0].items() if k != "set_id"}])
     broken = tmp_path / "broken.json"
     broken.write_text("[{")
-    assert not any(HallusionBench.detect(p) for p in (pope, lacking, broken, tmp_path / "absent.json", tmp_path))
+    assert not any(HallusionBench.detect(p) for p in (pope, other, broken, tmp_path / "absent.json", tmp_path))
 
 
 def test_fields_parse_the_official_key():

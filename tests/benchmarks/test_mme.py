@@ -6,7 +6,9 @@ import re
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from pope_fast.cli import main
 from pope_fast.readout.benchmarks.base import Answer
 from pope_fast.readout.benchmarks.mme.benchmark import MME, read_questions, write_result_folder
 from pope_fast.readout.benchmarks.mme.rules import (COGNITION, PERCEPTION, SUBTASKS, lmms_eval_prompt, lmms_eval_read,
@@ -100,7 +102,16 @@ def test_a_missing_column_is_named(tmp_path):
     path = _parquet(tmp_path / "mme.parquet", _rows("existence"), drop=("category",))
     with pytest.raises(DataError, match=r"mme\.parquet: missing column\(s\) category$"):
         read_questions(path)
-    assert not MME.detect(path)
+    # its question_ids name MME's subtasks: told as MME's, so that eval names the column (read as POPE's parquet,
+    # its images clashed by name)
+    assert MME.detect(path)
+    misspelt = _parquet(tmp_path / "misspelt.parquet", [{**r, "category": "colour"} for r in _rows("color")])
+    assert MME.detect(misspelt)
+    for data, message in ((path, r"mme\.parquet: missing column\(s\) category$"),
+                          (misspelt, r"misspelt\.parquet row 1: category 'colour' is not one of MME's 14 subtasks")):
+        result = CliRunner().invoke(main, ["eval", "--questions", str(data), "--out", str(tmp_path / "run"),
+                                           "--device", "cpu"])
+        assert result.exit_code != 0 and re.search(message, result.output.strip().splitlines()[-1]), result.output
 
 
 # ---- reading the answer ----------------------------------------------------------------------------------
@@ -293,9 +304,26 @@ GOOD = "a.jpg\tq1\tYes\tyes\na.jpg\tq2\tNo\tno\n"
 def test_malformed_result_lines_are_refused_naming_file_and_line(tmp_path, name, text, message):
     (tmp_path / name).write_text(text, newline="")
     with pytest.raises(DataError) as err:
-        MME.responses(tmp_path)
+        MME.responses(tmp_path / name)
     assert str(err.value).startswith(str(tmp_path / name)) and re.search(message, str(err.value)), err.value
     assert "\n" not in str(err.value)
+    if name != "Existence.txt":  # the same from its folder
+        with pytest.raises(DataError, match=re.escape(str(err.value))):
+            MME.responses(tmp_path)
+
+
+def test_a_result_folder_reads_its_subtasks_files_and_no_other(tmp_path):
+    """calculation.py opens each subtask's file by name: a notes.txt beside them was "no such records file" (the folder
+    was not told as MME's); a folder with no subtask's file names the files it holds."""
+    (tmp_path / "OCR.txt").write_text(GOOD)
+    (tmp_path / "notes.txt").write_text("run on the 3rd\n")
+    assert MME.detect(tmp_path) and [r.key for r in MME.responses(tmp_path)] == ["OCR/a.jpg#0", "OCR/a.jpg#1"]
+    result = CliRunner().invoke(main, ["score", str(tmp_path), "--format", "json"])
+    assert result.exit_code == 0 and json.loads(result.output)["runs"][0]["benchmark"] == "mme", result.output
+    (tmp_path / "OCR.txt").rename(tmp_path / "Existence.txt")
+    with pytest.raises(DataError, match=re.escape(f"{tmp_path}: no <subtask>.txt result files in this folder "
+                                                  "(Existence.txt, notes.txt name no subtask); MME's subtasks: ")):
+        MME.responses(tmp_path)
 
 
 @pytest.mark.parametrize("line, message", [
@@ -392,5 +420,10 @@ def test_detect_refuses_what_is_not_mme(tmp_path):
     (others / "OCR.txt").write_text(GOOD)
     (others / "notes.txt").write_text("x")
     mme = _parquet(tmp_path / "mme.parquet", _rows("OCR"))
+    notes = tmp_path / "notes"
+    notes.mkdir()
+    (notes / "notes.txt").write_text("x")
+    # a result folder with a notes.txt beside its subtasks' files is MME's (test_a_result_folder_reads_its_subtasks_
+    # files_and_no_other); a folder of .txt files none of which names a subtask is not
     assert [MME.detect(p) for p in (tmp_path / "pope.parquet", tmp_path / "notes.jsonl", others, mme,
-                                    others / "OCR.txt")] == [False, False, False, True, True]
+                                    others / "OCR.txt", notes)] == [False, False, True, True, True, False]

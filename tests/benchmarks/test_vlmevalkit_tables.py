@@ -146,8 +146,29 @@ def test_hallusionbench_table_joined_to_its_data(tmp_path, bare):
     # question pairs illusion_0_0 [1, 0] and chart_1_0 [1] -> 1 of 2
     scored = json.loads(result.output)["runs"][0]["rules"]["vlmevalkit"]
     assert (scored["aAcc"], scored["fAcc"], scored["qAcc"]) == (2 / 3 * 100, 2 / 3 * 100, 50.0)
+    # its rows are the table's own l2-category values, as Hallusion_rating groups them (yorn.py:136-143)
+    l2 = ("illusion", "chart") if bare else ("VD_illusion", "VS_chart")
     assert [(r["split"], r["aAcc"]) for r in scored["rows"]] == [("Overall", 2 / 3 * 100), ("VD", 50.0), ("VS", 100.0),
-                                                                 ("VD_illusion", 50.0), ("VS_chart", 100.0)]
+                                                                 *sorted(zip(l2, (50.0, 100.0)))]
+
+
+def test_hallusionbench_table_groups_by_its_own_l2_category_column(tmp_path):
+    """A table whose l2-category is the bare subcategory files VD's and VS's ocr figures under one `ocr`: its
+    figures (`l2-category_set_id_figure_id`, yorn.py:110) are VLMEvalKit's, one figure of two questions here."""
+    def row(category, visual, answer):
+        return {"category": category, "subcategory": "ocr", "visual_input": visual, "set_id": "0", "figure_id": "1",
+                "sample_note": "", "question_id": "0", "question": f"Q {category}?", "gt_answer_details": "",
+                "gt_answer": answer, "filename": f"./{category}/ocr/0_1.png"}
+    data = tmp_path / "HallusionBench.json"
+    data.write_text(json.dumps([row("VD", "2", "1"), row("VS", "1", "1")]))
+    table = [{"index": f"hb_{c}_ocr_0_1_0", "question": "Q?", "answer": "Yes", "category": c, "l2-category": l2,
+              "prediction": p} for c, l2, p in (("VD", "ocr", "Yes"), ("VS", "ocr", "No"))]
+    result = CliRunner().invoke(main, ["score", str(_table(tmp_path / "m_HallusionBench.tsv", table)), "--data",
+                                       str(data), "--format", "json"])
+    assert result.exit_code == 0, result.output
+    scored = json.loads(result.output)["runs"][0]["rules"]["vlmevalkit"]
+    assert (scored["aAcc"], scored["fAcc"], scored["qAcc"]) == (50.0, 0.0, 0.0)  # composed names: 50.0 each
+    assert [r["split"] for r in scored["rows"]] == ["Overall", "VD", "VS", "ocr"]
 
 
 def test_hallusionbench_table_needs_its_data_and_agreeing_answers(tmp_path):

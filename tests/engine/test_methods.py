@@ -129,6 +129,21 @@ def test_parse_method_settings_and_errors():
         parse_method("pai:layers=0-40").passes(32)
 
 
+def test_a_noised_pass_of_ones_own_is_noised_at_vcds_step():
+    from pope_fast.engine.methods import VCD_NOISE_STEP, Pass
+
+    # a user's Method that asks for "the noised image" gets VCD's noise, not step 0 (an all but clean image)
+    assert Pass("noised").noise_step == VCD_NOISE_STEP == 500
+    assert Pass("noised") == parse_method("vcd").passes(32)["noised"]
+    assert Pass("noised", noise_step=0).noise_step == 0 and Pass().noise_step is None
+    with pytest.raises(ValueError, match=r"Pass: noise_step must be an integer in \[0, 999\], not 1000"):
+        Pass("noised", noise_step=1000)
+    with pytest.raises(ValueError, match="Pass: noise_step applies to a 'noised' pass, not to image='image'"):
+        Pass(noise_step=500)
+    with pytest.raises(ValueError, match="Pass: image must be one of image, noised, none, not 'blurred'"):
+        Pass("blurred")
+
+
 def _lines(folder):
     return sorted((folder / "records.jsonl").read_text().splitlines())
 

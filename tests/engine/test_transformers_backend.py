@@ -416,3 +416,14 @@ def test_nf4_is_transformers_bitsandbytes_nf4(tmp_path):
             ids = sorted(result.candidate_logits)
             assert np.allclose([result.candidate_logits[i] for i in ids], logits[ids].numpy(), atol=1e-6)
             assert result.first_token_id == int(logits.argmax())
+
+
+@pytest.mark.parametrize("model_type, missing", [("idefics2", "the Perceiver resampler"),
+                                                 ("smolvlm", "the pixel-shuffle connector"),
+                                                 ("fuyu", "a tower-free image path")])
+def test_what_the_engine_lacks_reads_as_a_sentence(model_type, missing):
+    """It said "the engine does not implement its the Perceiver resampler"."""
+    from pope_fast.engine.models import unsupported
+
+    assert f"the engine does not implement {missing}" in unsupported(model_type)
+    assert " its the " not in unsupported(model_type) and " its a " not in unsupported(model_type)

@@ -385,7 +385,7 @@ def _edit_tensors(folder, edit):
     ("no-folder", r"no such checkpoint folder"),
     ("no-config", r"config\.json: missing"),
     ("model-type", rf"model_type 'mllama' is not supported \(MllamaForConditionalGeneration\): the engine does not "
-                   rf"implement its cross-attention layers .* \(supported: {', '.join(FAMILIES)}\); --backend "
+                   rf"implement cross-attention layers .* \(supported: {', '.join(FAMILIES)}\); --backend "
                    "transformers runs it"),
     ("unknown-model-type", rf"model_type 'not_a_vlm' is not supported \(supported: {', '.join(FAMILIES)}\), and "
                            "transformers has no image-text-to-text class for it"),

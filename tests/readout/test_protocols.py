@@ -586,6 +586,11 @@ def test_vlmevalkit_gemma3_attends_its_image_causally_and_score_checks_it():
             "generation": {"vlmevalkit_text": {"max_new_tokens": 4096}}}
     found = checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": Settings(image_reencode="load_image").to_json()}, 0)
     assert "attention: this run's image_mask is model, vlmevalkit's causal" in found
+    # the image step in plain words (it read "image: this run's image_reencode is none, lmms-eval's rgb")
+    plain = checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": Settings().to_json()}, 0)
+    assert "image: this run hands its processor each image file as read; vlmevalkit opens each image as " \
+           "transformers' load_image does (turned upright by its EXIF orientation, then converted to RGB), so the " \
+           "pixels the model sees can differ (image_reencode none, vlmevalkit's load_image)" in plain
     ours = protocol_settings(Settings(), covered).to_json()
     assert not any("image_mask" in line for line in checks(PROTOCOLS["vlmevalkit"], {**meta, "settings": ours}, 0))
 

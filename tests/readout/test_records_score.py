@@ -364,3 +364,20 @@ def test_score_csv_of_one_split_has_its_overall_row_too(tmp_path):
     rows = list(csv.DictReader(io.StringIO(format_csv([random]))))
     assert [r["split"] for r in rows] == ["Overall", "random"]
     assert {k: v for k, v in rows[0].items() if k != "split"} == {k: v for k, v in rows[1].items() if k != "split"}
+
+
+@pytest.mark.parametrize("method, hint", [("vcd", "the run of method vcd is scored under the answer position's "
+                                                  "readouts only (logit and first-token readouts)"),
+                                          ("none", "run with a string readout")])
+def test_a_method_runs_missing_text_readouts_say_why_not_how_to_record_them(tmp_path, method, hint):
+    """A contrastive method's run records no text (a text readout would need the method inside a decode loop): its
+    hint was "run with a string readout to generate it", which eval refuses for such a method."""
+    sets = {"legacy_2tok": TokenSets((5,), (6,)), "first_token": TokenSets((5,), (6,))}
+    write_meta(tmp_path, {"token_sets": {n: s.to_json() for n, s in sets.items()}, "readouts": list(sets),
+                          "method": {"name": method, "settings": {}}})
+    with RecordWriter(tmp_path) as w:
+        w.write([make_record(q, "llava_plain", first_token_id=5, candidate_logits={5: 1.0, 6: 0.0})
+                 for q in _questions()])
+    [run] = score_records(read_records(tmp_path), ["legacy_2tok", "first_token", "string_parse", "exact_match"])
+    assert set(run["readouts"]) == {"legacy_2tok", "first_token"}
+    assert hint in run["unavailable"]["string_parse"] and hint in run["unavailable"]["exact_match"]

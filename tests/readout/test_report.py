@@ -2,6 +2,7 @@
 and the LaTeX table against the markdown one."""
 import base64
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -61,10 +62,11 @@ def test_report_on_two_runs(tmp_path):
     assert len(score) == 2 * 3 and json.loads((out / "scores.json").read_text())["runs"] == score
 
     for run in score:
-        folder = out / run["source"].split("/")[-2] / f"{run['dataset']}-{run['split']}"
+        # one folder per run below the report's, each figure named by its split (it was three folders deep)
+        folder, split = out / run["source"].split("/")[-2], f"{run['dataset']}-{run['split']}"
         readouts = run["readouts"]
         assert len(readouts) == 10  # every readout available: token sets, first tokens, texts (all but the sequence)
-        numbers = {name: json.loads((folder / f"{name}.json").read_text())
+        numbers = {name: json.loads((folder / f"{split}_{name}.json").read_text())
                    for name in ("confusion", "f1", "yes_rate", "first_tokens")}
         for name, m in readouts.items():
             answered = m["tp"] + m["tn"] + m["fp"] + m["fn"]
@@ -82,9 +84,10 @@ def test_report_on_two_runs(tmp_path):
         assert by_id[3582] == {"legacy_2tok": "yes", "legacy_8tok": "yes"} and by_id[29871] == {}
         assert by_id[694] == {"template_aware": "no", "first_token": "no"}
         # expected layout sizes at 100 dpi, saved at 200: a 4-column grid of 10 matrices, one row per readout in the bars
-        assert _png_size(folder / "confusion.png") == (2000, 1500)
-        assert _png_size(folder / "f1.png") == _png_size(folder / "yes_rate.png") == (1600, 2 * (90 + 32 * 10))
-        assert _png_size(folder / "first_tokens.png")[0] == 2 * (220 + 40 * len(tokens["tokens"]))
+        assert _png_size(folder / f"{split}_confusion.png") == (2000, 1500)
+        assert _png_size(folder / f"{split}_f1.png") == _png_size(folder / f"{split}_yes_rate.png") == \
+            (1600, 2 * (90 + 32 * 10))
+        assert _png_size(folder / f"{split}_first_tokens.png")[0] == 2 * (220 + 40 * len(tokens["tokens"]))
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())   # one figure: models x (readout, split)
     assert grid["groups"] == ["coco random", "coco adversarial", "coco Overall"] and grid["models"] == ["llava-a", "llava-b"]
     for group in grid["groups"]:
@@ -253,7 +256,7 @@ def test_report_draws_the_probe_by_outcome(tmp_path):
     result = CliRunner().invoke(main, ["report", str(folder), "--out", str(out)])
     assert result.exit_code == 0, result.output
     [run] = json.loads(CliRunner().invoke(main, ["score", str(folder), "--format", "json"]).output)["runs"]
-    data = json.loads((out / "probed" / "coco-adversarial" / "image_attention.json").read_text())
+    data = json.loads((out / "probed" / "coco-adversarial_image_attention.json").read_text())
     assert data["layers"] == run["image_attention"]["layers"] == [4, 5]
     for name, groups in data["readouts"].items():
         stats = run["image_attention"]["readouts"][name]["correct_vs_wrong"]
@@ -261,7 +264,7 @@ def test_report_draws_the_probe_by_outcome(tmp_path):
         assert groups["cohens_d"] == stats["cohens_d"] and groups["mann_whitney_p"] == stats["mann_whitney_p"]
         assert sorted(groups["correct"] + groups["wrong"]) == pytest.approx(sorted(attention))  # every one answered
         assert sum(groups["correct"]) / len(groups["correct"]) == pytest.approx(stats["a"]["mean"], abs=1e-6)
-    assert _png_size(out / "probed" / "coco-adversarial" / "image_attention.png")[0] == 2 * 860
+    assert _png_size(out / "probed" / "coco-adversarial_image_attention.png")[0] == 2 * 860
     assert "coco adversarial (n=30): Image attention at the answer position (mean over layers 4-5 of 10," \
         in (out / "report.html").read_text()
 
@@ -287,7 +290,9 @@ def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     "-" where meta.json records none; every figure numbered in order with a caption naming its numbers."""
     made = _write_run(tmp_path / "llava-nf4", 1, groups=(("coco", "adversarial"),))
     meta = json.loads((made / "meta.json").read_text())
-    (made / "meta.json").write_text(json.dumps({**meta, **META}))
+    command = f"/home/me/venv/bin/pope-fast eval --model llava-1.5-7b-hf --images {tmp_path}/images --out={made} " \
+              "--device cpu"
+    (made / "meta.json").write_text(json.dumps({**meta, **META, "command": command}))
     older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),))
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(made), str(older), "--out", str(out)]).exit_code == 0
@@ -296,9 +301,14 @@ def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     assert re.findall(r"<th>(.*?)</th>", header[1]) == ["run", "model", "family", "template", "method", "dtype",
                                                        "quantization", "created", "pope-fast"]
     rows = [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", header[2])]
-    assert rows == [["llava-nf4", "/models/llava-1.5-7b-hf", "llava", "llava_plain", "none", "float16", "nf4",
+    assert rows == [["llava-nf4", "llava-1.5-7b-hf", "llava", "llava_plain", "none", "float16", "nf4",
                      "2026-11-30T12:00:00+00:00", "0.9.1"],
                     ["older", "-", "-", "-", "none", "-", "-", "-", "-"]]
+    # a shared page names no folder of the machine: the checkpoint's name, the command and sources from the page
+    assert str(tmp_path) not in page and "/venv/bin" not in page and "/models/" not in page
+    assert "llava-nf4: <code>pope-fast eval --model llava-1.5-7b-hf --images ../images --out=../llava-nf4 " \
+           "--device cpu</code>" in page
+    assert "llava-nf4 (<code>../llava-nf4/records.jsonl</code>), older (<code>../older/records.jsonl</code>)" in page
     assert "Template llava_plain: <code>USER: &lt;image&gt;&#92;nIs there a dog in the image?&#92;nASSISTANT:</code>" \
         in page
     shown = _figures(page)
@@ -327,13 +337,13 @@ def test_first_token_bars_are_labelled_with_token_strings(tmp_path):
     older = _write_run(tmp_path / "older", 1, groups=(("coco", "random"),))
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(run), str(older), "--out", str(out)]).exit_code == 0
-    data = json.loads((out / "run" / "coco-random" / "first_tokens.json").read_text())
+    data = json.loads((out / "run" / "coco-random_first_tokens.json").read_text())
     assert {t["id"]: t["token"] for t in data["tokens"]} == {int(i): s for i, s in strings.items()} | {29871: None}
     fig = figures.first_tokens("t", data)
     fig.canvas.draw()
     labels = {t.get_text() for t in fig.axes[0].get_xticklabels()}
     assert {"▁Yes  3869", "▁No  1939", r"\$no\$  694", "29871"} <= labels
-    assert all(t["token"] is None for t in json.loads((out / "older" / "coco-random" / "first_tokens.json")
+    assert all(t["token"] is None for t in json.loads((out / "older" / "coco-random_first_tokens.json")
                                                        .read_text())["tokens"])
     page = (out / "report.html").read_text()
     assert "This run&#x27;s meta.json records no token strings" in page and "meta.json&#x27;s token_strings" in page
@@ -346,7 +356,7 @@ def test_demo_report_labels_first_tokens_with_the_engines_strings(tmp_path):
     meta = json.loads((tmp_path / "demo" / "meta.json").read_text())
     assert meta["token_strings"] and set(meta["token_strings"]) <= {str(i) for i in meta["candidate_ids"]}
     assert CliRunner().invoke(main, ["report", str(tmp_path / "demo"), "--out", str(tmp_path / "r")]).exit_code == 0
-    tokens = json.loads((tmp_path / "r" / "demo" / "demo" / "first_tokens.json").read_text())["tokens"]
+    tokens = json.loads((tmp_path / "r" / "demo" / "demo_first_tokens.json").read_text())["tokens"]
     assert {str(t["id"]): t["token"] for t in tokens if t["token"] is not None} == meta["token_strings"]
 
 
@@ -369,14 +379,14 @@ def test_yes_rate_marks_readouts_and_splits_with_no_answered_question(tmp_path):
         w.write(records)
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(folder), "--out", str(out)]).exit_code == 0
-    answered = json.loads((out / "run" / "coco-random" / "yes_rate.json").read_text())
+    answered = json.loads((out / "run" / "coco-random_yes_rate.json").read_text())
     assert answered["label_yes_rate"] == 4 / 12
     assert answered["readouts"]["first_token"] == {"yes_rate": None, "yes_rate_all": 0.0, "answered": 0,
                                                    "unknown": 12}
     assert answered["readouts"]["string_parse"]["yes_rate"] is None
     legacy = answered["readouts"]["legacy_2tok"]   # 3582 % 7 = 5 against 1217 % 7 = 6: every answer no
     assert legacy == {"yes_rate": 0.0, "yes_rate_all": 0.0, "answered": 12, "unknown": 0}
-    errors = json.loads((out / "run" / "coco-popular" / "yes_rate.json").read_text())
+    errors = json.loads((out / "run" / "coco-popular_yes_rate.json").read_text())
     assert errors["errors"] == 12 and errors["label_yes_rate"] is None
     assert all(r["yes_rate"] is None and r["answered"] == 0 for r in errors["readouts"].values())
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
@@ -417,10 +427,13 @@ def test_report_of_a_paired_folder_draws_delta_f1_from_compare_json(tmp_path):
                                                                                      "Overall": 48}
     assert any(r["delta_f1"] != 0 for t in data["splits"].values() for r in t.values())
     assert (data["a"], data["b"], data["level"], data["resamples"]) == (pair["a"], pair["b"], 0.95, 1000)
-    assert (out / "none" / "coco-random" / "confusion.png").is_file() and (out / "vcd" / "coco-adversarial").is_dir()
+    assert (out / "none" / "coco-random_confusion.png").is_file()
+    assert (out / "vcd" / "coco-adversarial_f1.png").is_file()
+    assert not [p for p in out.rglob("*") if len(p.relative_to(out).parts) > 2]  # no figure two folders down
     page = (out / "report.html").read_text()
     caption = next(c for _, c in _figures(page) if c.startswith("ΔF1"))
-    assert "B vcd (vcd) against A none (none)" in caption and str(moved / "compare.json") in caption
+    # the compare.json it came from, as the page's folder reaches it (a shared page names no machine's folders)
+    assert "B vcd (vcd) against A none (none)" in caption and os.path.relpath(moved / "compare.json", out) in caption
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
     assert grid["models"] == ["none", "vcd"]
     bias = pair["splits"]["random"]["template_aware"]["bias"]  # the yes-bias section, from compare.json
@@ -576,7 +589,9 @@ def _column_layouts_are_legible(out) -> None:
              "f1_models_readouts_splits": lambda title, data: column.f1_grid(data), "first_tokens": column.first_tokens}
     found: dict[str, list] = {kind: [] for kind in kinds}
     for numbers in sorted(out.rglob("*.json")):
-        kind = next((k for k in ("delta_f1", "two_readouts") if numbers.stem.startswith(k + "_")), numbers.stem)
+        stem = numbers.stem  # a run's figures are named by its split: `<split>_<kind>`
+        kind = next((k for k in ("delta_f1", "two_readouts") if stem.startswith(k + "_")), None) or \
+            next((k for k in kinds if stem == k or stem.endswith("_" + k)), stem)
         if kind in kinds:  # and each run's f1, yes_rate, confusion
             assert numbers.with_name(numbers.stem + ".column.pdf").is_file(), numbers
             found[kind].append(json.loads(numbers.read_text()))

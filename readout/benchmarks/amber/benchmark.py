@@ -197,6 +197,7 @@ def _detect(path: Path) -> bool:
 class Amber(Benchmark):
     name = NAME
     title = "AMBER (discriminative)"
+    short_name = "AMBER"
     data = ("github.com/junyangwang0410/AMBER data/ (Apache-2.0); its 1,004 images are linked from its README "
             "(Google Drive), not in the repository")
     scale = 100.0  # accuracy in percent

@@ -167,7 +167,7 @@ def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[
         if len(ids) < 6:
             raise DataError(f"{where}: index {row['index']!r} has no set, figure and question ids (its 4th-6th "
                             "'_'-separated parts, as VLMEvalKit's Hallusion_rating reads them)")
-        l2 = row["l2-category"]  # `VD_ocr` in VLMEvalKit's TSV; the bare subcategory is taken too
+        l2 = row["l2-category"]  # `VD_ocr` in VLMEvalKit's TSV; a bare subcategory joins the data too
         sub = l2[len(row["category"]) + 1:] if l2.startswith(f"{row['category']}_") else l2
         key = metrics.question_key(row["category"], sub, *ids[3:6])
         if key not in known:
@@ -179,12 +179,13 @@ def read_vlmevalkit_table(path: Path, questions: list[Question] | None) -> list[
         if label != question.label:
             raise DataError(f"{where}: question {key} has answer {row['answer']!r}; the question data says "
                             f"{question.label}: another version of HallusionBench?")
-        out.append(Response(key, question.split, row["prediction"], label, question.image, where))
+        out.append(Response(key, question.split, row["prediction"], label, question.image, where, group=l2))
     return out
 
 
 def _is_rows(path: Path) -> bool:
-    """A JSON list whose rows are objects holding HallusionBench's ids; never raises."""
+    """A JSON list of objects, one at least holding HallusionBench's ids: its file, which reading then refuses
+    naming the row that lacks a field (visual_input, say); never raises."""
     try:
         with open(path, encoding="utf-8") as f:
             if f.read(64).lstrip()[:1] != "[":  # POPE's JSON lines start with '{'
@@ -192,8 +193,8 @@ def _is_rows(path: Path) -> bool:
         items = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, ValueError):
         return False
-    return isinstance(items, list) and bool(items) and all(
-        isinstance(row, dict) and all(f in row for f in ROW_FIELDS) for row in items)
+    return isinstance(items, list) and bool(items) and all(isinstance(row, dict) for row in items) and any(
+        all(f in row for f in KEY_FIELDS) for row in items)
 
 
 RULES = {
@@ -224,6 +225,7 @@ RULES = {
 class HallusionBench(Benchmark):
     name = NAME
     title = "HallusionBench"
+    short_name = "HallusionBench"
     data = ("github.com/tianyi-lab/HallusionBench: HallusionBench.json (BSD-3-Clause); the figures are "
             "hallusion_bench.zip, linked from its README (Google Drive)")
     rules = RULES
@@ -255,7 +257,7 @@ class HallusionBench(Benchmark):
         ids = metrics.fields(answer.key)  # the set id made distinct: every group's key holds it
         key = metrics.question_key(ids.category, ids.subcategory, f"{ids.set_id}r{draw}", ids.figure_id,
                                    ids.question_id)
-        return Answer(key, answer.split, answer.image, answer.label, answer.decision)
+        return Answer(key, answer.split, answer.image, answer.label, answer.decision, answer.group)
 
     @classmethod
     def questions(cls, path: Path) -> list[Question]:

@@ -66,6 +66,7 @@ class Row:
     visual_input: str
     label: str
     decision: str
+    l2: str  # VLMEvalKit's l2-category: a table's own column as it comes, else l2_category(ids)
 
     @property
     def figure(self) -> str:  # get_eval_fig's group (utils.py:137)
@@ -88,7 +89,7 @@ def rows(answers: Iterable[Answer]) -> list[Row]:
         category, visual_input = _split_parts(answer.split)
         if category != ids.category:
             raise ValueError(f"question {answer.key}: split {answer.split!r} is not of category {ids.category}")
-        out.append(Row(ids, visual_input, answer.label, answer.decision))
+        out.append(Row(ids, visual_input, answer.label, answer.decision, answer.group or l2_category(ids)))
     return out
 
 
@@ -179,11 +180,13 @@ def _mean100(values: list[bool]) -> float | None:
 
 
 def l2_category(ids: Fields) -> str:
-    """VLMEvalKit's `l2-category` (`VD_ocr`, `VS_ocr`, `VS_chart`), a column of its TSV that HallusionBench.json
-    lacks: `{category}_{subcategory}`. Its code only reads the column (yorn.py:102, 110, 136-143); what the column
-    holds shows in a score file of that TSV (its md5, image_yorn.py:25, unchanged since 570bcda9) posted in
-    open-compass/VLMEvalKit#825: rows `VD_ocr` and `VS_ocr`, and Overall fAcc and qAcc of 131/346 and 200/455, the
-    group counts with the category in the key (left out, VD's and VS's ocr figures would make 332 and 429)."""
+    """VLMEvalKit's `l2-category` (`VD_ocr`, `VS_ocr`, `VS_chart`) of an answer read from no table of its (a
+    run's records), as HallusionBench.json lacks the column: `{category}_{subcategory}`; a table's own column is
+    taken as it comes (Answer.group), as Hallusion_rating groups whatever it holds. Its code only reads the
+    column (yorn.py:102, 110, 136-143); what the column holds shows in a score file of that TSV (its md5,
+    image_yorn.py:25, unchanged since 570bcda9) posted in open-compass/VLMEvalKit#825: rows `VD_ocr` and `VS_ocr`,
+    and Overall fAcc and qAcc of 131/346 and 200/455, the group counts with the category in the key (left out,
+    VD's and VS's ocr figures would make 332 and 429)."""
     return f"{ids.category}_{ids.subcategory}"
 
 
@@ -193,8 +196,8 @@ VLMEVALKIT_COLUMNS = ("split", "aAcc", "fAcc", "qAcc")  # Hallusion_rating's Dat
 def _vlmevalkit_row(rows_: list[Row], score: list[bool]) -> dict:
     """calc_aAcc, calc_fAcc, calc_qAcc (yorn.py:97-114): figures by `l2-category_set_id_figure_id`, pairs by
     `l2-category_set_id_question_id`, VS figure 0 not skipped."""
-    figures = _groups(rows_, score, lambda r: f"{l2_category(r.ids)}_{r.ids.set_id}_{r.ids.figure_id}")
-    pairs = _groups(rows_, score, lambda r: f"{l2_category(r.ids)}_{r.ids.set_id}_{r.ids.question_id}")
+    figures = _groups(rows_, score, lambda r: f"{r.l2}_{r.ids.set_id}_{r.ids.figure_id}")
+    pairs = _groups(rows_, score, lambda r: f"{r.l2}_{r.ids.set_id}_{r.ids.question_id}")
     return {"aAcc": _mean100(score), "fAcc": _mean100([all(v) for v in figures.values()]),
             "qAcc": _mean100([all(v) for v in pairs.values()])}
 
@@ -211,7 +214,7 @@ def vlmevalkit(answers: list[Answer]) -> dict:
     score = [r.decision == r.label for r in rows_]
     scored = list(zip(rows_, score))
     subsets = [("Overall", scored)]
-    for column in (lambda r: r.ids.category, lambda r: l2_category(r.ids)):  # `category`, then `l2-category`
+    for column in (lambda r: r.ids.category, lambda r: r.l2):  # `category`, then `l2-category`, as they come
         subsets += [(value, [(r, s) for r, s in scored if column(r) == value])
                     for value in sorted({column(r) for r in rows_})]
     table = [{"split": split, **_vlmevalkit_row([r for r, _ in mine], [s for _, s in mine])} for split, mine in subsets]

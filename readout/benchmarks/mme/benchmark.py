@@ -106,12 +106,20 @@ def read_questions(path: Path) -> list[Question]:
 
 
 def _is_mme_parquet(path: Path) -> bool:
+    """MME's columns with only MME's subtasks in category; or, where that column is missing, misspelt or holds
+    another name, question_ids that each name an MME subtask (`<subtask>/<image file>`): MME's file still, whose
+    reading then names the column or the row (as another benchmark's, its images would clash by name)."""
+    def values(table, column: str) -> set:
+        return {v for batch in table.iter_batches(columns=[column]) for v in batch.column(0).to_pylist()}
+
     try:
-        table = _open(path)
-        categories = {v for batch in table.iter_batches(columns=["category"]) for v in batch.column(0).to_pylist()}
+        table = open_parquet(path, ("question_id",))
+        subtasks = {str(v).split("/", 1)[0] if "/" in str(v) else None for v in values(table, "question_id")}
+        categories = values(table, "category") if "category" in table.schema_arrow.names else set()
     except (DataError, OSError, ValueError):  # pyarrow's ArrowInvalid and ArrowIOError are these
         return False
-    return bool(categories) and categories <= set(SUBTASKS)
+    return (bool(subtasks) and subtasks <= set(SUBTASKS)) or (bool(categories) and categories <= set(SUBTASKS)
+                                                             and not (set(COLUMNS) - set(table.schema_arrow.names)))
 
 
 def read_vlmevalkit_table(path: Path) -> list[Response]:
@@ -132,6 +140,7 @@ def read_vlmevalkit_table(path: Path) -> list[Response]:
 class MME(Benchmark):
     name = "mme"
     title = "MME: a comprehensive evaluation benchmark for multimodal large language models (Fu et al., 2023)"
+    short_name = "MME"
     data = ("lmms-lab/MME on Hugging Face (lmms-lab-encoder/MME since lmms-eval 4be7ee0e), the test split as "
             "parquet with embedded images; its licence is not established here (../shared's synthetic stand-in "
             "copies only the layout)")
@@ -151,8 +160,8 @@ class MME(Benchmark):
             shards = sorted(p for p in path.iterdir() if p.suffix == ".parquet")
             if shards:
                 return _is_mme_parquet(shards[0])
-            texts = [p.stem for p in path.iterdir() if p.suffix == ".txt"]
-            return bool(texts) and set(texts) <= set(SUBTASKS)
+            # calculation.py opens each subtask's file by name: other files beside them (notes.txt) are not its
+            return any(p.suffix == ".txt" and p.stem in SUBTASKS for p in path.iterdir())
         if path.suffix == ".parquet":
             return path.is_file() and _is_mme_parquet(path)
         if path.suffix == ".txt":

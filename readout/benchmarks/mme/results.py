@@ -112,9 +112,14 @@ def read_result_folder(path: Path, questions: list[Question] | None = None) -> l
     `<subtask>/<image>#<k>` (k its 0-based order among the image's lines), the key `MME.questions` gives
     when the parquet question_id is `<subtask>/<image file>`, as in lmms-lab/MME."""
     path = Path(path)
-    files = sorted(p for p in path.iterdir() if p.suffix == ".txt") if path.is_dir() else [path]
+    # in a folder, the subtasks' files, as calculation.py opens them by name; another file (notes.txt) is not read
+    files = sorted(p for p in path.iterdir() if p.suffix == ".txt" and p.stem in SUBTASKS) if path.is_dir() \
+        else [path]
     if not files:
-        raise DataError(f"{path}: no <subtask>.txt result files in this folder")
+        others = sorted(p.name for p in path.iterdir() if p.suffix == ".txt")
+        named = f" ({', '.join(others)} name{'s' * (len(others) == 1)} no subtask)" if others else ""
+        raise DataError(f"{path}: no <subtask>.txt result files in this folder{named}; MME's subtasks: "
+                        f"{', '.join(SUBTASKS)}")
     if not all(p.is_file() for p in files):
         raise DataError(f"{path}: no such result file")
     index = None if questions is None else _question_index(questions)
