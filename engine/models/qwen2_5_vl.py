@@ -11,13 +11,14 @@ transformers' own module, as for Qwen2-VL; its forward is ours (windowed_tower),
 everything else is Qwen2VLModel's.
 
 transformers' forward attends window by window (a 640 x 480 image: 30 windows, 844 SDPA calls) and reads
-each layer's window lengths back from the grid's device (a .tolist() per layer, ~37 syncs an image). Ours
-lays the windows out once per image grid on the CPU and, per windowed block, attends all windows of one
-length in one batched SDPA call: 4 calls at most an image (full windows, the right column's, the bottom
-row's, the corner), 116 in all at 640 x 480, and no read-back. The windows are batched, not padded to one
-length under a mask, because a mask moves CUDA's SDPA from the flash kernel transformers' unmasked calls run
-to another one, with other bits; a batch runs each window as its own call does. The whole-image blocks
-attend one image per call, as transformers does: flash's split of long keys depends on the batch.
+the window lengths back from the grid's device three times a block (100 reads an image; bench/tower.py).
+Ours lays the windows out once per image grid on the CPU and, per windowed block, attends all windows of one
+length in one batched SDPA call (one image has 4 lengths at most: full windows, the right column's, the
+bottom row's, the corner's; 116 calls in all at 640 x 480) and reads nothing back. The windows are batched,
+not padded to one length under a mask, because a mask moves CUDA's SDPA off the flash kernel that
+transformers' unmasked calls run, to one with other bits; a batch runs each window as its own call does.
+The whole-image blocks attend one image per call, as transformers does: flash-attention may split long keys
+by a rule that depends on the batch.
 """
 from __future__ import annotations
 
@@ -132,7 +133,7 @@ class TowerPlan:
         if window_order is not None:
             parts += [window_order, np.argsort(window_order, kind="stable")]
         host = torch.from_numpy(np.concatenate(parts).astype(np.int64))
-        if device.type == "cuda":  # pinned, so that the copy need not wait for the host
+        if device.type == "cuda":  # pinned: the host goes on without waiting for the copy or the work queued before it
             host = host.pin_memory()
         sent = host.to(device, non_blocking=True).split([len(p) for p in parts])
         frames = [h * w for t, h, w in grids for _ in range(t)]
