@@ -8,7 +8,7 @@
 # Wheels in .whl/ are installed first (for a machine without a package index); POPE question files in
 # .device-pope/ replace the built-in questions; MODELS (families, in order), BUDGET (seconds for all of it,
 # default 500) and BENCH_TIMEOUT (seconds per family, default 170) adjust the run; KERNELS=0 skips the kernel
-# benchmark (25 s on an H200), VERIFY=0 the fp16 `pope-fast verify` of every family's tiny checkpoint
+# benchmark (25 s on an H200), TOWER=0 the Qwen2.5-VL tower's, VERIFY=0 the fp16 `pope-fast verify` of every family's tiny checkpoint
 # (VERIFY_MODELS: only these) and TORCHRUN=0 the one-rank NCCL torchrun of the demo.
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -30,6 +30,10 @@ POPE=()
 # (readout/, engine/, ...) live beside it in the source tree
 cd "$OUT" || exit 1
 [ "${KERNELS:-1}" = 0 ] || timeout 150 python3 -m pope_fast.bench.kernels 2>&1 | tee "$OUT/kernels.md"
+# Qwen2.5-VL-7B's tower on one 640 x 480 image: transformers' forward against ours, counted, timed and compared bit
+# for bit in fp16 (TOWER=0 skips it; ~30 s)
+[ "${TOWER:-1}" = 0 ] || timeout 120 python3 -m pope_fast.bench.tower --device cuda --dtype fp16 --width 1280 --heads 16 \
+  2>&1 | tee "$OUT/tower.md"
 # every registered family but qwen3_vl_moe, whose random checkpoint at its seed size (Qwen3-VL-30B-A3B, 31B
 # parameters) is 62 GB in fp16, more than the lent machine's disk: name it in MODELS where the disk holds it
 MODELS=${MODELS:-$(python3 -c "from pope_fast.engine import FAMILIES; print(*(f for f in FAMILIES if f != 'qwen3_vl_moe'))")}

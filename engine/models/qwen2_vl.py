@@ -130,11 +130,15 @@ class Qwen2VLModel(Family):
         cols = w / 2); every image's patches run in one tower call (its attention stays per image)."""
         device, dtype = self.settings.torch_device, self.settings.torch_dtype
         patches = torch.from_numpy(np.concatenate([p for p, _ in pixels])).to(device, dtype)
-        grid = torch.tensor([g for _, g in pixels], device=device)
-        merged = self.vision(hidden_states=patches, grid_thw=grid).pooler_output
+        merged = self.tower(patches, [g for _, g in pixels])
         sizes = [h * w // self.merge**2 for _, (_, h, w) in pixels]
         return [f.reshape(h // self.merge, w // self.merge, -1)
                 for f, (_, (_, h, w)) in zip(merged.split(sizes), pixels)]
+
+    def tower(self, patches: torch.Tensor, grids: list[tuple[int, int, int]]) -> torch.Tensor:
+        """Every image's patches (concatenated) → their merged features [tokens, hidden], image after image."""
+        grid = torch.tensor(grids, device=patches.device)
+        return self.vision(hidden_states=patches, grid_thw=grid).pooler_output
 
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:
         """The prompt's ids with its one image pad repeated num_image_tokens times, as the processor

@@ -10,9 +10,73 @@ from familychecks import tower_matmul_flops
 from tinymodels import QUESTIONS, SHARED_QWEN2_5_TOKENIZER
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
+from pope_fast.bench.tower import CallCounter, random_tower
 from pope_fast.engine import Counts, Engine, Settings
+from pope_fast.engine.models.qwen2_5_vl import TowerPlan, windowed_tower
 
 IMAGES = REGISTRY["qwen2_5_vl"].images
+# (t, h, w) patch grids: a 640 x 480 image's (17 x 23 merged tokens: windows of 4 x 4, 4 x 3, 1 x 4, 1 x 3 at 112 px),
+# one its windows divide evenly (8 x 8), a one-row one, a two-frame one; several in one call
+LAYOUT_GRIDS = [[(1, 34, 46)], [(1, 16, 16)], [(1, 2, 30)], [(2, 12, 10)], [(1, 34, 46), (1, 16, 16), (1, 6, 10)]]
+
+
+def _config(window_size: int):
+    from transformers.models.qwen2_5_vl.configuration_qwen2_5_vl import Qwen2_5_VLVisionConfig
+
+    return Qwen2_5_VLVisionConfig(window_size=window_size, patch_size=14, spatial_merge_size=2)
+
+
+@pytest.mark.parametrize("window_size", [28, 56, 112, 140], ids=lambda w: f"window{w}px")
+@pytest.mark.parametrize("grids", LAYOUT_GRIDS, ids=lambda g: "+".join("x".join(map(str, v)) for v in g))
+def test_tower_plan_is_transformers_layout(grids, window_size):
+    """The plan made on the CPU holds transformers' window order, positions and merger order for the grids,
+    and its groups are exactly the windows, each group one length, put back in order by `inverse`."""
+    from transformers.vision_utils import get_vision_position_ids, get_vision_window_index
+
+    plan = TowerPlan.of(grids, _config(window_size), torch.device("cpu"))
+    grid = torch.tensor(grids)
+    window_index, cu_windows = get_vision_window_index(grid, spatial_merge_size=2, window_size=window_size,
+                                                       patch_size=14)
+    assert torch.equal(plan.order[::4] // 4, window_index)
+    assert torch.equal(plan.order.view(-1, 4), plan.order[::4, None] + torch.arange(4))
+    assert torch.equal(plan.reverse, torch.argsort(window_index))
+    assert torch.equal(plan.positions, get_vision_position_ids(grid, 2))
+    window_of = torch.repeat_interleave(torch.arange(len(cu_windows) - 1), cu_windows.diff())  # per patch, in order
+    order = plan.windows.order if plan.windows.order is not None else torch.arange(len(window_of))
+    grouped, start = window_of[order], 0
+    for length, count in zip(plan.windows.lengths, plan.windows.counts):
+        runs = grouped[start:start + length * count].view(count, length)
+        assert (runs == runs[:, :1]).all() and (cu_windows.diff()[runs[:, 0]] == length).all()
+        start += length * count
+    assert start == len(window_of) and len(set(plan.windows.lengths)) == len(plan.windows.lengths)
+    assert sum(plan.windows.counts) == len(cu_windows) - 1
+    if plan.windows.order is not None:
+        assert torch.equal(order[plan.windows.inverse], torch.arange(len(order)))
+    assert plan.whole.lengths == tuple(h * w for t, h, w in grids for _ in range(t))
+
+
+def test_tower_plan_refuses_a_window_under_one_merged_token():
+    with pytest.raises(ValueError, match="vision_config.window_size 14 is under one merged token"):
+        TowerPlan.of([(1, 4, 4)], _config(14), torch.device("cpu"))
+
+
+@pytest.mark.parametrize("grids, dtype", [([(1, 18, 14)], torch.float32), ([(1, 18, 14)], torch.bfloat16),
+                                          ([(1, 16, 16)], torch.float32), ([(2, 12, 10)], torch.float32),
+                                          ([(1, 18, 14), (1, 16, 16), (1, 6, 10)], torch.float32)],
+                         ids=["9x7", "9x7-bf16", "8x8", "two-frames", "three-images"])
+def test_windowed_tower_is_transformers_bit_for_bit(grids, dtype):
+    """The engine's tower forward gives transformers' Qwen2_5_VisionTransformerPretrainedModel's features bit for
+    bit, windows ragged (9 x 7 merged tokens: windows of 4 x 4, 4 x 3, 1 x 4 and 1 x 3, as a 640 x 480 image's)
+    or not (8 x 8), two frames, several images in one call, in one SDPA call per window length and block."""
+    tower = random_tower(width=32, depth=4, fullatt_block_indexes=[1, 3]).to(dtype)
+    patches = torch.randn(sum(t * h * w for t, h, w in grids), 3 * 2 * 14 * 14, dtype=dtype)
+    plan = TowerPlan.of(grids, tower.config, torch.device("cpu"))
+    with torch.inference_mode(), CallCounter() as counter:
+        ours = windowed_tower(tower, patches, plan)
+    with torch.inference_mode():
+        theirs = tower(hidden_states=patches, grid_thw=torch.tensor(grids)).pooler_output
+    assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+    assert counter.counts == {"attention_calls": 2 * len(plan.windows.lengths) + 2 * len(plan.whole.lengths)}
 
 
 @pytest.fixture(scope="module")
@@ -40,15 +104,28 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint):
 
 @pytest.mark.slow
 def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
-    """Our features (every image in one tower call) are transformers' get_image_features of each image
-    alone, in raster order; the images do span several windows, partial ones included, and attending over
-    the whole image in every block instead would change the features."""
+    """Our features (every image in one tower call, windows batched by length) are transformers' tower's on
+    the same call bit for bit, and its get_image_features of each image alone, in raster order; the images do
+    span several windows, partial ones included, and attending over the whole image in every block instead
+    would change the features. A tower whose attention is not SDPA runs transformers' forward."""
     from transformers.vision_utils import get_vision_window_index
 
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     pixels = [engine.model.preprocess(image) for image in IMAGES]
-    ours = engine.model.encode_images(pixels)
+    with CallCounter() as counter:
+        ours = engine.model.encode_images(pixels)
+    # windows of 4, 2 and 1 merged tokens: one call each in blocks 0 and 2; one per image in blocks 1 and 3
+    assert counter.counts == {"attention_calls": 2 * 3 + 2 * len(IMAGES)}
     vision = model.model.visual
+    patches, grid = torch.from_numpy(np.concatenate([p for p, _ in pixels])), torch.tensor([g for _, g in pixels])
+    with torch.no_grad():
+        together = vision(patches, grid_thw=grid).pooler_output
+    assert torch.equal(torch.cat([f.reshape(-1, 64) for f in ours]), together)
+    engine.model.vision.config._attn_implementation = "eager"
+    with CallCounter() as counter:
+        eager = engine.model.encode_images(pixels)
+    assert counter.counts["attention_calls"] == 0
+    assert all(torch.allclose(e, o, rtol=0, atol=1e-5) for e, o in zip(eager, ours))
     assert vision.fullatt_block_indexes == [1, 3] and len(vision.blocks) == 4
     grid = torch.tensor([g for _, g in pixels])
     _, cu_windows = get_vision_window_index(grid, spatial_merge_size=2, window_size=vision.window_size, patch_size=14)
