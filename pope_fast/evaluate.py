@@ -91,7 +91,7 @@ class EvalOutcome:
         first = self.results[0]
         lines = [f"resumed: {first.recorded_before} of {first.questions} questions were already recorded"] \
             if first.recorded_before else []
-        lines += [f"kept: {first.past_limit} records of questions past --limit, from an earlier run with a larger "
+        lines += [f"kept: {first.past_limit} records of questions past the limit, from an earlier run with a larger "
                   "one, scored with this run's"] if first.past_limit else []
         ranks = f" on {self.world_size} ranks" if self.world_size else ""
         lines.append(f"{first.evaluated_prompts} unique prompts evaluated for {_asked(first)}{ranks}; "

@@ -38,18 +38,23 @@ def make_job(tmp_path_factory) -> SimpleNamespace:
 
 
 # pope-fast's command with a fault injected from outside: rank FAULT_RANK's records writer raises (or, with
-# FAULT_HOW=kill, the rank SIGKILLs itself) right after it writes its first image step's records.
+# FAULT_HOW=kill, the rank SIGKILLs itself) right after its first image step's records reach its part file.
 FAULTY = """
-import os, signal
+import os, signal, time
 from pope_fast import store
+from pope_fast.appender import encode
 from pope_fast.cli import main
 from pope_fast.readout.records import part_name
 
 write = store.RecordWriter.write
 
 def faulty(self, records):
+    size = self.path.stat().st_size
     write(self, records)
     if self.path.name == part_name(int(os.environ["FAULT_RANK"])):
+        # the step's records in the file first (the writer appends them from a thread of its own)
+        while self.path.stat().st_size < size + len(encode(records)):
+            time.sleep(0.01)
         if os.environ.get("FAULT_HOW") == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         raise RuntimeError(f"injected: stopped after writing {len(records)} records")

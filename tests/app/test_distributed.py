@@ -201,9 +201,9 @@ def test_leave_stops_the_groups_threads_before_the_interpreter_exits():
 # A rank's cache traffic: put every key, and read back another whenever it is on disk. The child runs
 # vision_cache.py alone (it imports nothing of ours), sparing each the engine's seconds of imports.
 WRITER = """
-import runpy, sys, torch
-VisionCache = runpy.run_path(sys.argv[1])["VisionCache"]
-cache, seed = VisionCache(sys.argv[2], max_in_memory=1), int(sys.argv[3])
+import sys, torch
+from pope_fast.engine.vision_cache import VisionCache
+cache, seed = VisionCache(sys.argv[1], max_in_memory=1), int(sys.argv[2])
 expected = lambda k: torch.arange(20000, dtype=torch.float32).reshape(400, 50) + k
 for _ in range(15):
     for k in range(12):
@@ -215,9 +215,7 @@ for _ in range(15):
 
 
 def test_two_processes_writing_the_same_cache_keys(tmp_path):
-    from pope_fast.engine import vision_cache
-
-    writers = [subprocess.Popen([sys.executable, "-c", WRITER, vision_cache.__file__, str(tmp_path), str(seed)],
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), str(seed)],
                                 stderr=subprocess.PIPE, text=True) for seed in (0, 5)]
     errors = [w.communicate(timeout=120)[1] for w in writers]
     assert [w.returncode for w in writers] == [0, 0], errors

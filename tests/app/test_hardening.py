@@ -270,15 +270,16 @@ def test_resume_refuses_other_weights_images_or_questions(checkpoint, pope, clea
 # 3. one writer per run folder ----------------------------------------------------------------------
 
 def test_a_rerun_with_a_smaller_limit_keeps_the_records_past_it(checkpoint, pope, tmp_path):
-    """--limit 6 then --limit 3 into one folder: the records past 3 are the question file's, so they are kept in
-    place (the folder's bytes are --limit 6's), scored and counted, and the rerun says so; nothing is asked again."""
+    """--limit-per-split 6 then 3 into one folder: the records past 3 are the question file's, so they are kept in
+    place (the folder's bytes are the first run's), scored and counted, and the rerun says so; nothing is asked again."""
     run = tmp_path / "run"
-    assert CliRunner().invoke(main, [str(a) for a in _eval_args(checkpoint, pope, run, "--limit", 6)]).exit_code == 0
+    first = CliRunner().invoke(main, [str(a) for a in _eval_args(checkpoint, pope, run, "--limit-per-split", 6)])
+    assert first.exit_code == 0, first.output
     before = {name: (run / name).read_bytes() for name in ("records.jsonl", "summary.json")}
-    result = CliRunner().invoke(main, [str(a) for a in _eval_args(checkpoint, pope, run, "--limit", 3)])
+    result = CliRunner().invoke(main, [str(a) for a in _eval_args(checkpoint, pope, run, "--limit-per-split", 3)])
     assert result.exit_code == 0, result.output
     assert "resumed: 6 of 6 questions were already recorded" in result.output
-    assert "kept: 6 records of questions past --limit, from an earlier run with a larger one" in result.output
+    assert "kept: 6 records of questions past the limit, from an earlier run with a larger one" in result.output
     assert {name: (run / name).read_bytes() for name in before} == before
     meta = json.loads((run / "meta.json").read_text())
     assert list(meta["questions"].values()) == [6, 6]  # the folder holds 6 of each split: complete

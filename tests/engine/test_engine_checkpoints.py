@@ -212,7 +212,7 @@ def test_bad_index_is_named(tiny_bin, tmp_path, index_text, expected):
 
 @pytest.mark.parametrize("model_type, says", [
     ("glm4v_moe", r"'glm4v_moe' is not supported \(Glm4vMoeForConditionalGeneration\): the engine does not "
-                  r"implement its mixture-of-experts MLP layers"),
+                  r"implement mixture-of-experts MLP layers"),
     ("kosmos-2", r"'kosmos-2' is not supported \(Kosmos2ForConditionalGeneration\): no family module implements it"),
     ("bert", r"'bert' is not supported \(supported: llava, "),
 ])

@@ -187,7 +187,7 @@ def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_
     """transformers' JSON error names no file; the backend names the one cut, as the engine's loader does."""
     import shutil
 
-    from pope_fast.engine.models import family_of
+    from pope_fast.engine.models import family_class
     from pope_fast.engine.reference import ReferenceInputs
 
     for path in tiny.checkpoint("llava").glob("*.json"):  # the processor's files; no weights are read
@@ -197,7 +197,7 @@ def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_
     with pytest.raises(json.JSONDecodeError) as cut:
         json.loads(text[:len(text) // 3])
     with pytest.raises(CheckpointError) as err:
-        ReferenceInputs(tmp_path, Settings(), family_of(family) if family else None)
+        ReferenceInputs(tmp_path, Settings(), family_class(family) if family else None)
     assert str(err.value) == f"{tmp_path / 'tokenizer.json'}:{cut.value.lineno}: malformed JSON: {cut.value.msg}"
 
 
