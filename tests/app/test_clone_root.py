@@ -48,8 +48,8 @@ def test_from_the_root_without_the_hub_package_kernels_is_not_found():
     assert done.stderr.strip().splitlines()[-1] == "ModuleNotFoundError: No module named 'kernels'"
 
 
-@pytest.mark.slow  # collects every test module (transformers and each family's imports), ~10 s on 2 cores
-def test_python_m_pytest_collects_from_the_root():
-    done = _python("-m", "pytest", "--collect-only", "-q", "-n", "0", "-p", "no:cacheprovider", "-m", "not slow")
+@pytest.mark.slow  # a test module run in a pytest of its own (transformers imported by the tests' conftest)
+def test_python_m_pytest_runs_from_the_root():
+    done = _python("-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/engine/test_loader_alignment.py")
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert " tests collected" in done.stdout.splitlines()[-1] or "selected" in done.stdout.splitlines()[-1]
+    assert done.stdout.splitlines()[-1].startswith("1 passed")
