@@ -26,6 +26,7 @@ def _hub_kernels_installed() -> bool:
     return True
 
 
+@pytest.mark.slow  # a process that imports transformers (5 s on 2 cores)
 def test_from_the_root_kernels_is_the_hubs_and_transformers_imports():
     """The import transformers makes of the hub's package (its attention and activation layers) gets that package,
     and pope_fast.kernels is still ours."""
