@@ -23,6 +23,7 @@ from collections import Counter
 
 import numpy as np
 
+from .metrics import ratios, resample_weights
 from .readouts import YES, TokenSets, undecidable
 
 LEVEL = 0.95
@@ -55,16 +56,11 @@ def image_clusters(entries) -> np.ndarray:
 
 def cluster_weights(clusters: np.ndarray, seed: int, resamples: int) -> np.ndarray:
     """[resamples, n]: how often each resample draws each question. Each resample draws as many clusters as there
-    are, with replacement (one generator from the seed), and a question counts as often as its cluster is drawn."""
-    count = int(clusters.max()) + 1 if len(clusters) else 0
-    draws = np.random.default_rng(seed).integers(0, max(count, 1), size=(resamples, count))
-    flat = (draws + count * np.arange(resamples)[:, None]).ravel()
-    drawn = np.bincount(flat, minlength=resamples * count).reshape(resamples, count).astype(np.float64)
-    return drawn[:, clusters]
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    return np.where(den > 0, num / np.where(den > 0, den, 1), 0.0)
+    are, with replacement (metrics.resample_weights over the clusters), and a question counts as often as its
+    cluster is drawn."""
+    if not len(clusters):
+        return np.zeros((resamples, 0))
+    return resample_weights(int(clusters.max()) + 1, seed, resamples)[:, clusters]
 
 
 def decision_rates(w: np.ndarray, yes: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -72,8 +68,8 @@ def decision_rates(w: np.ndarray, yes: np.ndarray, y: np.ndarray) -> dict[str, n
     tp, fp = w @ (yes & y), w @ (yes & ~y)
     fn, tn = w @ (~yes & y), w @ (~yes & ~y)
     total = w.sum(axis=1)
-    return {"yes_rate": _ratio(tp + fp, total), "f1": _ratio(2 * tp, 2 * tp + fp + fn),
-            "accuracy": _ratio(tp + tn, total)}
+    return {"yes_rate": ratios(tp + fp, total), "f1": ratios(2 * tp, 2 * tp + fp + fn),
+            "accuracy": ratios(tp + tn, total)}
 
 
 def ranking(w: np.ndarray, score: np.ndarray, y: np.ndarray) -> dict[str, np.ndarray]:
@@ -91,7 +87,7 @@ def ranking(w: np.ndarray, score: np.ndarray, y: np.ndarray) -> dict[str, np.nda
     with np.errstate(invalid="ignore", divide="ignore"):
         auroc = 1 - (pos * (fp - neg / 2)).sum(axis=1) / (total_pos * total_neg)
         tp = np.cumsum(pos, axis=1)
-        auprc = (pos * _ratio(tp, tp + fp)).sum(axis=1) / total_pos
+        auprc = (pos * ratios(tp, tp + fp)).sum(axis=1) / total_pos
     undefined = (total_pos == 0) | (total_neg == 0)
     return {"auroc": np.where(undefined, np.nan, auroc), "auprc": np.where(undefined, np.nan, auprc)}
 
@@ -102,8 +98,8 @@ def calibration(w: np.ndarray, p: np.ndarray, y: np.ndarray) -> dict[str, np.nda
     bins = np.minimum((p * ECE_BINS).astype(np.int64), ECE_BINS - 1)
     member = np.eye(ECE_BINS)[bins]  # [n, bins]
     total = w.sum(axis=1)
-    ece = _ratio(np.abs(w @ (member * (y - p)[:, None])).sum(axis=1), total)
-    return {"ece": ece, "brier": _ratio(w @ (p - y) ** 2, total)}
+    ece = ratios(np.abs(w @ (member * (y - p)[:, None])).sum(axis=1), total)
+    return {"ece": ece, "brier": ratios(w @ (p - y) ** 2, total)}
 
 
 def matched_control(margins: np.ndarray, k: int) -> tuple[np.ndarray, float | None, int]:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bias import bias_statistics, cluster_weights, image_clusters
-from .metrics import answered, mcnemar_exact, summarize
+from .metrics import answered, mcnemar_exact, ratios, resample_weights, summarize
 from .reading import read_records
 from .readouts import LOGIT, NO, READOUTS, UNKNOWN, YES
 from .protocols.base import TOOL_STEPS
@@ -275,19 +275,6 @@ def _readout(labels: list[str], decided_a: list[str], decided_b: list[str], weig
             "a": metrics_a, "b": metrics_b, "delta": delta, "delta_ci95": intervals}
 
 
-def resample_weights(n: int, seed: int, resamples: int) -> np.ndarray:
-    """[resamples, n]: how often each bootstrap resample draws each question. Drawn as
-    `bootstrap_f1_ci` draws (one generator from the seed, a [resamples, n] matrix of question indices),
-    once per split, so every readout and both runs of a pair see the same resamples."""
-    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    flat = (draws + n * np.arange(resamples)[:, None]).ravel()  # index into the [resamples * n] counts
-    return np.bincount(flat, minlength=resamples * n).reshape(resamples, n).astype(np.float64)
-
-
-def _ratio(num: np.ndarray, den: np.ndarray) -> np.ndarray:
-    return np.where(den > 0, num / np.maximum(den, 1), 0.0)
-
-
 def resampled_metrics(labels: list[str], decided: list[str], weights: np.ndarray) -> dict[str, np.ndarray]:
     """Each metric of `summarize` under every resample (unknown answers out of the confusion matrix,
     accuracy over all questions)."""
@@ -296,8 +283,8 @@ def resampled_metrics(labels: list[str], decided: list[str], weights: np.ndarray
     no = np.array([d == NO for d in decided])
     tp, fp = weights @ (yes & y), weights @ (yes & ~y)
     fn, tn = weights @ (no & y), weights @ (no & ~y)
-    return {"f1": _ratio(2 * tp, 2 * tp + fp + fn), "precision": _ratio(tp, tp + fp), "recall": _ratio(tp, tp + fn),
-            "accuracy": _ratio(tp + tn, weights.sum(axis=1)), "yes_rate": _ratio(tp + fp, tp + fp + fn + tn)}
+    return {"f1": ratios(2 * tp, 2 * tp + fp + fn), "precision": ratios(tp, tp + fp), "recall": ratios(tp, tp + fn),
+            "accuracy": ratios(tp + tn, weights.sum(axis=1)), "yes_rate": ratios(tp + fp, tp + fp + fn + tn)}
 
 
 def delta_intervals(labels: list[str], decided_a: list[str], decided_b: list[str],

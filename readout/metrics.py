@@ -84,6 +84,20 @@ def _resample_counts(n: int, seed: int, resamples: int) -> np.ndarray:
     return counts
 
 
+def resample_weights(n: int, seed: int, resamples: int) -> np.ndarray:
+    """[resamples, n] float64: how often each bootstrap resample draws each of n items. Drawn as
+    `bootstrap_f1_ci` draws (one generator from the seed, a [resamples, n] matrix of indices), so that every
+    readout and both runs of a pair see the same resamples (compare; bias, over images)."""
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    flat = (draws + n * np.arange(resamples)[:, None]).ravel()  # index into the [resamples * n] counts
+    return np.bincount(flat, minlength=resamples * n).reshape(resamples, n).astype(np.float64)
+
+
+def ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
+    """num / den elementwise, 0 where den is 0 (a resample with no such question)."""
+    return np.where(den > 0, num / np.maximum(den, 1), 0.0)
+
+
 def answered(metrics: dict) -> int:
     """The questions a readout answered yes or no, of summarize()'s counts. A readout that answered none has no
     F1, precision, recall or yes-rate (summarize gives them as 0): tables print "–", and neither a best F1 nor a

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..compare import join_questions, meta_mismatches, resample_weights, run_method, run_readouts
+from ..compare import join_questions, meta_mismatches, run_method, run_readouts
+from ..metrics import resample_weights
 from ..data import DataError
 from ..reading import read_records
 from ..records import Entry, RecordSet
