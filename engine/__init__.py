@@ -10,17 +10,17 @@ The sweep over question files and its run folders, and torchrun, are the applica
 """
 from .backend import BACKENDS, load_engine
 from .core import Answer, Engine, Prepared
-from .images import ImageError, LoadedImage, check_images, image_file, read_image
-from .interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
+from .inputs.images import ImageError, LoadedImage, check_images, image_file, read_image
+from .layers.interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
                             PAIAttention)
-from .loader import CheckpointError
+from .utils.loader import CheckpointError
 from .methods import METHODS, Method, parse_method
 from .models import FAMILIES, Family, TextOnlyRefused, load_model
-from .plan import PromptLayout, PromptResult
+from .inputs.plan import PromptLayout, PromptResult
 from .runner import ImagePrompts
-from .settings import Settings
-from .stats import Counts, Timings
-from .vision_cache import VisionCache
+from .utils.settings import Settings
+from .utils.stats import Counts, Timings
+from .inputs.vision_cache import VisionCache
 
 __all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImagePrompts", "FAMILIES", "Family",
            "load_model", "ImageError",

@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from .core import Engine
-from .loader import CheckpointError, read_config
+from .utils.loader import CheckpointError, read_config
 from .models import engine_refusal
 from .reference_engine import ReferenceEngine
-from .settings import Settings
+from .utils.settings import Settings
 
 BACKENDS = ("auto", "engine", "transformers")
 

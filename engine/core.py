@@ -19,18 +19,18 @@ from ..readout.protocols import ANSWER_CUTS
 from ..readout.readout_plan import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import token_strings, tokenizer_info
-from .fingerprint import checkpoint_digests
-from .generation import greedy_fields
-from .images import DECODE_ERRORS, LoadedImage, read_image, reencoded, resized, to_rgb, undecodable
-from .interventions import Intervention, changes_prefix
+from .inputs.fingerprint import checkpoint_digests
+from .layers.generation import greedy_fields
+from .inputs.images import DECODE_ERRORS, LoadedImage, read_image, reencoded, resized, to_rgb, undecodable
+from .layers.interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
 from .models import Family, TextOnlyRefused, load_model, protocol_coverage
 from .models.base import refusal
-from .plan import PromptLayout, PromptResult, Row, SuffixBatch
+from .inputs.plan import PromptLayout, PromptResult, Row, SuffixBatch
 from .runner import ImagePrompts, Runner
-from .settings import Settings
-from .stats import Clock
-from .vision_cache import VisionCache, feature_key, noised_key
+from .utils.settings import Settings
+from .utils.stats import Clock
+from .inputs.vision_cache import VisionCache, feature_key, noised_key
 
 # Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
 # converts it when the same image comes from a file.

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .interventions import Intervention, PAIAttention
+from .layers.interventions import Intervention, PAIAttention
 
 # VCD (Leng et al., CVPR 2024) noises the processor's pixels with a diffusion forward process of 1000
 # steps, betas sigmoid(linspace(-6, 6)) scaled into [1e-5, 5e-3] (vcd_utils/vcd_add_noise.py).

@@ -15,11 +15,11 @@ from PIL import Image
 from safetensors import SafetensorError
 
 from ..readout.templates import render_chat
-from .generation import rule_fields
-from .loader import (INDEX_BUFFERS, CheckpointError, check_stored, generation_config, quiet_fallback, read_config,
+from .layers.generation import rule_fields
+from .utils.loader import (INDEX_BUFFERS, CheckpointError, check_stored, generation_config, quiet_fallback, read_config,
                      refuse_names, stop_ids)
 from .models import family_of, misfit
-from .settings import Settings
+from .utils.settings import Settings
 
 # generation_config fields of sampling, which a greedy generate does not read (left out, as it warns of them)
 SAMPLING = ("do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",

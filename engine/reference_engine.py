@@ -17,14 +17,14 @@ from PIL import Image
 
 from ..readout.templates import SAMPLE_QUESTION
 from .core import Engine, Prepared
-from .generation import GreedyRules
-from .loader import CheckpointError
+from .layers.generation import GreedyRules
+from .utils.loader import CheckpointError
 from .methods import Method, diffusion_noise, noise_generator
-from .plan import PromptResult
+from .inputs.plan import PromptResult
 from .reference import ReferenceModel, error_reason
 from .runner import ImagePrompts, Runner
-from .settings import Settings
-from .stats import Clock
+from .utils.settings import Settings
+from .utils.stats import Clock
 
 # settings the backend honours only at these values: what any other asks of the engine's own computation
 REFUSED = {

@@ -14,14 +14,14 @@ from typing import Callable
 import torch
 
 from ..readout.readout_plan import ReadoutPlan
-from .attention import PrefixKV
-from .beam import BeamSearch
-from .generation import GreedyRules, GreedyState
-from .interventions import Intervention
+from .layers.attention import PrefixKV
+from .layers.beam import BeamSearch
+from .layers.generation import GreedyRules, GreedyState
+from .layers.interventions import Intervention
 from .models import Family
-from .plan import PrefixGroup, PromptLayout, PromptResult, Row, Stage, SuffixBatch, TokenBatch, make_plan
-from .settings import Settings
-from .stats import Clock, Counts, Timings
+from .inputs.plan import PrefixGroup, PromptLayout, PromptResult, Row, Stage, SuffixBatch, TokenBatch, make_plan
+from .utils.settings import Settings
+from .utils.stats import Clock, Counts, Timings
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Iterator
 
 from .engine import Engine, ImageError, read_image
 from .engine.core import Prepared
-from .engine.images import embedded_path
+from .engine.inputs.images import embedded_path
 from .readout import Question
 
 

@@ -6,7 +6,7 @@ from .engine.models import FAMILIES, family_class
 from .readout.protocols import PROTOCOLS, Protocol, coverage, get_template
 from .readout.templates import SAMPLE_QUESTION
 
-# How the listing names each Settings.image_reencode (engine/images.py reencoded)
+# How the listing names each Settings.image_reencode (engine/inputs/images.py reencoded)
 IMAGE_STEP = {"none": "", "rgb": ", PIL convert('RGB') first", "load_image": ", opened as transformers' load_image",
               "jpeg85": ", re-encoded jpeg85"}
 

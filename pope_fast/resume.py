@@ -8,7 +8,7 @@ import hashlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from .engine.images import embedded_path
+from .engine.inputs.images import embedded_path
 from .readout import META_FILE, RECORDS_FILE, Question
 from .readout.compare import leaf_differences
 from .readout.records import rank_parts, record_key

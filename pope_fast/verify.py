@@ -22,7 +22,7 @@ import torch
 from PIL import Image
 
 from .engine import Engine, Settings
-from .engine.loader import read_config
+from .engine.utils.loader import read_config
 from .engine.models import engine_refusal, family_class
 from .engine.reference import ReferenceModel
 from .engine.synthetic import builtin_questions, write_images

@@ -35,10 +35,17 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
+# The engine's own strata (docs/design.md, "Data flow"): its runtime at engine/'s root, then these folders. Seen
+# from outside the engine they are all "engine"; inside it each is a layer of the drawing.
+ENGINE_STRATA = ("synthetic", "models", "layers", "inputs", "utils")
+
+
 def _layer(path: Path) -> str:
-    """readout, kernels, engine, bench; pope_fast's command line (cli, __main__) is "cli", the rest of it
-    (the sweep, torchrun, the eval job) "app"."""
+    """readout, kernels, engine (the runtime at engine/'s root) and engine/<stratum>, bench; pope_fast's command
+    line (cli, __main__) is "cli", the rest of it (the sweep, torchrun, the eval job) "app"."""
     parts = path.relative_to(ROOT).parts
+    if parts[0] == "engine" and len(parts) > 2 and parts[1] in ENGINE_STRATA:
+        return f"engine/{parts[1]}"
     if parts[0] != "pope_fast":
         return parts[0]
     return "cli" if parts[-1] in ("cli.py", "__main__.py") else "app"
@@ -76,8 +83,10 @@ def _imported(path: Path):
                     yield node, alias.name, []
 
 
-def _module_layer(dotted: list[str]) -> str:
-    """The layer of pope_fast.<dotted...>."""
+def _module_layer(dotted: list[str], importer: str) -> str:
+    """The layer of pope_fast.<dotted...>, as a module of layer `importer` sees it."""
+    if importer.startswith("engine") and dotted[:1] == ["engine"] and len(dotted) > 1 and dotted[1] in ENGINE_STRATA:
+        return f"engine/{dotted[1]}"
     if dotted and dotted[0] in PACKAGES:
         return dotted[0]
     return "cli" if dotted and dotted[0] in ("cli", "__main__") else "app"
@@ -88,7 +97,7 @@ def _imports(path: Path) -> set[str]:
     package = path.relative_to(ROOT).parts[0]
     here = ["pope_fast"] + ([] if package == "pope_fast" else [package])
     here += list(path.relative_to(ROOT / package).parts[:-1])
-    found = set()
+    found, layer = set(), _layer(path)
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -98,10 +107,11 @@ def _imports(path: Path) -> set[str]:
                 dotted = (node.module or "").split(".")
             if dotted[0] == "pope_fast":
                 targets = [dotted[1:]] if len(dotted) > 1 else [[a.name] for a in node.names]
-                found.update(_module_layer(t) for t in targets)
+                found.update(_module_layer(t, layer) for t in targets)
         elif isinstance(node, ast.Import):
-            found.update(_module_layer(a.name.split(".")[1:]) for a in node.names if a.name.startswith("pope_fast."))
-    return found - {_layer(path)}
+            found.update(_module_layer(a.name.split(".")[1:], layer) for a in node.names
+                         if a.name.startswith("pope_fast."))
+    return found - {layer}
 
 
 def _drawn() -> dict[str, set[str]]:

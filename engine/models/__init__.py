@@ -11,8 +11,8 @@ from pathlib import Path
 import json
 
 from ...readout.protocols import PROTOCOLS, Coverage, coverage, get_template
-from ..loader import CheckpointError, check_config, checkpoint_dtype, quiet_fallback, read_config
-from ..settings import DTYPES, Settings
+from ..utils.loader import CheckpointError, check_config, checkpoint_dtype, quiet_fallback, read_config
+from ..utils.settings import DTYPES, Settings
 from .base import Family, TextOnlyRefused  # noqa: F401 (re-exported: the engine's public refusal)
 
 # model_type → "module:class" within this package, in the order tables list them.

@@ -19,13 +19,13 @@ from typing import ClassVar
 import torch
 from PIL import Image
 
-from ..layers import Linear, make_linear, replace_linears
-from ..decoder import DecoderDims, DecoderLayer, DecoderLM
-from ..loader import CheckpointError, generation_config, load_grouped, quiet_fallback, stop_ids
-from ..plan import PromptLayout
-from ..settings import Settings
-from ..stats import Counts
-from ..vision_cache import vision_fingerprint
+from ..layers.ops import Linear, make_linear, replace_linears
+from ..layers.decoder import DecoderDims, DecoderLayer, DecoderLM
+from ..utils.loader import CheckpointError, generation_config, load_grouped, quiet_fallback, stop_ids
+from ..inputs.plan import PromptLayout
+from ..utils.settings import Settings
+from ..utils.stats import Counts
+from ..inputs.vision_cache import vision_fingerprint
 
 
 class TextOnlyRefused(ValueError):

@@ -38,14 +38,14 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
-from ..images import checked_fast_path, normalize_table, to_rgb
-from ..layers import apply_rotary, offset_rms_norm
-from ..decoder import DecoderDims, DecoderLayer
-from ..loader import CheckpointError, load_module, no_init, rename, tensor_files
-from ..plan import PromptLayout
-from ..prompts import PromptMemo
-from ..settings import Settings
-from ..stats import Counts
+from ..inputs.images import checked_fast_path, normalize_table, to_rgb
+from ..layers.ops import apply_rotary, offset_rms_norm
+from ..layers.decoder import DecoderDims, DecoderLayer
+from ..utils.loader import CheckpointError, load_module, no_init, rename, tensor_files
+from ..inputs.plan import PromptLayout
+from ..inputs.prompts import PromptMemo
+from ..utils.settings import Settings
+from ..utils.stats import Counts
 from .base import Family
 
 BOI, EOI, IMAGE = "<start_of_image>", "<end_of_image>", "<image_soft_token>"

@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_grouped, load_module, no_init
-from ..plan import PromptLayout
-from ..settings import Settings
-from ..stats import Counts
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError, load_grouped, load_module, no_init
+from ..inputs.plan import PromptLayout
+from ..utils.settings import Settings
+from ..utils.stats import Counts
 from .base import Family
 
 NAME_RULES = [

@@ -24,11 +24,11 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..images import normalize_table, to_rgb
-from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_module, no_init, tensor_files
-from ..settings import Settings
-from ..stats import Counts
+from ..inputs.images import normalize_table, to_rgb
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError, load_module, no_init, tensor_files
+from ..utils.settings import Settings
+from ..utils.stats import Counts
 from .llava import NAME_RULES, LlavaModel
 
 CONTEXT, START, END = "<IMG_CONTEXT>", "<img>", "</img>"

@@ -16,13 +16,13 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..images import ClipPixels, checked_fast_path
-from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_module, no_init
-from ..plan import PromptLayout
-from ..prompts import ExpandedPromptIds
-from ..settings import Settings
-from ..stats import Counts
+from ..inputs.images import ClipPixels, checked_fast_path
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError, load_module, no_init
+from ..inputs.plan import PromptLayout
+from ..inputs.prompts import ExpandedPromptIds
+from ..utils.settings import Settings
+from ..utils.stats import Counts
 from .base import Family
 
 # checkpoint name → our name; first match wins.

@@ -21,9 +21,9 @@ import torch
 from PIL import Image
 from transformers.image_processing_utils import select_best_resolution
 
-from ..images import normalize_table, to_rgb
-from ..loader import CheckpointError
-from ..settings import Settings
+from ..inputs.images import normalize_table, to_rgb
+from ..utils.loader import CheckpointError
+from ..utils.settings import Settings
 from .llava import NAME_RULES, LlavaModel
 
 

@@ -27,9 +27,9 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..decoder import DecoderDims
-from ..loader import CheckpointError
-from ..settings import Settings
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError
+from ..utils.settings import Settings
 from .llava_next import AnyresPixels, LlavaNextModel
 
 IMAGE = "<image>"

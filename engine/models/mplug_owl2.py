@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..images import ClipPixels, checked_fast_path
-from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_grouped, read_config
-from ..plan import PromptLayout
-from ..prompts import PromptMemo
-from ..settings import Settings
-from ..stats import Counts
+from ..inputs.images import ClipPixels, checked_fast_path
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError, load_grouped, read_config
+from ..inputs.plan import PromptLayout
+from ..inputs.prompts import PromptMemo
+from ..utils.settings import Settings
+from ..utils.stats import Counts
 from .base import Family
 from .mplug_owl2_nets import (ACTIVATIONS, AbstractorDims, MultiwayDecoderLayer, VisionDims, VisionTower,
                               VisualAbstractor, config_dims, lm_expected_shapes)

@@ -12,9 +12,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels import rms_norm
-from ..layers import apply_rotary
-from ..decoder import DecoderDims, DecoderLayer
-from ..loader import CheckpointError
+from ..layers.ops import apply_rotary
+from ..layers.decoder import DecoderDims, DecoderLayer
+from ..utils.loader import CheckpointError
 
 MULTIWAY = ("input_layernorm", "post_attention_layernorm", "self_attn.k_proj", "self_attn.v_proj")
 

@@ -28,7 +28,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..stats import Counts
+from ..utils.stats import Counts
 from .qwen2_vl import Qwen2VLModel
 
 

@@ -19,13 +19,13 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..images import ImageError, checked_fast_path, normalize_table, to_rgb
-from ..decoder import DecoderDims
-from ..loader import CheckpointError, load_module, no_init
-from ..plan import PromptLayout
-from ..prompts import ExpandedPromptIds
-from ..settings import Settings
-from ..stats import Counts
+from ..inputs.images import ImageError, checked_fast_path, normalize_table, to_rgb
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError, load_module, no_init
+from ..inputs.plan import PromptLayout
+from ..inputs.prompts import ExpandedPromptIds
+from ..utils.settings import Settings
+from ..utils.stats import Counts
 from .base import Family
 
 IMAGE_PAD = "<|image_pad|>"

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from ...readout.templates import render_chat
-from ..decoder import DecoderDims
-from ..loader import CheckpointError
-from ..stats import Counts
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError
+from ..utils.stats import Counts
 from .qwen2_vl import Qwen2VLModel
 
 

@@ -4,14 +4,14 @@ start from).
 Qwen3-VL's pipeline (qwen3_vl.py: processor, tower, DeepStack, interleaved M-RoPE, Qwen3's q/k norms) with a
 mixture of experts in place of the MLP on the layers its config makes sparse: every `decoder_sparse_step`-th
 layer but those in `mlp_only_layers` (modeling_qwen3_vl_moe.py, Qwen3VLMoeTextDecoderLayer), each token through
-its top `num_experts_per_tok` of `num_experts` gated MLPs `moe_intermediate_size` wide (engine/moe.py).
+its top `num_experts_per_tok` of `num_experts` gated MLPs `moe_intermediate_size` wide (engine/layers/moe.py).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 
-from ..decoder import DecoderDims
-from ..loader import CheckpointError
+from ..layers.decoder import DecoderDims
+from ..utils.loader import CheckpointError
 from .qwen3_vl import Qwen3VLModel
 
 

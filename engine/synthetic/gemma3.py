@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loader import quiet_fallback
+from ..utils.loader import quiet_fallback
 from ..models.gemma3 import BOI, EOI, IMAGE
 from . import COCO_CATEGORIES, Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 

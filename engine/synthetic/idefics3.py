@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loader import quiet_fallback
+from ..utils.loader import quiet_fallback
 from . import (Weights, builtin_chat_tokenizer, checkpoint_folder, save_checkpoint, sized, stand_in_only,
                with_vocab)
 

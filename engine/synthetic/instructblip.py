@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loader import quiet_fallback
+from ..utils.loader import quiet_fallback
 from . import (LLAMA_7B, LLAMA_TINY, Weights, builtin_bert_tokenizer, checkpoint_folder, save_checkpoint, sized,
                tokenizer_for, with_vocab)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loader import quiet_fallback
+from ..utils.loader import quiet_fallback
 from ..models.internvl import CONTEXT, END, IMAGENET_MEAN, IMAGENET_STD, START
 from . import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 from .llava_onevision import QWEN2_7B, QWEN2_TINY

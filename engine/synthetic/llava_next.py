@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loader import quiet_fallback
+from ..utils.loader import quiet_fallback
 from . import Weights, checkpoint_folder, save_checkpoint, sized, tokenizer_for, with_vocab
 from .llava import CLIP_L_336, CLIP_TINY_336
 

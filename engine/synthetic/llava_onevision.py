@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..loader import quiet_fallback
+from ..utils.loader import quiet_fallback
 from ..models.llava_onevision import IMAGE
 from . import Weights, checkpoint_folder, save_checkpoint, sized, with_vocab
 from .qwen2_vl import builtin_qwen2_tokenizer

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..decoder import DecoderDims
-from ..loader import quiet_fallback
+from ..layers.decoder import DecoderDims
+from ..utils.loader import quiet_fallback
 from ..models.mplug_owl2 import MODEL_TYPE, TOP_LEVEL
 from ..models.mplug_owl2_nets import AbstractorDims, VisionDims, lm_expected_shapes
 from . import LLAMA_7B, LLAMA_TINY, Weights, checkpoint_folder, sized, tokenizer_for, with_vocab, write_tensors

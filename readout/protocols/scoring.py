@@ -43,7 +43,7 @@ def _rules_text(rules: Mapping) -> str:
     return ", ".join(f"{k} {v}" for k, v in sorted(rules.items())) or "no rule"
 
 
-# How each image_reencode hands an image to the processor, in words (engine/images.py reencoded).
+# How each image_reencode hands an image to the processor, in words (engine/inputs/images.py reencoded).
 REENCODED = {"none": "hands its processor each image file as read",
              "rgb": "converts each image to RGB first (PIL's convert('RGB'), which drops a transparency band)",
              "load_image": "opens each image as transformers' load_image does (turned upright by its EXIF "

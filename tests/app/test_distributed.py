@@ -16,7 +16,7 @@ from torchrunjobs import launch, make_job, run, run_meta, same_run
 
 
 from pope_fast.distributed import RankError, Shard, assign_steps
-from pope_fast.engine.vision_cache import VisionCache
+from pope_fast.engine.inputs.vision_cache import VisionCache
 from pope_fast.progress import RecordCount
 from pope_fast.readout import Question, make_record
 from pope_fast.readout.records import part_name
@@ -202,7 +202,7 @@ def test_leave_stops_the_groups_threads_before_the_interpreter_exits():
 # vision_cache.py alone (it imports nothing of ours), sparing each the engine's seconds of imports.
 WRITER = """
 import sys, torch
-from pope_fast.engine.vision_cache import VisionCache
+from pope_fast.engine.inputs.vision_cache import VisionCache
 cache, seed = VisionCache(sys.argv[1], max_in_memory=1), int(sys.argv[2])
 expected = lambda k: torch.arange(20000, dtype=torch.float32).reshape(400, 50) + k
 for _ in range(15):

@@ -63,7 +63,7 @@ def test_a_resume_says_what_this_run_evaluated_and_for_which_questions(before, e
     as a clean run batches it, so a recorded question sharing one is asked again and kept as it was)."""
     from pathlib import Path
 
-    from pope_fast.engine.stats import Timings
+    from pope_fast.engine.utils.stats import Timings
     from pope_fast.evaluate import EvalOutcome
     from pope_fast.sweep import SweepResult
 

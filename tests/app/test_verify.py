@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from pope_fast.cli import main
 from pope_fast.engine.core import Answer
-from pope_fast.engine.moe import ExpertMLP
+from pope_fast.engine.layers.moe import ExpertMLP
 from pope_fast.engine.synthetic import builtin_tokenizer
 from pope_fast.readout import TokenSets
 from pope_fast.verify import NOTHING_VERIFIED, Ours, Verdict, compare_one

@@ -95,7 +95,7 @@ def test_eval_never_waits_on_the_phase_clock_and_bench_does(tmp_path, monkeypatc
     import torch
     from tinymodels import make_tiny_llava, write_pope_set
 
-    from pope_fast.engine import stats
+    from pope_fast.engine.utils import stats
 
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append(device))

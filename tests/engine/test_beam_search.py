@@ -1,4 +1,4 @@
-"""Settings.num_beams: a beam search as transformers' generate runs one (engine/beam.py), against generate itself on
+"""Settings.num_beams: a beam search as transformers' generate runs one (engine/layers/beam.py), against generate itself on
 tiny checkpoints: the best beam's tokens, alone and batched, with finished and running beams, with and without a
 shared prefix, and LAVIS's InstructBLIP search (inputs_embeds alone, its max_length over the prompt)."""
 import pytest

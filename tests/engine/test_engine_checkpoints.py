@@ -219,7 +219,7 @@ def test_bad_index_is_named(tiny_bin, tmp_path, index_text, expected):
 def test_a_model_without_a_family_is_refused_naming_what_is_missing(tmp_path, model_type, says):
     """A transformers class whose pieces the engine lacks says which; one it could host says no family module
     implements it; a model_type transformers has no vision-language class for says only that. One line."""
-    from pope_fast.engine.loader import CheckpointError
+    from pope_fast.engine.utils.loader import CheckpointError
     from pope_fast.engine.models import load_model
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))

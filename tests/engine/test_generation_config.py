@@ -1,5 +1,5 @@
 """Settings.generation_config greedy: a continuation under what transformers' generate applies from the checkpoint's
-generation_config.json when it decodes greedily (engine/generation.py), against generate itself on tiny checkpoints
+generation_config.json when it decodes greedily (engine/layers/generation.py), against generate itself on tiny checkpoints
 and against each of transformers' logits processors on random scores."""
 import pytest
 import torch
@@ -7,7 +7,7 @@ from registry import REGISTRY
 from tinymodels import QUESTIONS, generate_each, generated_text, with_generation_config
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.generation import GreedyRules
+from pope_fast.engine.layers.generation import GreedyRules
 
 NEW = 10
 
@@ -192,7 +192,7 @@ def test_the_rules_bite_only_while_they_can_change_a_choice():
 def test_an_eos_token_id_that_is_no_token_id_is_one_line_naming_the_field(eos, tmp_path):
     import json
 
-    from pope_fast.engine.loader import CheckpointError, generation_config
+    from pope_fast.engine.utils.loader import CheckpointError, generation_config
 
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos, "bos_token_id": 1}))
     with pytest.raises(CheckpointError) as refused:
@@ -204,7 +204,7 @@ def test_an_eos_token_id_that_is_no_token_id_is_one_line_naming_the_field(eos, t
 def test_eos_token_ids_that_are_token_ids_are_the_stop_ids(tmp_path):
     import json
 
-    from pope_fast.engine.loader import generation_config, stop_ids
+    from pope_fast.engine.utils.loader import generation_config, stop_ids
 
     class Tokenizer:
         eos_token_id = 9

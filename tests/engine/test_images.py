@@ -4,7 +4,7 @@ import pytest
 import torch
 from PIL import Image
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.images import ClipPixels, to_rgb
+from pope_fast.engine.inputs.images import ClipPixels, to_rgb
 from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
 
 pytestmark = pytest.mark.slow  # transformers' processors and tiny checkpoints: seconds a test
@@ -127,7 +127,7 @@ def _encoded(image, fmt):
 ], ids=["jpeg", "jpeg-trailing-data", "jpeg-half", "jpeg-no-end-marker", "png", "png-half", "png-flipped-byte",
         "bmp", "bmp-half"])
 def test_image_checks_catch_damaged_files_without_refusing_good_ones(tmp_path, fmt, damage, bad):
-    from pope_fast.engine.images import ImageError, read_image
+    from pope_fast.engine.inputs.images import ImageError, read_image
 
     path = tmp_path / f"image.{fmt.lower()}"
     path.write_bytes(damage(_encoded(synthetic_image(5, (120, 90)), fmt)))

@@ -4,7 +4,7 @@ depend on where the file's layout puts it (tests/families/test_qwen3_vl_moe.py h
 import torch
 from safetensors.torch import save_file
 
-from pope_fast.engine.loader import ALIGNMENT, iter_tensors
+from pope_fast.engine.utils.loader import ALIGNMENT, iter_tensors
 
 
 def test_every_weight_starts_on_the_allocators_boundary(tmp_path):

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pope_fast.engine import CheckpointError, Settings, load_engine
-from pope_fast.engine.loader import check_stored, check_tensor, load_grouped
+from pope_fast.engine.utils.loader import check_stored, check_tensor, load_grouped
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)

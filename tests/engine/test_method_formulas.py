@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from pope_fast.engine.interventions import ImageAttentionAmplification, PAIAttention
+from pope_fast.engine.layers.interventions import ImageAttentionAmplification, PAIAttention
 from pope_fast.engine.methods import parse_method
 
 

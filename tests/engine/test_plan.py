@@ -2,7 +2,7 @@
 model takes."""
 import torch
 
-from pope_fast.engine.plan import PromptLayout, Row, TokenBatch, image_runs, make_plan
+from pope_fast.engine.inputs.plan import PromptLayout, Row, TokenBatch, image_runs, make_plan
 
 IMG = 9  # the image slot id of these layouts
 

@@ -15,7 +15,7 @@ from PIL import Image
 from tinymodels import synthetic_image
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.images import reencoded
+from pope_fast.engine.inputs.images import reencoded
 
 pytestmark = pytest.mark.slow  # the registry's tiny Gemma 3 and LLaVA
 
@@ -115,7 +115,7 @@ def test_qwen_vl_utils_size_is_smart_resize(factor):
     which transformers' copy lacks."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize
 
-    from pope_fast.engine.images import qwen_vl_utils_size
+    from pope_fast.engine.inputs.images import qwen_vl_utils_size
 
     for height, width in [(375, 500), (480, 640), (20, 30), (427, 640), (3000, 4000), (57, 9000)]:
         for bounds in ((4 * factor**2, 16384 * factor**2), (256 * 28 * 28, 1605632)):
@@ -199,7 +199,7 @@ def test_rgb_is_pils_convert_and_load_image_is_transformers(tmp_path, mode):
     Gemma3)."""
     from transformers.image_utils import load_image
 
-    from pope_fast.engine.images import to_rgb
+    from pope_fast.engine.inputs.images import to_rgb
 
     image = _alpha_image().convert(mode)
     ours = reencoded(image, "rgb")

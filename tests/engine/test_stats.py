@@ -3,7 +3,7 @@ import time
 
 import torch
 
-from pope_fast.engine.stats import Clock, Timings
+from pope_fast.engine.utils.stats import Clock, Timings
 
 
 def _synced(monkeypatch):

@@ -127,7 +127,7 @@ def test_a_paired_run_records_the_refusal_per_method(llava, tmp_path):
     """Under run_paired, a method that cannot answer the text-only question stops the run before anything is
     written, as an unusable image does; with skip_bad, the baseline answers it and VCD's folder holds its error
     record; the image question is answered in both."""
-    from pope_fast.engine.images import ImageError
+    from pope_fast.engine.inputs.images import ImageError
     from pope_fast.readout import Question
     from pope_fast.sweep import run_paired
 

@@ -12,8 +12,8 @@ from PIL import Image
 from safetensors.torch import load_file, save
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.loader import ALIGNMENT
-from pope_fast.engine.vision_cache import (ENTRY_FORMAT, VisionCache, entry_digest, feature_key, noised_key,
+from pope_fast.engine.utils.loader import ALIGNMENT
+from pope_fast.engine.inputs.vision_cache import (ENTRY_FORMAT, VisionCache, entry_digest, feature_key, noised_key,
                                            tensor_fingerprint, vision_fingerprint)
 from pope_fast.readout.protocols import ANSWER_CUTS
 
@@ -230,7 +230,7 @@ def test_a_rejected_entry_is_rewritten_with_its_proof(tmp_path):
 
 def test_a_served_entry_starts_where_torchs_allocator_puts_tensors(tmp_path):
     """Read back at its file's offset, an entry would reach the projector's matmul misaligned, and a CPU can sum a
-    misaligned operand in another order than the fresh features of a run without the cache (engine/loader.py)."""
+    misaligned operand in another order than the fresh features of a run without the cache (engine/utils/loader.py)."""
     features = torch.arange(3 * 5, dtype=torch.float32).reshape(3, 5)
     VisionCache(tmp_path).put("k" * 7, features)
     served = VisionCache(tmp_path).get("k" * 7, torch.device("cpu"))

@@ -179,7 +179,7 @@ def test_a_config_field_no_real_checkpoint_has_is_refused_at_load(family, family
     import re
     import shutil
 
-    from pope_fast.engine.loader import CheckpointError
+    from pope_fast.engine.utils.loader import CheckpointError
 
     folder = shutil.copytree(family_checkpoint, tmp_path / "ckpt")
     config = json.loads((folder / "config.json").read_text())

@@ -17,7 +17,7 @@ from registry import REGISTRY
 from tinymodels import QUESTIONS, SHARED_GEMMA3_TOKENIZER, make_tiny_gemma3, synthetic_image, worst_difference
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.loader import CheckpointError
+from pope_fast.engine.utils.loader import CheckpointError
 from pope_fast.engine.models import family_class, protocol_for
 
 # Every test here loads the 262k-row model at least (several seconds on 2 cores) or runs it.

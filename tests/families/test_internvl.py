@@ -219,7 +219,7 @@ def test_vlmevalkit_tiles_are_internvls_load_image(checkpoint):
     the family's sizes and on a palette image, at 6 tiles and at 2 (which cuts the bigger grids another way)."""
     from PIL import Image
 
-    from pope_fast.engine.images import reencoded
+    from pope_fast.engine.inputs.images import reencoded
 
     images = [*IMAGES, synthetic_image(3, (150, 60)).convert("P")]
     for max_num in (6, 2):

@@ -351,7 +351,7 @@ def _corrupt_png_data(path):
 @pytest.mark.slow
 def test_an_image_that_fails_only_in_the_decoder(checkpoint, tmp_path):
     from pope_fast.engine import ImageError
-    from pope_fast.engine.images import check_images
+    from pope_fast.engine.inputs.images import check_images
 
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     _corrupt_png_data(images / "img_1.png")

@@ -258,7 +258,7 @@ def test_grid_pinpoints_that_hold_no_grid_are_refused_at_load(name, tiny, tmp_pa
     import json
     import shutil
 
-    from pope_fast.engine.loader import CheckpointError
+    from pope_fast.engine.utils.loader import CheckpointError
 
     for bad in ([], [[42]]):
         folder = shutil.copytree(tiny.checkpoint(name), tmp_path / f"{name}{len(bad)}")

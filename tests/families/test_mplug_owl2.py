@@ -13,9 +13,9 @@ from tinymodels import generated_text, worst_difference
 
 from pope_fast.cli import main
 from pope_fast.engine import Engine, ImagePrompts, Settings
-from pope_fast.engine.layers import Rotary, make_linear
-from pope_fast.engine.attention import causal_attention
-from pope_fast.engine.decoder import DecoderLayer
+from pope_fast.engine.layers.ops import Rotary, make_linear
+from pope_fast.engine.layers.attention import causal_attention
+from pope_fast.engine.layers.decoder import DecoderLayer
 from pope_fast.engine.models.mplug_owl2 import IMAGE_TOKEN_INDEX, MplugOwl2Model
 from pope_fast.engine.models.mplug_owl2_nets import lm_expected_shapes
 

@@ -136,7 +136,7 @@ def test_a_thinking_checkpoint_is_refused(tmp_path):
     refused at load, in one line."""
     import json
 
-    from pope_fast.engine.loader import CheckpointError
+    from pope_fast.engine.utils.loader import CheckpointError
 
     folder = make_tiny_qwen3_vl(tmp_path / "ckpt", builtin_tokenizer=True)
     config = json.loads((folder / "tokenizer_config.json").read_text())
@@ -192,7 +192,7 @@ def test_a_deepstack_index_outside_the_tower_is_refused_at_load(checkpoint, tmp_
     import json
     import shutil
 
-    from pope_fast.engine.loader import CheckpointError
+    from pope_fast.engine.utils.loader import CheckpointError
 
     for bad in ([0, 99], [-1]):
         folder = shutil.copytree(checkpoint, tmp_path / f"ds{len(bad)}")

@@ -12,7 +12,7 @@ from safetensors.torch import load_file, save_file
 from tinymodels import QUESTIONS, bnb_nf4_oracle, make_tiny_qwen3_vl_moe
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.moe import ROUTER_ROWS
+from pope_fast.engine.layers.moe import ROUTER_ROWS
 
 pytestmark = pytest.mark.slow  # tiny Qwen3-VL-MoE checkpoints, loaded and run
 

@@ -626,7 +626,7 @@ def test_a_tools_steps_are_engine_settings_of_the_same_default():
     defaults, recorded where set (eval --protocol copies each from the Coverage into the Settings)."""
     from dataclasses import fields
 
-    from pope_fast.engine.settings import RECORDED_WHERE_SET, Settings
+    from pope_fast.engine.utils.settings import RECORDED_WHERE_SET, Settings
     from pope_fast.readout.protocols.base import STEP_DEFAULTS, TOOL_STEPS
 
     assert set(TOOL_STEPS) == set(RECORDED_WHERE_SET)

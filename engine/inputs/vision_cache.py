@@ -21,8 +21,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.torch import save
 
-from .loader import aligned
-from .settings import Settings
+from ..utils.loader import aligned
+from ..utils.settings import Settings
 
 ENTRY_FORMAT = "pope-fast features 2"  # 1: the entries before their proof (a tensor alone)
 

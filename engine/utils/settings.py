@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from ..readout.protocols import ANSWER_CUTS
+from ...readout.protocols import ANSWER_CUTS
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
@@ -46,13 +46,13 @@ class Settings:
     min_new_tokens: int = 0
     # none: a continuation is the argmax at every step, ended by the checkpoint's eos ids | greedy: what
     # transformers' generate applies at greedy decoding from the checkpoint's generation_config.json (its
-    # repetition penalty, n-gram ban, minimum lengths, suppressed tokens: engine/generation.py), as every tool
+    # repetition penalty, n-gram ban, minimum lengths, suppressed tokens: engine/layers/generation.py), as every tool
     # that calls generate gets it | greedy_output: the same rules given the prompt as inputs_embeds alone (LLaVA's
     # and LLaVA-NeXT's own generate), so the penalty and n-gram ban read the output only; min_new_tokens and
     # repetition_penalty, where set, are the tool's own arguments over it
     generation_config: str = "none"
     repetition_penalty: float | None = None  # None: the generation config's, where applied (else none)
-    # 1: greedy | N: a beam search of N beams, as generate runs one (engine/beam.py), with its length penalty
+    # 1: greedy | N: a beam search of N beams, as generate runs one (engine/layers/beam.py), with its length penalty
     # (LAVIS's InstructBLIP: 5 beams, length_penalty 1, repetition_penalty 1.5)
     num_beams: int = 1
     length_penalty: float = 1.0
@@ -142,7 +142,7 @@ class Settings:
             if device.index is not None and device.index >= torch.cuda.device_count():
                 raise ValueError(f"device {self.device!r}: only {torch.cuda.device_count()} CUDA device(s) here")
         if self.kernels == "triton":
-            from ..kernels import resolve_backend  # triton: only when its kernels are asked for
+            from ...kernels import resolve_backend  # triton: only when its kernels are asked for
 
             try:
                 resolve_backend("triton", device)

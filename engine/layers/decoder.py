@@ -22,16 +22,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import PrefixRuns, gather_logits, resolve_backend, rms_norm, vocab_argmax
+from ...kernels import PrefixRuns, gather_logits, resolve_backend, rms_norm, vocab_argmax
 from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, causal_attention, image_block_attention,
                         masked_attention, probe_attention, suffix_attention)
 from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
 from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
-from .layers import Rotary, apply_rotary, make_linear, offset_rms_norm
+from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .moe import ExpertMLP
-from .plan import TokenBatch
+from ..inputs.plan import TokenBatch
 
 
 class DecoderLayer(nn.Module):
@@ -271,7 +271,7 @@ class DecoderLM(nn.Module):
     def beam_decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
                     first_logits: torch.Tensor, search: BeamSearch, rules: GreedyState | None,
                     intervention: Intervention | None = None, chunk: int = 64) -> list[list[int]]:
-        """Beam search after each row's prompt (engine/beam.py) from first_logits [B, V], the answer position's:
+        """Beam search after each row's prompt (engine/layers/beam.py) from first_logits [B, V], the answer position's:
         each step the running beams' log-probabilities through the rules' processors, then each surviving beam
         takes the cache and history of the beam it continues. → each row's best finished beam's new tokens."""
         k = search.beams

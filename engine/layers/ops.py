@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import NF4Weight, dequantize_nf4, nf4_matmul, quantize_nf4, resolve_backend
+from ...kernels import NF4Weight, dequantize_nf4, nf4_matmul, quantize_nf4, resolve_backend
 
 
 class Linear(nn.Module):

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kernels import PrefixRuns, prefix_attention, prefix_runs
+from ...kernels import PrefixRuns, prefix_attention, prefix_runs
 from .interventions import AttentionEdit
-from .plan import TokenBatch
+from ..inputs.plan import TokenBatch
 
 
 @dataclass
