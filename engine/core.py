@@ -24,7 +24,7 @@ from .layers.generation import greedy_fields
 from .inputs.images import DECODE_ERRORS, LoadedImage, read_image, reencoded, resized, to_rgb, undecodable
 from .layers.interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
-from .models import Family, TextOnlyRefused, load_model, protocol_coverage
+from .models import Family, TextOnlyRefused, load_model
 from .models.base import refusal
 from .inputs.plan import PromptLayout, PromptResult, Row, SuffixBatch
 from .runner import ImagePrompts, Runner
@@ -146,7 +146,6 @@ class Engine:
             # what a greedy generate applies from the checkpoint's generation config, whether or not this run did
             "generation_config": greedy_fields(self.model.generation_config),
             "method": method.to_json(self.model.lm.dims.num_layers),
-            "protocol_coverage": protocol_coverage(self.model.folder),  # what `score --protocol` checks against
         }
 
     def check_method(self, method: Method) -> None:

@@ -14,7 +14,7 @@ from typing import Callable, ContextManager
 from .builtin import demo_inputs
 from .distributed import Shard, every_rank
 from .engine import Settings, Timings, load_engine, parse_method
-from .engine.models import protocol_for
+from .coverage import protocol_for
 from .hub import resolve_inputs
 from .progress import watched
 from .readout import READOUTS, find_question_files, format_runs, load_question_sources

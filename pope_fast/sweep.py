@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Callable
 
 from . import __version__
+from .coverage import protocol_coverage
 from .distributed import Shard
 from .engine import Engine, ImageError, Intervention, check_images, image_file
 from .engine.methods import METHODS, Intervened, Method
 from .prefetch import embedded_images, prepared_steps
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
-from .readout.records import strict_json
-from .readout.records import record_key
+from .readout.records import record_key, strict_json
 from .resume import check_done, check_has_meta, check_resumable, held_counts, question_counts
 from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
 
@@ -245,7 +245,8 @@ class _Sweep:
         folder, engine, shard = run.path, self.engine, self.shard
         folder.mkdir(parents=True, exist_ok=True)
         old = read_meta(folder / META_FILE)
-        meta = {**engine.meta(run.method), "questions": question_counts(questions), **self.provenance,
+        meta = {**engine.meta(run.method), "protocol_coverage": protocol_coverage(engine.model.folder),
+                "questions": question_counts(questions), **self.provenance,
                 "pope_fast_version": __version__, "created": old.get("created") or _now(), "updated": _now()}
         check_resumable(folder, old, meta)
         check_has_meta(folder)

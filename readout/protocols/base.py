@@ -42,7 +42,7 @@ class Coverage:
     max_length: int | None = None
     # the dtype the tool loads the model in (Settings.dtype): fp16 | bf16 | fp32, or "auto": the checkpoint's
     # own, as from_pretrained's dtype="auto" (transformers 5's default) reads it from config.json, resolved per
-    # checkpoint (protocol_for); None: the tool pins none, so --dtype's applies
+    # checkpoint (pope_fast/coverage.py protocol_for); None: the tool pins none, so --dtype's applies
     dtype: str | None = None
 
     def steps(self) -> dict:

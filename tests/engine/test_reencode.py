@@ -172,7 +172,7 @@ def test_vlmevalkit_qwen2_5_vl_upscales_within_its_config_bounds(tiny):
     processor's pixels of that image."""
     from transformers import AutoImageProcessor
 
-    from pope_fast.engine.models import protocol_for
+    from pope_fast.coverage import protocol_for
 
     checkpoint = tiny.checkpoint("qwen2_5_vl")
     covered = protocol_for(checkpoint, "vlmevalkit")
@@ -237,7 +237,7 @@ def test_internvl_tile_bounds_are_lmms_eval_images_kwargs(tiny):
     family whose processor has no tile bounds; --protocol lmms-eval sets 1:12."""
     from transformers import AutoImageProcessor
 
-    from pope_fast.engine.models import protocol_for
+    from pope_fast.coverage import protocol_for
 
     checkpoint = tiny.checkpoint("internvl")
     image = synthetic_image(1, (300, 100))

@@ -117,7 +117,7 @@ def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backe
     prompt; --template reference_chat taken), saying why; the engine refuses it in one line naming what it holds."""
     from transformers import AutoProcessor
 
-    from pope_fast.engine.models import protocol_coverage
+    from pope_fast.coverage import protocol_coverage
     from pope_fast.engine.synthetic.llava import write_interleave_checkpoint
 
     folder = write_interleave_checkpoint(tmp_path / "interleave").resolve()
@@ -266,7 +266,7 @@ def test_lmms_eval_runs_llama_vision_as_its_class_does(checkpoints):
     template's); 128 new tokens, greedy under the checkpoint's generation config, its own dtype."""
     from transformers import AutoProcessor
 
-    from pope_fast.engine.models import protocol_for
+    from pope_fast.coverage import protocol_for
 
     folder = checkpoints["mllama"]
     covered = protocol_for(folder, "lmms-eval")
@@ -290,7 +290,7 @@ def test_vlmevalkit_runs_smolvlm_as_its_class_does(checkpoints):
     own prompt string, tokenized as its processor call tokenizes it (l.91-93), fp32, load_image, 2048 tokens."""
     from transformers import AutoProcessor
 
-    from pope_fast.engine.models import protocol_coverage, protocol_for
+    from pope_fast.coverage import protocol_coverage, protocol_for
 
     folder = checkpoints["idefics3"]
     covered = protocol_for(folder, "vlmevalkit")

@@ -18,7 +18,8 @@ from tinymodels import QUESTIONS, SHARED_GEMMA3_TOKENIZER, make_tiny_gemma3, syn
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.utils.loader import CheckpointError
-from pope_fast.engine.models import family_class, protocol_for
+from pope_fast.coverage import protocol_for
+from pope_fast.engine.models import family_class
 
 # Every test here loads the 262k-row model at least (several seconds on 2 cores) or runs it.
 pytestmark = pytest.mark.slow

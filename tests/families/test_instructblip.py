@@ -72,7 +72,7 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
 def test_protocols(checkpoint):
     """VLMEvalKit runs InstructBLIP through LAVIS: the bare question, its beam search (5 beams, repetition penalty
     1.5 over the output, max_length 256 with the prompt), fp16, the autocast's rounding said."""
-    from pope_fast.engine.models import protocol_for
+    from pope_fast.coverage import protocol_for
 
     lavis = protocol_for(checkpoint, "vlmevalkit")
     assert (lavis.template, lavis.num_beams, lavis.repetition_penalty, lavis.length_penalty, lavis.max_length,

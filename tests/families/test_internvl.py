@@ -15,7 +15,8 @@ from registry import PER_TILE, REGISTRY, TILES
 from tinymodels import QUESTIONS, make_tiny_internvl, synthetic_image, worst_difference
 
 from pope_fast.engine import Counts, Engine, Settings
-from pope_fast.engine.models import family_class, protocol_for
+from pope_fast.coverage import protocol_for
+from pope_fast.engine.models import family_class
 
 IMAGES = REGISTRY["internvl"].images   # registry.INTERNVL_SIZES, each with its TILES
 INTERNVL = family_class("internvl")

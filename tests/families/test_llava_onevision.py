@@ -16,7 +16,8 @@ from registry import REGISTRY
 from tinymodels import QUESTIONS, make_tiny_llava_onevision, synthetic_image, worst_difference
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.models import family_class, protocol_for
+from pope_fast.coverage import protocol_for
+from pope_fast.engine.models import family_class
 
 IMAGES = REGISTRY["llava_onevision"].images
 REDUCED = [0, 1]  # the images whose grid anyres_max_9 interpolates

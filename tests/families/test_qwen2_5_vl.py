@@ -193,7 +193,7 @@ def test_protocol_prompts_are_the_tools_messages(shared, checkpoint):
     """lmms-eval qwen2_5_vl: a system message, then [image, question + post_prompt]; VLMEvalKit Qwen2VLChat
     for Qwen2.5-VL (use_custom_prompt=False): no system message, [image, the bare question]; both through the
     checkpoint tokenizer's chat template."""
-    from pope_fast.engine.models import protocol_for
+    from pope_fast.coverage import protocol_for
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
 

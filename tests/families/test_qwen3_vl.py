@@ -166,7 +166,7 @@ def test_protocol_prompts_are_the_tools_messages(checkpoint):
     post_prompt] (l.328), 128 new tokens. VLMEvalKit e8e78f05 Qwen3VLChat (config.py l.1451-1462,
     use_custom_prompt=False): image_base.py l.329-336's [image, question], no system message (model.py
     l.360-363), 16384 new tokens, sampled: said as a deviation. Both through the checkpoint's chat template."""
-    from pope_fast.engine.models import protocol_for
+    from pope_fast.coverage import protocol_for
     from pope_fast.readout import get_template
     from pope_fast.readout.templates import SHORT_ANSWER
 

@@ -8,7 +8,7 @@ import torch
 from PIL import Image
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.models import protocol_for
+from pope_fast.coverage import protocol_for
 from pope_fast.readout.protocols import ANSWER_CUTS, PROTOCOLS
 from pope_fast.readout.protocols.scoring import checks
 from pope_fast.readout.protocols.vlmevalkit import llava_answer

@@ -11,7 +11,8 @@ from tinymodels import make_tiny_llava, write_pope_set
 
 from pope_fast.cli import main
 from pope_fast.engine.utils.loader import checkpoint_dtype
-from pope_fast.engine.models import family_class, protocol_for
+from pope_fast.coverage import protocol_for
+from pope_fast.engine.models import family_class
 from pope_fast.readout.protocols import PROTOCOLS, Coverage, coverage
 from pope_fast.readout.protocols.scoring import checks
 

@@ -10,7 +10,8 @@ from click.testing import CliRunner
 from tinymodels import SHARED_LLAVA_TOKENIZER, SHARED_QWEN2_TOKENIZER, make_tiny_llava, write_pope_set
 
 from pope_fast.cli import main
-from pope_fast.engine.models import FAMILIES, family_class, protocol_for
+from pope_fast.coverage import protocol_for
+from pope_fast.engine.models import FAMILIES, family_class
 from pope_fast.readout import get_template, load_tokenizer
 from pope_fast.readout.readouts import READOUTS, exact_match, yorn
 from pope_fast.readout.protocols import PROTOCOLS, TEMPLATES, coverage, llava, lmms_eval, vlmevalkit
