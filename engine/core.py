@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import torch
 from PIL import Image
@@ -72,6 +73,7 @@ class Engine:
                                         max_new_tokens=settings.max_new_tokens, positions=dims.max_positions,
                                         lengths=lengths, answer_cut=ANSWER_CUTS.get(settings.answer_cut))
         self.cache = cache or VisionCache()
+        self._on_decode = None
         self.runner = self.runner_class(model, settings, self.readout)
         self._processor = model.preprocess_settings()  # part of every feature-cache key
         self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
@@ -115,11 +117,21 @@ class Engine:
         """Timings and counts restart; with clear_cache, cached image features and text-only logits are
         forgotten too (an empty in-memory cache replaces the engine's), so the next sweep runs cold. With
         timed, each phase synchronises the device at its start and end (stats.Timings): bench's phases."""
-        self.runner = self.runner_class(self.model, self.settings, self.readout)
+        self.runner = self.runner_class(self.model, self.settings, self.readout, self._on_decode)
         self.runner.timings.synchronize = timed
         if clear_cache:
             self.cache = VisionCache()
             self._text_logits = {}
+
+    @property
+    def on_decode(self) -> Callable[[int, int, int], None] | None:
+        """Told (new tokens so far, the most a row may take, rows) every 32 new tokens of a greedy continuation
+        (eval's display); it stays set across reset() and warmup()."""
+        return self._on_decode
+
+    @on_decode.setter
+    def on_decode(self, listener: Callable[[int, int, int], None] | None) -> None:
+        self._on_decode = self.runner.on_decode = listener
 
     def readout_of(self, method: Method) -> ReadoutPlan:
         """What a method's records hold: a contrastive one's are read at the answer position (logit and

@@ -61,8 +61,8 @@ class NoisedImage:
 class ReferenceRunner(Runner):
     """Runs prompts whole through transformers' class: the Runner's readout plan, allowances, counts and timings."""
 
-    def __init__(self, model: ReferenceModel, settings: Settings, readout):
-        super().__init__(model, settings, readout)
+    def __init__(self, model: ReferenceModel, settings: Settings, readout, on_decode=None):
+        super().__init__(model, settings, readout, on_decode)
         self._keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
 
     def _rules(self) -> GreedyRules:

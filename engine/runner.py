@@ -37,7 +37,8 @@ DECODE_TICK = 32  # new tokens between two calls of Runner.on_decode
 
 
 class Runner:
-    def __init__(self, model: Family, settings: Settings, readout: ReadoutPlan):
+    def __init__(self, model: Family, settings: Settings, readout: ReadoutPlan,
+                 on_decode: Callable[[int, int, int], None] | None = None):
         self.model, self.settings, self.readout = model, settings, readout
         self.timings, self.counts = Timings(), Counts()
         self._decode = partial(model.tokenizer.decode, skip_special_tokens=True)
@@ -48,7 +49,7 @@ class Runner:
         self.rules = self._rules() if readout.generates else GreedyRules()
         # told (new tokens so far, the most a row may take, rows) as a greedy continuation goes: a long one (a
         # tool's 2,048 tokens) otherwise shows nothing until its batch is recorded
-        self.on_decode: Callable[[int, int, int], None] | None = None
+        self.on_decode = on_decode
 
     def _ticked(self, steps: int, most: int, rows: int) -> None:
         if steps % DECODE_TICK == 0:

@@ -148,7 +148,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         benchmark = next((q.dataset for q in questions[:1] if q.dataset in REGISTRY), None)
         named = get_benchmark(benchmark).short_name if benchmark else "POPE"
         update = stack.enter_context(_lazy(progress, len(questions), lead, named))
-        engine.runner.on_decode = update.decoding  # a long continuation's progress, between recorded batches
+        engine.on_decode = update.decoding  # a long continuation's progress, between recorded batches
         stack.enter_context(watched(counted, update, len(questions)) if shard is not None and lead else nullcontext())
         provenance = {**({"command": job.command} if job.command else {}), **({"hub": job.hub} if job.hub else {}),
                       **({"protocol": job.protocol} if job.protocol else {}),

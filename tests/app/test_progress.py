@@ -88,3 +88,20 @@ def test_eval_tells_the_display_of_each_continuations_progress(monkeypatch):
                                            "--readouts", "string_parse", "--device", "cpu"])
     assert result.exit_code == 0, result.output
     assert heard == [(32, 64, 6), (64, 64, 6)]
+
+
+@pytest.mark.slow  # the demo's checkpoint, a 64-token continuation
+def test_a_continuations_listener_survives_the_engines_reset(tmp_path):
+    """eval set the runner's listener, which Engine.reset() (warmup's last step, bench's every run) replaced with a
+    runner that told no one: the listener is the Engine's now, handed to every runner it makes."""
+    from pope_fast.builtin import demo
+    from pope_fast.engine import Engine, ImagePrompts, Settings, read_image
+
+    inputs = demo(tmp_path, questions=2)
+    engine = Engine.load(inputs.checkpoint, Settings(max_new_tokens=64), readouts="string_parse")
+    heard = []
+    engine.on_decode = lambda *told: heard.append(told)
+    engine.reset()
+    image = read_image(next(inputs.images_dir.iterdir()))
+    engine.run_images([ImagePrompts(engine.features(image), [engine.prompt(q) for q in inputs.questions])])
+    assert heard == [(32, 64, 2), (64, 64, 2)]
