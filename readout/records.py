@@ -5,10 +5,10 @@ locked, repaired and ordered is the application's run-folder store (`pope_fast/s
 from __future__ import annotations
 
 import json
-from pathlib import Path
 import math
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from .data import LABELS, DataError, Question
 from .readouts import DECISIONS, READOUTS, TokenSets

@@ -7,7 +7,7 @@ PRED_FORMAT (vlmeval/smp/file.py:173-177: every field quoted). Its scorer then r
 (str()-ed, image_yorn.py:47), `answer` (compared with the extraction, image_yorn.py:88-91), `category` and
 `image_path` (MME_rating and AMBER_rating group by them, yorn.py:24-32, 56-61) and, for HallusionBench,
 `l2-category` and the ids in `index` (yorn.py:102, 110, 117-119). Those are the columns the rooms require.
-.xlsx is refused (`read_rows`): it needs an Excel reader this project does not depend on.
+.xlsx is refused (`read_table`): it needs an Excel reader this project does not depend on.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ SUFFIXES = {".tsv": "\t", ".csv": ","}
 
 
 def is_prediction_table(path: Path) -> bool:
-    """Whether `path` is named as a prediction table (.xlsx included, which `read_rows` refuses)."""
+    """Whether `path` is named as a prediction table (.xlsx included, which `read_table` refuses)."""
     return path.suffix in SUFFIXES or path.suffix == ".xlsx"
 
 
@@ -43,21 +43,6 @@ def _refuse_xlsx(path: Path) -> None:
     if path.suffix == ".xlsx":
         raise DataError(f"{path}: VLMEvalKit's .xlsx needs an Excel reader pope-fast does not depend on: run "
                         "VLMEvalKit with PRED_FORMAT=tsv (or save the sheet as .tsv)")
-
-
-def read_rows(path: Path) -> list[dict]:
-    """Every row of a prediction table as a dict by column (rows, not lines: a quoted field may span lines)."""
-    _refuse_xlsx(path)
-    try:
-        with _open(path) as file:
-            reader = _reader(file, path)
-            try:
-                return list(reader)
-            except csv.Error as err:
-                raise DataError(f"{path}: the row after line {reader.line_num} is no well-formed "
-                                f"{SUFFIXES[path.suffix]!r}-separated row ({err}: a quote left open?)") from None
-    except UnicodeDecodeError as err:
-        raise DataError(f"{path}: not UTF-8 text ({err})") from None
 
 
 def header(path: Path) -> list[str] | None:

@@ -11,7 +11,6 @@ from ..score import POOLED
 from .cells import csv_text
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
-RATES = ("accuracy", "precision", "recall", "f1", "yes_rate", "yes_rate_all")  # what --percent multiplies
 # VLMEvalKit's POPE score file (vlmeval/dataset/utils/yorn.py l.162: split, Overall = F1, acc, precision,
 # recall), with the columns that say which run and readout a row is, and F1 under its own name
 CSV_COLUMNS = ("source", "dataset", "readout", "split", "n", "unknown", "F1", "acc", "precision", "recall",
