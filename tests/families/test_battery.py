@@ -6,7 +6,7 @@ import torch
 from familychecks import (assert_continuations_match, assert_nf4_matches, assert_probe_matches_eager,
                           assert_run_matches, assert_scores_match, image_items, transformers_oracle)
 from methodchecks import check_methods, formula_oracle
-from registry import REGISTRY
+from registry import EXEMPT, REGISTRY
 from tinymodels import QUESTIONS, bnb_nf4_oracle, worst_difference
 
 from pope_fast.engine import Engine, Settings
@@ -223,3 +223,13 @@ def test_a_family_is_recognised_by_its_config_class_defaults_too():
     assert family_of({"model_type": "llava"}) is family_class("llava")
     assert "vision_config 'siglip_vision_model'" in misfit({"model_type": "llava_next", "vision_config": {
         "model_type": "siglip_vision_model"}})
+
+
+def test_every_registered_family_is_in_the_battery():
+    """A family registered in engine/models is checked against its transformers class by every check here, or
+    exempt with its reason: a new family cannot land untested by forgetting its registry line (vLLM's
+    test_hf_registry_coverage)."""
+    assert set(REGISTRY) | set(EXEMPT) == set(FAMILIES), set(FAMILIES) ^ (set(REGISTRY) | set(EXEMPT))
+    assert not set(REGISTRY) & set(EXEMPT) and all(EXEMPT.values())
+    for name, family in REGISTRY.items():
+        assert family.transformers_class().__name__ == family.model_class, name
