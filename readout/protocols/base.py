@@ -89,12 +89,18 @@ class FamilyFacts(typing.Protocol):
 Covers = Callable[[FamilyFacts, Mapping], "Coverage | str"]
 
 
-def by_model_type(table: Mapping[str, Coverage | str | Callable[[Mapping], Coverage]]) -> Covers:
+# What a tool's table says of a model_type it does not name: pope-fast states no coverage it has not read.
+NOT_READ = "no entry (how the tool runs this model_type has not been read from its sources)"
+
+
+def by_model_type(table: Mapping[str, Coverage | str | Callable[[Mapping], Coverage]],
+                  default: str = NOT_READ) -> Covers:
     """A tool's coverage from its table keyed by the checkpoint's model_type: each family's Coverage, a
     function of the checkpoint's config.json where the tool picks by it, or why the tool has no model class
-    for the family ("no entry" for a family the table does not name)."""
+    for the family; `default` for a model_type the table does not name (a tool that runs one model only says so
+    once, and a new family needs no line in a room whose tool has not been read for it)."""
     def covers(family: FamilyFacts, config: Mapping) -> Coverage | str:
-        entry = table.get(family.family, "no entry")
+        entry = table.get(family.family, default)
         return entry(config) if callable(entry) else entry
 
     return covers

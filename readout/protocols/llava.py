@@ -28,15 +28,6 @@ COVERAGE = {
     "llava": Coverage("model_vqa_loader --conv-mode vicuna_v1", "llava_official", 128, image_aspect="pad",
                       dtype="fp16", generation_config="greedy_output"),
     "llava_next": ONLY_LLAVA + "; LLaVA-NeXT's own numbers come from lmms-eval",
-    "instructblip": ONLY_LLAVA,
-    "qwen2_vl": ONLY_LLAVA,
-    "mplug_owl2": ONLY_LLAVA,
-    "qwen2_5_vl": ONLY_LLAVA,
-    "llava_onevision": ONLY_LLAVA,
-    "internvl": ONLY_LLAVA,
-    "qwen3_vl": ONLY_LLAVA,
-    "qwen3_vl_moe": ONLY_LLAVA,
-    "gemma3": ONLY_LLAVA,
 }
 
 PROTOCOL = Protocol(
@@ -48,4 +39,4 @@ PROTOCOL = Protocol(
      "llava/eval/eval_pope.py l.8-20 (answer rule), l.22-61 (metrics, per category)"),
     "eval_pope.py's per-split lines and the paper's one number, the mean of the splits' F1; LLaVA used "
     "POPE at e3e39262 (random: 2,910 questions): give those files to reproduce its figures",
-    mean_of_splits=True, covers=by_model_type(COVERAGE), templates=TEMPLATES)
+    mean_of_splits=True, covers=by_model_type(COVERAGE, ONLY_LLAVA), templates=TEMPLATES)

@@ -17,6 +17,7 @@ from tinymodels import QUESTIONS, qwen_inputs, synthetic_image
 from pope_fast.engine import CheckpointError, Engine, Settings, load_engine, parse_method
 from pope_fast.engine.methods import diffusion_noise, noise_generator
 from pope_fast.engine.reference import ReferenceInputs
+from pope_fast.readout.protocols.base import NOT_READ
 from pope_fast.engine.reference_engine import ReferenceEngine
 from pope_fast.engine.synthetic import Weights, write_checkpoint
 
@@ -133,7 +134,7 @@ def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backe
     # no tool's LLaVA-1.5 entry (its Vicuna prompt) is taken for it: the protocols without a model class run its own
     covered = protocol_coverage(folder)
     assert covered["paper"]["template"] == covered["pope-official"]["template"] == "reference_chat"
-    assert covered["lmms-eval"] == {"not_covered": "protocol lmms-eval does not cover llava (transformers): no entry"}
+    assert covered["lmms-eval"] == {"not_covered": f"protocol lmms-eval does not cover llava (transformers): {NOT_READ}"}
     refusal = f"{folder}/config.json: {INTERLEAVE}; --backend transformers runs it through transformers' own class"
     for load in (lambda: load_engine(folder, Settings(), backend="engine"), lambda: Engine.load(folder, Settings())):
         with pytest.raises(CheckpointError) as err:

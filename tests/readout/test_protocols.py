@@ -15,6 +15,7 @@ from pope_fast.engine.models import FAMILIES, family_class
 from pope_fast.readout import get_template, load_tokenizer
 from pope_fast.readout.readouts import READOUTS, exact_match, yorn
 from pope_fast.readout.protocols import PROTOCOLS, TEMPLATES, coverage, llava, lmms_eval, vlmevalkit
+from pope_fast.readout.protocols.base import NOT_READ
 from pope_fast.readout.protocols.lmms_eval import lmms_eval_metrics
 from pope_fast.readout.protocols.pope_official import pope_evaluate_metrics
 from pope_fast.readout.protocols.vlmevalkit import vlmevalkit_metrics
@@ -178,14 +179,26 @@ def test_every_family_states_each_protocol():
 
 
 @pytest.mark.parametrize("room", [lmms_eval, vlmevalkit, llava], ids=lambda room: room.PROTOCOL.name)
-def test_each_tools_table_names_every_family_and_no_other(room):
-    """A room's coverage is keyed by model_type: a misspelt key would leave its family "no entry", and a
-    family added without its line in each room would too. Its other keys are models the transformers backend runs:
-    model_types transformers' image-text-to-text classes map."""
+def test_each_tools_table_is_keyed_by_real_model_types_and_says_what_it_does_not_name(room):
+    """A room's coverage is keyed by model_type: a misspelt key would leave its family to the room's default. Its
+    keys are families or models the transformers backend runs (model_types transformers' image-text-to-text classes
+    map), and a model_type it does not name gets the room's default: a reason, never a silent coverage."""
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MAPPED
+    from types import SimpleNamespace
 
-    assert set(room.COVERAGE) >= set(FAMILIES)
     assert set(room.COVERAGE) - set(FAMILIES) <= set(MAPPED)
+    unnamed = SimpleNamespace(family="qwen3_5", name="Qwen3.5")
+    with pytest.raises(ValueError, match=f"^protocol {room.PROTOCOL.name} does not cover Qwen3.5: ") as refused:
+        coverage(room.PROTOCOL.name, unnamed, {})
+    expected = room.ONLY_LLAVA if room.PROTOCOL.name == "llava" else NOT_READ
+    assert str(refused.value).endswith(expected)
+
+
+def test_lmms_eval_and_vlmevalkit_state_every_family():
+    """The two tools that run many families have each family's entry read from their sources (a default there is
+    for a family not yet read, which no registered family is)."""
+    for room in (lmms_eval, vlmevalkit):
+        assert set(room.COVERAGE) >= set(FAMILIES), room.PROTOCOL.name
 
 
 def test_template_names_are_unique_across_the_rooms():
@@ -206,7 +219,7 @@ def test_the_lookup_reads_what_a_family_declares():
     assert coverage("pope-official", family, {}).new_tokens == 128
     assert coverage("llava", family, {}).template == "llava_official"
     for name, other in (("repope", family), ("lmms-eval", SimpleNamespace(family="new", name="Some family"))):
-        with pytest.raises(ValueError, match=f"^protocol {name} does not cover Some family: no entry$"):
+        with pytest.raises(ValueError, match=f"^protocol {name} does not cover Some family: no entry"):
             coverage(name, other, {})
 
 
