@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 from tinymodels import assert_matches_nf4_oracle, generated_text, worst_difference
 
-from pope_fast.engine import ImagePrompts
+from pope_fast.engine import Counts, ImagePrompts
 
 
 def transformers_oracle(model, inputs_of, prompt, images, questions, new_tokens: int = 4) -> dict:
@@ -31,10 +31,72 @@ def processor_inputs(processor):
     return lambda image, prompt: processor(images=image, text=prompt, return_tensors="pt")
 
 
-def processor_oracle(model_class, checkpoint, processor, prompt, images, questions, new_tokens: int = 4) -> dict:
-    """The oracle of model_class loaded from the checkpoint in fp32, fed what `processor` makes of each prompt."""
-    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+def processor_oracle(family, checkpoint, prompt, images, questions, new_tokens: int = 4) -> dict:
+    """The oracle of a registry family's transformers class loaded from the checkpoint in fp32, fed what the family's
+    reference processor (its image processor and prompt expansion, where transformers' processor cannot be built
+    without torchvision) makes of each prompt."""
+    from pope_fast.engine.models import family_class  # why: only the families with a reference processor ask
+
+    processor = family_class(family.name).reference_processor(checkpoint)
+    model = family.transformers_class().from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     return transformers_oracle(model, processor_inputs(processor), prompt, images, questions, new_tokens)
+
+
+def assert_first_answers_match(family, checkpoint, engine, image, questions) -> dict:
+    """The engine's answers to `questions` about one image against the family's class fed its reference processor's
+    inputs (processor_oracle): candidate logits within 1e-4, the first token the argmax; the oracle, for more."""
+    oracle = processor_oracle(family, checkpoint, engine.prompt, [image], questions, new_tokens=1)
+    for answer in engine.score(image, questions):
+        logits, _, _ = oracle[0, answer.question]
+        worst, at = worst_difference(answer.candidate_logits, logits)
+        assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
+    return oracle
+
+
+def assert_flops_linear(model, pixels) -> None:
+    """Matmul FLOPs are linear in the work, the vision side a real share of them."""
+    once = Counts(images_encoded=1, vision_tokens=model.vision_tokens(pixels), prompts=3, prefix_tokens=12,
+                  suffix_tokens=9)
+    twice = Counts(images_encoded=2, vision_tokens=2 * once.vision_tokens, prompts=6, prefix_tokens=24,
+                   suffix_tokens=18)
+    assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0
+
+
+def rope_index_pairs(engine, model, inputs_of, images, grids, **rope):
+    """(prompt ids, ours, theirs) per image: the engine's M-RoPE streams of the first question's prompt and transformers'
+    get_rope_index of the same ids (asserted equal to the engine's), `rope` its extra arguments."""
+    from tinymodels import QUESTIONS  # why: the one question every family's positions are checked on
+
+    pairs = []
+    for image, (rows, cols) in zip(images, grids):
+        ids = engine.model.prompt_ids(engine.prompt(QUESTIONS[0]), rows * cols)
+        ours = engine.model.positions(ids, engine.features(image))
+        inputs = inputs_of(image, engine.prompt(QUESTIONS[0]))
+        assert inputs["input_ids"][0].tolist() == ids
+        theirs, _ = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
+                                               image_grid_thw=inputs["image_grid_thw"], **rope)
+        pairs.append((ids, ours, theirs))
+    return pairs
+
+
+def assert_qwen_protocol_prompts(checkpoint, tokenizer, question: str, vlmevalkit_tokens: int) -> str:
+    """lmms-eval's (a system turn, the short-answer post-prompt) and VLMEvalKit's (the bare question) messages through
+    a Qwen tokenizer's chat template are what each protocol's template renders, at each tool's length; VLMEvalKit's
+    rendering, for more."""
+    from pope_fast.coverage import protocol_for  # why: the protocols' checks only
+    from pope_fast.readout import get_template
+    from pope_fast.readout.templates import SHORT_ANSWER
+
+    image = {"type": "image"}
+    lmms = [{"role": "system", "content": "You are a helpful assistant."},
+            {"role": "user", "content": [image, {"type": "text", "text": question + SHORT_ANSWER}]}]
+    vlmeval = [{"role": "user", "content": [image, {"type": "text", "text": question}]}]
+    for protocol, messages, length in (("lmms-eval", lmms, 128), ("vlmevalkit", vlmeval, vlmevalkit_tokens)):
+        coverage = protocol_for(checkpoint, protocol)
+        theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert get_template(coverage.template).render(question, tokenizer) == theirs, protocol
+        assert coverage.new_tokens == length, protocol
+    return theirs
 
 
 def image_items(engine, images, questions) -> list[ImagePrompts]:

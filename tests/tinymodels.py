@@ -277,6 +277,14 @@ def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50
     return images, files
 
 
+def eval_args(checkpoint, images, files, out, *extra) -> list[str]:
+    """`pope-fast eval`'s arguments over a write_pope_set: the model, images, each question file, out, on the CPU."""
+    args = ["eval", "--model", checkpoint, "--images", images, "--out", out, "--device", "cpu", *extra]
+    for f in files:
+        args += ["--questions", f]
+    return [str(a) for a in args]
+
+
 def worst_difference(ours: dict[int, float], theirs: torch.Tensor) -> tuple[float, int]:
     """The largest |ours - theirs| over our candidate ids, and the id where it is."""
     diffs = {i: abs(v - float(theirs[i])) for i, v in ours.items()}

@@ -6,7 +6,7 @@ import re
 import pytest
 from click.testing import CliRunner
 from registry import REGISTRY
-from tinymodels import write_pope_set
+from tinymodels import eval_args, write_pope_set
 
 from pope_fast.cli import main
 from pope_fast.engine.models import family_class
@@ -19,10 +19,7 @@ pytestmark = pytest.mark.slow  # eval through the CLI on each family's tiny chec
 def test_eval_cli_runs_every_family(name, tiny, tmp_path):
     checkpoint = tiny.checkpoint(name)  # the registry's (../shared's real tokenizers where the family has one)
     images, files = write_pope_set(tmp_path / "pope", n_images=2, sizes=((90, 40), (40, 90)))
-    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
-            "--device", "cpu", "--readouts", "all", "--max-new-tokens", "3"]
-    for f in files:
-        args += ["--questions", str(f)]
+    args = eval_args(checkpoint, images, files, tmp_path / "out", "--readouts", "all", "--max-new-tokens", "3")
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 from click.testing import CliRunner
-from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image, write_pope_set
+from tinymodels import QUESTIONS, eval_args, make_tiny_llava, synthetic_image, write_pope_set
 
 from pope_fast.cli import main
 from pope_fast.engine import CheckpointError, Engine, Settings, parse_method
@@ -32,12 +32,7 @@ def pope(tmp_path_factory):
 
 
 def _eval(checkpoint, pope, out, *extra):
-    images, files = pope
-    args = ["eval", "--model", checkpoint, "--images", images, "--out", out, "--device", "cpu", "--readouts", READOUTS,
-            *extra]
-    for f in files:
-        args += ["--questions", f]
-    return CliRunner().invoke(main, [str(a) for a in args])
+    return CliRunner().invoke(main, eval_args(checkpoint, *pope, out, "--readouts", READOUTS, *extra))
 
 
 def refused(result, *patterns):

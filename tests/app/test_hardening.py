@@ -15,7 +15,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from PIL import Image
-from tinymodels import make_tiny_llava, make_tiny_qwen2_vl, synthetic_image, write_pope_set
+from tinymodels import eval_args, make_tiny_llava, make_tiny_qwen2_vl, synthetic_image, write_pope_set
 
 from pope_fast.cli import main
 from pope_fast.engine import Engine, Settings
@@ -37,12 +37,7 @@ def pope(tmp_path_factory):
 
 
 def _eval_args(checkpoint, pope, out, *extra):
-    images, files = pope
-    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(out), "--device", "cpu",
-            "--readouts", READOUTS, "--max-new-tokens", "2", *map(str, extra)]
-    for f in files:
-        args += ["--questions", str(f)]
-    return args
+    return eval_args(checkpoint, *pope, out, "--readouts", READOUTS, "--max-new-tokens", "2", *extra)
 
 
 @pytest.fixture(scope="module")

@@ -21,16 +21,11 @@ from pope_fast.engine.utils.loader import CheckpointError
 from pope_fast.coverage import protocol_for
 from pope_fast.engine.models import family_class
 
+FAMILY = "gemma3"  # whose checkpoint, model and oracle tests/families/conftest.py gives
 # Every test here loads the 262k-row model at least (several seconds on 2 cores) or runs it.
 pytestmark = pytest.mark.slow
-IMAGES = REGISTRY["gemma3"].images
-GEMMA3 = family_class("gemma3")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    """The registry's checkpoint, on the built-in stand-in tokenizer."""
-    return tiny.checkpoint("gemma3")
+IMAGES = REGISTRY[FAMILY].images
+GEMMA3 = family_class(FAMILY)
 
 
 @pytest.fixture(scope="module")
@@ -64,11 +59,6 @@ def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4, ca
         return inputs
 
     return transformers_oracle(_model(checkpoint), inputs_of, prompt, images, questions, new_tokens)
-
-
-@pytest.fixture(scope="module")
-def oracle(tiny):
-    return tiny.oracle("gemma3")
 
 
 def test_features_are_sixteen_pooled_tokens(checkpoint):

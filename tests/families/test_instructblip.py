@@ -10,12 +10,8 @@ from pope_fast.engine import Engine, ImagePrompts, Settings
 from pope_fast.sweep import run_pope
 from pope_fast.readout import load_questions
 
-IMAGES = REGISTRY["instructblip"].images
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("instructblip")
+FAMILY = "instructblip"  # whose checkpoint, model and oracle tests/families/conftest.py gives
+IMAGES = REGISTRY[FAMILY].images
 
 
 @pytest.mark.slow

@@ -6,38 +6,20 @@ sizes, each image with its own tile count. InternVLProcessor cannot be built wit
 prompt ids come from the family's reference processor (the image processor under crop_to_patches and the
 processor's own replace_image_token), and the oracle model itself refuses a wrong image-token count."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
-from familychecks import processor_oracle
+from familychecks import assert_first_answers_match, assert_flops_linear
 from registry import PER_TILE, REGISTRY, TILES
-from tinymodels import QUESTIONS, make_tiny_internvl, synthetic_image, worst_difference
+from tinymodels import QUESTIONS, make_tiny_internvl, synthetic_image
 
 from pope_fast.engine import Counts, Engine, Settings
 from pope_fast.coverage import protocol_for
 from pope_fast.engine.models import family_class
 
-IMAGES = REGISTRY["internvl"].images   # registry.INTERNVL_SIZES, each with its TILES
-INTERNVL = family_class("internvl")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("internvl")
-
-
-def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4) -> dict:
-    from transformers import InternVLForConditionalGeneration
-
-    processor = INTERNVL.reference_processor(checkpoint)
-    return processor_oracle(InternVLForConditionalGeneration, checkpoint, processor, prompt, images,
-                            questions, new_tokens)
-
-
-@pytest.fixture(scope="module")
-def oracle(tiny):
-    return tiny.oracle("internvl")
+FAMILY = "internvl"  # whose checkpoint, model and oracle tests/families/conftest.py gives
+IMAGES = REGISTRY[FAMILY].images   # registry.INTERNVL_SIZES, each with its TILES
+INTERNVL = family_class(FAMILY)
 
 
 @pytest.mark.slow
@@ -87,11 +69,7 @@ def test_a_lower_feature_layer_cuts_the_tower(tmp_path):
     checkpoint = make_tiny_internvl(tmp_path / "ckpt", seed=6, feature_layer=-2)
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
     assert len(engine.model.vision.encoder.layer) == 1
-    oracle = _oracle(checkpoint, engine.prompt, IMAGES[:1], QUESTIONS[:2], new_tokens=1)
-    for answer in engine.score(IMAGES[0], QUESTIONS[:2]):
-        logits, _, _ = oracle[0, answer.question]
-        worst, at = worst_difference(answer.candidate_logits, logits)
-        assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
+    assert_first_answers_match(REGISTRY[FAMILY], checkpoint, engine, IMAGES[0], QUESTIONS[:2])
 
 
 @pytest.mark.slow
@@ -149,11 +127,7 @@ def test_lmms_eval_prompt_is_its_chat_template_rendering(shared, checkpoint):
     theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert get_template("lmms_eval_internvl_hf").render(QUESTIONS[0], tokenizer) == theirs
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), template="lmms_eval_internvl_hf", readouts="all")
-    oracle = _oracle(checkpoint, engine.prompt, IMAGES[2:3], QUESTIONS[:1], new_tokens=1)
-    answer = engine.score(IMAGES[2], QUESTIONS[:1])[0]
-    logits, _, _ = oracle[0, QUESTIONS[0]]
-    worst, at = worst_difference(answer.candidate_logits, logits)
-    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
+    assert_first_answers_match(REGISTRY[FAMILY], checkpoint, engine, IMAGES[2], QUESTIONS[:1])
 
 
 @pytest.mark.slow
@@ -163,11 +137,8 @@ def test_builtin_tokenizer_stands_in(tmp_path):
     checkpoint = make_tiny_internvl(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
     assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user\n<IMG_CONTEXT>\nIs there a dog")
-    oracle = _oracle(checkpoint, engine.prompt, IMAGES[1:2], QUESTIONS[:1], new_tokens=1)
-    answer = engine.score(IMAGES[1], QUESTIONS[:1])[0]
-    logits, _, ids = oracle[0, QUESTIONS[0]]
-    worst, at = worst_difference(answer.candidate_logits, logits)
-    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
+    oracle = assert_first_answers_match(REGISTRY[FAMILY], checkpoint, engine, IMAGES[1], QUESTIONS[:1])
+    _, _, ids = oracle[0, QUESTIONS[0]]
     assert ids.count(engine.model.image_token_id) == TILES[1] * PER_TILE
 
 
@@ -258,11 +229,7 @@ def test_flop_floor_counts_the_internvit_tower(checkpoint):
     model = engine.model
     pixels = model.preprocess(IMAGES[0])
     assert model.vision_tokens(pixels) == TILES[0] * 17
-    once = Counts(images_encoded=1, vision_tokens=model.vision_tokens(pixels), prompts=3, prefix_tokens=12,
-                  suffix_tokens=9)
-    twice = Counts(images_encoded=2, vision_tokens=2 * once.vision_tokens, prompts=6, prefix_tokens=24,
-                   suffix_tokens=18)
-    assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0
+    assert_flops_linear(model, pixels)
     d, h = 32, 64  # the tiny tower's and language model's widths
     per_token = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 14 * 14 * d
     per_tile = PER_TILE * 2 * (4 * d * h + h * h)

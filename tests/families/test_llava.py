@@ -8,7 +8,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 from registry import REGISTRY
-from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, make_tiny_llava, synthetic_image, worst_difference,
+from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, eval_args, make_tiny_llava, synthetic_image, worst_difference,
                         write_pope_set)
 
 from pope_fast.cli import main
@@ -17,12 +17,8 @@ from pope_fast.engine.models import FAMILIES
 from pope_fast.sweep import run_pope
 from pope_fast.readout import READOUTS, load_questions
 
-IMAGES = REGISTRY["llava"].images
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("llava")
+FAMILY = "llava"  # whose checkpoint, model and oracle tests/families/conftest.py gives
+IMAGES = REGISTRY[FAMILY].images
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +170,6 @@ def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
     assert [a.candidate_logits for a in padded] != [a.candidate_logits for a in unpadded]
 
 
-
 def _records(out):
     rows = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
     return sorted(rows, key=lambda r: (r["split"], r["question_id"]))
@@ -263,14 +258,11 @@ def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
     assert bf16.cache.misses == 1
 
 
-
 @pytest.mark.slow
 def test_eval_cli_end_to_end(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
-    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
-            "--device", "cpu", "--readouts", "template_aware,legacy_8tok,pope_official", "--max-new-tokens", "6"]
-    for f in files:
-        args += ["--questions", str(f)]
+    args = eval_args(checkpoint, images, files, tmp_path / "out", "--readouts",
+                     "template_aware,legacy_8tok,pope_official", "--max-new-tokens", "6")
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     assert "unique prompts evaluated" in result.output and "template_aware" in result.output
@@ -452,11 +444,8 @@ def test_eval_cli_on_an_unseen_checkpoint_agrees_with_transformers(tmp_path):
 
     checkpoint = make_tiny_llava(tmp_path / "unseen", seed=11, layers=3, kv_heads=4, image_size=56)
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
-    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(tmp_path / "out"),
-            "--device", "cpu", "--batch-size", "5", "--max-new-tokens", "4"]
-    for f in files:
-        args += ["--questions", str(f)]
-    result = CliRunner().invoke(main, args)
+    result = CliRunner().invoke(main, eval_args(checkpoint, images, files, tmp_path / "out", "--batch-size", "5",
+                                                "--max-new-tokens", "4"))
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out/meta.json").read_text())
     sets = {n: TokenSets.from_json(s) for n, s in meta["token_sets"].items()}

@@ -6,40 +6,22 @@ sizes. LlavaOnevisionProcessor cannot be built without torchvision; the oracle's
 reference processor (the image processor and the processor's own replace_image_token count), and the oracle model
 itself refuses a wrong image-token count."""
 import json
-from pathlib import Path
 
 import numpy as np
 from PIL import Image
 import pytest
-from familychecks import assert_answer_matches, processor_oracle
+from familychecks import assert_answer_matches, assert_first_answers_match, assert_flops_linear, processor_oracle
 from registry import REGISTRY
-from tinymodels import QUESTIONS, make_tiny_llava_onevision, synthetic_image, worst_difference
+from tinymodels import QUESTIONS, make_tiny_llava_onevision, synthetic_image
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.coverage import protocol_for
 from pope_fast.engine.models import family_class
 
-IMAGES = REGISTRY["llava_onevision"].images
+FAMILY = "llava_onevision"  # whose checkpoint, model and oracle tests/families/conftest.py gives
+IMAGES = REGISTRY[FAMILY].images
 REDUCED = [0, 1]  # the images whose grid anyres_max_9 interpolates
-ONEVISION = family_class("llava_onevision")
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("llava_onevision")
-
-
-def _oracle(checkpoint: Path, prompt, images, questions, new_tokens: int = 4) -> dict:
-    from transformers import LlavaOnevisionForConditionalGeneration
-
-    processor = ONEVISION.reference_processor(checkpoint)
-    return processor_oracle(LlavaOnevisionForConditionalGeneration, checkpoint, processor, prompt, images,
-                            questions, new_tokens)
-
-
-@pytest.fixture(scope="module")
-def oracle(tiny):
-    return tiny.oracle("llava_onevision")
+ONEVISION = family_class(FAMILY)
 
 
 @pytest.mark.slow
@@ -112,11 +94,7 @@ def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
     assert get_template("vlmevalkit_llava_onevision").render(QUESTIONS[0]) == theirs
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), template="vlmevalkit_llava_onevision",
                          readouts="all")
-    oracle = _oracle(checkpoint, engine.prompt, IMAGES[2:3], QUESTIONS[:1], new_tokens=1)
-    answer = engine.score(IMAGES[2], QUESTIONS[:1])[0]
-    logits, _, _ = oracle[0, QUESTIONS[0]]
-    worst, at = worst_difference(answer.candidate_logits, logits)
-    assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (at, worst)
+    assert_first_answers_match(REGISTRY[FAMILY], checkpoint, engine, IMAGES[2], QUESTIONS[:1])
 
 
 @pytest.mark.slow
@@ -143,7 +121,7 @@ def test_builtin_tokenizer_stands_in(tmp_path):
     checkpoint = make_tiny_llava_onevision(tmp_path / "ckpt", seed=4, builtin_tokenizer=True)
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
     assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
-    oracle = _oracle(checkpoint, engine.prompt, IMAGES[3:4], QUESTIONS[:1], new_tokens=1)
+    oracle = processor_oracle(REGISTRY[FAMILY], checkpoint, engine.prompt, IMAGES[3:4], QUESTIONS[:1], new_tokens=1)
     answer = engine.score(IMAGES[3], QUESTIONS[:1])[0]
     logits, generated, ids = oracle[0, QUESTIONS[0]]
     assert ids.count(engine.model.image_token_id) > 0
@@ -242,11 +220,7 @@ def test_flop_floor_counts_the_siglip_tower(checkpoint):
     model = engine.model
     pixels = model.preprocess(IMAGES[0])
     assert model.vision_tokens(pixels) == pixels[0].shape[0] * 9
-    once = Counts(images_encoded=1, vision_tokens=model.vision_tokens(pixels), prompts=3, prefix_tokens=12,
-                  suffix_tokens=9)
-    twice = Counts(images_encoded=2, vision_tokens=2 * once.vision_tokens, prompts=6, prefix_tokens=24,
-                   suffix_tokens=18)
-    assert model.matmul_flops(twice) == 2 * model.matmul_flops(once) > model.vision_flops(once) > 0
+    assert_flops_linear(model, pixels)
     d, h = 32, 64  # the tiny tower's and language model's widths
     per_token = 2 * 2 * (4 * d * d + 2 * d * 64) + 2 * 3 * 14 * 14 * d + 2 * (d * h + h * h)
     assert model.vision_flops(Counts(vision_tokens=10)) == 10 * per_token

@@ -2,11 +2,13 @@
 and 3; Qwen2 with M-RoPE): its battery against Qwen2_5_VLForConditionalGeneration is test_battery's qwen2_5_vl
 cases, on registry.GRIDS."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 from registry import GRIDS, REGISTRY
-from familychecks import tower_matmul_flops
+from familychecks import assert_qwen_protocol_prompts, rope_index_pairs, tower_matmul_flops
 from tinymodels import QUESTIONS, SHARED_QWEN2_5_TOKENIZER
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
@@ -14,7 +16,8 @@ from pope_fast.bench.tower import CallCounter, random_tower
 from pope_fast.engine import Counts, Engine, Settings
 from pope_fast.engine.models.qwen2_5_vl import TowerPlan, windowed_tower
 
-IMAGES = REGISTRY["qwen2_5_vl"].images
+FAMILY = "qwen2_5_vl"  # whose checkpoint, model and oracle tests/families/conftest.py gives
+IMAGES = REGISTRY[FAMILY].images
 # (t, h, w) patch grids: a 640 x 480 image's (17 x 23 merged tokens: windows of 4 x 4, 4 x 3, 1 x 4, 1 x 3 at 112 px),
 # one its windows divide evenly (8 x 8), a one-row one, a two-frame one; several in one call
 LAYOUT_GRIDS = [[(1, 34, 46)], [(1, 16, 16)], [(1, 2, 30)], [(2, 12, 10)], [(1, 34, 46), (1, 16, 16), (1, 6, 10)]]
@@ -77,16 +80,6 @@ def test_windowed_tower_is_transformers_bit_for_bit(grids, dtype):
         theirs = tower(hidden_states=patches, grid_thw=torch.tensor(grids)).pooler_output
     assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
     assert counter.counts == {"attention_calls": 2 * len(plan.windows.lengths) + 2 * len(plan.whole.lengths)}
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("qwen2_5_vl")
-
-
-@pytest.fixture(scope="module")
-def model(tiny):
-    return tiny.model("qwen2_5_vl")
 
 
 @pytest.mark.slow
@@ -153,15 +146,9 @@ def test_positions_are_transformers_rope_index(checkpoint, model):
     its start (tokens_per_second and second_per_grid_ts space video frames only)."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     assert model.config.vision_config.tokens_per_second == 2
-    for image, (rows, cols) in zip(IMAGES, GRIDS):
-        features = engine.features(image)
-        ids = engine.model.prompt_ids(engine.prompt(QUESTIONS[0]), rows * cols)
-        ours = engine.model.positions(ids, features)
-        inputs = _inputs(checkpoint, image, engine.prompt(QUESTIONS[0]))
-        assert inputs["input_ids"][0].tolist() == ids
-        theirs, _ = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
-                                               image_grid_thw=inputs["image_grid_thw"],
-                                               second_per_grid_ts=torch.tensor([5.0]))
+    streams = rope_index_pairs(engine, model, partial(_inputs, checkpoint), IMAGES, GRIDS,
+                               second_per_grid_ts=torch.tensor([5.0]))
+    for (rows, cols), (ids, ours, theirs) in zip(GRIDS, streams):
         assert torch.equal(ours, theirs[:, 0])
         start = ids.index(engine.model.image_token_id)
         assert set(ours[0, start:start + rows * cols].tolist()) == {start}
@@ -195,19 +182,12 @@ def test_protocol_prompts_are_the_tools_messages(shared, checkpoint):
     checkpoint tokenizer's chat template."""
     from pope_fast.coverage import protocol_for
     from pope_fast.readout import get_template
-    from pope_fast.readout.templates import SHORT_ANSWER
 
     if not SHARED_QWEN2_5_TOKENIZER.is_dir():
         pytest.skip("../shared has no Qwen2.5-VL tokenizer")
     tokenizer, _ = _processors(checkpoint)
-    image, q = {"type": "image"}, QUESTIONS[0]
-    lmms = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": [image, {"type": "text", "text": q + SHORT_ANSWER}]}]
-    vlmeval = [{"role": "user", "content": [image, {"type": "text", "text": q}]}]
-    for protocol, messages, length in (("lmms-eval", lmms, 128), ("vlmevalkit", vlmeval, 2048)):
-        coverage = protocol_for(checkpoint, protocol)
-        theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == length
+    q = QUESTIONS[0]
+    assert_qwen_protocol_prompts(checkpoint, tokenizer, q, vlmevalkit_tokens=2048)
     assert get_template("vlmevalkit_qwen2_5_vl").render(q, tokenizer).endswith(
         "<|vision_end|>Is there a dog in the image?<|im_end|>\n<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="does not cover Qwen2.5-VL: LLaVA's pope.sh"):

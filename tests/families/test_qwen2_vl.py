@@ -6,12 +6,8 @@ from tinymodels import QUESTIONS
 
 from pope_fast.engine import Engine, Settings
 
-IMAGES = REGISTRY["qwen2_vl"].images
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("qwen2_vl")
+FAMILY = "qwen2_vl"  # whose checkpoint, model and oracle tests/families/conftest.py gives
+IMAGES = REGISTRY[FAMILY].images
 
 
 @pytest.mark.slow

@@ -2,32 +2,20 @@
 added after language-model layers 0 and 1 of 3; Qwen3, q_norm and k_norm, with interleaved M-RoPE): its battery
 against Qwen3VLForConditionalGeneration is test_battery's qwen3_vl cases, on registry.GRIDS in 32-px units."""
 
+from functools import partial
+
 import numpy as np
 import pytest
 import torch
 from registry import GRIDS, REGISTRY
-from familychecks import tower_matmul_flops
+from familychecks import assert_qwen_protocol_prompts, rope_index_pairs, tower_matmul_flops
 from tinymodels import QUESTIONS, SHARED_QWEN3_TOKENIZER, make_tiny_qwen3_vl, worst_difference
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
 from pope_fast.engine import Counts, Engine, ImagePrompts, Settings
 
-IMAGES = REGISTRY["qwen3_vl"].images
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("qwen3_vl")
-
-
-@pytest.fixture(scope="module")
-def model(tiny):
-    return tiny.model("qwen3_vl")
-
-
-@pytest.fixture(scope="module")
-def oracle(tiny):
-    return tiny.oracle("qwen3_vl")
+FAMILY = "qwen3_vl"  # whose checkpoint, model and oracle tests/families/conftest.py gives
+IMAGES = REGISTRY[FAMILY].images
 
 
 @pytest.mark.slow
@@ -91,14 +79,7 @@ def test_positions_and_interleaved_rotary_are_transformers(checkpoint, model):
     Qwen3VLTextRotaryEmbedding interleaves them (chunked sections, Qwen2-VL's, would differ)."""
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     rotary = model.model.language_model.rotary_emb
-    for image, (rows, cols) in zip(IMAGES, GRIDS):
-        features = engine.features(image)
-        ids = engine.model.prompt_ids(engine.prompt(QUESTIONS[0]), rows * cols)
-        ours = engine.model.positions(ids, features)
-        inputs = _inputs(checkpoint, image, engine.prompt(QUESTIONS[0]))
-        assert inputs["input_ids"][0].tolist() == ids
-        theirs, _ = model.model.get_rope_index(inputs["input_ids"], inputs["mm_token_type_ids"],
-                                               image_grid_thw=inputs["image_grid_thw"])
+    for _, ours, theirs in rope_index_pairs(engine, model, partial(_inputs, checkpoint), IMAGES, GRIDS):
         assert torch.equal(ours, theirs[:, 0])
         cos, sin = engine.model.lm.rotary.cos_sin_3d(ours[:, None], torch.float32)
         their_cos, their_sin = rotary(torch.zeros(1, dtype=torch.float32), theirs)
@@ -167,20 +148,12 @@ def test_protocol_prompts_are_the_tools_messages(checkpoint):
     use_custom_prompt=False): image_base.py l.329-336's [image, question], no system message (model.py
     l.360-363), 16384 new tokens, sampled: said as a deviation. Both through the checkpoint's chat template."""
     from pope_fast.coverage import protocol_for
-    from pope_fast.readout import get_template
-    from pope_fast.readout.templates import SHORT_ANSWER
 
     if not SHARED_QWEN3_TOKENIZER.is_dir():
         pytest.skip("../shared has no Qwen3-VL tokenizer")
     tokenizer, _ = _processors(checkpoint)
-    q, image = QUESTIONS[0], {"type": "image"}
-    lmms = [{"role": "system", "content": "You are a helpful assistant."},
-            {"role": "user", "content": [image, {"type": "text", "text": q + SHORT_ANSWER}]}]
-    vlmeval = [{"role": "user", "content": [image, {"type": "text", "text": q}]}]
-    for protocol, messages, length in (("lmms-eval", lmms, 128), ("vlmevalkit", vlmeval, 16384)):
-        coverage = protocol_for(checkpoint, protocol)
-        theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-        assert get_template(coverage.template).render(q, tokenizer) == theirs and coverage.new_tokens == length
+    q = QUESTIONS[0]
+    theirs = assert_qwen_protocol_prompts(checkpoint, tokenizer, q, vlmevalkit_tokens=16384)
     assert theirs == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Is there a dog in the image?"
                       "<|im_end|>\n<|im_start|>assistant\n")  # Qwen3-VL's template opens with no system turn
     assert any("samples" in d and "greedy" in d for d in protocol_for(checkpoint, "vlmevalkit").deviations)

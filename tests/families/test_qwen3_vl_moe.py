@@ -14,12 +14,8 @@ from tinymodels import QUESTIONS, bnb_nf4_oracle, make_tiny_qwen3_vl_moe
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.layers.moe import ROUTER_ROWS
 
+FAMILY = "qwen3_vl_moe"  # whose checkpoint, model and oracle tests/families/conftest.py gives
 pytestmark = pytest.mark.slow  # tiny Qwen3-VL-MoE checkpoints, loaded and run
-
-
-@pytest.fixture(scope="module")
-def checkpoint(tiny):
-    return tiny.checkpoint("qwen3_vl_moe")
 
 
 def test_sparse_layers_and_flops_follow_the_config(checkpoint, tiny):
@@ -46,7 +42,7 @@ def test_experts_stored_as_published_load_the_same(checkpoint, tmp_path):
     assert len(swapped) == 4
     tensors.update({k: tensors[k].transpose(1, 2).contiguous() for k in swapped})
     save_file(tensors, weights_file, metadata={"format": "pt"})
-    image = REGISTRY["qwen3_vl_moe"].images[0]
+    image = REGISTRY[FAMILY].images[0]
     runs = []
     for folder in (checkpoint, published):
         engine = Engine.load(folder, Settings(), readouts="template_aware")
@@ -76,7 +72,7 @@ def test_the_nf4_checks_routing_is_far_from_a_tie(tiny):
     a mixture of experts that needs every token's k-th expert clearly ahead of its k+1-th in the router's logits (a
     swap moves the output by a whole expert's share, far more than a rounding step). On its checkpoint and images
     it is, by this margin."""
-    family = REGISTRY["qwen3_vl_moe"]
+    family = REGISTRY[FAMILY]
     gaps = []
 
     def record(module, args, out):  # out[0]: the router's fp16 logits; the softmax keeps their order

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 from click.testing import CliRunner
-from tinymodels import SHARED_LLAVA_TOKENIZER, SHARED_QWEN2_TOKENIZER, make_tiny_llava, write_pope_set
+from tinymodels import SHARED_LLAVA_TOKENIZER, SHARED_QWEN2_TOKENIZER, eval_args, make_tiny_llava, write_pope_set
 
 from pope_fast.cli import main
 from pope_fast.coverage import protocol_for
@@ -233,10 +233,7 @@ def llava(tmp_path_factory):
 
 def _eval(llava, out: Path, *extra) -> dict:
     root, checkpoint, images, files = llava
-    args = ["eval", "--model", str(checkpoint), "--images", str(images), "--out", str(out), "--device", "cpu", *extra]
-    for f in files:
-        args += ["--questions", str(f)]
-    result = CliRunner().invoke(main, args)
+    result = CliRunner().invoke(main, eval_args(checkpoint, images, files, out, *extra))
     assert result.exit_code == 0, result.output
     return json.loads((out / "meta.json").read_text())
 
