@@ -16,6 +16,7 @@ from safetensors import SafetensorError
 
 from ..readout.templates import render_chat
 from .generation import rule_fields
+from .image_processor import ProcessorError, load_processor
 from .loader import (INDEX_BUFFERS, CheckpointError, check_stored, generation_config, quiet_fallback, read_config,
                      refuse_names, stop_ids)
 from .models import family_of, misfit
@@ -258,12 +259,12 @@ def error_reason(why: BaseException) -> str:
 
 
 def _processor(folder: Path):
-    from transformers import AutoProcessor
-
     try:
-        return AutoProcessor.from_pretrained(str(folder))
-    except (OSError, ValueError, ImportError) as why:
-        raise CheckpointError(f"{folder}: transformers' processor does not load ({error_reason(why)})") from None
+        return load_processor(folder)
+    except ProcessorError as why:
+        half = "" if why.half is None else f"; nor without its video processor: {error_reason(why.half)}"
+        raise CheckpointError(f"{folder}: transformers' processor does not load ({error_reason(why.whole)}{half})") \
+            from None
 
 
 def _tokenizer(folder: Path):
