@@ -6,6 +6,7 @@ image half (engine/image_processor.py). The commands run end to end on each, ver
 against the class itself, one prompt at a time, unpadded."""
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -14,11 +15,11 @@ from click.testing import CliRunner
 from tinymodels import make_tiny_internvl
 
 from pope_fast.cli import main
+from pope_fast.engine import CheckpointError, Settings, load_engine
 from pope_fast.engine.image_processor import load_processor
-from pope_fast.engine.synthetic import (Weights, builtin_questions, write_checkpoint, write_images,
-                                        write_question_file)
-
-pytestmark = pytest.mark.slow  # each loads transformers' class of a tiny checkpoint and runs whole commands
+from pope_fast.engine.reference import ReferenceInputs
+from pope_fast.engine.synthetic import (Weights, builtin_chat_tokenizer, builtin_questions, write_checkpoint,
+                                        write_images, write_question_file)
 
 # fp32 weights wide enough that the candidate logits differ by more than rounding (decisions that mean something)
 WEIGHTS = dict(weights=Weights(init="model", dtype=torch.float32, std=0.2))
@@ -41,6 +42,7 @@ def _invoke(*args) -> str:
     return result.output
 
 
+@pytest.mark.slow  # transformers' class of a tiny checkpoint, whole commands
 @pytest.mark.parametrize("kind", KINDS)
 def test_eval_score_compare_and_verify(kind, tmp_path):
     """The class's own processor without its video half; a paired run (VCD beside the baseline, VCD noising the
@@ -64,3 +66,39 @@ def test_eval_score_compare_and_verify(kind, tmp_path):
                    "--device", "cpu")
     assert "4 questions through the transformers backend and transformers' class" in told
     assert "argmax equal 4/4; continuations equal 4/4" in told and told.strip().endswith("agree")
+
+
+# OpenGVLab's InternVL3.5 (not its -HF conversion): its classes are its own code
+REMOTE = {"model_type": "internvl_chat", "auto_map": {
+    "AutoConfig": "configuration_internvl_chat.InternVLChatConfig",
+    "AutoModel": "modeling_internvl_chat.InternVLChatModel",
+    "AutoModelForCausalLM": "modeling_internvl_chat.InternVLChatModel"}}
+
+
+@pytest.mark.parametrize("backend", ["auto", "engine", "transformers"])
+def test_a_checkpoint_of_its_own_code_is_refused_naming_it(backend, tmp_path):
+    """A model class that is the checkpoint's own code (config.json's auto_map) runs nowhere here: one line says so,
+    on every backend, before any weight is read."""
+    (tmp_path / "config.json").write_text(json.dumps(REMOTE))
+    with pytest.raises(CheckpointError) as err:
+        load_engine(tmp_path, Settings(), backend=backend)
+    found = "model_type 'internvl_chat' has no image-text-to-text class in transformers" if backend == "transformers" \
+        else "model_type 'internvl_chat' is not supported (supported: "
+    assert str(err.value).startswith(f"{tmp_path}/config.json: {found}"), err.value
+    assert str(err.value).endswith(
+        "; its model class is the checkpoint's own code (config.json's auto_map: "
+        "modeling_internvl_chat.InternVLChatModel), which pope-fast does not run (trust_remote_code)")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torchvision") is not None, reason="torchvision builds Molmo2's images")
+def test_a_processor_whose_image_half_needs_torchvision_is_refused_naming_it(tmp_path):
+    """Molmo2's image processor itself is torchvision's (no PIL variant): neither its processor nor its image half
+    loads, and the one line names the package."""
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "molmo2"}))
+    (tmp_path / "preprocessor_config.json").write_text(json.dumps({"image_processor_type": "Molmo2ImageProcessor",
+                                                                   "processor_class": "Molmo2Processor"}))
+    builtin_chat_tokenizer(["<|image|>"], eos="<|im_end|>", pad="<|endoftext|>").save_pretrained(str(tmp_path))
+    with pytest.raises(CheckpointError) as err:
+        ReferenceInputs(tmp_path, Settings())
+    assert str(err.value) == (f"{tmp_path}: transformers' processor does not load (Could not load any image processor "
+                              f"class for {tmp_path}; missing package: torchvision; nor without its video processor)")
