@@ -7,6 +7,7 @@ from pathlib import Path
 from .core import Engine
 from .utils.loader import CheckpointError, read_config
 from .models import engine_refusal
+from .reference import remote_code
 from .reference_engine import ReferenceEngine
 from .utils.settings import Settings
 
@@ -23,12 +24,13 @@ def resolve_backend(folder: Path, backend: str = "auto") -> str:
 
     config = read_config(folder)
     why = engine_refusal(config)  # no family for its model_type, or one that does not fit what it holds
+    if backend != "transformers" and why is not None and config.get("model_type") not in MAPPED:
+        remote = remote_code(config)
+        raise CheckpointError(f"{folder}/config.json: {why}, and transformers has no image-text-to-text class for "
+                              "it" + (f"; {remote}" if remote else ""))
     if backend == "engine" and why is not None:
         raise CheckpointError(f"{folder}/config.json: {why}; --backend transformers runs it through transformers' "
                               "own class")
-    if backend == "auto" and why is not None and config.get("model_type") not in MAPPED:
-        raise CheckpointError(f"{folder}/config.json: {why}, and transformers has no image-text-to-text class for "
-                              "it")
     return "engine" if backend != "transformers" and why is None else "transformers"
 
 

@@ -15,6 +15,7 @@ from PIL import Image
 from safetensors import SafetensorError
 
 from ..readout.templates import render_chat
+from .image_processor import ProcessorError, load_processor
 from .layers.generation import rule_fields
 from .utils.loader import (INDEX_BUFFERS, CheckpointError, check_stored, generation_config, quiet_fallback, read_config,
                      refuse_names, stop_ids)
@@ -26,6 +27,8 @@ SAMPLING = ("do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p", 
             "transformers_version")
 # The image-token id a config names, under the names transformers' classes use for it.
 IMAGE_TOKEN_FIELDS = ("image_token_id", "image_token_index")
+# The Auto classes a config.json's auto_map names a model's own code under, the most specific first.
+REMOTE_MODEL_CLASSES = ("AutoModelForImageTextToText", "AutoModelForVision2Seq", "AutoModelForCausalLM", "AutoModel")
 
 
 def reference_class(folder: Path, config: dict):
@@ -35,9 +38,19 @@ def reference_class(folder: Path, config: dict):
     from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MAPPED
 
     if config.get("model_type") not in MAPPED:
+        remote = remote_code(config)
         raise CheckpointError(f"{folder}/config.json: model_type {config.get('model_type')!r} has no "
-                              "image-text-to-text class in transformers")
+                              "image-text-to-text class in transformers" + (f"; {remote}" if remote else ""))
     return transformers.AutoModelForImageTextToText
+
+
+def remote_code(config: dict) -> str | None:
+    """Why a checkpoint whose model class is its own code (config.json's auto_map, which transformers runs only under
+    trust_remote_code) does not run, in words for one line; None where its auto_map names no model class."""
+    named = config.get("auto_map") if isinstance(config.get("auto_map"), dict) else {}
+    found = next((named[k] for k in REMOTE_MODEL_CLASSES if isinstance(named.get(k), str)), None)
+    return None if found is None else (f"its model class is the checkpoint's own code (config.json's auto_map: "
+                                       f"{found}), which pope-fast does not run (trust_remote_code)")
 
 
 def load_reference(checkpoint: Path, settings: Settings):
@@ -49,6 +62,7 @@ def load_reference(checkpoint: Path, settings: Settings):
     from transformers.utils import logging
 
     config = read_config(checkpoint)
+    auto = reference_class(checkpoint, config)  # a model_type with no class refused before its files are read
     check_stored(checkpoint, quantized="quantization_config" in config)
     # a mismatch is reported, not raised, so that it is refused below in the engine's words
     kwargs = {"dtype": settings.torch_dtype, "output_loading_info": True, "ignore_mismatched_sizes": True}
@@ -67,7 +81,7 @@ def load_reference(checkpoint: Path, settings: Settings):
     report.addFilter(_no_load_report)
     try:
         with quiet_fallback():  # the PIL image processors' torchvision notice
-            model, info = reference_class(checkpoint, config).from_pretrained(str(checkpoint), **kwargs)
+            model, info = auto.from_pretrained(str(checkpoint), **kwargs)
     except (OSError, ValueError, KeyError, RuntimeError, SafetensorError) as why:  # a file transformers cannot read
         if isinstance(why, CheckpointError):
             raise
@@ -254,16 +268,19 @@ def error_reason(why: BaseException) -> str:
     text = re.split(r"(?<=\.) ", text, maxsplit=1)[0]
     # ModuleNotFoundError names the module; transformers' requires_backends says "requires the Torchvision library"
     named = getattr(why, "name", None) or next(iter(re.findall(r"requires the (\w+) library", text)), None)
-    return f"{text.rstrip('.')}; missing package: {named.lower()}" if isinstance(why, ImportError) and named else text
+    named = named if isinstance(why, ImportError) else None
+    # the Auto classes' ValueError names it in a later sentence ("Missing optional dependencies: torchvision.")
+    named = named or next(iter(re.findall(r"Missing optional dependencies: ([\w, -]+)", str(why))), None)
+    return f"{text.rstrip('.')}; missing package: {named.lower()}" if named else text
 
 
 def _processor(folder: Path):
-    from transformers import AutoProcessor
-
     try:
-        return AutoProcessor.from_pretrained(str(folder))
-    except (OSError, ValueError, ImportError) as why:
-        raise CheckpointError(f"{folder}: transformers' processor does not load ({error_reason(why)})") from None
+        return load_processor(folder)
+    except ProcessorError as why:
+        whole, half = error_reason(why.whole), why.half and error_reason(why.half)
+        tried = "" if half is None else "; nor without its video processor" + ("" if half == whole else f": {half}")
+        raise CheckpointError(f"{folder}: transformers' processor does not load ({whole}{tried})") from None
 
 
 def _tokenizer(folder: Path):

@@ -265,10 +265,10 @@ def bench(device, fmt, **options) -> None:
 @click.option("--quant", type=click.Choice(["none", "nf4"]), default="none", show_default=True)
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
 @click.option("--max-new-tokens", default=8, show_default=True, type=click.IntRange(min=1))
+@click.option("--backend", type=click.Choice(["engine", "transformers"]), default="engine", show_default=True)
 def verify(model, **options) -> None:
-    """The engine against transformers' class on a checkpoint; exit 0 agree, 1 disagree, 3 nothing verified."""
+    """The engine (or --backend transformers) against the class; exit 0 agree, 1 disagree, 3 nothing verified."""
     from .verify import verify as run_verify  # torch and transformers: only this command loads them here
-
     with _failures():
         verdict = run_verify(local_or_hub(model, "--model")[0], **options)
     click.echo(verdict.summary())

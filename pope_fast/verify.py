@@ -1,5 +1,6 @@
-"""`pope-fast verify`: a user's own proof, on their checkpoint and their device, that the engine computes what
-transformers' class of the checkpoint computes. A few questions (POPE-shaped, on synthetic images or the user's)
+"""`pope-fast verify`: a user's own proof, on their checkpoint and their device, that the engine (or, with backend
+"transformers", the transformers backend's batched, left-padded run) computes what transformers' class of the
+checkpoint computes one prompt at a time. A few questions (POPE-shaped, on synthetic images or the user's)
 go through both: the candidate logits at the answer position, the argmax, every logit readout's decision and the
 greedy continuation (both applying the checkpoint's generation_config.json, as transformers' generate does).
 
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from .engine import Engine, Settings
+from .engine import Settings, load_engine
 from .engine.utils.loader import read_config
 from .engine.models import engine_refusal, family_class
 from .engine.reference import ReferenceModel
@@ -50,6 +51,7 @@ class Verdict:
     continuations_equal: int = 0
     disagreements: list[str] = field(default_factory=list)
     nothing_to_compare: str | None = None
+    ours: str = "the engine"  # what was held against the class
 
     @property
     def agrees(self) -> bool:
@@ -64,7 +66,7 @@ class Verdict:
             return (f"{self.model}: nothing to compare ({self.nothing_to_compare}); nothing verified (exit status "
                     f"{NOTHING_VERIFIED})")
         n = self.questions
-        lines = [f"{self.model}: {n} questions through the engine and transformers' class",
+        lines = [f"{self.model}: {n} questions through {self.ours} and transformers' class",
                  f"worst candidate-logit difference {self.worst_logit:.3g} (bound {self.bound:.3g})",
                  f"argmax equal {self.argmax_equal}/{n}; continuations equal {self.continuations_equal}/{n}",
                  "decisions equal: " + ", ".join(f"{r} {k}/{n}" for r, k in self.decisions.items())]
@@ -75,23 +77,24 @@ class Verdict:
 
 
 def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | None = None, dtype: str | None = None,
-           quant: str = "none", device: str | None = None, max_new_tokens: int = 8) -> Verdict:
-    """The engine against transformers' class on `model_dir`, in `dtype` (default: fp32 on CPU, fp16 on CUDA and
+           quant: str = "none", device: str | None = None, max_new_tokens: int = 8, backend: str = "engine") -> Verdict:
+    """The engine (backend "transformers": the transformers backend, its questions about an image batched) against
+    transformers' class one prompt at a time on `model_dir`, in `dtype` (default: fp32 on CPU, fp16 on CUDA and
     with NF4) and `quant`, on `device` (default: cuda when available)."""
-    verdict = Verdict(str(model_dir))
+    verdict = Verdict(str(model_dir), ours="the engine" if backend == "engine" else "the transformers backend")
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     images_dir = None if images_dir is None else Path(images_dir)
     config = read_config(Path(model_dir))
-    if (why := engine_refusal(config)) is not None:  # no family that fits: the backend is the only path
-        verdict.nothing_to_compare = why
+    if backend == "engine" and (why := engine_refusal(config)) is not None:  # no family that fits
+        verdict.nothing_to_compare = f"{why}; --backend transformers holds the backend that runs it against the class"
         return verdict
-    family = family_class(config["model_type"])
-    if family.reference_unavailable:
+    family = family_class(config["model_type"]) if backend == "engine" else None
+    if family is not None and family.reference_unavailable:
         verdict.nothing_to_compare = family.reference_unavailable
         return verdict
     settings = Settings(device=device, dtype=dtype, quant=quant, max_new_tokens=max_new_tokens,
                         generation_config="greedy")  # both sides apply the checkpoint's generation rules
-    engine = Engine.load(model_dir, settings, readouts="all")
+    engine = load_engine(model_dir, settings, backend=backend, readouts="all")
     with tempfile.TemporaryDirectory() as tmp:
         asked = _questions(n_questions, images_dir, Path(tmp))
         ours = {(path, q): answer for path, texts in asked.items()

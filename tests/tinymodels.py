@@ -99,11 +99,12 @@ def make_tiny_llava_onevision(folder: Path, *, seed: int = 0, builtin_tokenizer:
 
 def make_tiny_internvl(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, tied: bool = False,
                        vision_hidden: int = 32, tile: int = 56, max_patches: int = 6, init_std: float = 0.08,
-                       feature_layer: int = -1) -> Path:
+                       feature_layer: int = -1, language: str = "qwen2") -> Path:
     """A random InternVL3-hf checkpoint (2-layer InternViT on 56-px tiles: 4 x 4 patches, 4 tokens per tile
-    after the pixel shuffle; up to 6 tiles + a thumbnail; 2-layer Qwen2, tied embeddings on request) with its
-    image processor and tokenizer; the tokenizer is InternVL3-8B-hf's from ../shared when it is there. Layer
-    scales and the projector's LayerNorm are drawn too, so that a model ignoring them differs."""
+    after the pixel shuffle; up to 6 tiles + a thumbnail; 2-layer Qwen2, or Qwen3 as InternVL3.5-hf's, tied
+    embeddings on request) with its image processor and tokenizer; the tokenizer is InternVL3-8B-hf's from
+    ../shared when it is there. Layer scales and the projector's LayerNorm are drawn too, so that a model ignoring
+    them differs."""
     layers = 2
     extra = {f"model.vision_tower.encoder.layer.{i}.{name}": 0.5
              for i in range(layers) for name in ("lambda_1", "lambda_2")}
@@ -113,9 +114,9 @@ def make_tiny_internvl(folder: Path, *, seed: int = 0, builtin_tokenizer: bool =
     dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=layers,
                             num_attention_heads=4, image_size=tile, patch_size=14, use_mean_pooling=True,
                             attention_bias=True),
-                text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096, rope_theta=1e6,
-                          initializer_range=init_std),
+                text=dict(model_type=language, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096,
+                          rope_theta=1e6, initializer_range=init_std),
                 max_patches=max_patches,
                 config=dict(initializer_range=init_std, tie_word_embeddings=tied, vision_feature_layer=feature_layer))
     return write_checkpoint(

@@ -39,7 +39,7 @@ LLAMA_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, n
 
 # Random checkpoints of models the engine has no family for, which the transformers backend runs (its tests, and
 # bench --models NAME): one module each, named as the families' are (BLIP-2's model_type is "blip-2").
-REFERENCE_ONLY = ("mllama", "paligemma", "idefics3", "blip2")
+REFERENCE_ONLY = ("mllama", "paligemma", "idefics3", "blip2", "glm4v", "llava_onevision1_5", "ovis2_5")
 
 
 def family_checkpoints(model_type: str):
@@ -128,11 +128,12 @@ def builtin_tokenizer(folder: Path):
 
 
 def builtin_chat_tokenizer(specials: list[str], *, eos: str, pad: str, bos: str | None = None,
-                           chat_template: str | None = None):
+                           chat_template: str | None = None, named: dict[str, str] | None = None):
     """A word-level stand-in for the tokenizer of a model the engine has no family for (the transformers backend's
     checkpoints): COCO's words and the prompts', then `specials` (its image, turn and padding tokens), BOS
-    prepended where it has one, and its chat template's shape where it has one. Returned unsaved: its processor
-    saves it."""
+    prepended where it has one, its chat template's shape where it has one, and `named` special tokens as
+    attributes (tokenizer_config.json's extra_special_tokens, which processors read the image tokens from).
+    Returned unsaved: its processor saves it."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
@@ -146,7 +147,8 @@ def builtin_chat_tokenizer(specials: list[str], *, eos: str, pad: str, bos: str 
     if bos:
         tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
                                                            special_tokens=[(bos, tok.token_to_id(bos))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token=bos, eos_token=eos, pad_token=pad)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token=bos, eos_token=eos, pad_token=pad,
+                                   extra_special_tokens=named)
     if chat_template:
         fast.chat_template = chat_template
     return fast

@@ -2,6 +2,7 @@
 tokenizer's chat template."""
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from ..utils.loader import quiet_fallback
@@ -29,18 +30,20 @@ INTERNVIT_TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2
 
 # Qwen2.5-7B as InternVL3-8B-hf carries it (its vocabulary: Qwen2.5's 151,665 + InternVL's nine tokens).
 QWEN2_5_7B = {**QWEN2_7B, "vocab_size": 151674}
+NAMED = {"start_image_token": START, "end_image_token": END, "context_image_token": CONTEXT, "video_token": "<video>"}
 
 SIZES = {"7b": dict(vision=INTERNVIT_300M, text=QWEN2_5_7B), "tiny": dict(vision=INTERNVIT_TINY, text=QWEN2_TINY)}
 
 
 def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
                      weights: Weights | None = None, **stream) -> Path:
-    """A random-weight InternVL3-hf checkpoint: an InternViT tower, a Qwen2 language model, the image
+    """A random-weight InternVL3-hf checkpoint: an InternViT tower, a Qwen2 language model (dims' text model_type
+    "qwen3": InternVL3.5-hf's layout, which the engine's family does not implement), the image
     processor (dims' `max_patches`, default 12) and the tokenizer (tokenizer_dir's where it has
     <IMG_CONTEXT>, else a built-in stand-in with InternVL's template)."""
     with quiet_fallback():  # the processor classes' torchvision notice
-        from transformers import (AutoTokenizer, GotOcr2ImageProcessorPil, InternVLConfig,
-                                  InternVLForConditionalGeneration, InternVLVisionConfig, Qwen2Config)
+        from transformers import (CONFIG_MAPPING, AutoTokenizer, GotOcr2ImageProcessorPil, InternVLConfig,
+                                  InternVLForConditionalGeneration, InternVLVisionConfig)
 
     dims, folder = sized(SIZES, dims), checkpoint_folder(folder)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else None
@@ -48,12 +51,17 @@ def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: 
         tok = builtin_qwen2_tokenizer(folder)
         tok.add_tokens([START, END, CONTEXT], special_tokens=True)
         tok.chat_template = INTERNVL_CHAT_TEMPLATE
+        tok.save_pretrained(str(folder))
+        # the named tokens InternVLProcessor reads, as InternVL3-8B-hf's tokenizer_config.json names them
+        tok = AutoTokenizer.from_pretrained(str(folder), extra_special_tokens=NAMED)
     tok.save_pretrained(str(folder))
     vision = InternVLVisionConfig(**dims["vision"])
     tied = dims.get("config", {}).get("tie_word_embeddings", False)
-    text = Qwen2Config(**with_vocab(dims["text"], tok), bos_token_id=None, tie_word_embeddings=tied,
-                       eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
-                       pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
+    # InternVL3's language model is Qwen2.5 (Qwen2's class), InternVL3.5-hf's Qwen3: dims' text model_type says
+    text = dict(with_vocab(dims["text"], tok))
+    text = CONFIG_MAPPING[text.pop("model_type", "qwen2")](
+        **text, bos_token_id=None, tie_word_embeddings=tied, eos_token_id=tok.convert_tokens_to_ids("<|im_end|>"),
+        pad_token_id=tok.convert_tokens_to_ids("<|endoftext|>"))
     side = vision.image_size[0] // vision.patch_size[0]
     config = InternVLConfig(vision_config=vision, text_config=text,
                             image_token_id=tok.convert_tokens_to_ids(CONTEXT),
@@ -64,5 +72,8 @@ def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: 
     processor = GotOcr2ImageProcessorPil(size={"height": size, "width": size}, crop_to_patches=False,
                                          min_patches=1, max_patches=dims.get("max_patches", 12),
                                          image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD)
-    return save_checkpoint(folder, config, InternVLForConditionalGeneration, processor,
-                           weights or Weights(**stream))
+    save_checkpoint(folder, config, InternVLForConditionalGeneration, processor, weights or Weights(**stream))
+    # what InternVLProcessor.save_pretrained writes beside its parts: its context tokens per tile (256 unless said)
+    (folder / "processor_config.json").write_text(json.dumps(
+        {"processor_class": "InternVLProcessor", "image_seq_length": config.image_seq_length}, indent=2))
+    return folder

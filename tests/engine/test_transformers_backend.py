@@ -163,11 +163,13 @@ def test_a_checkpoint_without_a_chat_template_whose_processor_needs_one_is_refus
 
 
 @pytest.mark.parametrize("raised, reason", [
+    # its image half is tried next (engine/image_processor.py), and says why it does not load either
     ("torchvision", "Qwen2VLVideoProcessor requires the Torchvision library but it was not found in your environment; "
-                    "missing package: torchvision"),
+                    "missing package: torchvision; nor without its video processor: Unrecognized model in {folder}."),
     (ModuleNotFoundError("No module named 'decord'", name="decord"), "No module named 'decord'; missing package: "
                                                                       "decord"),
-    (ValueError("\n\nUnrecognized processing class in x.\nSee the docs."), "Unrecognized processing class in x.")])
+    (ValueError("\n\nUnrecognized processing class in x.\nSee the docs."), "Unrecognized processing class in x."),
+    (ImportError(""), "ImportError"), (ValueError("\n \n"), "ValueError")])  # no text: its type names it
 def test_a_processor_that_does_not_load_is_named_with_its_reason(raised, reason, monkeypatch, tmp_path):
     """transformers' import errors start with a newline (the newest families' processors import torchvision for their
     video half): the reason is the message's first line of text, and the package that is missing."""
@@ -181,7 +183,7 @@ def test_a_processor_that_does_not_load_is_named_with_its_reason(raised, reason,
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", fails)
     with pytest.raises(CheckpointError) as err:
         ReferenceInputs(tmp_path, Settings())
-    assert str(err.value) == f"{tmp_path}: transformers' processor does not load ({reason})"
+    assert str(err.value) == f"{tmp_path}: transformers' processor does not load ({reason.format(folder=tmp_path)})"
 @pytest.mark.slow  # the registry's tiny LLaVA's processor files, made with its weights
 @pytest.mark.parametrize("family", ["llava", None], ids=["family-processor", "auto-processor"])
 def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_path):
