@@ -69,10 +69,12 @@ class EvalJob:
             return None if p is None else Path(p)
 
         inputs = resolve_inputs(model_dir, tuple(question_files), subset, split)
-        return cls(Path(out_dir), inputs.model_dir, inputs.question_files, path(images_dir), demo_questions,
-                   inputs.split, dataset, template, readouts, tuple(method_specs), path(cache_dir), skip_bad,
-                   {**settings, "prefix_reuse": not no_prefix_reuse}, limit, limit_per_split, command, protocol,
-                   benchmark, inputs.sources, backend)
+        return cls(Path(out_dir), model_dir=inputs.model_dir, question_sources=inputs.question_files,
+                   images_dir=path(images_dir), demo_questions=demo_questions, split=inputs.split, dataset=dataset,
+                   template=template, readouts=readouts, methods=tuple(method_specs), cache_dir=path(cache_dir),
+                   skip_bad=skip_bad, settings={**settings, "prefix_reuse": not no_prefix_reuse}, limit=limit,
+                   limit_per_split=limit_per_split, command=command, protocol=protocol, benchmark=benchmark,
+                   hub=inputs.sources, backend=backend)
 
 
 @dataclass
