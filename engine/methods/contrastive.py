@@ -1,0 +1,55 @@
+"""The logit contrasts: (1 + alpha) l - alpha l_other within the plausible tokens, against a noised image
+(VCD) or a disturbing instruction (ICD)."""
+from __future__ import annotations
+
+import torch
+
+from .base import ALPHA, BETA, Method, Param, Pass, plausible
+from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP
+
+
+def contrast(main: torch.Tensor, other: torch.Tensor, alpha: float, beta: float) -> torch.Tensor:
+    out = (1 + alpha) * main - alpha * other
+    return out.masked_fill(~plausible(main, beta), float("-inf"))
+
+
+class VCD(Method):
+    name = "vcd"
+    reference = ("Leng et al., Mitigating Object Hallucinations in Large Vision-Language Models through Visual "
+                 "Contrastive Decoding, CVPR 2024 (DAMO-NLP-SG/VCD): (1 + alpha) l - alpha l_noised where "
+                 "l >= log(beta) + max l, else -inf; noise step 500, alpha 1, beta 0.1 as its POPE scripts")
+    defaults = {"alpha": 1.0, "beta": 0.1, "noise_step": VCD_NOISE_STEP, "seed": 0}
+    text_only_refusal = "it contrasts the image with a noised copy of it, and there is no image to noise"
+    params = {"alpha": ALPHA, "beta": BETA, "noise_step": Param(int, 0, DIFFUSION_STEPS - 1), "seed": Param(int, 0)}
+
+    def passes(self, num_layers):
+        s = self.settings
+        return {"main": Pass(), "noised": Pass("noised", noise_step=int(s["noise_step"]), seed=int(s["seed"]))}
+
+    def combine(self, logits):
+        a = float(self.settings["alpha"])
+        main, other = logits["main"], logits["noised"]
+        return contrast(main, other, a, float(self.settings["beta"]))
+
+
+class ICD(Method):
+    """Chosen as the second contrastive family over M3ID: M3ID weights its text-only contrast by
+    (1 - exp(-lambda t)) / exp(-lambda t), about 0.02 at the first token with its lambda 0.02, so on
+    POPE's one position it is nearly the baseline; ICD contrasts at full strength there, and its pass
+    (the same image under another system instruction) exercises what VCD's and PAI's do not."""
+
+    name = "icd"
+    reference = ("Wang et al., Mitigating Hallucinations in Large Vision-Language Models with Instruction "
+                 "Contrastive Decoding, ACL Findings 2024 (p1k0pan/ICD): (1 + alpha) l - alpha l_disturbed, "
+                 "the disturbance instruction as the system prompt, alpha 1, beta 0.1")
+    defaults = {"alpha": 1.0, "beta": 0.1,
+                "instruction": "You are a confused objects detector to provide a fuzzy overview or impression "
+                               "of the image."}
+    params = {"alpha": ALPHA, "beta": BETA, "instruction": Param(str)}
+
+    def passes(self, num_layers):
+        return {"main": Pass(), "disturbed": Pass(system=str(self.settings["instruction"]))}
+
+    def combine(self, logits):
+        return contrast(logits["main"], logits["disturbed"], float(self.settings["alpha"]),
+                         float(self.settings["beta"]))
