@@ -21,15 +21,15 @@ the modules that import it).
 from __future__ import annotations
 
 from .base import PASS_IMAGES, Baseline, Intervened, Method, Param, Pass, layer_range, plausible
-from .contrastive import ICD, VCD
+from .contrastive import ICD, M3ID, VCD
 from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP, diffusion_alpha_bar, diffusion_noise, noise_generator
 from .pai import PAI
 
-__all__ = ["DIFFUSION_STEPS", "ICD", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP", "Baseline",
+__all__ = ["DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP", "Baseline",
            "Intervened", "Method", "Param", "Pass", "diffusion_alpha_bar", "diffusion_noise", "layer_range",
            "noise_generator", "parse_method", "plausible"]
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID)}
 
 
 def parse_method(spec: str) -> Method:

@@ -65,6 +65,19 @@ def test_pai_contrasts_log_probabilities_with_the_text_only_pass():
     _check(ours, np.where(_head(main.double().numpy(), 0.2), 1.4 * log_main - 0.4 * log_text, -np.inf))
 
 
+def test_m3id_amplifies_what_the_image_adds_over_the_text_only_pass():
+    """M3ID (Favero et al., CVPR 2024) as sangminwoo/AvisC avisc_utils/avisc_sample.py:246-269 computes it, at the
+    first token (t = 1): gamma = exp(-lambda), log p(y | c, x) + (1 - gamma) / gamma (log p(y | c, x) - log p(y | x)),
+    -inf where the conditioned logit is below log(beta) + its row's max."""
+    main, text = _logits(10), _logits(11)
+    log_main, log_text = (np.log(_probabilities(x.double().numpy())) for x in (main, text))
+    for spec, lam, beta in (("m3id:lambda=0.7,beta=0.2", 0.7, 0.2), ("m3id", 0.02, 0.1)):
+        ours = parse_method(spec).combine({"main": main, "text": text})
+        weight = (1 - math.exp(-lam)) / math.exp(-lam)
+        _check(ours, np.where(_head(main.double().numpy(), beta), log_main + weight * (log_main - log_text), -np.inf))
+    assert (1 - math.exp(-0.02)) / math.exp(-0.02) == pytest.approx(0.0202, abs=1e-4)  # docs/methods.md's ~0.02
+
+
 def test_the_baseline_records_the_models_logits_as_they_are():
     main = _logits(7)
     assert torch.equal(parse_method("none").combine({"main": main}), main)

@@ -219,6 +219,8 @@ def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkp
     engine = load_engine(folder, Settings(batch_size=4), readouts="dynamic_single")
     with pytest.raises(ValueError, match="method pai: the transformers backend cannot edit attention"):
         engine.check_method(parse_method("pai"))
+    with pytest.raises(ValueError, match=r"^method m3id: the transformers backend cannot run its text-only pass \("):
+        engine.check_method(parse_method("m3id"))
     vcd = parse_method("vcd")
     prepared = engine.prepare(IMAGES[:1])
     got = engine.run_methods(prepared, [ASKED[:2]], [vcd])["vcd"][0]
