@@ -229,8 +229,9 @@ class ReferenceEngine(Engine):
         super().check_method(method)
         passes = method.passes(self.model.lm.dims.num_layers).values()
         if any(p.edit is not None for p in passes):
-            raise ValueError(f"method {method.name}: the transformers backend cannot edit attention (its passes act "
-                             "inside the engine's own attention); run it on a model the engine has a family for")
+            raise ValueError(f"method {method.name}: the transformers backend cannot edit attention or MLP outputs "
+                             "(its passes act inside the engine's own layers); run it on a model the engine has a "
+                             "family for")
         if any(p.image == "none" for p in passes):
             raise ValueError(f"method {method.name}: the transformers backend cannot run its text-only pass (the "
                              "prompt's tokens with its image's removed, from the engine's own prompt layout); run it "

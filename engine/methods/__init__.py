@@ -24,12 +24,13 @@ from .base import PASS_IMAGES, Baseline, Intervened, Method, Param, Pass, layer_
 from .contrastive import ICD, M3ID, VCD
 from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP, diffusion_alpha_bar, diffusion_noise, noise_generator
 from .pai import PAI
+from .vti import VTI, VTISteering
 
-__all__ = ["DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP", "Baseline",
-           "Intervened", "Method", "Param", "Pass", "diffusion_alpha_bar", "diffusion_noise", "layer_range",
-           "noise_generator", "parse_method", "plausible"]
+__all__ = ["DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP", "VTI",
+           "Baseline", "Intervened", "Method", "Param", "Pass", "VTISteering", "diffusion_alpha_bar",
+           "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible"]
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI)}
 
 
 def parse_method(spec: str) -> Method:
