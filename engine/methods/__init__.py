@@ -27,15 +27,31 @@ from .pai import PAI
 from .vti import VTI, VTISteering
 
 __all__ = ["DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP", "VTI",
-           "Baseline", "Intervened", "Method", "Param", "Pass", "VTISteering", "diffusion_alpha_bar",
+           "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering", "diffusion_alpha_bar",
            "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible"]
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI)}
+
+# Methods papers compare against that are not here, and what each needs that the engine does not give (docs/methods.md)
+NOT_HERE = {
+    "avisc": "it zeroes the image tokens that the answer position attends to least in its most image-attentive "
+             "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179), and the engine records that attention "
+             "summed over the image, not per token",
+    "sid": "its contrast pass keeps only the image tokens of low attention after an early layer, and the engine "
+           "records no per-token attention nor drops tokens within a pass",
+    "vista": "its steering vector comes from each question's own residual streams with and without the image, and "
+             "its logit augmentation from the last layers' hidden states (LzVv123456/VISTA steering_vector.py:113), "
+             "which no pass of the engine returns",
+    "clearsight": "its attention edit scales the system prompt's keys as well as the image's (ustc-hyin/ClearSight "
+                  "visaug/inference/AttnAdapter.py:71-78), and the engine's attention edits act on image keys only",
+}
 
 
 def parse_method(spec: str) -> Method:
     """'NAME' or 'NAME:key=value,...' → the method with those settings (numbers parsed as numbers)."""
     name, _, rest = spec.strip().partition(":")
+    if name in NOT_HERE:
+        raise ValueError(f"method {name} is not available: {NOT_HERE[name]}")
     if name not in METHODS:
         raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
     settings = {}

@@ -174,3 +174,13 @@ def test_vti_reads_its_directions_file_and_refuses_what_it_cannot_use(tmp_path):
     flat = _directions_file(tmp_path / "flat.safetensors", text=torch.ones(8))
     with pytest.raises(ValueError, match=r"tensor text must be finite floats \[layers, hidden\], not torch.float32 \[8\]"):
         parse_method(f"vti:directions={flat}").passes(4)
+
+
+def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_needs():
+    with pytest.raises(ValueError, match=r"^method avisc is not available: it zeroes the image tokens that the answer "
+                                         r"position attends to least .*not per token$"):
+        parse_method("avisc:lamb=1")
+    with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
+        parse_method("clearsight")
+    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti$"):
+        parse_method("dola")
