@@ -19,7 +19,8 @@ class Pass:
     """One forward pass a method reads. image: "image" (the image's features), "noised" (VCD's noised
     copy at `noise_step`, VCD's own step unless given, drawn per image from `seed`), or "none" (the
     prompt's tokens without the image tokens); system: an instruction rendered as the template's system
-    text (ICD); edit: an attention intervention, named by `edit_name` (what tells two passes apart)."""
+    text (ICD); edit: an Intervention (PAI's attention edit, VTI's MLP steering), named by `edit_name`
+    (what tells two passes apart)."""
 
     image: str = "image"
     system: str | None = None
