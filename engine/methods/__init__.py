@@ -37,8 +37,9 @@ NOT_HERE = {
     "avisc": "it zeroes the image tokens that the answer position attends to least in its most image-attentive "
              "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179), and the engine records that attention "
              "summed over the image, not per token",
-    "sid": "its contrast pass keeps only the image tokens of low attention after an early layer, and the engine "
-           "records no per-token attention nor drops tokens within a pass",
+    "sid": "its contrast pass keeps only the image tokens the answer position attends to least after an early layer "
+           "(huofushuo/SID minigpt4/models/modeling_llama.py:608-631), and the engine records no per-token attention "
+           "nor drops tokens within a pass",
     "vista": "its steering vector comes from each question's own residual streams with and without the image, and "
              "its logit augmentation from the last layers' hidden states (LzVv123456/VISTA steering_vector.py:113), "
              "which no pass of the engine returns",
