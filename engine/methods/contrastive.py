@@ -35,7 +35,7 @@ class VCD(Method):
 
 
 class ICD(Method):
-    """Chosen as the second contrastive family over M3ID: M3ID weights its text-only contrast by
+    """Chosen as the second contrastive family before M3ID came (below): M3ID weights its text-only contrast by
     (1 - exp(-lambda t)) / exp(-lambda t), about 0.02 at the first token with its lambda 0.02, so on
     POPE's one position it is nearly the baseline; ICD contrasts at full strength there, and its pass
     (the same image under another system instruction) exercises what VCD's and PAI's do not."""
