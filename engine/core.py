@@ -308,7 +308,8 @@ class Engine:
         which a method that needs the image refuses (TextOnlyRefused, its text_only_refusal). Every
         distinct pass of the methods runs once (methods.Pass): passes on the same features and prompts
         share their prefixes, the text-only pass is computed once per distinct prompt for the engine's
-        lifetime. Only the baseline's plain pass decodes (text readouts)."""
+        lifetime. Only a non-contrastive method's own pass decodes (text readouts): the baseline's, VTI's, an
+        Intervention's."""
         if len(prepared) != len(questions):
             raise ValueError(f"run_methods: {len(prepared)} prepared images but {len(questions)} question lists; "
                              "give one list of questions per image")
@@ -320,7 +321,8 @@ class Engine:
         layers = self.model.lm.dims.num_layers
         wanted = {m.name: m.passes(layers) for m in methods}
         got = self._passes(prepared, features, questions, list(dict.fromkeys(
-            p for passes in wanted.values() for p in passes.values())), methods)
+            p for passes in wanted.values() for p in passes.values())), methods,
+            {wanted[m.name]["main"] for m in methods if not m.contrastive})
         where = [(i, j) for i, qs in enumerate(questions) for j in range(len(qs))]
         out = {}
         for m in methods:
@@ -335,11 +337,12 @@ class Engine:
         return out
 
     def _passes(self, prepared: list[Prepared], features: list[torch.Tensor], questions: list[list[str]],
-                distinct: list[Pass], methods: list[Method]) -> dict[Pass, list[list[PromptResult]]]:
+                distinct: list[Pass], methods: list[Method], decoded: set[Pass]
+                ) -> dict[Pass, list[list[PromptResult]]]:
         """Every distinct pass's results; passes on the same features and prompts share one prefix, each
-        edit in turn."""
+        edit in turn. `decoded`: the passes whose records are a method's own (a non-contrastive method's one
+        pass), which continue for the text readouts."""
         vocab = any(m.contrastive for m in methods)
-        plain_decodes = any(not m.contrastive for m in methods)
         got: dict[Pass, list[list[PromptResult]]] = {}
         shared: dict[tuple, list[Pass]] = {}
         for p in distinct:
@@ -350,7 +353,7 @@ class Engine:
             items = [ImagePrompts(f, [self.prompt(q, system, f is not None) for q in qs])
                      for f, qs in zip(feats, questions)]
             runs = self.run_passes(items, [p.edit for p in passes], vocab=vocab,
-                                   decode=[plain_decodes and p == Pass() for p in passes])
+                                   decode=[p in decoded for p in passes])
             got.update(zip(passes, runs))
         if any(p.image == "none" for p in distinct):
             got[Pass("none")] = self._text_only(features, questions)

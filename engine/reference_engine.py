@@ -224,10 +224,17 @@ class ReferenceEngine(Engine):
         return [self.runner.run_items(items, vocab=vocab, decode=d) for d in decode]
 
     def check_method(self, method: Method) -> None:
-        """ValueError where a method needs what the backend does not compute (an attention edit)."""
+        """ValueError where a method needs what the backend does not compute (an attention edit, the prompt's own
+        tokens without its image's)."""
         super().check_method(method)
-        if any(p.edit is not None for p in method.passes(self.model.lm.dims.num_layers).values()):
-            raise ValueError(f"method {method.name}: the transformers backend cannot edit attention (its passes act "
-                             "inside the engine's own attention); run it on a model the engine has a family for")
+        passes = method.passes(self.model.lm.dims.num_layers).values()
+        if any(p.edit is not None for p in passes):
+            raise ValueError(f"method {method.name}: the transformers backend cannot edit attention or MLP outputs "
+                             "(its passes act inside the engine's own layers); run it on a model the engine has a "
+                             "family for")
+        if any(p.image == "none" for p in passes):
+            raise ValueError(f"method {method.name}: the transformers backend cannot run its text-only pass (the "
+                             "prompt's tokens with its image's removed, from the engine's own prompt layout); run it "
+                             "on a model the engine has a family for")
 
 

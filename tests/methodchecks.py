@@ -9,7 +9,8 @@ from pope_fast.engine import Engine, Settings
 from pope_fast.engine.methods import ICD, diffusion_noise, noise_generator, parse_method
 
 IMAGES = [synthetic_image(i + 81, size) for i, size in enumerate([(90, 40), (60, 60)])]
-METHODS = ["none", "vcd:noise_step=400,seed=3", "pai:layers=0-1,alpha=0.5", "icd:beta=0.05"]
+METHODS = ["none", "vcd:noise_step=400,seed=3", "pai:layers=0-1,alpha=0.5", "icd:beta=0.05", "m3id:lambda=0.4"]
+M3ID_WEIGHT = (1 - math.exp(-0.4)) / math.exp(-0.4)  # (1 - gamma_1) / gamma_1 at lambda 0.4
 
 
 def pai_attention(alpha, layers, state):
@@ -31,7 +32,7 @@ def plausible(logits, beta):
 def formula_oracle(checkpoint, model_class, make_inputs):
     """Per (image, question): each method's full-vocabulary logits by its paper's formula, from the
     transformers model run on the image, its noised copy (the same noise), the prompt without its image
-    tokens, the prompt under ICD's instruction, and with PAI's edit in its eager attention."""
+    tokens (PAI's and M3ID's), the prompt under ICD's instruction, and with PAI's edit in its eager attention."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask
 
@@ -65,7 +66,9 @@ def formula_oracle(checkpoint, model_class, make_inputs):
             icd = (2 * main - l_disturbed).masked_fill(~plausible(main, 0.05), -math.inf)
             lp, lt = torch.log_softmax(l_pai, -1), torch.log_softmax(l_text, -1)
             pai = (1.1 * (lp - lt) + lt).masked_fill(~plausible(lp, 0.1), -math.inf)
-            out[i, q] = {"none": main, "vcd": vcd, "pai": pai, "icd": icd}
+            lc = torch.log_softmax(main, -1)
+            m3id = (lc + M3ID_WEIGHT * (lc - lt)).masked_fill(~plausible(main, 0.1), -math.inf)
+            out[i, q] = {"none": main, "vcd": vcd, "pai": pai, "icd": icd, "m3id": m3id}
     return out
 
 
@@ -84,5 +87,5 @@ def check_methods(engine, oracle):
                     else:
                         assert abs(value - expected) <= 1e-4, (name, i, q, token, value, expected)
     # the methods moved the answers: a real comparison, not the baseline compared with itself
-    for name in ("vcd", "pai", "icd"):
+    for name in ("vcd", "pai", "icd", "m3id"):
         assert any(out[name][0][j].candidate_logits != out["none"][0][j].candidate_logits for j in range(3)), name

@@ -28,7 +28,7 @@ from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, causal_atten
 from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
-from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit
+from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit, mlp_hook
 from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .moe import ExpertMLP
 from ..inputs.plan import TokenBatch
@@ -69,14 +69,16 @@ class DecoderLayer(nn.Module):
         """x [B, S, heads, D] through q_norm or k_norm (which: "q", "k") where the dims ask for them (qk_norm)."""
         return rms_norm(x, getattr(self, f"{which}_norm"), self.dims.rms_eps) if self.dims.qk_norm else x
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
-        """Residual + o_proj, then the MLP block. attn [B, Hq, S, D]."""
+    def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None,
+               mlp: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """Residual + o_proj, then the MLP block, its output through `mlp` where given (an intervention's
+        interventions.mlp_hook). attn [B, Hq, S, D]."""
         b, _, s, _ = attn.shape
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
         h = rms_norm(x, self.post_norm, self.dims.rms_eps)
-        if self.experts is not None:
-            return x + self.experts(h)
-        return x + self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
+        out = self.experts(h) if self.experts is not None else \
+            self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
+        return x + (out if mlp is None else mlp(out))
 
 
 class DecoderLM(nn.Module):
@@ -174,7 +176,7 @@ class DecoderLM(nn.Module):
             if last:
                 break
             attn = image_block_attention(q, k, v, batch.image_mask) if blocks else causal_attention(q, k, v)
-            x = layer.finish(x, attn, image=batch.image_mask)
+            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "prefix"))
             x = self.deepstack(hidden_hook(intervention, i, x, "prefix"), i, batch)
         return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans, batch.image_mask)
 
@@ -199,7 +201,7 @@ class DecoderLM(nn.Module):
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
             attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
                                     image_bidirectional=self.dims.image_bidirectional)
-            x = layer.finish(x, attn, image=batch.image_mask)
+            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"))
             x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
         last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
         return SuffixOut(last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
@@ -315,7 +317,7 @@ class DecoderLM(nn.Module):
                                      own[a:e], edits[i], cache.prefix_image(g),
                                      None if own_image is None else own_image[a:e], None if seen is None else seen[a:e])
                     for g, a, e in cache.runs]
-            x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn))
+            x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn), mlp=mlp_hook(intervention, i, "decode"))
             x = hidden_hook(intervention, i, x, "decode")
         return x
 

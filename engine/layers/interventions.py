@@ -57,6 +57,7 @@ class Intervention:
     grouped by image, and a batch may span images; for InstructBLIP, whose image tokens depend on the
     question, whole prompts and no "prefix" part), part "decode" one generated token per row [B, 1, H]
     (string readouts only); return a tensor of the same shape to replace it, or None to leave it.
+    `mlp` sees each decoder layer's MLP output before the residual adds it (VTI's steering acts there).
     `image_attention` edits the attention logits of the image keys per layer and head (see there).
     `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order) before the logit readouts
     decide; return the adjusted tensor or None. The first token and any continuation come from the
@@ -66,6 +67,11 @@ class Intervention:
     """
 
     def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
+        return None
+
+    def mlp(self, layer: int, out: torch.Tensor, part: str) -> torch.Tensor | None:
+        """Each decoder layer's MLP output before the residual adds it (Gemma 3's before its post-feedforward
+        norm), parts as `hidden`'s: return a tensor of the same shape to replace it, or None to leave it."""
         return None
 
     def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
@@ -111,10 +117,27 @@ def hidden_hook(intervention: Intervention | None, layer: int, x: torch.Tensor, 
     return out
 
 
+def mlp_hook(intervention: Intervention | None, layer: int, part: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """What a layer's MLP output goes through (the intervention's `mlp`, its shape checked), or None where the
+    intervention leaves MLPs alone."""
+    if intervention is None or type(intervention).mlp is Intervention.mlp:
+        return None
+
+    def hook(out: torch.Tensor) -> torch.Tensor:
+        new = intervention.mlp(layer, out, part)
+        if new is not None and new.shape != out.shape:
+            raise ValueError(f"Intervention.mlp returned shape {tuple(new.shape)} for layer {layer} {part}, "
+                             f"expected {tuple(out.shape)}")
+        return out if new is None else new
+
+    return hook
+
+
 def changes_prefix(intervention: Intervention | None) -> bool:
-    """Whether an intervention may change an image prefix's KV: only a hidden-state hook can (attention
+    """Whether an intervention may change an image prefix's KV: only a hidden-state or MLP hook can (attention
     edits act after the image)."""
-    return intervention is not None and type(intervention).hidden is not Intervention.hidden
+    return intervention is not None and (type(intervention).hidden is not Intervention.hidden
+                                         or type(intervention).mlp is not Intervention.mlp)
 
 
 class PAIAttention(Intervention):

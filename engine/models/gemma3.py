@@ -105,13 +105,13 @@ class Gemma3DecoderLayer(DecoderLayer):
         q = offset_rms_norm(self.q_proj(h).view(b, s, d.num_heads, d.head_dim), self.q_norm, d.rms_eps, self.q_scale)
         return apply_rotary(q.transpose(1, 2), cos, sin), apply_rotary(k, cos, sin), v
 
-    def finish(self, x, attn, image=None):
+    def finish(self, x, attn, image=None, mlp=None):
         b, _, s, _ = attn.shape
         eps = self.dims.rms_eps
         x = x + offset_rms_norm(self.o_proj(attn.transpose(1, 2).reshape(b, s, -1)), self.post_norm, eps)
         h = offset_rms_norm(x, self.pre_ff_norm, eps)
         h = self.down_proj(F.gelu(self.gate_proj(h), approximate="tanh") * self.up_proj(h))
-        return x + offset_rms_norm(h, self.post_ff_norm, eps)
+        return x + offset_rms_norm(h if mlp is None else mlp(h), self.post_ff_norm, eps)  # mlp: Gemma3MLP's output
 
 
 def text_dims(cfg, where: Path) -> tuple[DecoderDims, float]:

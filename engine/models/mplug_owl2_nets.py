@@ -240,13 +240,15 @@ class MultiwayDecoderLayer(DecoderLayer):
         q = self.q_proj(h).view(b, s, d.num_heads, d.head_dim).transpose(1, 2)
         return apply_rotary(q, cos, sin), k, v
 
-    def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None) -> torch.Tensor:
+    def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None,
+               mlp=None) -> torch.Tensor:
         if image is None:
-            return super().finish(x, attn)
+            return super().finish(x, attn, mlp=mlp)
         b, _, s, _ = attn.shape
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
         h = rms_norm(x, _per_position(image, self.post_norm, self.post_norm_image), self.dims.rms_eps)
-        return x + self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
+        out = self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
+        return x + (out if mlp is None else mlp(out))
 
 
 def _per_position(image: torch.Tensor, text_weight: torch.Tensor, image_weight: torch.Tensor) -> torch.Tensor:

@@ -2,6 +2,7 @@
 probability space where the paper writes it so), with settings away from the defaults: the quick lane's check of
 the numbers a method records (and the one refusal of its settings that needs no model). tests/engine/test_methods.py
 runs the same formulas through whole models (slow)."""
+import hashlib
 import math
 
 import numpy as np
@@ -65,6 +66,19 @@ def test_pai_contrasts_log_probabilities_with_the_text_only_pass():
     _check(ours, np.where(_head(main.double().numpy(), 0.2), 1.4 * log_main - 0.4 * log_text, -np.inf))
 
 
+def test_m3id_amplifies_what_the_image_adds_over_the_text_only_pass():
+    """M3ID (Favero et al., CVPR 2024) as sangminwoo/AvisC avisc_utils/avisc_sample.py:246-269 computes it, at the
+    first token (t = 1): gamma = exp(-lambda), log p(y | c, x) + (1 - gamma) / gamma (log p(y | c, x) - log p(y | x)),
+    -inf where the conditioned logit is below log(beta) + its row's max."""
+    main, text = _logits(10), _logits(11)
+    log_main, log_text = (np.log(_probabilities(x.double().numpy())) for x in (main, text))
+    for spec, lam, beta in (("m3id:lambda=0.7,beta=0.2", 0.7, 0.2), ("m3id", 0.02, 0.1)):
+        ours = parse_method(spec).combine({"main": main, "text": text})
+        weight = (1 - math.exp(-lam)) / math.exp(-lam)
+        _check(ours, np.where(_head(main.double().numpy(), beta), log_main + weight * (log_main - log_text), -np.inf))
+    assert (1 - math.exp(-0.02)) / math.exp(-0.02) == pytest.approx(0.0202, abs=1e-4)  # docs/methods.md's ~0.02
+
+
 def test_the_baseline_records_the_models_logits_as_they_are():
     main = _logits(7)
     assert torch.equal(parse_method("none").combine({"main": main}), main)
@@ -103,3 +117,70 @@ def test_a_setting_given_twice_in_one_method_is_refused():
                                          r"once$"):
         parse_method("vcd:alpha=1,alpha=2")
     assert parse_method("vcd:alpha=1, beta=0.2").settings["alpha"] == 1  # distinct keys as before
+
+
+def _vti_layer(x: np.ndarray, direction: np.ndarray, alpha: float) -> np.ndarray:
+    """VTILayer.forward (shengliu66/VTI vti_utils/llm_layers.py:16-31) with one direction and lam [alpha], in float64:
+    y = alpha * d / |d|; x -> (x / |x| + 0.1 y) / |x / |x| + 0.1 y| * |x|."""
+    y = alpha * direction / np.linalg.norm(direction)
+    norm = np.linalg.norm(x, axis=-1, keepdims=True)
+    turned = x / norm + 0.1 * y
+    return turned / np.linalg.norm(turned, axis=-1, keepdims=True) * norm
+
+
+def test_vti_turns_each_layers_mlp_output_toward_its_direction_keeping_its_norm():
+    from pope_fast.engine.methods import VTISteering
+
+    directions = _logits(12, rows=3, vocab=16)  # [layers, hidden]
+    out = _logits(13, rows=2 * 5, vocab=16).view(2, 5, 16)  # an MLP output [B, S, H]
+    steering = VTISteering(directions, 0.7)
+    for layer in range(3):
+        ours = steering.mlp(layer, out, "suffix").double().numpy()
+        expected = _vti_layer(out.double().numpy(), directions[layer].double().numpy(), 0.7)
+        assert np.abs(ours - expected).max() < 1e-5
+        assert np.abs(ours - out.double().numpy()).max() > 1e-2  # it moved
+    half = steering.mlp(0, out.half(), "decode")
+    assert half.dtype == torch.float16  # back to the model's dtype, as VTILayer returns x.half()
+
+
+def _directions_file(path, **tensors):
+    from safetensors.torch import save_file
+
+    save_file({k: v.contiguous() for k, v in tensors.items()}, str(path))
+    return path
+
+
+def test_vti_reads_its_directions_file_and_refuses_what_it_cannot_use(tmp_path):
+    with pytest.raises(ValueError, match=r"^method vti: give directions=PATH, a safetensors file whose tensor text "):
+        parse_method("vti:alpha=0.5")
+    good = _directions_file(tmp_path / "vti.safetensors", text=_logits(14, rows=4, vocab=8))
+    vti = parse_method(f"vti:directions={good},alpha=0.5")
+    assert not vti.contrastive  # one steered pass: the model's own records, text readouts included
+    [main] = vti.passes(4).values()
+    assert main.edit.alpha == 0.5 and main.edit.unit.shape == (4, 8) and main.edit_name.startswith("vti:0.5:")
+    assert vti.to_json(4)["settings"] == {"directions": str(good), "alpha": 0.5,
+                                          "directions_sha256": hashlib.sha256(good.read_bytes()).hexdigest()}
+    with pytest.raises(ValueError, match=r"tensor text has 4 directions, the model 6 decoder layers \(one each"):
+        vti.passes(6)
+    with pytest.raises(ValueError, match=r"tensor text is \[4, 8\], but the model's hidden size is 16"):
+        main.edit.mlp(0, torch.zeros(1, 2, 16), "suffix")
+    both = _directions_file(tmp_path / "both.safetensors", text=_logits(14, rows=4, vocab=8),
+                            vision=_logits(15, rows=4, vocab=8))
+    with pytest.raises(ValueError, match=r"holds text, vision; it must hold one tensor, text \[layers, hidden\] "
+                                         r"\(VTI's visual direction steers the vision encoder"):
+        parse_method(f"vti:directions={both}").passes(4)
+    with pytest.raises(ValueError, match=rf"^method vti: directions {tmp_path}/missing.safetensors: "):
+        parse_method(f"vti:directions={tmp_path}/missing.safetensors").passes(4)
+    flat = _directions_file(tmp_path / "flat.safetensors", text=torch.ones(8))
+    with pytest.raises(ValueError, match=r"tensor text must be finite floats \[layers, hidden\], not torch.float32 \[8\]"):
+        parse_method(f"vti:directions={flat}").passes(4)
+
+
+def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_needs():
+    with pytest.raises(ValueError, match=r"^method avisc is not available: it zeroes the image tokens that the answer "
+                                         r"position attends to least .*not per token$"):
+        parse_method("avisc:lamb=1")
+    with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
+        parse_method("clearsight")
+    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti$"):
+        parse_method("dola")

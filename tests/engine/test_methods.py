@@ -83,6 +83,55 @@ def test_every_method_matches_its_formula_on_qwen2_5_vl(tmp_path):
     check_methods(Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
 
 
+def _vti_on_transformers(model, directions: torch.Tensor, alpha: float) -> None:
+    """VTI's add_vti_layers (shengliu66/VTI vti_utils/llm_layers.py:105-110) on transformers' class: each language-model
+    layer's mlp output through VTILayer's arithmetic (:16-31, one direction), written here in float64."""
+    def steer(d):
+        def hook(module, args, out):
+            x = out.double()
+            norm = x.norm(dim=-1, keepdim=True)
+            turned = x / norm + 0.1 * alpha * d / d.norm()
+            return (turned / turned.norm(dim=-1, keepdim=True) * norm).to(out.dtype)
+        return hook
+
+    for layer, d in zip(model.model.language_model.layers, directions.double()):
+        layer.mlp.register_forward_hook(steer(d))
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_vti_steers_every_mlp_as_its_wrapped_layers_do_on_transformers(family, request, tmp_path):
+    """VTI's one pass (prefix, question and continuation steered) against transformers' class with its mlps wrapped
+    as VTI wraps them: the answer position's logits and generate's greedy continuation; the baseline beside it is
+    the model's own."""
+    from safetensors.torch import save_file
+    from tinymodels import generated_text
+    from transformers import AutoConfig, LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
+    model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
+                              (Qwen2VLForConditionalGeneration, _qwen_inputs))
+    text = AutoConfig.from_pretrained(str(checkpoint)).text_config
+    directions = torch.randn(text.num_hidden_layers, text.hidden_size, generator=torch.Generator().manual_seed(5))
+    save_file({"text": directions}, str(tmp_path / "vti.safetensors"))
+    engine = Engine.load(checkpoint, Settings(batch_size=2, max_new_tokens=4), readouts="template_aware,string_parse")
+    methods = [parse_method("none"), parse_method(f"vti:directions={tmp_path / 'vti.safetensors'},alpha=3")]
+    out = engine.run_methods(engine.prepare(IMAGES), [QUESTIONS[:3]] * 2, methods)
+    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    _vti_on_transformers(model, directions, 3.0)
+    inputs_of = inputs_of(checkpoint)
+    for i, image in enumerate(IMAGES):
+        for q, ours, plain in zip(QUESTIONS[:3], out["vti"][i], out["none"][i]):
+            inputs = inputs_of(image, engine.prompt(q))
+            with torch.no_grad():
+                theirs = model(**inputs).logits[0, -1]
+                generated = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+            assert ours.first_token_id == int(theirs.argmax()), (i, q)
+            for token, value in ours.candidate_logits.items():
+                assert abs(value - float(theirs[token])) <= 1e-4, (i, q, token, value, float(theirs[token]))
+            assert ours.decoded == generated_text(engine, generated[0, inputs["input_ids"].shape[1]:].tolist())
+            assert ours.candidate_logits != plain.candidate_logits  # the steering reached the answer
+
+
 def test_diffusion_noise_follows_vcds_schedule():
     betas = 1 / (1 + np.exp(-np.linspace(-6, 6, DIFFUSION_STEPS))) * (0.5e-2 - 1e-5) + 1e-5
     assert diffusion_alpha_bar(500) == pytest.approx(float(np.prod(1 - betas[:501])), rel=1e-5)

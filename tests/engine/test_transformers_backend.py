@@ -213,7 +213,7 @@ def test_what_the_backend_cannot_compute_is_refused_in_one_line(settings, named,
     assert "\n" not in str(err.value)
 
 
-def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkpoints):
+def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkpoints, tmp_path):
     """PAI edits attention: refused by name. VCD's noised pass is the class on the processor's pixel_values noised as
     the engine noises a family's (the image's key and the method's seed), combined as VCD combines."""
     from transformers import AutoModelForImageTextToText, AutoProcessor
@@ -222,6 +222,13 @@ def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkp
     engine = load_engine(folder, Settings(batch_size=4), readouts="dynamic_single")
     with pytest.raises(ValueError, match="method pai: the transformers backend cannot edit attention"):
         engine.check_method(parse_method("pai"))
+    with pytest.raises(ValueError, match=r"^method m3id: the transformers backend cannot run its text-only pass \("):
+        engine.check_method(parse_method("m3id"))
+    from safetensors.torch import save_file
+
+    save_file({"text": torch.ones(engine.model.lm.dims.num_layers, 8)}, str(tmp_path / "vti.safetensors"))
+    with pytest.raises(ValueError, match="method vti: the transformers backend cannot edit attention or MLP outputs"):
+        engine.check_method(parse_method(f"vti:directions={tmp_path / 'vti.safetensors'}"))
     vcd = parse_method("vcd")
     prepared = engine.prepare(IMAGES[:1])
     got = engine.run_methods(prepared, [ASKED[:2]], [vcd])["vcd"][0]

@@ -1,0 +1,154 @@
+"""What every method is built from: the passes it names (`Pass`), its settings' bounds (`Param`), the
+`Method` itself, the plausibility cut the contrastive methods share, and the baseline and an experiment's own
+intervention as methods."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..layers.interventions import Intervention
+from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP
+
+PASS_IMAGES = ("image", "noised", "none")
+
+
+@dataclass(frozen=True)
+class Pass:
+    """One forward pass a method reads. image: "image" (the image's features), "noised" (VCD's noised
+    copy at `noise_step`, VCD's own step unless given, drawn per image from `seed`), or "none" (the
+    prompt's tokens without the image tokens); system: an instruction rendered as the template's system
+    text (ICD); edit: an Intervention (PAI's attention edit, VTI's MLP steering), named by `edit_name`
+    (what tells two passes apart)."""
+
+    image: str = "image"
+    system: str | None = None
+    noise_step: int | None = None  # a "noised" pass's only: None there is VCD_NOISE_STEP
+    seed: int = 0
+    edit_name: str = ""
+    edit: Intervention | None = field(default=None, compare=False, hash=False)
+
+    def __post_init__(self):
+        if self.image not in PASS_IMAGES:
+            raise ValueError(f"Pass: image must be one of {', '.join(PASS_IMAGES)}, not {self.image!r}")
+        if self.image != "noised":
+            if self.noise_step is not None:
+                raise ValueError(f"Pass: noise_step applies to a 'noised' pass, not to image={self.image!r}")
+            return
+        step = VCD_NOISE_STEP if self.noise_step is None else self.noise_step
+        if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < DIFFUSION_STEPS:
+            raise ValueError(f"Pass: noise_step must be an integer in [0, {DIFFUSION_STEPS - 1}], not {step!r}")
+        object.__setattr__(self, "noise_step", step)  # frozen: the step it runs at, as two equal passes compare
+
+
+def plausible(logits: torch.Tensor, beta: float) -> torch.Tensor:
+    """The adaptive plausibility constraint: tokens whose logit (or log-probability) is within log(beta)
+    of the row's best. [B, V] bool."""
+    return logits >= math.log(beta) + logits.max(dim=-1, keepdim=True).values
+
+
+@dataclass(frozen=True)
+class Param:
+    """What a method's setting may be: a number (int, or float which an int also is) within [low, high]
+    (low excluded with low_open), or a non-empty string."""
+
+    kind: type
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def check(self, method: str, name: str, value) -> None:
+        kinds = (int, float) if self.kind is float else (self.kind,)
+        what = {int: "an integer", float: "a number", str: "a text"}[self.kind]
+        if isinstance(value, bool) or not isinstance(value, kinds) or (self.kind is str and not value.strip()) \
+                or (self.kind is float and not math.isfinite(value)):
+            raise ValueError(f"method {method}: {name} must be {what}, not {value!r}")
+        if (self.low is not None and (value < self.low or (self.low_open and value == self.low))) or \
+                (self.high is not None and value > self.high):
+            bounds = f"{'(' if self.low_open else '['}{self.low}, {'∞)' if self.high is None else f'{self.high}]'}"
+            raise ValueError(f"method {method}: {name} must lie in {bounds}, not {value!r}")
+
+
+ALPHA, BETA = Param(float, 0.0), Param(float, 0.0, 1.0, low_open=True)  # a contrast's weight; a plausibility cut
+
+
+class Method:
+    """A named mitigation method: its settings (with the paper's defaults, each checked against its
+    Param before any model loads), its passes, and how it combines their [B, V] fp32 answer-position
+    logits."""
+
+    name = ""
+    reference = ""
+    # Why the method cannot answer a question asked without an image (None: it runs on one as on any prompt).
+    text_only_refusal: str | None = None
+    defaults: dict = {}
+    params: dict[str, Param] = {}
+
+    def __init__(self, **settings):
+        unknown = sorted(set(settings) - set(self.defaults))
+        if unknown:
+            raise ValueError(f"method {self.name}: unknown setting(s) {', '.join(unknown)}; "
+                             f"known: {', '.join(self.defaults) or 'none'}")
+        for key, value in settings.items():
+            self.check(key, value)
+        self.settings = {**self.defaults, **settings}
+
+    def check(self, key: str, value) -> None:
+        self.params[key].check(self.name, key, value)
+
+    def passes(self, num_layers: int) -> dict[str, Pass]:
+        return {"main": Pass()}
+
+    def combine(self, logits: dict[str, torch.Tensor]) -> torch.Tensor:
+        return logits["main"]
+
+    @property
+    def contrastive(self) -> bool:
+        return type(self).combine is not Method.combine
+
+    def to_json(self, num_layers: int | None = None) -> dict:
+        """Name, settings as they apply to a model of num_layers layers (defaults resolved), reference."""
+        return {"name": self.name, "settings": self.resolved(num_layers), "reference": self.reference}
+
+    def resolved(self, num_layers: int | None) -> dict:
+        return dict(self.settings)
+
+
+class Baseline(Method):
+    name = "none"
+    reference = "the model as it is: the baseline every method is compared with"
+
+
+def layer_range(spec, num_layers: int) -> tuple[int, int]:
+    """'FIRST-LAST' (inclusive), or None: 2 .. the last layer (PAI's range(2, 32) on 32 layers; the
+    last layer alone on a model of fewer than 3)."""
+    if spec is None:
+        first, last = min(2, num_layers - 1), num_layers - 1
+    else:
+        first, sep, last = str(spec).partition("-")
+        if not (sep and first.isdigit() and last.isdigit()):
+            raise ValueError(f"layers takes FIRST-LAST (e.g. 2-31), not {spec!r}")
+        first, last = int(first), int(last)
+    if not 0 <= first <= last < num_layers:
+        raise ValueError(f"layers {first}-{last} are not within the model's {num_layers} layers")
+    return first, last
+
+
+class Intervened(Method):
+    """The model under an experiment's own Intervention (the Python API's run_pope(..., intervention=)):
+    one pass with it; meta.json names its class and its plain settings (numbers, strings, flags), so a
+    resume under another intervention is refused."""
+
+    name = "intervention"
+
+    def __init__(self, intervention: Intervention):
+        super().__init__()
+        self.intervention = intervention
+        kind = type(intervention)
+        self.reference = f"{kind.__module__}.{kind.__qualname__}"
+        self.settings = {k: v for k, v in sorted(vars(intervention).items())
+                         if isinstance(v, (int, float, str, bool, type(None), tuple, list)) and not k.startswith("_")}
+
+    def passes(self, num_layers):
+        return {"main": Pass(edit=self.intervention, edit_name=f"{self.reference}:{self.settings}")}
