@@ -24,7 +24,7 @@ from ..hub import TOKENIZER_FILES, local_or_hub
 from ..readout import READOUTS, Question, load_questions
 from ..readout.readouts import FIRST_TOKEN, LOGIT
 from ..readout.records import json_lines
-from ..sweep import run_paired, run_pope
+from ..sweep import run_paired, run_plain
 from .measure import device_name, floor_figures, median_run, peak_memory_mb, reset_peak_memory
 from .reference import ReferenceSpec, run_reference
 
@@ -157,7 +157,7 @@ def _bench_ours(name: str, cfg: BenchConfig, engine: Engine, questions: list[Que
         shutil.rmtree(records_dir, ignore_errors=True)
         engine.reset(clear_cache=True, timed=True)
         start = time.perf_counter()
-        result = run_pope(engine, questions, images, records_dir, progress=tick)
+        result = run_plain(engine, questions, images, records_dir, progress=tick)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         runs.append((time.perf_counter() - start, engine.timings.to_json(), engine.counts))
@@ -214,7 +214,7 @@ def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Qu
         engine.reset(clear_cache=True, timed=True)
         shard.gather(None)  # a barrier: the ranks start each timed run together
         start = time.perf_counter()
-        prompts = run_pope(engine, mine, images, records_dir).evaluated_prompts if mine else 0  # more ranks than steps
+        prompts = run_plain(engine, mine, images, records_dir).evaluated_prompts if mine else 0  # more ranks than steps
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         walls.append(shard.gather(time.perf_counter() - start))

@@ -2,10 +2,10 @@
 
     from pope_fast.engine import Engine, Settings
     engine = Engine.load("llava-1.5-7b-hf", Settings(device="cuda", quant="nf4"))
-    answers = engine.score("cat.jpg", ["Is there a cat in the image?"])
+    answers = engine.answer("cat.jpg", ["Is there a cat in the image?"])
 
 The sweep over question files and its run folders, and torchrun, are the application's:
-`pope_fast.sweep` (run_pope, run_paired, SweepResult, write_summaries) and `pope_fast.distributed`
+`pope_fast.sweep` (run_plain, run_paired, SweepResult, write_summaries) and `pope_fast.distributed`
 (Shard, RankError).
 """
 from .backend import BACKENDS, load_engine

@@ -1,5 +1,5 @@
 """Which backend runs a checkpoint: the engine where it has a family that fits it (models.family_of), transformers'
-own class otherwise (reference_engine.ReferenceEngine), or the one `--backend` names."""
+own class otherwise (transformers_engine.TransformersEngine), or the one `--backend` names."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from .core import Engine
 from .utils.loader import CheckpointError, read_config
 from .models import engine_refusal
 from .reference import remote_code
-from .reference_engine import ReferenceEngine
+from .transformers_engine import TransformersEngine
 from .utils.settings import Settings
 
 BACKENDS = ("auto", "engine", "transformers")
@@ -37,5 +37,5 @@ def resolve_backend(folder: Path, backend: str = "auto") -> str:
 def load_engine(folder: str | Path, settings: Settings | None = None, *, backend: str = "auto", **kwargs) -> Engine:
     """The Engine (Engine.load's keyword arguments) of the backend resolve_backend chooses."""
     folder = Path(folder).expanduser().resolve()
-    chosen = Engine if resolve_backend(folder, backend) == "engine" else ReferenceEngine
+    chosen = Engine if resolve_backend(folder, backend) == "engine" else TransformersEngine
     return chosen.load(folder, settings, **kwargs)

@@ -263,7 +263,7 @@ class Engine:
         text is not there, a contrastive method's, is left out)."""
         return self.readout.decide(result)
 
-    def score(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
+    def answer(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
         """Answer questions about one image (a path, a PIL image or a LoadedImage), or with image None
         questions asked without one (text-only prompts, TextOnlyRefused where the family cannot)."""
         if isinstance(questions, str) or not all(isinstance(q, str) for q in questions):

@@ -1,6 +1,6 @@
 """transformers' own model of a checkpoint: the reference the engine is held against (bench's pipeline,
 `pope-fast verify`) and the backend that runs every model the engine has no family for (`ReferenceModel`,
-run by reference_engine.ReferenceEngine): transformers' image-text-to-text class of its model_type, on the device,
+run by transformers_engine.TransformersEngine): transformers' image-text-to-text class of its model_type, on the device,
 NF4 as transformers' bitsandbytes integration quantizes it; its processor and chat template make the inputs."""
 from __future__ import annotations
 

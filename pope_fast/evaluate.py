@@ -26,7 +26,7 @@ from .readout.readouts import GENERATING, parse_readouts
 from .resume import COMPARE_FILE, check_layout
 from .score_jobs import CompareJob, score_paths
 from .store import RunLock, atomic_write, remove_unused_folder
-from .sweep import SweepResult, check_image_names, run_paired, run_pope
+from .sweep import SweepResult, check_image_names, run_paired, run_plain
 
 DEMO_TOKENS = 6  # the demo's continuations: its random tiny model never ends an answer
 
@@ -161,7 +161,7 @@ def run_eval(job: EvalJob, shard: Shard | None, progress: ProgressFactory | None
         if methods:
             results = run_paired(engine, questions, images_dir, job.out_dir, methods, **run)
         else:
-            results = [run_pope(engine, questions, images_dir, job.out_dir, **run)]
+            results = [run_plain(engine, questions, images_dir, job.out_dir, **run)]
         comparison = _comparison(job.out_dir, results, benchmark) if len(methods) > 1 and lead else None
     if shard is not None:
         shard.leave()

@@ -52,7 +52,7 @@ class RunFolder:
     method: Method
 
 
-def run_pope(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
+def run_plain(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
              skip_bad: bool = False, progress: Progress | None = None, workers: int | None = None,
              lock: RunLock | None = None, shard: Shard | None = None, intervention: Intervention | None = None,
              provenance: dict | None = None, question_file: list[Question] | None = None) -> SweepResult:
@@ -77,7 +77,7 @@ def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path
                provenance: dict | None = None, question_file: list[Question] | None = None) -> list[SweepResult]:
     """A paired run: every method on the same questions, images and settings in one sweep, each into its
     own ordinary run folder out_dir/<method name>/ (resumable as any run). `progress` counts questions
-    once, not once per method. Under torchrun as run_pope, every method's share of an image on the same
+    once, not once per method. Under torchrun as run_plain, every method's share of an image on the same
     rank."""
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
@@ -92,7 +92,7 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
               folders: list[RunFolder], *, skip_bad: bool = False, progress: Progress | None = None,
               workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
               provenance: dict | None = None, question_file: list[Question] | None = None) -> list[SweepResult]:
-    """The sweep of run_pope and run_paired: every folder's method on the questions, out_dir locked. A rerun with a
+    """The sweep of run_plain and run_paired: every folder's method on the questions, out_dir locked. A rerun with a
     smaller --limit (`question_file` holds more than `questions`) keeps what a folder recorded past it, proven to be
     the file's questions, in its place: it is scored and counted as the folder's, and nothing of it is asked again."""
     for f in folders:  # settings that do not fit this model (or its backend) are refused before any folder is touched

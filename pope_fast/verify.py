@@ -98,7 +98,7 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
     with tempfile.TemporaryDirectory() as tmp:
         asked = _questions(n_questions, images_dir, Path(tmp))
         ours = {(path, q): answer for path, texts in asked.items()
-                for q, answer in zip(texts, engine.score(path, texts))}
+                for q, answer in zip(texts, engine.answer(path, texts))}
         prompts = {q: engine.prompt(q) for _, q in ours}
         side = Ours(engine.readout.token_sets, engine.model.stop_ids, engine.model.tokenizer, settings.torch_dtype)
         del engine  # its weights go before transformers' come: one model on the device at a time

@@ -46,7 +46,7 @@ def assert_first_answers_match(family, checkpoint, engine, image, questions) -> 
     """The engine's answers to `questions` about one image against the family's class fed its reference processor's
     inputs (processor_oracle): candidate logits within 1e-4, the first token the argmax; the oracle, for more."""
     oracle = processor_oracle(family, checkpoint, engine.prompt, [image], questions, new_tokens=1)
-    for answer in engine.score(image, questions):
+    for answer in engine.answer(image, questions):
         logits, _, _ = oracle[0, answer.question]
         worst, at = worst_difference(answer.candidate_logits, logits)
         assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)
@@ -112,9 +112,9 @@ def assert_answer_matches(answer, logits, generated, where: str) -> None:
 
 
 def assert_scores_match(engine, oracle, images, questions) -> None:
-    """engine.score, one image at a time, against the oracle."""
+    """engine.answer, one image at a time, against the oracle."""
     for i, image in enumerate(images):
-        for answer in engine.score(image, questions):
+        for answer in engine.answer(image, questions):
             logits, generated, *_ = oracle[i, answer.question]
             assert_answer_matches(answer, logits, generated, f"image {i} {answer.question!r}")
 
@@ -130,7 +130,7 @@ def assert_run_matches(engine, oracle, items: list[ImagePrompts], questions) -> 
 def assert_continuations_match(engine, oracle, images, questions) -> None:
     """The text readouts' continuation is generate's, up to the first stop id."""
     for i, image in enumerate(images):
-        for answer in engine.score(image, questions):
+        for answer in engine.answer(image, questions):
             _, generated, *_ = oracle[i, answer.question]
             assert answer.decoded == generated_text(engine, generated), f"image {i} {answer.question!r}"
 
@@ -154,7 +154,7 @@ def assert_nf4_matches(engine, bnb_model, inputs_of, images, questions) -> None:
     """An NF4 engine against transformers + bitsandbytes (tinymodels.bnb_nf4_oracle), pixels in fp16 as the
     fp16 model takes them: assert_matches_nf4_oracle per answer."""
     for image in images:
-        for answer in engine.score(image, questions):
+        for answer in engine.answer(image, questions):
             inputs = inputs_of(image, engine.prompt(answer.question))
             inputs["pixel_values"] = inputs["pixel_values"].half()
             with torch.no_grad():

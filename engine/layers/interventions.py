@@ -62,7 +62,7 @@ class Intervention:
     `logits` sees the candidate logits [B, n] (fp32, columns in `ids` order) before the logit readouts
     decide; return the adjusted tensor or None. The first token and any continuation come from the
     model's own logits (hidden-state changes reach them, logit adjustments do not), so first_token and
-    the text readouts ignore `logits`. Engine.score runs one image at a time, so there G = 1 and every
+    the text readouts ignore `logits`. Engine.answer runs one image at a time, so there G = 1 and every
     suffix row is that image's.
     """
 

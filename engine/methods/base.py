@@ -136,7 +136,7 @@ def layer_range(spec, num_layers: int) -> tuple[int, int]:
 
 
 class Intervened(Method):
-    """The model under an experiment's own Intervention (the Python API's run_pope(..., intervention=)):
+    """The model under an experiment's own Intervention (the Python API's run_plain(..., intervention=)):
     one pass with it; meta.json names its class and its plain settings (numbers, strings, flags), so a
     resume under another intervention is refused."""
 

@@ -13,7 +13,7 @@ from tinymodels import make_tiny_llava, write_pope_set
 from pope_fast.cli import main
 from pope_fast.engine import Engine, Settings
 from pope_fast.readout import load_questions
-from pope_fast.sweep import run_pope
+from pope_fast.sweep import run_plain
 
 pytestmark = pytest.mark.slow  # eval and score end to end on tiny checkpoints
 
@@ -66,7 +66,7 @@ def _sweep(checkpoint, pope, out, **settings):
     images, questions = pope
     engine = Engine.load(checkpoint, Settings(**{**SETTINGS, **settings}), readouts="template_aware,string_parse")
     shapes = Shapes(engine)
-    result = run_pope(engine, questions, images, out)
+    result = run_plain(engine, questions, images, out)
     return shapes.steps, result
 
 
@@ -118,7 +118,7 @@ def test_cached_features_never_change_a_vision_call(checkpoint, pope, clean, tmp
     engine.encode(engine.prepare([images / "img_0.png", images / "img_5.png", images / "img_9.png"]))
     engine = Engine.load(checkpoint, Settings(**SETTINGS), readouts="template_aware,string_parse", cache_dir=cache)
     shapes = Shapes(engine)
-    run_pope(engine, questions, images, tmp_path / "out")
+    run_plain(engine, questions, images, tmp_path / "out")
     for step, calls in shapes.steps.items():
         vision, clean_vision = ([c for c in cs if c[0] == "encode_images"] for cs in (calls, clean_steps[step]))
         assert all(c[1] == 1 and c in clean_vision for c in vision), step  # one image a call, as in the clean run

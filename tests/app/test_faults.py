@@ -75,19 +75,19 @@ def test_api_arguments_are_checked_up_front(checkpoint):
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     image = synthetic_image(3, (60, 50))
     with pytest.raises(TypeError, match="questions must be a list of question strings"):
-        engine.score(image, "Is there a dog in the image?")
+        engine.answer(image, "Is there a dog in the image?")
     prepared = engine.prepare([image, image])
     with pytest.raises(ValueError, match="2 prepared images but 1 question lists"):
         engine.run_methods(prepared, [QUESTIONS[:2]], [parse_method("none")])
     with pytest.raises(ValueError, match="1 prepared images but 2 question lists"):
         engine.run_methods(prepared[:1], [QUESTIONS[:2]] * 2, [parse_method("none")])
     with pytest.raises(TypeError, match="image must be a file path, a file's bytes, a PIL image or a LoadedImage"):
-        engine.score(1234, QUESTIONS[:1])
+        engine.answer(1234, QUESTIONS[:1])
     import io
 
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    from_bytes, from_image = engine.score(buffer.getvalue(), QUESTIONS[:2]), engine.score(image, QUESTIONS[:2])
+    from_bytes, from_image = engine.answer(buffer.getvalue(), QUESTIONS[:2]), engine.answer(image, QUESTIONS[:2])
     assert [a.candidate_logits for a in from_bytes] == [a.candidate_logits for a in from_image]
 
 
@@ -202,7 +202,7 @@ def test_a_category_must_name_a_pope_split_and_is_normalized(tmp_path):
 
 
 def test_records_made_immutable_mid_run_name_the_file(checkpoint, tmp_path):
-    from pope_fast.sweep import run_pope
+    from pope_fast.sweep import run_plain
 
     probe = tmp_path / "probe"
     probe.write_text("x")
@@ -220,7 +220,7 @@ def test_records_made_immutable_mid_run_name_the_file(checkpoint, tmp_path):
 
     try:
         with pytest.raises(OSError) as stopped:
-            run_pope(engine, load_questions(files[0]), images, tmp_path / "out", progress=freeze)
+            run_plain(engine, load_questions(files[0]), images, tmp_path / "out", progress=freeze)
         assert stopped.value.filename == str(records)
     finally:
         subprocess.run(["chattr", "-i", str(records)], check=False)

@@ -367,10 +367,10 @@ def test_score_takes_an_in_memory_image_in_any_mode(checkpoint, tmp_path, mode):
         image.save(tmp_path / "image.tiff")
         reference = Image.open(tmp_path / "image.tiff")
         assert reference.mode == mode
-        expected = engine.score(tmp_path / "image.tiff", ["Is there a dog in the image?"])
+        expected = engine.answer(tmp_path / "image.tiff", ["Is there a dog in the image?"])
     else:                             # no file format holds it: what a file's decoder would hand over
-        expected = engine.score(image.convert("RGB"), ["Is there a dog in the image?"])
-    [answer] = engine.score(image, ["Is there a dog in the image?"])
+        expected = engine.answer(image.convert("RGB"), ["Is there a dog in the image?"])
+    [answer] = engine.answer(image, ["Is there a dog in the image?"])
     assert answer.candidate_logits == expected[0].candidate_logits
 
 
@@ -399,7 +399,7 @@ def test_a_prompt_past_the_models_positions_is_refused_before_any_allocation(che
     (short / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=rf"a {length}-token prompt \(its image's tokens included\) exceeds the "
                                          rf"model's {length - 1} positions"):
-        Engine.load(short, Settings(), readouts="template_aware").score(images / "img_0.png", ["Is there a dog?"])
+        Engine.load(short, Settings(), readouts="template_aware").answer(images / "img_0.png", ["Is there a dog?"])
 
 
 def test_a_batch_larger_than_the_data_allocates_only_for_the_data(checkpoint, pope, clean, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ from tinymodels import QUESTIONS, make_tiny_llava, synthetic_image
 
 from pope_fast.cli import main
 from pope_fast.engine import Engine, ImageError, Settings
-from pope_fast.sweep import run_pope
+from pope_fast.sweep import run_plain
 from pope_fast.readout import DataError, load_question_sources
 
 pytestmark = pytest.mark.slow  # eval and score end to end on tiny checkpoints
@@ -103,9 +103,9 @@ def _records(out):
 def test_sweeps_over_parquet_write_the_json_records(checkpoint, pope_sources, tmp_path):
     root, images = pope_sources
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
-    run_pope(engine, load_question_sources([root / "json"], dataset="coco"), root / "images", tmp_path / "json")
+    run_plain(engine, load_question_sources([root / "json"], dataset="coco"), root / "images", tmp_path / "json")
     fresh = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
-    result = run_pope(fresh, load_question_sources([root / "Full"], dataset="coco"), None, tmp_path / "full")
+    result = run_plain(fresh, load_question_sources([root / "Full"], dataset="coco"), None, tmp_path / "full")
     assert _records(tmp_path / "full") == _records(tmp_path / "json")
     assert fresh.cache.misses == len(images)   # each distinct image decoded and encoded once
     assert result.evaluated_prompts == len({(q.image, q.text) for q in load_question_sources([root / "json"])})
@@ -126,14 +126,14 @@ def test_bad_embedded_images(checkpoint, pope_sources, tmp_path):
                           b"not a jpeg" if q.image == name else q.image_data) for q in questions]
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     with pytest.raises(ImageError, match=rf"{name} \(embedded\): not a decodable image"):
-        run_pope(engine, broken, None, tmp_path / "out")
-    result = run_pope(engine, broken, None, tmp_path / "out", skip_bad=True)
+        run_plain(engine, broken, None, tmp_path / "out")
+    result = run_plain(engine, broken, None, tmp_path / "out", skip_bad=True)
     assert result.error_records == sum(q.image == name for q in questions)
     # a name embedded in one source and a file in another would pick one of two images: refused
     mixed = questions[:1] + [q.__class__(q.question_id, q.image, q.text, q.label, "popular", q.dataset)
                              for q in questions[:1]]
     with pytest.raises(ValueError, match=rf"image {name} is embedded in one question file and a file name"):
-        run_pope(engine, mixed, root / "images", tmp_path / "mixed")
+        run_plain(engine, mixed, root / "images", tmp_path / "mixed")
 
 
 def test_bad_parquet_files_are_named(pope_sources, tmp_path):

@@ -138,7 +138,7 @@ def test_a_magnitude_edit_must_be_answer_only(checkpoint):
 
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     with pytest.raises(ValueError, match="layer 0: an attention edit with a magnitude term"):
-        engine.score(IMAGES[0], QUESTIONS[:1], Everywhere())
+        engine.answer(IMAGES[0], QUESTIONS[:1], Everywhere())
 
 
 def test_an_edit_that_is_not_an_attention_edit_is_refused_naming_the_method(checkpoint):
@@ -148,7 +148,7 @@ def test_an_edit_that_is_not_an_attention_edit_is_refused_naming_the_method(chec
 
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     with pytest.raises(TypeError, match=r"Tuple.image_attention\(0\) returned tuple; return an AttentionEdit"):
-        engine.score(IMAGES[0], QUESTIONS[:1], Tuple())
+        engine.answer(IMAGES[0], QUESTIONS[:1], Tuple())
 
 
 def test_pai_attention_default_layers_are_2_to_the_last():

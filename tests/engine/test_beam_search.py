@@ -31,7 +31,7 @@ def test_beam_search_is_generates(tiny, tmp_path):
     for settings in (Settings(), Settings(prefix_reuse=False), Settings(batch_size=1)):
         engine = Engine.load(folder, Settings(**{**settings.__dict__, **SEARCH, "generation_config": "greedy",
                                                  "max_new_tokens": NEW}), readouts="string_parse")
-        answers = engine.score(image, questions)
+        answers = engine.answer(image, questions)
         assert [a.decoded for a in answers] == [generated_text(engine, t) for t in theirs], settings
         assert [bool(a.capped) for a in answers] == [len(t) == NEW and not set(t) & {24309, 9634} for t in theirs]
 
@@ -69,7 +69,7 @@ def test_lavis_instructblip_search_is_generate_over_inputs_embeds(tiny, tmp_path
         (length,) = lengths  # the questions' prompts are as long: one max_length allows each 10 new tokens
         engine = Engine.load(folder, Settings(generation_config="greedy_output", max_length=length + 10,
                                               max_new_tokens=64, **search), readouts="string_parse")
-        answers = engine.score(image, questions)
+        answers = engine.answer(image, questions)
         assert [a.decoded for a in answers] == [generated_text(engine, t) for t in embeds], penalty
 
 

@@ -37,7 +37,7 @@ def test_sharded_checkpoint_with_builtin_tokenizer_matches_transformers(sharded)
     engine = Engine.load(sharded, Settings(batch_size=3, max_new_tokens=6), readouts="all")
     assert sorted(engine.model.tokenizer.convert_ids_to_tokens(engine.readout.token_sets["template_aware"].yes_ids)) == ["Yes", "yes"]
     for image in IMAGES:
-        for answer in engine.score(image, QUESTIONS):
+        for answer in engine.answer(image, QUESTIONS):
             inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
             assert (inputs["input_ids"] == engine.model.image_token_id).sum() == 576
             with torch.no_grad():
@@ -70,8 +70,8 @@ def test_original_llava_hf_tensor_names_load_to_the_same_model(sharded, tmp_path
             (target / f.name).write_bytes(f.read_bytes())
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     assert "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight" in tensors
-    a = Engine.load(sharded, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS)
-    b = Engine.load(target, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS)
+    a = Engine.load(sharded, Settings(), readouts="template_aware").answer(IMAGES[0], QUESTIONS)
+    b = Engine.load(target, Settings(), readouts="template_aware").answer(IMAGES[0], QUESTIONS)
     assert [x.candidate_logits for x in a] == [y.candidate_logits for y in b]
 
 
@@ -130,8 +130,8 @@ def tiny_bin(tiny_llava, tmp_path_factory):
 def test_bin_checkpoint_loads_to_identical_answers(tiny_llava, tmp_path, shards):
     folder = resave_as_bin(tiny_llava, tmp_path / "bin", shards)
     assert not list(folder.glob("*.safetensors")) and len(list(folder.glob("*.bin"))) == shards
-    a = Engine.load(tiny_llava, Settings(), readouts="all").score(IMAGES[0], QUESTIONS)
-    b = Engine.load(folder, Settings(), readouts="all").score(IMAGES[0], QUESTIONS)
+    a = Engine.load(tiny_llava, Settings(), readouts="all").answer(IMAGES[0], QUESTIONS)
+    b = Engine.load(folder, Settings(), readouts="all").answer(IMAGES[0], QUESTIONS)
     assert [x.candidate_logits for x in a] == [y.candidate_logits for y in b]
     assert [x.first_token_id for x in a] == [y.first_token_id for y in b]
     assert len({round(v, 3) for x in a for v in x.candidate_logits.values()}) > 4  # real, varied values

@@ -26,7 +26,7 @@ def test_triton_kernels_agree_with_references(checkpoint, settings, tol):
     readouts = "dynamic_single,template_aware,first_token,string_parse,pope_official,exact_match"
     ours = Engine.load(checkpoint, Settings(kernels="triton", batch_size=4, max_new_tokens=6, **settings), readouts=readouts)
     ref = Engine.load(checkpoint, Settings(kernels="torch", batch_size=4, max_new_tokens=6, **settings), readouts=readouts)
-    got, want = ours.score(image, QUESTIONS), ref.score(image, QUESTIONS)
+    got, want = ours.answer(image, QUESTIONS), ref.answer(image, QUESTIONS)
     for a, b in zip(got, want):
         worst = max(abs(a.candidate_logits[i] - b.candidate_logits[i]) for i in a.candidate_logits)
         assert worst <= tol, (a.question, worst)
@@ -56,7 +56,7 @@ def test_kernels_agree_with_references_under_an_attention_edit(checkpoint):
     for kernels in ("triton", "torch"):
         engine = Engine.load(checkpoint, Settings(kernels=kernels, batch_size=4, probe="image-attention"),
                              readouts="dynamic_single,template_aware,first_token")
-        results.append((engine.score(image, QUESTIONS, intervention=edit), engine.score(image, QUESTIONS)))
+        results.append((engine.answer(image, QUESTIONS, intervention=edit), engine.answer(image, QUESTIONS)))
     (kernel, kernel_plain), (torch_path, _) = results
     for a, b, plain in zip(kernel, torch_path, kernel_plain):
         assert max(abs(a.candidate_logits[i] - b.candidate_logits[i]) for i in a.candidate_logits) <= 1e-4

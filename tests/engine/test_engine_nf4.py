@@ -66,7 +66,7 @@ def test_candidate_logits_and_decisions_match_transformers_bnb(checkpoint, engin
 
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     for image in IMAGES:
-        for answer in engine.score(image, QUESTIONS):
+        for answer in engine.answer(image, QUESTIONS):
             inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
             inputs["pixel_values"] = inputs["pixel_values"].half()
             with torch.no_grad():
@@ -79,8 +79,8 @@ def test_packed_weights_give_the_same_answers(checkpoint, engine):
     assert packed.model.lm.layers[0].q_proj.packed is not None
     assert engine.model.lm.layers[0].q_proj.packed is None
     for image in IMAGES[:1]:
-        assert [a.candidate_logits for a in packed.score(image, QUESTIONS)] == \
-               [a.candidate_logits for a in engine.score(image, QUESTIONS)]
+        assert [a.candidate_logits for a in packed.answer(image, QUESTIONS)] == \
+               [a.candidate_logits for a in engine.answer(image, QUESTIONS)]
 
 
 def test_quantized_lm_head_option(checkpoint):

@@ -125,7 +125,7 @@ def test_continuations_under_the_checkpoints_generation_config_are_generates(nam
             (Settings(generation_config="greedy", repetition_penalty=1.0), penalty_only, argmax)):
         engine = Engine.load(folder_, Settings(**{**settings.__dict__, "max_new_tokens": NEW}),
                              readouts="string_parse")
-        answers = engine.score(image, questions)
+        answers = engine.answer(image, questions)
         assert [a.decoded for a in answers] == [generated_text(engine, t) for t in expected], settings
 
 
@@ -152,7 +152,7 @@ def test_greedy_output_is_generate_given_inputs_embeds(tiny, tmp_path):
     assert ids != embeds
     for how, expected in (("greedy", ids), ("greedy_output", embeds)):
         engine = Engine.load(folder, Settings(generation_config=how, max_new_tokens=NEW), readouts="string_parse")
-        assert [a.decoded for a in engine.score(image, questions)] == [generated_text(engine, t) for t in expected]
+        assert [a.decoded for a in engine.answer(image, questions)] == [generated_text(engine, t) for t in expected]
 
 
 @pytest.mark.slow

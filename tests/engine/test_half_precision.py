@@ -25,7 +25,7 @@ def test_half_precision_logits_are_transformers_within_the_stated_bound(name, dt
     engine = Engine.load(checkpoint, Settings(dtype=dtype, max_new_tokens=1), readouts="template_aware")
     inputs_of = family.inputs_of(checkpoint)
     worst, fp32_scale = 0.0, 0.0
-    for question, answer in zip(QUESTIONS[:2], engine.score(family.images[0], QUESTIONS[:2])):  # one prefill
+    for question, answer in zip(QUESTIONS[:2], engine.answer(family.images[0], QUESTIONS[:2])):  # one prefill
         inputs = {k: v.to(DTYPES[dtype]) if torch.is_floating_point(v) else v
                   for k, v in inputs_of(family.images[0], engine.prompt(question)).items()}
         with torch.no_grad():

@@ -84,7 +84,7 @@ def test_engine_matches_transformers_on_an_image_with_alpha(checkpoint):
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
     assert engine.model._fast_pixels is not None  # the tiny checkpoint's processor takes the fast path
-    answer = engine.score(image, QUESTIONS[:1])[0]
+    answer = engine.answer(image, QUESTIONS[:1])[0]
     inputs = processor(images=image, text=f"USER: <image>\n{QUESTIONS[0]}\nASSISTANT:", return_tensors="pt")
     with torch.no_grad():
         logits = model(**inputs).logits[0, -1]

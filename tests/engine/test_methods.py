@@ -200,14 +200,14 @@ def _lines(folder):
 def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path):
     from tinymodels import write_pope_set
 
-    from pope_fast.sweep import run_paired, run_pope
+    from pope_fast.sweep import run_paired, run_plain
     from pope_fast.readout import load_questions
 
     images, files = write_pope_set(tmp_path / "pope")
     questions = [q for f in files for q in load_questions(f)]
     engine = Engine.load(checkpoint, Settings(image_batch=1, max_new_tokens=3),
                          readouts="template_aware,legacy_2tok,first_token,string_parse")
-    plain = run_pope(engine, questions, images, tmp_path / "plain")
+    plain = run_plain(engine, questions, images, tmp_path / "plain")
 
     class Stop(Exception):
         pass
@@ -243,7 +243,7 @@ def test_paired_run_writes_a_folder_per_method_and_resumes(checkpoint, tmp_path)
                                               for r in vcd)
     # a folder holds one method's records: a plain run into the vcd folder is refused, naming the method
     with pytest.raises(ValueError, match="method.name: 'vcd' recorded, 'none' now"):
-        run_pope(engine, questions, images, tmp_path / "paired/vcd")
+        run_plain(engine, questions, images, tmp_path / "paired/vcd")
 
 
 def _score_output(out) -> str:

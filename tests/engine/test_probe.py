@@ -79,7 +79,7 @@ def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_re
 
 
 def test_probe_reaches_the_records(tmp_path):
-    from pope_fast.sweep import run_pope
+    from pope_fast.sweep import run_plain
     from tinymodels import write_pope_set
 
     from pope_fast.readout import load_questions
@@ -87,12 +87,12 @@ def test_probe_reaches_the_records(tmp_path):
     checkpoint = make_tiny_llava(tmp_path / "ckpt")
     images, files = write_pope_set(tmp_path / "pope", n_images=2, splits=("random",))
     engine = Engine.load(checkpoint, Settings(probe="image-attention"), readouts="template_aware,legacy_2tok")
-    run_pope(engine, load_questions(files[0]), images, tmp_path / "run")
+    run_plain(engine, load_questions(files[0]), images, tmp_path / "run")
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
     assert records and all(len(r["image_attention"]) == engine.model.lm.dims.num_layers for r in records)
     assert len({tuple(r["image_attention"]) for r in records}) > 1  # the questions attend differently
     plain = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
-    run_pope(plain, load_questions(files[0]), images, tmp_path / "plain")
+    run_plain(plain, load_questions(files[0]), images, tmp_path / "plain")
     without = [json.loads(line) for line in (tmp_path / "plain" / "records.jsonl").read_text().splitlines()]
     assert all("image_attention" not in r for r in without)
     # the probe reads the attention, it does not change it
@@ -100,7 +100,7 @@ def test_probe_reaches_the_records(tmp_path):
 
 
 def test_heads_reach_the_records_on_request(tmp_path):
-    from pope_fast.sweep import run_pope
+    from pope_fast.sweep import run_plain
     from tinymodels import write_pope_set
 
     from pope_fast.readout import load_questions
@@ -108,7 +108,7 @@ def test_heads_reach_the_records_on_request(tmp_path):
     checkpoint = make_tiny_llava(tmp_path / "ckpt")
     images, files = write_pope_set(tmp_path / "pope", n_images=1, splits=("random",))
     engine = Engine.load(checkpoint, Settings(probe="image-attention:heads"), readouts="template_aware")
-    run_pope(engine, load_questions(files[0]), images, tmp_path / "run")
+    run_plain(engine, load_questions(files[0]), images, tmp_path / "run")
     records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().split("\n") if line]
     for r in records:
         heads = torch.tensor(r["image_attention_heads"])

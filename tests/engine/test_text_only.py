@@ -51,7 +51,7 @@ def test_text_only_matches_transformers(family):
     for reuse, batch in ((True, 4), (False, 1)):
         engine = Engine.load(checkpoint, Settings(batch_size=batch, prefix_reuse=reuse, max_new_tokens=4),
                              readouts="all")
-        answers = engine.score(None, ASKED)
+        answers = engine.answer(None, ASKED)
         assert engine.counts.images_encoded == 0 and engine.counts.prefix_tokens == 0
         for answer in answers:
             ids = _oracle_ids(engine, answer.question)
@@ -73,8 +73,8 @@ def test_mixed_with_image_prompts_answers_as_alone(family):
     for reuse in (True, False):
         engine = Engine.load(checkpoint, Settings(batch_size=8, prefix_reuse=reuse, max_new_tokens=3),
                              readouts="all")
-        text = engine.score(None, ASKED)
-        image = engine.score(IMAGE, ASKED[:2])
+        text = engine.answer(None, ASKED)
+        image = engine.answer(IMAGE, ASKED[:2])
         features = engine.features(IMAGE)
         mixed = engine.run_images([ImagePrompts(None, [engine.prompt(q, image=False) for q in ASKED[:2]]),
                                    ImagePrompts(features, [engine.prompt(q) for q in ASKED[:2]]),
@@ -105,8 +105,8 @@ def llava(tiny):
 
 
 def test_probe_is_empty_for_a_text_only_prompt(llava):
-    [text] = llava.score(None, ASKED[:1])
-    [image] = llava.score(IMAGE, ASKED[:1])
+    [text] = llava.answer(None, ASKED[:1])
+    [image] = llava.answer(IMAGE, ASKED[:1])
     assert text.probe is None and len(image.probe["image_attention"]) == llava.model.lm.dims.num_layers
 
 
@@ -118,7 +118,7 @@ def test_methods_that_need_the_image_refuse(llava):
                                                   rf"\(no image\): .*{reason}$"):
             llava.run_methods([None], [ASKED[:1]], [METHODS["none"](), METHODS[name]()])
     out = llava.run_methods([None], [ASKED[:2]], [METHODS["none"](), METHODS["icd"]()])
-    baseline = llava.score(None, ASKED[:2])[0]  # the same batch of two
+    baseline = llava.answer(None, ASKED[:2])[0]  # the same batch of two
     assert out["none"][0][0].candidate_logits == baseline.candidate_logits
     assert out["icd"][0][0].candidate_logits != baseline.candidate_logits
 
@@ -149,7 +149,7 @@ def test_a_paired_run_records_the_refusal_per_method(llava, tmp_path):
 def test_instructblip_refuses_in_one_line(tiny):
     engine = Engine.load(tiny.checkpoint("instructblip"), Settings())
     with pytest.raises(TextOnlyRefused) as err:
-        engine.score(None, ASKED[:1])
+        engine.answer(None, ASKED[:1])
     assert str(err.value) == ("InstructBLIP cannot answer a text-only question (no image): its language model reads "
                               "the image through the Q-Former's query tokens, and "
                               "InstructBlipForConditionalGeneration requires pixel_values")
@@ -177,7 +177,7 @@ def test_mplug_owl2_text_only_is_its_text_path(shared):
     assert not unexpected and all("rotary" in k for k in missing)
     engine = Engine.load(folder, Settings(max_new_tokens=4), readouts="all")
     tokenizer = AutoTokenizer.from_pretrained(str(folder))
-    for answer in engine.score(None, ASKED):
+    for answer in engine.answer(None, ASKED):
         prompt = engine.prompt(answer.question, image=False)
         ids = tokenizer_image_token(tokenizer, prompt)
         assert list(engine.model.text_layout(prompt).ids) == ids and ids == list(tokenizer(prompt)["input_ids"])

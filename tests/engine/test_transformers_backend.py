@@ -1,4 +1,4 @@
-"""The transformers backend (engine/reference_engine.py) on one tiny checkpoint of each kind the engine has no
+"""The transformers backend (engine/transformers_engine.py) on one tiny checkpoint of each kind the engine has no
 family for: cross-attention (mllama), prefix-LM (paligemma), image splitting (idefics3), a Q-Former (BLIP-2), and
 MoE (qwen3_vl_moe, which the engine has, forced onto the backend). The oracle is the class itself, loaded here,
 one prompt at a time with its own processor: the backend's batched, left-padded records must equal its logits
@@ -18,7 +18,7 @@ from pope_fast.engine import CheckpointError, Engine, Settings, load_engine, par
 from pope_fast.engine.methods import diffusion_noise, noise_generator
 from pope_fast.engine.reference import ReferenceInputs
 from pope_fast.readout.protocols.base import NOT_READ
-from pope_fast.engine.reference_engine import ReferenceEngine
+from pope_fast.engine.transformers_engine import TransformersEngine
 from pope_fast.engine.synthetic import Weights, write_checkpoint
 
 BOUND = 1e-4  # fp32: four steps at the logits' scale (pope_fast.verify.BOUND); padding changes only the rounding
@@ -62,7 +62,7 @@ def _answers(engine) -> list[list]:
 def test_records_equal_the_class_and_its_generate(kind, checkpoints):
     folder = checkpoints[kind]
     engine = load_engine(folder, Settings(batch_size=4, max_new_tokens=4), backend="transformers", readouts="all")
-    assert isinstance(engine, ReferenceEngine) and engine.meta()["model"]["backend"] == "transformers"
+    assert isinstance(engine, TransformersEngine) and engine.meta()["model"]["backend"] == "transformers"
     answers = _answers(engine)
     model, inputs_of = _oracle(folder)
     stops = engine.model.stop_ids
@@ -123,7 +123,7 @@ def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backe
 
     folder = write_interleave_checkpoint(tmp_path / "interleave").resolve()
     engine = load_engine(folder, Settings(), readouts="dynamic_single")
-    assert isinstance(engine, ReferenceEngine) and engine.model.misfit == INTERLEAVE
+    assert isinstance(engine, TransformersEngine) and engine.model.misfit == INTERLEAVE
     assert (engine.model.name, engine.template.name) == ("llava (transformers)", "reference_chat")
     message = [{"role": "user", "content": [{"type": "image"},
                                             {"type": "text", "text": ASKED[0] + " Answer yes or no only."}]}]
@@ -255,7 +255,7 @@ def test_text_only_questions_run_where_the_class_takes_them(checkpoints):
     folder = checkpoints["idefics3"]
     engine = load_engine(folder, Settings(), readouts="dynamic_single")
     assert engine.text_only_refusal() is None
-    [answer] = engine.score(None, ASKED[:1])
+    [answer] = engine.answer(None, ASKED[:1])
     model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32).eval()
     prompt = engine.prompt(ASKED[0], image=False)
     assert "<image>" not in prompt
@@ -391,7 +391,7 @@ def test_the_probe_weighs_the_classes_own_attention_on_the_image_tokens(checkpoi
             assert np.allclose(result.probe["image_attention"], np.mean(theirs, axis=1), atol=1e-5)
     refused = load_engine(checkpoints["mllama"], Settings(probe="image-attention"), readouts="dynamic_single")
     with pytest.raises(ValueError, match="^the image-attention probe weighs image tokens of the prompt, and this "):
-        refused.score(IMAGES[0], ASKED[:1])
+        refused.answer(IMAGES[0], ASKED[:1])
 
 
 @pytest.mark.slow

@@ -35,7 +35,7 @@ def _images(family, indices):
 @pytest.mark.slow
 @pytest.mark.parametrize("family, prefix_reuse, batch_size", _cases("logits"), indirect=["family"])
 def test_logits(family, family_checkpoint, family_oracle, prefix_reuse, batch_size):
-    """engine.score, one image at a time: candidate logits within 1e-4 of the oracle's, the first token its argmax
+    """engine.answer, one image at a time: candidate logits within 1e-4 of the oracle's, the first token its argmax
     and generate's first."""
     engine = Engine.load(family_checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse,
                                                      max_new_tokens=6), readouts="all")
@@ -144,7 +144,7 @@ def test_tied_head(family, tmp_path):
     model = family.transformers_class().from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     oracle = transformers_oracle(model, family.inputs_of(checkpoint), engine.prompt, [image], QUESTIONS[:2],
                                  new_tokens=1)
-    for answer in engine.score(image, QUESTIONS[:2]):
+    for answer in engine.answer(image, QUESTIONS[:2]):
         logits, _, _ = oracle[0, answer.question]
         worst, at = worst_difference(answer.candidate_logits, logits)
         assert worst <= 1e-4 and answer.first_token_id == int(logits.argmax()), (answer.question, at, worst)

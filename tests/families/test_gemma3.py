@@ -83,7 +83,7 @@ def test_the_image_attends_both_ways_unless_image_mask_is_causal(checkpoint, ora
         assert not engine.model.lm.dims.image_bidirectional
         assert_scores_match(engine, causal, IMAGES[:2], QUESTIONS[:2])
         assert_continuations_match(engine, causal, IMAGES[:2], QUESTIONS[:2])
-        for answer in engine.score(IMAGES[0], QUESTIONS[:2]):
+        for answer in engine.answer(IMAGES[0], QUESTIONS[:2]):
             assert worst_difference(answer.candidate_logits, oracle[0, answer.question][0])[0] > 1e-2
 
 
@@ -93,7 +93,7 @@ def test_attention_scale_and_norms_are_gemmas(checkpoint, oracle):
     assert engine.model.q_scale == pytest.approx((32 / 24) ** 0.5)
     for layer in engine.model.lm.layers:
         layer.q_scale = 1.0
-    answer = engine.score(IMAGES[0], QUESTIONS[:1])[0]
+    answer = engine.answer(IMAGES[0], QUESTIONS[:1])[0]
     assert worst_difference(answer.candidate_logits, oracle[0, QUESTIONS[0]][0])[0] > 1e-2
 
 
@@ -198,13 +198,13 @@ def test_sliding_window_boundary(checkpoint, tmp_path):
     at = _window_checkpoint(checkpoint, tmp_path, length)
     engine = Engine.load(at, Settings(), readouts="template_aware")
     logits, *_ = _oracle(at, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
-    answer = engine.score(IMAGES[0], QUESTIONS[:1])[0]
+    answer = engine.answer(IMAGES[0], QUESTIONS[:1])[0]
     assert worst_difference(answer.candidate_logits, logits)[0] <= 1e-4
     below = _window_checkpoint(checkpoint, tmp_path, length - 1)
     narrow, *_ = _oracle(below, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
     assert float((narrow - logits).abs().max()) > 1e-4  # at length - 1 the window cuts a key off
     with pytest.raises(NotImplementedError, match=f"prompt exceeds the model's sliding window of {length - 1}"):
-        Engine.load(below, Settings(), readouts="template_aware").score(IMAGES[0], QUESTIONS[:1])
+        Engine.load(below, Settings(), readouts="template_aware").answer(IMAGES[0], QUESTIONS[:1])
 
 
 def test_a_continuation_past_the_sliding_window_attends_as_the_sliding_layers_do(checkpoint, tmp_path):
@@ -232,7 +232,7 @@ def test_a_continuation_past_the_sliding_window_attends_as_the_sliding_layers_do
     for reuse in (True, False):
         engine = Engine.load(folder, Settings(max_new_tokens=12, prefix_reuse=reuse), readouts="string_parse")
         for questions in ([QUESTIONS[0]], [QUESTIONS[0], short]):
-            answer = engine.score(IMAGES[0], questions)[0]
+            answer = engine.answer(IMAGES[0], questions)[0]
             assert answer.decoded == generated_text(engine, theirs), (reuse, questions)  # all 12, not 4
 
 

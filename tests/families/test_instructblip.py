@@ -7,7 +7,7 @@ from registry import REGISTRY
 from tinymodels import QUESTIONS, write_pope_set
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
-from pope_fast.sweep import run_pope
+from pope_fast.sweep import run_plain
 from pope_fast.readout import load_questions
 
 FAMILY = "instructblip"  # whose checkpoint, model and oracle tests/families/conftest.py gives
@@ -29,7 +29,7 @@ def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=3)
     questions = [q for f in files for q in load_questions(f)]
     engine = Engine.load(checkpoint, Settings(image_batch=2, max_new_tokens=6), readouts="all")
-    result = run_pope(engine, questions, images, tmp_path / "out")
+    result = run_plain(engine, questions, images, tmp_path / "out")
     assert result.evaluated_prompts < len(questions)
     assert engine.counts.images_encoded == 3   # the ViT once per image, the Q-Former per prompt
 
@@ -47,7 +47,7 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = {q.question_id: q for q in load_questions(files[0])}
     engine = Engine.load(checkpoint, Settings(), readouts="string_parse,string_parse_with_prompt")
-    [run] = run_pope(engine, list(questions.values()), images, tmp_path / "out").runs
+    [run] = run_plain(engine, list(questions.values()), images, tmp_path / "out").runs
     model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     for line in (tmp_path / "out/records.jsonl").read_text().splitlines():

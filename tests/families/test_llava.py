@@ -14,7 +14,7 @@ from tinymodels import (QUESTIONS, SHARED_LLAVA_TOKENIZER, eval_args, make_tiny_
 from pope_fast.cli import main
 from pope_fast.engine import Engine, ImagePrompts, Intervention, Settings
 from pope_fast.engine.models import FAMILIES
-from pope_fast.sweep import run_pope
+from pope_fast.sweep import run_plain
 from pope_fast.readout import READOUTS, load_questions
 
 FAMILY = "llava"  # whose checkpoint, model and oracle tests/families/conftest.py gives
@@ -45,7 +45,7 @@ def test_other_feature_layers_match_transformers(tmp_path, feature_layer, layers
         logits = model(**inputs).logits[0, -1]
     engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
     assert len(engine.model.vision.encoder.layers) == layers_kept
-    diff, at = worst_difference(engine.score(IMAGES[0], QUESTIONS[:1])[0].candidate_logits, logits)
+    diff, at = worst_difference(engine.answer(IMAGES[0], QUESTIONS[:1])[0].candidate_logits, logits)
     assert diff <= 1e-4, f"id {at} differs by {diff:.2e}"
 
 
@@ -84,7 +84,7 @@ def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkp
     model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     tokenizer = processor.tokenizer
-    for answer in engine.score(IMAGES[1], QUESTIONS[:2]):
+    for answer in engine.answer(IMAGES[1], QUESTIONS[:2]):
         inputs = processor(images=IMAGES[1], text=f"USER: <image>\n{answer.question}\nASSISTANT:", return_tensors="pt")
         for name, length in (("string_parse", 6), ("exact_match", 128)):
             with torch.no_grad():
@@ -101,7 +101,7 @@ def test_each_text_readout_reads_its_reference_length_of_one_continuation(checkp
 @pytest.mark.slow
 def test_decisions_follow_the_logits(checkpoint):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all")
-    for answer in engine.score(IMAGES[0], QUESTIONS):
+    for answer in engine.answer(IMAGES[0], QUESTIONS):
         sets = engine.readout.token_sets["template_aware"]
         best_yes = max(answer.candidate_logits[i] for i in sets.yes_ids)
         best_no = max(answer.candidate_logits[i] for i in sets.no_ids)
@@ -134,15 +134,15 @@ def test_warmup_leaves_no_trace(checkpoint, tmp_path):
     assert all(v == 0 for v in warm.timings.to_json().values())
     assert warm.counts == type(warm.counts)()
     cold = Engine.load(checkpoint, Settings(image_batch=2, batch_size=4, max_new_tokens=6), readouts="all")
-    assert warm.score(IMAGES[0], QUESTIONS) == cold.score(IMAGES[0], QUESTIONS)
+    assert warm.answer(IMAGES[0], QUESTIONS) == cold.answer(IMAGES[0], QUESTIONS)
 
 
 @pytest.mark.slow
 def test_intervention_hook(checkpoint):
     engine = Engine.load(checkpoint, Settings(batch_size=8), readouts="template_aware")
-    plain = engine.score(IMAGES[1], QUESTIONS)
+    plain = engine.answer(IMAGES[1], QUESTIONS)
     shift = _Shift(engine.readout.token_sets["template_aware"].yes_ids, 100.0)
-    shifted = engine.score(IMAGES[1], QUESTIONS, intervention=shift)
+    shifted = engine.answer(IMAGES[1], QUESTIONS, intervention=shift)
     assert all(a.predictions["template_aware"] == "yes" for a in shifted)
     for a, b in zip(plain, shifted):
         for i in engine.readout.token_sets["template_aware"].yes_ids:
@@ -163,9 +163,9 @@ def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
     square = Image.new("RGB", (side, side), mean)
     square.paste(wide, ((side - wide.width) // 2, (side - wide.height) // 2))
     plain = Engine.load(checkpoint, Settings(), readouts="template_aware")
-    padded = engine.score(wide, QUESTIONS[:2])
-    manual = plain.score(square, QUESTIONS[:2])
-    unpadded = plain.score(wide, QUESTIONS[:2])
+    padded = engine.answer(wide, QUESTIONS[:2])
+    manual = plain.answer(square, QUESTIONS[:2])
+    unpadded = plain.answer(wide, QUESTIONS[:2])
     assert [a.candidate_logits for a in padded] == [a.candidate_logits for a in manual]
     assert [a.candidate_logits for a in padded] != [a.candidate_logits for a in unpadded]
 
@@ -180,7 +180,7 @@ def test_sweep_dedups_across_splits_and_writes_everything(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope")
     questions = [q for f in files for q in load_questions(f)]
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
-    result = run_pope(engine, questions, images, tmp_path / "out")
+    result = run_plain(engine, questions, images, tmp_path / "out")
     unique = {(q.image, q.text) for q in questions}
     assert result.evaluated_prompts == len(unique) < len(questions)
     records = _records(tmp_path / "out")
@@ -202,7 +202,7 @@ def test_interrupted_sweep_resumes_to_the_same_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope")
     questions = [q for f in files for q in load_questions(f)]
     engine = Engine.load(checkpoint, Settings(image_batch=1), readouts="template_aware,string_parse")
-    run_pope(engine, questions, images, tmp_path / "whole")
+    run_plain(engine, questions, images, tmp_path / "whole")
 
     class Stop(Exception):
         pass
@@ -215,11 +215,11 @@ def test_interrupted_sweep_resumes_to_the_same_records(checkpoint, tmp_path):
             raise Stop
 
     with pytest.raises(Stop):
-        run_pope(engine, questions, images, tmp_path / "cut", progress=stop_after_first_image)
+        run_plain(engine, questions, images, tmp_path / "cut", progress=stop_after_first_image)
     partial = _records(tmp_path / "cut")
     assert 0 < len(partial) < len(questions)
     seen = []
-    result = run_pope(engine, questions, images, tmp_path / "cut", progress=seen.append)
+    result = run_plain(engine, questions, images, tmp_path / "cut", progress=seen.append)
     assert result.recorded_before == len(partial) and seen[0] == len(partial) and sum(seen) == len(questions)
     assert _records(tmp_path / "cut") == _records(tmp_path / "whole")
 
@@ -234,8 +234,8 @@ def test_same_file_name_different_images_never_share_features(checkpoint, tmp_pa
                              "label": "yes"}) + "\n")
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware", cache_dir=tmp_path / "cache")
     questions = load_questions(q, "random")
-    run_pope(engine, questions, tmp_path / "a", tmp_path / "out_a")
-    run_pope(engine, questions, tmp_path / "b", tmp_path / "out_b")
+    run_plain(engine, questions, tmp_path / "a", tmp_path / "out_a")
+    run_plain(engine, questions, tmp_path / "b", tmp_path / "out_b")
     assert engine.cache.misses == 2
     assert _records(tmp_path / "out_a")[0]["candidate_logits"] != _records(tmp_path / "out_b")[0]["candidate_logits"]
 
@@ -245,10 +245,10 @@ def test_disk_cache_is_reused_with_identical_records(checkpoint, tmp_path):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = load_questions(files[0])
     first = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
-    run_pope(first, questions, images, tmp_path / "one")
+    run_plain(first, questions, images, tmp_path / "one")
     assert first.cache.misses == 2 and len(list((tmp_path / "cache").glob("*.safetensors"))) == 2
     second = Engine.load(checkpoint, Settings(max_new_tokens=6), readouts="all", cache_dir=tmp_path / "cache")
-    run_pope(second, questions, images, tmp_path / "two")
+    run_plain(second, questions, images, tmp_path / "two")
     assert second.cache.misses == 0 and second.cache.disk_hits == 2
     assert second.timings.image_encode == 0.0
     assert _records(tmp_path / "one") == _records(tmp_path / "two")
@@ -300,10 +300,10 @@ def test_two_datasets_in_one_run_and_an_old_folder_resumes(checkpoint, tmp_path)
 
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     old = [q for f in files for q in load_questions(f, dataset="")]
-    run_pope(engine, old, images, tmp_path / "old")
+    run_plain(engine, old, images, tmp_path / "old")
     before = (tmp_path / "old/records.jsonl").read_text()
     assert '"dataset"' not in before
-    again = run_pope(engine, [q for f in files for q in load_questions(f, dataset="coco")], images, tmp_path / "old")
+    again = run_plain(engine, [q for f in files for q in load_questions(f, dataset="coco")], images, tmp_path / "old")
     assert again.evaluated_prompts == 0 and (tmp_path / "old/records.jsonl").read_text() == before
 
 
@@ -317,9 +317,9 @@ def test_missing_and_broken_images_stop_before_compute_or_become_error_records(c
     from pope_fast.engine import ImageError
 
     with pytest.raises(ImageError, match=r"img_1\.png: image file not found.*img_2\.png: not a decodable image"):
-        run_pope(engine, questions, images, tmp_path / "out")
+        run_plain(engine, questions, images, tmp_path / "out")
     assert engine.cache.misses == 0          # nothing was computed
-    result = run_pope(engine, questions, images, tmp_path / "out", skip_bad=True)
+    result = run_plain(engine, questions, images, tmp_path / "out", skip_bad=True)
     records = _records(tmp_path / "out")
     assert len(records) == len(questions) and result.error_records == 8
     assert {r["image"] for r in records if "error" in r} == {"img_1.png", "img_2.png"}
@@ -351,9 +351,9 @@ def test_an_image_that_fails_only_in_the_decoder(checkpoint, tmp_path):
     questions = load_questions(files[0])
     engine = Engine.load(checkpoint, Settings(image_batch=1), readouts="template_aware")
     with pytest.raises(ImageError, match=r"img_1\.png: not a decodable image"):
-        run_pope(engine, questions, images, tmp_path / "out")
+        run_plain(engine, questions, images, tmp_path / "out")
     assert {r["image"] for r in _records(tmp_path / "out")} == {"img_0.png"}   # written before the stop, kept
-    result = run_pope(engine, questions, images, tmp_path / "out", skip_bad=True)
+    result = run_plain(engine, questions, images, tmp_path / "out", skip_bad=True)
     records = _records(tmp_path / "out")
     assert len(records) == len(questions) and result.error_records == 4
     assert {r["image"] for r in records if "error" in r} == {"img_1.png"}
@@ -487,16 +487,16 @@ def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
     kept = (images / "img_1.png").read_bytes()
     (images / "img_1.png").unlink()
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
-    first = run_pope(engine, questions, images, tmp_path / "out", skip_bad=True)
+    first = run_plain(engine, questions, images, tmp_path / "out", skip_bad=True)
     assert first.error_records == 4
     (images / "img_1.png").write_bytes(kept)
-    second = run_pope(engine, questions, images, tmp_path / "out")
+    second = run_plain(engine, questions, images, tmp_path / "out")
     # the retried image's step runs whole, as a clean run of both images runs it: img_0's prompts again
     # (recorded already, not rewritten) beside img_1's, so the new records are a clean run's bit for bit
     step = {(q.image, q.text) for q in questions}
     assert second.evaluated_prompts == len(step) and second.recorded_before == 4 and second.error_records == 0
     assert all(run["errors"] == 0 for run in second.runs) and sum(run["n"] for run in second.runs) == 8
-    run_pope(engine, questions, images, tmp_path / "clean")
+    run_plain(engine, questions, images, tmp_path / "clean")
     assert (tmp_path / "out/records.jsonl").read_bytes() == (tmp_path / "clean/records.jsonl").read_bytes()
 
 
@@ -510,15 +510,15 @@ def test_a_restored_image_is_retried_on_resume(checkpoint, tmp_path):
 def test_resume_refuses_another_run(checkpoint, tmp_path, change, message):
     images, files = write_pope_set(tmp_path / "pope", n_images=2)
     questions = load_questions(files[0])
-    run_pope(Engine.load(checkpoint, Settings(), readouts="template_aware"), questions[:4], images, tmp_path / "out")
+    run_plain(Engine.load(checkpoint, Settings(), readouts="template_aware"), questions[:4], images, tmp_path / "out")
     settings, again = Settings(), questions
     if change == "settings":
         settings = Settings(image_aspect="pad", batch_size=3)   # batch sizes alone would not matter
     else:
         again = [type(q)(q.question_id, "img_1.png", q.text, q.label, q.split) for q in questions]
     with pytest.raises(ValueError, match=message):
-        run_pope(Engine.load(checkpoint, settings, readouts="template_aware"), again, images, tmp_path / "out")
-    run_pope(Engine.load(checkpoint, Settings(batch_size=3, image_batch=1), readouts="template_aware"),
+        run_plain(Engine.load(checkpoint, settings, readouts="template_aware"), again, images, tmp_path / "out")
+    run_plain(Engine.load(checkpoint, Settings(batch_size=3, image_batch=1), readouts="template_aware"),
              questions, images, tmp_path / "out")   # another batching resumes fine
 
 
@@ -545,6 +545,6 @@ def test_min_new_tokens_takes_the_best_token_that_is_no_stop_id(checkpoint, tmp_
     for at_least, text in ((0, ""), (1, processor.tokenizer.decode(generated[:cut], skip_special_tokens=True))):
         engine = Engine.load(folder, Settings(batch_size=2, max_new_tokens=5, min_new_tokens=at_least),
                              readouts="string_parse")
-        answer = engine.score(IMAGES[1], QUESTIONS[:2])[0]
+        answer = engine.answer(IMAGES[1], QUESTIONS[:2])[0]
         assert answer.first_token_id == eos
         assert answer.decoded == text

@@ -107,11 +107,11 @@ def test_the_processor_chat_template_renders_the_prompt(tmp_path):
     tokenizer_template.write_text("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
                                   "<|im_end|>\n{% endfor %}<|im_start|>assistant\n")
     with pytest.raises(ValueError, match="exactly one <image>"):
-        Engine.load(checkpoint, Settings(max_new_tokens=1)).score(IMAGES[4], QUESTIONS[:1])
+        Engine.load(checkpoint, Settings(max_new_tokens=1)).answer(IMAGES[4], QUESTIONS[:1])
     (checkpoint / "chat_template.json").write_text(json.dumps({"chat_template": processor_template}))
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1))
     assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
-    assert engine.score(IMAGES[4], QUESTIONS[:1])[0].question == QUESTIONS[0]
+    assert engine.answer(IMAGES[4], QUESTIONS[:1])[0].question == QUESTIONS[0]
 
 
 @pytest.mark.slow
@@ -122,7 +122,7 @@ def test_builtin_tokenizer_stands_in(tmp_path):
     engine = Engine.load(checkpoint, Settings(max_new_tokens=1), readouts="all")
     assert engine.prompt(QUESTIONS[0]).startswith("<|im_start|>user <image>\nIs there a dog")
     oracle = processor_oracle(REGISTRY[FAMILY], checkpoint, engine.prompt, IMAGES[3:4], QUESTIONS[:1], new_tokens=1)
-    answer = engine.score(IMAGES[3], QUESTIONS[:1])[0]
+    answer = engine.answer(IMAGES[3], QUESTIONS[:1])[0]
     logits, generated, ids = oracle[0, QUESTIONS[0]]
     assert ids.count(engine.model.image_token_id) > 0
     assert_answer_matches(answer, logits, generated, "built-in tokenizer")

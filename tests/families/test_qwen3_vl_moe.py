@@ -46,7 +46,7 @@ def test_experts_stored_as_published_load_the_same(checkpoint, tmp_path):
     runs = []
     for folder in (checkpoint, published):
         engine = Engine.load(folder, Settings(), readouts="template_aware")
-        runs.append((engine, engine.score(image, QUESTIONS[:2])))
+        runs.append((engine, engine.answer(image, QUESTIONS[:2])))
     (ours, first), (theirs, second) = runs
     for a, b in zip(ours.model.lm.layers, theirs.model.lm.layers):
         if a.experts is not None:

@@ -67,7 +67,7 @@ def test_the_cut_is_generates_whole_output_decoded_with_specials(tiny, tmp_path)
     for cut in ("vlmevalkit_llava", "none"):
         engine = Engine.load(folder, Settings(max_new_tokens=6, answer_cut=cut, image_reencode="rgb"),
                              template="vlmevalkit_mistral", readouts="yorn,exact_match")
-        answer = engine.score(image, [Q])[0]
+        answer = engine.answer(image, [Q])[0]
         assert answer.decoded == plain
         # the tool's rule reads the tool's answer; the other readouts, the new tokens as their references do
         assert answer.text_for("yorn") == (theirs if cut != "none" else plain)
@@ -100,7 +100,7 @@ def test_lmms_eval_instructblip_answers_with_the_whole_output(tiny, tmp_path):
     assert theirs.startswith(prompt)
     engine = Engine.load(checkpoint, Settings(max_new_tokens=5, answer_cut="lmms_eval_whole", dtype="fp32"),
                          template="lmms_eval_instructblip", readouts="exact_match,repope")
-    answer = engine.score(image, [Q])[0]
+    answer = engine.answer(image, [Q])[0]
     assert answer.text_for("exact_match") == theirs and answer.predictions["exact_match"] == "unknown"
     new = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
     assert answer.decoded == new and answer.text_for("repope") == new

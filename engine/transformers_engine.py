@@ -58,7 +58,7 @@ class NoisedImage:
     seed: int
 
 
-class ReferenceRunner(Runner):
+class TransformersRunner(Runner):
     """Runs prompts whole through transformers' class: the Runner's readout plan, allowances, counts and timings."""
 
     def __init__(self, model: ReferenceModel, settings: Settings, readout, on_decode=None):
@@ -160,11 +160,11 @@ def _noised(pixels: torch.Tensor, noised: NoisedImage) -> torch.Tensor:
     return torch.from_numpy(values).to(pixels.device, pixels.dtype)
 
 
-class ReferenceEngine(Engine):
+class TransformersEngine(Engine):
     """The Engine over transformers' class: its readout plan, prompts, methods' passes, decisions and meta are the
-    Engine's; images are the processor's to prepare, and every pass runs through ReferenceRunner."""
+    Engine's; images are the processor's to prepare, and every pass runs through TransformersRunner."""
 
-    runner_class = ReferenceRunner
+    runner_class = TransformersRunner
 
     def __init__(self, model: ReferenceModel, settings: Settings, template=None, readouts=None, cache=None,
                  lengths: dict[str, int] | None = None):
@@ -195,7 +195,7 @@ class ReferenceEngine(Engine):
 
     @classmethod
     def load(cls, folder, settings: Settings | None = None, *, template: str | None = None, readouts=None,
-             cache_dir=None, lengths: dict[str, int] | None = None) -> "ReferenceEngine":
+             cache_dir=None, lengths: dict[str, int] | None = None) -> "TransformersEngine":
         """Engine.load's, on transformers' class (no feature cache: `cache_dir` is not read)."""
         settings = settings or Settings()
         check_settings(settings)
