@@ -27,9 +27,9 @@ from ..kernels import (
     prefix_attention,
     prefix_attention_ref,
     prefix_runs,
+    rms_norm,
     vocab_argmax,
 )
-from ..kernels.gather_logits import rms_norm
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..kernels import NF4Weight, dequantize_nf4, nf4_matmul, quantize_nf4, resolve_backend
+from ..kernels import NF4Weight, dequantize_nf4, nf4_matmul, quantize_nf4, resolve_backend, rotary
 
 
 class Linear(nn.Module):
@@ -126,10 +126,7 @@ def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: fl
     return (y if scale == 1.0 else y * scale).to(x.dtype)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, D]; cos/sin [B, S, D] (or [S, D]) broadcast over heads."""
-    if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernels: str = "torch") -> torch.Tensor:
+    """x [B, H, S, D]; cos/sin [B, S, D] (or [S, D]) broadcast over heads. One fused kernel where `kernels`
+    picks Triton, transformers' five torch ops elsewhere: the same bits (kernels/rotary.py)."""
+    return rotary(x, cos, sin, backend=kernels)
