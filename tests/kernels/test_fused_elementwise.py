@@ -141,7 +141,8 @@ def test_rotary_is_bit_equal_to_rotary_ref(case, dtype, gen, poisoned):
 
 def test_rotary_refuses_tables_of_another_shape(gen):
     x = randn((1, 2, 5, 8), gen, torch.float16)
-    with pytest.raises(ValueError, match=r"cos must be \[S, D\] or \[B, S, D\] = \[5, 8\] or \[1, 5, 8\], got \(4, 8\)"):
+    refusal = r"cos must be \[S, D\] or \[B, S, D\] = \[5, 8\] or \[1, 5, 8\], got \(4, 8\)"
+    with pytest.raises(ValueError, match=refusal):
         rotary(x, randn((4, 8), gen, torch.float16), randn((4, 8), gen, torch.float16), backend="triton")
     with pytest.raises(ValueError, match="cos and sin must be torch.float16 on cpu as x is"):
         rotary(x, randn((5, 8), gen, torch.float32), randn((5, 8), gen, torch.float32), backend="triton")
@@ -155,3 +156,31 @@ def test_torch_silu_rounds_one_value_two_ways(gen):
     whole = F.silu(x)  # full vectors but for the last elements
     one_by_one = torch.cat([F.silu(x[i:i + 1]) for i in range(256)])  # each value alone: the scalar path
     assert not torch.equal(whole[:256], one_by_one)
+
+
+# the benchmark's count (bench/kernels.py --launches): what one decoder layer launches, torch path against fused
+
+
+def test_launch_counter_counts_computing_ops_and_triton_launches(gen):
+    from pope_fast.kernels import LaunchCounter
+
+    x, weight = randn((3, 16), gen, torch.float16), randn(16, gen, torch.float16)
+    with torch.inference_mode(), LaunchCounter() as counter:
+        x.view(48).t()  # views: nothing computed
+        x.to(torch.float16)  # the same dtype: an alias, nothing computed
+        fused_rms_norm(x, weight, 1e-6, backend="triton")
+    assert counter.triton == 1 and counter.ops.total() == 0, counter.ops
+    with torch.inference_mode(), LaunchCounter() as counter:
+        rms_norm(x, weight, 1e-6)
+    assert counter.triton == 0 and counter.ops == {"to": 2, "pow": 1, "mean": 1, "add": 1, "rsqrt": 1, "mul": 2}
+
+
+def test_a_decoder_layer_launches_fewer_kernels_fused():
+    """37 launches a layer on the torch path (2 norms of 8 ops, 2 RoPEs of 5, 7 matmuls, SiLU, ·up, 2 residual
+    adds); fused, each norm and RoPE is one Triton launch: 15."""
+    from pope_fast.bench.kernels import TINY, layer_launches
+
+    plain, fused = layer_launches(TINY, torch.device("cpu"))
+    assert (plain.ops.total(), plain.triton) == (37, 0), plain.ops
+    assert (fused.ops.total(), fused.triton) == (11, 4), fused.ops
+    assert fused.ops == {"linear": 7, "silu_": 1, "mul_": 1, "add": 2}
