@@ -159,7 +159,7 @@ class DecoderLM(nn.Module):
         norm_unit_offset (1 + w) norm, which rounds once after scaling in fp32, is applied here instead (None
         to fuse)."""
         if self.dims.norm_unit_offset:
-            return offset_rms_norm(hidden, self.norm, self.dims.rms_eps), None
+            return offset_rms_norm(hidden, self.norm, self.dims.rms_eps, kernels=self.kernels), None
         return hidden, self.norm
 
     @torch.inference_mode()

@@ -34,7 +34,7 @@ else:  # imported as pope_fast.kernels, the only name it has in pope-fast
     from .nf4 import NF4Weight, dequantize_nf4, dequantize_nf4_ref, quantize_nf4
     from .launches import LaunchCounter
     from .gather_logits import gather_logits, gather_logits_ref, vocab_argmax, vocab_argmax_ref
-    from .norm import fused_rms_norm, rms_norm
+    from .norm import fused_rms_norm, offset_rms_norm, rms_norm
     from .rotary import rotary, rotary_ref
     from .nf4_matmul import nf4_matmul, nf4_matmul_ref
     from .prefix_attention import PrefixRuns, prefix_attention, prefix_attention_ref, prefix_runs
@@ -51,6 +51,7 @@ else:  # imported as pope_fast.kernels, the only name it has in pope-fast
         "interpreter_on",
         "nf4_matmul",
         "nf4_matmul_ref",
+        "offset_rms_norm",
         "prefix_attention",
         "prefix_attention_ref",
         "prefix_runs",

@@ -1,4 +1,4 @@
-"""LLaMA's RMSNorm in one kernel, bit for bit the torch op's fp32 arithmetic (`rms_norm`, eight kernels in torch).
+"""LLaMA's RMSNorm (and Gemma's) in one kernel, bit for bit the torch op's fp32 arithmetic (`rms_norm`: 8 kernels).
 
 `rms_norm` rounds at each of its ops: the squares, their mean (a sum, then a division by H), ``+ eps``, ``rsqrt``
 (a square root, then 1 / it), the product, the cast back, and the product with the weight. Every step but the
@@ -32,6 +32,14 @@ def rms_norm(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> tor
     x = hidden.to(torch.float32)
     x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
     return norm_weight * x.to(hidden.dtype)
+
+
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: float = 1.0) -> torch.Tensor:
+    """transformers' Gemma3RMSNorm: normalise and scale by (1 + w) in fp32, then cast once (LLaMA's casts
+    before scaling); `scale` (applied in fp32 too, where not 1) folds a constant into the output."""
+    y = x.float()
+    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
+    return (y if scale == 1.0 else y * scale).to(x.dtype)
 
 
 def sum_lanes() -> int:
@@ -99,8 +107,8 @@ def _sum_of_squares(row_ptr, row_mask, H, LANES: tl.constexpr, GROUPS: tl.conste
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, stride_x, weight_ptr, out_ptr, stride_o, R, H, eps,
-    X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, LANES: tl.constexpr, GROUPS: tl.constexpr, STEP: tl.constexpr,
+    x_ptr, stride_x, weight_ptr, out_ptr, stride_o, R, H, eps, scale,
+    OFFSET: tl.constexpr, SCALED: tl.constexpr, X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, LANES: tl.constexpr, GROUPS: tl.constexpr, STEP: tl.constexpr,
     FULL: tl.constexpr, MASK2: tl.constexpr, MASK3: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
@@ -114,18 +122,23 @@ def _rms_norm_kernel(
         k = k0 + tl.arange(0, BLOCK_H)
         mask = row_mask[:, None] & (k < H)[None, :]
         x = tl.load(row_ptr + k[None, :], mask=mask, other=0.0).to(tl.float32)
-        normed = round_to(x * rstd[:, None], X_DTYPE).to(tl.float32)
         gamma = tl.load(weight_ptr + k, mask=k < H, other=0.0).to(tl.float32)
-        # a product of two 16-bit floats is exact in fp32, so one rounding to OUT_DTYPE is torch's
-        tl.store(out_row + k[None, :], round_to(normed * gamma[None, :], OUT_DTYPE), mask=mask)
+        if OFFSET:  # Gemma's: scaled by (1 + w) in fp32, cast once
+            y = (x * rstd[:, None]) * (1.0 + gamma)[None, :]
+            if SCALED:
+                y = y * scale
+        else:  # LLaMA's: cast, then scaled; a product of two 16-bit floats is exact in fp32, so one rounding
+            y = round_to(x * rstd[:, None], X_DTYPE).to(tl.float32) * gamma[None, :]
+        tl.store(out_row + k[None, :], round_to(y, OUT_DTYPE), mask=mask)
 
 
-def fused_rms_norm(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, backend: str = "auto") -> torch.Tensor:
-    """`rms_norm` of hidden [..., H] by norm_weight [H] in one kernel where kernels run (`resolve_backend`), the
-    reference elsewhere: the same bits either way on a CPU (module docstring). A new contiguous tensor of the
-    promoted dtype of hidden and norm_weight, as the reference returns."""
+def fused_rms_norm(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, backend: str = "auto", *,
+                   offset: bool = False, scale: float = 1.0) -> torch.Tensor:
+    """`rms_norm` (with offset, `offset_rms_norm` and its scale) of hidden [..., H] by norm_weight [H] in one
+    kernel where kernels run (`resolve_backend`), the reference elsewhere: the same bits either way on a CPU
+    (module docstring). A new contiguous tensor of the reference's dtype."""
     if resolve_backend(backend, hidden.device) == "torch":
-        return rms_norm(hidden, norm_weight, eps)
+        return offset_rms_norm(hidden, norm_weight, eps, scale) if offset else rms_norm(hidden, norm_weight, eps)
     h = hidden.shape[-1]
     if norm_weight.shape != (h,) or norm_weight.device != hidden.device:
         raise ValueError(f"norm_weight must be a [{h}] tensor on {hidden.device}, got {tuple(norm_weight.shape)} "
@@ -133,16 +146,16 @@ def fused_rms_norm(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, 
     x = hidden.reshape(-1, h)
     if h and x.stride(1) != 1:
         x = x.contiguous()
-    out_dtype = torch.promote_types(hidden.dtype, norm_weight.dtype)
+    out_dtype = hidden.dtype if offset else torch.promote_types(hidden.dtype, norm_weight.dtype)
     out = torch.empty(hidden.shape, dtype=out_dtype, device=hidden.device)
     rows = x.shape[0]
     if rows == 0 or h == 0:
-        return rms_norm(hidden, norm_weight, eps)  # nothing to sum: the reference's empty tensor or NaNs
+        return fused_rms_norm(hidden, norm_weight, eps, "torch", offset=offset, scale=scale)  # nothing to sum
     # the interpreter's cost is per program, not per element: few programs of many rows off the GPU
     block_r = 16 if on_gpu(hidden.device) else min(1024, triton.next_power_of_2(rows))
     block_h = min(triton.next_power_of_2(h), 1024 if on_gpu(hidden.device) else 128)
     _rms_norm_kernel[(triton.cdiv(rows, block_r),)](
-        x, x.stride(0), norm_weight.contiguous(), out, h, rows, h, eps,
+        x, x.stride(0), norm_weight.contiguous(), out, h, rows, h, eps, scale, OFFSET=offset, SCALED=scale != 1.0,
         X_DTYPE=tl_dtype(hidden.dtype), OUT_DTYPE=tl_dtype(out_dtype), **_sum_plan(h, sum_lanes()),
         BLOCK_R=block_r, BLOCK_H=block_h, num_warps=4, enable_fp_fusion=False,
     )

@@ -1,5 +1,6 @@
 """The decoder's fused elementwise kernels under the interpreter, bit for bit against the torch ops they replace:
-`fused_rms_norm` against `rms_norm` (LLaMA's, eight torch kernels) and `rotary` against `rotary_ref` (five).
+`fused_rms_norm` against `rms_norm` (LLaMA's, eight torch kernels) and `offset_rms_norm` (Gemma's), `rotary`
+against `rotary_ref` (five).
 
 Bit equality is the promise (kernels/norm.py, kernels/rotary.py say how each rounding and the sum's order are kept),
 so every comparison is torch.equal. Inputs are fresh per case and never zeros, outputs are poisoned (the kernels
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from pope_fast.kernels import fused_rms_norm, interpreter_on, rms_norm, rotary, rotary_ref
+from pope_fast.kernels import fused_rms_norm, interpreter_on, offset_rms_norm, rms_norm, rotary, rotary_ref
 from pope_fast.kernels import norm as norm_module
 
 pytestmark = [pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTERPRET=1 before triton is imported"),
@@ -70,6 +71,19 @@ NORM_SHAPES = {
 def test_fused_rms_norm_is_bit_equal_to_rms_norm(shape, dtype, gen, poisoned):
     x, weight = randn(shape, gen, dtype, scale=3.0), randn(shape[-1], gen, dtype)
     assert_bit_equal(fused_rms_norm(x, weight, 1e-6, backend="triton"), rms_norm(x, weight, 1e-6), f"{shape}")
+
+
+OFFSET_CASES = {"3-rows-of-37": ((3, 37), 1.0), "2x5-rows-of-203-scaled": ((2, 5, 203), 24 ** -0.5),
+                "2-rows-of-600": ((2, 600), 1.0)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES.values(), ids=DTYPES.keys())
+@pytest.mark.parametrize("shape, scale", OFFSET_CASES.values(), ids=OFFSET_CASES.keys())
+def test_fused_offset_rms_norm_is_bit_equal_to_offset_rms_norm(shape, scale, dtype, gen, poisoned):
+    """Gemma's norm: scaled by (1 + w) (and a query scale) in fp32, cast once."""
+    x, weight = randn(shape, gen, dtype, scale=3.0), randn(shape[-1], gen, dtype)
+    got = fused_rms_norm(x, weight, 1e-6, backend="triton", offset=True, scale=scale)
+    assert_bit_equal(got, offset_rms_norm(x, weight, 1e-6, scale), f"{shape}, scale {scale}")
 
 
 def test_fused_rms_norm_carries_a_second_level(gen, poisoned):

@@ -33,7 +33,7 @@ def compile_for_sm90(fn, pointers, constexprs, **options):
         elif name.endswith("_ptr"):
             signature[name] = "*" + pointers.get(name, "fp32")
         else:
-            signature[name] = "fp32" if name in ("eps", "scale_log2e") else "i32"
+            signature[name] = "fp32" if name in ("eps", "scale_log2e", "scale") else "i32"
     source = ASTSource(fn, signature, constexprs)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
@@ -78,10 +78,11 @@ for weight, pointers in weight_pointers.items():
         num_warps=4, **exact)
 norm = importlib.import_module("pope_fast.kernels.norm")
 for dtype, name in ((tl.float16, "fp16"), (tl.bfloat16, "bf16")):
-    results[f"rms_norm-{name}"] = compile_for_sm90(
-        kernel("norm", "_rms_norm_kernel"), {"x_ptr": name, "weight_ptr": name, "out_ptr": name},
-        dict(X_DTYPE=dtype, OUT_DTYPE=dtype, **norm._sum_plan(4096, 8), BLOCK_R=16, BLOCK_H=1024), num_warps=4,
-        **exact)
+    for offset in (False, True):  # LLaMA's norm, and Gemma's with a query scale
+        results[f"rms_norm-{name}" + ("-offset" if offset else "")] = compile_for_sm90(
+            kernel("norm", "_rms_norm_kernel"), {"x_ptr": name, "weight_ptr": name, "out_ptr": name},
+            dict(OFFSET=offset, SCALED=offset, X_DTYPE=dtype, OUT_DTYPE=dtype, **norm._sum_plan(4096, 8),
+                 BLOCK_R=16, BLOCK_H=1024), num_warps=4, **exact)
     results[f"rotary-{name}"] = compile_for_sm90(
         kernel("rotary", "_rotary_kernel"), dict.fromkeys(("x_ptr", "cos_ptr", "sin_ptr", "out_ptr"), name),
         dict(HALF=64, DTYPE=dtype, BLOCK_R=32, BLOCK_D=64), num_warps=4, **exact)
@@ -102,7 +103,7 @@ def compiled() -> dict:
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_within_shared_memory(compiled):
-    assert len(compiled) == 18  # prefix_attention with and without an attention edit; the norm and RoPE
+    assert len(compiled) == 20  # prefix_attention with and without an attention edit; both norms, RoPE
     too_big = {name: r["shared"] for name, r in compiled.items() if r["shared"] > SM90_SHARED_BYTES}
     assert not too_big, f"shared memory over {SM90_SHARED_BYTES} bytes: {too_big}"
 
