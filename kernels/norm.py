@@ -108,8 +108,9 @@ def _sum_of_squares(row_ptr, row_mask, H, LANES: tl.constexpr, GROUPS: tl.conste
 @triton.jit
 def _rms_norm_kernel(
     x_ptr, stride_x, weight_ptr, out_ptr, stride_o, R, H, eps, scale,
-    OFFSET: tl.constexpr, SCALED: tl.constexpr, X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr, LANES: tl.constexpr, GROUPS: tl.constexpr, STEP: tl.constexpr,
-    FULL: tl.constexpr, MASK2: tl.constexpr, MASK3: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
+    OFFSET: tl.constexpr, SCALED: tl.constexpr, X_DTYPE: tl.constexpr, OUT_DTYPE: tl.constexpr,
+    LANES: tl.constexpr, GROUPS: tl.constexpr, STEP: tl.constexpr, FULL: tl.constexpr, MASK2: tl.constexpr,
+    MASK3: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_H: tl.constexpr,
 ):
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_mask = rows < R
