@@ -20,7 +20,7 @@ torch splits that sum over its threads.
 """
 import torch
 
-from .common import on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
+from .common import on_gpu, resolve_backend, rounded, tl, tl_dtype, triton
 
 ILP = 4  # vectors per group: ATen's ilp_factor
 LEVELS = 4  # cascade levels: ATen's num_levels
@@ -129,8 +129,8 @@ def _rms_norm_kernel(
             if SCALED:
                 y = y * scale
         else:  # LLaMA's: cast, then scaled; a product of two 16-bit floats is exact in fp32, so one rounding
-            y = round_to(x * rstd[:, None], X_DTYPE).to(tl.float32) * gamma[None, :]
-        tl.store(out_row + k[None, :], round_to(y, OUT_DTYPE), mask=mask)
+            y = rounded(x * rstd[:, None], X_DTYPE) * gamma[None, :]
+        tl.store(out_row + k[None, :], rounded(y, OUT_DTYPE), mask=mask)
 
 
 def fused_rms_norm(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float, backend: str = "auto", *,

@@ -7,7 +7,7 @@ order, with no fused multiply-add, so it matches torch on any device where torch
 """
 import torch
 
-from .common import on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
+from .common import on_gpu, resolve_backend, rounded, tl, tl_dtype, triton
 
 
 def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -20,33 +20,25 @@ def rotary_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 @triton.jit
-def _rotate(x, x_other, cos, sin, SIGN: tl.constexpr, DTYPE: tl.constexpr):
-    """One half of the output: x * cos + SIGN * x_other * sin, rounded to DTYPE after each op as torch does."""
-    straight = round_to(x.to(tl.float32) * cos.to(tl.float32), DTYPE).to(tl.float32)
-    turned = round_to((SIGN * x_other.to(tl.float32)) * sin.to(tl.float32), DTYPE).to(tl.float32)
-    return round_to(straight + turned, DTYPE)
-
-
-@triton.jit
 def _rotary_kernel(
     x_ptr, sxb, sxh, sxs, cos_ptr, sin_ptr, scb, scs, out_ptr, sob, soh, sos, R, HEADS, S,
     HALF: tl.constexpr, DTYPE: tl.constexpr, BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     b, h, s = rows // (HEADS * S), (rows // S) % HEADS, rows % S
-    d = tl.arange(0, BLOCK_D)[None, :]
-    mask = (rows < R)[:, None] & (d < HALF)
-    x_row = x_ptr + (b * sxb + h * sxh + s * sxs)[:, None]
-    c_row = (b * scb + s * scs)[:, None]
-    out_row = out_ptr + (b * sob + h * soh + s * sos)[:, None]
-    x1 = tl.load(x_row + d, mask=mask, other=0.0)
-    x2 = tl.load(x_row + HALF + d, mask=mask, other=0.0)
-    cos1 = tl.load(cos_ptr + c_row + d, mask=mask, other=0.0)
-    cos2 = tl.load(cos_ptr + c_row + HALF + d, mask=mask, other=0.0)
-    sin1 = tl.load(sin_ptr + c_row + d, mask=mask, other=0.0)
-    sin2 = tl.load(sin_ptr + c_row + HALF + d, mask=mask, other=0.0)
-    tl.store(out_row + d, _rotate(x1, x2, cos1, sin1, -1.0, DTYPE), mask=mask)
-    tl.store(out_row + HALF + d, _rotate(x2, x1, cos2, sin2, 1.0, DTYPE), mask=mask)
+    # [rows, half, d]: element half * HALF + d of each row, beside the element of the other half it turns with
+    half = tl.arange(0, 2)[None, :, None]
+    d = tl.arange(0, BLOCK_D)[None, None, :]
+    mask = (rows < R)[:, None, None] & (d < HALF) & (half < 2)
+    x_row = x_ptr + (b * sxb + h * sxh + s * sxs)[:, None, None]
+    c_row = (b * scb + s * scs)[:, None, None]
+    x = tl.load(x_row + half * HALF + d, mask=mask, other=0.0).to(tl.float32)
+    other = tl.load(x_row + (1 - half) * HALF + d, mask=mask, other=0.0).to(tl.float32)
+    cos = tl.load(cos_ptr + c_row + half * HALF + d, mask=mask, other=0.0).to(tl.float32)
+    sin = tl.load(sin_ptr + c_row + half * HALF + d, mask=mask, other=0.0).to(tl.float32)
+    turned = tl.where(half == 0, -other, other)  # cat(-x2, x1): a sign change, exact
+    y = rounded(rounded(x * cos, DTYPE) + rounded(turned * sin, DTYPE), DTYPE)
+    tl.store(out_ptr + (b * sob + h * soh + s * sos)[:, None, None] + half * HALF + d, y, mask=mask)
 
 
 def _table(t: torch.Tensor, name: str, b: int, s: int, d: int) -> tuple[torch.Tensor, int, int]:

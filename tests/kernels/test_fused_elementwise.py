@@ -62,7 +62,6 @@ NORM_SHAPES = {
     "7-rows-of-203": (7, 203),  # six groups, a vector left over after them, a tail of 3
     "3-rows-of-600": (3, 600),  # 18 groups: one level of 16 carried up, two groups and three vectors after it
     "2-rows-of-4109": (2, 4109),  # 128 groups: eight carries, then a vector and a tail of 5
-    "1x1x5-rows-of-4160": (1, 5, 4160),  # 130 groups: the LLaMA width and a bit, two groups after the last carry
 }
 
 
