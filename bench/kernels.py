@@ -2,6 +2,7 @@
 
     python -m pope_fast.bench.kernels                                # a CUDA GPU; < 8 minutes
     TRITON_INTERPRET=1 python -m pope_fast.bench.kernels --tiny      # checks this script on a CPU
+    TRITON_INTERPRET=1 python -m pope_fast.bench.kernels --launches  # kernels per decoder layer, torch vs fused
 
 Before timing, every kernel is checked again at the timed shapes: NF4 dequantization and the
 dequantized tiles of nf4_matmul and gather_logits bit for bit against bitsandbytes, the rest
@@ -27,9 +28,12 @@ from ..kernels import (
     prefix_attention,
     prefix_attention_ref,
     prefix_runs,
+    rms_norm,
     vocab_argmax,
 )
-from ..kernels.gather_logits import rms_norm
+from ..kernels import LaunchCounter, fused_rms_norm, rotary, rotary_ref
+from ..engine.layers.decoder import DecoderLayer
+from ..engine.layers.dims import DecoderDims
 
 
 @dataclass(frozen=True)
@@ -297,6 +301,51 @@ def bench_prefix_attention(s: Shapes, device, timer, checks: Checks) -> list[Row
     return rows
 
 
+def bench_elementwise(s: Shapes, device, timer, checks: Checks) -> list[Row]:
+    """The fused RMSNorm (bit for bit torch's CPU op here too) and RoPE at a prefix's rows, a question batch's heads."""
+    gen = torch.Generator(device=device).manual_seed(5)
+    x, weight = (torch.randn(n, generator=gen, device=device).half() for n in ((s.prefix, s.hidden), (s.hidden,)))
+    ok = checks.equal("fused_rms_norm vs rms_norm on the CPU", fused_rms_norm(x, weight, 1e-5, "triton").cpu(),
+                      rms_norm(x.cpu(), weight.cpu(), 1e-5))
+    ours, theirs = timer(lambda: fused_rms_norm(x, weight, 1e-5, "triton")), timer(lambda: rms_norm(x, weight, 1e-5))
+    rows = [Row("fused_rms_norm fp16", f"{s.prefix} x {s.hidden}", ours, "torch, 8 kernels", theirs,
+                f"{theirs / ours:.1f}x faster", "-", None, ok)]
+    q = torch.randn((s.questions, s.suffix, s.hidden), generator=gen, device=device).half()
+    q = q.view(s.questions, s.suffix, heads := s.hidden // s.head_dim, s.head_dim).transpose(1, 2)
+    cos, sin = torch.randn((2, s.suffix, s.head_dim), generator=gen, device=device).half()
+    ok = checks.equal("rotary vs rotary_ref", rotary(q, cos, sin, "triton"), rotary_ref(q, cos, sin))
+    ours, theirs = timer(lambda: rotary(q, cos, sin, "triton")), timer(lambda: rotary_ref(q, cos, sin))
+    rows.append(Row("rotary fp16", f"{s.questions} x {heads} x {s.suffix} x {s.head_dim}", ours, "torch, 5 kernels",
+                    theirs, f"{theirs / ours:.1f}x faster", "-", None, ok))
+    return rows
+
+
+def layer_launches(s: Shapes, device) -> tuple[LaunchCounter, LaunchCounter]:
+    """One LLaMA layer's launches on a question batch, torch path and fused (qkv and finish; attention left out)."""
+    gen = torch.Generator(device=device).manual_seed(4)
+    h, mlp, heads = s.hidden, s.intermediate, s.hidden // s.head_dim
+    shapes = {**{f"self_attn.{n}_proj.weight": (h, h) for n in "qkvo"}, "mlp.gate_proj.weight": (mlp, h),
+              "mlp.up_proj.weight": (mlp, h), "mlp.down_proj.weight": (h, mlp), "input_layernorm.weight": (h,),
+              "post_attention_layernorm.weight": (h,)}
+    weights = {n: torch.randn(shape, generator=gen, device=device).half() for n, shape in shapes.items()}
+    layer = DecoderLayer(DecoderDims(s.vocab, h, mlp, 1, heads, heads, s.head_dim, 1e-5, 1e4), weights,
+                         lambda w, b=None: lambda x: F.linear(x, w, b))
+    x = torch.randn((s.questions, s.suffix, h), generator=gen, device=device).half()
+    cos, sin = torch.randn((2, s.suffix, s.head_dim), generator=gen, device=device).half()
+    plain, fused = LaunchCounter(), LaunchCounter()
+    for layer.kernels, counter in (("torch", plain), ("triton", fused)):
+        with torch.inference_mode(), counter:
+            layer.finish(x, layer.qkv(x, cos, sin)[0])
+    return plain, fused
+
+
+def launches_line(s: Shapes, device) -> str:
+    plain, fused = layer_launches(s, device)
+    return (f"Kernels per decoder layer ({device.type}, {s.questions} x {s.suffix} tokens, attention left out): torch "
+            f"path {plain.ops.total()} ops ({', '.join(f'{k} {n}' for k, n in sorted(plain.ops.items()))}); fused "
+            f"norm and RoPE {fused.ops.total()} ops + {fused.triton} Triton launches")
+
+
 def format_table(rows: list[Row], device_line: str) -> str:
     lines = [device_line, "",
              "| kernel | shape | ours (us) | baseline | baseline (us) | figure | target | met | checked |",
@@ -311,7 +360,12 @@ def format_table(rows: list[Row], device_line: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tiny", action="store_true", help="tiny shapes: checks this script, times nothing real")
+    parser.add_argument("--launches", action="store_true", help="count kernels per decoder layer, time nothing")
     args = parser.parse_args(argv)
+    if args.launches:  # on CUDA, or on a CPU under the interpreter
+        device = torch.device("cuda" if torch.cuda.is_available() and not interpreter_on() else "cpu")
+        print(launches_line(TINY if args.tiny else LLAVA_7B, device))
+        return 0
     if torch.cuda.is_available() and not interpreter_on():
         device = torch.device("cuda")
         device_line = f"GPU: {torch.cuda.get_device_name()}, torch {torch.version.__version__}"
@@ -333,6 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += bench_logits(shapes, device, timer, checks)
     rows += bench_nf4_matmul(shapes, device, timer, checks, tflops)
     rows += bench_prefix_attention(shapes, device, timer, checks)
+    rows += bench_elementwise(shapes, device, timer, checks)
     device_line += (f", triton {triton.__version__}; measured copy bandwidth {bandwidth:.0f} GB/s, "
                     f"bf16 matmul {tflops:.0f} TFLOP/s; {time.perf_counter() - started:.0f} s")
     print(format_table(rows, device_line))

@@ -32,26 +32,34 @@ else:  # imported as pope_fast.kernels, the only name it has in pope-fast
     from . import common  # noqa: F401 (the module the tests switch the interpreter in)
     from .common import interpreter_on, resolve_backend, triton_available
     from .nf4 import NF4Weight, dequantize_nf4, dequantize_nf4_ref, quantize_nf4
-    from .gather_logits import gather_logits, gather_logits_ref, rms_norm, vocab_argmax, vocab_argmax_ref
+    from .launches import LaunchCounter
+    from .gather_logits import gather_logits, gather_logits_ref, vocab_argmax, vocab_argmax_ref
+    from .norm import fused_rms_norm, offset_rms_norm, rms_norm
+    from .rotary import rotary, rotary_ref
     from .nf4_matmul import nf4_matmul, nf4_matmul_ref
     from .prefix_attention import PrefixRuns, prefix_attention, prefix_attention_ref, prefix_runs
 
     __all__ = [
+        "LaunchCounter",
         "NF4Weight",
         "PrefixRuns",
         "dequantize_nf4",
         "dequantize_nf4_ref",
+        "fused_rms_norm",
         "gather_logits",
         "gather_logits_ref",
         "interpreter_on",
         "nf4_matmul",
         "nf4_matmul_ref",
+        "offset_rms_norm",
         "prefix_attention",
         "prefix_attention_ref",
         "prefix_runs",
         "quantize_nf4",
         "rms_norm",
         "resolve_backend",
+        "rotary",
+        "rotary_ref",
         "triton_available",
         "vocab_argmax",
         "vocab_argmax_ref",

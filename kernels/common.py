@@ -104,3 +104,12 @@ def round_to(x, DTYPE: tl.constexpr):
     else:
         y = x.to(DTYPE)
     return y
+
+
+@triton.jit
+def rounded(x, DTYPE: tl.constexpr):
+    """fp32 ``x`` rounded to ``DTYPE`` (`round_to`) and widened back: one op's result as torch rounds it in
+    DTYPE. For fp32 nothing is called, which spares the interpreter a nested call."""
+    if DTYPE != tl.float32:
+        x = round_to(x, DTYPE).to(tl.float32)
+    return x

@@ -13,19 +13,12 @@ import torch
 
 from .common import dot_dtype, on_gpu, resolve_backend, round_to, tl, tl_dtype, triton
 from .nf4 import NF4Weight, check_nf4, dequantize_rows_ref, nf4_pointers, nf4_row_block, nf4_values
+from .norm import rms_norm
 
 ARGMAX_CHUNK_ROWS = 8192  # rows of the weight the reference turns into logits at a time
 # An fp32 dense weight is sliced without a copy, so a whole LLaMA vocabulary goes in one piece (the CPU
 # engine's case); fp16/bf16 rows are copied to fp32 and NF4 rows dequantized, so those stay in chunks.
 ARGMAX_CHUNK_ROWS_FP32 = 32768
-
-
-def rms_norm(hidden: torch.Tensor, norm_weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, op for op: normalise in fp32, cast back, then scale (this order decides
-    the rounding). The engine's norm and the kernels' fused one's reference."""
-    x = hidden.to(torch.float32)
-    x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
-    return norm_weight * x.to(hidden.dtype)
 
 
 def _weight_rows_fp32(weight, rows: torch.Tensor | slice) -> torch.Tensor:

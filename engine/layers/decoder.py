@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels import PrefixRuns, gather_logits, resolve_backend, rms_norm, vocab_argmax
+from ...kernels import PrefixRuns, fused_rms_norm, gather_logits, resolve_backend, vocab_argmax
 from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, causal_attention, image_block_attention,
                         masked_attention, probe_attention, suffix_attention)
 from .beam import BeamSearch
@@ -35,6 +35,8 @@ from ..inputs.plan import TokenBatch
 
 
 class DecoderLayer(nn.Module):
+    kernels = "torch"  # where the norms and RoPE run: DecoderLM gives each layer its own `kernels` setting
+
     def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], linear):
         super().__init__()
         self.dims = dims
@@ -57,17 +59,19 @@ class DecoderLayer(nn.Module):
         a plain LLaMA layer does not."""
         b, s, _ = x.shape
         d = self.dims
-        h = rms_norm(x, self.input_norm, d.rms_eps)
+        h = fused_rms_norm(x, self.input_norm, d.rms_eps, self.kernels)
         k = self.head_norm(self.k_proj(h).view(b, s, d.num_kv_heads, d.head_dim), "k").transpose(1, 2)
         v = self.v_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
         if not need_q:
-            return None, apply_rotary(k, cos, sin), v
+            return None, apply_rotary(k, cos, sin, self.kernels), v
         q = self.head_norm(self.q_proj(h).view(b, s, d.num_heads, d.head_dim), "q").transpose(1, 2)
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+        return apply_rotary(q, cos, sin, self.kernels), apply_rotary(k, cos, sin, self.kernels), v
 
     def head_norm(self, x: torch.Tensor, which: str) -> torch.Tensor:
         """x [B, S, heads, D] through q_norm or k_norm (which: "q", "k") where the dims ask for them (qk_norm)."""
-        return rms_norm(x, getattr(self, f"{which}_norm"), self.dims.rms_eps) if self.dims.qk_norm else x
+        if not self.dims.qk_norm:
+            return x
+        return fused_rms_norm(x, getattr(self, f"{which}_norm"), self.dims.rms_eps, self.kernels)
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, image: torch.Tensor | None = None,
                mlp: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
@@ -75,7 +79,7 @@ class DecoderLayer(nn.Module):
         interventions.mlp_hook). attn [B, Hq, S, D]."""
         b, _, s, _ = attn.shape
         x = x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1))
-        h = rms_norm(x, self.post_norm, self.dims.rms_eps)
+        h = fused_rms_norm(x, self.post_norm, self.dims.rms_eps, self.kernels)
         out = self.experts(h) if self.experts is not None else \
             self.down_proj(F.silu(self.gate_proj(h), inplace=True).mul_(self.up_proj(h)))
         return x + (out if mlp is None else mlp(out))
@@ -108,6 +112,7 @@ class DecoderLM(nn.Module):
                      if "layernorm" in k or k.endswith(("q_norm.weight", "k_norm.weight", "mlp.gate.weight"))
                      or ".experts." in k}
             layers.append(layer_class(dims, {**own, **norms}, linear))
+            layers[-1].kernels = kernels  # its norms' and RoPE's; its Linears' came with `linear`
         self.layers = nn.ModuleList(layers)
         specs = dims.layer_rope or ((dims.rope_theta, 1.0),) * dims.num_layers
         rotaries = {spec: Rotary(dims.head_dim, spec[0], device, dims.mrope_section, dims.mrope_interleaved,
@@ -156,7 +161,7 @@ class DecoderLM(nn.Module):
         norm_unit_offset (1 + w) norm, which rounds once after scaling in fp32, is applied here instead (None
         to fuse)."""
         if self.dims.norm_unit_offset:
-            return offset_rms_norm(hidden, self.norm, self.dims.rms_eps), None
+            return offset_rms_norm(hidden, self.norm, self.dims.rms_eps, kernels=self.kernels), None
         return hidden, self.norm
 
     @torch.inference_mode()

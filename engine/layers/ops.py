@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels import NF4Weight, dequantize_nf4, nf4_matmul, quantize_nf4, resolve_backend
+from ...kernels import NF4Weight, dequantize_nf4, fused_rms_norm, nf4_matmul, quantize_nf4, resolve_backend, rotary
 
 
 class Linear(nn.Module):
@@ -118,18 +118,15 @@ class Rotary:
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
 
-def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: float = 1.0) -> torch.Tensor:
-    """transformers' Gemma3RMSNorm: normalise and scale by (1 + w) in fp32, then cast once (LLaMA's casts
-    before scaling); `scale` (applied in fp32 too, where not 1) folds a constant into the output."""
-    y = x.float()
-    y = y * torch.rsqrt(y.pow(2).mean(-1, keepdim=True) + eps) * (1.0 + weight.float())
-    return (y if scale == 1.0 else y * scale).to(x.dtype)
+def offset_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, scale: float = 1.0,
+                    kernels: str = "torch") -> torch.Tensor:
+    """transformers' Gemma3RMSNorm: normalise and scale by (1 + w) in fp32, then cast once (LLaMA's casts before
+    scaling); `scale`, where not 1, folds a constant into the output in fp32 too. One fused kernel where `kernels`
+    picks Triton, the torch ops elsewhere: the same bits (kernels/norm.py)."""
+    return fused_rms_norm(x, weight, eps, kernels, offset=True, scale=scale)
 
 
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, H, S, D]; cos/sin [B, S, D] (or [S, D]) broadcast over heads."""
-    if cos.dim() == 3:
-        cos, sin = cos[:, None], sin[:, None]
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernels: str = "torch") -> torch.Tensor:
+    """x [B, H, S, D]; cos/sin [B, S, D] (or [S, D]) broadcast over heads. One fused kernel where `kernels`
+    picks Triton, transformers' five torch ops elsewhere: the same bits (kernels/rotary.py)."""
+    return rotary(x, cos, sin, backend=kernels)

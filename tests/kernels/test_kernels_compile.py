@@ -33,12 +33,13 @@ def compile_for_sm90(fn, pointers, constexprs, **options):
         elif name.endswith("_ptr"):
             signature[name] = "*" + pointers.get(name, "fp32")
         else:
-            signature[name] = "fp32" if name in ("eps", "scale_log2e") else "i32"
+            signature[name] = "fp32" if name in ("eps", "scale_log2e", "scale") else "i32"
     source = ASTSource(fn, signature, constexprs)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
     return {"shared": compiled.metadata.shared,
             "fma_f32": len(re.findall(r"\bfma\.rn\.f32", ptx)),
+            "approx_f32": len(re.findall(r"\.approx\.(?:ftz\.)?f32|\bdiv\.full\.f32", ptx)),
             "mma": len(re.findall(r"\b(wgmma\.mma_async|mma\.sync)", ptx))}
 
 nf4 = dict(BLOCKSIZE=64, NESTED=True, NESTED_BLOCKSIZE=256)
@@ -75,6 +76,16 @@ for weight, pointers in weight_pointers.items():
         dict(logits, NF4=weight == "nf4", ALIGNED=weight == "nf4", BLOCK_B=32, BLOCK_V=128,
              BLOCK_K=64 if weight == "nf4" else 128, ROUND_LOGITS=True, LOGITS_DTYPE=fp16),
         num_warps=4, **exact)
+norm = importlib.import_module("pope_fast.kernels.norm")
+for dtype, name in ((tl.float16, "fp16"), (tl.bfloat16, "bf16")):
+    for offset in (False, True):  # LLaMA's norm, and Gemma's with a query scale
+        results[f"rms_norm-{name}" + ("-offset" if offset else "")] = compile_for_sm90(
+            kernel("norm", "_rms_norm_kernel"), {"x_ptr": name, "weight_ptr": name, "out_ptr": name},
+            dict(OFFSET=offset, SCALED=offset, X_DTYPE=dtype, OUT_DTYPE=dtype, **norm._sum_plan(4096, 8),
+                 BLOCK_R=16, BLOCK_H=1024), num_warps=4, **exact)
+    results[f"rotary-{name}"] = compile_for_sm90(
+        kernel("rotary", "_rotary_kernel"), dict.fromkeys(("x_ptr", "cos_ptr", "sin_ptr", "out_ptr"), name),
+        dict(HALF=64, DTYPE=dtype, BLOCK_R=32, BLOCK_D=64), num_warps=4, **exact)
 print(json.dumps(results))
 '''
 
@@ -92,7 +103,7 @@ def compiled() -> dict:
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_within_shared_memory(compiled):
-    assert len(compiled) == 14  # prefix_attention with and without an attention edit
+    assert len(compiled) == 20  # prefix_attention with and without an attention edit; both norms, RoPE
     too_big = {name: r["shared"] for name, r in compiled.items() if r["shared"] > SM90_SHARED_BYTES}
     assert not too_big, f"shared memory over {SM90_SHARED_BYTES} bytes: {too_big}"
 
@@ -106,8 +117,18 @@ def test_dequantizing_kernels_round_like_bitsandbytes_without_fma(compiled):
 
 @pytest.mark.slow
 def test_matmul_like_kernels_use_tensor_cores(compiled):
-    no_mma = [name for name, r in compiled.items() if not name.startswith("dequantize") and r["mma"] == 0]
+    no_mma = [name for name, r in compiled.items()
+              if not name.startswith(("dequantize", "rms_norm", "rotary")) and r["mma"] == 0]
     assert not no_mma, f"no tensor-core instructions in {no_mma}"
+
+
+@pytest.mark.slow
+def test_norm_and_rotary_round_each_op_as_ieee_does(compiled):
+    """Their bits equal torch's only with each product and sum rounded apart (no fma) and a correctly rounded
+    square root and division (triton's plain `/` and rsqrt are approximate on a GPU; the interpreter can't tell)."""
+    inexact = {name: (r["fma_f32"], r["approx_f32"]) for name, r in compiled.items()
+               if name.startswith(("rms_norm", "rotary")) and (r["fma_f32"] or r["approx_f32"])}
+    assert not inexact, f"(fma, approximate ops) in kernels that must round as torch does: {inexact}"
 
 
 class LaunchRecorder:
