@@ -258,11 +258,6 @@ class Engine:
         the prompt of a question asked with no image (no image marker)."""
         return self.template.render(question, self.model.tokenizer, system, image)
 
-    def decide(self, result: PromptResult) -> dict[str, str]:
-        """Every requested readout's decision from one answer position's outputs (a text readout whose
-        text is not there, a contrastive method's, is left out)."""
-        return self.readout.decide(result)
-
     def answer(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
         """Answer questions about one image (a path, a PIL image or a LoadedImage), or with image None
         questions asked without one (text-only prompts, TextOnlyRefused where the family cannot)."""
@@ -271,7 +266,7 @@ class Engine:
         features = None if image is None else self.features(image)
         prompts = [self.prompt(q, image=image is not None) for q in questions]
         results = self.run_images([ImagePrompts(features, prompts)], intervention)[0]
-        return [Answer(**vars(r), question=q, predictions=self.decide(r)) for q, r in zip(questions, results)]
+        return [Answer(**vars(r), question=q, predictions=self.readout.decide(r)) for q, r in zip(questions, results)]
 
     def run_images(self, items: list[ImagePrompts], intervention: Intervention | None = None
                    ) -> list[list[PromptResult]]:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import os
 from contextlib import ExitStack, nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -45,6 +45,23 @@ class SweepResult:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """What one question of a step got: an error that every method's folder records (its image unusable), or each
+    method's record fields by method name (a method's own error among them, where it refuses the question)."""
+
+    question: Question
+    per_method: dict[str, dict] = field(default_factory=dict)
+    error: str | None = None
+
+    def fields(self, method: str) -> dict:
+        return {"error": self.error} if self.error is not None else self.per_method[method]
+
+    @property
+    def refused(self) -> bool:
+        return any("error" in f for f in self.per_method.values())
+
+
+@dataclass(frozen=True)
 class RunFolder:
     """Where one method's records of a sweep go."""
 
@@ -52,46 +69,52 @@ class RunFolder:
     method: Method
 
 
+@dataclass(frozen=True)
+class SweepOptions:
+    """How a sweep runs, whichever methods it runs (run_plain's, run_paired's and run_sweep's keywords).
+
+    `skip_bad`: record an unusable image's questions as errors instead of stopping. `progress`: told of the
+    questions done (once per question, not per method). `workers`: threads (default one per CPU core, at most 8)
+    that check, read, decode and preprocess images ahead of the model. `lock`: the folder's RunLock when the caller
+    holds it (else the sweep takes it). `shard`: under torchrun, this rank's share of the images; rank 0, the one
+    that holds the lock, merges the ranks' records, and only its results hold the scored runs. `provenance`: what
+    meta.json says beside the engine (the command line that made the run, say). `question_file`: every question of
+    the files, where the questions asked are the first --limit of each split (records of the rest stay)."""
+
+    skip_bad: bool = False
+    progress: Progress | None = None
+    workers: int | None = None
+    lock: RunLock | None = None
+    shard: Shard | None = None
+    provenance: dict | None = None
+    question_file: list[Question] | None = None
+
+
 def run_plain(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path, *,
-             skip_bad: bool = False, progress: Progress | None = None, workers: int | None = None,
-             lock: RunLock | None = None, shard: Shard | None = None, intervention: Intervention | None = None,
-             provenance: dict | None = None, question_file: list[Question] | None = None) -> SweepResult:
-    """Evaluate every question not yet recorded in out_dir with the model as it is; returns the scored
-    runs. `workers` threads (default: one per CPU core, at most 8) check, read, decode and preprocess
-    images ahead of the model. Images embedded in the questions (parquet) are read from there, the
-    others from images_dir. The folder's RunLock is taken for the sweep, unless the caller holds it
-    (`lock`). Under torchrun (`shard`) this rank runs its share of the images and rank 0, the one that
-    holds the lock, merges the ranks' records; only rank 0's result holds the scored runs. An
-    `intervention` (engine.Intervention) runs every question under it; `provenance` goes into meta.json
-    beside what the engine says (the command line that made the run, say). `question_file`: every question of
-    the files, where `questions` are the first --limit of each split (records of the rest stay: run_sweep)."""
+              intervention: Intervention | None = None, **options) -> SweepResult:
+    """Evaluate every question not yet recorded in out_dir with the model as it is (under `intervention`, an
+    engine.Intervention, where given); returns the scored run. Images embedded in the questions (parquet) are
+    read from there, the others from images_dir. `options`: SweepOptions' fields."""
     method = METHODS["none"]() if intervention is None else Intervened(intervention)
     return run_sweep(engine, questions, images_dir, Path(out_dir), [RunFolder(Path(out_dir), method)],
-                     skip_bad=skip_bad, progress=progress, workers=workers, lock=lock, shard=shard,
-                     provenance=provenance, question_file=question_file)[0]
+                     SweepOptions(**options))[0]
 
 
 def run_paired(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: str | Path,
-               methods: list[Method], *, skip_bad: bool = False, progress: Progress | None = None,
-               workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
-               provenance: dict | None = None, question_file: list[Question] | None = None) -> list[SweepResult]:
+               methods: list[Method], **options) -> list[SweepResult]:
     """A paired run: every method on the same questions, images and settings in one sweep, each into its
-    own ordinary run folder out_dir/<method name>/ (resumable as any run). `progress` counts questions
-    once, not once per method. Under torchrun as run_plain, every method's share of an image on the same
-    rank."""
+    own ordinary run folder out_dir/<method name>/ (resumable as any run); under torchrun every method's share
+    of an image on the same rank. `options`: SweepOptions' fields."""
     names = [m.name for m in methods]
     if len(set(names)) != len(names):
         raise ValueError(f"method {next(n for n in names if names.count(n) > 1)} is given twice; one run folder "
                          "each: name each method once")
     folders = [RunFolder(Path(out_dir) / m.name, m) for m in methods]
-    return run_sweep(engine, questions, images_dir, Path(out_dir), folders, skip_bad=skip_bad, progress=progress,
-                     workers=workers, lock=lock, shard=shard, provenance=provenance, question_file=question_file)
+    return run_sweep(engine, questions, images_dir, Path(out_dir), folders, SweepOptions(**options))
 
 
 def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path | None, out_dir: Path,
-              folders: list[RunFolder], *, skip_bad: bool = False, progress: Progress | None = None,
-              workers: int | None = None, lock: RunLock | None = None, shard: Shard | None = None,
-              provenance: dict | None = None, question_file: list[Question] | None = None) -> list[SweepResult]:
+              folders: list[RunFolder], options: SweepOptions = SweepOptions()) -> list[SweepResult]:
     """The sweep of run_plain and run_paired: every folder's method on the questions, out_dir locked. A rerun with a
     smaller --limit (`question_file` holds more than `questions`) keeps what a folder recorded past it, proven to be
     the file's questions, in its place: it is scored and counted as the folder's, and nothing of it is asked again."""
@@ -108,14 +131,16 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
     check_prompt_lengths(engine, questions)
     text_only = sum(not q.image for q in questions)
     refusals = [why for f in folders if text_only and (why := engine.text_only_refusal(f.method))]
-    if refusals and not skip_bad:  # a method's refusal of those questions stops the run, as an image's does
+    if refusals and not options.skip_bad:  # a method's refusal of those questions stops the run, as an image's does
         raise ImageError(f"{text_only} question(s) are asked without an image: {refusals[0]}; pass --skip-bad to "
                          "record them as that method's errors")
     out_dir.mkdir(parents=True, exist_ok=True)
-    sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions), skip_bad,
-                   progress, workers or default_workers(), shard, provenance or {}, question_file)
+    shard = options.shard
+    sweep = _Sweep(engine, None if images_dir is None else Path(images_dir), embedded_images(questions),
+                   options.skip_bad, options.progress, options.workers or default_workers(), shard,
+                   options.provenance or {}, options.question_file)
     # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
-    with nullcontext() if lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
+    with nullcontext() if options.lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
         return sweep.run(questions, folders)
 
 
@@ -228,7 +253,7 @@ class _Sweep:
                                    *([[""]] if text_only and "" not in problems else [])] if lacking & set(step)]
         if self.shard is None or self.shard.lead:
             errors = [q for q in asked if q.image in problems and _key(q) in pending]
-            self._write(sinks, [(q, {"error": problems[q.image]}) for q in errors])
+            self._write(sinks, [Outcome(q, error=problems[q.image]) for q in errors])
             self.errors += len(errors)
             self._tell(len(errors))
         if self.shard is not None:  # this rank's whole image steps; the same images for every method
@@ -286,20 +311,19 @@ class _Sweep:
             for name, failure in [(n, p) for n, p in step if isinstance(p, ImageError)]:
                 if not self.skip_bad:
                     raise failure
-                failed += [(q, {"error": str(failure)}) for qs in by_image[name].values() for q in qs]
+                failed += [Outcome(q, error=str(failure)) for qs in by_image[name].values() for q in qs]
             step = [(n, p) for n, p in step if not isinstance(p, ImageError)]
             answered = _answer(engine, step, by_image, methods) if step else []
             self.evaluated += sum(len(by_image[name]) for name, _ in step)
             self._write(sinks, failed + answered)
-            refused = [q for q, fields in answered if any("error" in f for f in fields.values())]  # a method's
-            self.errors += sum(_key(q) in pending for q, _ in failed) + sum(_key(q) in pending for q in refused)
-            self._tell(sum(_key(q) in pending for q, _ in failed + answered))
+            self.errors += sum(_key(o.question) in pending for o in failed + answered if o.error or o.refused)
+            self._tell(sum(_key(o.question) in pending for o in failed + answered))
 
-    def _write(self, sinks: list[_Sink], answered: list[tuple[Question, dict]]) -> None:
+    def _write(self, sinks: list[_Sink], answered: list[Outcome]) -> None:
         """Each sink's records of the questions it lacks: error fields go to every sink, answers (or a
         method's own error, a text-only question it refuses) to the sink of their method."""
         for sink in sinks:
-            own = [(q, fields if "error" in fields else fields[sink.method.name]) for q, fields in answered]
+            own = [(o.question, o.fields(sink.method.name)) for o in answered]
             records = [make_record(q, self.engine.template.name, **fields)
                        for q, fields in own if _key(q) in sink.todo
                        # a rerun that meets the same error again records nothing new
@@ -341,8 +365,8 @@ def canonical_order(questions: list[Question], prompt: Callable[[str], str]) -> 
 
 
 def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, dict[str, list[Question]]],
-            methods: list[Method]) -> list[tuple[Question, dict]]:
-    """(question, record fields per method name) for every question of these images (prepared None: the
+            methods: list[Method]) -> list[Outcome]:
+    """Each method's record fields for every question of these images (prepared None: the
     questions asked without an image, for which a method that needs one gets an error field)."""
     group = [name for name, _ in step]
     digests = {name: hashlib.sha256(prepared.image.data).hexdigest() if prepared is not None else None
@@ -359,7 +383,7 @@ def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, 
         for j, text in enumerate(image_texts):
             fields = {m: _fields(engine, results[i][j], digests[name]) for m, results in per_method.items()}
             fields.update(refused)
-            out += [(q, fields) for q in by_image[name][text]]
+            out += [Outcome(q, fields) for q in by_image[name][text]]
     return out
 
 
@@ -367,7 +391,7 @@ def _fields(engine: Engine, result, digest: str) -> dict:
     return dict(first_token_id=result.first_token_id, candidate_logits=result.candidate_logits,
                 decoded=result.decoded, texts=result.texts, decoded_sequence=result.decoded_sequence,
                 capped=[n for n in result.capped if n in engine.readout.names],
-                predictions=engine.decide(result), probe=_recorded(result.probe, engine.settings.probe),
+                predictions=engine.readout.decide(result), probe=_recorded(result.probe, engine.settings.probe),
                 image_sha256=digest)
 
 

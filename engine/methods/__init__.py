@@ -20,14 +20,14 @@ the modules that import it).
 """
 from __future__ import annotations
 
-from .base import PASS_IMAGES, Baseline, Intervened, Method, Param, Pass, layer_range, plausible
+from .base import ALPHA, BETA, PASS_IMAGES, Baseline, Intervened, Method, Param, Pass, layer_range, plausible
 from .contrastive import ICD, M3ID, VCD
 from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP, diffusion_alpha_bar, diffusion_noise, noise_generator
 from .pai import PAI
 from .vti import VTI, VTISteering
 
-__all__ = ["DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP", "VTI",
-           "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering", "diffusion_alpha_bar",
+__all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP",
+           "VTI", "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering", "diffusion_alpha_bar",
            "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible"]
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI)}

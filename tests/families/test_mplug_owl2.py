@@ -303,5 +303,5 @@ def test_nf4_decisions_equal_the_engine_on_the_dequantized_weights(fixture, tmp_
     for folder, settings in ((root / "checkpoint", Settings(quant="nf4", dtype="fp16")), (copy, Settings())):
         engine = Engine.load(folder, settings, readouts=",".join(LOGIT_READOUTS))
         items = [ImagePrompts(engine.features(root / "images" / n), ps) for n, ps in prompts.items()]
-        decisions.append([(r.first_token_id, engine.decide(r)) for rs in engine.run_images(items) for r in rs])
+        decisions.append([(r.first_token_id, engine.readout.decide(r)) for rs in engine.run_images(items) for r in rs])
     assert len(decisions[0]) == len(cases) and decisions[0] == decisions[1]
