@@ -40,6 +40,11 @@ class Coverage:
     num_beams: int = 1
     length_penalty: float = 1.0
     max_length: int | None = None
+    # a sampled continuation where the tool's generate samples (Settings.do_sample), under its warpers
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
     # the dtype the tool loads the model in (Settings.dtype): fp16 | bf16 | fp32, or "auto": the checkpoint's
     # own, as from_pretrained's dtype="auto" (transformers 5's default) reads it from config.json, resolved per
     # checkpoint (protocol_for); None: the tool pins none, so --dtype's applies
@@ -70,7 +75,7 @@ class AnswerCut:
 # of the same name and default (meta.json's settings and coverage record each only where it is not the default).
 TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
               "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams", "length_penalty",
-              "max_length")
+              "max_length", "do_sample", "temperature", "top_k", "top_p")
 STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 
@@ -124,6 +129,9 @@ class Protocol:
     unprescribed: str | None = None
     covers: Covers | None = None  # how it runs each family's checkpoint (None: unprescribed)
     templates: tuple[Template, ...] = ()  # the tool's prompt per model class, as its source builds it
+    # A tool whose rule reads the label too (VCD's eval_pope.py): the answer it counts for (label, the readout's
+    # text), which the aggregation then reads in place of the readout's decisions
+    counted: Callable[[str, str], str] | None = None
 
     def score_group(self, labels: list[str], decided: list[str]) -> dict:
         """The tool's metrics of one group; every decision must be one (a readout's yes/no/unknown)."""

@@ -17,7 +17,8 @@ COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool
 # What each TOOL_STEP that is not an image step changes, as a check names it
 STEP_KINDS = {"min_new_tokens": "generation", "answer_cut": "answer", "image_mask": "attention",
               "generation_config": "generation", "repetition_penalty": "generation", "num_beams": "generation",
-              "length_penalty": "generation", "max_length": "generation"}
+              "length_penalty": "generation", "max_length": "generation", "do_sample": "generation",
+              "temperature": "generation", "top_k": "generation", "top_p": "generation"}
 # The steps that decide which of the checkpoint's generation config rules a continuation applies; where meta.json
 # records those rules, a check compares the rules applied (a checkpoint that sets none differs in nothing)
 RULE_STEPS = ("generation_config", "repetition_penalty")
@@ -108,6 +109,15 @@ def checks(protocol: Protocol, meta: Mapping, capped: int) -> list[str]:
     return out + [f"not reproduced: {d}" for d in coverage.get("deviations", [])]
 
 
+def _counted(protocol: Protocol, entry) -> str:
+    """The answer a tool whose rule reads the label counts for this record (Protocol.counted), from its readout's
+    text; Unavailable where the record holds none (an imported file's stored decision is not the text)."""
+    text = entry.text_for(protocol.readout)
+    if text is None:
+        raise Unavailable(f"question {entry.key}: no decoded text (its rule reads the text with the label)")
+    return protocol.counted(entry.label, text)
+
+
 def score_protocol(records: RecordSet, protocol: Protocol) -> list[dict]:
     """Per dataset of the records: the tool's rows (one per split, then `Overall` where it pools), the
     number its users derive (`summary`), and `checks`: what keeps this from being the tool's own number.
@@ -118,6 +128,8 @@ def score_protocol(records: RecordSet, protocol: Protocol) -> list[dict]:
         answered = [e for e in entries if e.error is None]
         try:
             decided = dict(zip(map(id, answered), predictions(records, protocol.readout, answered)))
+            if protocol.counted is not None:
+                decided = {id(e): _counted(protocol, e) for e in answered}
         except Unavailable as why:
             raise Unavailable(f"{records.source}: protocol {protocol.name} reads {protocol.readout}: {why}") from None
         groups = {split: [e for e in answered if e.split == split] for split in dict.fromkeys(e.split for e in entries)}

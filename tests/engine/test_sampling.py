@@ -86,8 +86,8 @@ def test_bad_sampling_settings_are_one_line_naming_the_setting():
 @pytest.mark.slow
 def test_sampled_continuations_are_generates_under_each_questions_seed(tiny):
     """A tiny LLaVA: each question's sampled continuation is what torch.manual_seed(its row_seed) then transformers'
-    generate(do_sample=True, ...) on that question alone draws, with and without warpers; the same alone, batched,
-    and with prefixes shared or not; another run seed draws other texts."""
+    generate(do_sample=True, ...) on that question alone draws, with and without warpers; the same batched or one
+    at a time, with prefixes shared or not, and asked without the others; another run seed draws other texts."""
     family = REGISTRY["llava"]
     folder = tiny.checkpoint("llava")
     model = family.transformers_class().from_pretrained(str(folder), dtype=torch.float32).eval()
@@ -101,6 +101,8 @@ def test_sampled_continuations_are_generates_under_each_questions_seed(tiny):
             engine = Engine.load(folder, Settings(**sampled, **extra), readouts="string_parse")
             texts.append([a.decoded for a in engine.score(image, questions)])
         assert texts[0] == texts[1]
+        # a question asked alone (a resume, another rank's share) draws what it drew beside the others
+        assert [a.decoded for a in engine.score(image, questions[1:2])] == texts[0][1:2]
         prepared = engine.prepare([image])[0]
         features = engine.encode([prepared])[0]
         expected = []
