@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..score import POOLED
+from ..score import POOLED, Unavailable
 from ..templates import Template
 
 
@@ -138,6 +138,17 @@ class Protocol:
         if len(labels) != len(decided) or not labels:
             raise ValueError(f"protocol {self.name}: {len(labels)} labels, {len(decided)} answers")
         return self.aggregate(labels, decided)
+
+    def counted_answers(self, entries: list) -> list[str]:
+        """Each record's answer as a tool whose rule reads the label counts it (`counted`), from the text of its
+        readout; Unavailable where a record holds none (an imported file's stored decision is no text)."""
+        out = []
+        for entry in entries:
+            text = entry.text_for(self.readout)
+            if text is None:
+                raise Unavailable(f"question {entry.key}: no decoded text (its rule reads the text with the label)")
+            out.append(self.counted(entry.label, text))
+        return out
 
     def summary(self, rows: list[dict]) -> dict | None:
         """A number the tool's users derive from its per-split rows: LLaVA-1.5's paper quotes the mean of
