@@ -135,8 +135,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="a checkpoint folder, or a hub id ORG/NAME[@REVISION] (the HF cache first, else downloaded); "
                    "omit for the built-in demo (a random tiny LLaVA)")
 @click.option("--questions", "question_files", multiple=True,
-              help="a POPE question file (JSON, JSON lines, lmms-lab parquet), a folder of them, or a hub dataset id "
-                   "(lmms-lab/POPE, images embedded); repeatable; demo default: a built-in POPE-shaped set")
+              help="a POPE question file (JSON, JSON lines, lmms-lab parquet), a folder of them (and POPE's below it: "
+                   "POPE/output), or a hub dataset id (lmms-lab/POPE); repeatable; demo default: a built-in POPE set")
 @click.option("--subset", default=None, help="a hub dataset's subset (its card's config; default: 'default')")
 @click.option("--images", "images_dir", default=None, type=click.Path(),
               help="the image folder (not needed for parquet, whose images are embedded); "
