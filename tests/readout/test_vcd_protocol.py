@@ -156,3 +156,24 @@ def test_the_demo_under_vcd_samples_and_records_its_seed(tmp_path):
     assert [r["n"] for r in run["rows"]] == [12]
     assert [c for c in run["checks"] if not c.startswith("not reproduced")] == \
         ["generation: 12 answers were cut at 6 new tokens; vcd generates up to 1024"]
+
+
+def test_compare_under_vcd_counts_each_side_by_label(tmp_path):
+    """compare --protocol vcd: each run's F1 and accuracy are eval_pope.py's over its texts, and ΔF1 their
+    difference, not the label-free readout's."""
+    from pope_fast.readout.compare import compare_runs
+    from pope_fast.readout.protocols import get_protocol
+
+    labels, texts = _answers()
+    other = [{"Yes": "snow", "No": "Yes, there is no dog"}.get(t, t) for t in texts]
+    settings = {"do_sample": True, "seed": 55, "dtype": "fp16", "resolved_dtype": "float16",
+                "generation_config": "greedy"}
+    _run(tmp_path / "a", texts, labels, settings)
+    _run(tmp_path / "b", other, labels, settings)
+    [pair] = compare_runs([tmp_path / "a", tmp_path / "b"], resamples=20, protocol=get_protocol("vcd"))["pairs"]
+    got = pair["splits"]["random"]["vcd"]
+    theirs = [eval_pope([{"question_id": i, "label": y} for i, y in enumerate(labels)],
+                        [{"question_id": i, "text": t} for i, t in enumerate(said)]) for said in (texts, other)]
+    assert (got["a"]["f1"], got["b"]["f1"]) == pytest.approx((theirs[0]["F1"], theirs[1]["F1"]))
+    assert (got["a"]["accuracy"], got["b"]["accuracy"]) == pytest.approx((theirs[0]["Accuracy"], theirs[1]["Accuracy"]))
+    assert got["delta_f1"] == pytest.approx(theirs[1]["F1"] - theirs[0]["F1"]) and got["delta_f1"] != 0
