@@ -20,7 +20,8 @@ def _head(shared, folder, rows: int = 4):
     for path in find_question_files(shared / "data/pope"):
         if "_pope_" in path.name:
             text = path.read_text().strip()
-            head = json.loads(text)[:rows] if text.startswith("[") else [json.loads(t) for t in text.splitlines()[:rows]]
+            head = json.loads(text)[:rows] if text.startswith("[") else \
+                [json.loads(line) for line in text.splitlines()[:rows]]
             target = folder / path.relative_to(shared / "data/pope")
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text("".join(json.dumps(row) + "\n" for row in head))

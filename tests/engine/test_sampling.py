@@ -79,8 +79,9 @@ def test_bad_sampling_settings_are_one_line_naming_the_setting():
         with pytest.raises(ValueError, match=message):
             Settings(**kwargs)
     assert "seed" not in Settings(seed=5).to_json() and "do_sample" not in Settings().to_json()
-    assert {k: v for k, v in Settings(do_sample=True, seed=0, top_p=0.9).to_json().items()
-            if k in ("do_sample", "seed", "top_p", "top_k", "temperature")} == {"do_sample": True, "seed": 0, "top_p": 0.9}
+    recorded = Settings(do_sample=True, seed=0, top_p=0.9).to_json()
+    assert {k: v for k, v in recorded.items() if k in ("do_sample", "seed", "top_p", "top_k", "temperature")} == \
+        {"do_sample": True, "seed": 0, "top_p": 0.9}
 
 
 @pytest.mark.slow

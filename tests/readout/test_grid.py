@@ -43,8 +43,8 @@ def _run(folder, shift: float = 0.0, datasets=DATASETS, method: str = "none"):
 def test_the_papers_order_and_no_pooled_group():
     groups = [("gqa", "adversarial"), ("coco", "Overall"), ("mine", "random"), ("coco", "popular"), ("coco", "random"),
               ("aokvqa", "random")]
-    assert paper_order(groups) == [("coco", "random"), ("coco", "popular"), ("aokvqa", "random"), ("gqa", "adversarial"),
-                                   ("mine", "random")]
+    assert paper_order(groups) == [("coco", "random"), ("coco", "popular"), ("aokvqa", "random"),
+                                   ("gqa", "adversarial"), ("mine", "random")]
 
 
 def test_score_shows_each_dataset_and_split_and_their_mean(tmp_path):
