@@ -25,7 +25,6 @@ from .engine import Engine, ImageError, Intervention, check_images, image_file
 from .engine.methods import METHODS, Intervened, Method
 from .prefetch import embedded_images, prepared_steps
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
-from .readout.records import strict_json
 from .readout.records import record_key
 from .resume import check_done, check_has_meta, check_resumable, held_counts, question_counts
 from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
@@ -382,6 +381,6 @@ def _recorded(probe: dict | None, setting: str) -> dict | None:
 def write_summaries(out_dir: Path, readouts: list[str]) -> list[dict]:
     """summary.json (the shape of `pope-fast score --format json`) and summary.md, from the records."""
     runs = score_records(read_records(out_dir), readouts)
-    atomic_write(out_dir / "summary.json", strict_json({"runs": runs}, indent=2) + "\n")
+    atomic_write(out_dir / "summary.json", format_runs(runs, "json") + "\n")
     atomic_write(out_dir / "summary.md", format_runs(runs, "markdown") + "\n")
     return runs

@@ -163,6 +163,11 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
     return "\n\n".join(blocks + [_grid_block(grid, fmt, percent) for grid in score_grids(runs)])
 
 
+def format_grids(runs: list[dict], fmt: str = "markdown", percent: bool = False) -> str:
+    """The by-dataset-and-split table of each source of several datasets ("" where none has several)."""
+    return "\n\n".join(_grid_block(grid, fmt, percent) for grid in score_grids(runs))
+
+
 def _grid_block(grid: dict, fmt: str, percent: bool) -> str:
     """A record set of several datasets as papers print POPE (readout/grid.py): a row per dataset and split, then
     their average; each readout's accuracy / F1 ("–" for an F1 of a readout that answered nothing there)."""

@@ -36,6 +36,9 @@ def test_the_three_datasets_run_and_score_in_one_command(shared, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run/records.jsonl").read_text().splitlines()]
     groups = [(d, s) for d in ("coco", "aokvqa", "gqa") for s in ("random", "popular", "adversarial")]
     assert sorted((r["dataset"], r["split"]) for r in records) == sorted(groups * 2)
+    summary = json.loads((tmp_path / "run/summary.json").read_text())
+    [grid] = summary["by_dataset_and_split"]
+    assert len(grid["rows"]) == 9 and "by dataset and split" in (tmp_path / "run/summary.md").read_text()
     block = result.output[result.output.index("by dataset and split"):].splitlines()
     assert [line.split()[:3] for line in block[3:13]] == [[d, s, "2"] for d, s in groups] + [["average", "9", "rows"]]
     scored = CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--protocol", "pope-official", "--format",

@@ -11,7 +11,7 @@ from pope_fast.readout import Question, TokenSets, make_record, read_records, sc
 from pope_fast.readout.compare import compare_runs
 from pope_fast.readout.grid import paper_order, score_grids
 from pope_fast.readout.report.compare_format import format_compare
-from pope_fast.readout.report.tables import format_runs
+from pope_fast.readout.report.tables import format_grids, format_runs
 from pope_fast.store import RecordWriter, write_meta
 
 DATASETS = ("gqa", "coco", "aokvqa")  # written out of the papers' order
@@ -70,12 +70,14 @@ def test_score_shows_each_dataset_and_split_and_their_mean(tmp_path):
     f1 = grid["average"]["legacy_2tok"]["f1"]
     assert f"{grid['average']['legacy_2tok']['accuracy']:.4f} / {f1:.4f}" in block[-1]
     assert json.loads(format_runs(runs, "json"))["by_dataset_and_split"][0]["average"]["legacy_2tok"]["f1"] == f1
+    assert format_grids(runs, "markdown").startswith("### ") and "| average | 9 rows | 72 |" in format_grids(runs)
 
 
 def test_one_dataset_shows_no_grid(tmp_path):
     _run(tmp_path / "run", datasets=("coco",))
     runs = score_records(read_records(tmp_path / "run"), ["legacy_2tok"], resamples=10)
     assert score_grids(runs) == [] and "by dataset and split" not in format_runs(runs, "table")
+    assert format_grids(runs) == ""
     assert "by_dataset_and_split" not in json.loads(format_runs(runs, "json"))
 
 
