@@ -263,9 +263,11 @@ class Engine:
         questions asked without one (text-only prompts, TextOnlyRefused where the family cannot)."""
         if isinstance(questions, str) or not all(isinstance(q, str) for q in questions):
             raise TypeError("questions must be a list of question strings (one string is not a list of them)")
-        features = None if image is None else self.features(image)
+        prepared = None if image is None else self.prepare([image])[0]
+        features = None if prepared is None else self.encode([prepared])[0]
         prompts = [self.prompt(q, image=image is not None) for q in questions]
-        results = self.run_images([ImagePrompts(features, prompts)], intervention)[0]
+        results = self.run_images([ImagePrompts(features, prompts, "" if prepared is None else prepared.key)],
+                                  intervention)[0]
         return [Answer(**vars(r), question=q, predictions=self.readout.decide(r)) for q, r in zip(questions, results)]
 
     def run_images(self, items: list[ImagePrompts], intervention: Intervention | None = None
@@ -345,8 +347,8 @@ class Engine:
                 shared.setdefault((p.image, p.system, p.noise_step, p.seed), []).append(p)
         for (kind, system, step, seed), passes in shared.items():
             feats = features if kind == "image" else self.noised_features(prepared, step, seed)
-            items = [ImagePrompts(f, [self.prompt(q, system, f is not None) for q in qs])
-                     for f, qs in zip(feats, questions)]
+            items = [ImagePrompts(f, [self.prompt(q, system, f is not None) for q in qs], "" if p is None else p.key)
+                     for f, qs, p in zip(feats, questions, prepared)]
             runs = self.run_passes(items, [p.edit for p in passes], vocab=vocab,
                                    decode=[p in decoded for p in passes])
             got.update(zip(passes, runs))

@@ -1,7 +1,7 @@
 """The one-step prefill: a call's prompts (their features and text) → rows with their layouts → the
 batching plan (`plan.make_plan`) → each stage's distinct prefixes prefilled once, then its suffix
 batches against them → candidate logits and the argmax at each answer position → (only for text
-readouts) a greedy continuation → one PromptResult per prompt.
+readouts) a greedy continuation, or a sampled one (sampling.py) → one PromptResult per prompt.
 
 The Runner holds what every batch needs (the model, settings and readout plan) and counts the work it
 does; the Engine above it decides what to run (images, methods, passes)."""
@@ -20,6 +20,7 @@ from .layers.generation import GreedyRules, GreedyState
 from .layers.interventions import Intervention
 from .models import Family
 from .inputs.plan import PrefixGroup, PromptLayout, PromptResult, Row, Stage, SuffixBatch, TokenBatch, make_plan
+from .layers.sampling import SampledState, Warpers, row_seed
 from .utils.settings import Settings
 from .utils.stats import Clock, Counts, Timings
 
@@ -31,6 +32,7 @@ class ImagePrompts:
 
     features: torch.Tensor | None
     prompts: list[str]
+    key: str = ""  # the image's key (Prepared.key): with each prompt, what seeds a sampled continuation
 
 
 DECODE_TICK = 32  # new tokens between two calls of Runner.on_decode
@@ -81,7 +83,7 @@ class Runner:
         else:
             encoded = iter([item.features] * len(item.prompts) for item in with_image)
         per_prompt = [[None] * len(item.prompts) if item.features is None else next(encoded) for item in items]
-        return [Row(i, j, text[i, j] if f is None else self._checked(model.layout(prompt, f)), f)
+        return [Row(i, j, text[i, j] if f is None else self._checked(model.layout(prompt, f)), f, item.key)
                 for i, (item, features) in enumerate(zip(items, per_prompt))
                 for j, (prompt, f) in enumerate(zip(item.prompts, features))]
 
@@ -148,13 +150,19 @@ class Runner:
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
                 for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
 
-    def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | None:
-        """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None."""
-        if not self.rules.active:
-            return None
-        prompts = [list(row.layout.ids) for row in rows for _ in range(beams)]
-        return self.rules.start(prompts, self.model.lm.dims.vocab_size, self.model.stop_ids,
-                                self.settings.torch_device, self.settings.generation_config != "greedy_output")
+    def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | SampledState | None:
+        """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None; where the
+        settings sample, the rows' draws under them."""
+        s = self.settings
+        greedy = None
+        if self.rules.active:
+            prompts = [list(row.layout.ids) for row in rows for _ in range(beams)]
+            greedy = self.rules.start(prompts, self.model.lm.dims.vocab_size, self.model.stop_ids, s.torch_device,
+                                      s.generation_config != "greedy_output")
+        if not s.do_sample:
+            return greedy
+        seeds = [row_seed(s.seed, row.key, row.layout.ids) for row in rows]
+        return SampledState(Warpers(s.temperature, s.top_k, s.top_p), seeds, s.torch_device, greedy)
 
     def _continue(self, prefix, batch: SuffixBatch, out, first: torch.Tensor, intervention) -> list[dict]:
         """The batch's continuation (greedy, or the tool's beam search), and what each row's gives its text

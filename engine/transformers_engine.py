@@ -36,6 +36,7 @@ REFUSED = {
     "quantize_lm_head": ((False,), "transformers keeps lm_head unquantized under load_in_4bit"),
     "processor_pixels": ((None,), "pixel bounds are the checkpoint processor's"),
     "processor_patches": ((None,), "tile bounds are the checkpoint processor's"),
+    "do_sample": ((False,), "generate draws every row from one global generator, not each question from its own"),
 }
 
 

@@ -135,8 +135,8 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="a checkpoint folder, or a hub id ORG/NAME[@REVISION] (the HF cache first, else downloaded); "
                    "omit for the built-in demo (a random tiny LLaVA)")
 @click.option("--questions", "question_files", multiple=True,
-              help="a POPE question file (JSON, JSON lines, lmms-lab parquet), a folder of them, or a hub dataset id "
-                   "(lmms-lab/POPE, images embedded); repeatable; demo default: a built-in POPE-shaped set")
+              help="a POPE question file (JSON, JSON lines, lmms-lab parquet), a folder of them (and POPE's below it: "
+                   "POPE/output), or a hub dataset id (lmms-lab/POPE); repeatable; demo default: a built-in POPE set")
 @click.option("--subset", default=None, help="a hub dataset's subset (its card's config; default: 'default')")
 @click.option("--images", "images_dir", default=None, type=click.Path(),
               help="the image folder (not needed for parquet, whose images are embedded); "
@@ -160,14 +160,14 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="images per model step (one vision batch, their prefixes prefilled together); under torchrun "
                    "the unit the ranks share")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="disk cache of image features")
-@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1),
-              help="greedy tokens for every string readout (default: each as its reference runs it: string_parse "
-                   "6, the others 128; the demo: 6)")
+@click.option("--max-new-tokens", default=None, type=click.IntRange(min=1), help="new tokens for every string readout "
+              "(default: each as its reference runs it: string_parse 6, the others 128; the demo: 6)")
 @click.option("--image-aspect", type=click.Choice(["processor", "pad"]), default=None,
               help="processor (the default) | pad: original LLaVA's pad-to-square with the mean colour first")
 @click.option("--protocol", default=None, type=click.Choice(list(PROTOCOLS)),
               help="a published protocol's prompt, generation length and image preprocessing for this model (pope-fast "
                    "protocols lists them); every readout is still recorded")
+@click.option("--seed", default=0, show_default=True, help="the draws' seed, where --protocol samples (vcd)")
 @click.option("--nf4-weights", type=click.Choice(["dequantized", "packed"]), default="dequantized",
               show_default=True, help="NF4: dequantize once at load (same values) or keep packed (less memory)")
 @click.option("--quantize-lm-head", is_flag=True, help="NF4: quantize lm_head too (transformers keeps it fp16)")

@@ -26,7 +26,8 @@ from .readout.readouts import GENERATING, parse_readouts
 from .resume import COMPARE_FILE, check_layout
 from .score_jobs import CompareJob, score_paths
 from .store import RunLock, atomic_write, remove_unused_folder
-from .sweep import SweepResult, check_image_names, run_paired, run_plain
+from .preflight import check_image_names
+from .sweep import SweepResult, run_paired, run_plain
 
 DEMO_TOKENS = 6  # the demo's continuations: its random tiny model never ends an answer
 

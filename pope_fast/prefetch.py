@@ -2,6 +2,7 @@
 so worker threads run them image by image while the model works, a model step of images at a time."""
 from __future__ import annotations
 
+import os
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -50,3 +51,7 @@ def prepared_steps(engine: Engine, images_dir: Path | None, steps: list[list[str
             while len(pending) < len(step) + ahead and (name := next(queue, None)) is not None:
                 pending.append((name, pool.submit(prepare, name)))
             yield [(name, future.result()) for name, future in (pending.popleft() for _ in step)]
+
+
+def default_workers() -> int:
+    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))

@@ -19,6 +19,7 @@ def describe_protocols(tokenizer=None) -> str:
 
 def _describe(protocol: Protocol, tokenizer) -> str:
     unknown = "counted as no" if protocol.unknown_is_no else "left out of the confusion counts"
+    unknown = "counted by its label (its rule reads the label)" if protocol.counted else unknown
     lines = [f"{protocol.name}: {protocol.title} ({protocol.version})",
              f"  answer rule: {protocol.readout}; headline {protocol.headline}; "
              f"{'per split and pooled (Overall)' if protocol.pooled else 'per split'}; an unknown answer {unknown}",
@@ -42,6 +43,9 @@ def _describe(protocol: Protocol, tokenizer) -> str:
                     length += f" under repetition_penalty {covered.repetition_penalty:g}"
             if covered.num_beams > 1:
                 length += f", {covered.num_beams} beams (length_penalty {covered.length_penalty:g})"
+            if covered.do_sample:
+                length += (f", sampled (temperature {covered.temperature:g}, top_k {covered.top_k or 'none'}, top_p "
+                           f"{covered.top_p:g}; each question drawn under --seed)")
             if covered.max_length is not None:
                 length += f", max_length {covered.max_length} with the prompt"
             if covered.answer_cut != "none":

@@ -12,7 +12,6 @@ writes its own part of every folder and rank 0 folds them (`distributed`).
 from __future__ import annotations
 
 import hashlib
-import os
 from contextlib import ExitStack, nullcontext
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -22,11 +21,12 @@ from typing import Callable
 from . import __version__
 from .coverage import protocol_coverage
 from .distributed import Shard
-from .engine import Engine, ImageError, Intervention, check_images, image_file
+from .engine import Engine, ImageError, Intervention, check_images
 from .engine.methods import METHODS, Intervened, Method
-from .prefetch import embedded_images, prepared_steps
+from .prefetch import default_workers, embedded_images, prepared_steps
+from .preflight import check_image_names, check_prompt_lengths
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
-from .readout.records import record_key, strict_json
+from .readout.records import record_key
 from .resume import check_done, check_has_meta, check_resumable, held_counts, question_counts
 from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
 
@@ -142,43 +142,6 @@ def run_sweep(engine: Engine, questions: list[Question], images_dir: str | Path 
     # Rank 0 alone locks the folder under torchrun; the other ranks write only their own record parts.
     with nullcontext() if options.lock is not None or (shard is not None and not shard.lead) else RunLock(out_dir):
         return sweep.run(questions, folders)
-
-
-def check_prompt_lengths(engine: Engine, questions: list[Question]) -> None:
-    """Refuse, naming it, a question whose prompt is longer than the model's positions before its image is even
-    counted (a megabyte of text would otherwise ask for a terabyte of attention scores). A character is at most 4
-    tokens (its UTF-8 bytes, under a byte-level or byte-fallback tokenizer), so only a question of a quarter of
-    the positions' length in characters is tokenized."""
-    limit = engine.model.lm.dims.max_positions
-    for q in questions:
-        if 4 * len(q.text) < limit:
-            continue
-        tokens = len(engine.model.tokenizer(engine.prompt(q.text), add_special_tokens=False)["input_ids"])
-        if tokens > limit:
-            raise ValueError(f"question {q.question_id} of split {q.split}: its prompt is {tokens:,} tokens, past the "
-                             f"model's {limit:,} positions (max_position_embeddings); shorten it or leave it out")
-
-
-def check_image_names(questions: list[Question], images_dir: str | Path | None) -> None:
-    """Where questions meet their image folder (eval's setup, before the model loads, and every sweep): each
-    image a question names is a file inside the folder (engine.image_file), or the run stops in one line naming
-    the question, before any file is read or a record written. Images embedded in the question file are not
-    files."""
-    if images_dir is None:
-        return
-    first = {}  # image name -> the first question asking it: each name resolved once (POPE: 500 for 9,000)
-    for q in questions:
-        if q.image and q.image_data is None:
-            first.setdefault(q.image, q)
-    for name, q in first.items():
-        try:
-            image_file(images_dir, name)
-        except ImageError as err:
-            raise ImageError(f"question {q.question_id} of split {q.split}: {err}") from None
-
-
-def default_workers() -> int:
-    return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
 
 
 @dataclass
@@ -407,6 +370,6 @@ def _recorded(probe: dict | None, setting: str) -> dict | None:
 def write_summaries(out_dir: Path, readouts: list[str]) -> list[dict]:
     """summary.json (the shape of `pope-fast score --format json`) and summary.md, from the records."""
     runs = score_records(read_records(out_dir), readouts)
-    atomic_write(out_dir / "summary.json", strict_json({"runs": runs}, indent=2) + "\n")
+    atomic_write(out_dir / "summary.json", format_runs(runs, "json") + "\n")
     atomic_write(out_dir / "summary.md", format_runs(runs, "markdown") + "\n")
     return runs

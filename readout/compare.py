@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from .bias import bias_statistics, cluster_weights, image_clusters
+from .grid import compare_average
 from .metrics import answered, mcnemar_exact, ratios, resample_weights, summarize
 from .reading import read_records
 from .readouts import LOGIT, NO, READOUTS, UNKNOWN, YES
@@ -86,11 +87,11 @@ def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resam
         raise ValueError(f"{name_a} vs {name_b}: the runs have no question in common")
     names = [n for n in run_readouts(a) if n in run_readouts(b) and (protocol is None or n == protocol.readout)]
     one_dataset = len({dataset for dataset, _ in groups}) == 1
-    splits, questions, unavailable = {}, {}, {}
+    splits, questions, unavailable, labelled = {}, {}, {}, {}
     for (dataset, split), joined in groups.items():
         label = split if one_dataset or not dataset else f"{dataset} {split}"
-        splits[label], questions[label], missing = _split(a, b, joined, names, seed, resamples,
-                                                          protocol is not None and protocol.unknown_is_no)
+        labelled[label] = (dataset, split)
+        splits[label], questions[label], missing = _split(a, b, joined, names, seed, resamples, protocol)
         if missing:
             unavailable[label] = missing
     pair = {"a": name_a, "b": name_b, "method_a": run_method(a.meta), "method_b": run_method(b.meta),
@@ -98,6 +99,9 @@ def _pair(name_a: str, a: RecordSet, name_b: str, b: RecordSet, seed: int, resam
             "questions": questions, "ranking": {s: _ranking(t) for s, t in splits.items()}}
     if unavailable:
         pair["unavailable"] = unavailable
+    average = compare_average(pair, labelled)  # several datasets: their splits' mean, as papers print POPE
+    if average is not None:
+        pair["average"] = average
     incomplete = _incomplete("A", a) + _incomplete("B", b)
     if incomplete:
         pair["incomplete"] = incomplete
@@ -225,7 +229,7 @@ def _with_pooled(groups: dict[tuple[str, str], list]) -> dict[tuple[str, str], l
 # --- the paired statistics of one split ---
 
 def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names: list[str], seed: int,
-           resamples: int, unknown_is_no: bool = False) -> tuple[dict, dict, dict]:
+           resamples: int, protocol=None) -> tuple[dict, dict, dict]:
     kept = [(ea, eb) for ea, eb in joined if ea.error is None and eb.error is None]
     counts = {"joined": len(joined), "compared": len(kept), "errors_a": sum(ea.error is not None for ea, _ in joined),
               "errors_b": sum(eb.error is not None for _, eb in joined)}
@@ -238,8 +242,8 @@ def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names:
     table, unavailable = {}, {}
     for name in names:
         try:
-            decided_a = _decided(a, name, entries_a, "A", unknown_is_no)
-            decided_b = _decided(b, name, entries_b, "B", unknown_is_no)
+            decided_a = _decided(a, name, entries_a, "A", protocol)
+            decided_b = _decided(b, name, entries_b, "B", protocol)
         except Unavailable as why:
             unavailable[name] = str(why)
             continue
@@ -254,12 +258,16 @@ def _split(a: RecordSet, b: RecordSet, joined: list[tuple[Entry, Entry]], names:
     return table, counts, unavailable
 
 
-def _decided(run: RecordSet, name: str, entries: list[Entry], side: str, unknown_is_no: bool = False) -> list[str]:
+def _decided(run: RecordSet, name: str, entries: list[Entry], side: str, protocol=None) -> list[str]:
+    """A readout's decisions of one side, as a protocol counts them where one is given: an unknown as a no
+    (VLMEvalKit), or each answer by its label (VCD's `counted`)."""
     try:
         decided = predictions(run, name, entries)
+        if protocol is not None and protocol.counted is not None:
+            return protocol.counted_answers(entries)
     except Unavailable as why:
         raise Unavailable(f"{side} ({run.source}): {why}") from None
-    return [NO if d == UNKNOWN else d for d in decided] if unknown_is_no else decided
+    return [NO if d == UNKNOWN else d for d in decided] if protocol is not None and protocol.unknown_is_no else decided
 
 
 def _readout(labels: list[str], decided_a: list[str], decided_b: list[str], weights: np.ndarray, seed: int,

@@ -192,6 +192,17 @@ def repope(text: str) -> str:
     return UNKNOWN
 
 
+def vcd(text: str) -> str:
+    """VCD's experiments/eval/eval_pope.py (DAMO-NLP-SG/VCD d6568ff l.33-50) without the label it reads: "yes" in
+    the lowercased, stripped text and not "no" → yes, the reverse → no; both ("yes, there is no...") or neither
+    unknown, since its count of those depends on the label (right under either label for both, wrong for neither:
+    `--protocol vcd` counts them so)."""
+    lowered = text.lower().strip()
+    if ("yes" in lowered) != ("no" in lowered):
+        return YES if "yes" in lowered else NO
+    return UNKNOWN
+
+
 @dataclass(frozen=True)
 class Generation:
     """How a text readout's reference generates: at most `new_tokens` greedy tokens (fewer where the
@@ -304,6 +315,9 @@ READOUTS: dict[str, Readout] = {
         # RePOPE's evaluators generate per model (src/vlms/: 15 to 1024 new tokens); an ordinary run reads 128.
         Readout("repope", TEXT, "RePOPE compute_answer: 'yes' anywhere in the lowercased text, else 'no' anywhere; "
                 "else unknown (left out of its counts)", repope, Generation(128)),
+        # VCD's scripts sample up to 1024 new tokens (--protocol vcd); an ordinary run reads 128 as the others.
+        Readout("vcd", TEXT, "VCD eval_pope.py: 'yes' in the lowercased text and not 'no' → yes, the reverse → no; "
+                "both or neither unknown (its own count reads the label: --protocol vcd)", vcd, Generation(128)),
     )
 }
 LOGIT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == LOGIT)

@@ -88,6 +88,7 @@ class Row:
     prompt: int
     layout: PromptLayout
     features: torch.Tensor | None
+    key: str = ""  # its image's key ("": none), which with its prompt seeds a sampled continuation's draws
 
 
 @dataclass

@@ -16,12 +16,23 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
                       "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams",
-                      "length_penalty", "max_length")
+                      "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p")
 GENERATION_CONFIGS = ("none", "greedy", "greedy_output")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
 # what decides an image's pixels besides its bytes and its processor's own settings (feature-cache keys hold them)
 PIXEL_SETTINGS = ("image_aspect", "image_reencode", "image_resize", "processor_pixels", "processor_patches")
+
+
+def check_sampling(temperature, top_k, top_p) -> None:
+    """ValueError naming a sampling warper's setting that generate(do_sample=True) refuses (each changes nothing at
+    its default: temperature 1.0, top_k 0, top_p 1.0)."""
+    if not temperature > 0:  # TemperatureLogitsWarper refuses 0 (greedy is do_sample=False)
+        raise ValueError(f"temperature must be a positive number, not {temperature!r}")
+    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+        raise ValueError(f"top_k must be a non-negative integer (0: no top-k), not {top_k!r}")
+    if not 0 <= top_p <= 1:
+        raise ValueError(f"top_p must be a number from 0 to 1, not {top_p!r}")
 
 
 @dataclass(frozen=True)
@@ -59,6 +70,14 @@ class Settings:
     # None | N: generate's max_length given the prompt as inputs_embeds, N less the prompt's length new tokens at
     # most (LAVIS's 256), besides the readouts' own lengths
     max_length: int | None = None
+    # False: a continuation is greedy | True: drawn as generate(do_sample=True) draws it, under the warpers
+    # temperature, top_k (0: none) and top_p (engine/layers/sampling.py), each question from a generator of its own
+    # seeded by `seed` and the question (VCD's sampled baseline); the answer position's logit readouts are unchanged
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0  # recorded in meta.json where do_sample
     # none: a text readout reads the new tokens up to the stop token, decoded without special tokens | a name in
     # readout ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
     # tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's instructblip
@@ -123,6 +142,9 @@ class Settings:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ValueError(f"{name} must be at least 1, not {value}")
+        check_sampling(self.temperature, self.top_k, self.top_p)
+        if self.do_sample and self.num_beams > 1:
+            raise ValueError("do_sample with num_beams > 1 (a beam-search multinomial sampling) is not computed here")
         if self.probe not in PROBES:
             raise ValueError(f"probe must be one of {', '.join(PROBES)}, not {self.probe!r}")
         if self.quant == "nf4" and self.dtype == "fp32":
@@ -180,5 +202,7 @@ class Settings:
         for f in fields(self):  # recorded where set: a run's meta from before them reads as their defaults
             if f.name in RECORDED_WHERE_SET and out[f.name] == f.default:
                 del out[f.name]
+        if not self.do_sample:
+            del out["seed"]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         return out

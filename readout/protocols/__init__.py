@@ -8,7 +8,8 @@ tools' formulas as their sources write them, operation for operation, so that th
 tool prints; each cites the file and lines it follows.
 
 The rooms: `lmms_eval.py`, `vlmevalkit.py`, `llava.py` (LLaVA-1.5's pope.sh), `pope_official.py` (POPE's
-evaluate.py), `paper.py` (the audit), `repope.py` (score only); each holds its tool's version and sources,
+evaluate.py), `paper.py` (the audit), `vcd.py` (VCD's eval_pope.py and sampled baseline), `repope.py` (score
+only); each holds its tool's version and sources,
 answer rule and aggregation, templates and coverage in one `Protocol`. `base.py` declares what a room holds,
 `registry.py` collects them (the protocols, the templates, the lookups) and `scoring.py` scores a run.
 

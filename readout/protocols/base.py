@@ -8,7 +8,7 @@ import typing
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-from ..score import POOLED
+from ..score import POOLED, Unavailable
 from ..templates import Template
 
 
@@ -40,6 +40,11 @@ class Coverage:
     num_beams: int = 1
     length_penalty: float = 1.0
     max_length: int | None = None
+    # a sampled continuation where the tool's generate samples (Settings.do_sample), under its warpers
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
     # the dtype the tool loads the model in (Settings.dtype): fp16 | bf16 | fp32, or "auto": the checkpoint's
     # own, as from_pretrained's dtype="auto" (transformers 5's default) reads it from config.json, resolved per
     # checkpoint (pope_fast/coverage.py protocol_for); None: the tool pins none, so --dtype's applies
@@ -70,7 +75,7 @@ class AnswerCut:
 # of the same name and default (meta.json's settings and coverage record each only where it is not the default).
 TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
               "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams", "length_penalty",
-              "max_length")
+              "max_length", "do_sample", "temperature", "top_k", "top_p")
 STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 
@@ -130,12 +135,26 @@ class Protocol:
     unprescribed: str | None = None
     covers: Covers | None = None  # how it runs each family's checkpoint (None: unprescribed)
     templates: tuple[Template, ...] = ()  # the tool's prompt per model class, as its source builds it
+    # A tool whose rule reads the label too (VCD's eval_pope.py): the answer it counts for (label, the readout's
+    # text), which the aggregation then reads in place of the readout's decisions
+    counted: Callable[[str, str], str] | None = None
 
     def score_group(self, labels: list[str], decided: list[str]) -> dict:
         """The tool's metrics of one group; every decision must be one (a readout's yes/no/unknown)."""
         if len(labels) != len(decided) or not labels:
             raise ValueError(f"protocol {self.name}: {len(labels)} labels, {len(decided)} answers")
         return self.aggregate(labels, decided)
+
+    def counted_answers(self, entries: list) -> list[str]:
+        """Each record's answer as a tool whose rule reads the label counts it (`counted`), from the text of its
+        readout; Unavailable where a record holds none (an imported file's stored decision is no text)."""
+        out = []
+        for entry in entries:
+            text = entry.text_for(self.readout)
+            if text is None:
+                raise Unavailable(f"question {entry.key}: no decoded text (its rule reads the text with the label)")
+            out.append(self.counted(entry.label, text))
+        return out
 
     def summary(self, rows: list[dict]) -> dict | None:
         """A number the tool's users derive from its per-split rows: LLaVA-1.5's paper quotes the mean of

@@ -11,6 +11,7 @@ from .lmms_eval import PROTOCOL as LMMS_EVAL
 from .paper import PROTOCOL as PAPER
 from .pope_official import PROTOCOL as POPE_OFFICIAL
 from .repope import PROTOCOL as REPOPE
+from .vcd import PROTOCOL as VCD
 from .vlmevalkit import PROTOCOL as VLMEVALKIT
 from .vlmevalkit import llava_answer
 
@@ -23,7 +24,7 @@ ANSWER_CUTS: dict[str, AnswerCut] = {"vlmevalkit_llava": AnswerCut("yorn", True,
                                      "lmms_eval_whole": AnswerCut("exact_match", False, str.strip)}
 
 # The protocols `eval --protocol` runs: each covers the families (its `covers`).
-PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (LMMS_EVAL, VLMEVALKIT, LLAVA, POPE_OFFICIAL, PAPER)}
+PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (LMMS_EVAL, VLMEVALKIT, LLAVA, POPE_OFFICIAL, PAPER, VCD)}
 # Protocols that only score: they prescribe no prompt (no `covers`), so `eval --protocol` keeps to PROTOCOLS and
 # score, compare and report take these too.
 SCORE_ONLY: dict[str, Protocol] = {REPOPE.name: REPOPE}

@@ -17,7 +17,8 @@ COUNTS = ("TP", "FP", "TN", "FN", "unknown")  # shown as counts, not in the tool
 # What each TOOL_STEP that is not an image step changes, as a check names it
 STEP_KINDS = {"min_new_tokens": "generation", "answer_cut": "answer", "image_mask": "attention",
               "generation_config": "generation", "repetition_penalty": "generation", "num_beams": "generation",
-              "length_penalty": "generation", "max_length": "generation"}
+              "length_penalty": "generation", "max_length": "generation", "do_sample": "generation",
+              "temperature": "generation", "top_k": "generation", "top_p": "generation"}
 # The steps that decide which of the checkpoint's generation config rules a continuation applies; where meta.json
 # records those rules, a check compares the rules applied (a checkpoint that sets none differs in nothing)
 RULE_STEPS = ("generation_config", "repetition_penalty")
@@ -118,6 +119,8 @@ def score_protocol(records: RecordSet, protocol: Protocol) -> list[dict]:
         answered = [e for e in entries if e.error is None]
         try:
             decided = dict(zip(map(id, answered), predictions(records, protocol.readout, answered)))
+            if protocol.counted is not None:
+                decided = dict(zip(map(id, answered), protocol.counted_answers(answered)))
         except Unavailable as why:
             raise Unavailable(f"{records.source}: protocol {protocol.name} reads {protocol.readout}: {why}") from None
         groups = {split: [e for e in answered if e.split == split] for split in dict.fromkeys(e.split for e in entries)}
@@ -156,8 +159,9 @@ def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
     """The rows as the tool shows them (its metric names, its unit and number format), one table per run and
     dataset, its checks under it ("! ..."); json: every value at full precision; csv: the rows at full
     precision, Overall first."""
-    if fmt == "json":
-        return strict_json({"runs": runs}, indent=2)  # the shape of every score's JSON
+    if fmt == "json":  # the shape of every score's JSON, with the means over several datasets' splits
+        averages = protocol_averages(runs)
+        return strict_json({"runs": runs, **({"averages": averages} if averages else {})}, indent=2)
     if fmt == "csv":
         return _protocol_csv(runs)
     blocks = []
@@ -176,4 +180,28 @@ def format_protocol_runs(runs: list[dict], fmt: str = "table") -> str:
         lines += [f"! {note}" for note in run["checks"]] or [f"the run is {protocol.name}'s: its prompt, length and "
                                                              "image preprocessing"]
         blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return "\n\n".join(blocks + [_average_block(source, rows) for source, rows in protocol_averages(runs).items()])
+
+
+def protocol_averages(runs: list[dict]) -> dict[str, dict]:
+    """Per source whose runs span several datasets (POPE's three: readout/grid.py): the mean of each of the tool's
+    rates over the dataset x split rows (pooled rows left out), as papers print POPE under the tool's rule, and
+    how many rows it is the mean of; a rate some row lacks (the script stopped there) has none."""
+    out = {}
+    for source in dict.fromkeys(run["source"] for run in runs):
+        mine = [run for run in runs if run["source"] == source]
+        rows = [row for run in mine for row in run["rows"] if row["split"] != POOLED]
+        if len({run.get("dataset", "") for run in mine}) < 2:
+            continue
+        names = [k for k in rows[0] if k not in ("split", "n", "error", *COUNTS)
+                 and all(r.get(k) is None or isinstance(r.get(k), float) for r in rows)]
+        out[source] = {"rows": len(rows), **{k: None if any(r.get(k) is None for r in rows)
+                                              else sum(r[k] for r in rows) / len(rows) for k in names}}
+    return out
+
+
+def _average_block(source: str, average: dict) -> str:
+    names = [k for k in average if k != "rows"]
+    return "\n".join([f"{source}: the mean of its {average['rows']} dataset x split rows, as papers print POPE",
+                       "| " + " | ".join(names) + " |", "|" + "---|" * len(names),
+                       "| " + " | ".join("-" if average[k] is None else repr(average[k]) for k in names) + " |"])

@@ -79,6 +79,10 @@ def _summary(pair: dict) -> list[str]:
     names = [n for n in READOUTS if any(n in table for table in splits.values())]
     header = ["readout"] + [f"{s} (n={pair['questions'][s]['compared']})" for s in splits]
     rows = [[n] + [_cell(t[n]) if n in t else "-" for t in splits.values()] for n in names]
+    if "average" in pair:  # several datasets: the mean ΔF1 of their splits, as papers print POPE
+        averaged = pair["average"]["readouts"]
+        header.append(f"average ({len(pair['average']['groups'])} dataset x split groups)")
+        rows = [row + [_signed(averaged[n]["delta_f1"]) if n in averaged else "-"] for n, row in zip(names, rows)]
     lines = [f"### {_title(pair)}"]
     if pair["same_model"] is False:
         lines.append("The runs read different checkpoints: this compares models.")
@@ -153,4 +157,16 @@ def _details(pair: dict) -> list[str]:
             lines.append(markdown_table(list(DETAIL_COLUMNS), [_detail_row(n, r) for n, r in table.items()]))
         else:
             lines.append("No question answered by both runs.")
-    return lines
+    return lines + _average(pair)
+
+
+def _average(pair: dict) -> list[str]:
+    """The mean of the dataset x split groups (readout/grid.py), where the runs hold several datasets: each
+    readout's F1 and accuracy of A and B and the mean ΔF1 (each group's interval is in its own table)."""
+    if "average" not in pair:
+        return []
+    average = pair["average"]
+    rows = [[n, *(f"{m[k]:.4f}" for k in ("f1_a", "f1_b")), _signed(m["delta_f1"]),
+             *(f"{m[k]:.4f}" for k in ("accuracy_a", "accuracy_b"))] for n, m in average["readouts"].items()]
+    return [f"### average of {len(average['groups'])} dataset x split groups ({', '.join(average['groups'])}): "
+            f"{_title(pair)}", markdown_table(["readout", "F1 A", "F1 B", "mean ΔF1", "acc A", "acc B"], rows)]

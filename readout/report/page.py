@@ -27,8 +27,8 @@ from ..records import RECORDS_FILE, RecordSet, expand_runs, model_name, rank_par
 from ..score import score_records
 from .bias_format import format_bias
 from .markup import markdown_html
-from .tables import (INCOMPLETE, asked_note, f1_tables, format_f1_tables, group_name, model_labels, reason_lines,
-                     reasons_of)
+from .tables import (INCOMPLETE, asked_note, f1_tables, format_f1_tables, format_grids, group_name, model_labels,
+                     reason_lines, reasons_of)
 
 COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -357,7 +357,9 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
     out.mkdir(parents=True, exist_ok=True)
     runs = [run for run, _ in pope.scored]
     (out / "scores.json").write_text(strict_json({"runs": runs}, indent=2) + "\n", encoding="utf-8")
-    (out / "tables.md").write_text(format_f1_tables(runs, "markdown") + "\n", encoding="utf-8")
+    grids = format_grids(runs)  # several datasets: each dataset and split and their average, as papers print POPE
+    (out / "tables.md").write_text("\n\n".join(filter(None, [format_f1_tables(runs, "markdown"), grids])) + "\n",
+                                   encoding="utf-8")
     (out / "tables.tex").write_text(format_f1_tables(runs, "latex") + "\n", encoding="utf-8")
     title = _title(benchmarks, bool(pope.scored))
     page = Page(out)

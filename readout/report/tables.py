@@ -7,6 +7,7 @@ from pathlib import Path
 from ..metrics import answered
 from ..readouts import ALL_CUT, NO_CANDIDATE, NON_FINITE
 from ..records import RECORDS_FILE, strict_json
+from ..grid import AVERAGE, score_grids
 from ..score import POOLED
 from .cells import csv_text
 
@@ -118,7 +119,8 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
     if fmt == "json":
         if percent:
             raise ValueError("JSON holds every value as a fraction at full precision: --percent is for the tables")
-        return strict_json({"runs": runs}, indent=2)
+        grids = score_grids(runs)  # several datasets: their splits as papers print POPE, and the average
+        return strict_json({"runs": runs, **({"by_dataset_and_split": grids} if grids else {})}, indent=2)
     if fmt == "csv":
         return format_csv(runs, percent)
     if fmt in ("latex", "models"):
@@ -157,7 +159,29 @@ def format_runs(runs: list[dict], fmt: str = "table", percent: bool = False) -> 
         if "image_attention" in run:
             parts.append(_attention_block(run["image_attention"], render))
         blocks.append("\n".join(parts))
-    return "\n\n".join(blocks)
+    return "\n\n".join(blocks + [_grid_block(grid, fmt, percent) for grid in score_grids(runs)])
+
+
+def format_grids(runs: list[dict], fmt: str = "markdown", percent: bool = False) -> str:
+    """The by-dataset-and-split table of each source of several datasets ("" where none has several)."""
+    return "\n\n".join(_grid_block(grid, fmt, percent) for grid in score_grids(runs))
+
+
+def _grid_block(grid: dict, fmt: str, percent: bool) -> str:
+    """A record set of several datasets as papers print POPE (readout/grid.py): a row per dataset and split, then
+    their average; each readout's accuracy / F1 ("–" for an F1 of a readout that answered nothing there)."""
+    names = list(grid[AVERAGE])
+
+    def cell(m: dict) -> str:
+        return " / ".join(NO_ANSWER if m[k] is None else rate(m[k], percent) for k in ("accuracy", "f1"))
+
+    rows = [[r["dataset"], r["split"], str(r["n"]), *(cell(r["readouts"][n]) for n in names)] for r in grid["rows"]]
+    rows.append([AVERAGE, f"{len(rows)} rows", str(sum(r["n"] for r in grid["rows"])),
+                 *(cell(grid[AVERAGE][n]) for n in names)])
+    title = (f"{grid['source']} — by dataset and split, as papers print POPE: accuracy / F1, and their average "
+             "(the mean of the rows)")
+    render = markdown_table if fmt == "markdown" else _aligned
+    return ("### " if fmt == "markdown" else "") + title + "\n" + render(["dataset", "split", "n", *names], rows)
 
 
 def relabel_note(change: dict) -> str:

@@ -109,3 +109,30 @@ def test_a_lone_surrogate_is_named_by_file_line_and_field(tmp_path, key):
                                   "which is no Unicode text (a \\u escape of half a character pair?)")
     path.write_text(json.dumps({**row, key: row[key].replace("\ud800", "\u00e9")}) + "\n")  # é: text as any other
     assert len(load_questions(path)) == 1
+
+
+def test_the_shared_pope_folder_is_the_three_datasets_27000_questions(shared):
+    """--questions ../shared/data/pope: COCO's three files beside it, A-OKVQA's and GQA's in seem/, each 3,000
+    questions of 500 images, half yes; COCO's first, then A-OKVQA's, then GQA's; PROVENANCE.json left out."""
+    skipped = []
+    questions = load_question_sources([shared / "data/pope"], skipped=skipped)
+    assert len(questions) == 27000 and [p.name for p, _ in skipped] == ["PROVENANCE.json"]
+    groups = Counter((q.dataset, q.split) for q in questions)
+    assert groups == {(d, s): 3000 for d in ("coco", "aokvqa", "gqa") for s in ("random", "popular", "adversarial")}
+    assert list(dict.fromkeys(q.dataset for q in questions)) == ["coco", "aokvqa", "gqa"]
+    assert all(sum(q.label == "yes" for q in questions if (q.dataset, q.split) == g) == 1500 for g in groups)
+
+
+def test_a_folder_reads_popes_question_files_in_its_sub_folders_and_nothing_else_there(tmp_path):
+    """POPE's output/ layout (coco/, seem/aokvqa/, seem/gqa/): every `{dataset}_pope_*` file below the folder, COCO's
+    first; a run's records.jsonl, another JSON or a file of no known dataset below it are not read."""
+    row = {"question_id": 1, "image": "a.jpg", "text": "Is there a cat in the image?", "label": "yes"}
+    for name in ("seem/gqa/gqa_pope_seem_random.json", "seem/aokvqa/aokvqa_pope_seem_random.json",
+                 "coco/coco_pope_random.json", "runs/x/records.jsonl", "coco/notes.json", "mine/mine_pope_random.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(json.dumps(row) + "\n")
+    found = find_question_files(tmp_path)
+    assert [p.relative_to(tmp_path).as_posix() for p in found] == [
+        "coco/coco_pope_random.json", "seem/aokvqa/aokvqa_pope_seem_random.json", "seem/gqa/gqa_pope_seem_random.json"]
+    assert [(q.dataset, q.split) for q in load_question_sources([tmp_path])] == \
+        [("coco", "random"), ("aokvqa", "random"), ("gqa", "random")]

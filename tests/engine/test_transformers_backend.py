@@ -206,7 +206,8 @@ def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_
 
 @pytest.mark.parametrize("settings, named", [(dict(max_length=64), "max_length"),
                                              (dict(generation_config="greedy_output"), "generation_config"),
-                                             (dict(image_mask="causal"), "image_mask")])
+                                             (dict(image_mask="causal"), "image_mask"),
+                                             (dict(do_sample=True), "do_sample")])
 def test_what_the_backend_cannot_compute_is_refused_in_one_line(settings, named, checkpoints):
     with pytest.raises(ValueError, match=rf"^{named} .*the transformers backend cannot run it \(") as err:
         load_engine(checkpoints["blip2"], Settings(**settings), readouts="dynamic_single")

@@ -23,7 +23,7 @@ def test_each_readout_generates_as_its_reference_does():
     # every reference stops at 128 new tokens or fewer: none decodes to the model's positions
     assert plan == {"string_parse": Generation(6), "string_parse_with_prompt": Generation(6),
                     "pope_official": Generation(128, first_sentence=True), "exact_match": Generation(128),
-                    "yorn": Generation(128), "repope": Generation(128)}
+                    "yorn": Generation(128), "repope": Generation(128), "vcd": Generation(128)}
     assert generation_plan(["template_aware", "string_parse"], 3, 4096) == {"string_parse": Generation(3)}
     # --max-new-tokens is every text readout's length, with no first-sentence end
     assert set(generation_plan(list(READOUTS), 6, 4096).values()) == {Generation(6)}

@@ -14,7 +14,7 @@ from pope_fast.coverage import protocol_for
 from pope_fast.engine.models import FAMILIES, family_class
 from pope_fast.readout import get_template, load_tokenizer
 from pope_fast.readout.readouts import READOUTS, exact_match, yorn
-from pope_fast.readout.protocols import PROTOCOLS, TEMPLATES, coverage, llava, lmms_eval, vlmevalkit
+from pope_fast.readout.protocols import PROTOCOLS, TEMPLATES, coverage, llava, lmms_eval, vcd, vlmevalkit
 from pope_fast.readout.protocols.base import NOT_READ
 from pope_fast.readout.protocols.lmms_eval import lmms_eval_metrics
 from pope_fast.readout.protocols.pope_official import pope_evaluate_metrics
@@ -178,7 +178,7 @@ def test_every_family_states_each_protocol():
     assert coverage("vlmevalkit", next_, {"text_config": {"model_type": "llama"}}).template == "vlmevalkit_vicuna_hf"
 
 
-@pytest.mark.parametrize("room", [lmms_eval, vlmevalkit, llava], ids=lambda room: room.PROTOCOL.name)
+@pytest.mark.parametrize("room", [lmms_eval, vlmevalkit, llava, vcd], ids=lambda room: room.PROTOCOL.name)
 def test_each_tools_table_is_keyed_by_real_model_types_and_says_what_it_does_not_name(room):
     """A room's coverage is keyed by model_type: a misspelt key would leave its family to the room's default. Its
     keys are families or models the transformers backend runs (model_types transformers' image-text-to-text classes

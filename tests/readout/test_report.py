@@ -49,6 +49,19 @@ def _png_size(path):
 
 
 @pytest.mark.slow
+def test_tables_md_holds_each_dataset_and_split_and_their_average(tmp_path):
+    """A run of several datasets (POPE's three as one benchmark): tables.md ends with score's by-dataset-and-split
+    table and its average row."""
+    run = _write_run(tmp_path / "run", 1, groups=(("gqa", "random"), ("coco", "random")))
+    result = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "report"), "--resamples", "20"])
+    assert result.exit_code == 0, result.output
+    tables = (tmp_path / "report/tables.md").read_text()
+    block = tables[tables.index("by dataset and split"):].splitlines()
+    assert [line.split(" | ")[:2] for line in block[3:]] == [["| coco", "random"], ["| gqa", "random"],
+                                                              ["| average", "2 rows"]]
+
+
+@pytest.mark.slow
 def test_report_on_two_runs(tmp_path):
     from PIL import Image
 
@@ -65,7 +78,7 @@ def test_report_on_two_runs(tmp_path):
         # one folder per run below the report's, each figure named by its split (it was three folders deep)
         folder, split = out / run["source"].split("/")[-2], f"{run['dataset']}-{run['split']}"
         readouts = run["readouts"]
-        assert len(readouts) == 10  # every readout available: token sets, first tokens, texts (all but the sequence)
+        assert len(readouts) == 11  # every readout available: token sets, first tokens, texts (all but the sequence)
         numbers = {name: json.loads((folder / f"{split}_{name}.json").read_text())
                    for name in ("confusion", "f1", "yes_rate", "first_tokens")}
         for name, m in readouts.items():
@@ -83,10 +96,10 @@ def test_report_on_two_runs(tmp_path):
         by_id = {t["id"]: t["readouts"] for t in tokens["tokens"]}
         assert by_id[3582] == {"legacy_2tok": "yes", "legacy_8tok": "yes"} and by_id[29871] == {}
         assert by_id[694] == {"template_aware": "no", "first_token": "no"}
-        # expected layout sizes at 100 dpi, saved at 200: a 4-column grid of 10 matrices, one row per readout in the bars
+        # expected layout sizes at 100 dpi, saved at 200: a 4-column grid of 11 matrices, one row per readout in the bars
         assert _png_size(folder / f"{split}_confusion.png") == (2000, 1500)
         assert _png_size(folder / f"{split}_f1.png") == _png_size(folder / f"{split}_yes_rate.png") == \
-            (1600, 2 * (90 + 32 * 10))
+            (1600, 2 * (90 + 32 * 11))
         assert _png_size(folder / f"{split}_first_tokens.png")[0] == 2 * (220 + 40 * len(tokens["tokens"]))
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())   # one figure: models x (readout, split)
     assert grid["groups"] == ["coco random", "coco adversarial", "coco Overall"] and grid["models"] == ["llava-a", "llava-b"]
@@ -598,7 +611,7 @@ def _column_layouts_are_legible(out) -> None:
     # each run's F1, yes-rate and confusion (a pair per section), both pairs' ΔF1 and a ΔF1 figure per readout (rows:
     # the pairs), and the paper's two readouts per run
     assert len(found["f1"]) == len(found["yes_rate"]) == len(found["confusion"]) == len(found["first_tokens"]) >= 4
-    assert len(found["delta_f1"]) == 2 + 11 and found["two_readouts"] and len(found["f1_models_readouts_splits"]) == 1
+    assert len(found["delta_f1"]) == 2 + 12 and found["two_readouts"] and len(found["f1_models_readouts_splits"]) == 1
     drawn = [(kind, found[kind][0]) for kind in kinds] + [("delta_f1", found["delta_f1"][-1])]
     for kind, data in drawn:  # one of each layout drawn again
         fig = kinds[kind]("a title as long as a model's hub id and its split, to wrap: llava-hf/llava-1.5-7b-hf, "

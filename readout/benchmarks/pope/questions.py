@@ -116,15 +116,26 @@ def _category(value, where: str) -> str | None:
 
 
 def find_question_files(path: str | Path) -> list[Path]:
-    """A question file, or every POPE file (*.json, *.jsonl, *.parquet) directly in a folder."""
+    """A question file, or every POPE file (*.json, *.jsonl, *.parquet) directly in a folder, then POPE's question
+    files in its sub-folders: those named `{dataset}_pope_*` of a known dataset (RUCAIBox/POPE's output/ holds COCO's
+    in coco/ and A-OKVQA's and GQA's in seem/aokvqa/ and seem/gqa/; VCD's data/POPE one folder each), COCO's, then
+    A-OKVQA's, then GQA's, as papers order them. Other files below the folder (images, a run's records) are not
+    read."""
     path = Path(path)
     if not path.is_dir():
         return [path]
     files = sorted(p for p in path.iterdir() if p.suffix in QUESTION_SUFFIXES and p.is_file())
+    below = [p for p in path.glob("*/**/*") if p.suffix in (".json", ".jsonl") and p.is_file() and _pope_file(p)]
+    files += sorted(below, key=lambda p: (KNOWN_DATASETS.index(dataset_from_name(p)), p))
     if not files:
         raise DataError(f"{path}: no question files ({', '.join('*' + s for s in QUESTION_SUFFIXES)}) in this "
                         "folder (the lmms-lab/POPE download keeps them in Full/ or data/)")
     return files
+
+
+def _pope_file(path: Path) -> bool:
+    """A file named as POPE names its question files: `{dataset}_pope_...` of one of its three datasets."""
+    return dataset_from_name(path) in KNOWN_DATASETS and re.match(r"[a-z]+_pope_", path.name.lower()) is not None
 
 
 def load_questions(path: str | Path, split: str | None = None, dataset: str | None = None,
