@@ -96,7 +96,7 @@ def sid_oracle(checkpoint, model_class, inputs_of, prompts, layer, keep, alpha, 
     The image tokens kept: the `keep` least attended by the last query in layer - 1's attention weights averaged over
     heads (minigpt4/models/modeling_llama.py:653-661); the contrast pass: every other image token masked for every
     query from layer `layer` on (:663-670); then (1 + alpha) l - alpha l_cd where l >= log(beta) + max l
-    (vcd_sample.py:177-184). Also each prompt's image-token count, and the tokens kept."""
+    (vcd_sample.py:177-184). Also each prompt's image-token count, and the contrast pass's logits."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask
 
@@ -126,5 +126,5 @@ def sid_oracle(checkpoint, model_class, inputs_of, prompts, layer, keep, alpha, 
                 del state["dropped"]
             main = run.logits[0, -1]
             sid = ((1 + alpha) * main - alpha * l_cd).masked_fill(~plausible(main, beta), -math.inf)
-            out[i, prompt] = sid, len(slots), kept
+            out[i, prompt] = sid, len(slots), l_cd
     return out

@@ -10,7 +10,7 @@ import torch
 from methodchecks import IMAGES, check_methods, formula_oracle, sid_oracle
 from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
 
-from pope_fast.engine import Engine, Settings
+from pope_fast.engine import Engine, ImageTokenDrop, Settings
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
                                       parse_method)
 
@@ -160,6 +160,14 @@ def test_sid_matches_its_token_drop_and_contrast_on_transformers(family, tmp_pat
                 assert value == expected if math.isinf(expected) else abs(value - expected) <= 1e-4, \
                     (i, prompt, token, value, expected)
             assert ours.candidate_logits != plain.candidate_logits
+    if family == "llava":  # the drop as an experiment's own Intervention: prompts run whole, continuations refused
+        drop = ImageTokenDrop(1, 3)
+        [alone] = engine.score(IMAGES[0], QUESTIONS[:1], intervention=drop)
+        l_cd = oracle[0, prompts[0]][2]
+        assert all(abs(value - float(l_cd[token])) <= 1e-4 for token, value in alone.candidate_logits.items())
+        texts = Engine.load(checkpoint, Settings(max_new_tokens=2), readouts="string_parse")
+        with pytest.raises(ValueError, match=r"^ImageTokenDrop acts on the prompt pass only"):
+            texts.score(IMAGES[0], QUESTIONS[:1], intervention=drop)
 
 
 def test_diffusion_noise_follows_vcds_schedule():
