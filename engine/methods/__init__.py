@@ -36,8 +36,9 @@ METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD,
 # Methods papers compare against that are not here, and what each needs that the engine does not give (docs/methods.md)
 NOT_HERE = {
     "avisc": "it zeroes the image tokens that the answer position attends to least in its most image-attentive "
-             "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179), and the engine records that attention "
-             "summed over the image, not per token",
+             "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179, their input embeddings at "
+             "experiments/llava/model/language_model/llava_llama.py:93-112), a pass built from the baseline pass's "
+             "attention to each token at every layer, and the engine runs each pass on its own",
     "vista": "its steering vector comes from each question's own residual streams with and without the image, and "
              "its logit augmentation from the last layers' hidden states (LzVv123456/VISTA steering_vector.py:113), "
              "which no pass of the engine returns",

@@ -179,7 +179,7 @@ def test_vti_reads_its_directions_file_and_refuses_what_it_cannot_use(tmp_path):
 
 def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_needs():
     with pytest.raises(ValueError, match=r"^method avisc is not available: it zeroes the image tokens that the answer "
-                                         r"position attends to least .*not per token$"):
+                                         r"position attends to least .*the engine runs each pass on its own$"):
         parse_method("avisc:lamb=1")
     with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
         parse_method("clearsight")
