@@ -11,8 +11,8 @@ The sweep over question files and its run folders, and torchrun, are the applica
 from .backend import BACKENDS, load_engine
 from .core import Answer, Engine, Prepared
 from .inputs.images import ImageError, LoadedImage, check_images, image_file, read_image
-from .layers.interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature, Intervention,
-                            PAIAttention)
+from .layers.interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature,
+                                   ImageTokenDrop, Intervention, PAIAttention)
 from .utils.loader import CheckpointError
 from .methods import METHODS, Method, parse_method
 from .models import FAMILIES, Family, TextOnlyRefused, load_model
@@ -24,7 +24,7 @@ from .inputs.vision_cache import VisionCache
 
 __all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImagePrompts", "FAMILIES", "Family",
            "load_model", "ImageError",
-           "LoadedImage", "check_images", "image_file", "read_image", "AttentionEdit", "Intervention",
+           "LoadedImage", "check_images", "image_file", "read_image", "AttentionEdit", "Intervention", "ImageTokenDrop",
            "ImageAttentionAmplification", "ImageAttentionTemperature", "PAIAttention", "CheckpointError",
            "PromptLayout", "PromptResult", "METHODS", "Method", "parse_method", "Settings", "Counts", "Timings",
            "VisionCache", "TextOnlyRefused"]

@@ -280,16 +280,17 @@ class Engine:
 
     def run_passes(self, items: list[ImagePrompts], interventions: list[Intervention | None], *,
                    vocab: bool = False, decode: list[bool] | None = None) -> list[list[list[PromptResult]]]:
-        """run_images under each intervention in turn, each prefix prefilled once for all of them when
-        none of them changes the prefix (attention edits never do: they act after the image; a hidden
-        hook may). With vocab, each PromptResult also holds the answer position's logits over the whole
-        vocabulary (`vocab_logits`); decode[k] False skips intervention k's continuation."""
+        """run_images under each intervention in turn, each prefix prefilled once for all of them when none of them
+        changes the prefix (attention edits never do: they act after the image; a hidden hook may; a whole_prompt
+        one runs every prompt whole, on its own). With vocab, each PromptResult also holds the answer position's
+        logits over the whole vocabulary (`vocab_logits`); decode[k] False skips intervention k's continuation."""
         decode = decode or [True] * len(interventions)
-        if len(interventions) > 1 and any(changes_prefix(i) for i in interventions):
+        whole = any(i is not None and i.whole_prompt for i in interventions)  # no image prefix shared
+        if len(interventions) > 1 and (whole or any(changes_prefix(i) for i in interventions)):
             return [self.run_passes(items, [i], vocab=vocab, decode=[d])[0] for i, d in zip(interventions, decode)]
         runner = self.runner
         results: list[dict[tuple[int, int], PromptResult]] = [{} for _ in interventions]
-        for stage in runner.plan(runner.rows(items)):
+        for stage in runner.plan(runner.rows(items), prefix_reuse=False if whole else None):
             prefix = runner.prefill_prefix(stage.prefix, interventions[0]) if stage.prefix is not None else None
             for batch in stage.batches:
                 for k, intervention in enumerate(interventions):

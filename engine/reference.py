@@ -278,6 +278,9 @@ def _processor(folder: Path):
     try:
         return load_processor(folder)
     except ProcessorError as why:
+        for cause in (why.whole, why.half):  # a file of the checkpoint that is no JSON: named with its line
+            if cause is not None:
+                _name_bad_json(folder, cause)
         whole, half = error_reason(why.whole), why.half and error_reason(why.half)
         tried = "" if half is None else "; nor without its video processor" + ("" if half == whole else f": {half}")
         raise CheckpointError(f"{folder}: transformers' processor does not load ({whole}{tried})") from None

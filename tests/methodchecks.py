@@ -89,3 +89,42 @@ def check_methods(engine, oracle):
     # the methods moved the answers: a real comparison, not the baseline compared with itself
     for name in ("vcd", "pai", "icd", "m3id"):
         assert any(out[name][0][j].candidate_logits != out["none"][0][j].candidate_logits for j in range(3)), name
+
+
+def sid_oracle(checkpoint, model_class, inputs_of, prompts, layer, keep, alpha, beta):
+    """Per (image, prompt): SID's logits as huofushuo/SID computes them, on transformers' class in eager attention.
+    The image tokens kept: the `keep` least attended by the last query in layer - 1's attention weights averaged over
+    heads (minigpt4/models/modeling_llama.py:653-661); the contrast pass: every other image token masked for every
+    query from layer `layer` on (:663-670); then (1 + alpha) l - alpha l_cd where l >= log(beta) + max l
+    (vcd_sample.py:177-184). Also each prompt's image-token count, and the contrast pass's logits."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    state = {}
+
+    def drop(module, scores):
+        if id(module) in state.get("language", ()) and module.layer_idx >= layer and "dropped" in state:
+            scores[:, :, :, state["dropped"]] = float("-inf")
+        return scores
+
+    AttentionInterface.register("pope_fast_sid", edited_eager_attention(drop))
+    AttentionMaskInterface.register("pope_fast_sid", eager_mask)
+    plain = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="eager").eval()
+    masked = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="pope_fast_sid")
+    state["language"] = {id(m) for m in masked.eval().model.language_model.modules()}
+    out = {}
+    for i, image in enumerate(IMAGES):
+        for prompt in prompts:
+            inputs = inputs_of(image, prompt)
+            slots = torch.nonzero(inputs["input_ids"][0] == plain.config.image_token_id)[:, 0]
+            with torch.no_grad():
+                run = plain(**inputs, output_attentions=True)
+                weights = run.attentions[layer - 1][0].mean(dim=0)[-1, slots]  # [image tokens]
+                kept = slots[weights.topk(keep, largest=False).indices]
+                state["dropped"] = slots[~torch.isin(slots, kept)]
+                l_cd = masked(**inputs).logits[0, -1]
+                del state["dropped"]
+            main = run.logits[0, -1]
+            sid = ((1 + alpha) * main - alpha * l_cd).masked_fill(~plausible(main, beta), -math.inf)
+            out[i, prompt] = sid, len(slots), l_cd
+    return out

@@ -185,6 +185,36 @@ def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 
+def kept_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
+                          image: torch.Tensor | None = None) -> torch.Tensor:
+    """Causal attention of whole prompts in which every query sees only the kept keys (kept [B, S] bool) and
+    itself: a dropped token is gone for every later query, as if removed from the sequence at its own position
+    (a dropped row still sees itself, so that no softmax is empty; nothing reads it). Explicit, in fp32; with
+    image [B, S], each image run's tokens see each other both ways (image_blocks)."""
+    b, hq, length, d = q.shape
+    group = hq // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.float() @ kf.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, S, S]
+    eye = torch.eye(length, dtype=torch.bool, device=q.device)
+    seen = image_blocks(image) if image is not None else torch.ones_like(eye).tril()
+    scores = scores.masked_fill(~(seen & (kept[:, None, :] | eye))[:, None], float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
+
+
+def answer_key_attention(q: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """[B, Hq, S] fp32: each whole prompt's answer-position (last valid query) attention weights over every
+    key, as transformers' eager attention returns them (softmax in fp32); the per-key form of the probe's
+    image sum (answer_image_attention). q [B, Hq, S, D] (RoPE applied), lengths [B], k [B, Hkv, S, D]."""
+    batch, q_heads, length, head_dim = q.shape
+    kv_heads = k.shape[1]
+    rows = torch.arange(batch, device=q.device)
+    last = q[rows, :, lengths - 1].float().view(batch, kv_heads, q_heads // kv_heads, head_dim) * head_dim**-0.5
+    scores = last @ k.float().transpose(-1, -2)  # [B, Hkv, g, S]
+    valid = torch.arange(length, device=q.device)[None, :] < lengths[:, None]
+    scores = scores.masked_fill(~valid[:, None, None], float("-inf"))
+    return torch.softmax(scores, dim=-1).view(batch, q_heads, length)
+
+
 def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: AttentionEdit | None = None,
                      prefix_image: torch.Tensor | None = None, own_image: torch.Tensor | None = None,
                      prefix_valid: torch.Tensor | None = None):

@@ -23,12 +23,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels import PrefixRuns, fused_rms_norm, gather_logits, resolve_backend, vocab_argmax
-from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, causal_attention, image_block_attention,
-                        masked_attention, probe_attention, suffix_attention)
+from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, answer_key_attention, causal_attention,
+                        image_block_attention, kept_causal_attention, masked_attention, probe_attention,
+                        suffix_attention)
 from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
-from .interventions import AttentionEdit, Intervention, hidden_hook, layer_edit, mlp_hook
+from .interventions import AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, layer_edit, mlp_hook
 from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .moe import ExpertMLP
 from ..inputs.plan import TokenBatch
@@ -196,7 +197,10 @@ class DecoderLM(nn.Module):
         ropes = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
         runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
-        keys, values, probes = [], [], []
+        drop = intervention if isinstance(intervention, ImageTokenDrop) else None
+        if drop is not None and prefix is not None:
+            raise ValueError("ImageTokenDrop drops image tokens per question: run its prompts whole (no prefix)")
+        keys, values, probes, kept = [], [], [], None
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i], image=batch.image_mask)
             keys.append(k)
@@ -204,8 +208,13 @@ class DecoderLM(nn.Module):
             edit = layer_edit(intervention, i, self.dims.num_heads, self.device)
             if probe:
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
-            attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
-                                    image_bidirectional=self.dims.image_bidirectional)
+            if kept is not None:
+                attn = kept_causal_attention(q, k, v, kept, batch.image_mask if self.dims.image_bidirectional else None)
+            else:
+                attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
+                                        image_bidirectional=self.dims.image_bidirectional)
+            if drop is not None and i == drop.layer - 1 and batch.image_mask is not None:
+                kept = drop.kept(answer_key_attention(q, batch.lengths, k), batch.image_mask)
             x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"))
             x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
         last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
@@ -301,6 +310,8 @@ class DecoderLM(nn.Module):
 
     def _decode_cache(self, prefix, prefix_index, suffix, steps, chunk, intervention):
         """The decode cache of these rows, and each layer's attention edit (made once, not per step)."""
+        if isinstance(intervention, ImageTokenDrop):
+            raise ValueError("ImageTokenDrop acts on the prompt pass only: a continuation would see every image token")
         d = self.dims
         empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
         return (DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty),

@@ -63,8 +63,11 @@ class Intervention:
     decide; return the adjusted tensor or None. The first token and any continuation come from the
     model's own logits (hidden-state changes reach them, logit adjustments do not), so first_token and
     the text readouts ignore `logits`. Engine.answer runs one image at a time, so there G = 1 and every
-    suffix row is that image's.
+    suffix row is that image's. `whole_prompt` True: its passes run each prompt whole, sharing no image prefix
+    (what it does to the image tokens depends on the question: ImageTokenDrop).
     """
+
+    whole_prompt = False
 
     def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
         return None
@@ -187,3 +190,28 @@ class ImageAttentionTemperature(Intervention):
 
     def image_attention(self, layer: int):
         return AttentionEdit(scale=self.scale) if self.layers[0] <= layer <= self.layers[1] else None
+
+
+class ImageTokenDrop(Intervention):
+    """SID's contrast pass (Huo et al., Self-Introspective Decoding, ICLR 2025; huofushuo/SID
+    minigpt4/models/modeling_llama.py:650-670): layer `layer - 1`'s attention of the answer position over the image
+    tokens, averaged over heads, picks the `keep` tokens it attends to least; from layer `layer` on, every other image
+    token is dropped for every query (a key mask; the positions of the tokens kept stay theirs, as in the official
+    mask and in its in-place variant, :608-631, which drops the hidden states). The tokens dropped depend on the
+    question, so the pass runs whole prompts (no image prefix shared), and on the prompt only (no continuation)."""
+
+    whole_prompt = True
+
+    def __init__(self, layer: int, keep: int):
+        if layer < 1 or keep < 1:  # the official code draws tokens at random for layer 0 (:672-682), not here
+            raise ValueError(f"ImageTokenDrop: layer and keep must be at least 1, not {layer} and {keep}")
+        self.layer, self.keep = layer, keep
+
+    def kept(self, attention: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
+        """attention [B, Hq, S] (the answer row's, layer - 1's), image [B, S] → [B, S] bool: the keys every query
+        of the later layers may see: the text, and each row's `keep` least-attended image tokens (all of them
+        where a row holds no more)."""
+        mean = attention.mean(dim=1).masked_fill(~image, float("inf"))  # non-image keys are never chosen first
+        chosen = torch.zeros_like(image)
+        chosen.scatter_(1, mean.topk(min(self.keep, mean.shape[1]), dim=-1, largest=False).indices, True)
+        return ~image | chosen

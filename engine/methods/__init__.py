@@ -24,22 +24,21 @@ from .base import ALPHA, BETA, PASS_IMAGES, Baseline, Intervened, Method, Param,
 from .contrastive import ICD, M3ID, VCD
 from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP, diffusion_alpha_bar, diffusion_noise, noise_generator
 from .pai import PAI
+from .sid import SID
 from .vti import VTI, VTISteering
 
-__all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "VCD", "VCD_NOISE_STEP",
-           "VTI", "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering", "diffusion_alpha_bar",
-           "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible"]
+__all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "SID", "VCD",
+           "VCD_NOISE_STEP", "VTI", "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering",
+           "diffusion_alpha_bar", "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible"]
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI, SID)}
 
 # Methods papers compare against that are not here, and what each needs that the engine does not give (docs/methods.md)
 NOT_HERE = {
     "avisc": "it zeroes the image tokens that the answer position attends to least in its most image-attentive "
-             "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179), and the engine records that attention "
-             "summed over the image, not per token",
-    "sid": "its contrast pass keeps only the image tokens the answer position attends to least after an early layer "
-           "(huofushuo/SID minigpt4/models/modeling_llama.py:608-631), and the engine records no per-token attention "
-           "nor drops tokens within a pass",
+             "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179, their input embeddings at "
+             "experiments/llava/model/language_model/llava_llama.py:93-112), a pass built from the baseline pass's "
+             "attention to each token at every layer, and the engine runs each pass on its own",
     "vista": "its steering vector comes from each question's own residual streams with and without the image, and "
              "its logit augmentation from the last layers' hidden states (LzVv123456/VISTA steering_vector.py:113), "
              "which no pass of the engine returns",

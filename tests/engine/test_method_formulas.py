@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from pope_fast.engine.layers.interventions import ImageAttentionAmplification, PAIAttention
+from pope_fast.engine.layers.attention import answer_image_attention, answer_key_attention, kept_causal_attention
+from pope_fast.engine.layers.interventions import ImageAttentionAmplification, ImageTokenDrop, PAIAttention
 from pope_fast.engine.methods import parse_method
 
 
@@ -178,9 +179,63 @@ def test_vti_reads_its_directions_file_and_refuses_what_it_cannot_use(tmp_path):
 
 def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_needs():
     with pytest.raises(ValueError, match=r"^method avisc is not available: it zeroes the image tokens that the answer "
-                                         r"position attends to least .*not per token$"):
+                                         r"position attends to least .*the engine runs each pass on its own$"):
         parse_method("avisc:lamb=1")
     with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
         parse_method("clearsight")
-    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti$"):
+    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti, sid$"):
         parse_method("dola")
+
+
+def test_sid_contrasts_its_token_dropped_pass_as_vcd_sample_does():
+    """SID's combination (huofushuo/SID vcd_sample.py:177-184): (1 + alpha) l - alpha l_cd, -inf where l is below
+    log(beta) + its row's max; beta 0 is its greedy argmax over the uncut contrast (:190-191). Defaults as its POPE
+    command runs: alpha 0.5, beta 0.1 (:168-169), layer 2, keep 100 (pope_eval.py:91-93)."""
+    main, dropped = _logits(16), _logits(17)
+    ours = parse_method("sid:alpha=0.8,beta=0.2").combine({"main": main, "contrast": dropped})
+    _check(ours, _contrast(main.double().numpy(), dropped.double().numpy(), 0.8, 0.2))
+    uncut = parse_method("sid:beta=0").combine({"main": main, "contrast": dropped}).double().numpy()
+    expected = 1.5 * main.double().numpy() - 0.5 * dropped.double().numpy()
+    assert np.isfinite(uncut).all() and np.abs(uncut - expected).max() < 1e-5
+    sid = parse_method("sid")
+    assert sid.settings == {"alpha": 0.5, "beta": 0.1, "layer": 2, "keep": 100} and sid.contrastive
+    contrast = sid.passes(32)["contrast"]
+    assert (contrast.edit.layer, contrast.edit.keep, contrast.edit.whole_prompt) == (2, 100, True)
+    with pytest.raises(ValueError, match=r"^method sid: layer 4 is not within the model's 4 layers$"):
+        parse_method("sid:layer=4").passes(4)
+    with pytest.raises(ValueError, match=r"^method sid: layer must lie in \[1, ∞\), not 0$"):
+        parse_method("sid:layer=0")
+
+
+def test_sids_drop_keeps_each_rows_least_attended_image_tokens_and_all_text():
+    """modeling_llama.py:655-665: the head-averaged answer-row weights over the image, topk(keep, largest=False) kept,
+    every other image token masked; a row with no more image tokens than keep keeps them all."""
+    weights = torch.softmax(_logits(18, rows=2 * 3, vocab=10).view(2, 3, 10), dim=-1)  # [B, Hq, S]
+    image = torch.zeros(2, 10, dtype=torch.bool)
+    image[0, 2:8], image[1, 4:6] = True, True
+    kept = ImageTokenDrop(1, 3).kept(weights, image)
+    mean = weights.double().mean(dim=1).numpy()
+    least = 2 + np.argsort(mean[0, 2:8])[:3]
+    assert sorted(np.flatnonzero(~kept[0].numpy() & image[0].numpy())) == sorted(set(range(2, 8)) - set(least))
+    assert kept[1].all()  # 2 image tokens, keep 3
+    assert kept[0, :2].all() and kept[0, 8:].all()
+
+
+def test_the_answer_rows_per_key_attention_sums_to_the_probe_and_the_kept_attention_drops_keys_for_every_query():
+    """answer_key_attention is answer_image_attention per key (right-padded rows, grouped heads);
+    kept_causal_attention equals causal attention over the sequence with the dropped tokens removed, at every query
+    kept."""
+    g = torch.Generator().manual_seed(19)
+    q, k, v = (torch.randn(2, heads, 7, 8, generator=g) for heads in (4, 2, 2))
+    lengths, image = torch.tensor([7, 5]), torch.zeros(2, 7, dtype=torch.bool)
+    image[:, 1:4] = True
+    per_key = answer_key_attention(q, lengths, k)
+    assert torch.allclose((per_key * image[:, None]).sum(-1), answer_image_attention(q, lengths, k, image), atol=1e-6)
+    assert per_key[1, :, 5:].abs().max() == 0  # padding
+    kept = torch.ones(2, 7, dtype=torch.bool)
+    kept[:, 2] = False
+    ours = kept_causal_attention(q, k, v, kept)
+    keep = torch.tensor([0, 1, 3, 4, 5, 6])
+    short = torch.nn.functional.scaled_dot_product_attention(q[:, :, keep], k[:, :, keep].repeat_interleave(2, 1),
+                                                             v[:, :, keep].repeat_interleave(2, 1), is_causal=True)
+    assert torch.allclose(ours[:, :, keep], short, atol=1e-5)

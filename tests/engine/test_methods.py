@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from methodchecks import IMAGES, check_methods, formula_oracle
+from methodchecks import IMAGES, check_methods, formula_oracle, sid_oracle
 from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
 
-from pope_fast.engine import Engine, Settings
+from pope_fast.engine import Engine, ImageTokenDrop, Settings
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
                                       parse_method)
 
@@ -130,6 +130,44 @@ def test_vti_steers_every_mlp_as_its_wrapped_layers_do_on_transformers(family, r
                 assert abs(value - float(theirs[token])) <= 1e-4, (i, q, token, value, float(theirs[token]))
             assert ours.decoded == generated_text(engine, generated[0, inputs["input_ids"].shape[1]:].tolist())
             assert ours.candidate_logits != plain.candidate_logits  # the steering reached the answer
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_sid_matches_its_token_drop_and_contrast_on_transformers(family, tmp_path):
+    """SID (huofushuo/SID) against transformers' class in eager attention: the image tokens kept picked from its
+    returned attention weights, the contrast pass with the others masked in every later layer for every query, the
+    logits combined as vcd_sample.py does; beside the baseline in one paired run (the main pass shared). Three
+    layers, the drop from layer 1: the image rows kept change in layer 1 and feed layer 2's keys, which a pass
+    sharing the image's prefix (or editing only the queries after the image) would miss."""
+    from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+    make, model_class, inputs_of = ((make_tiny_llava, LlavaForConditionalGeneration, _llava_inputs)
+                                    if family == "llava" else
+                                    (make_tiny_qwen2_vl, Qwen2VLForConditionalGeneration, _qwen_inputs))
+    checkpoint = make(tmp_path / "ckpt", layers=3)
+    engine = Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware")
+    methods = [parse_method("none"), parse_method("sid:layer=1,keep=3,alpha=0.7,beta=0.05")]
+    out = engine.run_methods(engine.prepare(IMAGES), [QUESTIONS[:3]] * 2, methods)
+    prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
+    oracle = sid_oracle(checkpoint, model_class, inputs_of(checkpoint), prompts, 1, 3, 0.7, 0.05)
+    for i in range(len(IMAGES)):
+        for prompt, ours, plain in zip(prompts, out["sid"][i], out["none"][i]):
+            theirs, image_tokens, _ = oracle[i, prompt]
+            assert image_tokens > 3  # tokens were dropped
+            assert ours.first_token_id == int(theirs.argmax()), (i, prompt)
+            for token, value in ours.candidate_logits.items():
+                expected = float(theirs[token])
+                assert value == expected if math.isinf(expected) else abs(value - expected) <= 1e-4, \
+                    (i, prompt, token, value, expected)
+            assert ours.candidate_logits != plain.candidate_logits
+    if family == "llava":  # the drop as an experiment's own Intervention: prompts run whole, continuations refused
+        drop = ImageTokenDrop(1, 3)
+        [alone] = engine.answer(IMAGES[0], QUESTIONS[:1], intervention=drop)
+        l_cd = oracle[0, prompts[0]][2]
+        assert all(abs(value - float(l_cd[token])) <= 1e-4 for token, value in alone.candidate_logits.items())
+        texts = Engine.load(checkpoint, Settings(max_new_tokens=2), readouts="string_parse")
+        with pytest.raises(ValueError, match=r"^ImageTokenDrop acts on the prompt pass only"):
+            texts.answer(IMAGES[0], QUESTIONS[:1], intervention=drop)
 
 
 def test_diffusion_noise_follows_vcds_schedule():
