@@ -45,7 +45,7 @@ class BenchConfig:
     reference: bool = True
     reference_sample: int | None = None  # questions the reference runs (None: all)
     repeat: int = 1  # timed runs of each pipeline; the median counts
-    batch_size: int = 32
+    batch_size: int | None = None  # None: the device's budget (engine/budget.py), as eval's
     probe: str = "none"  # image-attention: pope-fast records the probe too (what it costs shows in the wall time)
     work_dir: Path | None = None
     model_dirs: dict[str, Path] = field(default_factory=dict)
@@ -204,7 +204,7 @@ def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Qu
     run started together; the aggregate is all the questions over the slowest rank's wall time. The
     reference pipeline is a single-process baseline: `pope-fast bench` without torchrun."""
     shard, device = cfg.shard, engine.settings.torch_device
-    names, batch = list(dict.fromkeys(q.image for q in questions)), engine.settings.image_batch
+    names, batch = list(dict.fromkeys(q.image for q in questions)), engine.settings.step_images
     steps = shard.share([names[i:i + batch] for i in range(0, len(names), batch)], questions, engine)
     mine = [q for q in questions if any(q.image in step for step in steps)]
     records_dir = work / f"{name}-records-rank{shard.rank}"

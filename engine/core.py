@@ -101,9 +101,10 @@ class Engine:
         here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
         allocator growth. Nothing is cached; timings and counts restart. `images` and `prompts` (per image): the
         data's own counts, which bound the batch, so a batch size past the data allocates only for the data."""
-        per_image = max(1, self.settings.batch_size // self.settings.image_batch)
+        rows, step = self.settings.question_rows, self.settings.step_images
+        per_image = max(1, rows // step)
         per_image = per_image if prompts is None else max(1, min(prompts, per_image))
-        count = self.settings.image_batch if images is None else max(1, min(images, self.settings.image_batch))
+        count = step if images is None else max(1, min(images, step))
         pixels = self.model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104)))
         features = self.model.encode_images([pixels])[0]  # one image per vision call, as every sweep runs it
         self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)

@@ -86,7 +86,7 @@ class Runner:
 
     def plan(self, rows: list[Row], prefix_reuse: bool | None = None) -> list[Stage]:
         reuse = self.settings.prefix_reuse if prefix_reuse is None else prefix_reuse
-        return make_plan(rows, self.settings.batch_size, reuse)
+        return make_plan(rows, self.settings.question_rows, reuse)
 
     def _checked(self, layout: PromptLayout) -> PromptLayout:
         """A layout the model can run, refused before anything is allocated for it where it cannot."""
