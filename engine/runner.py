@@ -125,8 +125,9 @@ class Runner:
         """One suffix batch: prefill, the answer position's candidate logits and argmax (with vocab, the
         whole vocabulary's logits too), and the greedy continuation when a text readout asks for one."""
         lm, device, ids = self.model.lm, self.settings.torch_device, list(self.readout.candidate_ids)
+        start = prefix.length if prefix is not None else 0
         with Clock(self.timings, "question_prefill", device):
-            tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
+            tokens = self._tokens(batch.rows, start, None)
             out = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, self.settings.probe != "none")
             logits, first = lm.answer(out.last_hidden, ids)
             everything = lm.vocab_logits(out.last_hidden) if vocab else None
@@ -134,7 +135,7 @@ class Runner:
                 adjusted = intervention.logits(logits, ids)
                 logits = logits if adjusted is None else adjusted
         self.counts.prompts += len(batch.rows)
-        self.counts.suffix_tokens += int(tokens.lengths.sum())
+        self.counts.suffix_tokens += sum(len(row.layout) - start for row in batch.rows)  # the host's: no read back
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
             texts = self._continue(prefix, batch, out, first, intervention)
