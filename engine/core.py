@@ -282,13 +282,16 @@ class Engine:
             return [self.run_passes(items, [i], vocab=vocab, decode=[d])[0] for i, d in zip(interventions, decode)]
         runner = self.runner
         results: list[dict[tuple[int, int], PromptResult]] = [{} for _ in interventions]
+        launched = []  # (pass, batch) in launch order: each read back once the next is launched
         for stage in runner.plan(runner.rows(items)):
             prefix = runner.prefill_prefix(stage.prefix, interventions[0]) if stage.prefix is not None else None
             for batch in stage.batches:
                 for k, intervention in enumerate(interventions):
-                    out = runner.run_batch(prefix, batch, intervention, vocab=vocab, decode=decode[k])
-                    for row, result in zip(batch.rows, out):
-                        results[k][row.item, row.prompt] = result
+                    launched.append((k, runner.launch(prefix, batch, intervention, vocab=vocab, decode=decode[k])))
+                    if len(launched) > 1:
+                        _collect(results, runner, *launched.pop(0))
+        for k, batch in launched:
+            _collect(results, runner, k, batch)
         return [[[done[i, p] for p in range(len(item.prompts))] for i, item in enumerate(items)] for done in results]
 
     def run_methods(self, prepared: list[Prepared], questions: list[list[str]], methods: list[Method]
@@ -376,6 +379,11 @@ class Engine:
         for i, j, ids in order:
             out[i][j] = self._text_logits[ids]
         return out
+
+
+def _collect(results: list[dict[tuple[int, int], PromptResult]], runner: Runner, k: int, launched) -> None:
+    for row, result in zip(launched.rows, runner.results(launched)):
+        results[k][row.item, row.prompt] = result
 
 
 def _without_image(layout: PromptLayout, mrope) -> PromptLayout:

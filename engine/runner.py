@@ -36,6 +36,19 @@ class ImagePrompts:
 DECODE_TICK = 32  # new tokens between two calls of Runner.on_decode
 
 
+@dataclass
+class Launched:
+    """A question batch whose work is queued on the device, its results not yet read back (Runner.results): a
+    caller that launches the next batch first keeps the device busy while the host reads and builds these."""
+
+    rows: list[Row]
+    first: torch.Tensor  # [B] the argmax at each answer position
+    logits: torch.Tensor  # [B, n] fp32 candidate logits
+    texts: list[dict]  # each row's continuation's fields (empty without one)
+    image_attention: torch.Tensor | None  # [B, L, Hq], the probe's
+    vocab: torch.Tensor | None  # [B, V], where asked for
+
+
 class Runner:
     def __init__(self, model: Family, settings: Settings, readout: ReadoutPlan):
         self.model, self.settings, self.readout = model, settings, readout
@@ -124,6 +137,11 @@ class Runner:
                   vocab: bool = False, decode: bool = True) -> list[PromptResult]:
         """One suffix batch: prefill, the answer position's candidate logits and argmax (with vocab, the
         whole vocabulary's logits too), and the greedy continuation when a text readout asks for one."""
+        return self.results(self.launch(prefix, batch, intervention, vocab=vocab, decode=decode))
+
+    def launch(self, prefix: PrefixKV | None, batch: SuffixBatch, intervention: Intervention | None, *,
+               vocab: bool = False, decode: bool = True) -> "Launched":
+        """run_batch's work, queued on the device, its results not read back (`results`)."""
         lm, device, ids = self.model.lm, self.settings.torch_device, list(self.readout.candidate_ids)
         start = prefix.length if prefix is not None else 0
         with Clock(self.timings, "question_prefill", device):
@@ -139,14 +157,19 @@ class Runner:
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
             texts = self._continue(prefix, batch, out, first, intervention)
+        return Launched(batch.rows, first, logits, texts, out.image_attention, everything)
+
+    def results(self, launched: "Launched") -> list[PromptResult]:
+        """A launched batch's PromptResults, read back from the device (waiting for it where it has not finished)."""
+        ids, rows, attention = list(self.readout.candidate_ids), launched.rows, launched.image_attention
         # per layer: heads averaged, and each head; none for a row with no image keys (a text-only prompt)
-        probes = [None] * len(batch.rows) if out.image_attention is None else \
+        probes = [None] * len(rows) if attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
-             for layers, heads, row in zip(out.image_attention.mean(dim=-1).tolist(), out.image_attention.tolist(),
-                                           batch.rows)]
-        rows = [None] * len(batch.rows) if everything is None else list(everything)
+             for layers, heads, row in zip(attention.mean(dim=-1).tolist(), attention.tolist(), rows)]
+        vocab = [None] * len(rows) if launched.vocab is None else list(launched.vocab)
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
-                for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
+                for f, row, text, probe, v in zip(launched.first.tolist(), launched.logits.tolist(), launched.texts,
+                                                  probes, vocab)]
 
     def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | None:
         """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None."""
