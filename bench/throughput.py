@@ -10,6 +10,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -113,7 +114,8 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     reset_peak_memory(settings.torch_device)
     load_start = time.perf_counter()
     engine = load_engine(checkpoint, settings, readouts=BENCH_READOUTS)  # a model without a family: transformers'
-    engine.warmup()
+    per_image = Counter(q.image for q in questions)  # the data's sizes bound the warmup's batch, as eval's
+    engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))
     engine.meta()  # hashes the checkpoint's files once (what a resume is proven by), outside the timed runs
     load_s = time.perf_counter() - load_start
     if cfg.shard is not None:

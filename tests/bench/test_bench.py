@@ -5,7 +5,7 @@ from click.testing import CliRunner
 from pope_fast.bench import BenchConfig, format_report, run_bench
 from pope_fast.bench.throughput import BENCH_READOUTS
 from pope_fast.cli import main
-from pope_fast.engine import FAMILIES
+from pope_fast.engine import FAMILIES, Engine
 from pope_fast.engine.models import family_class
 
 pytestmark = pytest.mark.slow  # the benchmark runs both pipelines on tiny checkpoints
@@ -88,9 +88,14 @@ def test_where_triton_runs_bench_sweeps_the_questions_untimed_before_timing_them
         return run_pope(engine, questions, *args, **kwargs)
 
     monkeypatch.setattr(throughput, "run_pope", counted)
+    warmups = []
+    warmup = Engine.warmup
+    monkeypatch.setattr(Engine, "warmup", lambda self, images=None, prompts=None: (
+        warmups.append((images, prompts)), warmup(self, images, prompts))[1])
     cfg = BenchConfig(models=["llava"], size="tiny", device="cpu", quant="none", dtype=None, n_questions=6,
                       reference=False, repeat=2, work_dir=tmp_path)
     run_bench(cfg)
+    assert warmups == [(1, 6)]  # the engine's warmup at the data's sizes (one image, six questions), as eval's
     assert sweeps == [(6, True)] * 2  # the torch references compile nothing: no untimed sweep
     sweeps.clear()
     monkeypatch.setattr(throughput, "resolve_backend", lambda backend, device: "triton")
