@@ -10,6 +10,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,7 @@ from ..engine import FAMILIES, Engine, Settings, load_engine, parse_method
 from ..engine.models import family_class
 from ..engine.synthetic import REFERENCE_ONLY, builtin_questions, write_checkpoint, write_images
 from ..hub import TOKENIZER_FILES, local_or_hub
+from ..kernels import resolve_backend
 from ..readout import READOUTS, Question, load_questions
 from ..readout.readouts import FIRST_TOKEN, LOGIT
 from ..readout.records import json_lines
@@ -45,7 +47,7 @@ class BenchConfig:
     reference: bool = True
     reference_sample: int | None = None  # questions the reference runs (None: all)
     repeat: int = 1  # timed runs of each pipeline; the median counts
-    batch_size: int = 32
+    batch_size: int | None = None  # None: the device's budget (engine/utils/budget.py), as eval's
     probe: str = "none"  # image-attention: pope-fast records the probe too (what it costs shows in the wall time)
     work_dir: Path | None = None
     model_dirs: dict[str, Path] = field(default_factory=dict)
@@ -112,7 +114,8 @@ def bench_model(name: str, cfg: BenchConfig, work: Path, progress: Callable[[str
     reset_peak_memory(settings.torch_device)
     load_start = time.perf_counter()
     engine = load_engine(checkpoint, settings, readouts=BENCH_READOUTS)  # a model without a family: transformers'
-    engine.warmup()
+    per_image = Counter(q.image for q in questions)  # the data's sizes bound the warmup's batch, as eval's
+    engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))
     engine.meta()  # hashes the checkpoint's files once (what a resume is proven by), outside the timed runs
     load_s = time.perf_counter() - load_start
     if cfg.shard is not None:
@@ -153,6 +156,7 @@ def _bench_ours(name: str, cfg: BenchConfig, engine: Engine, questions: list[Que
     device = engine.settings.torch_device
     tick = (lambda n: progress(f"{name} pope-fast", n, len(questions) * cfg.repeat)) if progress else None
     runs = []  # (wall, phases, counts) per timed run
+    warm_variants(engine, records_dir, lambda: run_plain(engine, questions, images, records_dir))
     for _ in range(cfg.repeat):
         shutil.rmtree(records_dir, ignore_errors=True)
         engine.reset(clear_cache=True, timed=True)
@@ -166,6 +170,21 @@ def _bench_ours(name: str, cfg: BenchConfig, engine: Engine, questions: list[Que
             "questions_per_s": round(len(questions) / wall, 2), "runs_s": [round(r[0], 3) for r in runs],
             "phases_s": phases, "peak_memory_mb": round(peak_memory_mb(device), 1),
             "settings": engine.settings.to_json()}, counts
+
+
+def warm_variants(engine: Engine, folder: Path, sweep: Callable[[], object]) -> bool:
+    """Where Triton kernels run, one untimed sweep of the run's own questions (into `folder`, dropped after)
+    before the timed ones: a kernel compiles a variant per shape class (block sizes chosen by rows, integer
+    arguments specialised on divisibility by 16), and only the run's own batches make every variant it uses (the
+    engine's warmup makes one: bench/RESULTS.md found the others compiling inside the timed run). Whether it ran."""
+    settings = engine.settings
+    if resolve_backend(settings.kernels, settings.torch_device) != "triton":
+        return False  # the torch references: nothing compiles per shape
+    shutil.rmtree(folder, ignore_errors=True)
+    engine.reset(clear_cache=True)
+    sweep()
+    shutil.rmtree(folder, ignore_errors=True)
+    return True
 
 
 def _agreement(records_dir: Path, decisions: dict) -> dict[str, float]:
@@ -182,6 +201,7 @@ def _bench_paired(cfg: BenchConfig, engine: Engine, questions: list[Question], i
     cost against the baseline sweep timed just before in the same process."""
     methods = [parse_method(spec) for spec in cfg.methods]
     runs = []
+    warm_variants(engine, out, lambda: run_paired(engine, questions, images, out, methods))
     for _ in range(cfg.repeat):
         shutil.rmtree(out, ignore_errors=True)
         engine.reset(clear_cache=True, timed=True)
@@ -204,11 +224,13 @@ def _bench_shard(name: str, cfg: BenchConfig, engine: Engine, questions: list[Qu
     run started together; the aggregate is all the questions over the slowest rank's wall time. The
     reference pipeline is a single-process baseline: `pope-fast bench` without torchrun."""
     shard, device = cfg.shard, engine.settings.torch_device
-    names, batch = list(dict.fromkeys(q.image for q in questions)), engine.settings.image_batch
+    names, batch = list(dict.fromkeys(q.image for q in questions)), engine.settings.step_images
     steps = shard.share([names[i:i + batch] for i in range(0, len(names), batch)], questions, engine)
     mine = [q for q in questions if any(q.image in step for step in steps)]
     records_dir = work / f"{name}-records-rank{shard.rank}"
     walls = []  # per timed run: every rank's wall time
+    if mine:
+        warm_variants(engine, records_dir, lambda: run_plain(engine, mine, images, records_dir))
     for _ in range(cfg.repeat):
         shutil.rmtree(records_dir, ignore_errors=True)
         engine.reset(clear_cache=True, timed=True)

@@ -27,7 +27,7 @@ from .layers.interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
 from .models import Family, TextOnlyRefused, load_model
 from .models.base import refusal
-from .inputs.plan import PromptLayout, PromptResult, Row, SuffixBatch
+from .inputs.plan import PromptResult, Row, SuffixBatch, without_image
 from .runner import ImagePrompts, Runner
 from .utils.settings import Settings
 from .utils.stats import Clock
@@ -103,9 +103,10 @@ class Engine:
         here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
         allocator growth. Nothing is cached; timings and counts restart. `images` and `prompts` (per image): the
         data's own counts, which bound the batch, so a batch size past the data allocates only for the data."""
-        per_image = max(1, self.settings.batch_size // self.settings.image_batch)
+        rows, step = self.settings.question_rows, self.settings.step_images
+        per_image = max(1, rows // step)
         per_image = per_image if prompts is None else max(1, min(prompts, per_image))
-        count = self.settings.image_batch if images is None else max(1, min(images, self.settings.image_batch))
+        count = step if images is None else max(1, min(images, step))
         pixels = self.model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104)))
         features = self.model.encode_images([pixels])[0]  # one image per vision call, as every sweep runs it
         self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)
@@ -290,13 +291,16 @@ class Engine:
             return [self.run_passes(items, [i], vocab=vocab, decode=[d])[0] for i, d in zip(interventions, decode)]
         runner = self.runner
         results: list[dict[tuple[int, int], PromptResult]] = [{} for _ in interventions]
+        launched = []  # (pass, batch) in launch order: each read back once the next is launched
         for stage in runner.plan(runner.rows(items), prefix_reuse=False if whole else None):
             prefix = runner.prefill_prefix(stage.prefix, interventions[0]) if stage.prefix is not None else None
             for batch in stage.batches:
                 for k, intervention in enumerate(interventions):
-                    out = runner.run_batch(prefix, batch, intervention, vocab=vocab, decode=decode[k])
-                    for row, result in zip(batch.rows, out):
-                        results[k][row.item, row.prompt] = result
+                    launched.append((k, runner.launch(prefix, batch, intervention, vocab=vocab, decode=decode[k])))
+                    if len(launched) > 1:
+                        _collect(results, runner, *launched.pop(0))
+        for k, batch in launched:
+            _collect(results, runner, k, batch)
         return [[[done[i, p] for p in range(len(item.prompts))] for i, item in enumerate(items)] for done in results]
 
     def run_methods(self, prepared: list[Prepared], questions: list[list[str]], methods: list[Method]
@@ -376,7 +380,7 @@ class Engine:
         order = []
         for i, (f, qs) in enumerate(zip(features, questions)):
             for j, q in enumerate(qs):
-                layout = _without_image(self.model.layout(self.prompt(q), f), self.model.lm.dims.mrope_section)
+                layout = without_image(self.model.layout(self.prompt(q), f), self.model.lm.dims.mrope_section)
                 order.append((i, j, layout.ids))
                 if layout.ids not in self._text_logits and layout.ids not in rows:
                     rows[layout.ids] = Row(len(rows), 0, layout, f[:0])
@@ -389,9 +393,6 @@ class Engine:
         return out
 
 
-def _without_image(layout: PromptLayout, mrope) -> PromptLayout:
-    """The layout's own tokens with its image slots removed: a text-only prompt, run whole (M-RoPE's
-    three streams are then the plain positions, as for any text)."""
-    ids = [t for t in layout.ids if t != layout.image_token_id]
-    positions = torch.arange(len(ids)).expand(3, -1) if mrope is not None else None
-    return PromptLayout(tuple(ids), layout.image_token_id, (), 0, positions)
+def _collect(results: list[dict[tuple[int, int], PromptResult]], runner: Runner, k: int, launched) -> None:
+    for row, result in zip(launched.rows, runner.results(launched)):
+        results[k][row.item, row.prompt] = result

@@ -38,6 +38,19 @@ class ImagePrompts:
 DECODE_TICK = 32  # new tokens between two calls of Runner.on_decode
 
 
+@dataclass
+class Launched:
+    """A question batch whose work is queued on the device, its results not yet read back (Runner.results): a
+    caller that launches the next batch first keeps the device busy while the host reads and builds these."""
+
+    rows: list[Row]
+    first: torch.Tensor  # [B] the argmax at each answer position
+    logits: torch.Tensor  # [B, n] fp32 candidate logits
+    texts: list[dict]  # each row's continuation's fields (empty without one)
+    image_attention: torch.Tensor | None  # [B, L, Hq], the probe's
+    vocab: torch.Tensor | None  # [B, V], where asked for
+
+
 class Runner:
     def __init__(self, model: Family, settings: Settings, readout: ReadoutPlan,
                  on_decode: Callable[[int, int, int], None] | None = None):
@@ -89,7 +102,7 @@ class Runner:
 
     def plan(self, rows: list[Row], prefix_reuse: bool | None = None) -> list[Stage]:
         reuse = self.settings.prefix_reuse if prefix_reuse is None else prefix_reuse
-        return make_plan(rows, self.settings.batch_size, reuse)
+        return make_plan(rows, self.settings.question_rows, reuse)
 
     def _checked(self, layout: PromptLayout) -> PromptLayout:
         """A layout the model can run, refused before anything is allocated for it where it cannot."""
@@ -127,9 +140,15 @@ class Runner:
                   vocab: bool = False, decode: bool = True) -> list[PromptResult]:
         """One suffix batch: prefill, the answer position's candidate logits and argmax (with vocab, the
         whole vocabulary's logits too), and the greedy continuation when a text readout asks for one."""
+        return self.results(self.launch(prefix, batch, intervention, vocab=vocab, decode=decode))
+
+    def launch(self, prefix: PrefixKV | None, batch: SuffixBatch, intervention: Intervention | None, *,
+               vocab: bool = False, decode: bool = True) -> "Launched":
+        """run_batch's work, queued on the device, its results not read back (`results`)."""
         lm, device, ids = self.model.lm, self.settings.torch_device, list(self.readout.candidate_ids)
+        start = prefix.length if prefix is not None else 0
         with Clock(self.timings, "question_prefill", device):
-            tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
+            tokens = self._tokens(batch.rows, start, None)
             out = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, self.settings.probe != "none")
             logits, first = lm.answer(out.last_hidden, ids)
             everything = lm.vocab_logits(out.last_hidden) if vocab else None
@@ -137,18 +156,23 @@ class Runner:
                 adjusted = intervention.logits(logits, ids)
                 logits = logits if adjusted is None else adjusted
         self.counts.prompts += len(batch.rows)
-        self.counts.suffix_tokens += int(tokens.lengths.sum())
+        self.counts.suffix_tokens += sum(len(row.layout) - start for row in batch.rows)  # the host's: no read back
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
             texts = self._continue(prefix, batch, out, first, intervention)
+        return Launched(batch.rows, first, logits, texts, out.image_attention, everything)
+
+    def results(self, launched: "Launched") -> list[PromptResult]:
+        """A launched batch's PromptResults, read back from the device (waiting for it where it has not finished)."""
+        ids, rows, attention = list(self.readout.candidate_ids), launched.rows, launched.image_attention
         # per layer: heads averaged, and each head; none for a row with no image keys (a text-only prompt)
-        probes = [None] * len(batch.rows) if out.image_attention is None else \
+        probes = [None] * len(rows) if attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
-             for layers, heads, row in zip(out.image_attention.mean(dim=-1).tolist(), out.image_attention.tolist(),
-                                           batch.rows)]
-        rows = [None] * len(batch.rows) if everything is None else list(everything)
+             for layers, heads, row in zip(attention.mean(dim=-1).tolist(), attention.tolist(), rows)]
+        vocab = [None] * len(rows) if launched.vocab is None else list(launched.vocab)
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
-                for f, row, text, probe, v in zip(first.tolist(), logits.tolist(), texts, probes, rows)]
+                for f, row, text, probe, v in zip(launched.first.tolist(), launched.logits.tolist(), launched.texts,
+                                                  probes, vocab)]
 
     def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | SampledState | None:
         """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None; where the

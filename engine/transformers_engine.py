@@ -27,6 +27,10 @@ from .utils.settings import Settings
 from .utils.stats import Clock
 
 # settings the backend honours only at these values: what any other asks of the engine's own computation
+# whole prompts, image tokens and all, per batch where --batch-size leaves it open (the device's question budget
+# counts suffixes of a few tokens each, not prompts of hundreds)
+WHOLE_PROMPTS = 16
+
 REFUSED = {
     "generation_config": (("none", "greedy"), "greedy_output gives generate the prompt as inputs_embeds (LLaVA's "
                                               "own generate), and the backend gives it input_ids"),
@@ -76,7 +80,7 @@ class TransformersRunner(Runner):
         where the processor takes one), prompts with and without an image apart, a noised image's one at a time
         (its noise is drawn over its own pixels, not a batch's padding)."""
         rows = [(i, j, item.features, prompt) for i, item in enumerate(items) for j, prompt in enumerate(item.prompts)]
-        size = self.settings.batch_size if self.model.inputs.batched else 1
+        size = (self.settings.batch_size or WHOLE_PROMPTS) if self.model.inputs.batched else 1
         batches: list[list] = []
         for row in rows:
             kind = _kind(row[2])

@@ -155,10 +155,9 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None,
               help="default: fp32 on CPU, fp16 on CUDA and with NF4")
 @click.option("--device", default=None, help="cpu or cuda (default: cuda when available)")
-@click.option("--batch-size", default=16, show_default=True, help="question suffixes per prefill batch")
-@click.option("--image-batch", default=8, show_default=True, type=click.IntRange(min=1),
-              help="images per model step (one vision batch, their prefixes prefilled together); under torchrun "
-                   "the unit the ranks share")
+@click.option("--batch-size", default=None, type=click.IntRange(min=1), help="question suffixes per prefill batch")
+@click.option("--image-batch", default=None, type=click.IntRange(min=1), help="images per model step "
+              "(their prefixes together); the unit torchrun ranks share (both: sized to the device, docs/running.md)")
 @click.option("--cache-dir", default=None, type=click.Path(file_okay=False), help="disk cache of image features")
 @click.option("--max-new-tokens", default=None, type=click.IntRange(min=1), help="new tokens for every string readout "
               "(default: each as its reference runs it: string_parse 6, the others 128; the demo: 6)")
@@ -224,7 +223,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
 @click.option("--quant", type=click.Choice(["none", "nf4"]), default=None,
               help="both pipelines (default: nf4 on CUDA as the paper ran it, none on CPU)")
 @click.option("--dtype", type=click.Choice(["fp32", "fp16", "bf16"]), default=None)
-@click.option("--batch-size", default=32, show_default=True)
+@click.option("--batch-size", default=None, type=click.IntRange(min=1), help="as eval's (default: the device's)")
 @click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
               show_default=True, help="pope-fast also records the image-attention probe (its cost is in the wall time)")
 @click.option("--method", "method_specs", multiple=True, metavar="NAME[:key=value,...]",

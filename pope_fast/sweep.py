@@ -208,7 +208,7 @@ class _Sweep:
         The questions of unusable images (`problems`) are error records."""
         text_only = any(not q.image for q in asked)
         names = list(dict.fromkeys(q.image for q in asked if q.image and q.image not in problems))
-        batch = self.engine.settings.image_batch
+        batch = self.engine.settings.step_images
         lacking = {q.image for q in asked if _key(q) in pending}
         # the questions asked without an image are one step of their own, after the images' (text-only
         # prompts, batched with each other)

@@ -154,7 +154,8 @@ class TokenBatch:
     image_mask [B, S] (True at image slots) and features [N, H] (the slots' rows, in row-major
     order), both None when no row holds an image slot; positions [B, S], [S] when every row shares
     them, or M-RoPE streams [3, B, S]; next_position [B], the position of each row's next token;
-    image_spans per row, in this batch's columns."""
+    image_spans per row, in this batch's columns; image_index [N], the image slots' places in ids
+    flattened (b * S + column, row-major: where features' rows go, found with no read back of the mask)."""
 
     ids: torch.Tensor
     lengths: torch.Tensor
@@ -163,6 +164,7 @@ class TokenBatch:
     positions: torch.Tensor
     next_position: torch.Tensor
     image_spans: list[tuple[tuple[int, int], ...]]
+    image_index: torch.Tensor | None = None
 
     @classmethod
     def of(cls, rows: list[Row], start: int, end: int | None, device: torch.device, mrope: bool) -> "TokenBatch":
@@ -170,27 +172,38 @@ class TokenBatch:
         ids = [r.layout.ids[start:end] for r in rows]
         lengths = [len(i) for i in ids]
         width = max(lengths)
-        padded = torch.zeros(len(rows), width, dtype=torch.long)
-        mask = torch.zeros(len(rows), width, dtype=torch.bool)
-        spans, pieces = [], []
+        # one host tensor, image slots (a sentinel id such as mPLUG-Owl2's -200) and padding 0: never looked up
+        padded = [list(row_ids) + [0] * (width - len(row_ids)) for row_ids in ids]
+        spans, pieces, index = [], [], []
         for b, (row, row_ids) in enumerate(zip(rows, ids)):
             stop = start + len(row_ids)
             row_spans = tuple((max(a, start) - start, min(e, stop) - start)
                               for a, e in row.layout.image_spans if e > start and a < stop)
             spans.append(row_spans)
-            padded[b, :len(row_ids)] = torch.tensor(row_ids)
             for a, e in row_spans:
-                mask[b, a:e] = True
+                padded[b][a:e] = [0] * (e - a)
+                index += range(b * width + a, b * width + e)
             if row_spans:
                 first = row.layout.image_tokens_before(start)
                 count = sum(e - a for a, e in row_spans)
                 pieces.append(row.features.reshape(-1, row.features.shape[-1])[first:first + count])
-        padded.masked_fill_(mask, 0)  # image slots (a sentinel id such as mPLUG-Owl2's -200) are never looked up
+                if pieces[-1].shape[0] != count:
+                    raise ValueError(f"{count} image tokens in the prompt but {pieces[-1].shape[0]} image features")
         positions, next_position = _positions(rows, start, width, lengths, mrope)
         image = bool(pieces)
-        return cls(padded.to(device), torch.tensor(lengths, device=device), mask.to(device) if image else None,
-                   torch.cat(pieces).to(device) if image else None, positions.to(device), next_position.to(device),
-                   spans)
+        mask = torch.zeros(len(rows) * width, dtype=torch.bool)
+        if image:
+            mask[index] = True
+        return cls(to_device(torch.tensor(padded, dtype=torch.long), device), to_device(torch.tensor(lengths), device),
+                   to_device(mask.view(len(rows), width), device) if image else None,
+                   torch.cat(pieces).to(device) if image else None, to_device(positions, device),
+                   to_device(next_position, device), spans, to_device(torch.tensor(index), device) if image else None)
+
+
+def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A host tensor on the device without the host waiting: on CUDA copied from pinned memory, non-blocking
+    (the copy is ordered before every later kernel of the stream, and the pinned block is kept until it is done)."""
+    return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
 
 def _positions(rows: list[Row], start: int, width: int, lengths: list[int], mrope: bool):
@@ -227,3 +240,11 @@ class PromptResult:
     def text_for(self, readout: str) -> str | None:
         """The text a text readout reads: its own prefix of the continuation, else all of it."""
         return (self.texts or {}).get(readout, self.decoded)
+
+
+def without_image(layout: PromptLayout, mrope) -> PromptLayout:
+    """The layout's own tokens with its image slots removed: a text-only prompt, run whole (M-RoPE's
+    three streams are then the plain positions, as for any text)."""
+    ids = [t for t in layout.ids if t != layout.image_token_id]
+    positions = torch.arange(len(ids)).expand(3, -1) if mrope is not None else None
+    return PromptLayout(tuple(ids), layout.image_token_id, (), 0, positions)

@@ -32,7 +32,7 @@ from .generation import GreedyState
 from .interventions import AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, layer_edit, mlp_hook
 from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .moe import ExpertMLP
-from ..inputs.plan import TokenBatch
+from ..inputs.plan import TokenBatch, to_device
 
 
 class DecoderLayer(nn.Module):
@@ -121,19 +121,17 @@ class DecoderLM(nn.Module):
         self.layer_rotary = [rotaries[spec] for spec in specs]  # one object per distinct RoPE, shared by its layers
         self.rotary = self.layer_rotary[0]  # every layer's, where they share one
 
-    def embed(self, ids: torch.Tensor, image_mask: torch.Tensor | None = None,
+    def embed(self, ids: torch.Tensor, image_index: torch.Tensor | None = None,
               features: torch.Tensor | None = None) -> torch.Tensor:
-        """ids [...] → input embeddings [..., H]; where image_mask is True the rows of features
-        [N, H] (one per image slot, in order) stand instead."""
+        """ids [...] → input embeddings [..., H]; at the image slots, image_index [N] (their places in ids
+        flattened, TokenBatch.image_index: no mask read back), the rows of features [N, H] stand instead."""
         x = F.embedding(ids, self.embed_tokens)
         if self.dims.embed_scale is not None:  # the scale cast to the weights' dtype, as transformers scales
-            x = x * torch.tensor(self.dims.embed_scale, device=x.device).to(x.dtype)
-        if image_mask is None:
+            x = x * to_device(torch.tensor(self.dims.embed_scale), x.device).to(x.dtype)
+        if image_index is None:
             return x
-        if int(image_mask.sum()) != features.shape[0]:
-            raise ValueError(f"{int(image_mask.sum())} image tokens in the prompt but {features.shape[0]} "
-                             "image features")
-        x[image_mask] = features[:, :x.shape[-1]].to(x.dtype)  # block 0 (DeepStack's further blocks: deepstack())
+        # block 0 (DeepStack's further blocks: deepstack())
+        x.view(-1, x.shape[-1])[image_index] = features[:, :x.shape[-1]].to(x.dtype)
         return x
 
     def deepstack(self, x: torch.Tensor, layer: int, batch: TokenBatch) -> torch.Tensor:
@@ -170,7 +168,7 @@ class DecoderLM(nn.Module):
         """G image prefixes of one length P → their KV for every layer. The last layer's queries,
         attention output and MLP are never needed (no prefix position is read out), so the pass stops
         at its K and V; prefix hooks therefore see layers 0 .. L-2."""
-        x = self.embed(batch.ids, batch.image_mask, batch.features)
+        x = self.embed(batch.ids, batch.image_index, batch.features)
         ropes = self.rotary_of(batch)
         blocks = self.dims.image_bidirectional and batch.image_mask is not None
         keys, values = [], []
@@ -193,7 +191,7 @@ class DecoderLM(nn.Module):
         by slot), or with prefix None whole prompts (InstructBLIP's, or the no-reuse reference path):
         the hidden state of each row's last token, the suffixes' own KV and, with probe, the image
         attention at that token (SuffixOut)."""
-        x = self.embed(batch.ids, batch.image_mask, batch.features)
+        x = self.embed(batch.ids, batch.image_index, batch.features)
         ropes = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
         runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
@@ -229,7 +227,7 @@ class DecoderLM(nn.Module):
         near-ties (ties, once rounded to fp16/bf16) resolve as in the reference pipeline.
         """
         backend = resolve_backend(self.kernels, self.device)
-        index = torch.tensor(ids, dtype=torch.long, device=self.device)
+        index = to_device(torch.tensor(ids, dtype=torch.long), self.device)
         last_hidden, weight = self.final_norm(last_hidden)
         norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)  # the final norm, fused
         logits = gather_logits(last_hidden, self.lm_head.matrix, index, **norm).to(self.dtype).float()
@@ -263,7 +261,7 @@ class DecoderLM(nn.Module):
         cache, edits = self._decode_cache(prefix, prefix_index, suffix, steps, chunk, intervention)
         backend = resolve_backend(self.kernels, self.device)
         tokens = [first]
-        stops = torch.tensor(sorted(stop_ids), device=self.device, dtype=first.dtype)
+        stops = to_device(torch.tensor(sorted(stop_ids), dtype=first.dtype), self.device)
         done = torch.isin(first, stops)
         for t in range(steps - 1):
             if bool(done.all()) or (finished is not None and finished(torch.stack(tokens, dim=1).tolist())):

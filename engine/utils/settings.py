@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from ...readout.protocols import ANSWER_CUTS
+from . import budget
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
@@ -42,8 +43,11 @@ class Settings:
     quant: str = "none"  # none | nf4 (bitsandbytes NF4, blocksize 64, double quant, as the paper ran it)
     quantize_lm_head: bool = False  # transformers keeps lm_head in fp16 under load_in_4bit
     nf4_weights: str = "dequantized"  # dequantized: dequantize once at load (same values) | packed
-    batch_size: int = 32  # question suffixes per prefill batch
-    image_batch: int = 8  # images whose vision pass and prefixes run as one batch (7B: ~0.3 GB KV each)
+    # question suffixes per prefill batch; None: sized to the device's memory (question_rows, engine/utils/budget.py)
+    batch_size: int | None = None
+    # images whose vision calls, prefixes and questions form one step (7B: ~0.3 GB KV each); None: sized to the
+    # device's memory (step_images)
+    image_batch: int | None = None
     max_new_tokens: int | None = None  # None: each text readout's reference length; N: every one N tokens
     image_aspect: str = "processor"  # processor (resize + center-crop) | pad (original LLaVA)
     # none: the image as read | rgb: PIL's convert('RGB') first, as lmms-eval's POPE task and most VLMEvalKit
@@ -177,6 +181,17 @@ class Settings:
         return None if value is None else tuple(map(int, value.split(":")))
 
     @property
+    def question_rows(self) -> int:
+        """Question suffixes per prefill batch: batch_size, else the device's budget."""
+        return self.batch_size or budget.question_rows(budget.device_memory(self.torch_device))
+
+    @property
+    def step_images(self) -> int:
+        """Images per step: image_batch, else the device's budget."""
+        device = self.torch_device
+        return self.image_batch or budget.step_images(budget.device_memory(device), device.type == "cuda")
+
+    @property
     def torch_device(self) -> torch.device:
         return torch.device(self.device)
 
@@ -205,4 +220,5 @@ class Settings:
         if not self.do_sample:
             del out["seed"]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
+        out["batch_size"], out["image_batch"] = self.question_rows, self.step_images  # what ran, chosen or sized
         return out

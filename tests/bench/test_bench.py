@@ -5,7 +5,7 @@ from click.testing import CliRunner
 from pope_fast.bench import BenchConfig, format_report, run_bench
 from pope_fast.bench.throughput import BENCH_READOUTS
 from pope_fast.cli import main
-from pope_fast.engine import FAMILIES
+from pope_fast.engine import FAMILIES, Engine
 from pope_fast.engine.models import family_class
 
 pytestmark = pytest.mark.slow  # the benchmark runs both pipelines on tiny checkpoints
@@ -72,6 +72,36 @@ def test_repeat_times_every_run_cold_and_reports_the_median(tmp_path):
     assert len(ours["runs_s"]) == 3 and ours["wall_s"] == sorted(ours["runs_s"])[1]
     assert ours["unique_prompts"] == 6   # the third run evaluated everything again: nothing resumed
     assert ours["phases_s"]["image_encode"] > 0   # nor served from the first run's feature cache
+
+
+def test_where_triton_runs_bench_sweeps_the_questions_untimed_before_timing_them_cold(tmp_path, monkeypatch):
+    """Every Triton variant the timed run uses compiles before it: one untimed sweep of the same questions (a
+    kernel compiles per shape class, which only the run's own batches make), then each timed run cold. Here
+    bench is told its kernels are Triton's (the engine's own stay the torch references on the CPU)."""
+    from pope_fast.bench import throughput
+
+    sweeps = []
+    run_plain = throughput.run_plain
+
+    def counted(engine, questions, *args, **kwargs):
+        sweeps.append((len(questions), engine.timings.synchronize))  # (questions, timed)
+        return run_plain(engine, questions, *args, **kwargs)
+
+    monkeypatch.setattr(throughput, "run_plain", counted)
+    warmups = []
+    warmup = Engine.warmup
+    monkeypatch.setattr(Engine, "warmup", lambda self, images=None, prompts=None: (
+        warmups.append((images, prompts)), warmup(self, images, prompts))[1])
+    cfg = BenchConfig(models=["llava"], size="tiny", device="cpu", quant="none", dtype=None, n_questions=6,
+                      reference=False, repeat=2, work_dir=tmp_path)
+    run_bench(cfg)
+    assert warmups == [(1, 6)]  # the engine's warmup at the data's sizes (one image, six questions), as eval's
+    assert sweeps == [(6, True)] * 2  # the torch references compile nothing: no untimed sweep
+    sweeps.clear()
+    monkeypatch.setattr(throughput, "resolve_backend", lambda backend, device: "triton")
+    ours = run_bench(cfg)["models"]["llava"]["pope_fast"]
+    assert sweeps == [(6, False), (6, True), (6, True)]
+    assert ours["unique_prompts"] == 6 and ours["phases_s"]["image_encode"] > 0  # the timed runs cold still
 
 
 def test_bench_times_a_paired_run_cold_beside_the_baseline(tmp_path):

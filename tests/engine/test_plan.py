@@ -1,5 +1,6 @@
 """The engine seam without a model: prompt layouts, the batching plan and the token rows the language
 model takes."""
+import pytest
 import torch
 
 from pope_fast.engine.inputs.plan import PromptLayout, Row, TokenBatch, image_runs, make_plan
@@ -61,6 +62,10 @@ def test_token_batch_of_suffixes_and_whole_prompts():
     assert whole.image_mask.tolist() == [[False, True, True, False, False, False], [False, True, True, False] + [False] * 2]
     assert torch.equal(whole.features, torch.cat([a.features, b.features]))  # row-major slot order
     assert whole.image_spans == [((1, 3),), ((1, 3),)]
+    # the slots' places in the flattened [2, 6] ids, where features' rows go without reading the mask back
+    assert whole.image_index.tolist() == [1, 2, 7, 8]
+    assert torch.equal(whole.ids.flatten()[whole.image_index], torch.zeros(4, dtype=torch.long))
+    assert whole.image_mask.flatten().nonzero().flatten().tolist() == whole.image_index.tolist()
 
 
 def test_token_batch_marks_sentinel_slots_and_slices_features_per_span():
@@ -71,6 +76,10 @@ def test_token_batch_marks_sentinel_slots_and_slices_features_per_span():
     assert batch.image_mask.tolist() == [[True, False, True, False]]
     assert torch.equal(batch.features, r.features[1:3])  # the slots from column 2 on
     assert batch.image_spans == [((0, 1), (2, 3))]
+    assert batch.image_index.tolist() == [0, 2]
+    short = Row(0, 0, r.layout, r.features[:2])  # 3 slots, 2 feature rows: refused on the host, before the model
+    with pytest.raises(ValueError, match="^3 image tokens in the prompt but 2 image features$"):
+        TokenBatch.of([short], 0, None, torch.device("cpu"), mrope=False)
 
 
 def test_token_batch_mrope_streams_are_padded_and_continue():
