@@ -226,6 +226,7 @@ def test_flop_floor_counts_the_siglip_tower(checkpoint):
     assert model.vision_flops(Counts(vision_tokens=10)) == 10 * per_token
 
 
+@pytest.mark.slow  # copies two tiny checkpoints and loads each three times (5 s on 2 cores)
 @pytest.mark.parametrize("name", ["llava_next", "llava_onevision"])
 def test_grid_pinpoints_that_hold_no_grid_are_refused_at_load(name, tiny, tmp_path):
     """LLaVA-NeXT and OneVision cut every image to one of image_grid_pinpoints: none (an empty list, or a grid

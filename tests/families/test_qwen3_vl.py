@@ -159,6 +159,7 @@ def test_protocol_prompts_are_the_tools_messages(checkpoint):
     assert any("samples" in d and "greedy" in d for d in protocol_for(checkpoint, "vlmevalkit").deviations)
 
 
+@pytest.mark.slow  # copies the tiny checkpoint and loads it (3 s on 2 cores)
 def test_a_deepstack_index_outside_the_tower_is_refused_at_load(checkpoint, tmp_path):
     """A DeepStack block is one of the tower's blocks: an index past its depth (or below 0) names none, refused
     at load naming the field, where it would fail in the first image's encoding."""
