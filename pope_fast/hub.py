@@ -10,13 +10,13 @@ file under a temporary name and renames it when whole, so a download cut off lea
 from __future__ import annotations
 
 import fnmatch
-import json
 import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from .hub_hashes import first_mismatch
+from .readout.data import read_json_object
 
 # `org/name` or `org/name@revision`: the hub's repo-id characters; a revision is a branch, tag or commit
 HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
@@ -230,15 +230,7 @@ def _model_missing(folder: Path) -> str | None:
 
 def _index_shards(index: Path) -> list[str]:
     """The weights files a shard index names (its weight_map's values), in name order."""
-    try:
-        data = json.loads(index.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise HubError(f"{index}:{err.lineno}: malformed JSON: {err.msg}") from None
-    except UnicodeDecodeError as err:
-        raise HubError(f"{index}: not UTF-8 text ({err.reason})") from None
-    if not isinstance(data, dict):
-        raise HubError(f"{index}: expected a JSON object, found {type(data).__name__}")
-    weight_map = data.get("weight_map")
+    weight_map = read_json_object(index, HubError).get("weight_map")
     if not isinstance(weight_map, dict):
         raise HubError(f"{index}: weight_map is not an object of tensor names to file names (found "
                        f"{type(weight_map).__name__ if weight_map is not None else None})")

@@ -1,9 +1,11 @@
 """What every benchmark's data reader shares: the question a model is asked (`Question`), the yes/no labels,
 the error a malformed input file raises (`DataError`, naming the file and line), reading a text file with
-those errors, and opening a parquet file (pyarrow, imported only when one is read). Each benchmark's own
-files are read in its room (readout/benchmarks/<name>/)."""
+those errors, a file's JSON object (the engine's loader and the hub read theirs here too, in their own errors),
+and opening a parquet file (pyarrow, imported only when one is read). Each benchmark's own files are read in its
+room (readout/benchmarks/<name>/)."""
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,6 +52,20 @@ def read_text(path: Path, what: str) -> str:
         raise DataError(f"{path}: no such {what}") from None
     except UnicodeDecodeError as err:
         raise DataError(f"{path}: not UTF-8 text ({err})") from None
+
+
+def read_json_object(path: Path, error: type[Exception] = DataError) -> dict:
+    """The JSON object a file holds; `error` (the caller's kind: DataError, CheckpointError, HubError) naming the file,
+    and the line where its JSON is malformed, where it is not UTF-8 text or holds anything but an object."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise error(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
+    except UnicodeDecodeError as err:
+        raise error(f"{path}: not UTF-8 text ({err.reason})") from None
+    if not isinstance(data, dict):
+        raise error(f"{path}: expected a JSON object, found {type(data).__name__}")
+    return data
 
 
 def open_parquet(path: Path, columns: tuple[str, ...]):

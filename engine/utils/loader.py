@@ -4,7 +4,6 @@ does the rest and fails loudly, naming every missing, unexpected or misshapen te
 that cannot be read."""
 from __future__ import annotations
 
-import json
 import math
 import pickle
 import re
@@ -15,6 +14,8 @@ from typing import Callable, Iterator
 
 import torch
 from safetensors import SafetensorError, safe_open
+
+from ...readout.data import read_json_object
 
 
 class CheckpointError(ValueError):
@@ -27,7 +28,7 @@ def read_config(folder: Path) -> dict:
         raise CheckpointError(f"{folder}: no such checkpoint folder")
     if not path.is_file():
         raise CheckpointError(f"{path}: missing (a checkpoint folder needs its config.json)")
-    return _read_json(path)
+    return read_json_object(path, CheckpointError)
 
 
 # config.json fields that every family reads as a positive count, size or constant, wherever they nest (text,
@@ -54,18 +55,6 @@ def check_config(config: dict, where: Path) -> None:
                 raise CheckpointError(f"{where}: {path}{key} is {value!r}; every real checkpoint's is a positive "
                                       "number")
     walk(config, "")
-
-
-def _read_json(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}:{err.lineno}: malformed JSON: {err.msg}") from None
-    except UnicodeDecodeError as err:
-        raise CheckpointError(f"{path}: not UTF-8 text ({err.reason})") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, found {type(data).__name__}")
-    return data
 
 
 def checkpoint_dtype(folder: Path, config: dict) -> torch.dtype | None:
@@ -114,7 +103,7 @@ def tensor_files(folder: Path) -> dict[str, Path]:
 
 
 def _indexed_files(folder: Path, index: Path) -> dict[str, Path]:
-    weight_map = _read_json(index).get("weight_map")
+    weight_map = read_json_object(index, CheckpointError).get("weight_map")
     if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
         raise CheckpointError(f"{index}: no weight_map object (tensor name → shard file)")
     files = {name: folder / fname for name, fname in weight_map.items()}
@@ -324,7 +313,7 @@ def generation_config(folder: Path) -> dict:
     """The checkpoint's generation_config.json ({} where it has none), which generate() merges under its
     arguments; its eos_token_id checked here, the rules' fields where the rules are read (GreedyRules.of)."""
     path = folder / "generation_config.json"
-    config = _read_json(path) if path.is_file() else {}
+    config = read_json_object(path, CheckpointError) if path.is_file() else {}
     eos = config.get("eos_token_id")
     ids = eos if isinstance(eos, list) else [eos]
     if eos is not None and not (ids and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids)):
