@@ -4,6 +4,7 @@ torch build; the README's two commands and CI install with it."""
 import ast
 from pathlib import Path
 
+import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
@@ -58,3 +59,13 @@ def test_the_readme_and_ci_install_the_pinned_resolve():
     assert all("-c constraints.txt" in line for line in readme)
     ci = (ROOT / ".ci/run").read_text()
     assert 'pip install --quiet -e ".[test]" -c constraints.txt' in ci and "pip list" in ci
+
+
+@pytest.mark.xdist_group("dependencies")
+def test_xdist_keeps_a_group_on_one_worker(request):
+    """setup.cfg's `--dist loadgroup` sends a group's tests to one worker only if xdist could write the group into
+    the test's id (pytest 9.2 stopped reading what xdist 3.8 writes there, and each worker built every family's
+    checkpoints and oracles again, unnoticed): under xdist, a grouped test's id carries its group."""
+    if not getattr(request.config.option, "loadgroup", False):
+        pytest.skip("not under pytest-xdist's --dist loadgroup")
+    assert request.node.nodeid.endswith("@dependencies"), request.node.nodeid
