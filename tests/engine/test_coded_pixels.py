@@ -7,6 +7,7 @@ from PIL import Image
 
 from pope_fast.engine.inputs.coded_pixels import CodedPixels, pixels_on_device
 from pope_fast.engine.inputs.images import ClipPixels
+from pope_fast.engine.methods import diffusion_noise
 
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
@@ -39,3 +40,11 @@ def test_codes_of_two_tables_in_one_call_are_refused():
     with pytest.raises(ValueError, match="normalize tables differ"):
         pixels_on_device([CodedPixels(a.codes(image), a.table), CodedPixels(b.codes(image), b.table)],
                          torch.device("cpu"), torch.float32)
+
+
+def test_vcd_noises_the_floats_the_codes_stand_for():
+    fast, image = _clip(), _image(3)
+    noised = diffusion_noise(CodedPixels(fast.codes(image), fast.table), 500, torch.Generator().manual_seed(0))
+    expected = diffusion_noise(fast(image), 500, torch.Generator().manual_seed(0))
+    assert isinstance(noised, np.ndarray) and noised.dtype == np.float32 and np.array_equal(noised, expected)
+    assert not np.array_equal(noised, fast(image))
