@@ -15,7 +15,9 @@ naming a device (or from such a tensor), as it would be on CUDA:
 - masked indexing: a tensor indexed by a boolean device tensor (read or written), whose shape the host must learn;
 - device calls: torch calls on device tensors, views and metadata aside (about one kernel launch each on CUDA);
 - non-blocking copies: `.to(device, non_blocking=True)` of a host tensor, which (from pinned memory) the host
-  does not wait for.
+  does not wait for;
+- bytes to the device: what those copies move, blocking or not (in the dtype they arrive in: a copy to CUDA that
+  also casts casts on the host first).
 Phases are the engine's (engine/stats.py Clock: image_encode, prefix_prefill, question_prefill, decode); "between"
 is the rest of the sweep (token rows built outside a phase, decisions, records). On the CPU the kernels' torch
 references check their index ranges on the host (kernels/: only off CUDA), which counts a few reads back that a
@@ -40,7 +42,8 @@ from ..engine.utils import stats
 from ..sweep import run_plain
 from .tower import READS_BACK
 
-KINDS = ("reads_back", "copies_to_device", "masked_indexing", "device_calls", "non_blocking_copies")
+KINDS = ("reads_back", "copies_to_device", "masked_indexing", "device_calls", "non_blocking_copies", "bytes_to_device")
+COPIES = ("copies_to_device", "non_blocking_copies")
 MOVES = (torch.Tensor.to, torch.Tensor.cuda)
 MADE = (torch.tensor, torch.as_tensor)
 METADATA = {"view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "size", "dim", "numel",
@@ -98,6 +101,8 @@ class SyncCounter(TorchFunctionMode):
         if kind is not None:
             self.counts[self.phases[-1], kind] += 1
         out = func(*args, **kwargs)
+        if kind in COPIES and isinstance(out, torch.Tensor):  # a copy to CUDA casts on the host first: out's bytes
+            self.counts[self.phases[-1], "bytes_to_device"] += out.nbytes
         if func in MOVES and (func is torch.Tensor.cuda or _names_device(args, kwargs)):
             # now the device's: on the CPU `.to` gives back the host tensor itself, so the device's is an alias of it
             return out.view_as(out) if out is args[0] and self.device.type == "cpu" else out
@@ -171,11 +176,12 @@ def main(argv=None) -> int:
     s = report["settings"]
     print(f"{report['questions']} demo questions on {args.device}, batch size {s['batch_size']}, image batch "
           f"{s['image_batch']}: per sweep\n")
-    print("| phase | calls | reads back | copies to device | masked indexing | device calls | non-blocking copies |\n"
-          "|---|---|---|---|---|---|---|")
+    print("| phase | calls | reads back | copies to device | masked indexing | device calls | non-blocking copies "
+          "| bytes to device |\n|---|---|---|---|---|---|---|---|")
     for phase, row in report["phases"].items():
         print(f"| {phase} | {row['calls']} | {row['reads_back']} | {row['copies_to_device']} | "
-              f"{row['masked_indexing']} | {row['device_calls']} | {row['non_blocking_copies']} |")
+              f"{row['masked_indexing']} | {row['device_calls']} | {row['non_blocking_copies']} | "
+              f"{row['bytes_to_device']} |")
     return 0
 
 

@@ -231,6 +231,11 @@ class ClipPixels:
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """An image → pixel values [3, crop height, crop width] float32."""
+        codes = self.codes(image)
+        return np.stack([np.take(self.table[c], codes[c]) for c in range(3)])
+
+    def codes(self, image: Image.Image) -> np.ndarray:
+        """An image → its resized, cropped uint8 values [3, crop height, crop width], before the lookup."""
         image = to_rgb(image)
         width, height = image.size
         short, long = sorted((width, height))
@@ -239,8 +244,7 @@ class ClipPixels:
         new_width, new_height = (self.shortest_edge, new_long) if width <= height else (new_long, self.shortest_edge)
         resized = np.asarray(image.resize((new_width, new_height), resample=self.resample))
         top, left = (new_height - self.crop[0]) // 2, (new_width - self.crop[1]) // 2
-        resized = resized[top:top + self.crop[0], left:left + self.crop[1]]
-        return np.stack([np.take(self.table[c], resized[:, :, c]) for c in range(3)])
+        return np.ascontiguousarray(resized[top:top + self.crop[0], left:left + self.crop[1]].transpose(2, 0, 1))
 
 
 def same_pixels(a, b) -> bool:

@@ -7,6 +7,8 @@ import math
 import numpy as np
 import torch
 
+from ..inputs.coded_pixels import CodedPixels
+
 # VCD (Leng et al., CVPR 2024) noises the processor's pixels with a diffusion forward process of 1000
 # steps, betas sigmoid(linspace(-6, 6)) scaled into [1e-5, 5e-3] (vcd_utils/vcd_add_noise.py).
 DIFFUSION_STEPS = 1000
@@ -27,6 +29,8 @@ def diffusion_noise(pixels, step: int, generator: torch.Generator):
     (the same on every device). Integer parts (image sizes, patch grids) pass unchanged."""
     if isinstance(pixels, tuple):
         return tuple(diffusion_noise(p, step, generator) for p in pixels)
+    if isinstance(pixels, CodedPixels):  # uint8 codes: the noise goes on the normalized floats they stand for
+        pixels = np.asarray(pixels)
     if isinstance(pixels, np.ndarray) and np.issubdtype(pixels.dtype, np.floating):
         a = diffusion_alpha_bar(step)
         noise = torch.randn(pixels.shape, generator=generator, dtype=torch.float32).numpy()

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from ..inputs.coded_pixels import CodedPixels, pixels_on_device
 from ..inputs.images import checked_fast_path, normalize_table, to_rgb
 from ..layers.ops import apply_rotary, offset_rms_norm
 from ..layers.decoder import DecoderDims, DecoderLayer
@@ -79,8 +80,13 @@ class GemmaPixels:
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """An image → pixel values [3, height, width] float32."""
+        codes = self.codes(image)
+        return np.stack([np.take(self.table[c], codes[c]) for c in range(3)])
+
+    def codes(self, image: Image.Image) -> np.ndarray:
+        """An image → its resized uint8 values [3, height, width], before the lookup."""
         resized = np.asarray(to_rgb(image).resize((self.size[1], self.size[0]), resample=self.resample))
-        return np.stack([np.take(self.table[c], resized[:, :, c]) for c in range(3)])
+        return np.ascontiguousarray(resized.transpose(2, 0, 1))
 
 
 class Gemma3DecoderLayer(DecoderLayer):
@@ -229,9 +235,12 @@ class Gemma3Model(Family):
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
                 "alpha": "over white"}
 
-    def preprocess(self, image: Image.Image) -> np.ndarray:
-        """One image → pixel values [3, H, W] as Gemma3ImageProcessor makes them (NumPy: Family.preprocess)."""
-        return self._fast_pixels(image) if self._fast_pixels is not None else self._processor_pixels(image)
+    def preprocess(self, image: Image.Image) -> np.ndarray | CodedPixels:
+        """One image → pixel values [3, H, W] as Gemma3ImageProcessor makes them (NumPy: Family.preprocess); on
+        the fast path as uint8 codes and their table, normalized on the device."""
+        if self._fast_pixels is None:
+            return self._processor_pixels(image)
+        return CodedPixels(self._fast_pixels.codes(image), self._fast_pixels.table)
 
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
@@ -244,7 +253,7 @@ class Gemma3Model(Family):
     def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
         """preprocess() outputs → per image the projected features [mm_tokens_per_image, hidden]
         (Gemma3Model.get_image_features)."""
-        x = torch.from_numpy(np.stack(pixels)).to(self.device, self.dtype)
+        x = pixels_on_device(pixels, self.device, self.dtype)
         return list(self.projector(self.vision(pixel_values=x).last_hidden_state))
 
     def prompt_ids(self, prompt: str) -> list[int]:

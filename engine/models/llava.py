@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
+from ..inputs.coded_pixels import CodedPixels, pixels_on_device
 from ..inputs.images import ClipPixels, checked_fast_path
 from ..layers.decoder import DecoderDims
 from ..utils.loader import CheckpointError, load_module, no_init
@@ -139,9 +140,10 @@ class LlavaModel(Family):
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
                 "image_aspect": self.settings.image_aspect, "alpha": "over white"}
 
-    def preprocess(self, image: Image.Image) -> np.ndarray:
-        """One image → pixel values [3, H, W] as the checkpoint's processor makes them; `pad` first
-        converts to RGB and pads to a square with the mean colour, as original LLaVA does.
+    def preprocess(self, image: Image.Image) -> np.ndarray | CodedPixels:
+        """One image → pixel values [3, H, W] as the checkpoint's processor makes them (on the fast path as uint8
+        codes and their table, normalized on the device); `pad` first converts to RGB and pads to a square with
+        the mean colour, as original LLaVA does.
 
         NumPy (Family.preprocess)."""
         if self.settings.image_aspect == "pad":
@@ -153,7 +155,7 @@ class LlavaModel(Family):
             image = square
         if self._fast_pixels is None:
             return self._processor_pixels(image)
-        return self._fast_pixels(image)
+        return CodedPixels(self._fast_pixels.codes(image), self._fast_pixels.table)
 
     def _fast_pixel_path(self):
         return ClipPixels.for_processor(self.image_processor)
@@ -174,10 +176,10 @@ class LlavaModel(Family):
         return 1
 
     @torch.inference_mode()
-    def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
+    def encode_images(self, pixels: list[np.ndarray | CodedPixels]) -> list[torch.Tensor]:
         """preprocess() outputs of N images → projected image features [T, hidden] per image, in the
         model dtype; the images run as one vision batch."""
-        return list(self.project(torch.from_numpy(np.stack(pixels))))
+        return list(self.project(pixels_on_device(pixels, self.settings.torch_device, self.settings.torch_dtype)))
 
     @torch.inference_mode()
     def project(self, pixels: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from PIL import Image
 
+from ..inputs.coded_pixels import CodedPixels, pixels_on_device
 from ..inputs.images import ClipPixels, checked_fast_path
 from ..layers.decoder import DecoderDims
 from ..utils.loader import CheckpointError, load_grouped, read_config
@@ -152,14 +153,16 @@ class MplugOwl2Model(Family):
         return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
                 "square": "stretch to the longer side, PIL default filter", "rgb": "convert"}
 
-    def preprocess(self, image: Image.Image) -> np.ndarray:
+    def preprocess(self, image: Image.Image) -> np.ndarray | CodedPixels:
         """One image → pixel values [3, 448, 448] as upstream's evaluation makes them: RGB by a plain
         convert, stretched to a square of its longer side (Image.resize's default filter), then the
-        checkpoint's CLIP processor."""
+        checkpoint's CLIP processor (on the fast path as uint8 codes and their table, normalized on the device)."""
         image = image.convert("RGB")
         side = max(image.size)
         square = image.resize((side, side))
-        return self._fast_pixels(square) if self._fast_pixels is not None else self._processor_pixels(square)
+        if self._fast_pixels is None:
+            return self._processor_pixels(square)
+        return CodedPixels(self._fast_pixels.codes(square), self._fast_pixels.table)
 
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
         return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
@@ -171,7 +174,7 @@ class MplugOwl2Model(Family):
     def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
         """preprocess() outputs of N images → image features [65, lm hidden] per image, in the model
         dtype; the images run as one batch."""
-        x = torch.from_numpy(np.stack(pixels)).to(self.settings.torch_device, self.settings.torch_dtype)
+        x = pixels_on_device(pixels, self.settings.torch_device, self.settings.torch_dtype)
         return list(self.abstractor(self.vision(x)))
 
     def prompt_ids(self, prompt: str, num_image_tokens: int) -> list[int]:

@@ -31,3 +31,14 @@ def test_on_cuda_where_a_tensor_lives_decides():
     assert counter.kind(torch.Tensor.tolist, (torch.zeros(1),), {}, []) is None  # a CPU tensor read: no wait
     assert counter.kind(torch.Tensor.to, (torch.zeros(1), "cuda"), {}, []) == "copies_to_device"
     assert counter.kind(torch.Tensor.to, (torch.zeros(1), "cuda"), {"non_blocking": True}, []) == "non_blocking_copies"
+
+
+def test_the_counter_counts_the_bytes_each_copy_moves_in_the_dtype_it_arrives_in():
+    cpu = torch.device("cpu")
+    with SyncCounter(cpu) as counter:
+        codes = torch.zeros(3, 4, 5, dtype=torch.uint8)
+        codes.to(cpu, torch.float16)  # 60 values, cast on the host, then 2 bytes each
+        to_device(codes, cpu)  # 60 bytes, non-blocking
+        torch.tensor([1, 2], device=cpu)  # two int64s
+        codes.float()  # no copy
+    assert counter.counts["between", "bytes_to_device"] == 120 + 60 + 16

@@ -179,9 +179,12 @@ def test_pixels_match_the_image_processor(checkpoint):
     processor = AutoImageProcessor.from_pretrained(str(checkpoint))
     assert type(processor).__name__ == "Gemma3ImageProcessorPil" and not processor.do_pan_and_scan
     for image in IMAGES + [synthetic_image(5, (333, 251)).convert("RGBA"), synthetic_image(6, (17, 200))]:
-        ours = engine.model.preprocess(image)
+        coded = engine.model.preprocess(image)
+        assert coded.codes.dtype == np.uint8  # sent to the device as uint8, normalized there
+        ours = np.asarray(coded)
         theirs = processor(images=image, return_tensors="np")["pixel_values"][0]
         assert ours.dtype == np.float32 and ours.shape == (3, 64, 64) and np.array_equal(ours, theirs), image.size
+    assert torch.equal(engine.model.encode_images([coded])[0], engine.model.encode_images([ours])[0])
 
 
 def _window_checkpoint(checkpoint: Path, tmp_path: Path, window: int) -> Path:

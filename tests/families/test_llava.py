@@ -4,6 +4,7 @@ test_battery's llava cases."""
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -168,6 +169,18 @@ def test_pad_aspect_pads_with_the_mean_colour(checkpoint):
     unpadded = plain.answer(wide, QUESTIONS[:2])
     assert [a.candidate_logits for a in padded] == [a.candidate_logits for a in manual]
     assert [a.candidate_logits for a in padded] != [a.candidate_logits for a in unpadded]
+
+
+@pytest.mark.slow
+def test_fast_pixels_travel_as_uint8_and_encode_as_the_processors_floats(checkpoint):
+    """The fast path hands encode_images uint8 codes (a quarter of the bytes to copy), normalized on the device
+    into the processor's float32s: the same features, bit for bit."""
+    model = Engine.load(checkpoint, Settings(), readouts="legacy_8tok").model
+    coded = model.preprocess(IMAGES[0])
+    floats = model._processor_pixels(IMAGES[0])
+    assert coded.codes.dtype == np.uint8 and coded.codes.nbytes * 4 == floats.nbytes
+    assert np.array_equal(np.asarray(coded), floats)
+    assert torch.equal(model.encode_images([coded])[0], model.encode_images([floats])[0])
 
 
 def _records(out):

@@ -3,6 +3,7 @@ holds a tiny random checkpoint in the real layout and what X-PLUG's code (transf
 on it: the engine's ids, pixels, candidate logits, argmax and greedy continuations must be upstream's."""
 import json
 
+import numpy as np
 import pytest
 import torch
 from PIL import Image
@@ -95,8 +96,9 @@ def test_pixels_equal_upstreams(owl, fixture):
     for case in cases[::4]:  # one case per image
         pixels = owl.preprocess(Image.open(root / "images" / case["image"]))
         assert [1, *pixels.shape] == case["pixel_shape"]
-        assert float(pixels.astype("float64").sum()) == case["pixel_sum"]
+        assert float(np.asarray(pixels).astype("float64").sum()) == case["pixel_sum"]
     assert owl._fast_pixels is not None  # the exact fast path passed its load-time check
+    assert pixels.codes.dtype == np.uint8  # sent to the device as uint8, normalized there
 
 
 @pytest.mark.slow
