@@ -249,6 +249,22 @@ class DecoderLM(nn.Module):
         return out.to(self.dtype).float()
 
     @torch.inference_mode()
+    def vocab_logsumexp(self, last_hidden: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+        """last_hidden [B, H] → [B] fp32: the log-sum-exp of the answer position's logits over the whole vocabulary,
+        each rounded to the model dtype as `answer`'s candidates are (so e^(l - it) is a candidate's probability).
+        The lm_head rows go `chunk` at a time through the candidates' own gather: never [B, V] at once."""
+        backend = resolve_backend(self.kernels, self.device)
+        last_hidden, weight = self.final_norm(last_hidden)
+        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)
+        vocab = self.lm_head.matrix.shape[0]
+        total = torch.full((last_hidden.shape[0],), float("-inf"), device=self.device)
+        for start in range(0, vocab, chunk):
+            ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
+            part = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm).to(self.dtype).float()
+            total = torch.logaddexp(total, part.logsumexp(dim=-1))
+        return total
+
+    @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
                first: torch.Tensor, steps: int, stop_ids: set[int], intervention: Intervention | None = None,
                finished: Callable[[list[list[int]]], bool] | None = None, chunk: int = 64,

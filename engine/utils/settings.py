@@ -17,7 +17,7 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
                       "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams",
-                      "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p")
+                      "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p", "record_mass")
 GENERATION_CONFIGS = ("none", "greedy", "greedy_output")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
@@ -105,6 +105,10 @@ class Settings:
     # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
     # averaged) | image-attention:heads: records keep every head too
     probe: str = "none"
+    # True: each record also holds `logsumexp`, the answer position's log-sum-exp over the whole vocabulary (every
+    # lm_head row once more per question), so that the probability mass outside the candidates can be told; False:
+    # the candidate rows alone are gathered
+    record_mass: bool = False
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
