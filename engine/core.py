@@ -163,7 +163,7 @@ class Engine:
 
     def check_method(self, method: Method) -> None:
         """ValueError where a method's settings do not fit the model (a layer range past its layers, say)."""
-        method.passes(self.model.lm.dims.num_layers)
+        method.check_model(self.model.lm)
 
     def _loaded(self, image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:
         """An image as the API takes one: a file path, a file's bytes, a PIL image or a LoadedImage."""
