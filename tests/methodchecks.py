@@ -135,10 +135,10 @@ def _std_outliers_zeroed(x):
     return torch.where(x > x.mean(-1, keepdim=True) + x.std(-1, keepdim=True), torch.zeros_like(x), x)
 
 
-def only_oracle(model, inputs, layer, alpha_pos, alpha_neg, beta, gamma):
-    """ONLY's logits as zifuwan/ONLY computes them (its patched modeling_llama.py:483-522 in layer `layer`, :651-660
-    in the last layer, :993 the final norm; only_utils/only_sample.py:183-232 the combination), on transformers'
-    class in eager attention, the image's span in place of LLaVA's hard-coded 35:35+576. → (logits, l_cd, tvd)."""
+def only_oracle(model, inputs, layer):
+    """ONLY's passes as zifuwan/ONLY computes them (its patched modeling_llama.py:483-522 in layer `layer`, :651-660
+    in the last layer, :993 the final norm), on transformers' class in eager attention, the image's span in place of
+    LLaVA's hard-coded 35:35+576. → (l, l_cd, tvd, the image's rows of the input embeddings: MemVR's tokens)."""
     lm = model.model.language_model
     kept = {}
     hook = lm.layers[layer].self_attn.v_proj.register_forward_hook(lambda m, i, o: kept.__setitem__("v", o))
@@ -168,19 +168,21 @@ def only_oracle(model, inputs, layer, alpha_pos, alpha_neg, beta, gamma):
         h = h + last.mlp(last.post_attention_layernorm(h))
         l_cd = model.lm_head(lm.norm(h))
     tvd = torch.sum(torch.abs(torch.softmax(main, -1) - torch.softmax(l_cd, -1)))
+    return main, l_cd, float(tvd), run.hidden_states[0][0, inputs["input_ids"][0] == model.config.image_token_id]
+
+
+def only_combined(main, l_cd, tvd, alpha_pos, alpha_neg, beta, gamma):
+    """only_utils/only_sample.py:183-232: the branch by the total variation, then the plausibility cut."""
     diffs = main + alpha_pos * l_cd if tvd < gamma else (1 + alpha_neg) * main - alpha_neg * l_cd
-    return diffs.masked_fill(main < math.log(beta) + main.max(), -math.inf), l_cd, float(tvd)
+    return diffs.masked_fill(main < math.log(beta) + main.max(), -math.inf)
 
 
-def memvr_oracle(model, inputs, ratio, threshold, starting, ending):
+def memvr_oracle(model, inputs, v, ratio, threshold, starting, ending):
     """MemVR's logits as 1zhou-Wang/MemVR computes them (memvr.py:204-257: each layer's early exit, its top-10 entropy
     over log 10, the adaptation of the next layer's MLP; :83-90 the MLP with its adapter, the scales of :248-249
     included), on transformers' class through hooks; v the image's rows of the language model's input embeddings
     (:458). → (logits, the layer whose MLP retraced or None)."""
     lm = model.model.language_model
-    with torch.no_grad():
-        plain = model(**inputs, output_hidden_states=True)
-    v = plain.hidden_states[0][0, inputs["input_ids"][0] == model.config.image_token_id]
     state = {"inject": None}
 
     def exit_hook(i):

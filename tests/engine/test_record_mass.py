@@ -23,19 +23,16 @@ def test_the_logsumexp_is_torchs_over_the_full_logits(family, tiny):
     inputs_of = family.inputs_of(checkpoint)
     engine = Engine.load(checkpoint, Settings(record_mass=True, batch_size=2), readouts="template_aware")
     backend = load_engine(checkpoint, Settings(record_mass=True), backend="transformers", readouts="template_aware")
-    plain = Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware")
-    for q, ours, theirs, before in zip(questions, engine.answer(image, questions), backend.answer(image, questions),
-                                       plain.answer(image, questions)):
+    for q, ours, theirs in zip(questions, engine.answer(image, questions), backend.answer(image, questions)):
         with torch.no_grad():
             expected = float(torch.logsumexp(model(**inputs_of(image, engine.prompt(q))).logits[0, -1], dim=-1))
         assert abs(ours.logsumexp - expected) <= 1e-5 and abs(theirs.logsumexp - expected) <= 1e-5, (q, expected)
-        assert before.logsumexp is None and before.candidate_logits == ours.candidate_logits
     lm = engine.model.lm
     hidden = torch.randn(3, lm.dims.hidden_size, generator=torch.Generator().manual_seed(0))
-    # chunks of 7 rows, the last one short: the running log-sum-exp over them is the whole vocabulary's (fp32 sums
-    # of 32,064 terms in another order: a relative 1e-6)
-    assert lm.vocab_logits(hidden).shape[1] % 7
-    torch.testing.assert_close(lm.vocab_logsumexp(hidden, chunk=7), lm.vocab_logits(hidden).logsumexp(dim=-1),
+    # chunks of 5,000 rows, the last one short: the running log-sum-exp over them is the whole vocabulary's (fp32
+    # sums of 32,064 terms in another order: a relative 1e-6)
+    assert lm.vocab_logits(hidden).shape[1] % 5000
+    torch.testing.assert_close(lm.vocab_logsumexp(hidden, chunk=5000), lm.vocab_logits(hidden).logsumexp(dim=-1),
                                rtol=2e-6, atol=0)
 
 
@@ -44,7 +41,7 @@ def test_records_without_the_flag_are_unchanged_and_a_contrast_records_its_own(f
     """The same paired sweep (none, vcd) with and without record_mass: without it no record and no meta.json holds a
     trace of it; with it every record holds logsumexp, and the records are otherwise the same bytes. VCD's is the
     log-sum-exp of its own combined logits: its candidates' probabilities under it sum to at most 1."""
-    images, files = write_pope_set(tmp_path / "pope", n_images=2, questions_per_image=2, splits=("random",))
+    images, files = write_pope_set(tmp_path / "pope", n_images=1, questions_per_image=2, splits=("random",))
     questions = [q for f in files for q in load_questions(f)]
     methods = [parse_method("none"), parse_method("vcd")]
     runs = {}
