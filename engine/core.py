@@ -163,7 +163,7 @@ class Engine:
 
     def check_method(self, method: Method) -> None:
         """ValueError where a method's settings do not fit the model (a layer range past its layers, say)."""
-        method.passes(self.model.lm.dims.num_layers)
+        method.check_model(self.model.lm)
 
     def _loaded(self, image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:
         """An image as the API takes one: a file path, a file's bytes, a PIL image or a LoadedImage."""
@@ -362,14 +362,15 @@ class Engine:
         return got
 
     def _combined(self, method: Method, results: dict[str, list[PromptResult]]) -> list[PromptResult]:
-        """A contrastive method's results, one batch of rows: its combined logits' argmax and candidate
-        columns, and the probe of its main pass."""
+        """A contrastive method's results, one batch of rows: its combined logits' argmax, candidate columns and
+        log-sum-exp (where recorded), and the probe of its main pass."""
         combined = method.combine({role: torch.stack([r.vocab_logits for r in rs]) for role, rs in results.items()})
         ids = list(self.readout.candidate_ids)
         index = torch.tensor(ids, device=combined.device)
-        return [PromptResult(first, dict(zip(ids, values)), probe=main.probe)
-                for first, values, main in zip(combined.argmax(dim=-1).tolist(), combined[:, index].tolist(),
-                                               results["main"])]
+        mass = combined.logsumexp(dim=-1).tolist() if self.settings.record_mass else [None] * len(combined)
+        return [PromptResult(first, dict(zip(ids, values)), probe=main.probe, logsumexp=m)
+                for first, values, main, m in zip(combined.argmax(dim=-1).tolist(), combined[:, index].tolist(),
+                                                  results["main"], mass)]
 
     def _text_only(self, features: list[torch.Tensor], questions: list[list[str]]) -> list[list[PromptResult]]:
         """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole (no

@@ -49,6 +49,7 @@ class Launched:
     texts: list[dict]  # each row's continuation's fields (empty without one)
     image_attention: torch.Tensor | None  # [B, L, Hq], the probe's
     vocab: torch.Tensor | None  # [B, V], where asked for
+    logsumexp: torch.Tensor | None = None  # [B], where settings.record_mass
 
 
 class Runner:
@@ -152,15 +153,19 @@ class Runner:
             out = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, self.settings.probe != "none")
             logits, first = lm.answer(out.last_hidden, ids)
             everything = lm.vocab_logits(out.last_hidden) if vocab else None
+            mass = lm.vocab_logsumexp(out.last_hidden) if self.settings.record_mass else None
             if intervention is not None:
                 adjusted = intervention.logits(logits, ids)
+                if adjusted is not None and mass is not None:
+                    raise ValueError(f"record_mass: {type(intervention).__name__}.logits edits the candidate logits "
+                                     "alone, so the whole vocabulary's log-sum-exp would not be theirs")
                 logits = logits if adjusted is None else adjusted
         self.counts.prompts += len(batch.rows)
         self.counts.suffix_tokens += sum(len(row.layout) - start for row in batch.rows)  # the host's: no read back
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
             texts = self._continue(prefix, batch, out, first, intervention)
-        return Launched(batch.rows, first, logits, texts, out.image_attention, everything)
+        return Launched(batch.rows, first, logits, texts, out.image_attention, everything, mass)
 
     def results(self, launched: "Launched") -> list[PromptResult]:
         """A launched batch's PromptResults, read back from the device (waiting for it where it has not finished)."""
@@ -170,9 +175,10 @@ class Runner:
             [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
              for layers, heads, row in zip(attention.mean(dim=-1).tolist(), attention.tolist(), rows)]
         vocab = [None] * len(rows) if launched.vocab is None else list(launched.vocab)
-        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
-                for f, row, text, probe, v in zip(launched.first.tolist(), launched.logits.tolist(), launched.texts,
-                                                  probes, vocab)]
+        mass = [None] * len(rows) if launched.logsumexp is None else launched.logsumexp.tolist()
+        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, logsumexp=m, **text)
+                for f, row, text, probe, v, m in zip(launched.first.tolist(), launched.logits.tolist(), launched.texts,
+                                                     probes, vocab, mass)]
 
     def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | SampledState | None:
         """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None; where the

@@ -115,8 +115,10 @@ class TransformersRunner(Runner):
         if self.readout.generates and decode:
             texts = self._generated(inputs, lengths)
         everything = list(logits) if vocab else [None] * len(batch)
-        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, **text)
-                for f, row, text, probe, v in zip(first.tolist(), logits[:, ids].tolist(), texts, probes, everything)]
+        mass = logits.logsumexp(dim=-1).tolist() if self.settings.record_mass else [None] * len(batch)
+        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, logsumexp=m, **text)
+                for f, row, text, probe, v, m in zip(first.tolist(), logits[:, ids].tolist(), texts, probes,
+                                                     everything, mass)]
 
     def _generated(self, inputs: dict, lengths: list[int]) -> list[dict]:
         """Each row's continuation from `generate` (to the longest row's allowance), as its text readouts read it."""

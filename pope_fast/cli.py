@@ -176,6 +176,7 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
 @click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
               show_default=True, help="image-attention: record, per layer, the answer position's attention mass on "
                                       "the image tokens (heads averaged); image-attention:heads: every head too")
+@click.option("--record-mass", is_flag=True, help="record the answer position's log-sum-exp over every lm_head row")
 @click.option("--method", "method_specs", multiple=True, metavar="NAME[:key=value,...]",
               help="a mitigation method (none, vcd, pai, icd; settings default to its paper's); repeatable: "
                    "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")

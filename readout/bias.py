@@ -5,11 +5,13 @@ A method that only moves answers toward "yes" changes F1 on POPE without ranking
 
 - the margin, max yes logit - max no logit (the readout answers yes exactly where it is > 0), and the yes
   probability, the softmax over the readout's yes and no candidates together (sum over yes ids of e^l over the sum
-  over the union of both sets; the mass outside the candidates is not recorded);
+  over the union of both sets); where a run recorded the answer position's log-sum-exp over the whole vocabulary
+  (--record-mass), the probability mass outside the candidates, 1 - sum over the union of e^(l - logsumexp);
 - the bias-only control: A's own margins with one threshold moved so that A answers yes as often as B does (the
   k_B questions of largest A margin, equal margins taken in question order), scored beside B;
 - AUROC and AUPRC of the margin against the labels (yes positive), which a shift of every margin by one constant
-  leaves as they are; ECE over ECE_BINS equal-width bins and the Brier score of the yes probability.
+  leaves as they are; ECE over ECE_BINS equal-width bins and the Brier score of the yes probability, and the mean
+  mass outside the candidates.
 
 Questions whose margin either run cannot give (readouts.undecidable's reasons, or no candidate logits) are left
 out of all of these, each side's count by reason stated. Intervals resample IMAGES, every question of an image
@@ -30,7 +32,7 @@ LEVEL = 0.95
 ECE_BINS = 10  # equal width on [0, 1]: bin b holds b/10 <= p < (b+1)/10, the last one p = 1 too
 NO_LOGITS = "no candidate logits"  # a record that lacks a candidate id's logit (an imported file's stored answer)
 NO_GAIN, THRESHOLD_ALONE, BEYOND_THRESHOLD = "no gain", "threshold alone", "beyond threshold"
-COMPARED = ("yes_rate", "auroc", "auprc", "ece", "brier")  # each run's statistics, and B - A's
+COMPARED = ("yes_rate", "auroc", "auprc", "ece", "brier", "outside")  # each run's statistics, and B - A's
 
 
 def scores(logits: dict[int, float] | None, sets: TokenSets | None) -> tuple[float, float] | str:
@@ -45,6 +47,14 @@ def scores(logits: dict[int, float] | None, sets: TokenSets | None) -> tuple[flo
     top = max(float(logits[i]) for i in sets.ids)  # finite: undecidable rules out every candidate -inf
     mass = {i: math.exp(float(logits[i]) - top) for i in sets.ids}
     return margin, sum(mass[i] for i in set(sets.yes_ids)) / sum(mass.values())
+
+
+def outside(logits: dict[int, float], sets: TokenSets, logsumexp: float | None) -> float | None:
+    """The probability mass outside the readout's candidates (its yes and no ids together, each once) at the answer
+    position: 1 - sum of e^(l - logsumexp); None where the record holds no logsumexp (no --record-mass)."""
+    if logsumexp is None:
+        return None
+    return 1 - sum(math.exp(float(logits[i]) - logsumexp) for i in sets.ids)
 
 
 def image_clusters(entries) -> np.ndarray:
@@ -150,8 +160,10 @@ def bias_statistics(labels: list[str], entries_a, sets_a: TokenSets | None, entr
     w = np.vstack([np.ones(len(kept)), weights[:, kept]])  # row 0: the questions as they are
     yes_a, yes_b = margin_a > 0, margin_b > 0
     control, threshold, ties = matched_control(margin_a, int(yes_b.sum()))
-    stats = {side: {**decision_rates(w, yes, y), **ranking(w, margin, y), **calibration(w, p, y)}
-             for side, yes, margin, p in (("a", yes_a, margin_a, p_a), ("b", yes_b, margin_b, p_b))}
+    stats = {side: {**decision_rates(w, yes, y), **ranking(w, margin, y), **calibration(w, p, y),
+                    "outside": _mean_outside(w, [entries[i] for i in kept], sets)}
+             for side, yes, margin, p, entries, sets in (("a", yes_a, margin_a, p_a, entries_a, sets_a),
+                                                         ("b", yes_b, margin_b, p_b, entries_b, sets_b))}
     stats["control"] = decision_rates(w, control, y)
     beyond = {m: stats["b"][m] - stats["control"][m] for m in ("f1", "accuracy")}
     delta = {m: stats["b"][m] - stats["a"][m] for m in COMPARED}
@@ -164,6 +176,14 @@ def bias_statistics(labels: list[str], entries_a, sets_a: TokenSets | None, entr
                    "beyond_control": {m: float(v[0]) for m, v in beyond.items()}, "beyond_control_ci95": beyond_ci,
                    "gain": gain(*(stats[k]["f1"][0] for k in ("a", "b", "control")), beyond_ci["f1"])})
     return result
+
+
+def _mean_outside(w: np.ndarray, entries, sets: TokenSets) -> np.ndarray:
+    """Per row of weights [R, n]: the mean mass outside the candidates; NaN where a question lacks its logsumexp."""
+    mass = [outside(e.candidate_logits, sets, e.logsumexp) for e in entries]
+    if any(m is None for m in mass):
+        return np.full(len(w), np.nan)
+    return ratios(w @ np.array(mass, dtype=float), w.sum(axis=1))
 
 
 def gain(f1_a: float, f1_b: float, f1_control: float, beyond_f1_ci: list[float] | None) -> str:

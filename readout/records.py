@@ -34,13 +34,13 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
                 texts: dict[str, str] | None = None, decoded_sequence: str | None = None,
                 capped: list[str] | None = None,
                 predictions: dict[str, str] | None = None, error: str | None = None,
-                image_sha256: str | None = None, probe: dict | None = None) -> dict:
+                image_sha256: str | None = None, probe: dict | None = None, logsumexp: float | None = None) -> dict:
     """One question's record. Its question text and the sha256 of its image's bytes are kept so that a
     resumed run can prove a recorded answer is still the answer to this question. `decoded` is the
     whole greedy continuation; `texts` the text readouts whose own prefix of it differs (read
     `decoded` for the others); `decoded_sequence` the prompt and the continuation decoded as one
     sequence (for string_parse_with_prompt); `probe` extra fields (the image-attention probe's one
-    float per decoder layer)."""
+    float per decoder layer); `logsumexp` the answer position's over the whole vocabulary, where recorded."""
     record = {"question_id": question.question_id, "split": question.split, "image": question.image,
               "label": question.label, "text": question.text, "template": template}
     if question.dataset:  # absent in records written before datasets were named: read back as ""
@@ -58,6 +58,10 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     faulty = {str(i): "nan" if math.isnan(v) else "inf" for i, v in (candidate_logits or {}).items()
               if not math.isfinite(v) and v != float("-inf")}
     faults = {"candidate_logits": faulty} if faulty else {}
+    if logsumexp is not None:  # --record-mass only: without it a record is as it was
+        record["logsumexp"] = float(logsumexp) if math.isfinite(logsumexp) else None
+        if not math.isfinite(logsumexp):
+            faults["logsumexp"] = "nan" if math.isnan(logsumexp) else "inf"
     if decoded is not None:
         record["decoded"] = decoded
         differing = {n: t for n, t in (texts or {}).items() if t != decoded}
@@ -189,6 +193,7 @@ class Entry:
     capped: tuple[str, ...] = ()  # text readouts whose text hit its max_new_tokens
     image: str | None = None
     non_finite: tuple[str, ...] = ()  # the fields that held a NaN or infinity (the record's non_finite names)
+    logsumexp: float | None = None  # the answer position's over the whole vocabulary, where recorded (NaN: a fault)
 
     def text_for(self, name: str) -> str | None:
         return self.texts.get(name, self.decoded)
@@ -252,7 +257,8 @@ def _entry(rec: dict, where: str) -> Entry:
                  text=rec.get("text"), image=rec.get("image"), capped=tuple(rec.get("capped") or ()),
                  stored={n: check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                          if n in READOUTS},
-                 error=rec.get("error"), non_finite=tuple(rec.get("non_finite") or ()))
+                 error=rec.get("error"), non_finite=tuple(rec.get("non_finite") or ()),
+                 logsumexp=_logsumexp(rec, where))
 
 
 def _logits(logits: dict | None, faults: dict, where: str) -> dict[int, float] | None:
@@ -268,6 +274,19 @@ def _logits(logits: dict | None, faults: dict, where: str) -> dict[int, float] |
 def _faults(rec: dict, key: str) -> dict:
     faults = (rec.get("non_finite") or {}).get(key) or {}
     return faults if isinstance(faults, dict) else {}
+
+
+def _logsumexp(rec: dict, where: str) -> float | None:
+    """The record's logsumexp (None where it holds none); null is the NaN or infinity that non_finite names."""
+    if "logsumexp" not in rec:
+        return None
+    value = rec["logsumexp"]
+    if value is None:
+        fault = (rec.get("non_finite") or {}).get("logsumexp")
+        return float(fault) if fault in ("nan", "inf") else math.nan
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise DataError(f"{where}: logsumexp must be a number, not {value!r}")
+    return float(value)
 
 
 def _probe(values):

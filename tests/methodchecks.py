@@ -128,3 +128,89 @@ def sid_oracle(checkpoint, model_class, inputs_of, prompts, layer, keep, alpha, 
             sid = ((1 + alpha) * main - alpha * l_cd).masked_fill(~plausible(main, beta), -math.inf)
             out[i, prompt] = sid, len(slots), l_cd
     return out
+
+
+def _std_outliers_zeroed(x):
+    """ONLY's zeroing (zifuwan/ONLY modeling_llama.py:487, :494): entries above the row's mean + std (unbiased): 0."""
+    return torch.where(x > x.mean(-1, keepdim=True) + x.std(-1, keepdim=True), torch.zeros_like(x), x)
+
+
+def only_oracle(model, inputs, layer):
+    """ONLY's passes as zifuwan/ONLY computes them (its patched modeling_llama.py:483-522 in layer `layer`, :651-660
+    in the last layer, :993 the final norm), on transformers' class in eager attention, the image's span in place of
+    LLaVA's hard-coded 35:35+576. → (l, l_cd, tvd, the image's rows of the input embeddings: MemVR's tokens)."""
+    lm = model.model.language_model
+    kept = {}
+    hook = lm.layers[layer].self_attn.v_proj.register_forward_hook(lambda m, i, o: kept.__setitem__("v", o))
+    with torch.no_grad():
+        run = model(**inputs, output_attentions=True, output_hidden_states=True)
+        hook.remove()
+        main = run.logits[0, -1]
+        w = run.attentions[layer][0].clone()  # [heads, S, S]
+        slots = torch.nonzero(inputs["input_ids"][0] == model.config.image_token_id)[:, 0]
+        start, end = int(slots[0]), int(slots[-1]) + 1
+        text = _std_outliers_zeroed(torch.cat([w[:, :, 1:start], w[:, :, end:]], dim=-1))
+        w[:, :, 1:start], w[:, :, end:] = text[:, :, :start - 1], text[:, :, start - 1:]
+        text_norm = (text / text.sum(-1, keepdim=True))[:, -1]
+        image = _std_outliers_zeroed(w[:, :, start:end])
+        w[:, :, start:end] = image
+        image_norm = (image / image.sum(-1, keepdim=True))[:, -1]
+        entropy_text = (-(text_norm * torch.log(text_norm + 1e-6)).sum(-1)).nan_to_num(nan=0.0)
+        entropy_image = (-(image_norm * torch.log(image_norm + 1e-6)).sum(-1)).nan_to_num(nan=float("inf"))
+        ratio = entropy_text / entropy_image
+        w[torch.where(ratio < ratio.mean())[0]] = 0
+        heads, length = w.shape[0], w.shape[-1]
+        v = kept["v"][0].view(length, -1, lm.layers[layer].self_attn.head_dim).transpose(0, 1)  # [kv heads, S, D]
+        v = v.repeat_interleave(heads // v.shape[0], dim=0)
+        cd = lm.layers[layer].self_attn.o_proj((w @ v).transpose(0, 1).reshape(length, -1))[-1]
+        last = lm.layers[-1]
+        h = 0.2 * run.hidden_states[len(lm.layers) - 1][0, -1] + last.input_layernorm(cd)
+        h = h + last.mlp(last.post_attention_layernorm(h))
+        l_cd = model.lm_head(lm.norm(h))
+    tvd = torch.sum(torch.abs(torch.softmax(main, -1) - torch.softmax(l_cd, -1)))
+    return main, l_cd, float(tvd), run.hidden_states[0][0, inputs["input_ids"][0] == model.config.image_token_id]
+
+
+def only_combined(main, l_cd, tvd, alpha_pos, alpha_neg, beta, gamma):
+    """only_utils/only_sample.py:183-232: the branch by the total variation, then the plausibility cut."""
+    diffs = main + alpha_pos * l_cd if tvd < gamma else (1 + alpha_neg) * main - alpha_neg * l_cd
+    return diffs.masked_fill(main < math.log(beta) + main.max(), -math.inf)
+
+
+def memvr_oracle(model, inputs, v, ratio, threshold, starting, ending):
+    """MemVR's logits as 1zhou-Wang/MemVR computes them (memvr.py:204-257: each layer's early exit, its top-10 entropy
+    over log 10, the adaptation of the next layer's MLP; :83-90 the MLP with its adapter, the scales of :248-249
+    included), on transformers' class through hooks; v the image's rows of the language model's input embeddings
+    (:458). → (logits, the layer whose MLP retraced or None)."""
+    lm = model.model.language_model
+    state = {"inject": None}
+
+    def exit_hook(i):
+        def hook(module, args, output):
+            hidden = output[0] if isinstance(output, tuple) else output
+            logits = model.lm_head(lm.norm(hidden))[:, -1].float()
+            probabilities = torch.softmax(torch.topk(logits, 10).values, dim=-1)
+            entropy = float(torch.sum(-probabilities[:10] * torch.log(probabilities[:10])) / math.log(10))
+            if entropy > threshold and state["inject"] is None and starting < i < ending:
+                state["inject"] = i + 1
+        return hook
+
+    def mlp_hook(i):
+        def hook(module, args, output):
+            if state["inject"] != i:
+                return None
+            w1 = (module.up_proj.weight.abs().mean() / v.abs().mean()) * v
+            w2 = (module.down_proj.weight.abs().mean() / v.abs().mean()) * v.T
+            adapter = torch.matmul(torch.matmul(args[0], w1.T), w2.T)
+            return output * (1 - ratio) + (output.abs().mean() / adapter.abs().mean()) * adapter * ratio
+        return hook
+
+    hooks = [layer.register_forward_hook(exit_hook(i)) for i, layer in enumerate(lm.layers)]
+    hooks += [layer.mlp.register_forward_hook(mlp_hook(i)) for i, layer in enumerate(lm.layers)]
+    try:
+        with torch.no_grad():
+            logits = model(**inputs).logits[0, -1]
+    finally:
+        for h in hooks:
+            h.remove()
+    return logits, state["inject"]

@@ -236,6 +236,7 @@ class PromptResult:
     capped: tuple[str, ...] = ()  # the text readouts whose text its max_new_tokens cut
     probe: dict | None = None
     vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
+    logsumexp: float | None = None  # the answer position's over the whole vocabulary, where settings.record_mass
 
     def text_for(self, readout: str) -> str | None:
         """The text a text readout reads: its own prefix of the continuation, else all of it."""

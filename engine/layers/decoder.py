@@ -68,6 +68,11 @@ class DecoderLayer(nn.Module):
         q = self.head_norm(self.q_proj(h).view(b, s, d.num_heads, d.head_dim), "q").transpose(1, 2)
         return apply_rotary(q, cos, sin, self.kernels), apply_rotary(k, cos, sin, self.kernels), v
 
+    def norm(self, x: torch.Tensor, which: str) -> torch.Tensor:
+        """x [.., H] through the layer's input ("input") or post-attention ("post") RMSNorm (ONLY's, MemVR's steps)."""
+        return fused_rms_norm(x, self.input_norm if which == "input" else self.post_norm, self.dims.rms_eps,
+                              self.kernels)
+
     def head_norm(self, x: torch.Tensor, which: str) -> torch.Tensor:
         """x [B, S, heads, D] through q_norm or k_norm (which: "q", "k") where the dims ask for them (qk_norm)."""
         if not self.dims.qk_norm:
@@ -198,6 +203,9 @@ class DecoderLM(nn.Module):
         drop = intervention if isinstance(intervention, ImageTokenDrop) else None
         if drop is not None and prefix is not None:
             raise ValueError("ImageTokenDrop drops image tokens per question: run its prompts whole (no prefix)")
+        stream = None if intervention is None else intervention.prompt_stream(self, batch)
+        if stream is not None and prefix is not None:
+            raise ValueError(f"{type(intervention).__name__} acts on each whole prompt: run its prompts whole")
         keys, values, probes, kept = [], [], [], None
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i], image=batch.image_mask)
@@ -213,7 +221,8 @@ class DecoderLM(nn.Module):
                                         image_bidirectional=self.dims.image_bidirectional)
             if drop is not None and i == drop.layer - 1 and batch.image_mask is not None:
                 kept = drop.kept(answer_key_attention(q, batch.lengths, k), batch.image_mask)
-            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"))
+            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix")) \
+                if stream is None else stream.layer(i, layer, x, (q, k, v), attn)
             x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
         last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
         return SuffixOut(last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
@@ -247,6 +256,22 @@ class DecoderLM(nn.Module):
             ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
             out[:, start:start + len(ids)] = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm)
         return out.to(self.dtype).float()
+
+    @torch.inference_mode()
+    def vocab_logsumexp(self, last_hidden: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
+        """last_hidden [B, H] → [B] fp32: the log-sum-exp of the answer position's logits over the whole vocabulary,
+        each rounded to the model dtype as `answer`'s candidates are (so e^(l - it) is a candidate's probability).
+        The lm_head rows go `chunk` at a time through the candidates' own gather: never [B, V] at once."""
+        backend = resolve_backend(self.kernels, self.device)
+        last_hidden, weight = self.final_norm(last_hidden)
+        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)
+        vocab = self.lm_head.matrix.shape[0]
+        total = torch.full((last_hidden.shape[0],), float("-inf"), device=self.device)
+        for start in range(0, vocab, chunk):
+            ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
+            part = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm).to(self.dtype).float()
+            total = torch.logaddexp(total, part.logsumexp(dim=-1))
+        return total
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
@@ -310,6 +335,8 @@ class DecoderLM(nn.Module):
         """The decode cache of these rows, and each layer's attention edit (made once, not per step)."""
         if isinstance(intervention, ImageTokenDrop):
             raise ValueError("ImageTokenDrop acts on the prompt pass only: a continuation would see every image token")
+        if intervention is not None and type(intervention).prompt_stream is not Intervention.prompt_stream:
+            raise ValueError(f"{type(intervention).__name__} acts on the prompt pass only: no continuation runs it")
         d = self.dims
         empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
         return (DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty),

@@ -80,6 +80,13 @@ class Intervention:
     def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
         return None
 
+    def prompt_stream(self, lm, batch):
+        """A whole_prompt intervention's own step of each layer for one batch of whole prompts (ONLY's and MemVR's,
+        engine/methods): an object whose `layer(i, layer, x, qkv, attn)` returns layer i's output [B, S, H] in place
+        of `layer.finish(x, attn)` (q, k, v as the layer made them, attn its attention output). None (the default):
+        every layer's step is the plain one."""
+        return None
+
     def image_attention(self, layer: int) -> AttentionEdit | None:
         """This layer's AttentionEdit of the image keys' logits s (q.k / sqrt(d)), or None (the default)
         to leave the layer alone. AttentionEdit(bias=log(alpha)) multiplies the image's attention

@@ -22,16 +22,19 @@ from __future__ import annotations
 
 from .base import ALPHA, BETA, PASS_IMAGES, Baseline, Intervened, Method, Param, Pass, layer_range, plausible
 from .contrastive import ICD, M3ID, VCD
+from .memvr import MemVR
 from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP, diffusion_alpha_bar, diffusion_noise, noise_generator
+from .only import ONLY
 from .pai import PAI
 from .sid import SID
 from .vti import VTI, VTISteering
 
 __all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "SID", "VCD",
            "VCD_NOISE_STEP", "VTI", "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering",
-           "diffusion_alpha_bar", "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible"]
+           "diffusion_alpha_bar", "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible",
+           "MemVR", "ONLY"]
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI, SID)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI, SID, ONLY, MemVR)}
 
 # Methods papers compare against that are not here, and what each needs that the engine does not give (docs/methods.md)
 NOT_HERE = {

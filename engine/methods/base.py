@@ -100,6 +100,10 @@ class Method:
     def passes(self, num_layers: int) -> dict[str, Pass]:
         return {"main": Pass()}
 
+    def check_model(self, lm) -> None:
+        """ValueError where the method does not fit the language model lm (a layer past its layers, say)."""
+        self.passes(lm.dims.num_layers)
+
     def combine(self, logits: dict[str, torch.Tensor]) -> torch.Tensor:
         return logits["main"]
 

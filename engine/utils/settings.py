@@ -105,6 +105,10 @@ class Settings:
     # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
     # averaged) | image-attention:heads: records keep every head too
     probe: str = "none"
+    # True: each record also holds `logsumexp`, the answer position's log-sum-exp over the whole vocabulary (every
+    # lm_head row once more per question), so that the probability mass outside the candidates can be told; False:
+    # the candidate rows alone are gathered
+    record_mass: bool = False
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -219,6 +223,8 @@ class Settings:
                 del out[f.name]
         if not self.do_sample:
             del out["seed"]
+        if not self.record_mass:  # recorded where set: without it a run's meta.json is as it was
+            del out["record_mass"]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         out["batch_size"], out["image_batch"] = self.question_rows, self.step_images  # what ran, chosen or sized
         return out

@@ -14,7 +14,9 @@ BIAS_LEGEND = (
     "alone` (the threshold alone gives B's gain, or cannot be told from it). AUROC (a tie counts 1/2) and AUPRC of "
     "the margin, yes positive: a bias that shifts every margin by one constant leaves them as they are. Yes "
     "probability: softmax over the readout's yes and no candidates together; ECE over "
-    f"{ECE_BINS} equal-width bins, Brier = mean (p − label)². Intervals: {{level}}% percentile bootstrap, "
+    f"{ECE_BINS} equal-width bins, Brier = mean (p − label)². Outside: the mean probability mass outside the "
+    "readout's candidates under the whole vocabulary's softmax at the answer position (– where a run was not made with "
+    "--record-mass). Intervals: {{level}}% percentile bootstrap, "
     "{resamples} resamples, seed {seed}, resampling IMAGES (every question of an image together; a record that "
     "names no image counts as an image of its own), the same draws for A, B and the control: questions about one "
     "image are not independent, and resampling them one by one would give intervals too narrow.")
@@ -55,14 +57,16 @@ def _rows(pair: dict) -> tuple[list[list[str]], list[list[str]], list[str]]:
             ranking.append(head + [_num(a["auroc"]), _num(b["auroc"]), _delta(d["auroc"], ci["auroc"]),
                                    _num(a["auprc"]), _num(b["auprc"]), _delta(d["auprc"], ci["auprc"]),
                                    _num(a["ece"]), _num(b["ece"]), _delta(d["ece"], ci["ece"]),
-                                   _num(a["brier"]), _num(b["brier"]), _delta(d["brier"], ci["brier"])])
+                                   _num(a["brier"]), _num(b["brier"]), _delta(d["brier"], ci["brier"]),
+                                   _num(a["outside"]), _num(b["outside"]), _delta(d["outside"], ci["outside"])])
     return control, ranking, notes
 
 
 CONTROL_COLUMNS = ("split", "readout", "n", "yes-rate A → B", "Δ yes-rate [CI]", "F1 A", "F1 B", "F1 control",
                    "acc B", "acc control", "F1 B − control [CI]", "gain")
 RANKING_COLUMNS = ("split", "readout", "n", "AUROC A", "AUROC B", "ΔAUROC [CI]", "AUPRC A", "AUPRC B",
-                   "ΔAUPRC [CI]", "ECE A", "ECE B", "ΔECE [CI]", "Brier A", "Brier B", "ΔBrier [CI]")
+                   "ΔAUPRC [CI]", "ECE A", "ECE B", "ΔECE [CI]", "Brier A", "Brier B", "ΔBrier [CI]",
+                   "outside A", "outside B", "Δoutside [CI]")
 
 
 def format_bias(result: dict, title) -> str:

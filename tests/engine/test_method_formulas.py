@@ -183,7 +183,8 @@ def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_
         parse_method("avisc:lamb=1")
     with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
         parse_method("clearsight")
-    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti, sid$"):
+    known = "none, vcd, pai, icd, m3id, vti, sid, only, memvr"
+    with pytest.raises(ValueError, match=rf"^unknown method 'dola'; known: {known}$"):
         parse_method("dola")
 
 

@@ -8,7 +8,7 @@ from itertools import product
 import numpy as np
 import pytest
 
-from pope_fast.readout import Entry, Question, TokenSets, compare_runs, format_compare, make_record
+from pope_fast.readout import Entry, Question, TokenSets, compare_runs, format_compare, make_record, read_records
 from pope_fast.readout.bias import (BEYOND_THRESHOLD, NO_GAIN, NO_LOGITS, THRESHOLD_ALONE, bias_statistics,
                                     calibration, cluster_weights, image_clusters, matched_control, ranking, scores)
 from pope_fast.readout.readouts import ALL_CUT, NON_FINITE
@@ -118,7 +118,7 @@ def _by_hand(margins, y, yes=None) -> dict:
     p = [(math.exp(m) + math.exp(-5)) / (math.exp(m) + math.exp(-5) + 1 + math.exp(-6)) for m in margins]
     return {"yes_rate": sum(yes) / len(y), "f1": _f1(yes, y), "accuracy": sum(a == t for a, t in zip(yes, y)) / len(y),
             "auroc": _mann_whitney(margins, y), "auprc": _average_precision(list(margins), y), "ece": _ece(p, y),
-            "brier": sum((pi - t) ** 2 for pi, t in zip(p, y)) / len(y)}
+            "brier": sum((pi - t) ** 2 for pi, t in zip(p, y)) / len(y), "outside": None}
 
 
 def test_statistics_and_image_intervals_against_resamples_built_by_hand():
@@ -205,14 +205,15 @@ def test_questions_without_a_margin_are_left_out_and_counted_by_side_and_reason(
                     "images": 0}
 
 
-def _run(folder, margins, method):
+def _run(folder, margins, method, logsumexp=None):
     folder.mkdir(parents=True)
     write_meta(folder, {"model": {"family": "llava"}, "template": "t", "readouts": ["template_aware", "pope_official"],
                         "token_sets": {"template_aware": SETS.to_json()}, "method": {"name": method},
                         "settings": {"resolved_dtype": "float32"}})
     records = [make_record(Question(i + 1, f"img{i // 4}.jpg", "Is there a cat?", "yes" if i % 2 else "no",
                                     "random", "coco"), "t", first_token_id=1, decoded="Yes.",
-                           candidate_logits={1: float(m), 2: -9.0, 3: 0.0, 4: -9.0}) for i, m in enumerate(margins)]
+                           candidate_logits={1: float(m), 2: -9.0, 3: 0.0, 4: -9.0},
+                           logsumexp=None if logsumexp is None else logsumexp[i]) for i, m in enumerate(margins)]
     with RecordWriter(folder) as w:
         w.write(records)
     return folder
@@ -238,3 +239,57 @@ def test_compare_json_and_markdown_carry_the_bias_statistics(tmp_path):
     result["pairs"][0]["mismatches"] = ["settings.resolved_dtype: 'float32' in A, 'bfloat16' in B"]
     section = format_compare(result, "markdown").split("Does the gain survive a yes-bias?")[1]
     assert "> **MISMATCHED RUNS** (compared with --allow-mismatch): settings.resolved_dtype" in section
+
+
+def test_the_mass_outside_the_candidates_from_the_recorded_logsumexp_with_image_intervals():
+    """logsumexp = log(e^l summed over the candidates + extra): the mass outside is extra / (that sum + extra). A run
+    recorded without --record-mass has none (null), and so has B - A."""
+    rng = np.random.default_rng(8)
+    n, images = 24, [f"img{i // 4}.jpg" for i in range(24)]
+    labels = ["yes" if i % 3 else "no" for i in range(n)]
+    margins, extra = rng.normal(0, 1, n).round(2), rng.uniform(0.01, 3.0, (2, n))
+    a, b, bare = (_entries(margins, labels, images) for _ in range(3))
+    inside = [math.exp(m) + math.exp(-5) + 1 + math.exp(-6) for m in margins]
+    for side, more in ((a, extra[0]), (b, extra[1])):
+        for e, total, x in zip(side, inside, more):
+            e.logsumexp = math.log(total + x)
+    by_hand = [x / (total + x) for x, total in zip(extra[0], inside)], [x / (t + x) for x, t in zip(extra[1], inside)]
+    s = bias_statistics(labels, a, SETS, b, SETS, cluster_weights(image_clusters(a), seed=2, resamples=50))
+    assert s["a"]["outside"] == pytest.approx(np.mean(by_hand[0]), abs=1e-12)
+    assert s["b"]["outside"] == pytest.approx(np.mean(by_hand[1]), abs=1e-12)
+    shift = lambda rows: np.mean([by_hand[1][i] for i in rows]) - np.mean([by_hand[0][i] for i in rows])  # noqa: E731
+    assert s["delta"]["outside"] == pytest.approx(shift(range(n)), abs=1e-12)
+    assert s["delta_ci95"]["outside"] == pytest.approx(_images_resampled(shift, images, 2, 50), abs=1e-12)
+    unrecorded = bias_statistics(labels, bare, SETS, b, SETS, cluster_weights(image_clusters(a), 2, 50))
+    assert unrecorded["a"]["outside"] is None and unrecorded["delta"]["outside"] is None
+    assert unrecorded["delta_ci95"]["outside"] is None and unrecorded["b"]["outside"] == s["b"]["outside"]
+
+
+def test_a_record_holds_logsumexp_only_where_given_and_reads_it_back(tmp_path):
+    """Without --record-mass a record is the same bytes as before the field existed; with it, `logsumexp` (a NaN as
+    null named in non_finite, read back as NaN)."""
+    q = Question(7, "img0.jpg", "Is there a cat?", "yes", "random", "coco")
+    fields = dict(first_token_id=1, candidate_logits={1: 0.5, 3: -1.0}, predictions={"template_aware": "yes"})
+    plain = make_record(q, "t", **fields)
+    assert "logsumexp" not in plain and plain == make_record(q, "t", **fields, logsumexp=None)
+    assert json.dumps(plain) == ('{"question_id": 7, "split": "random", "image": "img0.jpg", "label": "yes", "text": '
+                                 '"Is there a cat?", "template": "t", "dataset": "coco", "first_token_id": 1, '
+                                 '"candidate_logits": {"1": 0.5, "3": -1.0}, "predictions": {"template_aware": "yes"}}')
+    assert make_record(q, "t", **fields, logsumexp=2.25)["logsumexp"] == 2.25
+    faulty = make_record(q, "t", **fields, logsumexp=math.nan)
+    assert faulty["logsumexp"] is None and faulty["non_finite"] == {"logsumexp": "nan"}
+    _run(tmp_path / "r", [0.5, -0.5], "none", logsumexp=[2.25, math.nan])
+    entries = read_records(tmp_path / "r").entries
+    assert entries[0].logsumexp == 2.25 and math.isnan(entries[1].logsumexp)
+
+
+def test_compare_shows_the_mass_outside_beside_calibration(tmp_path):
+    margins = [0.5, -0.5, 1.0, -1.0]
+    inside = [math.exp(m) + 2 * math.exp(-9) + 1 for m in margins]
+    a = _run(tmp_path / "p" / "none", margins, "none", logsumexp=[math.log(t / 0.75) for t in inside])  # 1/4 outside
+    b = _run(tmp_path / "p" / "vcd", margins, "vcd")
+    s = compare_runs([a, b], resamples=20)["pairs"][0]["splits"]["random"]["template_aware"]["bias"]
+    assert s["a"]["outside"] == pytest.approx(0.25, abs=1e-12) and s["b"]["outside"] is None
+    text = format_compare(compare_runs([a, b], resamples=20), "markdown")
+    assert "| Brier A | Brier B | ΔBrier [CI] | outside A | outside B | Δoutside [CI] |" in text
+    assert "| 0.2500 | – | – |" in text
