@@ -128,3 +128,52 @@ def sid_oracle(checkpoint, model_class, inputs_of, prompts, layer, keep, alpha, 
             sid = ((1 + alpha) * main - alpha * l_cd).masked_fill(~plausible(main, beta), -math.inf)
             out[i, prompt] = sid, len(slots), l_cd
     return out
+
+
+def vista_oracle(checkpoint, model_class, inputs_of, images, prompts, lam, alpha, lens):
+    """Per (image, prompt): VISTA's logits as LzVv123456/VISTA computes them, on transformers' class. The residual
+    streams: each decoder layer's output at the last token (its ForwardTracer's forward hooks, steering_vector.py
+    :65-88, 103-107), with the image and for the prompt without its image tokens; the vector: their difference
+    through obtain_vsv's rank-1 PCA of one row (:113-129; myutils.py:104-130, svd_flip included); the steered pass:
+    each mlp's output through VSVLayer (llm_layers.py:15-34); the logits: alpha times the mean of lm_head over
+    hidden_states[1:][first..last] plus (1 - alpha) times the model's (llava_llama.py:93-103)."""
+    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    layers = model.model.language_model.layers
+
+    def streams(**inputs):
+        seen = []
+        hooks = [layer.register_forward_hook(lambda m, a, out: seen.append(
+            (out[0] if isinstance(out, tuple) else out)[0, -1].float())) for layer in layers]
+        model(**inputs)
+        for hook in hooks:
+            hook.remove()
+        return torch.stack(seen)
+
+    def steer(v):
+        def hook(module, args, out):
+            x, unit = out.double(), v.double() / v.double().norm()
+            weight = 1 + torch.clamp(torch.nn.functional.cosine_similarity(x, -v.double()[None, None], dim=-1),
+                                     min=0)[..., None]
+            turned = x / x.norm(dim=-1, keepdim=True) + lam * weight * unit
+            return (turned / turned.norm(dim=-1, keepdim=True) * x.norm(dim=-1, keepdim=True)).to(out.dtype)
+        return hook
+
+    out = {}
+    for i, image in enumerate(images):
+        for prompt in prompts:
+            inputs = inputs_of(image, prompt)
+            slots = inputs["input_ids"][0] == model.config.image_token_id
+            with torch.no_grad():
+                pos, neg = streams(**inputs), streams(input_ids=inputs["input_ids"][:, ~slots])
+                row = (pos - neg).reshape(1, -1)
+                mean = row.mean(0, keepdim=True)
+                u, _, vh = torch.linalg.svd(row - mean, full_matrices=False)
+                vsv = (vh[:1] * torch.sign(u[u.abs().argmax(0), 0]) + mean).mean(0).view(pos.shape)
+                hooks = [layer.mlp.register_forward_hook(steer(v)) for layer, v in zip(layers, vsv)]
+                run = model(**inputs, output_hidden_states=True)
+                for hook in hooks:
+                    hook.remove()
+                hidden = run.hidden_states[1:]
+                aug = torch.stack([model.lm_head(hidden[k]) for k in range(lens[0], lens[1] + 1)]).mean(0)
+            out[i, prompt] = (alpha * aug + (1 - alpha) * run.logits)[0, -1]
+    return out

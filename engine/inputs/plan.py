@@ -236,6 +236,8 @@ class PromptResult:
     capped: tuple[str, ...] = ()  # the text readouts whose text its max_new_tokens cut
     probe: dict | None = None
     vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
+    residuals: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [L, H], where a method asks
+    lens_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V], a lens_layers pass's
 
     def text_for(self, readout: str) -> str | None:
         """The text a text readout reads: its own prefix of the continuation, else all of it."""

@@ -71,6 +71,7 @@ class SuffixOut:
     last_hidden: torch.Tensor
     kv: SuffixKV
     image_attention: torch.Tensor | None
+    residuals: torch.Tensor | None = None  # [B, L, H]: each decoder layer's output at the last token, where asked
 
 
 class DecodeCache:

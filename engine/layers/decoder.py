@@ -186,11 +186,12 @@ class DecoderLM(nn.Module):
 
     @torch.inference_mode()
     def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, batch: TokenBatch,
-                       intervention: Intervention | None = None, probe: bool = False) -> "SuffixOut":
+                       intervention: Intervention | None = None, probe: bool = False,
+                       residuals: bool = False) -> "SuffixOut":
         """Right-padded question suffixes, row b continuing prefix slot prefix_index[b] (rows grouped
         by slot), or with prefix None whole prompts (InstructBLIP's, or the no-reuse reference path):
         the hidden state of each row's last token, the suffixes' own KV and, with probe, the image
-        attention at that token (SuffixOut)."""
+        attention at that token (SuffixOut); with residuals, every layer's output at that token (VISTA's)."""
         x = self.embed(batch.ids, batch.image_index, batch.features)
         ropes = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
@@ -198,7 +199,8 @@ class DecoderLM(nn.Module):
         drop = intervention if isinstance(intervention, ImageTokenDrop) else None
         if drop is not None and prefix is not None:
             raise ValueError("ImageTokenDrop drops image tokens per question: run its prompts whole (no prefix)")
-        keys, values, probes, kept = [], [], [], None
+        keys, values, probes, kept, streams = [], [], [], None, []
+        rows = torch.arange(batch.ids.shape[0], device=self.device)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i], image=batch.image_mask)
             keys.append(k)
@@ -214,10 +216,13 @@ class DecoderLM(nn.Module):
             if drop is not None and i == drop.layer - 1 and batch.image_mask is not None:
                 kept = drop.kept(answer_key_attention(q, batch.lengths, k), batch.image_mask)
             x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"))
-            x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
-        last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
-        return SuffixOut(last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
-                         torch.stack(probes, dim=1) if probe else None)
+            x = hidden_hook(intervention, i, x, "suffix")
+            if residuals:  # the layer's own output, as a hook on transformers' decoder layer sees it
+                streams.append(x[rows, batch.lengths - 1])
+            x = self.deepstack(x, i, batch)
+        return SuffixOut(x[rows, batch.lengths - 1],
+                         SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
+                         torch.stack(probes, dim=1) if probe else None, torch.stack(streams, 1) if residuals else None)
 
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -238,15 +243,32 @@ class DecoderLM(nn.Module):
         """last_hidden [B, H] → the logits of the whole vocabulary [B, V] (fp32, rounded to the model
         dtype as `answer`'s are), for methods that combine passes over every token. One answer
         position per row: [B, V], never [B, S, V]; the lm_head rows go `chunk` at a time."""
-        backend = resolve_backend(self.kernels, self.device)
         last_hidden, weight = self.final_norm(last_hidden)
-        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)
+        return self.raw_logits(last_hidden, chunk, weight)
+
+    @torch.inference_mode()
+    def raw_logits(self, hidden: torch.Tensor, chunk: int = 8192, norm_weight: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+        """The lm_head of hidden [B, H], after the final norm only where its weight is given: [B, V] fp32, rounded
+        to the model dtype."""
+        backend = resolve_backend(self.kernels, self.device)
         vocab = self.lm_head.matrix.shape[0]
-        out = torch.empty(last_hidden.shape[0], vocab, dtype=torch.float32, device=self.device)
+        out = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=self.device)
         for start in range(0, vocab, chunk):
             ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
-            out[:, start:start + len(ids)] = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm)
+            out[:, start:start + len(ids)] = gather_logits(hidden, self.lm_head.matrix, ids, norm_weight,
+                                                           self.dims.rms_eps, backend)
         return out.to(self.dtype).float()
+
+    @torch.inference_mode()
+    def lens_logits(self, residuals: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """residuals [B, L, H] (prefill_suffix's) → the mean over layers first..last of the lm_head applied to each
+        one's output, [B, V] fp32, each rounded to the model dtype: without the final norm, except the last layer's,
+        which transformers' hidden_states gives normed (its entry is the model's own logits)."""
+        final = self.dims.num_layers - 1
+        total = sum(self.vocab_logits(residuals[:, i]) if i == final else self.raw_logits(residuals[:, i])
+                    for i in range(first, last + 1))
+        return total / (last - first + 1)
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,

@@ -64,10 +64,18 @@ class Intervention:
     model's own logits (hidden-state changes reach them, logit adjustments do not), so first_token and
     the text readouts ignore `logits`. Engine.answer runs one image at a time, so there G = 1 and every
     suffix row is that image's. `whole_prompt` True: its passes run each prompt whole, sharing no image prefix
-    (what it does to the image tokens depends on the question: ImageTokenDrop).
+    (what it does to the image tokens depends on the question: ImageTokenDrop). `rows` is told each question
+    batch's rows before it runs, for an edit that differs per question (VISTA's steering vector). `lens_layers`
+    (first, last): the pass also gives the mean of those layers' logits at the answer position
+    (PromptResult.lens_logits; DecoderLM.lens_logits).
     """
 
     whole_prompt = False
+    lens_layers: tuple[int, int] | None = None
+
+    def rows(self, rows: list) -> None:
+        """The batch about to run: its Rows (`item`, the image's index in the call; `prompt`, the prompt's)."""
+        return None
 
     def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
         return None

@@ -11,6 +11,7 @@ import torch
 
 from pope_fast.engine.layers.attention import answer_image_attention, answer_key_attention, kept_causal_attention
 from pope_fast.engine.layers.interventions import ImageAttentionAmplification, ImageTokenDrop, PAIAttention
+from pope_fast.engine.inputs.plan import PromptResult, Row
 from pope_fast.engine.methods import parse_method
 
 
@@ -183,7 +184,7 @@ def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_
         parse_method("avisc:lamb=1")
     with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
         parse_method("clearsight")
-    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti, sid$"):
+    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti, sid, vista$"):
         parse_method("dola")
 
 
@@ -239,3 +240,53 @@ def test_the_answer_rows_per_key_attention_sums_to_the_probe_and_the_kept_attent
     short = torch.nn.functional.scaled_dot_product_attention(q[:, :, keep], k[:, :, keep].repeat_interleave(2, 1),
                                                              v[:, :, keep].repeat_interleave(2, 1), is_causal=True)
     assert torch.allclose(ours[:, :, keep], short, atol=1e-5)
+
+
+def test_vista_mixes_its_steered_logits_with_the_windows_and_resolves_its_defaults():
+    """VISTA's logits (LzVv123456/VISTA llava_llama.py:93-103): alpha times the window's mean lm_head output plus
+    (1 - alpha) times the steered pass's own; defaults as run_pope.sh and pope_eval.py:31-37 (lambda 0.01, alpha 0.3,
+    layers 25-30 on 32 layers)."""
+    steered, lens = _logits(20), _logits(21)
+    ours = parse_method("vista:logits_alpha=0.6").combine({"main": _logits(22), "steered": steered,
+                                                           "steered:lens": lens})
+    expected = 0.6 * lens.double().numpy() + 0.4 * steered.double().numpy()
+    assert np.abs(ours.double().numpy() - expected).max() < 1e-6
+    vista = parse_method("vista")
+    assert vista.contrastive and vista.residuals
+    assert vista.to_json(32)["settings"] == {"vsv_lambda": 0.01, "logits_alpha": 0.3, "logits_layers": "25-30"}
+    assert [p.image for p in vista.passes(32).values()] == ["image", "none"]
+    with pytest.raises(ValueError, match=r"^method vista: logits_layers 3-4 are not within the model's 4 layers$"):
+        parse_method("vista:logits_layers=3-4").passes(4)
+    with pytest.raises(ValueError, match=r"^method vista: logits_layers takes FIRST-LAST \(e.g. 25-30\), not 3$"):
+        parse_method("vista:logits_layers=3")
+    with pytest.raises(ValueError, match=r"^method vista: logits_alpha must lie in \[0.0, 1.0\], not 1.5$"):
+        parse_method("vista:logits_alpha=1.5")
+
+
+def test_vistas_steering_vector_and_steered_mlps_follow_its_code():
+    """obtain_vsv on one question (steering_vector.py:113-129): the difference of its residual streams with and
+    without the image through a rank-1 PCA of that one row (myutils.py:104-130: LAPACK's SVD of the zero centred
+    row, svd_flip), component plus mean; then VSVLayer (llm_layers.py:15-34) on each row with its own question's
+    vector, picked by the batch's rows."""
+    g = torch.Generator().manual_seed(23)
+    streams = {(i, j): (torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g)) for i in (0, 1) for j in (0, 1)}
+    results = {role: [[PromptResult(0, {}, residuals=streams[i, j][k]) for j in (0, 1)] for i in (0, 1)]
+               for k, role in enumerate(("main", "text"))}
+    steered = parse_method("vista:vsv_lambda=0.7,logits_layers=1-2").later(results)["steered"]
+    edit = steered.edit
+    assert edit.whole_prompt and edit.lens_layers == (1, 2) and steered.edit_name == "vista:0.7:1-2"
+    for key, (pos, neg) in streams.items():
+        row = (pos - neg).double().numpy().reshape(1, -1)
+        u, _, vt = np.linalg.svd(row - row.mean(0), full_matrices=False)
+        expected = (vt[:1] * np.sign(u[np.abs(u).argmax(0), 0]) + row.mean(0)).reshape(3, 8)
+        assert np.abs(edit.vectors[key].double().numpy() - expected).max() < 1e-5
+    edit.rows([Row(1, 0, None, None), Row(0, 1, None, None)])
+    out = torch.randn(2, 5, 8, generator=g)
+    ours = edit.mlp(2, out, "suffix").double().numpy()
+    for b, key in enumerate([(1, 0), (0, 1)]):
+        x, v = out[b].double().numpy(), edit.vectors[key][2].double().numpy()
+        cos = x @ -v / (np.linalg.norm(x, axis=-1) * np.linalg.norm(v))
+        turned = x / np.linalg.norm(x, axis=-1, keepdims=True) + 0.7 * (1 + np.maximum(cos, 0))[:, None] * v / \
+            np.linalg.norm(v)
+        expected = turned / np.linalg.norm(turned, axis=-1, keepdims=True) * np.linalg.norm(x, axis=-1, keepdims=True)
+        assert np.abs(ours[b] - expected).max() < 1e-5

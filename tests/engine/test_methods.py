@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from methodchecks import IMAGES, check_methods, formula_oracle, sid_oracle
+from methodchecks import IMAGES, check_methods, formula_oracle, sid_oracle, vista_oracle
 from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
 
 from pope_fast.engine import Engine, ImageTokenDrop, Settings
@@ -168,6 +168,30 @@ def test_sid_matches_its_token_drop_and_contrast_on_transformers(family, tmp_pat
         texts = Engine.load(checkpoint, Settings(max_new_tokens=2), readouts="string_parse")
         with pytest.raises(ValueError, match=r"^ImageTokenDrop acts on the prompt pass only"):
             texts.answer(IMAGES[0], QUESTIONS[:1], intervention=drop)
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_vista_matches_its_steering_and_logit_augmentation_on_transformers(family, request):
+    """VISTA (LzVv123456/VISTA) against transformers' class: the steering vector from the class's own residual
+    streams with and without the image, every mlp steered, the logits mixed with the window's lm_head outputs (layer
+    0's without the final norm, layer 1's, the last, normed); beside the baseline in one paired run."""
+    from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
+    model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
+                              (Qwen2VLForConditionalGeneration, _qwen_inputs))
+    engine = Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware")
+    methods = [parse_method("none"), parse_method("vista:vsv_lambda=0.5,logits_alpha=0.4,logits_layers=0-1")]
+    out = engine.run_methods(engine.prepare(IMAGES[:1]), [QUESTIONS[:2]], methods)
+    prompts = [engine.prompt(q) for q in QUESTIONS[:2]]
+    oracle = vista_oracle(checkpoint, model_class, inputs_of(checkpoint), IMAGES[:1], prompts, 0.5, 0.4, (0, 1))
+    for i in range(1):
+        for prompt, ours, plain in zip(prompts, out["vista"][i], out["none"][i]):
+            theirs = oracle[i, prompt]
+            assert ours.first_token_id == int(theirs.argmax()), (i, prompt)
+            for token, value in ours.candidate_logits.items():
+                assert abs(value - float(theirs[token])) <= 1e-4, (i, prompt, token, value, float(theirs[token]))
+            assert ours.candidate_logits != plain.candidate_logits
 
 
 def test_diffusion_noise_follows_vcds_schedule():
