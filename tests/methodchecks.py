@@ -177,3 +177,37 @@ def vista_oracle(checkpoint, model_class, inputs_of, images, prompts, lam, alpha
                 aug = torch.stack([model.lm_head(hidden[k]) for k in range(lens[0], lens[1] + 1)]).mean(0)
             out[i, prompt] = (alpha * aug + (1 - alpha) * run.logits)[0, -1]
     return out
+
+
+def clearsight_oracle(checkpoint, model_class, inputs_of, images, prompts, layers, enh, sup):
+    """Per (image, prompt): ClearSight's logits as its AttnAdapter computes them (ustc-hyin/ClearSight
+    visaug/inference/AttnAdapter.py:68-78), on transformers' class in eager attention: in layers first..last, the raw
+    scores of the queries after the image span times enh over its keys and times sup over every key before it (its
+    SYS_LEN and IMG_LEN: LLaVA-1.5's 35 and 576, here the prompt's own span)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    state = {}
+
+    def amplify(module, scores):
+        if id(module) in state.get("language", ()) and layers[0] <= module.layer_idx <= layers[1] and "span" in state:
+            start, end = state["span"]
+            scores = scores.clone()
+            scores[:, :, end:, start:end] = enh * scores[:, :, end:, start:end]
+            scores[:, :, end:, :start] = sup * scores[:, :, end:, :start]
+        return scores
+
+    AttentionInterface.register("pope_fast_vaf", edited_eager_attention(amplify))
+    AttentionMaskInterface.register("pope_fast_vaf", eager_mask)
+    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="pope_fast_vaf")
+    state["language"] = {id(m) for m in model.eval().model.language_model.modules()}
+    out = {}
+    for i, image in enumerate(images):
+        for prompt in prompts:
+            inputs = inputs_of(image, prompt)
+            slots = torch.nonzero(inputs["input_ids"][0] == model.config.image_token_id)[:, 0]
+            state["span"] = int(slots[0]), int(slots[-1]) + 1
+            with torch.no_grad():
+                out[i, prompt] = model(**inputs).logits[0, -1]
+            del state["span"]
+    return out

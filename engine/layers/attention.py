@@ -202,6 +202,21 @@ def kept_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kep
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 
+def key_scaled_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
+                                queries: torch.Tensor) -> torch.Tensor:
+    """Causal attention of whole prompts in which each query of `queries` [B, S] bool multiplies every key's attention
+    logit (q.k / sqrt(d), before the mask) by that key's factor in scale [B, S] (ClearSight's VAF); the other queries
+    attend as they are. Explicit, in fp32."""
+    b, hq, length, d = q.shape
+    group = hq // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.float() @ kf.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, S, S]
+    factor = torch.where(queries[:, :, None], scale[:, None, :].float(), 1.0)  # [B, S(query), S(key)]
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    scores = (scores * factor[:, None]).masked_fill(~causal, float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
+
+
 def answer_key_attention(q: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
     """[B, Hq, S] fp32: each whole prompt's answer-position (last valid query) attention weights over every
     key, as transformers' eager attention returns them (softmax in fp32); the per-key form of the probe's

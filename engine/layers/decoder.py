@@ -24,12 +24,13 @@ from torch import nn
 
 from ...kernels import PrefixRuns, fused_rms_norm, gather_logits, resolve_backend, vocab_argmax
 from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, answer_key_attention, causal_attention,
-                        image_block_attention, kept_causal_attention, masked_attention, probe_attention,
-                        suffix_attention)
+                        image_block_attention, kept_causal_attention, key_scaled_causal_attention, masked_attention,
+                        probe_attention, suffix_attention)
 from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
-from .interventions import AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, layer_edit, mlp_hook
+from .interventions import (AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, key_scaling, layer_edit,
+                            mlp_hook)
 from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .moe import ExpertMLP
 from ..inputs.plan import TokenBatch, to_device
@@ -208,8 +209,11 @@ class DecoderLM(nn.Module):
             edit = layer_edit(intervention, i, self.dims.num_heads, self.device)
             if probe:
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
+            scaled = key_scaling(intervention, i, batch.image_mask, prefix is None, self.dims.image_bidirectional)
             if kept is not None:
                 attn = kept_causal_attention(q, k, v, kept, batch.image_mask if self.dims.image_bidirectional else None)
+            elif scaled is not None:
+                attn = key_scaled_causal_attention(q, k, v, *scaled)
             else:
                 attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
                                         image_bidirectional=self.dims.image_bidirectional)
@@ -332,6 +336,9 @@ class DecoderLM(nn.Module):
         """The decode cache of these rows, and each layer's attention edit (made once, not per step)."""
         if isinstance(intervention, ImageTokenDrop):
             raise ValueError("ImageTokenDrop acts on the prompt pass only: a continuation would see every image token")
+        if intervention is not None and type(intervention).key_scale is not Intervention.key_scale:
+            raise ValueError(f"{type(intervention).__name__} scales keys on the prompt pass only: a continuation's "
+                             "steps would attend as the model does")
         d = self.dims
         empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
         return (DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty),

@@ -88,6 +88,12 @@ class Intervention:
     def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
         return None
 
+    def key_scale(self, layer: int, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A whole_prompt pass's factor on every key's attention logit in this layer, [B, S], and the queries [B, S]
+        bool that take it (ClearSight's VAF: the image's and the system prompt's keys, from the queries after the
+        image), or None (the default) to leave the layer alone. image [B, S] marks the image tokens."""
+        return None
+
     def image_attention(self, layer: int) -> AttentionEdit | None:
         """This layer's AttentionEdit of the image keys' logits s (q.k / sqrt(d)), or None (the default)
         to leave the layer alone. AttentionEdit(bias=log(alpha)) multiplies the image's attention
@@ -142,6 +148,21 @@ def mlp_hook(intervention: Intervention | None, layer: int, part: str) -> Callab
         return out if new is None else new
 
     return hook
+
+
+def key_scaling(intervention: Intervention | None, layer: int, image: torch.Tensor | None, whole: bool,
+                bidirectional: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The intervention's key_scale of this layer, None where it has none (or the prompts hold no image)."""
+    if intervention is None or type(intervention).key_scale is Intervention.key_scale or image is None:
+        return None
+    scaled = intervention.key_scale(layer, image)
+    if scaled is not None and not whole:
+        raise ValueError(f"{type(intervention).__name__} scales keys before the image: run its prompts whole "
+                         "(whole_prompt = True), not against a shared image prefix")
+    if scaled is not None and bidirectional:
+        raise ValueError(f"{type(intervention).__name__}: this family's image tokens attend to each other both ways, "
+                         "which the key-scaled attention does not compute")
+    return scaled
 
 
 def changes_prefix(intervention: Intervention | None) -> bool:
@@ -223,3 +244,25 @@ class ImageTokenDrop(Intervention):
         chosen = torch.zeros_like(image)
         chosen.scatter_(1, mean.topk(min(self.keep, mean.shape[1]), dim=-1, largest=False).indices, True)
         return ~image | chosen
+
+
+class VisualAmplification(Intervention):
+    """ClearSight's Visual Amplification Fusion (Yin et al., CVPR 2025; ustc-hyin/ClearSight
+    visaug/inference/AttnAdapter.py:68-78): in layers first..last, every query after the image multiplies the attention
+    logits of the image's keys by `enhance` and of the keys before the image (its system prompt: LLaVA-1.5's first 35
+    tokens there, BOS to "USER: ") by `suppress`, before the mask and softmax. The image's and the system prompt's own
+    queries attend as they are, so the image's prefix is the model's; the edit reaches keys before the image, which
+    the engine's image-key edits do not, so the pass runs whole prompts, on the prompt only (no continuation)."""
+
+    whole_prompt = True
+
+    def __init__(self, layers: tuple[int, int], enhance: float, suppress: float):
+        self.layers, self.enhance, self.suppress = layers, enhance, suppress
+
+    def key_scale(self, layer, image):
+        if not self.layers[0] <= layer <= self.layers[1]:
+            return None
+        before = image.long().cumsum(-1) == 0  # no image token at or before the key
+        after = image.long().flip(-1).cumsum(-1).flip(-1) == 0  # no image token at or after the query
+        scale = torch.where(image, self.enhance, torch.where(before, self.suppress, 1.0))
+        return scale, after & image.any(-1, keepdim=True)

@@ -27,6 +27,7 @@ from .pai import PAI
 from .sid import SID
 from .vti import VTI, VTISteering
 from .vista import VISTA, VISTASteering
+from .clearsight import ClearSight
 
 __all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "SID", "VCD",
            "VCD_NOISE_STEP", "VTI", "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering",
@@ -34,7 +35,8 @@ __all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", 
 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI, SID)}
 METHODS[VISTA.name] = VISTA
-__all__ += ["VISTA", "VISTASteering"]
+METHODS[ClearSight.name] = ClearSight
+__all__ += ["VISTA", "VISTASteering", "ClearSight"]
 
 # Methods papers compare against that are not here, and what each needs that the engine does not give (docs/methods.md)
 NOT_HERE = {
@@ -42,8 +44,6 @@ NOT_HERE = {
              "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179, their input embeddings at "
              "experiments/llava/model/language_model/llava_llama.py:93-112), a pass built from the baseline pass's "
              "attention to each token at every layer, and the engine runs each pass on its own",
-    "clearsight": "its attention edit scales the system prompt's keys as well as the image's (ustc-hyin/ClearSight "
-                  "visaug/inference/AttnAdapter.py:71-78), and the engine's attention edits act on image keys only",
 }
 
 

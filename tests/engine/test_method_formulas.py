@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from pope_fast.engine.layers.attention import answer_image_attention, answer_key_attention, kept_causal_attention
-from pope_fast.engine.layers.interventions import ImageAttentionAmplification, ImageTokenDrop, PAIAttention
+from pope_fast.engine.layers.attention import (answer_image_attention, answer_key_attention, kept_causal_attention,
+                                               key_scaled_causal_attention)
+from pope_fast.engine.layers.interventions import (ImageAttentionAmplification, ImageTokenDrop, PAIAttention,
+                                                   VisualAmplification)
 from pope_fast.engine.inputs.plan import PromptResult, Row
 from pope_fast.engine.methods import parse_method
 
@@ -182,9 +184,8 @@ def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_
     with pytest.raises(ValueError, match=r"^method avisc is not available: it zeroes the image tokens that the answer "
                                          r"position attends to least .*the engine runs each pass on its own$"):
         parse_method("avisc:lamb=1")
-    with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
-        parse_method("clearsight")
-    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti, sid, vista$"):
+    with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti, sid, vista, "
+                                         r"clearsight$"):
         parse_method("dola")
 
 
@@ -290,3 +291,29 @@ def test_vistas_steering_vector_and_steered_mlps_follow_its_code():
             np.linalg.norm(v)
         expected = turned / np.linalg.norm(turned, axis=-1, keepdims=True) * np.linalg.norm(x, axis=-1, keepdims=True)
         assert np.abs(ours[b] - expected).max() < 1e-5
+
+
+def test_clearsight_scales_the_image_and_system_keys_for_the_queries_after_the_image():
+    """ClearSight's AttnAdapter (AttnAdapter.py:68-78) on a row [system x2, image x3, question x2] and a row with no
+    image: in its layers, each query after the image takes enh on the image's logits and sup on the system prompt's,
+    before the causal mask and softmax; defaults as its POPE script (infer_pope.sh, infer_pope.py:53-58)."""
+    clearsight = parse_method("clearsight")
+    assert clearsight.settings == {"enh_para": 1.15, "sup_para": 0.95, "layers": "9-14"} and clearsight.contrastive
+    edit = clearsight.passes(32)["main"].edit
+    assert (edit.layers, edit.enhance, edit.suppress, edit.whole_prompt) == ((9, 14), 1.15, 0.95, True)
+    with pytest.raises(ValueError, match=r"^method clearsight: layers 9-14 are not within the model's 4 layers$"):
+        clearsight.passes(4)
+    image = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0] * 7], dtype=torch.bool)
+    assert VisualAmplification((1, 2), 1.5, 0.5).key_scale(0, image) is None
+    scale, queries = VisualAmplification((1, 2), 1.5, 0.5).key_scale(2, image)
+    assert scale[0].tolist() == [0.5, 0.5, 1.5, 1.5, 1.5, 1, 1] and queries.tolist() == [[False] * 5 + [True] * 2,
+                                                                                          [False] * 7]
+    g = torch.Generator().manual_seed(24)
+    q, k, v = (torch.randn(2, heads, 7, 4, generator=g) for heads in (2, 1, 1))
+    ours = key_scaled_causal_attention(q, k, v, scale, queries).double().numpy()
+    qd, kd, vd = (t.double().numpy() for t in (q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)))
+    scores = qd @ kd.transpose(0, 1, 3, 2) / 2
+    scores[0, :, 5:, 2:5] *= 1.5
+    scores[0, :, 5:, :2] *= 0.5
+    scores = np.where(np.tril(np.ones((7, 7), dtype=bool)), scores, -np.inf)
+    assert np.abs(ours - _probabilities(scores) @ vd).max() < 1e-5

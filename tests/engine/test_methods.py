@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 import torch
-from methodchecks import IMAGES, check_methods, formula_oracle, sid_oracle, vista_oracle
+from methodchecks import IMAGES, check_methods, clearsight_oracle, formula_oracle, sid_oracle, vista_oracle
 from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
 
-from pope_fast.engine import Engine, ImageTokenDrop, Settings
+from pope_fast.engine import Engine, ImageTokenDrop, Settings, VisualAmplification
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
                                       parse_method)
 
@@ -192,6 +192,32 @@ def test_vista_matches_its_steering_and_logit_augmentation_on_transformers(famil
             for token, value in ours.candidate_logits.items():
                 assert abs(value - float(theirs[token])) <= 1e-4, (i, prompt, token, value, float(theirs[token]))
             assert ours.candidate_logits != plain.candidate_logits
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_clearsight_matches_its_attention_adapter_on_transformers(family, request):
+    """ClearSight's VAF (ustc-hyin/ClearSight AttnAdapter.py) against transformers' class in eager attention, in the
+    first of two layers only (so that an edit of the image's or the system prompt's own queries would reach the next
+    layer's keys): the image keys' and the system prompt's logits scaled for the queries after the image; read at the
+    answer position (its continuation is refused: the edit would be missing from the decode steps)."""
+    from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
+    model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
+                              (Qwen2VLForConditionalGeneration, _qwen_inputs))
+    engine = Engine.load(checkpoint, Settings(batch_size=2, max_new_tokens=2), readouts="template_aware,string_parse")
+    methods = [parse_method("none"), parse_method("clearsight:layers=0-0,enh_para=1.6,sup_para=0.5")]
+    out = engine.run_methods(engine.prepare(IMAGES[:1]), [QUESTIONS[:2]], methods)
+    prompts = [engine.prompt(q) for q in QUESTIONS[:2]]
+    oracle = clearsight_oracle(checkpoint, model_class, inputs_of(checkpoint), IMAGES[:1], prompts, (0, 0), 1.6, 0.5)
+    for prompt, ours, plain in zip(prompts, out["clearsight"][0], out["none"][0]):
+        theirs = oracle[0, prompt]
+        assert ours.first_token_id == int(theirs.argmax()) and ours.decoded is None and plain.decoded is not None
+        for token, value in ours.candidate_logits.items():
+            assert abs(value - float(theirs[token])) <= 1e-4, (prompt, token, value, float(theirs[token]))
+        assert ours.candidate_logits != plain.candidate_logits
+    with pytest.raises(ValueError, match=r"^VisualAmplification scales keys on the prompt pass only"):
+        engine.answer(IMAGES[0], QUESTIONS[:1], intervention=VisualAmplification((0, 0), 1.6, 0.5))
 
 
 def test_diffusion_noise_follows_vcds_schedule():

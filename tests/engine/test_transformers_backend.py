@@ -229,6 +229,8 @@ def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkp
         engine.check_method(parse_method("vista:logits_layers=0-1"))  # its steering vector's, then a steered pass
     with pytest.raises(ValueError, match="^method sid: the transformers backend cannot edit attention or MLP outputs"):
         engine.check_method(parse_method("sid:layer=1"))  # its drop acts inside the engine's attention
+    with pytest.raises(ValueError, match="^method clearsight: the transformers backend cannot edit attention or MLP"):
+        engine.check_method(parse_method("clearsight:layers=0-0"))
     from safetensors.torch import save_file
 
     save_file({"text": torch.ones(engine.model.lm.dims.num_layers, 8)}, str(tmp_path / "vti.safetensors"))
