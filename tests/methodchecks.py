@@ -211,3 +211,43 @@ def clearsight_oracle(checkpoint, model_class, inputs_of, images, prompts, layer
                 out[i, prompt] = model(**inputs).logits[0, -1]
             del state["span"]
     return out
+
+
+def avisc_oracle(checkpoint, model_class, inputs_of, images, prompts, gamma, lamb, alpha, beta):
+    """Per (image, prompt): AvisC's logits as sangminwoo/AvisC computes them, on transformers' class in eager attention,
+    and how many of its image tokens were zeroed of how many. The layers: each one's share of the answer position's
+    head-averaged attention on the image, the fewest largest holding gamma (avisc_sample.py:138-145, 160-170); the
+    tokens zeroed: below mean + lamb std of their attention averaged over those layers (:175-179); zeroed in the
+    language model's input embeddings (llava_llama.py:93-112); then (1 + alpha) l - alpha l_masked within the cut
+    (:203-208)."""
+    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="eager").eval()
+    state = {}
+
+    def zero(module, args, kwargs):
+        if "zero" in state:
+            kwargs["inputs_embeds"] = kwargs["inputs_embeds"].clone()
+            kwargs["inputs_embeds"][0, state["zero"]] = 0.0
+        return args, kwargs
+
+    model.model.language_model.register_forward_pre_hook(zero, with_kwargs=True)
+    out = {}
+    for i, image in enumerate(images):
+        for prompt in prompts:
+            inputs = inputs_of(image, prompt)
+            slots = torch.nonzero(inputs["input_ids"][0] == model.config.image_token_id)[:, 0]
+            with torch.no_grad():
+                run = model(**inputs, output_attentions=True)
+                portion = torch.stack([a.mean(dim=1)[:, -1, slots].sum() for a in run.attentions])
+                portion = portion / portion.sum()
+                norm = (portion / portion.sum()).unsqueeze(0)
+                k = (torch.cumsum(torch.sort(norm, descending=True)[0], dim=1) < gamma).sum() + 1
+                _, top = torch.topk(portion.float(), int(k), dim=0)
+                image_att = torch.stack([run.attentions[j].mean(dim=1)[:, -1, slots] for j in top], dim=1).mean(dim=1)
+                mask_idx = torch.where(image_att < image_att.mean() + image_att.std() * lamb)[1]
+                state["zero"] = slots[mask_idx]
+                masked = model(**inputs).logits[0, -1]
+                del state["zero"]
+            main = run.logits[0, -1]
+            avisc = ((1 + alpha) * main - alpha * masked).masked_fill(~plausible(main, beta), -math.inf)
+            out[i, prompt] = avisc, len(mask_idx), len(slots)
+    return out

@@ -30,7 +30,7 @@ from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
 from .interventions import (AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, key_scaling, layer_edit,
-                            mlp_hook)
+                            mlp_hook, overrides)
 from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .moe import ExpertMLP
 from ..inputs.plan import TokenBatch, to_device
@@ -198,8 +198,14 @@ class DecoderLM(nn.Module):
         backend = resolve_backend(self.kernels, self.device)
         runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         drop = intervention if isinstance(intervention, ImageTokenDrop) else None
-        if drop is not None and prefix is not None:
-            raise ValueError("ImageTokenDrop drops image tokens per question: run its prompts whole (no prefix)")
+        whole = [h for h in ("embedded", "attended") if overrides(intervention, h)] + (["drop"] if drop else [])
+        if whole and prefix is not None:
+            raise ValueError(f"{type(intervention).__name__} acts per question ({', '.join(whole)}): run its prompts "
+                             "whole (no prefix)")
+        if overrides(intervention, "embedded"):
+            new = intervention.embedded(x, batch.image_mask)
+            x = x if new is None else new
+        attended = overrides(intervention, "attended")
         keys, values, probes, kept, streams = [], [], [], None, []
         rows = torch.arange(batch.ids.shape[0], device=self.device)
         for i, layer in enumerate(self.layers):
@@ -219,6 +225,8 @@ class DecoderLM(nn.Module):
                                         image_bidirectional=self.dims.image_bidirectional)
             if drop is not None and i == drop.layer - 1 and batch.image_mask is not None:
                 kept = drop.kept(answer_key_attention(q, batch.lengths, k), batch.image_mask)
+            if attended:
+                intervention.attended(i, answer_key_attention(q, batch.lengths, k).mean(dim=1), batch.image_mask)
             x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"))
             x = hidden_hook(intervention, i, x, "suffix")
             if residuals:  # the layer's own output, as a hook on transformers' decoder layer sees it

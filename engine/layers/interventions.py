@@ -88,6 +88,17 @@ class Intervention:
     def logits(self, logits: torch.Tensor, ids: list[int]) -> torch.Tensor | None:
         return None
 
+    def embedded(self, x: torch.Tensor, image: torch.Tensor | None) -> torch.Tensor | None:
+        """A whole_prompt pass's input embeddings [B, S, H] (the image's features in its slots, image [B, S] marking
+        them) before the first layer: return a tensor of the same shape to replace them (AvisC's zeroed tokens), or
+        None to leave them."""
+        return None
+
+    def attended(self, layer: int, weights: torch.Tensor, image: torch.Tensor | None) -> None:
+        """Told, in a whole_prompt pass, each layer's attention weights of the answer position over every key [B, S],
+        averaged over heads (fp32, as transformers' eager attention returns them), before the layer's output."""
+        return None
+
     def key_scale(self, layer: int, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """A whole_prompt pass's factor on every key's attention logit in this layer, [B, S], and the queries [B, S]
         bool that take it (ClearSight's VAF: the image's and the system prompt's keys, from the queries after the
@@ -163,6 +174,11 @@ def key_scaling(intervention: Intervention | None, layer: int, image: torch.Tens
         raise ValueError(f"{type(intervention).__name__}: this family's image tokens attend to each other both ways, "
                          "which the key-scaled attention does not compute")
     return scaled
+
+
+def overrides(intervention: Intervention | None, hook: str) -> bool:
+    """Whether the intervention defines its own `hook` (a method of Intervention)."""
+    return intervention is not None and getattr(type(intervention), hook) is not getattr(Intervention, hook)
 
 
 def changes_prefix(intervention: Intervention | None) -> bool:

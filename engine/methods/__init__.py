@@ -28,6 +28,7 @@ from .sid import SID
 from .vti import VTI, VTISteering
 from .vista import VISTA, VISTASteering
 from .clearsight import ClearSight
+from .avisc import AvisC
 
 __all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "SID", "VCD",
            "VCD_NOISE_STEP", "VTI", "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering",
@@ -36,15 +37,11 @@ __all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", 
 METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI, SID)}
 METHODS[VISTA.name] = VISTA
 METHODS[ClearSight.name] = ClearSight
-__all__ += ["VISTA", "VISTASteering", "ClearSight"]
+METHODS[AvisC.name] = AvisC
+__all__ += ["VISTA", "VISTASteering", "ClearSight", "AvisC"]
 
 # Methods papers compare against that are not here, and what each needs that the engine does not give (docs/methods.md)
-NOT_HERE = {
-    "avisc": "it zeroes the image tokens that the answer position attends to least in its most image-attentive "
-             "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179, their input embeddings at "
-             "experiments/llava/model/language_model/llava_llama.py:93-112), a pass built from the baseline pass's "
-             "attention to each token at every layer, and the engine runs each pass on its own",
-}
+NOT_HERE: dict[str, str] = {}
 
 
 def parse_method(spec: str) -> Method:

@@ -15,6 +15,7 @@ from pope_fast.engine.layers.interventions import (ImageAttentionAmplification, 
                                                    VisualAmplification)
 from pope_fast.engine.inputs.plan import PromptResult, Row
 from pope_fast.engine.methods import parse_method
+from pope_fast.engine.methods.avisc import ImageTokenZeroing, avisc_masked
 
 
 def _logits(seed: int, rows: int = 4, vocab: int = 23) -> torch.Tensor:
@@ -180,12 +181,9 @@ def test_vti_reads_its_directions_file_and_refuses_what_it_cannot_use(tmp_path):
         parse_method(f"vti:directions={flat}").passes(4)
 
 
-def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_needs():
-    with pytest.raises(ValueError, match=r"^method avisc is not available: it zeroes the image tokens that the answer "
-                                         r"position attends to least .*the engine runs each pass on its own$"):
-        parse_method("avisc:lamb=1")
+def test_an_unknown_method_is_refused_naming_the_known_ones():
     with pytest.raises(ValueError, match=r"^unknown method 'dola'; known: none, vcd, pai, icd, m3id, vti, sid, vista, "
-                                         r"clearsight$"):
+                                         r"clearsight, avisc$"):
         parse_method("dola")
 
 
@@ -317,3 +315,28 @@ def test_clearsight_scales_the_image_and_system_keys_for_the_queries_after_the_i
     scores[0, :, 5:, :2] *= 0.5
     scores = np.where(np.tril(np.ones((7, 7), dtype=bool)), scores, -np.inf)
     assert np.abs(ours - _probabilities(scores) @ vd).max() < 1e-5
+
+
+def test_avisc_zeroes_the_tokens_below_its_threshold_in_its_most_attentive_layers():
+    """avisc_sample.py:138-179 in numpy: layer shares of the image attention, the fewest largest layers whose share
+    reaches layer_gamma (those below it plus one), their weights averaged, tokens below mean + lamb * std (ddof 1)
+    zeroed; the contrast as VCD's (:203-208); defaults as its POPE script (pope_eval_batch.sh)."""
+    weights = torch.rand(5, 12, generator=torch.Generator().manual_seed(25)) ** 3
+    w = weights.double().numpy()
+    share = w.sum(1) / w.sum()
+    for gamma, lamb in ((0.3, 1.0), (0.7, 0.2)):
+        k = int((np.cumsum(np.sort(share)[::-1]) < gamma).sum()) + 1
+        image = w[np.argsort(-share)[:k]].mean(0)
+        expected = image < image.mean() + lamb * image.std(ddof=1)
+        assert avisc_masked(weights, gamma, lamb).tolist() == expected.tolist()
+        assert 0 < expected.sum() < 12
+    assert avisc_masked(weights, 0.3, 1.0).tolist() != avisc_masked(weights, 0.7, 1.0).tolist()  # the layers matter
+    avisc = parse_method("avisc")
+    assert avisc.settings == {"layer_gamma": 0.5, "lamb": 1.0, "alpha": 1.0, "beta": 0.1} and avisc.contrastive
+    main, masked = _logits(26), _logits(27)
+    ours = parse_method("avisc:alpha=0.6,beta=0.2").combine({"main": main, "masked": masked})
+    _check(ours, _contrast(main.double().numpy(), masked.double().numpy(), 0.6, 0.2))
+    x, image = torch.ones(2, 5, 3), torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 0]], dtype=torch.bool)
+    zeroing = ImageTokenZeroing({(0, 1): torch.tensor([True, False, True]), (1, 0): torch.tensor([False, True])})
+    zeroing.rows([Row(0, 1, None, None), Row(1, 0, None, None)])
+    assert zeroing.embedded(x, image)[:, :, 0].tolist() == [[1, 0, 1, 0, 1], [1, 1, 1, 0, 1]]

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from methodchecks import IMAGES, check_methods, clearsight_oracle, formula_oracle, sid_oracle, vista_oracle
+from methodchecks import (IMAGES, avisc_oracle, check_methods, clearsight_oracle, formula_oracle, sid_oracle,
+                          vista_oracle)
 from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
 
 from pope_fast.engine import Engine, ImageTokenDrop, Settings, VisualAmplification
@@ -170,52 +171,47 @@ def test_sid_matches_its_token_drop_and_contrast_on_transformers(family, tmp_pat
             texts.answer(IMAGES[0], QUESTIONS[:1], intervention=drop)
 
 
+NEWER = {"vista": "vista:vsv_lambda=0.5,logits_alpha=0.4,logits_layers=0-1",
+         "clearsight": "clearsight:layers=0-0,enh_para=1.6,sup_para=0.5",
+         "avisc": "avisc:layer_gamma=0.2,lamb=0.3,alpha=0.7,beta=0.05"}
+
+
 @pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
-def test_vista_matches_its_steering_and_logit_augmentation_on_transformers(family, request):
-    """VISTA (LzVv123456/VISTA) against transformers' class: the steering vector from the class's own residual
-    streams with and without the image, every mlp steered, the logits mixed with the window's lm_head outputs (layer
-    0's without the final norm, layer 1's, the last, normed); beside the baseline in one paired run."""
+def test_vista_clearsight_and_avisc_match_their_code_on_transformers(family, request):
+    """Beside the baseline in one paired run, each against transformers' class computing its official code's
+    arithmetic (methodchecks): VISTA (LzVv123456/VISTA) its vector from the class's residual streams with and without
+    the image, every mlp steered, the logits mixed with the window's lm_head outputs (layer 0's without the final
+    norm, layer 1's, the last, normed); ClearSight's VAF (ustc-hyin/ClearSight AttnAdapter.py) in eager attention in
+    the first of two layers only (an edit of the image's or the system prompt's own queries would reach the next
+    layer's keys), read at the answer position; AvisC (sangminwoo/AvisC) its layers and tokens from the returned
+    attention weights, those tokens zeroed in the language model's input embeddings, the logits contrasted within the
+    cut. ClearSight's continuation is refused: its edit would be missing from the decode steps."""
     from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
 
     checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
     model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
                               (Qwen2VLForConditionalGeneration, _qwen_inputs))
-    engine = Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware")
-    methods = [parse_method("none"), parse_method("vista:vsv_lambda=0.5,logits_alpha=0.4,logits_layers=0-1")]
-    out = engine.run_methods(engine.prepare(IMAGES[:1]), [QUESTIONS[:2]], methods)
-    prompts = [engine.prompt(q) for q in QUESTIONS[:2]]
-    oracle = vista_oracle(checkpoint, model_class, inputs_of(checkpoint), IMAGES[:1], prompts, 0.5, 0.4, (0, 1))
-    for i in range(1):
-        for prompt, ours, plain in zip(prompts, out["vista"][i], out["none"][i]):
-            theirs = oracle[i, prompt]
-            assert ours.first_token_id == int(theirs.argmax()), (i, prompt)
-            for token, value in ours.candidate_logits.items():
-                assert abs(value - float(theirs[token])) <= 1e-4, (i, prompt, token, value, float(theirs[token]))
-            assert ours.candidate_logits != plain.candidate_logits
-
-
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
-def test_clearsight_matches_its_attention_adapter_on_transformers(family, request):
-    """ClearSight's VAF (ustc-hyin/ClearSight AttnAdapter.py) against transformers' class in eager attention, in the
-    first of two layers only (so that an edit of the image's or the system prompt's own queries would reach the next
-    layer's keys): the image keys' and the system prompt's logits scaled for the queries after the image; read at the
-    answer position (its continuation is refused: the edit would be missing from the decode steps)."""
-    from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
-
-    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
-    model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
-                              (Qwen2VLForConditionalGeneration, _qwen_inputs))
+    inputs_of = inputs_of(checkpoint)
     engine = Engine.load(checkpoint, Settings(batch_size=2, max_new_tokens=2), readouts="template_aware,string_parse")
-    methods = [parse_method("none"), parse_method("clearsight:layers=0-0,enh_para=1.6,sup_para=0.5")]
-    out = engine.run_methods(engine.prepare(IMAGES[:1]), [QUESTIONS[:2]], methods)
-    prompts = [engine.prompt(q) for q in QUESTIONS[:2]]
-    oracle = clearsight_oracle(checkpoint, model_class, inputs_of(checkpoint), IMAGES[:1], prompts, (0, 0), 1.6, 0.5)
-    for prompt, ours, plain in zip(prompts, out["clearsight"][0], out["none"][0]):
-        theirs = oracle[0, prompt]
-        assert ours.first_token_id == int(theirs.argmax()) and ours.decoded is None and plain.decoded is not None
-        for token, value in ours.candidate_logits.items():
-            assert abs(value - float(theirs[token])) <= 1e-4, (prompt, token, value, float(theirs[token]))
-        assert ours.candidate_logits != plain.candidate_logits
+    out = engine.run_methods(engine.prepare(IMAGES[:1]), [QUESTIONS[:1]],
+                             [parse_method("none"), *map(parse_method, NEWER.values())])
+    prompts = [engine.prompt(q) for q in QUESTIONS[:1]]
+    vista = vista_oracle(checkpoint, model_class, inputs_of, IMAGES[:1], prompts, 0.5, 0.4, (0, 1))
+    clearsight = clearsight_oracle(checkpoint, model_class, inputs_of, IMAGES[:1], prompts, (0, 0), 1.6, 0.5)
+    avisc = avisc_oracle(checkpoint, model_class, inputs_of, IMAGES[:1], prompts, 0.2, 0.3, 0.7, 0.05)
+    for j, prompt in enumerate(prompts):
+        theirs = {"vista": vista[0, prompt], "clearsight": clearsight[0, prompt], "avisc": avisc[0, prompt][0]}
+        assert 0 < avisc[0, prompt][1] < avisc[0, prompt][2]  # some image tokens zeroed, not all
+        plain = out["none"][0][j]
+        assert plain.decoded is not None
+        for name in NEWER:
+            ours = out[name][0][j]
+            assert ours.first_token_id == int(theirs[name].argmax()) and ours.decoded is None, (name, prompt)
+            for token, value in ours.candidate_logits.items():
+                expected = float(theirs[name][token])
+                assert value == expected if math.isinf(expected) else abs(value - expected) <= 1e-4, \
+                    (name, prompt, token, value, expected)
+            assert ours.candidate_logits != plain.candidate_logits, name
     with pytest.raises(ValueError, match=r"^VisualAmplification scales keys on the prompt pass only"):
         engine.answer(IMAGES[0], QUESTIONS[:1], intervention=VisualAmplification((0, 0), 1.6, 0.5))
 
