@@ -11,7 +11,7 @@ from methodchecks import (IMAGES, avisc_oracle, check_methods, clearsight_oracle
                           vista_oracle)
 from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
 
-from pope_fast.engine import Engine, ImageTokenDrop, Settings, VisualAmplification
+from pope_fast.engine import Engine, ImageTokenDrop, Settings, TextOnlyRefused, VisualAmplification
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
                                       parse_method)
 
@@ -214,6 +214,10 @@ def test_vista_clearsight_and_avisc_match_their_code_on_transformers(family, req
             assert ours.candidate_logits != plain.candidate_logits, name
     with pytest.raises(ValueError, match=r"^VisualAmplification scales keys on the prompt pass only"):
         engine.answer(IMAGES[0], QUESTIONS[:1], intervention=VisualAmplification((0, 0), 1.6, 0.5))
+    for name, why in (("vista", "baseline under VISTA's name"), ("clearsight", "baseline under ClearSight's name"),
+                      ("avisc", "no image to zero")):
+        with pytest.raises(TextOnlyRefused, match=rf"^method {name} cannot answer a text-only question .*{why}$"):
+            engine.run_methods([None], [QUESTIONS[:1]], [parse_method(NEWER[name])])
 
 
 def test_diffusion_noise_follows_vcds_schedule():
