@@ -12,7 +12,7 @@ from .backend import BACKENDS, load_engine
 from .core import Answer, Engine, Prepared
 from .inputs.images import ImageError, LoadedImage, check_images, image_file, read_image
 from .layers.interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature,
-                                   ImageTokenDrop, Intervention, PAIAttention)
+                                   ImageTokenDrop, Intervention, PAIAttention, VisualAmplification)
 from .utils.loader import CheckpointError
 from .methods import METHODS, Method, parse_method
 from .models import FAMILIES, Family, TextOnlyRefused, load_model
@@ -27,4 +27,4 @@ __all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImageProm
            "LoadedImage", "check_images", "image_file", "read_image", "AttentionEdit", "Intervention", "ImageTokenDrop",
            "ImageAttentionAmplification", "ImageAttentionTemperature", "PAIAttention", "CheckpointError",
            "PromptLayout", "PromptResult", "METHODS", "Method", "parse_method", "Settings", "Counts", "Timings",
-           "VisionCache", "TextOnlyRefused"]
+           "VisionCache", "TextOnlyRefused", "VisualAmplification"]

@@ -7,7 +7,6 @@ answer-position logits they combine (`run_methods`).
 """
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -22,7 +21,7 @@ from ..readout.templates import SAMPLE_QUESTION
 from ..readout.tokens import token_strings, tokenizer_info
 from .inputs.fingerprint import checkpoint_digests
 from .layers.generation import greedy_fields
-from .inputs.images import DECODE_ERRORS, LoadedImage, read_image, reencoded, resized, to_rgb, undecodable
+from .inputs.images import DECODE_ERRORS, LoadedImage, as_loaded, reencoded, resized, undecodable
 from .layers.interventions import Intervention, changes_prefix
 from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
 from .models import Family, TextOnlyRefused, load_model
@@ -32,11 +31,6 @@ from .runner import ImagePrompts, Runner
 from .utils.settings import Settings
 from .utils.stats import Clock
 from .inputs.vision_cache import VisionCache, feature_key, noised_key
-
-# Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
-# converts it when the same image comes from a file.
-PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
-
 
 @dataclass(frozen=True)
 class Prepared:
@@ -165,29 +159,12 @@ class Engine:
         """ValueError where a method's settings do not fit the model (a layer range past its layers, say)."""
         method.check_model(self.model.lm)
 
-    def _loaded(self, image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:
-        """An image as the API takes one: a file path, a file's bytes, a PIL image or a LoadedImage."""
-        if isinstance(image, (str, Path)):
-            return read_image(image)
-        if isinstance(image, (bytes, bytearray)):
-            return read_image(Path("<bytes>"), data=bytes(image))
-        if isinstance(image, Image.Image):
-            if image.mode not in PNG_MODES:  # CMYK, I, F, YCbCr, HSV, ...: the file path's conversion
-                image = to_rgb(image)
-            buf = io.BytesIO()
-            image.save(buf, format="PNG")
-            return LoadedImage(Path("<in-memory>"), buf.getvalue())
-        if not isinstance(image, LoadedImage):
-            raise TypeError(f"image must be a file path, a file's bytes, a PIL image or a LoadedImage, "
-                            f"not {type(image).__name__}")
-        return image
-
     def prepare(self, images: list) -> list[Prepared]:
         """Each image (a path, a PIL image or a LoadedImage) ready for the vision pass: the CPU half of
         it, which a sweep runs in background threads while the model works."""
         prepared = []
         for image in images:
-            image = self._loaded(image)
+            image = as_loaded(image)
             key = feature_key(image.data, self._processor, self.settings, self.model.feature_fingerprint)
             pixels = None
             if not self.cache.contains(key):
@@ -280,15 +257,18 @@ class Engine:
         return self.run_passes(items, [intervention])[0]
 
     def run_passes(self, items: list[ImagePrompts], interventions: list[Intervention | None], *,
-                   vocab: bool = False, decode: list[bool] | None = None) -> list[list[list[PromptResult]]]:
+                   vocab: bool = False, decode: list[bool] | None = None, residuals: bool = False
+                   ) -> list[list[list[PromptResult]]]:
         """run_images under each intervention in turn, each prefix prefilled once for all of them when none of them
         changes the prefix (attention edits never do: they act after the image; a hidden hook may; a whole_prompt
         one runs every prompt whole, on its own). With vocab, each PromptResult also holds the answer position's
-        logits over the whole vocabulary (`vocab_logits`); decode[k] False skips intervention k's continuation."""
+        logits over the whole vocabulary (`vocab_logits`), with residuals every layer's output there (`residuals`);
+        decode[k] False skips intervention k's continuation."""
         decode = decode or [True] * len(interventions)
         whole = any(i is not None and i.whole_prompt for i in interventions)  # no image prefix shared
         if len(interventions) > 1 and (whole or any(changes_prefix(i) for i in interventions)):
-            return [self.run_passes(items, [i], vocab=vocab, decode=[d])[0] for i, d in zip(interventions, decode)]
+            return [self.run_passes(items, [i], vocab=vocab, decode=[d], residuals=residuals)[0]
+                    for i, d in zip(interventions, decode)]
         runner = self.runner
         results: list[dict[tuple[int, int], PromptResult]] = [{} for _ in interventions]
         launched = []  # (pass, batch) in launch order: each read back once the next is launched
@@ -296,7 +276,8 @@ class Engine:
             prefix = runner.prefill_prefix(stage.prefix, interventions[0]) if stage.prefix is not None else None
             for batch in stage.batches:
                 for k, intervention in enumerate(interventions):
-                    launched.append((k, runner.launch(prefix, batch, intervention, vocab=vocab, decode=decode[k])))
+                    launched.append((k, runner.launch(prefix, batch, intervention, vocab=vocab, decode=decode[k],
+                                                      residuals=residuals)))
                     if len(launched) > 1:
                         _collect(results, runner, *launched.pop(0))
         for k, batch in launched:
@@ -325,6 +306,10 @@ class Engine:
         got = self._passes(prepared, features, questions, list(dict.fromkeys(
             p for passes in wanted.values() for p in passes.values())), methods,
             {wanted[m.name]["main"] for m in methods if not m.contrastive})
+        later = {m.name: m.later({role: got[p] for role, p in wanted[m.name].items()}) for m in methods}
+        got |= self._passes(prepared, features, questions, list(dict.fromkeys(
+            p for passes in later.values() for p in passes.values())), methods, set())
+        wanted = {name: passes | later[name] for name, passes in wanted.items()}
         where = [(i, j) for i, qs in enumerate(questions) for j in range(len(qs))]
         out = {}
         for m in methods:
@@ -344,7 +329,7 @@ class Engine:
         """Every distinct pass's results; passes on the same features and prompts share one prefix, each
         edit in turn. `decoded`: the passes whose records are a method's own (a non-contrastive method's one
         pass), which continue for the text readouts."""
-        vocab = any(m.contrastive for m in methods)
+        vocab, residuals = any(m.contrastive for m in methods), any(m.residuals for m in methods)
         got: dict[Pass, list[list[PromptResult]]] = {}
         shared: dict[tuple, list[Pass]] = {}
         for p in distinct:
@@ -355,16 +340,18 @@ class Engine:
             items = [ImagePrompts(f, [self.prompt(q, system, f is not None) for q in qs], "" if p is None else p.key)
                      for f, qs, p in zip(feats, questions, prepared)]
             runs = self.run_passes(items, [p.edit for p in passes], vocab=vocab,
-                                   decode=[p in decoded for p in passes])
+                                   decode=[p in decoded for p in passes], residuals=residuals)
             got.update(zip(passes, runs))
         if any(p.image == "none" for p in distinct):
-            got[Pass("none")] = self._text_only(features, questions)
+            got[Pass("none")] = self._text_only(features, questions, residuals)
         return got
 
     def _combined(self, method: Method, results: dict[str, list[PromptResult]]) -> list[PromptResult]:
         """A contrastive method's results, one batch of rows: its combined logits' argmax, candidate columns and
         log-sum-exp (where recorded), and the probe of its main pass."""
-        combined = method.combine({role: torch.stack([r.vocab_logits for r in rs]) for role, rs in results.items()})
+        logits = {role: torch.stack([r.vocab_logits for r in rs]) for role, rs in results.items()}
+        combined = method.combine(logits | {f"{role}:lens": torch.stack([r.lens_logits for r in rs])
+                                            for role, rs in results.items() if rs and rs[0].lens_logits is not None})
         ids = list(self.readout.candidate_ids)
         index = torch.tensor(ids, device=combined.device)
         mass = combined.logsumexp(dim=-1).tolist() if self.settings.record_mass else [None] * len(combined)
@@ -372,7 +359,8 @@ class Engine:
                 for first, values, main, m in zip(combined.argmax(dim=-1).tolist(), combined[:, index].tolist(),
                                                   results["main"], mass)]
 
-    def _text_only(self, features: list[torch.Tensor], questions: list[list[str]]) -> list[list[PromptResult]]:
+    def _text_only(self, features: list[torch.Tensor], questions: list[list[str]], residuals: bool = False
+                   ) -> list[list[PromptResult]]:
         """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole (no
         image, no edit), one prompt per batch so that its logits are the same bits whichever prompts
         were run before; kept per distinct token sequence for the engine's life, since every image that
@@ -383,11 +371,12 @@ class Engine:
             for j, q in enumerate(qs):
                 layout = without_image(self.model.layout(self.prompt(q), f), self.model.lm.dims.mrope_section)
                 order.append((i, j, layout.ids))
-                if layout.ids not in self._text_logits and layout.ids not in rows:
+                known = self._text_logits.get(layout.ids)
+                if (known is None or (residuals and known.residuals is None)) and layout.ids not in rows:
                     rows[layout.ids] = Row(len(rows), 0, layout, f[:0])
         for row in rows.values():
             [self._text_logits[row.layout.ids]] = self.runner.run_batch(None, SuffixBatch([row], None), None,
-                                                                         vocab=True, decode=False)
+                                                                         vocab=True, decode=False, residuals=residuals)
         out = [[None] * len(qs) for qs in questions]
         for i, j, ids in order:
             out[i][j] = self._text_logits[ids]

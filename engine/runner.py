@@ -50,6 +50,8 @@ class Launched:
     image_attention: torch.Tensor | None  # [B, L, Hq], the probe's
     vocab: torch.Tensor | None  # [B, V], where asked for
     logsumexp: torch.Tensor | None = None  # [B], where settings.record_mass
+    residuals: torch.Tensor | None = None  # [B, L, H], where asked for
+    lens: torch.Tensor | None = None  # [B, V], where the intervention names lens_layers
 
 
 class Runner:
@@ -138,22 +140,28 @@ class Runner:
         return prefix
 
     def run_batch(self, prefix: PrefixKV | None, batch: SuffixBatch, intervention: Intervention | None, *,
-                  vocab: bool = False, decode: bool = True) -> list[PromptResult]:
+                  vocab: bool = False, decode: bool = True, residuals: bool = False) -> list[PromptResult]:
         """One suffix batch: prefill, the answer position's candidate logits and argmax (with vocab, the
-        whole vocabulary's logits too), and the greedy continuation when a text readout asks for one."""
-        return self.results(self.launch(prefix, batch, intervention, vocab=vocab, decode=decode))
+        whole vocabulary's logits too; with residuals, every layer's output there), and the greedy continuation
+        when a text readout asks for one."""
+        return self.results(self.launch(prefix, batch, intervention, vocab=vocab, decode=decode, residuals=residuals))
 
     def launch(self, prefix: PrefixKV | None, batch: SuffixBatch, intervention: Intervention | None, *,
-               vocab: bool = False, decode: bool = True) -> "Launched":
+               vocab: bool = False, decode: bool = True, residuals: bool = False) -> "Launched":
         """run_batch's work, queued on the device, its results not read back (`results`)."""
         lm, device, ids = self.model.lm, self.settings.torch_device, list(self.readout.candidate_ids)
         start = prefix.length if prefix is not None else 0
+        lens = None if intervention is None else intervention.lens_layers
+        if intervention is not None:
+            intervention.rows(batch.rows)
         with Clock(self.timings, "question_prefill", device):
             tokens = self._tokens(batch.rows, start, None)
-            out = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, self.settings.probe != "none")
+            out = lm.prefill_suffix(prefix, batch.slots, tokens, intervention, self.settings.probe != "none",
+                                    residuals or lens is not None)
             logits, first = lm.answer(out.last_hidden, ids)
             everything = lm.vocab_logits(out.last_hidden) if vocab else None
             mass = lm.vocab_logsumexp(out.last_hidden) if self.settings.record_mass else None
+            lensed = None if lens is None else lm.lens_logits(out.residuals, *lens)
             if intervention is not None:
                 adjusted = intervention.logits(logits, ids)
                 if adjusted is not None and mass is not None:
@@ -165,7 +173,8 @@ class Runner:
         texts = [{}] * len(batch.rows)
         if self.readout.generates and decode:
             texts = self._continue(prefix, batch, out, first, intervention)
-        return Launched(batch.rows, first, logits, texts, out.image_attention, everything, mass)
+        return Launched(batch.rows, first, logits, texts, out.image_attention, everything, mass,
+                        out.residuals if residuals else None, lensed)
 
     def results(self, launched: "Launched") -> list[PromptResult]:
         """A launched batch's PromptResults, read back from the device (waiting for it where it has not finished)."""
@@ -174,11 +183,13 @@ class Runner:
         probes = [None] * len(rows) if attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads} if row.layout.image_spans else None
              for layers, heads, row in zip(attention.mean(dim=-1).tolist(), attention.tolist(), rows)]
-        vocab = [None] * len(rows) if launched.vocab is None else list(launched.vocab)
+        vocab, streams, lens = ([None] * len(rows) if t is None else list(t)
+                                for t in (launched.vocab, launched.residuals, launched.lens))
         mass = [None] * len(rows) if launched.logsumexp is None else launched.logsumexp.tolist()
-        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, logsumexp=m, **text)
-                for f, row, text, probe, v, m in zip(launched.first.tolist(), launched.logits.tolist(), launched.texts,
-                                                     probes, vocab, mass)]
+        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, logsumexp=m, residuals=r,
+                             lens_logits=lo, **text)
+                for f, row, text, probe, v, m, r, lo in zip(launched.first.tolist(), launched.logits.tolist(),
+                                                            launched.texts, probes, vocab, mass, streams, lens)]
 
     def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | SampledState | None:
         """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None; where the

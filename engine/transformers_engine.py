@@ -223,7 +223,7 @@ class TransformersEngine(Engine):
         self.reset()
 
     def run_passes(self, items: list[ImagePrompts], interventions: list, *, vocab: bool = False,
-                   decode: list[bool] | None = None) -> list[list[list[PromptResult]]]:
+                   decode: list[bool] | None = None, residuals: bool = False) -> list[list[list[PromptResult]]]:
         if any(i is not None for i in interventions):
             raise ValueError("the transformers backend cannot edit attention (an Intervention acts inside the "
                              "engine's own attention and hidden states)")

@@ -214,3 +214,126 @@ def memvr_oracle(model, inputs, v, ratio, threshold, starting, ending):
         for h in hooks:
             h.remove()
     return logits, state["inject"]
+
+
+def vista_oracle(checkpoint, model_class, inputs_of, images, prompts, lam, alpha, lens):
+    """Per (image, prompt): VISTA's logits as LzVv123456/VISTA computes them, on transformers' class. The residual
+    streams: each decoder layer's output at the last token (its ForwardTracer's forward hooks, steering_vector.py
+    :65-88, 103-107), with the image and for the prompt without its image tokens; the vector: their difference
+    through obtain_vsv's rank-1 PCA of one row (:113-129; myutils.py:104-130, svd_flip included); the steered pass:
+    each mlp's output through VSVLayer (llm_layers.py:15-34); the logits: alpha times the mean of lm_head over
+    hidden_states[1:][first..last] plus (1 - alpha) times the model's (llava_llama.py:93-103)."""
+    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    layers = model.model.language_model.layers
+
+    def streams(**inputs):
+        seen = []
+        hooks = [layer.register_forward_hook(lambda m, a, out: seen.append(
+            (out[0] if isinstance(out, tuple) else out)[0, -1].float())) for layer in layers]
+        model(**inputs)
+        for hook in hooks:
+            hook.remove()
+        return torch.stack(seen)
+
+    def steer(v):
+        def hook(module, args, out):
+            x, unit = out.double(), v.double() / v.double().norm()
+            weight = 1 + torch.clamp(torch.nn.functional.cosine_similarity(x, -v.double()[None, None], dim=-1),
+                                     min=0)[..., None]
+            turned = x / x.norm(dim=-1, keepdim=True) + lam * weight * unit
+            return (turned / turned.norm(dim=-1, keepdim=True) * x.norm(dim=-1, keepdim=True)).to(out.dtype)
+        return hook
+
+    out = {}
+    for i, image in enumerate(images):
+        for prompt in prompts:
+            inputs = inputs_of(image, prompt)
+            slots = inputs["input_ids"][0] == model.config.image_token_id
+            with torch.no_grad():
+                pos, neg = streams(**inputs), streams(input_ids=inputs["input_ids"][:, ~slots])
+                row = (pos - neg).reshape(1, -1)
+                mean = row.mean(0, keepdim=True)
+                u, _, vh = torch.linalg.svd(row - mean, full_matrices=False)
+                vsv = (vh[:1] * torch.sign(u[u.abs().argmax(0), 0]) + mean).mean(0).view(pos.shape)
+                hooks = [layer.mlp.register_forward_hook(steer(v)) for layer, v in zip(layers, vsv)]
+                run = model(**inputs, output_hidden_states=True)
+                for hook in hooks:
+                    hook.remove()
+                hidden = run.hidden_states[1:]
+                aug = torch.stack([model.lm_head(hidden[k]) for k in range(lens[0], lens[1] + 1)]).mean(0)
+            out[i, prompt] = (alpha * aug + (1 - alpha) * run.logits)[0, -1]
+    return out
+
+
+def clearsight_oracle(checkpoint, model_class, inputs_of, images, prompts, layers, enh, sup):
+    """Per (image, prompt): ClearSight's logits as its AttnAdapter computes them (ustc-hyin/ClearSight
+    visaug/inference/AttnAdapter.py:68-78), on transformers' class in eager attention: in layers first..last, the raw
+    scores of the queries after the image span times enh over its keys and times sup over every key before it (its
+    SYS_LEN and IMG_LEN: LLaVA-1.5's 35 and 576, here the prompt's own span)."""
+    from transformers import AttentionInterface, AttentionMaskInterface
+    from transformers.masking_utils import eager_mask
+
+    state = {}
+
+    def amplify(module, scores):
+        if id(module) in state.get("language", ()) and layers[0] <= module.layer_idx <= layers[1] and "span" in state:
+            start, end = state["span"]
+            scores = scores.clone()
+            scores[:, :, end:, start:end] = enh * scores[:, :, end:, start:end]
+            scores[:, :, end:, :start] = sup * scores[:, :, end:, :start]
+        return scores
+
+    AttentionInterface.register("pope_fast_vaf", edited_eager_attention(amplify))
+    AttentionMaskInterface.register("pope_fast_vaf", eager_mask)
+    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="pope_fast_vaf")
+    state["language"] = {id(m) for m in model.eval().model.language_model.modules()}
+    out = {}
+    for i, image in enumerate(images):
+        for prompt in prompts:
+            inputs = inputs_of(image, prompt)
+            slots = torch.nonzero(inputs["input_ids"][0] == model.config.image_token_id)[:, 0]
+            state["span"] = int(slots[0]), int(slots[-1]) + 1
+            with torch.no_grad():
+                out[i, prompt] = model(**inputs).logits[0, -1]
+            del state["span"]
+    return out
+
+
+def avisc_oracle(checkpoint, model_class, inputs_of, images, prompts, gamma, lamb, alpha, beta):
+    """Per (image, prompt): AvisC's logits as sangminwoo/AvisC computes them, on transformers' class in eager attention,
+    and how many of its image tokens were zeroed of how many. The layers: each one's share of the answer position's
+    head-averaged attention on the image, the fewest largest holding gamma (avisc_sample.py:138-145, 160-170); the
+    tokens zeroed: below mean + lamb std of their attention averaged over those layers (:175-179); zeroed in the
+    language model's input embeddings (llava_llama.py:93-112); then (1 + alpha) l - alpha l_masked within the cut
+    (:203-208)."""
+    model = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="eager").eval()
+    state = {}
+
+    def zero(module, args, kwargs):
+        if "zero" in state:
+            kwargs["inputs_embeds"] = kwargs["inputs_embeds"].clone()
+            kwargs["inputs_embeds"][0, state["zero"]] = 0.0
+        return args, kwargs
+
+    model.model.language_model.register_forward_pre_hook(zero, with_kwargs=True)
+    out = {}
+    for i, image in enumerate(images):
+        for prompt in prompts:
+            inputs = inputs_of(image, prompt)
+            slots = torch.nonzero(inputs["input_ids"][0] == model.config.image_token_id)[:, 0]
+            with torch.no_grad():
+                run = model(**inputs, output_attentions=True)
+                portion = torch.stack([a.mean(dim=1)[:, -1, slots].sum() for a in run.attentions])
+                portion = portion / portion.sum()
+                norm = (portion / portion.sum()).unsqueeze(0)
+                k = (torch.cumsum(torch.sort(norm, descending=True)[0], dim=1) < gamma).sum() + 1
+                _, top = torch.topk(portion.float(), int(k), dim=0)
+                image_att = torch.stack([run.attentions[j].mean(dim=1)[:, -1, slots] for j in top], dim=1).mean(dim=1)
+                mask_idx = torch.where(image_att < image_att.mean() + image_att.std() * lamb)[1]
+                state["zero"] = slots[mask_idx]
+                masked = model(**inputs).logits[0, -1]
+                del state["zero"]
+            main = run.logits[0, -1]
+            avisc = ((1 + alpha) * main - alpha * masked).masked_fill(~plausible(main, beta), -math.inf)
+            out[i, prompt] = avisc, len(mask_idx), len(slots)
+    return out

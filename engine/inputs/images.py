@@ -74,6 +74,29 @@ def read_image(path: str | Path, verify: bool = True, data: bytes | None = None)
     return loaded
 
 
+# Modes a PNG holds as they are; any other in-memory image is converted first, as preprocessing
+# converts it when the same image comes from a file.
+PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
+
+
+def as_loaded(image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:
+    """An image as the engine's API takes one: a file path, a file's bytes, a PIL image or a LoadedImage."""
+    if isinstance(image, (str, Path)):
+        return read_image(image)
+    if isinstance(image, (bytes, bytearray)):
+        return read_image(Path("<bytes>"), data=bytes(image))
+    if isinstance(image, Image.Image):
+        if image.mode not in PNG_MODES:  # CMYK, I, F, YCbCr, HSV, ...: the file path's conversion
+            image = to_rgb(image)
+        buf = io.BytesIO()
+        image.save(buf, format="PNG")
+        return LoadedImage(Path("<in-memory>"), buf.getvalue())
+    if not isinstance(image, LoadedImage):
+        raise TypeError(f"image must be a file path, a file's bytes, a PIL image or a LoadedImage, "
+                        f"not {type(image).__name__}")
+    return image
+
+
 def embedded_path(name: str) -> Path:
     """What an embedded image is called in messages."""
     return Path(f"{name} (embedded)")

@@ -237,6 +237,8 @@ class PromptResult:
     probe: dict | None = None
     vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
     logsumexp: float | None = None  # the answer position's over the whole vocabulary, where settings.record_mass
+    residuals: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [L, H], where a method asks
+    lens_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V], a lens_layers pass's
 
     def text_for(self, readout: str) -> str | None:
         """The text a text readout reads: its own prefix of the continuation, else all of it."""

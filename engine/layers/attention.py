@@ -71,6 +71,7 @@ class SuffixOut:
     last_hidden: torch.Tensor
     kv: SuffixKV
     image_attention: torch.Tensor | None
+    residuals: torch.Tensor | None = None  # [B, L, H]: each decoder layer's output at the last token, where asked
 
 
 class DecodeCache:
@@ -198,6 +199,21 @@ def kept_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kep
     eye = torch.eye(length, dtype=torch.bool, device=q.device)
     seen = image_blocks(image) if image is not None else torch.ones_like(eye).tril()
     scores = scores.masked_fill(~(seen & (kept[:, None, :] | eye))[:, None], float("-inf"))
+    return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
+
+
+def key_scaled_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
+                                queries: torch.Tensor) -> torch.Tensor:
+    """Causal attention of whole prompts in which each query of `queries` [B, S] bool multiplies every key's attention
+    logit (q.k / sqrt(d), before the mask) by that key's factor in scale [B, S] (ClearSight's VAF); the other queries
+    attend as they are. Explicit, in fp32."""
+    b, hq, length, d = q.shape
+    group = hq // k.shape[1]
+    kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
+    scores = q.float() @ kf.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, S, S]
+    factor = torch.where(queries[:, :, None], scale[:, None, :].float(), 1.0)  # [B, S(query), S(key)]
+    causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
+    scores = (scores * factor[:, None]).masked_fill(~causal, float("-inf"))
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 

@@ -24,12 +24,13 @@ from torch import nn
 
 from ...kernels import PrefixRuns, fused_rms_norm, gather_logits, resolve_backend, vocab_argmax
 from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, answer_key_attention, causal_attention,
-                        image_block_attention, kept_causal_attention, masked_attention, probe_attention,
-                        suffix_attention)
+                        image_block_attention, kept_causal_attention, key_scaled_causal_attention, masked_attention,
+                        probe_attention, suffix_attention)
 from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
-from .interventions import AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, layer_edit, mlp_hook
+from .interventions import (AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, key_scaling, layer_edit,
+                            mlp_hook, overrides)
 from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
 from .moe import ExpertMLP
 from ..inputs.plan import TokenBatch, to_device
@@ -191,22 +192,29 @@ class DecoderLM(nn.Module):
 
     @torch.inference_mode()
     def prefill_suffix(self, prefix: PrefixKV | None, prefix_index: list[int] | None, batch: TokenBatch,
-                       intervention: Intervention | None = None, probe: bool = False) -> "SuffixOut":
+                       intervention: Intervention | None = None, probe: bool = False,
+                       residuals: bool = False) -> "SuffixOut":
         """Right-padded question suffixes, row b continuing prefix slot prefix_index[b] (rows grouped
         by slot), or with prefix None whole prompts (InstructBLIP's, or the no-reuse reference path):
         the hidden state of each row's last token, the suffixes' own KV and, with probe, the image
-        attention at that token (SuffixOut)."""
+        attention at that token (SuffixOut); with residuals, every layer's output at that token (VISTA's)."""
         x = self.embed(batch.ids, batch.image_index, batch.features)
         ropes = self.rotary_of(batch)
         backend = resolve_backend(self.kernels, self.device)
         runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         drop = intervention if isinstance(intervention, ImageTokenDrop) else None
-        if drop is not None and prefix is not None:
-            raise ValueError("ImageTokenDrop drops image tokens per question: run its prompts whole (no prefix)")
         stream = None if intervention is None else intervention.prompt_stream(self, batch)
-        if stream is not None and prefix is not None:
-            raise ValueError(f"{type(intervention).__name__} acts on each whole prompt: run its prompts whole")
-        keys, values, probes, kept = [], [], [], None
+        whole = [h for h in ("embedded", "attended") if overrides(intervention, h)] + (["drop"] if drop else []) \
+            + (["prompt_stream"] if stream is not None else [])
+        if whole and prefix is not None:
+            raise ValueError(f"{type(intervention).__name__} acts per question ({', '.join(whole)}): run its prompts "
+                             "whole (no prefix)")
+        if overrides(intervention, "embedded"):
+            new = intervention.embedded(x, batch.image_mask)
+            x = x if new is None else new
+        attended = overrides(intervention, "attended")
+        keys, values, probes, kept, streams = [], [], [], None, []
+        rows = torch.arange(batch.ids.shape[0], device=self.device)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i], image=batch.image_mask)
             keys.append(k)
@@ -214,19 +222,27 @@ class DecoderLM(nn.Module):
             edit = layer_edit(intervention, i, self.dims.num_heads, self.device)
             if probe:
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
+            scaled = key_scaling(intervention, i, batch.image_mask, prefix is None, self.dims.image_bidirectional)
             if kept is not None:
                 attn = kept_causal_attention(q, k, v, kept, batch.image_mask if self.dims.image_bidirectional else None)
+            elif scaled is not None:
+                attn = key_scaled_causal_attention(q, k, v, *scaled)
             else:
                 attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
                                         image_bidirectional=self.dims.image_bidirectional)
             if drop is not None and i == drop.layer - 1 and batch.image_mask is not None:
                 kept = drop.kept(answer_key_attention(q, batch.lengths, k), batch.image_mask)
+            if attended:
+                intervention.attended(i, answer_key_attention(q, batch.lengths, k).mean(dim=1), batch.image_mask)
             x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix")) \
                 if stream is None else stream.layer(i, layer, x, (q, k, v), attn)
-            x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
-        last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
-        return SuffixOut(last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
-                         torch.stack(probes, dim=1) if probe else None)
+            x = hidden_hook(intervention, i, x, "suffix")
+            if residuals:  # the layer's own output, as a hook on transformers' decoder layer sees it
+                streams.append(x[rows, batch.lengths - 1])
+            x = self.deepstack(x, i, batch)
+        return SuffixOut(x[rows, batch.lengths - 1],
+                         SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
+                         torch.stack(probes, dim=1) if probe else None, torch.stack(streams, 1) if residuals else None)
 
     @torch.inference_mode()
     def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -247,14 +263,21 @@ class DecoderLM(nn.Module):
         """last_hidden [B, H] → the logits of the whole vocabulary [B, V] (fp32, rounded to the model
         dtype as `answer`'s are), for methods that combine passes over every token. One answer
         position per row: [B, V], never [B, S, V]; the lm_head rows go `chunk` at a time."""
-        backend = resolve_backend(self.kernels, self.device)
         last_hidden, weight = self.final_norm(last_hidden)
-        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)
+        return self.raw_logits(last_hidden, chunk, weight)
+
+    @torch.inference_mode()
+    def raw_logits(self, hidden: torch.Tensor, chunk: int = 8192, norm_weight: torch.Tensor | None = None
+                   ) -> torch.Tensor:
+        """The lm_head of hidden [B, H], after the final norm only where its weight is given: [B, V] fp32, rounded
+        to the model dtype."""
+        backend = resolve_backend(self.kernels, self.device)
         vocab = self.lm_head.matrix.shape[0]
-        out = torch.empty(last_hidden.shape[0], vocab, dtype=torch.float32, device=self.device)
+        out = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=self.device)
         for start in range(0, vocab, chunk):
             ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
-            out[:, start:start + len(ids)] = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm)
+            out[:, start:start + len(ids)] = gather_logits(hidden, self.lm_head.matrix, ids, norm_weight,
+                                                           self.dims.rms_eps, backend)
         return out.to(self.dtype).float()
 
     @torch.inference_mode()
@@ -272,6 +295,16 @@ class DecoderLM(nn.Module):
             part = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm).to(self.dtype).float()
             total = torch.logaddexp(total, part.logsumexp(dim=-1))
         return total
+
+    @torch.inference_mode()
+    def lens_logits(self, residuals: torch.Tensor, first: int, last: int) -> torch.Tensor:
+        """residuals [B, L, H] (prefill_suffix's) → the mean over layers first..last of the lm_head applied to each
+        one's output, [B, V] fp32, each rounded to the model dtype: without the final norm, except the last layer's,
+        which transformers' hidden_states gives normed (its entry is the model's own logits)."""
+        final = self.dims.num_layers - 1
+        total = sum(self.vocab_logits(residuals[:, i]) if i == final else self.raw_logits(residuals[:, i])
+                    for i in range(first, last + 1))
+        return total / (last - first + 1)
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
@@ -337,6 +370,9 @@ class DecoderLM(nn.Module):
             raise ValueError("ImageTokenDrop acts on the prompt pass only: a continuation would see every image token")
         if intervention is not None and type(intervention).prompt_stream is not Intervention.prompt_stream:
             raise ValueError(f"{type(intervention).__name__} acts on the prompt pass only: no continuation runs it")
+        if intervention is not None and type(intervention).key_scale is not Intervention.key_scale:
+            raise ValueError(f"{type(intervention).__name__} scales keys on the prompt pass only: a continuation's "
+                             "steps would attend as the model does")
         d = self.dims
         empty = torch.zeros(d.num_kv_heads, 0, d.head_dim, device=self.device, dtype=self.dtype)
         return (DecodeCache(prefix, prefix_index, suffix, steps, chunk, d.sliding_window, empty),

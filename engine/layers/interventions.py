@@ -64,10 +64,18 @@ class Intervention:
     model's own logits (hidden-state changes reach them, logit adjustments do not), so first_token and
     the text readouts ignore `logits`. Engine.answer runs one image at a time, so there G = 1 and every
     suffix row is that image's. `whole_prompt` True: its passes run each prompt whole, sharing no image prefix
-    (what it does to the image tokens depends on the question: ImageTokenDrop).
+    (what it does to the image tokens depends on the question: ImageTokenDrop). `rows` is told each question
+    batch's rows before it runs, for an edit that differs per question (VISTA's steering vector). `lens_layers`
+    (first, last): the pass also gives the mean of those layers' logits at the answer position
+    (PromptResult.lens_logits; DecoderLM.lens_logits).
     """
 
     whole_prompt = False
+    lens_layers: tuple[int, int] | None = None
+
+    def rows(self, rows: list) -> None:
+        """The batch about to run: its Rows (`item`, the image's index in the call; `prompt`, the prompt's)."""
+        return None
 
     def hidden(self, layer: int, hidden: torch.Tensor, part: str) -> torch.Tensor | None:
         return None
@@ -85,6 +93,23 @@ class Intervention:
         engine/methods): an object whose `layer(i, layer, x, qkv, attn)` returns layer i's output [B, S, H] in place
         of `layer.finish(x, attn)` (q, k, v as the layer made them, attn its attention output). None (the default):
         every layer's step is the plain one."""
+        return None
+
+    def embedded(self, x: torch.Tensor, image: torch.Tensor | None) -> torch.Tensor | None:
+        """A whole_prompt pass's input embeddings [B, S, H] (the image's features in its slots, image [B, S] marking
+        them) before the first layer: return a tensor of the same shape to replace them (AvisC's zeroed tokens), or
+        None to leave them."""
+        return None
+
+    def attended(self, layer: int, weights: torch.Tensor, image: torch.Tensor | None) -> None:
+        """Told, in a whole_prompt pass, each layer's attention weights of the answer position over every key [B, S],
+        averaged over heads (fp32, as transformers' eager attention returns them), before the layer's output."""
+        return None
+
+    def key_scale(self, layer: int, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """A whole_prompt pass's factor on every key's attention logit in this layer, [B, S], and the queries [B, S]
+        bool that take it (ClearSight's VAF: the image's and the system prompt's keys, from the queries after the
+        image), or None (the default) to leave the layer alone. image [B, S] marks the image tokens."""
         return None
 
     def image_attention(self, layer: int) -> AttentionEdit | None:
@@ -141,6 +166,26 @@ def mlp_hook(intervention: Intervention | None, layer: int, part: str) -> Callab
         return out if new is None else new
 
     return hook
+
+
+def key_scaling(intervention: Intervention | None, layer: int, image: torch.Tensor | None, whole: bool,
+                bidirectional: bool) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The intervention's key_scale of this layer, None where it has none (or the prompts hold no image)."""
+    if intervention is None or type(intervention).key_scale is Intervention.key_scale or image is None:
+        return None
+    scaled = intervention.key_scale(layer, image)
+    if scaled is not None and not whole:
+        raise ValueError(f"{type(intervention).__name__} scales keys before the image: run its prompts whole "
+                         "(whole_prompt = True), not against a shared image prefix")
+    if scaled is not None and bidirectional:
+        raise ValueError(f"{type(intervention).__name__}: this family's image tokens attend to each other both ways, "
+                         "which the key-scaled attention does not compute")
+    return scaled
+
+
+def overrides(intervention: Intervention | None, hook: str) -> bool:
+    """Whether the intervention defines its own `hook` (a method of Intervention)."""
+    return intervention is not None and getattr(type(intervention), hook) is not getattr(Intervention, hook)
 
 
 def changes_prefix(intervention: Intervention | None) -> bool:
@@ -222,3 +267,25 @@ class ImageTokenDrop(Intervention):
         chosen = torch.zeros_like(image)
         chosen.scatter_(1, mean.topk(min(self.keep, mean.shape[1]), dim=-1, largest=False).indices, True)
         return ~image | chosen
+
+
+class VisualAmplification(Intervention):
+    """ClearSight's Visual Amplification Fusion (Yin et al., CVPR 2025; ustc-hyin/ClearSight
+    visaug/inference/AttnAdapter.py:68-78): in layers first..last, every query after the image multiplies the attention
+    logits of the image's keys by `enhance` and of the keys before the image (its system prompt: LLaVA-1.5's first 35
+    tokens there, BOS to "USER: ") by `suppress`, before the mask and softmax. The image's and the system prompt's own
+    queries attend as they are, so the image's prefix is the model's; the edit reaches keys before the image, which
+    the engine's image-key edits do not, so the pass runs whole prompts, on the prompt only (no continuation)."""
+
+    whole_prompt = True
+
+    def __init__(self, layers: tuple[int, int], enhance: float, suppress: float):
+        self.layers, self.enhance, self.suppress = layers, enhance, suppress
+
+    def key_scale(self, layer, image):
+        if not self.layers[0] <= layer <= self.layers[1]:
+            return None
+        before = image.long().cumsum(-1) == 0  # no image token at or before the key
+        after = image.long().flip(-1).cumsum(-1).flip(-1) == 0  # no image token at or after the query
+        scale = torch.where(image, self.enhance, torch.where(before, self.suppress, 1.0))
+        return scale, after & image.any(-1, keepdim=True)

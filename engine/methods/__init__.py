@@ -20,34 +20,28 @@ the modules that import it).
 """
 from __future__ import annotations
 
+from .avisc import AvisC
 from .base import ALPHA, BETA, PASS_IMAGES, Baseline, Intervened, Method, Param, Pass, layer_range, plausible
+from .clearsight import ClearSight
 from .contrastive import ICD, M3ID, VCD
 from .memvr import MemVR
 from .noise import DIFFUSION_STEPS, VCD_NOISE_STEP, diffusion_alpha_bar, diffusion_noise, noise_generator
 from .only import ONLY
 from .pai import PAI
 from .sid import SID
+from .vista import VISTA, VISTASteering
 from .vti import VTI, VTISteering
 
 __all__ = ["ALPHA", "BETA", "DIFFUSION_STEPS", "ICD", "M3ID", "METHODS", "PAI", "PASS_IMAGES", "SID", "VCD",
            "VCD_NOISE_STEP", "VTI", "Baseline", "Intervened", "Method", "NOT_HERE", "Param", "Pass", "VTISteering",
            "diffusion_alpha_bar", "diffusion_noise", "layer_range", "noise_generator", "parse_method", "plausible",
-           "MemVR", "ONLY"]
+           "MemVR", "ONLY", "VISTA", "VISTASteering", "ClearSight", "AvisC"]
 
-METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI, SID, ONLY, MemVR)}
+METHODS: dict[str, type[Method]] = {m.name: m for m in (Baseline, VCD, PAI, ICD, M3ID, VTI, SID, ONLY, MemVR, VISTA,
+                                                         ClearSight, AvisC)}
 
 # Methods papers compare against that are not here, and what each needs that the engine does not give (docs/methods.md)
-NOT_HERE = {
-    "avisc": "it zeroes the image tokens that the answer position attends to least in its most image-attentive "
-             "layers (sangminwoo/AvisC avisc_utils/avisc_sample.py:150-179, their input embeddings at "
-             "experiments/llava/model/language_model/llava_llama.py:93-112), a pass built from the baseline pass's "
-             "attention to each token at every layer, and the engine runs each pass on its own",
-    "vista": "its steering vector comes from each question's own residual streams with and without the image, and "
-             "its logit augmentation from the last layers' hidden states (LzVv123456/VISTA steering_vector.py:113), "
-             "which no pass of the engine returns",
-    "clearsight": "its attention edit scales the system prompt's keys as well as the image's (ustc-hyin/ClearSight "
-                  "visaug/inference/AttnAdapter.py:71-78), and the engine's attention edits act on image keys only",
-}
+NOT_HERE: dict[str, str] = {}
 
 
 def parse_method(spec: str) -> Method:

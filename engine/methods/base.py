@@ -84,6 +84,7 @@ class Method:
     text_only_refusal: str | None = None
     defaults: dict = {}
     params: dict[str, Param] = {}
+    residuals = False  # whether its passes' results must hold every layer's output at the answer position (VISTA)
 
     def __init__(self, **settings):
         unknown = sorted(set(settings) - set(self.defaults))
@@ -104,7 +105,15 @@ class Method:
         """ValueError where the method does not fit the language model lm (a layer past its layers, say)."""
         self.passes(lm.dims.num_layers)
 
+    def later(self, results: dict[str, list]) -> dict[str, Pass]:
+        """Passes built from the results of `passes` (per role, per image, per question: PromptResults), run after
+        them; their logits join `combine`'s under their roles. None by default; VISTA's steering vector is one
+        question's residual streams with and without its image."""
+        return {}
+
     def combine(self, logits: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The answer-position logits [B, V] fp32 of each role's pass (and "ROLE:lens" for a pass whose edit names
+        lens_layers) → the method's."""
         return logits["main"]
 
     @property

@@ -9,9 +9,13 @@ import numpy as np
 import pytest
 import torch
 
-from pope_fast.engine.layers.attention import answer_image_attention, answer_key_attention, kept_causal_attention
-from pope_fast.engine.layers.interventions import ImageAttentionAmplification, ImageTokenDrop, PAIAttention
+from pope_fast.engine.layers.attention import (answer_image_attention, answer_key_attention, kept_causal_attention,
+                                               key_scaled_causal_attention)
+from pope_fast.engine.layers.interventions import (ImageAttentionAmplification, ImageTokenDrop, PAIAttention,
+                                                   VisualAmplification)
+from pope_fast.engine.inputs.plan import PromptResult, Row
 from pope_fast.engine.methods import parse_method
+from pope_fast.engine.methods.avisc import ImageTokenZeroing, avisc_masked
 
 
 def _logits(seed: int, rows: int = 4, vocab: int = 23) -> torch.Tensor:
@@ -177,13 +181,8 @@ def test_vti_reads_its_directions_file_and_refuses_what_it_cannot_use(tmp_path):
         parse_method(f"vti:directions={flat}").passes(4)
 
 
-def test_a_method_papers_compare_against_but_not_here_is_refused_naming_what_it_needs():
-    with pytest.raises(ValueError, match=r"^method avisc is not available: it zeroes the image tokens that the answer "
-                                         r"position attends to least .*the engine runs each pass on its own$"):
-        parse_method("avisc:lamb=1")
-    with pytest.raises(ValueError, match=r"^method clearsight is not available: .*act on image keys only$"):
-        parse_method("clearsight")
-    known = "none, vcd, pai, icd, m3id, vti, sid, only, memvr"
+def test_an_unknown_method_is_refused_naming_the_known_ones():
+    known = "none, vcd, pai, icd, m3id, vti, sid, only, memvr, vista, clearsight, avisc"
     with pytest.raises(ValueError, match=rf"^unknown method 'dola'; known: {known}$"):
         parse_method("dola")
 
@@ -240,3 +239,104 @@ def test_the_answer_rows_per_key_attention_sums_to_the_probe_and_the_kept_attent
     short = torch.nn.functional.scaled_dot_product_attention(q[:, :, keep], k[:, :, keep].repeat_interleave(2, 1),
                                                              v[:, :, keep].repeat_interleave(2, 1), is_causal=True)
     assert torch.allclose(ours[:, :, keep], short, atol=1e-5)
+
+
+def test_vista_mixes_its_steered_logits_with_the_windows_and_resolves_its_defaults():
+    """VISTA's logits (LzVv123456/VISTA llava_llama.py:93-103): alpha times the window's mean lm_head output plus
+    (1 - alpha) times the steered pass's own; defaults as run_pope.sh and pope_eval.py:31-37 (lambda 0.01, alpha 0.3,
+    layers 25-30 on 32 layers)."""
+    steered, lens = _logits(20), _logits(21)
+    ours = parse_method("vista:logits_alpha=0.6").combine({"main": _logits(22), "steered": steered,
+                                                           "steered:lens": lens})
+    expected = 0.6 * lens.double().numpy() + 0.4 * steered.double().numpy()
+    assert np.abs(ours.double().numpy() - expected).max() < 1e-6
+    vista = parse_method("vista")
+    assert vista.contrastive and vista.residuals
+    assert vista.to_json(32)["settings"] == {"vsv_lambda": 0.01, "logits_alpha": 0.3, "logits_layers": "25-30"}
+    assert [p.image for p in vista.passes(32).values()] == ["image", "none"]
+    with pytest.raises(ValueError, match=r"^method vista: logits_layers 3-4 are not within the model's 4 layers$"):
+        parse_method("vista:logits_layers=3-4").passes(4)
+    with pytest.raises(ValueError, match=r"^method vista: logits_layers takes FIRST-LAST \(e.g. 25-30\), not 3$"):
+        parse_method("vista:logits_layers=3")
+    with pytest.raises(ValueError, match=r"^method vista: logits_alpha must lie in \[0.0, 1.0\], not 1.5$"):
+        parse_method("vista:logits_alpha=1.5")
+
+
+def test_vistas_steering_vector_and_steered_mlps_follow_its_code():
+    """obtain_vsv on one question (steering_vector.py:113-129): the difference of its residual streams with and
+    without the image through a rank-1 PCA of that one row (myutils.py:104-130: LAPACK's SVD of the zero centred
+    row, svd_flip), component plus mean; then VSVLayer (llm_layers.py:15-34) on each row with its own question's
+    vector, picked by the batch's rows."""
+    g = torch.Generator().manual_seed(23)
+    streams = {(i, j): (torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g)) for i in (0, 1) for j in (0, 1)}
+    results = {role: [[PromptResult(0, {}, residuals=streams[i, j][k]) for j in (0, 1)] for i in (0, 1)]
+               for k, role in enumerate(("main", "text"))}
+    steered = parse_method("vista:vsv_lambda=0.7,logits_layers=1-2").later(results)["steered"]
+    edit = steered.edit
+    assert edit.whole_prompt and edit.lens_layers == (1, 2) and steered.edit_name == "vista:0.7:1-2"
+    for key, (pos, neg) in streams.items():
+        row = (pos - neg).double().numpy().reshape(1, -1)
+        u, _, vt = np.linalg.svd(row - row.mean(0), full_matrices=False)
+        expected = (vt[:1] * np.sign(u[np.abs(u).argmax(0), 0]) + row.mean(0)).reshape(3, 8)
+        assert np.abs(edit.vectors[key].double().numpy() - expected).max() < 1e-5
+    edit.rows([Row(1, 0, None, None), Row(0, 1, None, None)])
+    out = torch.randn(2, 5, 8, generator=g)
+    ours = edit.mlp(2, out, "suffix").double().numpy()
+    for b, key in enumerate([(1, 0), (0, 1)]):
+        x, v = out[b].double().numpy(), edit.vectors[key][2].double().numpy()
+        cos = x @ -v / (np.linalg.norm(x, axis=-1) * np.linalg.norm(v))
+        turned = x / np.linalg.norm(x, axis=-1, keepdims=True) + 0.7 * (1 + np.maximum(cos, 0))[:, None] * v / \
+            np.linalg.norm(v)
+        expected = turned / np.linalg.norm(turned, axis=-1, keepdims=True) * np.linalg.norm(x, axis=-1, keepdims=True)
+        assert np.abs(ours[b] - expected).max() < 1e-5
+
+
+def test_clearsight_scales_the_image_and_system_keys_for_the_queries_after_the_image():
+    """ClearSight's AttnAdapter (AttnAdapter.py:68-78) on a row [system x2, image x3, question x2] and a row with no
+    image: in its layers, each query after the image takes enh on the image's logits and sup on the system prompt's,
+    before the causal mask and softmax; defaults as its POPE script (infer_pope.sh, infer_pope.py:53-58)."""
+    clearsight = parse_method("clearsight")
+    assert clearsight.settings == {"enh_para": 1.15, "sup_para": 0.95, "layers": "9-14"} and clearsight.contrastive
+    edit = clearsight.passes(32)["main"].edit
+    assert (edit.layers, edit.enhance, edit.suppress, edit.whole_prompt) == ((9, 14), 1.15, 0.95, True)
+    with pytest.raises(ValueError, match=r"^method clearsight: layers 9-14 are not within the model's 4 layers$"):
+        clearsight.passes(4)
+    image = torch.tensor([[0, 0, 1, 1, 1, 0, 0], [0] * 7], dtype=torch.bool)
+    assert VisualAmplification((1, 2), 1.5, 0.5).key_scale(0, image) is None
+    scale, queries = VisualAmplification((1, 2), 1.5, 0.5).key_scale(2, image)
+    assert scale[0].tolist() == [0.5, 0.5, 1.5, 1.5, 1.5, 1, 1] and queries.tolist() == [[False] * 5 + [True] * 2,
+                                                                                          [False] * 7]
+    g = torch.Generator().manual_seed(24)
+    q, k, v = (torch.randn(2, heads, 7, 4, generator=g) for heads in (2, 1, 1))
+    ours = key_scaled_causal_attention(q, k, v, scale, queries).double().numpy()
+    qd, kd, vd = (t.double().numpy() for t in (q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1)))
+    scores = qd @ kd.transpose(0, 1, 3, 2) / 2
+    scores[0, :, 5:, 2:5] *= 1.5
+    scores[0, :, 5:, :2] *= 0.5
+    scores = np.where(np.tril(np.ones((7, 7), dtype=bool)), scores, -np.inf)
+    assert np.abs(ours - _probabilities(scores) @ vd).max() < 1e-5
+
+
+def test_avisc_zeroes_the_tokens_below_its_threshold_in_its_most_attentive_layers():
+    """avisc_sample.py:138-179 in numpy: layer shares of the image attention, the fewest largest layers whose share
+    reaches layer_gamma (those below it plus one), their weights averaged, tokens below mean + lamb * std (ddof 1)
+    zeroed; the contrast as VCD's (:203-208); defaults as its POPE script (pope_eval_batch.sh)."""
+    weights = torch.rand(5, 12, generator=torch.Generator().manual_seed(25)) ** 3
+    w = weights.double().numpy()
+    share = w.sum(1) / w.sum()
+    for gamma, lamb in ((0.3, 1.0), (0.7, 0.2)):
+        k = int((np.cumsum(np.sort(share)[::-1]) < gamma).sum()) + 1
+        image = w[np.argsort(-share)[:k]].mean(0)
+        expected = image < image.mean() + lamb * image.std(ddof=1)
+        assert avisc_masked(weights, gamma, lamb).tolist() == expected.tolist()
+        assert 0 < expected.sum() < 12
+    assert avisc_masked(weights, 0.3, 1.0).tolist() != avisc_masked(weights, 0.7, 1.0).tolist()  # the layers matter
+    avisc = parse_method("avisc")
+    assert avisc.settings == {"layer_gamma": 0.5, "lamb": 1.0, "alpha": 1.0, "beta": 0.1} and avisc.contrastive
+    main, masked = _logits(26), _logits(27)
+    ours = parse_method("avisc:alpha=0.6,beta=0.2").combine({"main": main, "masked": masked})
+    _check(ours, _contrast(main.double().numpy(), masked.double().numpy(), 0.6, 0.2))
+    x, image = torch.ones(2, 5, 3), torch.tensor([[0, 1, 1, 1, 0], [0, 0, 1, 1, 0]], dtype=torch.bool)
+    zeroing = ImageTokenZeroing({(0, 1): torch.tensor([True, False, True]), (1, 0): torch.tensor([False, True])})
+    zeroing.rows([Row(0, 1, None, None), Row(1, 0, None, None)])
+    assert zeroing.embedded(x, image)[:, :, 0].tolist() == [[1, 0, 1, 0, 1], [1, 1, 1, 0, 1]]

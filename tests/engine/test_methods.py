@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
-from methodchecks import IMAGES, check_methods, formula_oracle, sid_oracle
+from methodchecks import (IMAGES, avisc_oracle, check_methods, clearsight_oracle, formula_oracle, sid_oracle,
+                          vista_oracle)
 from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
 
-from pope_fast.engine import Engine, ImageTokenDrop, Settings
+from pope_fast.engine import Engine, ImageTokenDrop, Settings, TextOnlyRefused, VisualAmplification
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
                                       parse_method)
 
@@ -168,6 +169,55 @@ def test_sid_matches_its_token_drop_and_contrast_on_transformers(family, tmp_pat
         texts = Engine.load(checkpoint, Settings(max_new_tokens=2), readouts="string_parse")
         with pytest.raises(ValueError, match=r"^ImageTokenDrop acts on the prompt pass only"):
             texts.answer(IMAGES[0], QUESTIONS[:1], intervention=drop)
+
+
+NEWER = {"vista": "vista:vsv_lambda=0.5,logits_alpha=0.4,logits_layers=0-1",
+         "clearsight": "clearsight:layers=0-0,enh_para=1.6,sup_para=0.5",
+         "avisc": "avisc:layer_gamma=0.2,lamb=0.3,alpha=0.7,beta=0.05"}
+
+
+@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+def test_vista_clearsight_and_avisc_match_their_code_on_transformers(family, request):
+    """Beside the baseline in one paired run, each against transformers' class computing its official code's
+    arithmetic (methodchecks): VISTA (LzVv123456/VISTA) its vector from the class's residual streams with and without
+    the image, every mlp steered, the logits mixed with the window's lm_head outputs (layer 0's without the final
+    norm, layer 1's, the last, normed); ClearSight's VAF (ustc-hyin/ClearSight AttnAdapter.py) in eager attention in
+    the first of two layers only (an edit of the image's or the system prompt's own queries would reach the next
+    layer's keys), read at the answer position; AvisC (sangminwoo/AvisC) its layers and tokens from the returned
+    attention weights, those tokens zeroed in the language model's input embeddings, the logits contrasted within the
+    cut. ClearSight's continuation is refused: its edit would be missing from the decode steps."""
+    from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+
+    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
+    model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
+                              (Qwen2VLForConditionalGeneration, _qwen_inputs))
+    inputs_of = inputs_of(checkpoint)
+    engine = Engine.load(checkpoint, Settings(batch_size=2, max_new_tokens=2), readouts="template_aware,string_parse")
+    out = engine.run_methods(engine.prepare(IMAGES[:1]), [QUESTIONS[:1]],
+                             [parse_method("none"), *map(parse_method, NEWER.values())])
+    prompts = [engine.prompt(q) for q in QUESTIONS[:1]]
+    vista = vista_oracle(checkpoint, model_class, inputs_of, IMAGES[:1], prompts, 0.5, 0.4, (0, 1))
+    clearsight = clearsight_oracle(checkpoint, model_class, inputs_of, IMAGES[:1], prompts, (0, 0), 1.6, 0.5)
+    avisc = avisc_oracle(checkpoint, model_class, inputs_of, IMAGES[:1], prompts, 0.2, 0.3, 0.7, 0.05)
+    for j, prompt in enumerate(prompts):
+        theirs = {"vista": vista[0, prompt], "clearsight": clearsight[0, prompt], "avisc": avisc[0, prompt][0]}
+        assert 0 < avisc[0, prompt][1] < avisc[0, prompt][2]  # some image tokens zeroed, not all
+        plain = out["none"][0][j]
+        assert plain.decoded is not None
+        for name in NEWER:
+            ours = out[name][0][j]
+            assert ours.first_token_id == int(theirs[name].argmax()) and ours.decoded is None, (name, prompt)
+            for token, value in ours.candidate_logits.items():
+                expected = float(theirs[name][token])
+                assert value == expected if math.isinf(expected) else abs(value - expected) <= 1e-4, \
+                    (name, prompt, token, value, expected)
+            assert ours.candidate_logits != plain.candidate_logits, name
+    with pytest.raises(ValueError, match=r"^VisualAmplification scales keys on the prompt pass only"):
+        engine.answer(IMAGES[0], QUESTIONS[:1], intervention=VisualAmplification((0, 0), 1.6, 0.5))
+    for name, why in (("vista", "baseline under VISTA's name"), ("clearsight", "baseline under ClearSight's name"),
+                      ("avisc", "no image to zero")):
+        with pytest.raises(TextOnlyRefused, match=rf"^method {name} cannot answer a text-only question .*{why}$"):
+            engine.run_methods([None], [QUESTIONS[:1]], [parse_method(NEWER[name])])
 
 
 def test_diffusion_noise_follows_vcds_schedule():

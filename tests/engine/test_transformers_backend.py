@@ -225,8 +225,14 @@ def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkp
         engine.check_method(parse_method("pai"))
     with pytest.raises(ValueError, match=r"^method m3id: the transformers backend cannot run its text-only pass \("):
         engine.check_method(parse_method("m3id"))
+    with pytest.raises(ValueError, match=r"^method vista: the transformers backend cannot run its text-only pass \("):
+        engine.check_method(parse_method("vista:logits_layers=0-1"))  # its steering vector's, then a steered pass
     with pytest.raises(ValueError, match="^method sid: the transformers backend cannot edit attention or MLP outputs"):
         engine.check_method(parse_method("sid:layer=1"))  # its drop acts inside the engine's attention
+    with pytest.raises(ValueError, match="^method clearsight: the transformers backend cannot edit attention or MLP"):
+        engine.check_method(parse_method("clearsight:layers=0-0"))
+    with pytest.raises(ValueError, match="^method avisc: the transformers backend cannot edit attention or MLP outputs"):
+        engine.check_method(parse_method("avisc"))  # its attention record and token zeroing act inside the engine
     from safetensors.torch import save_file
 
     save_file({"text": torch.ones(engine.model.lm.dims.num_layers, 8)}, str(tmp_path / "vti.safetensors"))
