@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from ...readout.protocols import ANSWER_CUTS
+from ...readout.thinking import ThinkingMode
 from . import budget
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -17,7 +18,7 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
                       "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams",
-                      "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p")
+                      "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p", "thinking")
 GENERATION_CONFIGS = ("none", "greedy", "greedy_output")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
@@ -105,6 +106,8 @@ class Settings:
     # none | image-attention: per layer, the answer position's attention mass on image tokens (heads
     # averaged) | image-attention:heads: records keep every head too
     probe: str = "none"
+    # None: a thinking checkpoint's default mode (decode, readout/thinking.py) | off | decode[:max_tokens=N]
+    thinking: str | None = None
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -153,6 +156,8 @@ class Settings:
             raise ValueError(f"probe must be one of {', '.join(PROBES)}, not {self.probe!r}")
         if self.quant == "nf4" and self.dtype == "fp32":
             raise ValueError("NF4 computes in fp16 or bf16 (the paper: fp16); choose --dtype fp16 or bf16")
+        if self.thinking is not None:
+            ThinkingMode.parse(self.thinking)
         self._check_runnable()
 
     def _check_runnable(self) -> None:
