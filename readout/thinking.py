@@ -33,15 +33,15 @@ class ThinkingMode:
     @classmethod
     def parse(cls, spec: str) -> "ThinkingMode":
         """`off`, `decode` or `decode:max_tokens=N`; ValueError naming the parameter."""
-        mode, _, options = spec.partition(":")
-        if mode not in MODES or (options and mode == "off"):
+        mode, colon, options = spec.partition(":")
+        if mode not in MODES or (colon and mode == "off"):
             raise ValueError(f"thinking must be off, decode or decode:max_tokens=N, not {spec!r}")
         if mode == "off":
             return cls("off")
         key, _, value = options.partition("=")
-        if options and (key != "max_tokens" or not value.isdigit() or int(value) < 1):
+        if colon and (key != "max_tokens" or not value.isdigit() or int(value) < 1):
             raise ValueError(f"thinking {spec!r}: decode takes max_tokens=N, a positive number of reasoning tokens")
-        return cls("decode", int(value) if options else DEFAULT_MAX_TOKENS)
+        return cls("decode", int(value) if colon else DEFAULT_MAX_TOKENS)
 
     def to_json(self) -> dict:
         return {"mode": self.mode, **({"max_tokens": self.max_tokens} if self.mode == "decode" else {})}
