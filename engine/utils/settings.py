@@ -18,7 +18,7 @@ REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # a tool's steps (readout/protocols/base.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
                       "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams",
-                      "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p", "thinking")
+                      "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p")
 GENERATION_CONFIGS = ("none", "greedy", "greedy_output")
 IMAGE_MASKS = ("model", "causal")
 RESIZE = re.compile(r"none|qwen_vl_utils:(\d+)(?::(\d+):(\d+))?")
@@ -224,6 +224,8 @@ class Settings:
                 del out[f.name]
         if not self.do_sample:
             del out["seed"]
+        if self.thinking is None:  # recorded where set: a run's meta from before it reads as the default
+            del out["thinking"]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         out["batch_size"], out["image_batch"] = self.question_rows, self.step_images  # what ran, chosen or sized
         return out

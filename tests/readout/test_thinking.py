@@ -85,3 +85,16 @@ def test_an_unanswered_record_is_unknown_under_every_readout_with_its_reason():
     records = RecordSet("run", [entry, answered], {"template_aware": sets}, {}, False)
     [run] = score_records(records, ["template_aware"], resamples=10)
     assert run["readouts"]["template_aware"]["unknown_reasons"] == {NOT_CLOSED: 1}
+
+
+def test_the_protocols_listing_says_what_each_tool_does_with_a_reasoning(monkeypatch):
+    """`pope-fast protocols`: lmms-eval strips the reasoning tags before scoring, VLMEvalKit splits at </think>;
+    the tools with no thinking checkpoint say nothing of it (the families' lines left out: they load every family)."""
+    from pope_fast import protocol_table
+
+    monkeypatch.setattr(protocol_table, "FAMILIES", {})
+    said = {block.split(":")[0]: [line for line in block.splitlines() if line.startswith("  thinking checkpoints: ")]
+            for block in protocol_table.describe_protocols().split("\n\n")}
+    assert "reasoning stripped before scoring" in said["lmms-eval"][0] and "enable_thinking" in said["lmms-eval"][0]
+    assert "the text after the last </think>" in said["vlmevalkit"][0]
+    assert all(not lines for name, lines in said.items() if name not in ("lmms-eval", "vlmevalkit"))
