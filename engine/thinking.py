@@ -59,7 +59,7 @@ class Thinking:
                              "run --thinking off there, or this checkpoint on the engine")
         ids = tokenizer.encode(off_prompt, add_special_tokens=False)
         close = tokenizer.convert_tokens_to_ids(CLOSE)
-        if not isinstance(close, int) or close not in ids:
+        if not isinstance(close, int) or close == tokenizer.unk_token_id or close not in ids:
             raise ValueError(f"thinking {mode.mode}: {model.folder}'s tokenizer has no {CLOSE} token to end a "
                              "reasoning at; run --thinking off")
         after = ids[len(ids) - ids[::-1].index(close):]

@@ -66,6 +66,21 @@ def test_decode_is_refused_for_a_checkpoint_that_does_not_think(tmp_path):
     assert Thinking.of(model, None, "off").to_meta() == {} and Thinking.of(model, None, None).mode is None
 
 
+def test_the_backend_runs_off_where_asked_and_refuses_decode(tmp_path):
+    """The transformers backend reads one answer position: a thinking checkpoint runs as its template renders it
+    unless --thinking off, and decode is refused in one line."""
+    from pope_fast.engine.thinking import Thinking
+
+    model = SimpleNamespace(tokenizer=JinjaTokenizer(OPENS), folder=tmp_path, backend="transformers", family="qwen3_vl",
+                            default_template="reference_chat", image_marker="")
+    assert Thinking.of(model, None, None).mode is None and Thinking.of(model, None, None).template.thinking_off is False
+    off = Thinking.of(model, None, "off")
+    assert off.to_meta() == {"thinking": {"mode": "off"}} and off.template.thinking_off and off.answer_template.thinking_off
+    with pytest.raises(ValueError, match="^thinking decode: the transformers backend") as err:
+        Thinking.of(model, None, "decode")
+    assert "\n" not in str(err.value)
+
+
 def test_an_unanswered_record_is_unknown_under_every_readout_with_its_reason():
     """A reasoning not closed within its cap: the record keeps it and says why; every readout reads unknown, even
     where the record's candidate logits would decide, and score counts the reason."""
