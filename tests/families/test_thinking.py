@@ -2,6 +2,7 @@
 registry's tiny Qwen3-VL with a stand-in thinking template (its generation prompt opens `<think>\\n`, as
 Qwen3-VL-*-Thinking's does), and `</think>`'s lm_head row made 1.05 times another token's, so that the random
 model's greedy reasoning closes within a few tokens for some prompts and runs on for others."""
+import functools
 import json
 import os
 import shutil
@@ -9,7 +10,7 @@ import shutil
 import pytest
 import torch
 from registry import REGISTRY
-from tinymodels import QUESTIONS, qwen_inputs, worst_difference, write_pope_set
+from tinymodels import QUESTIONS, qwen_inputs, qwen_processors, worst_difference, write_pope_set
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.readout import get_template, load_questions
@@ -20,6 +21,7 @@ pytestmark = pytest.mark.slow  # the tiny Qwen3-VL and its transformers class
 FAMILY = "qwen3_vl"  # whose checkpoint and model tests/families/conftest.py gives
 IMAGES = REGISTRY[FAMILY].images[:2]
 CAP = 6
+PROCESSORS = functools.lru_cache(qwen_processors)  # the thinking checkpoint's (tokenizer, image processor), made once
 
 
 @pytest.fixture(scope="module")
@@ -55,9 +57,22 @@ def thinking(checkpoint, model, tmp_path_factory):
     return folder, Qwen3VLForConditionalGeneration.from_pretrained(str(folder), dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="module")
+def loaded(thinking):
+    """The thinking checkpoint loaded once (its default mode: decode, 4,096 tokens at most); each test's engine
+    runs its model under its own settings."""
+    engine = Engine.load(thinking[0], Settings())
+    assert engine.meta()["thinking"] == {"mode": "decode", "max_tokens": 4096}
+    return engine
+
+
+def _engine(loaded, thinking: str, readouts: str, **settings) -> Engine:
+    return Engine(loaded.model, Settings(thinking=thinking, **settings), readouts=readouts)
+
+
 def _theirs(folder, model, image, prompt: str, cap: int, stop: list[int], after: list[int]):
     """(the reasoning generate decodes, within cap, up to a stop id; the logits after it, its close and `after`)."""
-    inputs = qwen_inputs(folder, image, prompt)
+    inputs = qwen_inputs(folder, image, prompt, PROCESSORS(folder))
     length = inputs["input_ids"].shape[1]
     new = []
     if cap:
@@ -73,10 +88,10 @@ def _theirs(folder, model, image, prompt: str, cap: int, stop: list[int], after:
     return new, logits
 
 
-def test_thinking_off_reads_the_answer_after_an_empty_block(thinking):
+def test_thinking_off_reads_the_answer_after_an_empty_block(thinking, loaded):
     """--thinking off: the empty block closed where the template opened one; the class's logits there."""
     folder, model = thinking
-    engine = Engine.load(folder, Settings(thinking="off"), readouts="template_aware,first_token")
+    engine = _engine(loaded, "off", "template_aware,first_token")
     prompt = engine.prompt(QUESTIONS[0])
     assert prompt.endswith("<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert engine.meta()["thinking"] == {"mode": "off"}
@@ -86,12 +101,12 @@ def test_thinking_off_reads_the_answer_after_an_empty_block(thinking):
     assert ours.reasoning is None and ours.predictions["template_aware"] in ("yes", "no")
 
 
-def test_thinking_decode_reads_the_answer_after_the_reasoning(thinking):
+def test_thinking_decode_reads_the_answer_after_the_reasoning(thinking, loaded):
     """--thinking decode: each prompt's reasoning is generate's, greedy up to </think>, and the logits are the
     class's after it and the template's '\n\n'. Under a cap one token short of the longest reasoning, a reasoning
     that does not close within it answers unknown under every readout, with the reason, and the others as before."""
     folder, model = thinking
-    engine = Engine.load(folder, Settings(thinking=f"decode:max_tokens={CAP}"), readouts="template_aware,string_parse")
+    engine = _engine(loaded, f"decode:max_tokens={CAP}", "template_aware,string_parse")
     thinking = engine.thinking
     assert engine.meta()["thinking"] == {"mode": "decode", "max_tokens": CAP}
     assert engine.model.tokenizer.decode(list(thinking.after_ids)) == "\n\n"
@@ -109,7 +124,7 @@ def test_thinking_decode_reads_the_answer_after_the_reasoning(thinking):
                 assert (len(reasoning), answer.unanswered, answer.candidate_logits) == (CAP, NOT_CLOSED, {})
     short = max(a.reasoning_tokens for pair in answers for a in pair if a.unanswered is None) - 1
     assert short >= 1
-    engine = Engine.load(folder, Settings(thinking=f"decode:max_tokens={short}"), readouts="template_aware")
+    engine = _engine(loaded, f"decode:max_tokens={short}", "template_aware")
     for image, pair in zip(IMAGES, answers):
         for capped, answer in zip(engine.answer(image, QUESTIONS[:2]), pair):
             if answer.reasoning_tokens <= short:
@@ -121,19 +136,18 @@ def test_thinking_decode_reads_the_answer_after_the_reasoning(thinking):
                 assert capped.predictions == {"template_aware": "unknown"}
 
 
-def test_a_thinking_run_resumes_to_the_same_bytes(thinking, tmp_path):
+def test_a_thinking_run_resumes_to_the_same_bytes(loaded, tmp_path):
     """A decode run's records (reasoning, its count, the unanswered reason) after records lost: the same bytes."""
-    folder, _ = thinking
     images, files = write_pope_set(tmp_path / "pope", n_images=2, questions_per_image=2, splits=("random",))
     questions = [q for f in files for q in load_questions(f)]
-    settings = Settings(thinking=f"decode:max_tokens={CAP}", image_batch=1, batch_size=4)
+    settings = dict(image_batch=1, batch_size=4)
     clean, out = tmp_path / "clean", tmp_path / "out"
-    run_plain(Engine.load(folder, settings, readouts="template_aware"), questions, images, clean)
+    run_plain(_engine(loaded, f"decode:max_tokens={CAP}", "template_aware", **settings), questions, images, clean)
     records = [json.loads(line) for line in (clean / "records.jsonl").read_text().splitlines()]
     assert all("reasoning_tokens" in r for r in records)
     shutil.copytree(clean, out)
     lines = (out / "records.jsonl").read_text().splitlines(keepends=True)
     (out / "records.jsonl").write_text("".join(lines[:1] + lines[2:]))
-    run_plain(Engine.load(folder, settings, readouts="template_aware"), questions, images, out)
+    run_plain(_engine(loaded, f"decode:max_tokens={CAP}", "template_aware", **settings), questions, images, out)
     assert (out / "records.jsonl").read_bytes() == (clean / "records.jsonl").read_bytes()
     assert json.loads((out / "meta.json").read_text())["thinking"] == {"mode": "decode", "max_tokens": CAP}
