@@ -151,3 +151,12 @@ def test_a_thinking_run_resumes_to_the_same_bytes(loaded, tmp_path):
     run_plain(_engine(loaded, f"decode:max_tokens={CAP}", "template_aware", **settings), questions, images, out)
     assert (out / "records.jsonl").read_bytes() == (clean / "records.jsonl").read_bytes()
     assert json.loads((out / "meta.json").read_text())["thinking"] == {"mode": "decode", "max_tokens": CAP}
+
+
+def test_verify_compares_a_thinking_checkpoint_with_thinking_off(thinking):
+    """verify hands the class the engine's prompt: a thinking checkpoint's with thinking off on both sides (the
+    template's own prompt would read the engine's answer after its reasoning against the class's first token)."""
+    from pope_fast.verify import verify
+
+    verdict = verify(thinking[0], n_questions=2, max_new_tokens=2, device="cpu")
+    assert verdict.exit_status == 0 and verdict.worst_logit < 1e-4, verdict.summary()
