@@ -29,7 +29,7 @@ from .models import Family, TextOnlyRefused, load_model
 from .models.base import refusal
 from .inputs.plan import PromptResult, Row, SuffixBatch, without_image
 from .runner import ImagePrompts, Runner
-from .thinking import Thinking
+from .thinking import Thinking, warming
 from .utils.settings import Settings
 from .utils.stats import Clock
 from .inputs.vision_cache import VisionCache, feature_key, noised_key
@@ -107,7 +107,8 @@ class Engine:
         count = step if images is None else max(1, min(images, step))
         pixels = self.model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104)))
         features = self.model.encode_images([pixels])[0]  # one image per vision call, as every sweep runs it
-        self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)
+        with warming(self):  # a reasoning's first steps, not its cap
+            self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)
         if self.settings.torch_device.type == "cuda":
             torch.cuda.synchronize(self.settings.torch_device)
         self.reset()

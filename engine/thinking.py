@@ -8,6 +8,7 @@ end of that layout, read by every readout as any prompt's is (prefix reuse and t
 reasoning did not close gets no answer pass: its result is unknown under every readout, with the reason."""
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from ..readout import get_template
@@ -16,6 +17,9 @@ from ..readout.thinking import CLOSE, NOT_CLOSED, OPEN, ThinkingMode, after_clos
 from .inputs.plan import PromptResult, Row, extended
 from .models import Family
 from .runner import Runner
+
+
+WARMUP_TOKENS = 4  # a reasoning's steps Engine.warmup runs: its prefill, decode steps and answer pass all launched
 
 
 @dataclass(frozen=True)
@@ -72,6 +76,11 @@ class Thinking:
     def decodes(self) -> bool:
         return self.mode is not None and self.mode.mode == "decode"
 
+    def warming(self) -> "Thinking":
+        """This thinking with a reasoning of WARMUP_TOKENS at most (Engine.warmup: what a run's reasoning launches,
+        without decoding a gray image's reasoning to the cap)."""
+        return replace(self, mode=replace(self.mode, max_tokens=WARMUP_TOKENS)) if self.decodes else self
+
     def to_meta(self) -> dict:
         """What meta.json records: the mode and cap, where the checkpoint thinks."""
         return {} if self.mode is None else {"thinking": self.mode.to_json()}
@@ -103,3 +112,14 @@ class Thinking:
                 unanswered[row.item, row.prompt] = PromptResult(None, {}, reasoning=text, reasoning_tokens=len(ids),
                                                                 unanswered=NOT_CLOSED)
         return answered, unanswered
+
+
+@contextmanager
+def warming(engine):
+    """`engine`'s thinking capped to WARMUP_TOKENS of reasoning while inside (Engine.warmup), then its own again."""
+    thinking = engine.thinking
+    engine.thinking = thinking.warming()
+    try:
+        yield
+    finally:
+        engine.thinking = thinking

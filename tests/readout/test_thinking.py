@@ -81,6 +81,21 @@ def test_the_backend_runs_off_where_asked_and_refuses_decode(tmp_path):
     assert "\n" not in str(err.value)
 
 
+def test_warmup_reasons_a_few_tokens_not_the_cap():
+    from pope_fast.engine.thinking import WARMUP_TOKENS, Thinking, warming
+    from pope_fast.readout import get_template
+
+    template = get_template("qwen2_vl_chat")
+    decode = Thinking(ThinkingMode("decode", 4096), template, template, 7, (8,))
+    assert decode.warming() == Thinking(ThinkingMode("decode", WARMUP_TOKENS), template, template, 7, (8,))
+    assert WARMUP_TOKENS < 8 and Thinking(ThinkingMode("off"), template, template).warming().mode.mode == "off"
+    engine = SimpleNamespace(thinking=decode)
+    with pytest.raises(RuntimeError), warming(engine):  # Engine.warmup's: the engine's own cap again, even on a fault
+        assert engine.thinking.mode.max_tokens == WARMUP_TOKENS
+        raise RuntimeError
+    assert engine.thinking is decode
+
+
 def test_an_unanswered_record_is_unknown_under_every_readout_with_its_reason():
     """A reasoning not closed within its cap: the record keeps it and says why; every readout reads unknown, even
     where the record's candidate logits would decide, and score counts the reason."""
