@@ -50,8 +50,9 @@ class Thinking:
         asked = None if spec is None else ThinkingMode.parse(spec)
         if prompt is None or not is_thinking(prompt, off_prompt):
             if asked is not None and asked.mode == "decode":
-                raise ValueError(f"thinking {spec}: {model.folder}'s chat template opens no reasoning block "
-                                 f"({OPEN}) and reads no enable_thinking; run it without --thinking")
+                raise ValueError(f"thinking {spec}: {model.folder} does not think (template {template.name}'s "
+                                 f"prompt opens no reasoning block ({OPEN}) and reads no enable_thinking); run it "
+                                 "without --thinking")
             return cls(None, template, template)
         if model.backend != "engine" and asked is None:  # the backend reads the template's own prompt, as before
             return cls(None, template, template)
