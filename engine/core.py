@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from PIL import Image
 
-from ..readout import Template, get_template
+from ..readout import Template
 from ..readout.protocols import ANSWER_CUTS
 from ..readout.readout_plan import ReadoutPlan
 from ..readout.templates import SAMPLE_QUESTION
@@ -28,6 +28,7 @@ from .models import Family, TextOnlyRefused, load_model
 from .models.base import refusal
 from .inputs.plan import PromptResult, Row, SuffixBatch, without_image
 from .runner import ImagePrompts, Runner
+from .thinking import Thinking, warming
 from .utils.settings import Settings
 from .utils.stats import Clock
 from .inputs.vision_cache import VisionCache, feature_key, noised_key
@@ -57,15 +58,12 @@ class Engine:
                  readouts: str | list[str] | None = None, cache: VisionCache | None = None,
                  lengths: dict[str, int] | None = None):
         self.model, self.settings = model, settings
-        self.template = get_template(template or model.default_template) if not isinstance(template, Template) \
-            else template
-        if self.template.image_marker != model.image_marker:
-            raise ValueError(f"template {self.template.name} marks the image with {self.template.image_marker!r}, "
-                             f"but {model.family} expects {model.image_marker!r}")
-        dims = model.lm.dims
-        self.readout = ReadoutPlan.make(model.tokenizer, self.template, readouts, vocab_size=dims.vocab_size,
-                                        max_new_tokens=settings.max_new_tokens, positions=dims.max_positions,
-                                        lengths=lengths, answer_cut=ANSWER_CUTS.get(settings.answer_cut))
+        self.thinking = Thinking.of(model, template, settings.thinking)  # the template, rendered as its mode asks
+        self.template, dims = self.thinking.template, model.lm.dims
+        self.readout = ReadoutPlan.make(model.tokenizer, self.thinking.answer_template, readouts,
+                                        vocab_size=dims.vocab_size, max_new_tokens=settings.max_new_tokens,
+                                        positions=dims.max_positions, lengths=lengths,
+                                        answer_cut=ANSWER_CUTS.get(settings.answer_cut))
         self.cache = cache or VisionCache()
         self._on_decode = None
         self.runner = self.runner_class(model, settings, self.readout)
@@ -103,7 +101,8 @@ class Engine:
         count = step if images is None else max(1, min(images, step))
         pixels = self.model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104)))
         features = self.model.encode_images([pixels])[0]  # one image per vision call, as every sweep runs it
-        self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)
+        with warming(self):  # a reasoning's first steps, not its cap
+            self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)
         if self.settings.torch_device.type == "cuda":
             torch.cuda.synchronize(self.settings.torch_device)
         self.reset()
@@ -152,7 +151,7 @@ class Engine:
             "generation": plan["generation"],  # each text readout's length
             # what a greedy generate applies from the checkpoint's generation config, whether or not this run did
             "generation_config": greedy_fields(self.model.generation_config),
-            "method": method.to_json(self.model.lm.dims.num_layers),
+            "method": method.to_json(self.model.lm.dims.num_layers), **self.thinking.to_meta(),
         }
 
     def check_method(self, method: Method) -> None:
@@ -270,9 +269,10 @@ class Engine:
             return [self.run_passes(items, [i], vocab=vocab, decode=[d], residuals=residuals)[0]
                     for i, d in zip(interventions, decode)]
         runner = self.runner
-        results: list[dict[tuple[int, int], PromptResult]] = [{} for _ in interventions]
+        rows, unanswered = self.thinking.reasoned(runner, runner.rows(items), interventions, vocab)
+        results: list[dict[tuple[int, int], PromptResult]] = [dict(unanswered) for _ in interventions]
         launched = []  # (pass, batch) in launch order: each read back once the next is launched
-        for stage in runner.plan(runner.rows(items), prefix_reuse=False if whole else None):
+        for stage in runner.plan(rows, prefix_reuse=False if whole else None):
             prefix = runner.prefill_prefix(stage.prefix, interventions[0]) if stage.prefix is not None else None
             for batch in stage.batches:
                 for k, intervention in enumerate(interventions):

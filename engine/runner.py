@@ -186,10 +186,29 @@ class Runner:
         vocab, streams, lens = ([None] * len(rows) if t is None else list(t)
                                 for t in (launched.vocab, launched.residuals, launched.lens))
         mass = [None] * len(rows) if launched.logsumexp is None else launched.logsumexp.tolist()
+        thought = [{} if row.reasoning is None else dict(zip(("reasoning", "reasoning_tokens"), row.reasoning))
+                   for row in rows]
         return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, logsumexp=m, residuals=r,
-                             lens_logits=lo, **text)
-                for f, row, text, probe, v, m, r, lo in zip(launched.first.tolist(), launched.logits.tolist(),
-                                                            launched.texts, probes, vocab, mass, streams, lens)]
+                             lens_logits=lo, **text, **reasoning)
+                for f, row, text, probe, v, m, r, lo, reasoning in zip(
+                    launched.first.tolist(), launched.logits.tolist(), launched.texts, probes, vocab, mass, streams,
+                    lens, thought)]
+
+    def reason(self, prefix: PrefixKV | None, batch: SuffixBatch, most: int, stop_ids: set[int], reserve: int
+               ) -> list[list[int]]:
+        """Each row's greedy tokens after its prompt (the argmax at every step, no rules), at most `most` and within
+        the model's positions less `reserve`, up to and including the first of stop_ids (a thinking checkpoint's
+        reasoning, engine/thinking.py)."""
+        lm, device = self.model.lm, self.settings.torch_device
+        with Clock(self.timings, "decode", device):
+            tokens = self._tokens(batch.rows, prefix.length if prefix is not None else 0, None)
+            out = lm.prefill_suffix(prefix, batch.slots, tokens, None, False)
+            first = lm.answer(out.last_hidden, list(self.readout.candidate_ids))[1]
+            allowed = [max(1, min(most, lm.dims.max_positions - len(row.layout) - reserve)) for row in batch.rows]
+            generated = lm.decode(prefix, batch.slots, out.kv, first, max(allowed), stop_ids).tolist()
+        self.counts.decode_steps += (len(generated[0]) - 1) * len(batch.rows)
+        return [ids[:next((k + 1 for k, t in enumerate(ids) if t in stop_ids), len(ids))][:steps]
+                for ids, steps in zip(generated, allowed)]
 
     def _rules_state(self, rows: list[Row], beams: int = 1) -> GreedyState | SampledState | None:
         """The rows' rules, each row's prompt read `beams` times over (its beams side by side), or None; where the

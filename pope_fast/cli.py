@@ -10,7 +10,7 @@ import click
 from . import __version__
 from .errors import failures as _failures
 from .hub import TOKENIZER_FILES, local_or_hub
-from .readout import TEMPLATES, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer
+from .readout import TEMPLATES, THINKING_HELP, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer
 from .readout.benchmarks import REGISTRY
 from .readout.protocols import PROTOCOLS, SCORING_PROTOCOLS
 from .score_jobs import CompareJob, ScoreJob
@@ -174,11 +174,11 @@ def audit_tokens_cmd(tokenizer_dir, template, fmt) -> None:
               help="auto: Triton kernels on CUDA, torch references elsewhere")
 @click.option("--no-prefix-reuse", is_flag=True, help="prefill every question whole (for ablations)")
 @click.option("--probe", type=click.Choice(["none", "image-attention", "image-attention:heads"]), default="none",
-              show_default=True, help="image-attention: record, per layer, the answer position's attention mass on "
-                                      "the image tokens (heads averaged); image-attention:heads: every head too")
+              show_default=True, help="record the answer position's attention mass on the image, per layer (:heads)")
 @click.option("--record-mass", is_flag=True, help="record the answer position's log-sum-exp over every lm_head row")
+@click.option("--thinking", default=None, metavar="off|decode[:max_tokens=N]", help=THINKING_HELP)
 @click.option("--method", "method_specs", multiple=True, metavar="NAME[:key=value,...]",
-              help="a mitigation method (none, vcd, pai, icd; settings default to its paper's); repeatable: "
+              help="a mitigation method (docs/methods.md; settings default to its paper's); repeatable: "
                    "methods run paired on the same questions, each into OUT/NAME/, compared in OUT/compare.json")
 @click.option("--backend", type=click.Choice(["auto", "engine", "transformers"]), default="auto", show_default=True,
               help="transformers: the model's own class, every prompt whole (auto: where the engine has no family)")

@@ -24,7 +24,8 @@ def _describe(protocol: Protocol, tokenizer) -> str:
              f"  answer rule: {protocol.readout}; headline {protocol.headline}; "
              f"{'per split and pooled (Overall)' if protocol.pooled else 'per split'}; an unknown answer {unknown}",
              f"  reproduces: {protocol.reproduces}",
-             *[f"  source: {s}" for s in protocol.sources]]
+             *[f"  source: {s}" for s in protocol.sources],
+             *([f"  thinking checkpoints: {protocol.thinking}"] if protocol.thinking else [])]
     for model_type in FAMILIES:
         cls = family_class(model_type)
         for label, config in cls.protocol_variants().items():

@@ -35,6 +35,7 @@ def _resume_fingerprint(meta: dict) -> dict:
             # the prompt itself: a template's text fixed under the same name (llava_official's system text) is
             # another run; absent before meta.json recorded it
             **({"prompt_example": meta["prompt_example"]} if "prompt_example" in meta else {}),
+            **({"thinking": meta["thinking"]} if "thinking" in meta else {}),  # a thinking checkpoint's mode and cap
             "tokenizer": tokenizer, "generation": meta.get("generation") or {}}
 
 

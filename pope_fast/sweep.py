@@ -355,7 +355,8 @@ def _fields(engine: Engine, result, digest: str) -> dict:
                 decoded=result.decoded, texts=result.texts, decoded_sequence=result.decoded_sequence,
                 capped=[n for n in result.capped if n in engine.readout.names],
                 predictions=engine.readout.decide(result), probe=_recorded(result.probe, engine.settings.probe),
-                image_sha256=digest, logsumexp=result.logsumexp)
+                image_sha256=digest, logsumexp=result.logsumexp, reasoning=result.reasoning,
+                reasoning_tokens=result.reasoning_tokens, unanswered=result.unanswered)
 
 
 def _recorded(probe: dict | None, setting: str) -> dict | None:

@@ -92,8 +92,10 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
     if family is not None and family.reference_unavailable:
         verdict.nothing_to_compare = family.reference_unavailable
         return verdict
+    # both sides apply the checkpoint's generation rules, and read a thinking checkpoint's prompt with thinking off
+    # (the one prompt the class is handed; a checkpoint that does not think renders as it does without it)
     settings = Settings(device=device, dtype=dtype, quant=quant, max_new_tokens=max_new_tokens,
-                        generation_config="greedy")  # both sides apply the checkpoint's generation rules
+                        generation_config="greedy", thinking="off")
     engine = load_engine(model_dir, settings, backend=backend, readouts="all")
     with tempfile.TemporaryDirectory() as tmp:
         asked = _questions(n_questions, images_dir, Path(tmp))

@@ -29,6 +29,7 @@ from .report.tables import format_audit, format_runs
 from .score import Unavailable, score_records
 from .protocols import TEMPLATES, get_template
 from .templates import Template
+from .thinking import THINKING_HELP
 from .tokens import audit_tokens, derive_token_sets, library_versions, load_tokenizer, tokenizer_info
 
 __all__ = [
@@ -41,6 +42,6 @@ __all__ = [
     "META_FILE", "RECORDS_FILE", "Entry", "expand_runs", "RecordSet", "make_record", "read_meta", "read_records",
     "Unavailable", "score_records",
     "format_audit", "format_runs",
-    "TEMPLATES", "Template", "get_template",
+    "TEMPLATES", "Template", "get_template", "THINKING_HELP",
     "audit_tokens", "derive_token_sets", "library_versions", "load_tokenizer", "tokenizer_info",
 ]

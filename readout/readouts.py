@@ -248,7 +248,10 @@ class Readout:
         """The decision from one answer: the one place that says which of an answer's inputs each kind
         reads. `answer` is anything with candidate_logits, first_token_id, decoded_sequence and
         text_for(readout name): an engine's PromptResult, a scored record's Entry. Missing when it lacks
-        this readout's input (or its token sets), naming what."""
+        this readout's input (or its token sets), naming what. An answer whose position was never read (a
+        thinking checkpoint's reasoning that did not close: `unanswered`) is unknown under every readout."""
+        if getattr(answer, "unanswered", None):
+            return UNKNOWN
         if self.kind == LOGIT:
             logits = answer.candidate_logits
             if sets is None or logits is None:
@@ -271,8 +274,11 @@ class Readout:
         return self(None, None, None, text)
 
     def why_unknown(self, sets: TokenSets | None, answer) -> str | None:
-        """Why this readout cannot decide this answer (`undecidable`'s reason), None where it can or where
-        the reason is not the candidates' (a text readout's unknown, an answer lacking its input: `read` says)."""
+        """Why this readout cannot decide this answer (`undecidable`'s reason, or why the answer has no answer
+        position), None where it can or where the reason is not the candidates' (a text readout's unknown, an
+        answer lacking its input: `read` says)."""
+        if getattr(answer, "unanswered", None):
+            return answer.unanswered
         logits = answer.candidate_logits
         if self.kind != LOGIT or sets is None or logits is None or any(i not in logits for i in sets.ids):
             return None

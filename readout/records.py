@@ -34,13 +34,17 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
                 texts: dict[str, str] | None = None, decoded_sequence: str | None = None,
                 capped: list[str] | None = None,
                 predictions: dict[str, str] | None = None, error: str | None = None,
-                image_sha256: str | None = None, probe: dict | None = None, logsumexp: float | None = None) -> dict:
+                image_sha256: str | None = None, probe: dict | None = None, logsumexp: float | None = None,
+                reasoning: str | None = None, reasoning_tokens: int | None = None, unanswered: str | None = None
+                ) -> dict:
     """One question's record. Its question text and the sha256 of its image's bytes are kept so that a
     resumed run can prove a recorded answer is still the answer to this question. `decoded` is the
     whole greedy continuation; `texts` the text readouts whose own prefix of it differs (read
     `decoded` for the others); `decoded_sequence` the prompt and the continuation decoded as one
     sequence (for string_parse_with_prompt); `probe` extra fields (the image-attention probe's one
-    float per decoder layer); `logsumexp` the answer position's over the whole vocabulary, where recorded."""
+    float per decoder layer); `logsumexp` the answer position's over the whole vocabulary, where recorded;
+    `reasoning` a thinking checkpoint's decoded reasoning and its token count, and `unanswered` why no answer
+    position followed it (every prediction unknown)."""
     record = {"question_id": question.question_id, "split": question.split, "image": question.image,
               "label": question.label, "text": question.text, "template": template}
     if question.dataset:  # absent in records written before datasets were named: read back as ""
@@ -71,6 +75,10 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
         record["decoded_sequence"] = decoded_sequence
     if capped:  # the text readouts whose text hit its max_new_tokens
         record["capped"] = list(capped)
+    if reasoning is not None:
+        record["reasoning"], record["reasoning_tokens"] = reasoning, reasoning_tokens
+    if unanswered is not None:
+        record["unanswered"] = unanswered
     record["predictions"] = dict(predictions or {})
     for key, values in (probe or {}).items():  # e.g. image_attention: one float per decoder layer
         record[key], bad = _finite_list(values)
@@ -127,7 +135,8 @@ def checked_record(rec, where: str) -> dict:
         raise DataError(f"{where}: label {rec['label']!r} is not yes/no")
     expected = {"candidate_logits": dict, "predictions": dict, "decoded": str, "error": str, "text": str,
                 "image": str, "image_sha256": str, "dataset": str, "texts": dict, "decoded_sequence": str,
-                "image_attention": list, "image_attention_heads": list, "capped": list, "non_finite": dict}
+                "image_attention": list, "image_attention_heads": list, "capped": list, "non_finite": dict,
+                "reasoning": str, "unanswered": str}
     for key, kind in expected.items():
         if rec.get(key) is not None and not isinstance(rec[key], kind):
             raise DataError(f"{where}: {key} {rec[key]!r} is not a {kind.__name__}")
@@ -194,6 +203,7 @@ class Entry:
     image: str | None = None
     non_finite: tuple[str, ...] = ()  # the fields that held a NaN or infinity (the record's non_finite names)
     logsumexp: float | None = None  # the answer position's over the whole vocabulary, where recorded (NaN: a fault)
+    unanswered: str | None = None  # why no answer position was read (a reasoning not closed): every readout unknown
 
     def text_for(self, name: str) -> str | None:
         return self.texts.get(name, self.decoded)
@@ -258,7 +268,7 @@ def _entry(rec: dict, where: str) -> Entry:
                  stored={n: check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                          if n in READOUTS},
                  error=rec.get("error"), non_finite=tuple(rec.get("non_finite") or ()),
-                 logsumexp=_logsumexp(rec, where))
+                 logsumexp=_logsumexp(rec, where), unanswered=rec.get("unanswered"))
 
 
 def _logits(logits: dict | None, faults: dict, where: str) -> dict[int, float] | None:

@@ -14,6 +14,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from .thinking import closed
+
 YES_NO_SUFFIX = " Answer yes or no only."
 # lmms-eval's POPE post_prompt (tasks/pope/pope.yaml, lmms_eval_specific_kwargs.default), which LLaVA's
 # own question file llava_pope_test.jsonl carries too: both tools' rooms ask it, and MME's asking drops it.
@@ -34,6 +36,8 @@ class Template:
     # Plain templates: the text the image adds to the prompt, which a text-only prompt leaves out; None
     # means the marker and the newline after it where one follows, else the marker alone.
     image_part: str | None = None
+    # chat templates: thinking switched off as the chat template allows (readout/thinking.py, `--thinking off`)
+    thinking_off: bool = False
 
     def render(self, question: str, tokenizer=None, system: str | None = None, image: bool = True) -> str:
         """The prompt; `system` replaces the template's system text (ICD's disturbance instruction),
@@ -51,7 +55,7 @@ class Template:
             {"type": "image"}] * image + [{"type": "text", "text": question + self.suffix}]}]
         if system:
             messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
-        return render_chat(tokenizer, messages)
+        return render_chat(tokenizer, messages, self.thinking_off)
 
     def without_image(self) -> str:
         """What a plain template's text loses when no image is asked about (image_part)."""
@@ -66,11 +70,14 @@ class Template:
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 
 
-def render_chat(tokenizer, messages: list[dict]) -> str:
-    """The prompt the tokenizer's chat template renders of `messages`, ending in the assistant's turn; a template
+def render_chat(tokenizer, messages: list[dict], thinking_off: bool = False) -> str:
+    """The prompt the tokenizer's chat template renders of `messages`, ending in the assistant's turn (with
+    thinking_off, under enable_thinking=False, and a reasoning block it still opens closed empty); a template
     that does not parse or raises (jinja's raise_exception) is one ValueError naming its file and why."""
+    switch = {"enable_thinking": False} if thinking_off else {}
     try:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **switch)
+        return closed(prompt) if thinking_off else prompt
     except Exception as err:  # noqa: BLE001 (the template is the checkpoint's code: whatever it raises is its fault)
         line = f" at line {err.lineno}" if isinstance(getattr(err, "lineno", None), int) else ""
         why = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -390,10 +390,10 @@ def qwen_processors(checkpoint: Path):
     return AutoTokenizer.from_pretrained(str(checkpoint)), AutoImageProcessor.from_pretrained(str(checkpoint))
 
 
-def qwen_inputs(checkpoint: Path, image, prompt: str) -> dict:
+def qwen_inputs(checkpoint: Path, image, prompt: str, processors: tuple | None = None) -> dict:
     """What Qwen2-VL's, Qwen2.5-VL's and Qwen3-VL's processors make for one image (the image pad expanded to
-    the merged grid, mm_token_type_ids), without their video half."""
-    tokenizer, image_processor = qwen_processors(checkpoint)
+    the merged grid, mm_token_type_ids), without their video half; `processors`: qwen_processors' already made."""
+    tokenizer, image_processor = processors or qwen_processors(checkpoint)
     pixels = image_processor(images=image, return_tensors="pt")
     tokens = int(pixels["image_grid_thw"].prod()) // 4
     text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")

@@ -89,6 +89,9 @@ class Row:
     layout: PromptLayout
     features: torch.Tensor | None
     key: str = ""  # its image's key ("": none), which with its prompt seeds a sampled continuation's draws
+    # a thinking checkpoint's decoded reasoning (its text, its token count) that the layout holds before its answer
+    # position, where one ran (engine/thinking.py)
+    reasoning: tuple[str, int] | None = None
 
 
 @dataclass
@@ -239,10 +242,23 @@ class PromptResult:
     logsumexp: float | None = None  # the answer position's over the whole vocabulary, where settings.record_mass
     residuals: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [L, H], where a method asks
     lens_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V], a lens_layers pass's
+    reasoning: str | None = None  # a thinking checkpoint's decoded reasoning, where one ran (engine/thinking.py)
+    reasoning_tokens: int | None = None
+    unanswered: str | None = None  # why no answer position was read (readout/thinking.py NOT_CLOSED): all unknown
 
     def text_for(self, readout: str) -> str | None:
         """The text a text readout reads: its own prefix of the continuation, else all of it."""
         return (self.texts or {}).get(readout, self.decoded)
+
+
+def extended(layout: PromptLayout, ids: list[int]) -> PromptLayout:
+    """The layout with text tokens after it (a reasoning and what follows it): M-RoPE's three streams go on from
+    its last token's, a text token's, whose streams are equal."""
+    positions = layout.positions
+    if positions is not None:
+        positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, len(ids) + 1)], dim=1)
+    return PromptLayout(layout.ids + tuple(ids), layout.image_token_id, layout.image_spans, layout.prefix_cut,
+                        positions)
 
 
 def without_image(layout: PromptLayout, mrope) -> PromptLayout:

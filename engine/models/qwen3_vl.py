@@ -12,8 +12,8 @@ Qwen2-VL's pipeline with four changes, each transformers' (models/qwen3_vl/model
   output is added to the image positions' hidden states after language-model layers 0, 1, ... . The
   features the cache keeps are [rows, cols, (1 + deepstack) x hidden]: the merged features, then each
   DeepStack block (DecoderDims.deepstack). Image positions lie in the prefix, so its prefill adds them.
-A thinking checkpoint (its chat template opens a <think> block after the assistant turn) is refused:
-its first answer token is the reasoning's, not a yes/no.
+A thinking checkpoint (Qwen3-VL-*-Thinking: its chat template opens a <think> block after the assistant turn) runs
+under a named mode (engine/thinking.py, `--thinking`), as any family's.
 """
 from __future__ import annotations
 
@@ -22,7 +22,6 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ...readout.templates import render_chat
 from ..layers.decoder import DecoderDims
 from ..utils.loader import CheckpointError
 from ..utils.stats import Counts
@@ -36,15 +35,6 @@ class Qwen3VLModel(Qwen2VLModel):
     name = "Qwen3-VL"
     seed_model = "Qwen3-VL-8B-Instruct"
     inner_types = {"text_config": ("qwen3_vl_text",), "vision_config": ("qwen3_vl_vision",)}
-
-    def __init__(self, folder, settings):
-        super().__init__(folder, settings)
-        if not getattr(self.tokenizer, "chat_template", None):
-            return
-        opening = render_chat(self.tokenizer, [{"role": "user", "content": "?"}])
-        if "<think>" in opening[opening.rfind("<|im_start|>"):]:
-            raise CheckpointError(f"{folder}: a thinking checkpoint (its chat template opens a <think> block), whose "
-                                  "first answer token begins its reasoning, not a yes/no; use an Instruct checkpoint")
 
     def text_dims(self, text_config) -> DecoderDims:
         """Qwen3: q_norm and k_norm, no q/k/v biases; one DeepStack block per deepstack_visual_indexes entry."""

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, fields
 import torch
 
 from ...readout.protocols import ANSWER_CUTS
+from ...readout.thinking import ThinkingMode
 from . import budget
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -109,6 +110,8 @@ class Settings:
     # lm_head row once more per question), so that the probability mass outside the candidates can be told; False:
     # the candidate rows alone are gathered
     record_mass: bool = False
+    # None: a thinking checkpoint's default mode (decode, readout/thinking.py) | off | decode[:max_tokens=N]
+    thinking: str | None = None
 
     def __post_init__(self):
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
@@ -157,6 +160,8 @@ class Settings:
             raise ValueError(f"probe must be one of {', '.join(PROBES)}, not {self.probe!r}")
         if self.quant == "nf4" and self.dtype == "fp32":
             raise ValueError("NF4 computes in fp16 or bf16 (the paper: fp16); choose --dtype fp16 or bf16")
+        if self.thinking is not None:
+            ThinkingMode.parse(self.thinking)
         self._check_runnable()
 
     def _check_runnable(self) -> None:
@@ -225,6 +230,8 @@ class Settings:
             del out["seed"]
         if not self.record_mass:  # recorded where set: without it a run's meta.json is as it was
             del out["record_mass"]
+        if self.thinking is None:  # recorded where set: a run's meta from before it reads as the default
+            del out["thinking"]
         out["resolved_dtype"] = str(self.torch_dtype).removeprefix("torch.")
         out["batch_size"], out["image_batch"] = self.question_rows, self.step_images  # what ran, chosen or sized
         return out

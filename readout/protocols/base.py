@@ -138,6 +138,8 @@ class Protocol:
     # A tool whose rule reads the label too (VCD's eval_pope.py): the answer it counts for (label, the readout's
     # text), which the aggregation then reads in place of the readout's decisions
     counted: Callable[[str, str], str] | None = None
+    # What the tool does with a thinking checkpoint's reasoning (readout/thinking.py), cited; None: nothing of its own
+    thinking: str | None = None
 
     def score_group(self, labels: list[str], decided: list[str]) -> dict:
         """The tool's metrics of one group; every decision must be one (a readout's yes/no/unknown)."""

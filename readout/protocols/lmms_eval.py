@@ -163,6 +163,14 @@ COVERAGE = {
                 "(models/simple/idefics2.py l.74)",
 }
 
+# v0.7.2: __main__.py l.304-307 (--reasoning_tags, default [<think>, </think>] and [<analysis>, </analysis>]),
+# evaluator.py l.1092-1136, api/reasoning.py l.5-31; models/simple/qwen3_vl.py l.86, l.227-230, l.261-266.
+THINKING = ("reasoning stripped before scoring, by default (--reasoning_tags: each closed <think>...</think> removed, "
+            "and where the prompt opened the block the text after the last </think>; an unclosed one scored as it is), "
+            "within POPE's 128 new tokens; its qwen3_vl class hands enable_thinking to the chat template and cuts its "
+            "answer at </think>. Here: --thinking decode reads the answer position after </think> (a reasoning past "
+            "its cap unknown, not scored as text); --thinking off is enable_thinking=False")
+
 PROTOCOL = Protocol(
     "lmms-eval", "lmms-eval's POPE task", "lmms-eval 0.7.3 and v0.7.2 (cb45ac4d)", "exact_match", lmms_eval_metrics,
     "pope_f1_score", True, lambda v: "%.4f" % v,
@@ -176,4 +184,4 @@ PROTOCOL = Protocol(
      "class's prompt)"),
     "`--tasks pope` (the Overall row: all 9,000 questions pooled) and `--tasks pope_full` (one row per "
     "split), as fractions",
-    covers=by_model_type(COVERAGE), templates=TEMPLATES)
+    covers=by_model_type(COVERAGE), templates=TEMPLATES, thinking=THINKING)

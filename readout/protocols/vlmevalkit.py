@@ -204,6 +204,13 @@ COVERAGE = {
               "temperature 0.6, top_p 0.9), which no deterministic run reproduces",
 }
 
+# e8e78f05: inference.py l.247-273 (SPLIT_THINK), config.py l.1427-1438 (Qwen3-VL-8B-Thinking).
+THINKING = ("with SPLIT_THINK set, the prediction is the text after the last </think> (the reasoning kept as "
+            "'thinking'), the whole output where none closes; without it the whole output is scored. "
+            "Qwen3-VL-*-Thinking runs sampled with vLLM (temperature 1.0, top_p 0.95, top_k 20), 40,960 new tokens. "
+            "Here: --thinking decode, greedy within its cap, the answer position after </think>; a reasoning past "
+            "the cap unknown")
+
 PROTOCOL = Protocol(
     "vlmevalkit", "VLMEvalKit's POPE (offline: --judge exact_matching)", "VLMEvalKit 0.2rc1 (e8e78f05)", "yorn",
     vlmevalkit_metrics, "Overall", True, lambda v: format(v, "g"),
@@ -214,4 +221,5 @@ PROTOCOL = Protocol(
      "(prompts, generation)"),
     "the POPE score CSV: F1 (`Overall`), acc, precision, recall in percent, an Overall row over every "
     "split and one per split; with an API judge configured, VLMEvalKit asks GPT for its Unknown rows, "
-    "which this does not", unknown_is_no=True, covers=by_model_type(COVERAGE), templates=TEMPLATES)
+    "which this does not", unknown_is_no=True, covers=by_model_type(COVERAGE), templates=TEMPLATES,
+    thinking=THINKING)

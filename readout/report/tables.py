@@ -6,6 +6,7 @@ from pathlib import Path
 
 from ..metrics import answered
 from ..readouts import ALL_CUT, NO_CANDIDATE, NON_FINITE
+from ..thinking import NOT_CLOSED
 from ..records import RECORDS_FILE, strict_json
 from ..grid import AVERAGE, score_grids
 from ..score import POOLED
@@ -23,7 +24,9 @@ NO_ANSWER = "–"
 # Why a readout answered unknown (readouts.undecidable), as the lines under a table name it
 REASON_TEXT = {ALL_CUT: "all candidates cut (every candidate logit -inf: the method's plausibility cut removed them)",
                NON_FINITE: "non-finite logit (NaN or +inf among the candidates)",
-               NO_CANDIDATE: "no candidate id (a side of the readout's token set is empty)"}
+               NO_CANDIDATE: "no candidate id (a side of the readout's token set is empty)",
+               NOT_CLOSED: "reasoning not closed (a thinking checkpoint's reasoning ran past its cap, or ended, "
+                           "before </think>: no answer position)"}
 INCOMPLETE = "incomplete: the run stopped part way"
 
 

@@ -49,7 +49,7 @@ LEAVE_FEATURES = {  # the language model's and the sweep's: a run changing them 
     "generation_config": "greedy", "repetition_penalty": 1.5, "num_beams": 5, "length_penalty": 0.5,
     "max_length": 256, "answer_cut": next(iter(ANSWER_CUTS)), "image_mask": "causal", "prefix_reuse": False,
     "probe": "image-attention", "record_mass": True, "do_sample": True, "temperature": 0.7, "top_k": 50, "top_p": 0.9,
-    "seed": 5,
+    "seed": 5, "thinking": "decode:max_tokens=8",
 }
 
 
