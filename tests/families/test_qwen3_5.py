@@ -18,7 +18,7 @@ from pope_fast.engine.layers.deltanet import CHUNK, DeltaNetLayer, HybridDims, d
 from pope_fast.engine.layers.hybrid import refuse
 from pope_fast.engine.layers.interventions import AttentionEdit
 from pope_fast.engine.layers.ops import make_linear
-from pope_fast.engine.synthetic.qwen3_5 import SPECIAL_IDS, builtin_tokenizer
+from pope_fast.engine.synthetic.qwen3_5 import CHAT_TEMPLATE, SPECIAL_IDS
 from pope_fast.engine.utils.loader import CheckpointError
 from pope_fast.readout.protocols import get_template
 
@@ -68,14 +68,19 @@ def test_a_padded_position_leaves_the_state_as_it_is():
     assert torch.isfinite(out).all()
 
 
-def test_the_default_prompt_closes_the_think_block(tmp_path):
-    """The checkpoint's template (the 9B's) opens a reasoning block by default; qwen3_5_chat renders it with
-    enable_thinking=False, so the prompt ends after the empty block, where the answer begins; the stand-in's
-    special tokens are the published ids."""
-    tok = builtin_tokenizer(tmp_path)
-    assert {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_IDS} == SPECIAL_IDS
+def test_the_default_prompt_closes_the_think_block():
+    """The stand-in's template (the 9B's) opens a reasoning block by default; qwen3_5_chat renders it with
+    enable_thinking=False, so the prompt ends after the empty block, where the answer begins."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = PreTrainedTokenizerFast(tokenizer_object=words, unk_token="<unk>")
+    tok.chat_template = CHAT_TEMPLATE
     prompt = get_template("qwen3_5_chat").render(QUESTIONS[0], tok)
-    assert prompt.endswith("Answer yes or no only.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
+    assert prompt == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>" + QUESTIONS[0]
+                      + " Answer yes or no only.<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n")
     assert get_template("qwen2_vl_chat").render(QUESTIONS[0], tok).endswith("<|im_start|>assistant\n<think>\n")
 
 
@@ -104,8 +109,10 @@ def _new_tokens(generated: list[int], stop_ids) -> str:
 @pytest.mark.slow
 def test_continuations_are_generates_token_for_token(checkpoint, oracle, ids_as_text):
     """The battery's continuation check, with every generated id told apart: from the prefix's carry, two
-    questions in one batch."""
+    questions in one batch; the stand-in's special tokens at the published ids."""
     engine = Engine.load(checkpoint, Settings(batch_size=2, max_new_tokens=4), readouts="string_parse")
+    tok = engine.model.tokenizer
+    assert {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_IDS} == SPECIAL_IDS  # the published ids
     questions = REGISTRY[FAMILY].oracle_questions
     for answer in engine.answer(REGISTRY[FAMILY].images[0], questions):
         expected = _new_tokens(oracle[0, answer.question][1], engine.model.stop_ids)
