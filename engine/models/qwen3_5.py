@@ -34,15 +34,15 @@ class Qwen3_5Model(Qwen2VLModel):
     inner_types = {"text_config": ("qwen3_5_text",), "vision_config": ("qwen3_5_vision",)}
     default_template = "qwen3_5_chat"
 
-    def __init__(self, folder, settings):
-        super().__init__(folder, settings)
+    def refuse_thinking(self) -> None:
+        """Refuse a chat template that opens a reasoning block even with enable_thinking=False."""
         if not getattr(self.tokenizer, "chat_template", None):
             return
         opening = render_chat(self.tokenizer, [{"role": "user", "content": "?"}], enable_thinking=False)
         turn = opening[opening.rfind("<|im_start|>"):]
         if "<think>" in turn and "</think>" not in turn:
-            raise CheckpointError(f"{folder}: its chat template opens a <think> block even with enable_thinking=False, "
-                                  "so the first answer token begins its reasoning, not a yes/no")
+            raise CheckpointError(f"{self.folder}: its chat template opens a <think> block even with "
+                                  "enable_thinking=False, so the first answer token begins its reasoning, not a yes/no")
 
     def text_dims(self, text_config) -> HybridDims:
         """Qwen3's q/k norms, (1 + w) norms, partial interleaved M-RoPE, and which layers are DeltaNet."""
@@ -74,6 +74,7 @@ class Qwen3_5Model(Qwen2VLModel):
                         kernels=self.settings.kernels)
 
     def _load(self, dims: HybridDims):
+        self.refuse_thinking()  # before any weight is read
         with no_init():
             vision = self.transformers_classes()[2]._from_config(self.config.vision_config)
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
