@@ -43,10 +43,13 @@ class Thinking:
         if template.image_marker != model.image_marker:
             raise ValueError(f"template {template.name} marks the image with {template.image_marker!r}, "
                              f"but {model.family} expects {model.image_marker!r}")
-        tokenizer, off = model.tokenizer, replace(template, thinking_off=True)
+        # what the checkpoint does left to itself (`on`), and with thinking off: a template that itself switches
+        # thinking off (Qwen3.5's default, enable_thinking=False) is still a thinking checkpoint's, run off by default
+        tokenizer = model.tokenizer
+        on, off = replace(template, enable_thinking=None), replace(template, enable_thinking=False)
         prompt = off_prompt = None
         if template.chat and getattr(tokenizer, "chat_template", None):
-            prompt, off_prompt = template.render(SAMPLE_QUESTION, tokenizer), off.render(SAMPLE_QUESTION, tokenizer)
+            prompt, off_prompt = on.render(SAMPLE_QUESTION, tokenizer), off.render(SAMPLE_QUESTION, tokenizer)
         asked = None if spec is None else ThinkingMode.parse(spec)
         if prompt is None or not is_thinking(prompt, off_prompt):
             if asked is not None and asked.mode == "decode":
@@ -56,7 +59,7 @@ class Thinking:
             return cls(None, template, template)
         if model.backend != "engine" and asked is None:  # the backend reads the template's own prompt, as before
             return cls(None, template, template)
-        mode = asked or ThinkingMode.parse("decode")
+        mode = asked or ThinkingMode.parse("off" if template.enable_thinking is False else "decode")
         if mode.mode == "off":
             return cls(mode, off, off)
         if model.backend != "engine":
@@ -71,7 +74,7 @@ class Thinking:
         if tokenizer.decode(after) != after_close(off_prompt):
             raise ValueError(f"thinking {mode.mode}: {model.folder}'s tokenizer does not keep {CLOSE} apart from "
                              "the text after it; run --thinking off")
-        return cls(mode, template, off, close, tuple(after))
+        return cls(mode, on, off, close, tuple(after))
 
     @property
     def decodes(self) -> bool:

@@ -36,8 +36,10 @@ class Template:
     # Plain templates: the text the image adds to the prompt, which a text-only prompt leaves out; None
     # means the marker and the newline after it where one follows, else the marker alone.
     image_part: str | None = None
-    # chat templates: thinking switched off as the chat template allows (readout/thinking.py, `--thinking off`)
-    thinking_off: bool = False
+    # chat templates: the chat template's enable_thinking. False: thinking off as the template allows (its empty think
+    # block, or one closed after a block it opens regardless: readout/thinking.py, `--thinking off`), so that the
+    # prompt ends where the answer begins; None passes none (a thinking template then opens its reasoning)
+    enable_thinking: bool | None = None
 
     def render(self, question: str, tokenizer=None, system: str | None = None, image: bool = True) -> str:
         """The prompt; `system` replaces the template's system text (ICD's disturbance instruction),
@@ -55,7 +57,7 @@ class Template:
             {"type": "image"}] * image + [{"type": "text", "text": question + self.suffix}]}]
         if system:
             messages.insert(0, {"role": "system", "content": [{"type": "text", "text": system}]})
-        return render_chat(tokenizer, messages, self.thinking_off)
+        return render_chat(tokenizer, messages, self.enable_thinking)
 
     def without_image(self) -> str:
         """What a plain template's text loses when no image is asked about (image_part)."""
@@ -70,14 +72,14 @@ class Template:
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json", "tokenizer_config.json")
 
 
-def render_chat(tokenizer, messages: list[dict], thinking_off: bool = False) -> str:
+def render_chat(tokenizer, messages: list[dict], enable_thinking: bool | None = None) -> str:
     """The prompt the tokenizer's chat template renders of `messages`, ending in the assistant's turn (with
-    thinking_off, under enable_thinking=False, and a reasoning block it still opens closed empty); a template
+    enable_thinking where given; False also closes, empty, a reasoning block the template still opens); a template
     that does not parse or raises (jinja's raise_exception) is one ValueError naming its file and why."""
-    switch = {"enable_thinking": False} if thinking_off else {}
+    switch = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     try:
         prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **switch)
-        return closed(prompt) if thinking_off else prompt
+        return closed(prompt) if enable_thinking is False else prompt
     except Exception as err:  # noqa: BLE001 (the template is the checkpoint's code: whatever it raises is its fault)
         line = f" at line {err.lineno}" if isinstance(getattr(err, "lineno", None), int) else ""
         why = str(err).strip().splitlines()[0] if str(err).strip() else ""
@@ -118,6 +120,9 @@ OWN_TEMPLATES: dict[str, Template] = {
         Template("qwen2_vl_chat", "", "<|vision_start|><|image_pad|><|vision_end|>",
                  "the tokenizer's chat template, one user message [image, question + yes/no instruction]",
                  chat=True),
+        Template("qwen3_5_chat", "", "<|vision_start|><|image_pad|><|vision_end|>",
+                 "the tokenizer's chat template with enable_thinking=False (Qwen3.5's empty think block), one user "
+                 "message [image, question + yes/no instruction]", chat=True, enable_thinking=False),
         Template("llava_onevision_chat", "", "<image>",
                  "the tokenizer's chat template (llava-hf OneVision's processor template), one user message "
                  "[image, question + yes/no instruction]", chat=True),

@@ -16,7 +16,8 @@ import torch
 from familychecks import transformers_oracle
 from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl, make_tiny_llava,
                         make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
-                        make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe, synthetic_image)
+                        make_tiny_qwen3_5, make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe,
+                        synthetic_image)
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import family_class
@@ -196,6 +197,14 @@ REGISTRY = {f.name: f for f in [
                                                                       (160, 160)])], 3,
            template="qwen2_vl_chat", logits=_FIVE_CASES, run=((True, 8),), run_items=_the_grids,
            continuations=({"prefix_reuse": True}, {"prefix_reuse": False}), probe=(0, 3), nf4=_QWEN_NF4),
+    # Grids 2 x 3 and 3 x 2 (one prefix length, two position layouts); the stand-in tokenizer (no Qwen3.5 one is in
+    # ../shared). Small: its 248,320-row lm_head makes each step of generate slow. No probe, methods or NF4: the hybrid
+    # decoder refuses interventions and the probe; NF4 is not checked yet.
+    Family("qwen3_5", make_tiny_qwen3_5, "Qwen3_5ForConditionalGeneration",
+           [synthetic_image(i + 81, size) for i, size in enumerate([(100, 60), (60, 100)])], 2,
+           template="qwen3_5_chat", logits=((True, 1), (False, 2)), run=((True, 8),),
+           run_items=_two_grids_of_one_length, continuations=(),
+           notes="its continuations are test_qwen3_5's, token for token (the stand-in decodes most ids to nothing)"),
     # The built-in stand-in tokenizer (Gemma's special-token ids, Yes/No and turn format): gemma-3-4b-it's real
     # one takes seconds to load on 2 cores, once per engine, processor and checkpoint. The checks of what the
     # real tokenizer renders are test_gemma3's, on a checkpoint of their own.

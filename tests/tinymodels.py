@@ -234,6 +234,19 @@ def make_tiny_qwen3_vl_moe(folder: Path, *, seed: int = 0, layers: int = 3, hidd
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 
+def make_tiny_qwen3_5(folder: Path, *, seed: int = 0, init_std: float = 0.08, dtype=torch.float32) -> Path:
+    """A random Qwen3.5 checkpoint, engine/synthetic/qwen3_5.py's tiny size (layers DeltaNet, gated attention,
+    DeltaNet; the stand-in tokenizer at the published special ids), with the one-dimensional weights transformers
+    starts at one constant (the q/k norms, the gated norm, dt_bias) drawn too, so that a model misreading any of them
+    differs."""
+    extra = {f"model.language_model.layers.1.self_attn.{n}_norm.weight": 0.5 for n in "qk"}
+    extra.update({f"model.language_model.layers.{i}.linear_attn.{n}": 0.5 for i in (0, 2)
+                  for n in ("norm.weight", "dt_bias")})
+    return write_checkpoint("qwen3_5", folder, "tiny",
+                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
+                                            extra=extra))
+
+
 def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, vision_hidden: int = 32,
                      init_std: float = 0.08, dtype=torch.float32, text: dict | None = None,
                      config: dict | None = None) -> Path:

@@ -122,7 +122,7 @@ class DecoderLM(nn.Module):
             layers[-1].kernels = kernels  # its norms' and RoPE's; its Linears' came with `linear`
         self.layers = nn.ModuleList(layers)
         specs = dims.layer_rope or ((dims.rope_theta, 1.0),) * dims.num_layers
-        rotaries = {spec: Rotary(dims.head_dim, spec[0], device, dims.mrope_section, dims.mrope_interleaved,
+        rotaries = {spec: Rotary(dims.rotary_dim, spec[0], device, dims.mrope_section, dims.mrope_interleaved,
                                  factor=spec[1]) for spec in dict.fromkeys(specs)}
         self.layer_rotary = [rotaries[spec] for spec in specs]  # one object per distinct RoPE, shared by its layers
         self.rotary = self.layer_rotary[0]  # every layer's, where they share one

@@ -38,6 +38,11 @@ class DecoderDims:
     experts_per_token: int = 0
     expert_size: int = 0
     sparse_layers: tuple[bool, ...] | None = None
+    partial_rotary: float = 1.0  # RoPE turns the first rotary_dim of each head's dims (partial_rotary_factor)
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary)
 
     @classmethod
     def from_config(cls, cfg) -> "DecoderDims":

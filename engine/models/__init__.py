@@ -25,6 +25,7 @@ FAMILIES: dict[str, str] = {
     "internvl": "internvl:InternVLModel",
     "qwen3_vl": "qwen3_vl:Qwen3VLModel",
     "qwen3_vl_moe": "qwen3_vl_moe:Qwen3VLMoeModel",
+    "qwen3_5": "qwen3_5:Qwen3_5Model",
     "gemma3": "gemma3:Gemma3Model",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint

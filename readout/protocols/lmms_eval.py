@@ -53,6 +53,10 @@ TEMPLATES = (
     Template("lmms_eval_qwen2_vl", "", "<|vision_start|><|image_pad|><|vision_end|>",
              "lmms-eval qwen2_vl: its system message, then [image, question + post_prompt]", chat=True,
              system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
+    Template("lmms_eval_qwen3_5", "", "<|vision_start|><|image_pad|><|vision_end|>",
+             "lmms-eval qwen3_5 with enable_thinking=False: its system message, then [image, question + post_prompt], "
+             "the chat template's empty think block", chat=True, system=QWEN_SYSTEM, suffix=SHORT_ANSWER,
+             enable_thinking=False),
     Template("lmms_eval_gemma3", "", "<start_of_image>",
              "lmms-eval gemma3: its system message, then [image, question + post_prompt], through the "
              "processor's chat template", chat=True, system=QWEN_SYSTEM, suffix=SHORT_ANSWER),
@@ -142,6 +146,18 @@ COVERAGE = {
     "qwen3_vl_moe": Coverage("qwen3_vl (the chat class; its MoE class for an A3B checkpoint)", "lmms_eval_qwen2_vl",
                              128, image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32",
                              processor_pixels="4096:16777216", dtype="bf16", generation_config=GENERATE),
+    # `--model qwen3_5` (v0.7.2: models/__init__.py l.90, l.123) runs the chat class, models/chat/qwen3_5.py: Qwen3-VL's
+    # chat class (as for qwen3_vl above: the system prompt, chat/qwen3_vl.py l.50; qwen_vl_utils at image_patch_size
+    # 16, l.66-70; do_resize=False, l.86, l.98) with simple/qwen3_5.py's defaults: enable_thinking True (l.29),
+    # which simple/qwen3_vl.py passes to the chat template (l.227-230) and whose <think> block the chat class
+    # strips from the answer (chat/qwen3_vl.py l.124); bf16 (simple/qwen3_vl.py l.111).
+    "qwen3_5": Coverage("qwen3_5 (the chat class, which --model qwen3_5 runs)", "lmms_eval_qwen3_5", 128,
+                        image_reencode=TASK_IMAGE, image_resize="qwen_vl_utils:32", processor_pixels="4096:16777216",
+                        dtype="bf16", generation_config=GENERATE, deviations=(
+        "enable_thinking: the class's default is True, where Qwen3.5's template opens a <think> block and the "
+        "answer is what follows the reasoning (chat/qwen3_vl.py l.124) within 128 new tokens; here as "
+        "--model_args enable_thinking=False runs it (the empty think block: the prompt ends where the answer "
+        "begins)",)),
     # models/simple/gemma3.py: a system message 'You are a helpful assistant.' (l.47, l.242), then [image, the
     # task's text] (l.263-266) through the processor's chat template (l.271), greedy, the POPE task's 128 new
     # tokens (tasks/pope/pope.yaml l.11, its post_prompt l.36).

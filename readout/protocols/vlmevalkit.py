@@ -52,6 +52,10 @@ TEMPLATES = (
              "VLMEvalKit Qwen2VLChat (Qwen2.5-VL) and Qwen3VLChat, use_custom_prompt=False: [image, the bare "
              "question] through the checkpoint's chat template (its default system, if it has one)", chat=True,
              suffix=""),
+    Template("vlmevalkit_qwen3_5", "", "<|vision_start|><|image_pad|><|vision_end|>",
+             "VLMEvalKit Qwen3VLChat on Qwen3.5, use_custom_prompt=False: [image, the bare question] through the "
+             "checkpoint's chat template, here with enable_thinking=False (its empty think block)", chat=True,
+             suffix="", enable_thinking=False),
     Template("vlmevalkit_gemma3", "", "<start_of_image>",
              "VLMEvalKit Gemma3: its system prompt 'You are a helpful assistant. ', then [image, the bare "
              "question], through the processor's chat template", chat=True, system="You are a helpful assistant. ",
@@ -182,6 +186,16 @@ COVERAGE = {
                              image_resize="qwen_vl_utils:32", dtype="auto", deviations=(
         "VLMEvalKit samples with vLLM (temperature 0.7, top_p 0.8, top_k 20, presence_penalty 1.5: config.py "
         "l.1403-1414, vlm/qwen3_vl/model.py l.378-386); here the greedy answer",)),
+    # vlmeval/config.py l.1648-1657 (at e8e78f05, qwen3_5_series: Qwen3.5-27B, the dense one; the MoE sizes alike):
+    # Qwen3VLChat as for Qwen3-VL (use_custom_prompt=False, qwen_vl_utils at image_patch_size 16: vlm/qwen3_vl/
+    # model.py l.367-376), through vLLM, sampling (temperature 1.0, top_p 0.95, top_k 20, presence_penalty 1.5),
+    # 32,768 new tokens, the chat template rendered without enable_thinking (l.367): its default, thinking.
+    "qwen3_5": Coverage("Qwen3VLChat (Qwen3.5-27B)", "vlmevalkit_qwen3_5", 32768, image_resize="qwen_vl_utils:32",
+                        dtype="auto", deviations=(
+        "VLMEvalKit samples with vLLM (temperature 1.0, top_p 0.95, top_k 20, presence_penalty 1.5: config.py "
+        "l.1648-1657); here the greedy answer",
+        "VLMEvalKit renders the template's default, thinking, and reads the answer after </think>; here "
+        "enable_thinking=False (the empty think block), so the prompt ends where the answer begins")),
     # vlmeval/vlm/gemma.py: Gemma3's system prompt (l.108) and the dataset's [image, question] (image_base.py
     # l.329-336) as one user turn (message2pipeline l.116-129) through the processor's chat template (l.187),
     # greedy with 4,096 new tokens (l.109-112); each image a path in the message (l.127), which the processor

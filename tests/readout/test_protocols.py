@@ -187,8 +187,8 @@ def test_each_tools_table_is_keyed_by_real_model_types_and_says_what_it_does_not
     from types import SimpleNamespace
 
     assert set(room.COVERAGE) - set(FAMILIES) <= set(MAPPED)
-    unnamed = SimpleNamespace(family="qwen3_5", name="Qwen3.5")
-    with pytest.raises(ValueError, match=f"^protocol {room.PROTOCOL.name} does not cover Qwen3.5: ") as refused:
+    unnamed = SimpleNamespace(family="no_such_model", name="No Such Model")  # a model_type no room names
+    with pytest.raises(ValueError, match=f"^protocol {room.PROTOCOL.name} does not cover No Such Model: ") as refused:
         coverage(room.PROTOCOL.name, unnamed, {})
     expected = room.ONLY_LLAVA if room.PROTOCOL.name == "llava" else NOT_READ
     assert str(refused.value).endswith(expected)
@@ -518,7 +518,7 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
             continue
     assert covered
     penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0, "instructblip": 1.5} if tool == "vlmevalkit" else {}
-    own = {"qwen3_vl", "qwen3_vl_moe", "internvl"} if tool == "vlmevalkit" else set()
+    own = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "internvl"} if tool == "vlmevalkit" else set()
     # LLaVA's, LLaVA-NeXT's and LAVIS's own generate: inputs_embeds alone
     embeds = {"vlmevalkit": {"llava", "instructblip"}, "llava": {"llava"}}.get(tool, {"llava_onevision"})
     assert {m: c.generation_config for m, c in covered.items()} == \

@@ -49,7 +49,7 @@ def test_a_bad_mode_is_one_line_naming_the_parameter(spec):
 ], ids=["opens-a-block", "reads-enable_thinking", "neither"])
 def test_off_closes_the_block_as_the_template_allows(template, default, off):
     tokenizer = JinjaTokenizer(template)
-    prompt, off_prompt = render_chat(tokenizer, USER), render_chat(tokenizer, USER, thinking_off=True)
+    prompt, off_prompt = render_chat(tokenizer, USER), render_chat(tokenizer, USER, enable_thinking=False)
     assert prompt.endswith("<|im_end|>\n" + default) and off_prompt.endswith("<|im_end|>\n" + off)
     assert is_thinking(prompt, off_prompt) is (template is not PLAIN)
     assert after_close(off_prompt) == "\n\n"
@@ -73,9 +73,9 @@ def test_the_backend_runs_off_where_asked_and_refuses_decode(tmp_path):
 
     model = SimpleNamespace(tokenizer=JinjaTokenizer(OPENS), folder=tmp_path, backend="transformers", family="qwen3_vl",
                             default_template="reference_chat", image_marker="")
-    assert Thinking.of(model, None, None).mode is None and Thinking.of(model, None, None).template.thinking_off is False
+    assert Thinking.of(model, None, None).mode is None and Thinking.of(model, None, None).template.enable_thinking is None
     off = Thinking.of(model, None, "off")
-    assert off.to_meta() == {"thinking": {"mode": "off"}} and off.template.thinking_off and off.answer_template.thinking_off
+    assert off.to_meta() == {"thinking": {"mode": "off"}} and off.template.enable_thinking is False and off.answer_template.enable_thinking is False
     with pytest.raises(ValueError, match="^thinking decode: the transformers backend") as err:
         Thinking.of(model, None, "decode")
     assert "\n" not in str(err.value)
