@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ...kernels import PrefixRuns, fused_rms_norm, gather_logits, resolve_backend, vocab_argmax
-from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, answer_key_attention, causal_attention,
-                        image_block_attention, kept_causal_attention, masked_attention, probe_attention,
-                        suffix_attention)
+from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, answer_key_attention, kept_causal_attention,
+                        masked_attention, probe_attention, prompt_attention, suffix_attention)
 from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
@@ -120,6 +119,9 @@ class DecoderLM(nn.Module):
                                  factor=spec[1]) for spec in dict.fromkeys(specs)}
         self.layer_rotary = [rotaries[spec] for spec in specs]  # one object per distinct RoPE, shared by its layers
         self.rotary = self.layer_rotary[0]  # every layer's, where they share one
+        # a family's side input of every layer (Gemma 4's per-layer embeddings): (ids, input embeddings [..., H]) →
+        # [..., L, P], layer i's finish taking [..., i, :] as `side`; None: none
+        self.layer_inputs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def embed(self, ids: torch.Tensor, image_index: torch.Tensor | None = None,
               features: torch.Tensor | None = None) -> torch.Tensor:
@@ -155,6 +157,20 @@ class DecoderLM(nn.Module):
         done = {id(rotary): cos_sin(rotary) for rotary in dict.fromkeys(self.layer_rotary)}
         return [done[id(rotary)] for rotary in self.layer_rotary]
 
+    def _side(self, ids: torch.Tensor, x: torch.Tensor) -> Callable[[int], dict]:
+        """Layer i → the keyword arguments its finish takes besides the hidden states (layer_inputs')."""
+        if self.layer_inputs is None:
+            return lambda i: {}
+        side = self.layer_inputs(ids, x)
+        return lambda i: {"side": side[..., i, :]}
+
+    def _capped(self, logits: torch.Tensor) -> torch.Tensor:
+        """Logits rounded to the model dtype as transformers' lm_head gives them [.., n] → as the model reads
+        them (fp32): through final_logit_softcapping's cap * tanh(logits / cap) in the model dtype, where set."""
+        logits = logits.to(self.dtype)
+        cap = self.dims.logit_softcap
+        return (logits if cap is None else torch.tanh(logits / cap) * cap).float()
+
     def final_norm(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden, and the final norm's weight for the lm_head kernels to fuse (LLaMA's RMSNorm); the
         norm_unit_offset (1 + w) norm, which rounds once after scaling in fp32, is applied here instead (None
@@ -169,18 +185,22 @@ class DecoderLM(nn.Module):
         attention output and MLP are never needed (no prefix position is read out), so the pass stops
         at its K and V; prefix hooks therefore see layers 0 .. L-2."""
         x = self.embed(batch.ids, batch.image_index, batch.features)
-        ropes = self.rotary_of(batch)
-        blocks = self.dims.image_bidirectional and batch.image_mask is not None
+        ropes, side, d = self.rotary_of(batch), self._side(batch.ids, x), self.dims
         keys, values = [], []
         for i, layer in enumerate(self.layers):
-            last = i == len(self.layers) - 1
+            last, source = i == len(self.layers) - 1, d.kv_of(i)
+            if last and source != i:
+                keys.append(keys[source])
+                values.append(values[source])
+                break
             q, k, v = layer.qkv(x, *ropes[i], need_q=not last, image=batch.image_mask)
-            keys.append(k)
-            values.append(v)
+            keys.append(k if source == i else keys[source])
+            values.append(v if source == i else values[source])
             if last:
                 break
-            attn = image_block_attention(q, k, v, batch.image_mask) if blocks else causal_attention(q, k, v)
-            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "prefix"))
+            image = batch.image_mask if d.bidirectional(i) else None
+            attn = prompt_attention(q, keys[i], values[i], image, d.window(i))
+            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "prefix"), **side(i))
             x = self.deepstack(hidden_hook(intervention, i, x, "prefix"), i, batch)
         return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans, batch.image_mask)
 
@@ -192,7 +212,7 @@ class DecoderLM(nn.Module):
         the hidden state of each row's last token, the suffixes' own KV and, with probe, the image
         attention at that token (SuffixOut)."""
         x = self.embed(batch.ids, batch.image_index, batch.features)
-        ropes = self.rotary_of(batch)
+        ropes, side, d = self.rotary_of(batch), self._side(batch.ids, x), self.dims
         backend = resolve_backend(self.kernels, self.device)
         runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         drop = intervention if isinstance(intervention, ImageTokenDrop) else None
@@ -201,19 +221,25 @@ class DecoderLM(nn.Module):
         keys, values, probes, kept = [], [], [], None
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i], image=batch.image_mask)
+            if d.kv_of(i) != i:
+                k, v = keys[d.kv_of(i)], values[d.kv_of(i)]
             keys.append(k)
             values.append(v)
             edit = layer_edit(intervention, i, self.dims.num_heads, self.device)
+            if (probe or drop is not None) and d.window(i) is not None and \
+                    x.shape[1] + (prefix.length if prefix is not None else 0) > d.window(i):
+                raise NotImplementedError(f"the image-attention probe and token drops read prompts within the "
+                                          f"sliding window of {d.window(i)} tokens only")
             if probe:
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
             if kept is not None:
-                attn = kept_causal_attention(q, k, v, kept, batch.image_mask if self.dims.image_bidirectional else None)
+                attn = kept_causal_attention(q, k, v, kept, batch.image_mask if d.bidirectional(i) else None)
             else:
                 attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
-                                        image_bidirectional=self.dims.image_bidirectional)
+                                        image_bidirectional=d.bidirectional(i), window=d.window(i))
             if drop is not None and i == drop.layer - 1 and batch.image_mask is not None:
                 kept = drop.kept(answer_key_attention(q, batch.lengths, k), batch.image_mask)
-            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"))
+            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"), **side(i))
             x = self.deepstack(hidden_hook(intervention, i, x, "suffix"), i, batch)
         last = x[torch.arange(x.shape[0], device=self.device), batch.lengths - 1]
         return SuffixOut(last, SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
@@ -230,7 +256,7 @@ class DecoderLM(nn.Module):
         index = to_device(torch.tensor(ids, dtype=torch.long), self.device)
         last_hidden, weight = self.final_norm(last_hidden)
         norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)  # the final norm, fused
-        logits = gather_logits(last_hidden, self.lm_head.matrix, index, **norm).to(self.dtype).float()
+        logits = self._capped(gather_logits(last_hidden, self.lm_head.matrix, index, **norm))
         return logits, vocab_argmax(last_hidden, self.lm_head.matrix, **norm, logits_dtype=self.dtype)
 
     @torch.inference_mode()
@@ -246,7 +272,7 @@ class DecoderLM(nn.Module):
         for start in range(0, vocab, chunk):
             ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
             out[:, start:start + len(ids)] = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm)
-        return out.to(self.dtype).float()
+        return self._capped(out)
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
@@ -319,19 +345,22 @@ class DecoderLM(nn.Module):
                      intervention: Intervention | None) -> torch.Tensor:
         """Generated token t of every row [B] through every layer → its last hidden states [B, 1, H]."""
         x = self.embed(token)[:, None]
+        side = self._side(token[:, None], x)
         slot, valid, own_image = cache.next_slot(t, any(e is not None for e in edits))
         windowed = cache.window_masks(t, valid)  # None while every row's keys all lie within the window
         ropes = self._per_layer(lambda rotary: rotary.cos_sin((cache.suffix.next_position + t)[:, None], self.dtype))
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i])
-            cache.own_k[i][:, :, slot] = k[:, :, 0]
-            cache.own_v[i][:, :, slot] = v[:, :, 0]
+            source = self.dims.kv_of(i)  # an earlier layer's, written this step already
+            cache.own_k[i][:, :, slot] = k[:, :, 0] if source == i else cache.own_k[source][:, :, slot]
+            cache.own_v[i][:, :, slot] = v[:, :, 0] if source == i else cache.own_v[source][:, :, slot]
             own, seen = (valid, None) if windowed is None or not self.dims.slides(i) else windowed
             attn = [masked_attention(q[a:e], *cache.prefix_kv(i, g), cache.own_k[i][a:e], cache.own_v[i][a:e],
                                      own[a:e], edits[i], cache.prefix_image(g),
                                      None if own_image is None else own_image[a:e], None if seen is None else seen[a:e])
                     for g, a, e in cache.runs]
-            x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn), mlp=mlp_hook(intervention, i, "decode"))
+            x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn), mlp=mlp_hook(intervention, i, "decode"),
+                             **side(i))
             x = hidden_hook(intervention, i, x, "decode")
         return x
 
