@@ -26,6 +26,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_vl": "qwen3_vl:Qwen3VLModel",
     "qwen3_vl_moe": "qwen3_vl_moe:Qwen3VLMoeModel",
     "gemma3": "gemma3:Gemma3Model",
+    "gemma4": "gemma4:Gemma4Model",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 
