@@ -113,12 +113,6 @@ class Runner:
         if len(layout) > dims.max_positions:
             raise ValueError(f"a {len(layout)}-token prompt (its image's tokens included) exceeds the model's "
                              f"{dims.max_positions} positions (max_position_embeddings)")
-        window = dims.sliding_window
-        # a prompt within the window prefills exactly as without one; its continuation's decode steps attend
-        # within it (DecodeCache.window_masks), the prefill passes do not
-        if window is not None and len(layout) > window and any(map(dims.slides, range(dims.num_layers))):
-            raise NotImplementedError(f"a {len(layout)}-token prompt exceeds the model's sliding window of "
-                                      f"{window} tokens, within which the engine prefills no prompt")
         return layout
 
     def _steps(self, prompt_length: int) -> int:

@@ -129,6 +129,9 @@ OWN_TEMPLATES: dict[str, Template] = {
         Template("gemma3_chat", "", "<start_of_image>",
                  "the tokenizer's chat template (Gemma 3's: the image as '<start_of_image>'), one user message "
                  "[image, question + yes/no instruction]", chat=True),
+        Template("gemma4_chat", "", "<|image|>",
+                 "the tokenizer's chat template (Gemma 4's: the image as '<|image|>'), one user message "
+                 "[image, question + yes/no instruction]", chat=True),
         Template("internvl_chat", "", "<IMG_CONTEXT>",
                  "the tokenizer's chat template (InternVL3-hf's: images as '<IMG_CONTEXT>\\n'), one user message "
                  "[image, question + yes/no instruction]", chat=True),

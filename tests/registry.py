@@ -14,9 +14,9 @@ from typing import Callable
 
 import torch
 from familychecks import transformers_oracle
-from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_instructblip, make_tiny_internvl, make_tiny_llava,
-                        make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl,
-                        make_tiny_qwen3_5, make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe,
+from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_gemma4, make_tiny_instructblip, make_tiny_internvl,
+                        make_tiny_llava, make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl,
+                        make_tiny_qwen2_vl, make_tiny_qwen3_5, make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe,
                         synthetic_image)
 
 from pope_fast.engine import Engine, Settings
@@ -216,6 +216,15 @@ REGISTRY = {f.name: f for f in [
            continuations=({"prefix_reuse": True, "batch_size": 2}, {"prefix_reuse": False, "batch_size": 2}),
            probe=(0, 1), nf4=NF4(dict(vision_hidden=64, seed=5), (0, 1), _packed_when_asked),
            methods=((True, 2), (False, 3)), pad_refusal="Gemma 3 resizes every image to its square"),
+    # Every prompt outgrows the 24-token sliding window (inside each image's run of soft tokens), so each check runs
+    # the window on prompts, prefixes and continuations; the probe and methods, which refuse prompts past the
+    # window, are not run. Three aspect ratios: three soft-token counts (test_gemma4 checks them against the class's;
+    # the one-run check over every image is left out for the suite's time: the logits check answers each image).
+    Family("gemma4", make_tiny_gemma4, "Gemma4ForConditionalGeneration",
+           [synthetic_image(i + 41, size) for i, size in enumerate([(90, 70), (40, 90), (64, 64)])], 2,
+           template="gemma4_chat", logits=((True, 2), (False, 3)), counts_image_tokens=True,
+           continuations=({"prefix_reuse": True, "batch_size": 2},),
+           pad_refusal="Gemma 4 resizes every image within its patch budget"),
 ]}
 # A registered family outside the battery, with the reason (test_every_registered_family_is_in_the_battery).
 EXEMPT = {"mplug_owl2": "no transformers class; test_mplug_owl2 checks the engine against upstream's outputs "

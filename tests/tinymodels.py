@@ -268,6 +268,21 @@ def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = F
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 
+def make_tiny_gemma4(folder: Path, *, seed: int = 0, init_std: float = 0.08, dtype=torch.float32) -> Path:
+    """A random Gemma 4 checkpoint (gemma4's VISION_TINY and TEXT_TINY: a 2-layer tower, at most 70 soft tokens an
+    image; five layers, the last two KV-shared, per-layer inputs, a 24-token window inside every image's run) with
+    the built-in stand-in tokenizer; every RMSNorm weight with one is drawn too (Gemma 4 scales by w, Gemma 3 by
+    1 + w, so either mistaken for the other differs)."""
+    extra = {f"model.language_model.layers.{i}.{name}.weight": 0.5 for i in range(5) for name in (
+        "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
+        "self_attn.q_norm", "post_per_layer_input_norm")}
+    extra.update({f"model.language_model.layers.{i}.self_attn.k_norm.weight": 0.5 for i in range(3)})  # unshared
+    extra.update({"model.language_model.norm.weight": 0.5, "model.language_model.per_layer_projection_norm.weight": 0.5})
+    return write_checkpoint("gemma4", folder, "tiny",
+                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3),
+                                            extra=extra))
+
+
 def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50, 120)), splits=("random", "adversarial"),
                    questions_per_image: int = 4) -> tuple[Path, list[Path]]:
     """Synthetic images and POPE-format question files; the splits share their yes-questions, as COCO's do."""

@@ -135,8 +135,10 @@ class DecodeCache:
         return own, (query - keys[None] < self.window)[:, None]
 
     def prefix_kv(self, layer: int, g: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if g is None:
-            return self._empty, self._empty
+        if g is None:  # no prefix: [Hkv, 0, D] of this layer's heads (a family's layers may differ in them)
+            own = self.own_k[layer]
+            return (self._empty, self._empty) if own.shape[1:4:2] == self._empty.shape[0:3:2] else \
+                (own.new_zeros(own.shape[1], 0, own.shape[3]),) * 2
         return self.prefix.keys[layer][g], self.prefix.values[layer][g]
 
     def prefix_image(self, g: int | None) -> torch.Tensor:
@@ -164,6 +166,37 @@ def image_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ima
     SDPA in the model dtype with that boolean mask, as transformers' sdpa attention runs Gemma 3."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=image_blocks(image)[:, None],
                                           enable_gqa=q.shape[1] != k.shape[1])
+
+
+def prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor | None = None,
+                     window: int | None = None) -> torch.Tensor:
+    """One layer's attention of whole sequences from their first token (a prefix, whole prompts): causal, each
+    image run's tokens seeing each other both ways where image [B, S] is given (image_blocks), and within a
+    sliding window where the layer has one and the sequence outgrows it. transformers' sliding mask is
+    AND(q - k < window, OR(causal, same image run)) (masking_utils.sliding_window_overlay and blockwise_overlay),
+    so an image token sees its run's later tokens whatever the window. SDPA in the model dtype."""
+    length = q.shape[2]
+    if window is None or length <= window:
+        return image_block_attention(q, k, v, image) if image is not None else causal_attention(q, k, v)
+    rows = torch.arange(length, device=q.device)
+    near = rows[:, None] - rows[None, :] < window  # [S, S]
+    seen = image_blocks(image) if image is not None else (rows[None, :] <= rows[:, None])[None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=(seen & near)[:, None],
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def windowed_suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: PrefixKV, layer: int,
+                              runs: list[tuple[int, int, int]], window: int) -> torch.Tensor:
+    """Question suffixes [B, Hq, S, D] against their prefixes on a sliding layer the sequence outgrows: suffix
+    token j (sequence index P + j) sees prefix key p where P + j - p < window and its own key i <= j where
+    j - i < window. Explicit, in fp32, as the prefix kernel's reference; runs: (prefix, first row, end row)."""
+    length, p = q.shape[2], prefix.length
+    rows = torch.arange(length, device=q.device)
+    own = (rows[None, :] <= rows[:, None]) & (rows[:, None] - rows[None, :] < window)  # [S, S]
+    near = p + rows[:, None] - torch.arange(p, device=q.device)[None, :] < window  # [S, P]
+    return torch.cat([masked_attention(q[a:e], prefix.keys[layer][g], prefix.values[layer][g], k[a:e], v[a:e],
+                                       own.expand(e - a, -1, -1), prefix_valid=near.expand(e - a, -1, -1))
+                      for g, a, e in runs])
 
 
 def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor,
@@ -267,13 +300,23 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: Attention
 
 
 def suffix_attention(q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
-                     edit: AttentionEdit | None, backend: str, image_bidirectional: bool = False) -> torch.Tensor:
+                     edit: AttentionEdit | None, backend: str, image_bidirectional: bool = False,
+                     window: int | None = None) -> torch.Tensor:
     """One layer's attention of a suffix batch [B, Hq, S, D]: every row's queries over its prefix (one
     fused call for every image's rows: each run reads its prefix once) and causally over its own keys,
     or whole prompts causally; an edit of every query is applied inside, an answer-only one by
     recomputing each row's answer position. With image_bidirectional, a whole prompt's image tokens see each other
-    both ways (a suffix's own tokens are text: its image lies in the prefix, prefilled so)."""
+    both ways (a suffix's own tokens are text: its image lies in the prefix, prefilled so). On a sliding layer
+    (window) that the rows outgrow, every query attends within the window; no edit acts there."""
     every = edit if edit is not None and not edit.answer_only else None
+    seen = q.shape[2] + (prefix.length if prefix is not None else 0)
+    if window is not None and seen > window:
+        if edit is not None:
+            raise NotImplementedError(f"an attention edit of a {seen}-token prompt past the sliding window of "
+                                      f"{window} tokens (edits read whole prompts within the window only)")
+        if prefix is not None:
+            return windowed_suffix_attention(q, k, v, prefix, layer, runs.runs, window)
+        return prompt_attention(q, k, v, batch.image_mask if image_bidirectional else None, window)
     if prefix is not None:
         key_edit = None if every is None or prefix.image_mask is None else (prefix.image_mask, every.scale, every.bias)
         attn = prefix_attention(q, prefix.keys[layer], prefix.values[layer], k, v, batch.lengths, backend=backend,

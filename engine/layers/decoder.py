@@ -10,7 +10,7 @@ and POPE's two shortcuts built in.
    sees a later (padded) key under the causal rule, and rows are read only at their own last token.
 2. One step: only the answer position matters, so the final norm and the lm_head run on one hidden
    state per question, for the candidate ids only, plus a full-vocabulary argmax at that position
-   (`answer`); no [sequence, vocabulary] logits tensor is ever formed.
+   (`answer`, engine/layers/head.py); no [sequence, vocabulary] logits tensor is ever formed.
 
 A greedy continuation (`decode`) exists only for string readouts.
 """
@@ -22,16 +22,17 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ...kernels import PrefixRuns, fused_rms_norm, gather_logits, resolve_backend, vocab_argmax
-from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, answer_key_attention, causal_attention,
-                        image_block_attention, kept_causal_attention, key_scaled_causal_attention, masked_attention,
-                        probe_attention, suffix_attention)
+from ...kernels import PrefixRuns, fused_rms_norm, resolve_backend, vocab_argmax
+from .attention import (DecodeCache, PrefixKV, SuffixKV, SuffixOut, answer_key_attention, kept_causal_attention,
+                        key_scaled_causal_attention, masked_attention, probe_attention, prompt_attention,
+                        suffix_attention)
 from .beam import BeamSearch
 from .dims import DecoderDims
 from .generation import GreedyState
+from .head import AnswerHead
 from .interventions import (AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, key_scaling, layer_edit,
                             mlp_hook, overrides)
-from .ops import Rotary, apply_rotary, make_linear, offset_rms_norm
+from .ops import Rotary, apply_rotary, make_linear
 from .moe import ExpertMLP
 from ..inputs.plan import TokenBatch, to_device
 
@@ -92,7 +93,7 @@ class DecoderLayer(nn.Module):
         return x + (out if mlp is None else mlp(out))
 
 
-class DecoderLM(nn.Module):
+class DecoderLM(AnswerHead, nn.Module):
     def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], *, dtype: torch.dtype,
                  device: torch.device, quantize: bool, keep_packed: bool, quantize_lm_head: bool, kernels: str,
                  layer_class: type[DecoderLayer] = DecoderLayer):
@@ -126,6 +127,9 @@ class DecoderLM(nn.Module):
                                  factor=spec[1]) for spec in dict.fromkeys(specs)}
         self.layer_rotary = [rotaries[spec] for spec in specs]  # one object per distinct RoPE, shared by its layers
         self.rotary = self.layer_rotary[0]  # every layer's, where they share one
+        # a family's side input of every layer (Gemma 4's per-layer embeddings): (ids, input embeddings [..., H]) →
+        # [..., L, P], layer i's finish taking [..., i, :] as `side`; None: none
+        self.layer_inputs: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
     def embed(self, ids: torch.Tensor, image_index: torch.Tensor | None = None,
               features: torch.Tensor | None = None) -> torch.Tensor:
@@ -161,13 +165,12 @@ class DecoderLM(nn.Module):
         done = {id(rotary): cos_sin(rotary) for rotary in dict.fromkeys(self.layer_rotary)}
         return [done[id(rotary)] for rotary in self.layer_rotary]
 
-    def final_norm(self, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """hidden, and the final norm's weight for the lm_head kernels to fuse (LLaMA's RMSNorm); the
-        norm_unit_offset (1 + w) norm, which rounds once after scaling in fp32, is applied here instead (None
-        to fuse)."""
-        if self.dims.norm_unit_offset:
-            return offset_rms_norm(hidden, self.norm, self.dims.rms_eps, kernels=self.kernels), None
-        return hidden, self.norm
+    def _side(self, ids: torch.Tensor, x: torch.Tensor) -> Callable[[int], dict]:
+        """Layer i → the keyword arguments its finish takes besides the hidden states (layer_inputs')."""
+        if self.layer_inputs is None:
+            return lambda i: {}
+        side = self.layer_inputs(ids, x)
+        return lambda i: {"side": side[..., i, :]}
 
     @torch.inference_mode()
     def prefill_prefix(self, batch: TokenBatch, intervention: Intervention | None = None) -> PrefixKV:
@@ -175,18 +178,22 @@ class DecoderLM(nn.Module):
         attention output and MLP are never needed (no prefix position is read out), so the pass stops
         at its K and V; prefix hooks therefore see layers 0 .. L-2."""
         x = self.embed(batch.ids, batch.image_index, batch.features)
-        ropes = self.rotary_of(batch)
-        blocks = self.dims.image_bidirectional and batch.image_mask is not None
+        ropes, side, d = self.rotary_of(batch), self._side(batch.ids, x), self.dims
         keys, values = [], []
         for i, layer in enumerate(self.layers):
-            last = i == len(self.layers) - 1
+            last, source = i == len(self.layers) - 1, d.kv_of(i)
+            if last and source != i:
+                keys.append(keys[source])
+                values.append(values[source])
+                break
             q, k, v = layer.qkv(x, *ropes[i], need_q=not last, image=batch.image_mask)
-            keys.append(k)
-            values.append(v)
+            keys.append(k if source == i else keys[source])
+            values.append(v if source == i else values[source])
             if last:
                 break
-            attn = image_block_attention(q, k, v, batch.image_mask) if blocks else causal_attention(q, k, v)
-            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "prefix"))
+            image = batch.image_mask if d.bidirectional(i) else None
+            attn = prompt_attention(q, keys[i], values[i], image, d.window(i))
+            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "prefix"), **side(i))
             x = self.deepstack(hidden_hook(intervention, i, x, "prefix"), i, batch)
         return PrefixKV(keys, values, batch.ids.shape[1], batch.image_spans, batch.image_mask)
 
@@ -199,7 +206,7 @@ class DecoderLM(nn.Module):
         the hidden state of each row's last token, the suffixes' own KV and, with probe, the image
         attention at that token (SuffixOut); with residuals, every layer's output at that token (VISTA's)."""
         x = self.embed(batch.ids, batch.image_index, batch.features)
-        ropes = self.rotary_of(batch)
+        ropes, side, d = self.rotary_of(batch), self._side(batch.ids, x), self.dims
         backend = resolve_backend(self.kernels, self.device)
         runs = PrefixRuns(prefix_index, self.device) if prefix is not None else None  # once, for every layer
         drop = intervention if isinstance(intervention, ImageTokenDrop) else None
@@ -217,24 +224,30 @@ class DecoderLM(nn.Module):
         rows = torch.arange(batch.ids.shape[0], device=self.device)
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i], image=batch.image_mask)
+            if d.kv_of(i) != i:
+                k, v = keys[d.kv_of(i)], values[d.kv_of(i)]
             keys.append(k)
             values.append(v)
             edit = layer_edit(intervention, i, self.dims.num_heads, self.device)
+            if (probe or drop is not None) and d.window(i) is not None and \
+                    x.shape[1] + (prefix.length if prefix is not None else 0) > d.window(i):
+                raise NotImplementedError(f"the image-attention probe and token drops read prompts within the "
+                                          f"sliding window of {d.window(i)} tokens only")
             if probe:
                 probes.append(probe_attention(q, k, batch, prefix, runs, i, edit))
             scaled = key_scaling(intervention, i, batch.image_mask, prefix is None, self.dims.image_bidirectional)
             if kept is not None:
-                attn = kept_causal_attention(q, k, v, kept, batch.image_mask if self.dims.image_bidirectional else None)
+                attn = kept_causal_attention(q, k, v, kept, batch.image_mask if d.bidirectional(i) else None)
             elif scaled is not None:
                 attn = key_scaled_causal_attention(q, k, v, *scaled)
             else:
                 attn = suffix_attention(q, k, v, batch, prefix, runs, i, edit, backend,
-                                        image_bidirectional=self.dims.image_bidirectional)
+                                        image_bidirectional=d.bidirectional(i), window=d.window(i))
             if drop is not None and i == drop.layer - 1 and batch.image_mask is not None:
                 kept = drop.kept(answer_key_attention(q, batch.lengths, k), batch.image_mask)
             if attended:
                 intervention.attended(i, answer_key_attention(q, batch.lengths, k).mean(dim=1), batch.image_mask)
-            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix")) \
+            x = layer.finish(x, attn, image=batch.image_mask, mlp=mlp_hook(intervention, i, "suffix"), **side(i)) \
                 if stream is None else stream.layer(i, layer, x, (q, k, v), attn)
             x = hidden_hook(intervention, i, x, "suffix")
             if residuals:  # the layer's own output, as a hook on transformers' decoder layer sees it
@@ -243,68 +256,6 @@ class DecoderLM(nn.Module):
         return SuffixOut(x[rows, batch.lengths - 1],
                          SuffixKV(keys, values, batch.lengths, batch.next_position, batch.image_mask),
                          torch.stack(probes, dim=1) if probe else None, torch.stack(streams, 1) if residuals else None)
-
-    @torch.inference_mode()
-    def answer(self, last_hidden: torch.Tensor, ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """last_hidden [B, H] → candidate logits [B, n] (fp32) and the full-vocabulary argmax [B].
-
-        Both are taken from logits rounded to the model dtype, as transformers' lm_head output is, so
-        near-ties (ties, once rounded to fp16/bf16) resolve as in the reference pipeline.
-        """
-        backend = resolve_backend(self.kernels, self.device)
-        index = to_device(torch.tensor(ids, dtype=torch.long), self.device)
-        last_hidden, weight = self.final_norm(last_hidden)
-        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)  # the final norm, fused
-        logits = gather_logits(last_hidden, self.lm_head.matrix, index, **norm).to(self.dtype).float()
-        return logits, vocab_argmax(last_hidden, self.lm_head.matrix, **norm, logits_dtype=self.dtype)
-
-    @torch.inference_mode()
-    def vocab_logits(self, last_hidden: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-        """last_hidden [B, H] → the logits of the whole vocabulary [B, V] (fp32, rounded to the model
-        dtype as `answer`'s are), for methods that combine passes over every token. One answer
-        position per row: [B, V], never [B, S, V]; the lm_head rows go `chunk` at a time."""
-        last_hidden, weight = self.final_norm(last_hidden)
-        return self.raw_logits(last_hidden, chunk, weight)
-
-    @torch.inference_mode()
-    def raw_logits(self, hidden: torch.Tensor, chunk: int = 8192, norm_weight: torch.Tensor | None = None
-                   ) -> torch.Tensor:
-        """The lm_head of hidden [B, H], after the final norm only where its weight is given: [B, V] fp32, rounded
-        to the model dtype."""
-        backend = resolve_backend(self.kernels, self.device)
-        vocab = self.lm_head.matrix.shape[0]
-        out = torch.empty(hidden.shape[0], vocab, dtype=torch.float32, device=self.device)
-        for start in range(0, vocab, chunk):
-            ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
-            out[:, start:start + len(ids)] = gather_logits(hidden, self.lm_head.matrix, ids, norm_weight,
-                                                           self.dims.rms_eps, backend)
-        return out.to(self.dtype).float()
-
-    @torch.inference_mode()
-    def vocab_logsumexp(self, last_hidden: torch.Tensor, chunk: int = 8192) -> torch.Tensor:
-        """last_hidden [B, H] → [B] fp32: the log-sum-exp of the answer position's logits over the whole vocabulary,
-        each rounded to the model dtype as `answer`'s candidates are (so e^(l - it) is a candidate's probability).
-        The lm_head rows go `chunk` at a time through the candidates' own gather: never [B, V] at once."""
-        backend = resolve_backend(self.kernels, self.device)
-        last_hidden, weight = self.final_norm(last_hidden)
-        norm = dict(norm_weight=weight, eps=self.dims.rms_eps, backend=backend)
-        vocab = self.lm_head.matrix.shape[0]
-        total = torch.full((last_hidden.shape[0],), float("-inf"), device=self.device)
-        for start in range(0, vocab, chunk):
-            ids = torch.arange(start, min(start + chunk, vocab), device=self.device)
-            part = gather_logits(last_hidden, self.lm_head.matrix, ids, **norm).to(self.dtype).float()
-            total = torch.logaddexp(total, part.logsumexp(dim=-1))
-        return total
-
-    @torch.inference_mode()
-    def lens_logits(self, residuals: torch.Tensor, first: int, last: int) -> torch.Tensor:
-        """residuals [B, L, H] (prefill_suffix's) → the mean over layers first..last of the lm_head applied to each
-        one's output, [B, V] fp32, each rounded to the model dtype: without the final norm, except the last layer's,
-        which transformers' hidden_states gives normed (its entry is the model's own logits)."""
-        final = self.dims.num_layers - 1
-        total = sum(self.vocab_logits(residuals[:, i]) if i == final else self.raw_logits(residuals[:, i])
-                    for i in range(first, last + 1))
-        return total / (last - first + 1)
 
     @torch.inference_mode()
     def decode(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV,
@@ -382,19 +333,22 @@ class DecoderLM(nn.Module):
                      intervention: Intervention | None) -> torch.Tensor:
         """Generated token t of every row [B] through every layer → its last hidden states [B, 1, H]."""
         x = self.embed(token)[:, None]
+        side = self._side(token[:, None], x)
         slot, valid, own_image = cache.next_slot(t, any(e is not None for e in edits))
         windowed = cache.window_masks(t, valid)  # None while every row's keys all lie within the window
         ropes = self._per_layer(lambda rotary: rotary.cos_sin((cache.suffix.next_position + t)[:, None], self.dtype))
         for i, layer in enumerate(self.layers):
             q, k, v = layer.qkv(x, *ropes[i])
-            cache.own_k[i][:, :, slot] = k[:, :, 0]
-            cache.own_v[i][:, :, slot] = v[:, :, 0]
+            source = self.dims.kv_of(i)  # an earlier layer's, written this step already
+            cache.own_k[i][:, :, slot] = k[:, :, 0] if source == i else cache.own_k[source][:, :, slot]
+            cache.own_v[i][:, :, slot] = v[:, :, 0] if source == i else cache.own_v[source][:, :, slot]
             own, seen = (valid, None) if windowed is None or not self.dims.slides(i) else windowed
             attn = [masked_attention(q[a:e], *cache.prefix_kv(i, g), cache.own_k[i][a:e], cache.own_v[i][a:e],
                                      own[a:e], edits[i], cache.prefix_image(g),
                                      None if own_image is None else own_image[a:e], None if seen is None else seen[a:e])
                     for g, a, e in cache.runs]
-            x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn), mlp=mlp_hook(intervention, i, "decode"))
+            x = layer.finish(x, attn[0] if len(attn) == 1 else torch.cat(attn), mlp=mlp_hook(intervention, i, "decode"),
+                             **side(i))
             x = hidden_hook(intervention, i, x, "decode")
         return x
 

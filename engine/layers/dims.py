@@ -31,6 +31,10 @@ class DecoderDims:
     embed_scale: float | None = None  # text embeddings times this, in the embedding's dtype
     norm_unit_offset: bool = False  # the final RMSNorm scales by (1 + w), in fp32 before the cast
     image_bidirectional: bool = False  # the tokens of one image attend to each other both ways (else causal)
+    image_blocks_full: bool = True  # with image_bidirectional: on full-attention layers too (else sliding ones only)
+    # per layer, the layer whose K and V it attends with (itself, or an earlier one whose it shares); None: its own
+    kv_source: tuple[int, ...] | None = None
+    logit_softcap: float | None = None  # final_logit_softcapping: logits read as cap * tanh(logits / cap)
     max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
     # Mixture of experts (Qwen3-VL-MoE): on the layers `sparse_layers` marks (None: every layer), the MLP is
     # `experts` gated MLPs `expert_size` wide, each token's top `experts_per_token` by the router (moe.py)
@@ -76,6 +80,18 @@ class DecoderDims:
     def slides(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window."""
         return self.sliding_window is not None and (self.layer_sliding is None or self.layer_sliding[layer])
+
+    def window(self, layer: int) -> int | None:
+        """`layer`'s sliding window (None: it attends to every earlier key)."""
+        return self.sliding_window if self.slides(layer) else None
+
+    def bidirectional(self, layer: int) -> bool:
+        """Whether the tokens of one image see each other both ways on `layer`."""
+        return self.image_bidirectional and (self.image_blocks_full or self.slides(layer))
+
+    def kv_of(self, layer: int) -> int:
+        """The layer whose K and V `layer` attends with."""
+        return layer if self.kv_source is None else self.kv_source[layer]
 
     def sparse(self, layer: int) -> bool:
         """Whether `layer`'s MLP is the mixture of experts."""

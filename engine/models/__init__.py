@@ -27,6 +27,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_vl_moe": "qwen3_vl_moe:Qwen3VLMoeModel",
     "qwen3_5": "qwen3_5:Qwen3_5Model",
     "gemma3": "gemma3:Gemma3Model",
+    "gemma4": "gemma4:Gemma4Model",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 

@@ -19,9 +19,9 @@ module's layer (transformers models/gemma3/modeling_gemma3.py):
   rounds it unscaled: equal in fp32, within a rounding step in fp16/bf16);
 - local and global RoPE (rope_parameters["sliding_attention"] / ["full_attention"], the 4B's global one
   linearly scaled by 8) per layer_types; the sliding layers (DecoderDims.layer_sliding) attend like full ones
-  within their window (masking_utils.sliding_window_overlay keeps keys with q - k < window): a continuation's
-  decode steps past it attend within it (DecodeCache.window_masks), and the engine refuses a prompt longer
-  than the window (runner._checked: a prompt of exactly `window` tokens prefills exactly);
+  within their window (masking_utils.sliding_window_overlay keeps keys with q - k < window, ANDed with the
+  image mask below): prompts and prefixes past it prefill within it (attention.prompt_attention), questions read
+  only their prefix's last keys (windowed_suffix_attention), continuations decode within it (window_masks);
 - the tokens of one image attend to each other both ways (create_masks_for_vision_model: OR(causal,
   same image run), from token_type_ids = 1 on the image soft tokens only): DecoderDims.image_bidirectional;
   the image lies in the prefix, so the prefix prefill (and a whole prompt) runs that mask and the question

@@ -100,6 +100,8 @@ COVERAGE = {
     "qwen2_vl": Coverage("qwen2_vl", "lmms_eval_qwen2_vl", 128, image_reencode="jpeg85",
                          image_resize="qwen_vl_utils:28:3136:602112", processor_pixels="3136:602112", dtype="auto",
                          generation_config=GENERATE),
+    "gemma4": "lmms-eval 0.7.3 (and its main branch at 75571cfe) has no Gemma 4 model class: its gemma3 loads "
+              "Gemma3ForConditionalGeneration (models/simple/gemma3.py l.10, l.74)",
     "mplug_owl2": "lmms-eval 0.7.3 has no mPLUG-Owl2 model class (its mplug_owl_video is mPLUG-Owl v1 for video)",
     # `--model qwen2_5_vl` runs the chat class: models/registry_v2.py l.82-97 (v0.7.2) resolves a name to its
     # chat class where models/__init__.py registers one (AVAILABLE_CHAT_TEMPLATE_MODELS: qwen2_5_vl, qwen3_vl,

@@ -60,6 +60,9 @@ TEMPLATES = (
              "VLMEvalKit Gemma3: its system prompt 'You are a helpful assistant. ', then [image, the bare "
              "question], through the processor's chat template", chat=True, system="You are a helpful assistant. ",
              suffix=""),
+    Template("vlmevalkit_gemma4", "", "<|image|>",
+             "VLMEvalKit Gemma4: [image, the bare question] as one user turn, no system prompt, through the "
+             "processor's chat template with enable_thinking=False", chat=True, suffix=""),
     Template("vlmevalkit_llava_onevision",
              "<|im_start|>user \n<image>\n{question}<|im_end|><|im_start|>assistant\n", "<image>",
              "VLMEvalKit LLaVA_OneVision_HF: the llava-hf processor's chat template over one text part, "
@@ -206,6 +209,17 @@ COVERAGE = {
     # attends within it, as the sliding layers do (DecodeCache.window_masks).
     "gemma3": Coverage("Gemma3 (gemma-3-4b-it)", "vlmevalkit_gemma3", 4096, image_reencode="load_image", dtype="bf16",
                        image_mask="causal", generation_config=GENERATE),
+    # vlmeval/vlm/gemma.py Gemma4 (config.py l.2277-2280: E2B, E4B, 31B, 26B-A4B): the dataset's [image, question]
+    # as one user turn, no system prompt (message2pipeline l.328-336), through the processor's chat template with
+    # enable_thinking=False (l.321, l.385-390), greedy with 4,096 new tokens (l.315-318) under the checkpoint's
+    # generation config; each image PIL-opened and convert('RGB') (_load_image l.324-326: no EXIF transpose); bf16
+    # (l.298); transformers' default attention (sdpa), the processor's mm_token_type_ids passed, so the image's
+    # bidirectional mask is kept.
+    "gemma4": Coverage("Gemma4 (gemma-4-E4B-it)", "vlmevalkit_gemma4", 4096, image_reencode="rgb", dtype="bf16",
+                       generation_config=GENERATE, deviations=(
+        "VLMEvalKit decodes with special tokens and keeps the text after '</think>' or a '<|channel>final' block "
+        "(extract_response_for_eval l.359-381, l.398-405); here the answer decoded as every other family's, which "
+        "is the same text for an answer with no thinking block",)),
     # Models the engine has no family for, which the transformers backend runs. vlmeval/vlm/smolvlm.py SmolVLM
     # (config.py l.1720-1725: SmolVLM-Instruct, -256M, -500M, all Idefics3ForConditionalGeneration): fp32 (l.22),
     # 2048 new tokens (l.24) under the checkpoint's generation config; POPE takes build_prompt_default (l.84):

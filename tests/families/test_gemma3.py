@@ -192,22 +192,23 @@ def _window_checkpoint(checkpoint: Path, tmp_path: Path, window: int) -> Path:
                         lambda c: c["text_config"].update(sliding_window=window))
 
 
-def test_sliding_window_boundary(checkpoint, tmp_path):
-    """transformers' sliding layers keep keys with q - k < window: a prompt of exactly `window` tokens attends
-    as under full attention (the engine runs it, matching the oracle), one token longer does not (the oracle
-    then differs from full attention, and the engine refuses it)."""
-    probe = Engine.load(checkpoint, Settings())
-    length = len(probe.model.layout(probe.prompt(QUESTIONS[0]), probe.features(IMAGES[0])))
-    at = _window_checkpoint(checkpoint, tmp_path, length)
-    engine = Engine.load(at, Settings(), readouts="template_aware")
-    logits, *_ = _oracle(at, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
-    answer = engine.answer(IMAGES[0], QUESTIONS[:1])[0]
-    assert worst_difference(answer.candidate_logits, logits)[0] <= 1e-4
-    below = _window_checkpoint(checkpoint, tmp_path, length - 1)
-    narrow, *_ = _oracle(below, engine.prompt, IMAGES[:1], QUESTIONS[:1], new_tokens=1)[0, QUESTIONS[0]]
-    assert float((narrow - logits).abs().max()) > 1e-4  # at length - 1 the window cuts a key off
-    with pytest.raises(NotImplementedError, match=f"prompt exceeds the model's sliding window of {length - 1}"):
-        Engine.load(below, Settings(), readouts="template_aware").answer(IMAGES[0], QUESTIONS[:1])
+def test_prompts_past_the_sliding_window_attend_within_it(checkpoint, tmp_path):
+    """transformers' sliding layers keep keys with q - k < window and AND that with OR(causal, same image run): with
+    a 12-token window inside the 16-token image run (its tokens see their run's later tokens, the earlier ones within
+    the window only) prompts answer as the oracle does, with a shared prefix (the questions reading only its last
+    keys) and as whole prompts, beside a shorter question; the full window's logits differ, so the window is what
+    is tested (the engine refused such prompts before)."""
+    at = _window_checkpoint(checkpoint, tmp_path, 12)
+    engines = {reuse: Engine.load(at, Settings(prefix_reuse=reuse), readouts="template_aware") for reuse in (1, 0)}
+    questions, prompt = [QUESTIONS[0], "Is there a cat?"], engines[1].prompt
+    full = _oracle(checkpoint, prompt, IMAGES[:1], questions[:1], new_tokens=1)[0, questions[0]][0]
+    oracle = _oracle(at, prompt, IMAGES[:1], questions, new_tokens=1)
+    assert float((oracle[0, questions[0]][0] - full).abs().max()) > 1e-4  # the window cuts keys off
+    for reuse, engine in engines.items():
+        for answer in engine.answer(IMAGES[0], questions):
+            logits = oracle[0, answer.question][0]
+            assert worst_difference(answer.candidate_logits, logits)[0] <= 1e-4, (reuse, answer.question)
+            assert answer.first_token_id == int(logits.argmax())
 
 
 def test_a_continuation_past_the_sliding_window_attends_as_the_sliding_layers_do(checkpoint, tmp_path):
