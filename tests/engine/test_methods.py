@@ -29,6 +29,11 @@ def qwen_checkpoint(tmp_path_factory):
     return make_tiny_qwen2_vl(tmp_path_factory.mktemp("methods_qwen2_vl") / "ckpt")
 
 
+@pytest.fixture(scope="module")
+def qwen25_checkpoint(tmp_path_factory):
+    return make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("methods_qwen2_5_vl") / "ckpt")
+
+
 def _llava_inputs(checkpoint):
     from transformers import AutoProcessor
 
@@ -75,13 +80,12 @@ def test_every_method_matches_its_formula_on_qwen2_vl(qwen_checkpoint):
     check_methods(Engine.load(qwen_checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
 
 
-def test_every_method_matches_its_formula_on_qwen2_5_vl(tmp_path):
+def test_every_method_matches_its_formula_on_qwen2_5_vl(qwen25_checkpoint):
     """Qwen2-VL's pipeline under Qwen2.5-VL's windowed tower: the noised patches run through the windows too."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
-    checkpoint = make_tiny_qwen2_5_vl(tmp_path / "ckpt")
-    oracle = formula_oracle(checkpoint, Qwen2_5_VLForConditionalGeneration, _qwen_inputs)
-    check_methods(Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
+    oracle = formula_oracle(qwen25_checkpoint, Qwen2_5_VLForConditionalGeneration, _qwen_inputs)
+    check_methods(Engine.load(qwen25_checkpoint, Settings(batch_size=2), readouts="template_aware"), oracle)
 
 
 def _vti_on_transformers(model, directions: torch.Tensor, alpha: float) -> None:
@@ -176,7 +180,7 @@ NEWER = {"vista": "vista:vsv_lambda=0.5,logits_alpha=0.4,logits_layers=0-1",
          "avisc": "avisc:layer_gamma=0.2,lamb=0.3,alpha=0.7,beta=0.05"}
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])  # issue 52's two families
 def test_vista_clearsight_and_avisc_match_their_code_on_transformers(family, request):
     """Beside the baseline in one paired run, each against transformers' class computing its official code's
     arithmetic (methodchecks): VISTA (LzVv123456/VISTA) its vector from the class's residual streams with and without
@@ -186,11 +190,11 @@ def test_vista_clearsight_and_avisc_match_their_code_on_transformers(family, req
     layer's keys), read at the answer position; AvisC (sangminwoo/AvisC) its layers and tokens from the returned
     attention weights, those tokens zeroed in the language model's input embeddings, the logits contrasted within the
     cut. ClearSight's continuation is refused: its edit would be missing from the decode steps."""
-    from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+    from transformers import LlavaForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
 
-    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
+    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen25_checkpoint")
     model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
-                              (Qwen2VLForConditionalGeneration, _qwen_inputs))
+                              (Qwen2_5_VLForConditionalGeneration, _qwen_inputs))
     inputs_of = inputs_of(checkpoint)
     engine = Engine.load(checkpoint, Settings(batch_size=2, max_new_tokens=2), readouts="template_aware,string_parse")
     out = engine.run_methods(engine.prepare(IMAGES[:1]), [QUESTIONS[:1]],

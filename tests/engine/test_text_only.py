@@ -35,7 +35,8 @@ def _oracle_ids(engine, question: str) -> list[int]:
     template, tokenizer = engine.template, engine.model.tokenizer
     if template.chat:
         message = {"role": "user", "content": [{"type": "text", "text": question + template.suffix}]}
-        ids = tokenizer.apply_chat_template([message], add_generation_prompt=True, tokenize=True)
+        thinking = {} if template.enable_thinking is None else {"enable_thinking": template.enable_thinking}
+        ids = tokenizer.apply_chat_template([message], add_generation_prompt=True, tokenize=True, **thinking)
         ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
     else:
         assert "<image>\n" in template.text
