@@ -103,18 +103,18 @@ def _vti_on_transformers(model, directions: torch.Tensor, alpha: float) -> None:
         layer.mlp.register_forward_hook(steer(d))
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])  # issue 52's two families
 def test_vti_steers_every_mlp_as_its_wrapped_layers_do_on_transformers(family, request, tmp_path):
     """VTI's one pass (prefix, question and continuation steered) against transformers' class with its mlps wrapped
     as VTI wraps them: the answer position's logits and generate's greedy continuation; the baseline beside it is
     the model's own."""
     from safetensors.torch import save_file
     from tinymodels import generated_text
-    from transformers import AutoConfig, LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+    from transformers import AutoConfig, LlavaForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
 
-    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen_checkpoint")
+    checkpoint = request.getfixturevalue("checkpoint" if family == "llava" else "qwen25_checkpoint")
     model_class, inputs_of = ((LlavaForConditionalGeneration, _llava_inputs) if family == "llava" else
-                              (Qwen2VLForConditionalGeneration, _qwen_inputs))
+                              (Qwen2_5_VLForConditionalGeneration, _qwen_inputs))
     text = AutoConfig.from_pretrained(str(checkpoint)).text_config
     directions = torch.randn(text.num_hidden_layers, text.hidden_size, generator=torch.Generator().manual_seed(5))
     save_file({"text": directions}, str(tmp_path / "vti.safetensors"))
@@ -137,18 +137,18 @@ def test_vti_steers_every_mlp_as_its_wrapped_layers_do_on_transformers(family, r
             assert ours.candidate_logits != plain.candidate_logits  # the steering reached the answer
 
 
-@pytest.mark.parametrize("family", ["llava", "qwen2_vl"])
+@pytest.mark.parametrize("family", ["llava", "qwen2_5_vl"])  # issue 52's two families
 def test_sid_matches_its_token_drop_and_contrast_on_transformers(family, tmp_path):
     """SID (huofushuo/SID) against transformers' class in eager attention: the image tokens kept picked from its
     returned attention weights, the contrast pass with the others masked in every later layer for every query, the
     logits combined as vcd_sample.py does; beside the baseline in one paired run (the main pass shared). Three
     layers, the drop from layer 1: the image rows kept change in layer 1 and feed layer 2's keys, which a pass
     sharing the image's prefix (or editing only the queries after the image) would miss."""
-    from transformers import LlavaForConditionalGeneration, Qwen2VLForConditionalGeneration
+    from transformers import LlavaForConditionalGeneration, Qwen2_5_VLForConditionalGeneration
 
     make, model_class, inputs_of = ((make_tiny_llava, LlavaForConditionalGeneration, _llava_inputs)
                                     if family == "llava" else
-                                    (make_tiny_qwen2_vl, Qwen2VLForConditionalGeneration, _qwen_inputs))
+                                    (make_tiny_qwen2_5_vl, Qwen2_5_VLForConditionalGeneration, _qwen_inputs))
     checkpoint = make(tmp_path / "ckpt", layers=3)
     engine = Engine.load(checkpoint, Settings(batch_size=2), readouts="template_aware")
     methods = [parse_method("none"), parse_method("sid:layer=1,keep=3,alpha=0.7,beta=0.05")]
