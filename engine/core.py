@@ -95,7 +95,7 @@ class Engine:
         here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
         allocator growth. Nothing is cached; timings and counts restart. `images` and `prompts` (per image): the
         data's own counts, which bound the batch, so a batch size past the data allocates only for the data."""
-        rows, step = self.settings.question_rows, self.settings.step_images
+        rows, step = self.runner.question_rows, self.settings.step_images
         per_image = max(1, rows // step)
         per_image = per_image if prompts is None else max(1, min(prompts, per_image))
         count = step if images is None else max(1, min(images, step))
@@ -147,7 +147,7 @@ class Engine:
             "readouts": plan["readouts"], "token_sets": plan["token_sets"], "candidate_ids": plan["candidate_ids"],
             "token_strings": token_strings(self.model.tokenizer, plan["candidate_ids"]),  # for the report's labels
             "tokenizer": tokenizer_info(self.model.tokenizer),
-            "settings": self.settings.to_json(),
+            "settings": {**self.settings.to_json(), "batch_size": self.runner.question_rows},  # what ran
             "generation": plan["generation"],  # each text readout's length
             # what a greedy generate applies from the checkpoint's generation config, whether or not this run did
             "generation_config": greedy_fields(self.model.generation_config),

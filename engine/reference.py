@@ -121,6 +121,7 @@ class ReferenceDims:
     vocab_size: int
     mrope_section: None = None  # the positions are the processor's and the class's own
     sliding_window: None = None
+    row_state_bytes: int = 0  # the class runs every prompt whole: a row holds nothing past its call
 
 
 @dataclass(frozen=True)

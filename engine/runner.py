@@ -105,7 +105,12 @@ class Runner:
 
     def plan(self, rows: list[Row], prefix_reuse: bool | None = None) -> list[Stage]:
         reuse = self.settings.prefix_reuse if prefix_reuse is None else prefix_reuse
-        return make_plan(rows, self.settings.question_rows, reuse)
+        return make_plan(rows, self.question_rows, reuse)
+
+    @property
+    def question_rows(self) -> int:
+        """The rows of a question batch: the settings', or the device's budget for this model's rows."""
+        return self.settings.rows_for(self.model.lm.dims.row_state_bytes)
 
     def _checked(self, layout: PromptLayout) -> PromptLayout:
         """A layout the model can run, refused before anything is allocated for it where it cannot."""

@@ -53,6 +53,13 @@ class HybridDims(DecoderDims):
     def conv_dim(self) -> int:  # the conv's channels: q, k and v side by side
         return 2 * self.linear_k_heads * self.linear_k_dim + self.linear_v_heads * self.linear_v_dim
 
+    @property
+    def row_state_bytes(self) -> int:
+        """Each DeltaNet layer's fp32 state [v heads, k dim, v dim] and its conv tail [conv_dim, kernel - 1] (counted
+        at 4 bytes), which a question row keeps past its suffix for its continuation."""
+        per_layer = self.linear_v_heads * self.linear_k_dim * self.linear_v_dim + self.conv_dim * (self.conv_kernel - 1)
+        return 4 * per_layer * sum(self.linear_layers)
+
     def expected_shapes(self) -> dict[str, tuple[int, ...] | list[tuple[int, ...]]]:
         shapes = super().expected_shapes()
         h, d = self.hidden_size, self.head_dim

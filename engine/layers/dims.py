@@ -97,6 +97,11 @@ class DecoderDims:
         """Whether `layer`'s MLP is the mixture of experts."""
         return self.experts > 0 and (self.sparse_layers is None or self.sparse_layers[layer])
 
+    @property
+    def row_state_bytes(self) -> int:
+        """What a question row holds beyond its KV (none here; a hybrid decoder's recurrent state)."""
+        return 0
+
     def mlp_width(self, layer: int) -> int:
         """The MLP width one token computes through on `layer` (its experts' together on a sparse one)."""
         return self.experts_per_token * self.expert_size if self.sparse(layer) else self.intermediate_size

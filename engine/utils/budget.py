@@ -27,10 +27,12 @@ def device_memory(device: torch.device) -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def question_rows(memory: int) -> int:
+def question_rows(memory: int, row_bytes: int = 0) -> int:
     """Question suffixes per prefill batch: 16 per GiB, within 32 .. 2048 (an H200: 2048, an H100: 1,265, a 24 GB
-    card or a 23 GB CPU machine: ~370)."""
-    return max(MIN_ROWS, min(MAX_ROWS, ROWS_PER_GIB * memory // GIB))
+    card or a 23 GB CPU machine: ~370). `row_bytes`: what a row holds beyond its KV (a hybrid decoder's recurrent
+    state, DecoderDims.row_state_bytes), added to each row's 1/16 GiB: Qwen3.5-9B's 50 MB a row would otherwise ask an
+    H200 for 100 GB of states."""
+    return max(MIN_ROWS, min(MAX_ROWS, memory // (GIB // ROWS_PER_GIB + row_bytes)))
 
 
 def step_images(memory: int, gpu: bool = True) -> int:

@@ -192,7 +192,11 @@ class Settings:
     @property
     def question_rows(self) -> int:
         """Question suffixes per prefill batch: batch_size, else the device's budget."""
-        return self.batch_size or budget.question_rows(budget.device_memory(self.torch_device))
+        return self.rows_for(0)
+
+    def rows_for(self, row_bytes: int) -> int:
+        """question_rows for a model whose question rows each hold row_bytes beyond their KV (budget.question_rows)."""
+        return self.batch_size or budget.question_rows(budget.device_memory(self.torch_device), row_bytes)
 
     @property
     def step_images(self) -> int:

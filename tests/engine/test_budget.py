@@ -57,3 +57,24 @@ def test_an_h200_step_of_pope_questions_is_one_prefill(monkeypatch):
             for j in range(10)]
     [stage] = make_plan(rows, settings.question_rows, prefix_reuse=True)
     assert len(stage.prefix.rows) == 32 and [len(b.rows) for b in stage.batches] == [320]
+
+
+def test_a_hybrid_decoders_rows_are_budgeted_with_their_states():
+    """Qwen3.5-9B's question row keeps 24 DeltaNet states of 32 x 128 x 128 fp32 (50 MB) besides its KV: the budget
+    counts them, so an H200 is not asked for 2,048 such rows (100 GB of states beside the weights); a model with no
+    state gets the rule as it was, and a chosen batch size stays the user's."""
+    from pope_fast.engine.layers.deltanet import HybridDims
+    from pope_fast.engine.layers.dims import DecoderDims
+
+    base = DecoderDims(vocab_size=248320, hidden_size=4096, num_layers=32, num_heads=16, num_kv_heads=4,
+                       head_dim=256, intermediate_size=12288, rms_eps=1e-6, rope_theta=1e7)
+    dims = HybridDims(**{f: getattr(base, f) for f in base.__dataclass_fields__},
+                      linear_layers=(True, True, True, False) * 8, linear_k_heads=16, linear_v_heads=32,
+                      linear_k_dim=128, linear_v_dim=128, conv_kernel=4)
+    state = 24 * 4 * (32 * 128 * 128 + (2 * 16 * 128 + 32 * 128) * 3)
+    assert base.row_state_bytes == 0 and dims.row_state_bytes == state
+    h200 = 150_000_000_000
+    assert budget.question_rows(h200, 0) == budget.question_rows(h200) == 2048
+    rows = budget.question_rows(h200, dims.row_state_bytes)
+    assert rows == h200 // (GIB // 16 + state) and rows * state < 0.5 * h200
+    assert Settings(batch_size=4000).rows_for(state) == 4000
