@@ -70,6 +70,19 @@ class Param:
             raise ValueError(f"method {method}: {name} must lie in {bounds}, not {value!r}")
 
 
+@dataclass(frozen=True)
+class LayerSpan:
+    """A setting naming decoder layers FIRST-LAST (inclusive): its form checked here, before any model loads; its
+    layers against the model's once it is loaded (layer_range, in the method's passes)."""
+
+    example: str  # what the message shows (each method's own published range)
+
+    def check(self, method: str, name: str, value) -> None:
+        first, sep, last = str(value).partition("-")
+        if not (sep and first.isdigit() and last.isdigit()):
+            raise ValueError(f"method {method}: {name} takes FIRST-LAST (e.g. {self.example}), not {value!r}")
+
+
 ALPHA, BETA = Param(float, 0.0), Param(float, 0.0, 1.0, low_open=True)  # a contrast's weight; a plausibility cut
 
 
@@ -83,7 +96,7 @@ class Method:
     # Why the method cannot answer a question asked without an image (None: it runs on one as on any prompt).
     text_only_refusal: str | None = None
     defaults: dict = {}
-    params: dict[str, Param] = {}
+    params: dict[str, Param | LayerSpan] = {}
     residuals = False  # whether its passes' results must hold every layer's output at the answer position (VISTA)
 
     def __init__(self, **settings):

@@ -3,7 +3,7 @@ up and the system prompt's down."""
 from __future__ import annotations
 
 from ..layers.interventions import VisualAmplification
-from .base import Method, Param, Pass, layer_range
+from .base import LayerSpan, Method, Param, Pass, layer_range
 
 
 class ClearSight(Method):
@@ -20,17 +20,9 @@ class ClearSight(Method):
                  "scale the image keys' attention logits by enh_para and the system prompt's by sup_para; 1.15 and "
                  "0.95 as its POPE script (visaug/inference/infer_pope.sh, infer_pope.py:53-58)")
     defaults = {"enh_para": 1.15, "sup_para": 0.95, "layers": "9-14"}
-    params = {"enh_para": Param(float), "sup_para": Param(float)}
+    params = {"enh_para": Param(float), "sup_para": Param(float), "layers": LayerSpan("9-14")}
     text_only_refusal = ("it amplifies the attention to the image; with no image it would record the baseline under "
                          "ClearSight's name")
-
-    def check(self, key, value):
-        if key == "layers":  # FIRST-LAST; against the model's layers once it is loaded (passes)
-            first, sep, last = str(value).partition("-")
-            if not (sep and first.isdigit() and last.isdigit()):
-                raise ValueError(f"method clearsight: layers takes FIRST-LAST (e.g. 9-14), not {value!r}")
-            return
-        super().check(key, value)
 
     def passes(self, num_layers):
         try:

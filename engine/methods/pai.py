@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from ..layers.interventions import PAIAttention
-from .base import ALPHA, BETA, Method, Param, Pass, layer_range, plausible
+from .base import ALPHA, BETA, LayerSpan, Method, Param, Pass, layer_range, plausible
 
 
 class PAI(Method):
@@ -15,15 +15,7 @@ class PAI(Method):
     defaults = {"alpha": 0.2, "gamma": 1.1, "beta": 0.1, "layers": None}
     text_only_refusal = ("it scales attention to the image and contrasts the prompt with itself without the image; "
                          "with no image it would record the baseline under PAI's name")
-    params = {"alpha": ALPHA, "gamma": Param(float, 0.0), "beta": BETA}
-
-    def check(self, key, value):
-        if key == "layers":  # FIRST-LAST; against the model's layers once it is loaded (passes)
-            first, sep, last = str(value).partition("-")
-            if not (sep and first.isdigit() and last.isdigit()):
-                raise ValueError(f"method pai: layers takes FIRST-LAST (e.g. 2-31), not {value!r}")
-            return
-        super().check(key, value)
+    params = {"alpha": ALPHA, "gamma": Param(float, 0.0), "beta": BETA, "layers": LayerSpan("2-31")}
 
     def passes(self, num_layers):
         layers = layer_range(self.settings["layers"], num_layers)

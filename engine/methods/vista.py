@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from ..layers.interventions import Intervention
-from .base import Method, Param, Pass, layer_range
+from .base import LayerSpan, Method, Param, Pass, layer_range
 
 
 def steering_vector(with_image: torch.Tensor, without: torch.Tensor) -> torch.Tensor:
@@ -75,18 +75,11 @@ class VISTA(Method):
                  "(1 - alpha) l; vsv_lambda 0.01, logits_alpha 0.3, logits_layers 25-30 as run_pope.sh and "
                  "pope_eval.py:31-37")
     defaults = {"vsv_lambda": 0.01, "logits_alpha": 0.3, "logits_layers": None}
-    params = {"vsv_lambda": Param(float, 0.0), "logits_alpha": Param(float, 0.0, 1.0)}
+    params = {"vsv_lambda": Param(float, 0.0), "logits_alpha": Param(float, 0.0, 1.0),
+              "logits_layers": LayerSpan("25-30")}
     residuals = True
     text_only_refusal = ("its steering vector is what the image adds to the residual stream; with no image it would "
                          "record the baseline under VISTA's name")
-
-    def check(self, key, value):
-        if key == "logits_layers":  # FIRST-LAST; against the model's layers once it is loaded (passes)
-            first, sep, last = str(value).partition("-")
-            if not (sep and first.isdigit() and last.isdigit()):
-                raise ValueError(f"method vista: logits_layers takes FIRST-LAST (e.g. 25-30), not {value!r}")
-            return
-        super().check(key, value)
 
     def lens(self, num_layers: int) -> tuple[int, int]:
         spec = self.settings["logits_layers"]
