@@ -7,6 +7,10 @@ question it is given, naming the image and question that differ.
 """
 from __future__ import annotations
 
+import json
+import os
+from pathlib import Path
+
 import torch
 from tinymodels import assert_matches_nf4_oracle, generated_text, worst_difference
 
@@ -180,3 +184,16 @@ def tower_matmul_flops(engine, images) -> tuple[int, int]:
         for hook in hooks:
             hook.remove()
     return sum(engine.model.vision_tokens(p) for p in pixels), sum(counted)
+
+
+def edited_checkpoint(checkpoint: Path, folder: Path, edit) -> Path:
+    """The checkpoint with config.json edited by `edit(config)`, in `folder`: the other files hard links to the
+    checkpoint's (its weights not copied)."""
+    folder.mkdir(parents=True)
+    for path in checkpoint.iterdir():
+        if path.name != "config.json":
+            os.link(path, folder / path.name)
+    config = json.loads((checkpoint / "config.json").read_text())
+    edit(config)
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder

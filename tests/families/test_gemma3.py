@@ -12,7 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
-from familychecks import assert_continuations_match, assert_scores_match, generated_text, transformers_oracle
+from familychecks import (assert_continuations_match, assert_scores_match, edited_checkpoint, generated_text,
+                          transformers_oracle)
 from registry import REGISTRY
 from tinymodels import QUESTIONS, SHARED_GEMMA3_TOKENIZER, make_tiny_gemma3, synthetic_image, worst_difference
 
@@ -188,7 +189,7 @@ def test_pixels_match_the_image_processor(checkpoint):
 
 
 def _window_checkpoint(checkpoint: Path, tmp_path: Path, window: int) -> Path:
-    return _edit_config(checkpoint, tmp_path / f"window{window}",
+    return edited_checkpoint(checkpoint, tmp_path / f"window{window}",
                         lambda c: c["text_config"].update(sliding_window=window))
 
 
@@ -240,19 +241,6 @@ def test_a_continuation_past_the_sliding_window_attends_as_the_sliding_layers_do
             assert answer.decoded == generated_text(engine, theirs), (reuse, questions)  # all 12, not 4
 
 
-def _edit_config(checkpoint: Path, folder: Path, edit) -> Path:
-    """The checkpoint with config.json edited, in `folder`: the other files hard links to the checkpoint's (its
-    67 MB of weights not copied)."""
-    folder.mkdir(parents=True)
-    for path in checkpoint.iterdir():
-        if path.name != "config.json":
-            os.link(path, folder / path.name)
-    config = json.loads((checkpoint / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
-
-
 @pytest.mark.parametrize("edit, message", [
     (lambda c: c["text_config"].update(final_logit_softcapping=30.0), "final_logit_softcapping is set"),
     (lambda c: c["text_config"].update(attn_logit_softcapping=50.0), "attn_logit_softcapping is set"),
@@ -261,7 +249,7 @@ def _edit_config(checkpoint: Path, folder: Path, edit) -> Path:
 ], ids=["final-softcap", "attn-softcap", "rope-dynamic"])
 def test_unsupported_configs_are_refused(checkpoint, tmp_path, edit, message):
     with pytest.raises(CheckpointError, match=message):
-        Engine.load(_edit_config(checkpoint, tmp_path / "edited", edit), Settings())
+        Engine.load(edited_checkpoint(checkpoint, tmp_path / "edited", edit), Settings())
 
 
 def test_pan_and_scan_is_refused(checkpoint, tmp_path):

@@ -1,11 +1,9 @@
 """Gemma 4's quirks (the battery checks it against Gemma4ForConditionalGeneration): its soft tokens against the class's
 own image path, that the battery's agreement tests the sliding window, what it refuses."""
-import json
-import os
-from pathlib import Path
 
 import pytest
 import torch
+from familychecks import edited_checkpoint
 from registry import REGISTRY
 
 from pope_fast.engine import Engine, Settings
@@ -15,18 +13,6 @@ from pope_fast.engine.utils.loader import CheckpointError
 FAMILY = "gemma4"
 IMAGES = REGISTRY[FAMILY].images
 GEMMA4 = family_class(FAMILY)
-
-
-def _edit_config(checkpoint: Path, folder: Path, edit) -> Path:
-    """The checkpoint with config.json edited, in `folder`, the other files hard links to the checkpoint's."""
-    folder.mkdir(parents=True)
-    for path in checkpoint.iterdir():
-        if path.name != "config.json":
-            os.link(path, folder / path.name)
-    config = json.loads((checkpoint / "config.json").read_text())
-    edit(config)
-    (folder / "config.json").write_text(json.dumps(config))
-    return folder
 
 
 @pytest.mark.slow
@@ -52,7 +38,7 @@ def test_the_window_is_what_the_battery_tests(checkpoint, oracle, tmp_path):
     so the battery's agreement (logits, continuations) holds only for an engine that applies it to prompts."""
     from transformers import Gemma4ForConditionalGeneration
 
-    wide = _edit_config(checkpoint, tmp_path / "wide", lambda c: c["text_config"].update(sliding_window=4096))
+    wide = edited_checkpoint(checkpoint, tmp_path / "wide", lambda c: c["text_config"].update(sliding_window=4096))
     question = REGISTRY[FAMILY].oracle_questions[0]
     logits, _, ids = oracle[0, question]
     assert len(ids) > 24 + 20  # the window lies inside the image's run of soft tokens
