@@ -21,8 +21,9 @@ from .readout import READOUTS, find_question_files, format_runs, load_question_s
 from .readout.benchmarks import REGISTRY, benchmark_questions, get_benchmark
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
-from .readout.protocols import TOOL_STEPS, Coverage, format_protocol_runs, get_protocol
+from .readout.protocols import Coverage, format_protocol_runs, get_protocol
 from .readout.readouts import GENERATING, parse_readouts
+from .readout.tool_steps import TOOL_STEPS
 from .resume import COMPARE_FILE, check_layout
 from .score_jobs import CompareJob, score_paths
 from .store import RunLock, atomic_write, remove_unused_folder

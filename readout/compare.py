@@ -26,9 +26,9 @@ from .grid import compare_average
 from .metrics import answered, mcnemar_exact, ratios, resample_weights, summarize
 from .reading import read_records
 from .readouts import LOGIT, NO, READOUTS, UNKNOWN, YES
-from .protocols.base import TOOL_STEPS
 from .records import Entry, RecordSet
 from .score import POOLED, Unavailable, predictions, question_order, unknown_reasons
+from .tool_steps import TOOL_STEPS
 
 LEVEL = 0.95
 DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")

@@ -9,10 +9,10 @@ from dataclasses import dataclass, replace
 from typing import Mapping
 
 from .continuation import Decode, all_finished, cut, generation_plan
-from .protocols.base import AnswerCut
 from .readouts import FIRST_TOKEN, GENERATING, LOGIT, READOUTS, SEQUENCE, Generation, Missing, TokenSets, parse_readouts
 from .templates import Template
 from .tokens import derive_token_sets, outside_vocabulary
+from .tool_steps import AnswerCut
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ from importlib import metadata
 from pathlib import Path
 
 from .readouts import FIRST_TOKEN, LEGACY_2TOK, LEGACY_8TOK, LOGIT, READOUTS, TokenSets
-from .protocols import get_template
 from .templates import SAMPLE_QUESTION, Template
 
 YES_FORMS = ("yes", "Yes", " yes", " Yes")
@@ -96,9 +95,8 @@ def template_aware_sets(tokenizer, template: Template, question: str = SAMPLE_QU
                      tuple(dict.fromkeys(i for i in no.values() if i is not None)))
 
 
-def derive_token_sets(tokenizer, template: Template | str, names=None) -> dict[str, TokenSets]:
+def derive_token_sets(tokenizer, template: Template, names=None) -> dict[str, TokenSets]:
     """Token sets of every logit and first-token readout in `names` (default: all of them)."""
-    template = get_template(template) if isinstance(template, str) else template
     names = [n for n in (names or READOUTS) if READOUTS[n].kind in (LOGIT, FIRST_TOKEN)]
     aware = template_aware_sets(tokenizer, template)
     builders = {
@@ -127,9 +125,8 @@ def _answer_form(token: str | None) -> str | None:
     return word if word in ("yes", "no") else None
 
 
-def audit_tokens(tokenizer, template: Template | str) -> dict:
+def audit_tokens(tokenizer, template: Template) -> dict:
     """Every token readout's ids with their strings, the one-token forms, and warnings."""
-    template = get_template(template) if isinstance(template, str) else template
     sets = derive_token_sets(tokenizer, template)
     outside = outside_vocabulary(sets, len(tokenizer))
     aware = sets["template_aware"]

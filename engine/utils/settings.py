@@ -15,7 +15,7 @@ DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 PROBES = ("none", "image-attention", "image-attention:heads")
 REENCODINGS = ("none", "rgb", "load_image", "jpeg85")
 # none | qwen_vl_utils:F[:MIN:MAX]: F the factor (2 x the patch size), MIN and MAX pixel bounds (else its defaults)
-# a tool's steps (readout/protocols/base.py TOOL_STEPS)
+# a tool's steps (readout/tool_steps.py TOOL_STEPS)
 RECORDED_WHERE_SET = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
                       "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams",
                       "length_penalty", "max_length", "do_sample", "temperature", "top_k", "top_p")

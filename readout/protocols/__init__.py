@@ -17,11 +17,11 @@ A run records every readout, so any run can be scored under any protocol; whethe
 tool's number depends on whether the run asked the tool's prompt at the tool's length, which `checks`
 says from the run's meta.json.
 """
-from .base import TOOL_STEPS, Coverage, FamilyFacts, Protocol
+from .base import Coverage, FamilyFacts, Protocol
 from .registry import (ANSWER_CUTS, PROTOCOLS, SCORE_ONLY, SCORING_PROTOCOLS, TEMPLATES, coverage, get_protocol,
                        get_template)
 from .scoring import checks, format_protocol_runs, score_protocol
 
-__all__ = ["ANSWER_CUTS", "TOOL_STEPS", "Coverage", "FamilyFacts", "Protocol", "PROTOCOLS", "SCORE_ONLY",
+__all__ = ["ANSWER_CUTS", "Coverage", "FamilyFacts", "Protocol", "PROTOCOLS", "SCORE_ONLY",
            "SCORING_PROTOCOLS", "TEMPLATES", "coverage", "get_protocol", "get_template", "checks",
            "format_protocol_runs", "score_protocol"]

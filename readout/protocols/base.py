@@ -10,6 +10,7 @@ from typing import Callable, Mapping
 
 from ..score import POOLED, Unavailable
 from ..templates import Template
+from ..tool_steps import TOOL_STEPS
 
 
 @dataclass(frozen=True)
@@ -61,21 +62,6 @@ class Coverage:
                 "image_aspect": self.image_aspect, **self.steps(), **dtype, "deviations": list(self.deviations)}
 
 
-@dataclass(frozen=True)
-class AnswerCut:
-    """How a tool makes its answer from generate's whole output (the prompt, the new tokens and the stop token
-    that ended them, decoded as one), where it does not decode the new tokens alone (Settings.answer_cut)."""
-
-    readout: str  # the tool's rule, whose text this is (the other readouts read the new tokens, as theirs do)
-    special_tokens: bool  # decoded with the special tokens (skip_special_tokens=False), or without them
-    cut: Callable[[str], str]  # that text → the tool's answer
-
-
-# What a tool does to each image and to its generate beyond the prompt and length, each an engine Settings field
-# of the same name and default (meta.json's settings and coverage record each only where it is not the default).
-TOOL_STEPS = ("image_reencode", "image_resize", "processor_pixels", "processor_patches", "min_new_tokens",
-              "answer_cut", "image_mask", "generation_config", "repetition_penalty", "num_beams", "length_penalty",
-              "max_length", "do_sample", "temperature", "top_k", "top_p")
 STEP_DEFAULTS = {f.name: f.default for f in dataclasses.fields(Coverage) if f.name in TOOL_STEPS}
 
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..templates import OWN_TEMPLATES, Template
-from .base import AnswerCut, Coverage, FamilyFacts, Protocol
+from ..tool_steps import AnswerCut
+from .base import Coverage, FamilyFacts, Protocol
 from .llava import PROTOCOL as LLAVA
 from .lmms_eval import PROTOCOL as LMMS_EVAL
 from .paper import PROTOCOL as PAPER

@@ -7,7 +7,8 @@ from typing import Mapping
 from ..records import RecordSet, strict_json
 from ..report.cells import csv_text
 from ..score import POOLED, Unavailable, predictions, question_order
-from .base import STEP_DEFAULTS, TOOL_STEPS, Protocol
+from ..tool_steps import TOOL_STEPS
+from .base import STEP_DEFAULTS, Protocol
 from .registry import SCORING_PROTOCOLS
 
 TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}  # Settings' names → meta's resolved

@@ -638,7 +638,8 @@ def test_a_tools_steps_are_engine_settings_of_the_same_default():
     from dataclasses import fields
 
     from pope_fast.engine.utils.settings import RECORDED_WHERE_SET, Settings
-    from pope_fast.readout.protocols.base import STEP_DEFAULTS, TOOL_STEPS
+    from pope_fast.readout.protocols.base import STEP_DEFAULTS
+    from pope_fast.readout.tool_steps import TOOL_STEPS
 
     assert set(TOOL_STEPS) == set(RECORDED_WHERE_SET)
     assert {f.name: f.default for f in fields(Settings) if f.name in TOOL_STEPS} == STEP_DEFAULTS

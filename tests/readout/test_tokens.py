@@ -40,7 +40,7 @@ def test_token_strings_name_the_ids_the_tokenizer_has(tokenizers):
     ("qwen2", "qwen2_vl_chat", 9454, 2753),
 ])
 def test_template_aware_first_tokens(tokenizers, name, template, yes_id, no_id):
-    sets = derive_token_sets(tokenizers[name], template)
+    sets = derive_token_sets(tokenizers[name], get_template(template))
     aware = sets["template_aware"]
     assert yes_id in aware.yes_ids and no_id in aware.no_ids
     assert not set(aware.yes_ids) & set(aware.no_ids)
@@ -53,21 +53,22 @@ def test_template_aware_first_tokens(tokenizers, name, template, yes_id, no_id):
 def test_template_aware_is_the_token_after_the_prompt(tokenizers):
     tok = tokenizers["llama2"]
     prompt = get_template("llava_plain").render("Is there a cat in the image?")
-    assert tok.encode(prompt + " Yes")[-1] in derive_token_sets(tok, "llava_plain")["template_aware"].yes_ids
+    aware = derive_token_sets(tok, get_template("llava_plain"))["template_aware"]
+    assert tok.encode(prompt + " Yes")[-1] in aware.yes_ids
 
 
 def test_dynamic_single_matches_the_tokenizer(tokenizers):
     tok = tokenizers["qwen2"]
-    sets = derive_token_sets(tok, "qwen2_vl_chat")["dynamic_single"]
+    sets = derive_token_sets(tok, get_template("qwen2_vl_chat"))["dynamic_single"]
     assert set(sets.yes_ids) == {tok.encode(f, add_special_tokens=False)[0] for f in ("yes", "Yes", " yes", " Yes")}
     assert len(sets.yes_ids) == 4 and len(sets.no_ids) == 4   # Qwen2 spells all eight forms as one token
 
 
 def test_audit_warns_about_ported_ids(tokenizers):
-    llama = audit_tokens(tokenizers["llama2"], "llava_plain")
+    llama = audit_tokens(tokenizers["llama2"], get_template("llava_plain"))
     assert not [w for w in llama["warnings"] if "not a yes form" in w or "not a no form" in w]
     assert any(w.startswith("legacy_2tok: misses") and "3869" in w for w in llama["warnings"])
-    mistral = audit_tokens(tokenizers["mistral"], "mistral_inst")
+    mistral = audit_tokens(tokenizers["mistral"], get_template("mistral_inst"))
     assert sum("legacy_8tok: fixed" in w for w in mistral["warnings"]) == 8
     assert mistral["readouts"]["template_aware"]["yes_tokens"][-1] == {"id": 5592, "token": "▁Yes"}
     assert mistral["forms"][" Yes"] == {"ids": [5592], "single_token": True, "first_after_prompt": 5592}
