@@ -11,11 +11,18 @@ from itertools import combinations
 
 from .attention_stats import attention_by_outcome, default_layers, layer_mean
 from .metrics import mcnemar_exact, summarize
-from .readouts import GENERATING, READOUTS, UNKNOWN, Missing
+from .readouts import ALL_CUT, GENERATING, NO_CANDIDATE, NON_FINITE, READOUTS, UNKNOWN, Missing
 from .records import Entry, RecordSet, model_name
+from .thinking import NOT_CLOSED
 
 
 POOLED = "Overall"  # every split of a dataset together: VLMEvalKit's and lmms-eval's row, a run of its own here
+# Why a readout answered unknown (readouts.undecidable), as the lines under a table name it
+REASON_TEXT = {ALL_CUT: "all candidates cut (every candidate logit -inf: the method's plausibility cut removed them)",
+               NON_FINITE: "non-finite logit (NaN or +inf among the candidates)",
+               NO_CANDIDATE: "no candidate id (a side of the readout's token set is empty)",
+               NOT_CLOSED: "reasoning not closed (a thinking checkpoint's reasoning ran past its cap, or ended, "
+                           "before </think>: no answer position)"}
 
 
 class Unavailable(Exception):
@@ -76,6 +83,18 @@ def unknown_reasons(records: RecordSet, name: str, entries: list[Entry]) -> dict
                      if e.error is None and not (records.prefer_stored and name in e.stored))
     counts.pop(None, None)
     return dict(counts.most_common())
+
+
+def reason_lines(reasons: dict[str, dict[str, int]], of: int | None = None, who: str = "") -> list[str]:
+    """'unknown, all candidates cut (...): legacy_2tok 90 of 90, ...': per reason, the readouts whose unknown
+    answers it explains (`reasons`: readout → its unknown_reasons), each with its count (of `of` answers, where
+    given); `who` names the run the line is about."""
+    by_reason: dict[str, list[str]] = {}
+    for name, counts in reasons.items():
+        for reason, count in counts.items():
+            by_reason.setdefault(reason, []).append(f"{name} {count}" + (f" of {of}" if of is not None else ""))
+    return [f"{who}unknown, {REASON_TEXT.get(reason, reason)}: {', '.join(names)}"
+            for reason, names in by_reason.items()]
 
 
 def _metrics(labels: list[str], decided: list[str], seed: int, resamples: int, reasons: dict[str, int]) -> dict:

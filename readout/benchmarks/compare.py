@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cells import markdown_table
 from ..compare import join_questions, meta_mismatches, run_method, run_readouts
 from ..metrics import resample_weights
 from ..data import DataError
 from ..reading import read_records
 from ..records import Entry, RecordSet
-from ..report.tables import markdown_table
 from ..score import Unavailable, predictions, question_order
 from .base import Answer, Benchmark
 from .score import OFFICIAL, metric, run_benchmark

@@ -15,9 +15,9 @@ from ..data import DataError
 from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import META_FILE, RECORDS_FILE, Entry, RecordSet, rank_parts, read_meta
-from ..report.cells import csv_text
-from ..report.tables import markdown_table, reason_lines
-from ..score import Unavailable, answer_position_method, predictions, question_order, unknown_reasons
+from ..cells import csv_text, markdown_table
+from ..score import (Unavailable, answer_position_method, predictions, question_order, reason_lines,
+                     unknown_reasons)
 from .base import Answer, Benchmark, Response
 
 OFFICIAL = "official"

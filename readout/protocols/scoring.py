@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
+from ..cells import csv_text
 from ..records import RecordSet, strict_json
-from ..report.cells import csv_text
 from ..score import POOLED, Unavailable, predictions, question_order
 from ..tool_steps import TOOL_STEPS
 from .base import STEP_DEFAULTS, Protocol

@@ -4,7 +4,9 @@ yes-rate shift beside the yes-rate-matched control, then AUROC, AUPRC and calibr
 from __future__ import annotations
 
 from ..bias import ECE_BINS
-from .tables import NO_ANSWER, REASON_TEXT, markdown_table
+from ..cells import markdown_table
+from ..score import REASON_TEXT
+from .tables import NO_ANSWER
 
 BIAS_LEGEND = (
     "Logit readouts only, on the questions where both runs have a yes−no margin (max yes logit − max no logit); the "

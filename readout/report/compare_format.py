@@ -2,12 +2,14 @@
 interval, McNemar's p and the answers flipped (markdown), or the result as JSON."""
 from __future__ import annotations
 
+from ..cells import markdown_table
 from ..compare import silent_sides
 from ..metrics import answered
 from ..readouts import READOUTS
 from ..records import strict_json
+from ..score import reason_lines
 from .bias_format import format_bias
-from .tables import NO_ANSWER, markdown_table, reason_lines, reasons_of
+from .tables import NO_ANSWER, reasons_of
 
 # McNemar's p beside ΔF1: why p = 1 can stand beside an interval that excludes 0 (compare's header, the report's
 # ΔF1 captions)

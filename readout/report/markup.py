@@ -20,7 +20,7 @@ def inline(text: str) -> str:
 
 
 def _cells(line: str) -> list[str]:
-    """A table row's cells, split at the pipes that are not escaped (tables.markdown_table's `\\|`)."""
+    """A table row's cells, split at the pipes that are not escaped (cells.markdown_table's `\\|`)."""
     inner = line.strip().removeprefix("|").removesuffix("|")
     return [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", inner)]
 

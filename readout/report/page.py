@@ -24,11 +24,11 @@ from ..protocols import format_protocol_runs, get_protocol, score_protocol
 from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import RECORDS_FILE, RecordSet, expand_runs, model_name, rank_parts, strict_json
-from ..score import score_records
+from ..score import reason_lines, score_records
 from .bias_format import format_bias
 from .markup import markdown_html
 from .tables import (INCOMPLETE, asked_note, f1_tables, format_f1_tables, format_grids, group_name, model_labels,
-                     reason_lines, reasons_of)
+                     reasons_of)
 
 COMPARE_FILE = "compare.json"
 STYLE = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto;color:#222}"

@@ -5,12 +5,10 @@ import json
 from pathlib import Path
 
 from ..metrics import answered
-from ..readouts import ALL_CUT, NO_CANDIDATE, NON_FINITE
-from ..thinking import NOT_CLOSED
 from ..records import RECORDS_FILE, strict_json
 from ..grid import AVERAGE, score_grids
-from ..score import POOLED
-from .cells import csv_text
+from ..score import POOLED, reason_lines
+from ..cells import csv_text, markdown_table
 
 COLUMNS = ("readout", "TP", "TN", "FP", "FN", "unk", "acc", "prec", "rec", "F1", "F1 95% CI", "yes-rate", "yes/all")
 # VLMEvalKit's POPE score file (vlmeval/dataset/utils/yorn.py l.162: split, Overall = F1, acc, precision,
@@ -21,12 +19,6 @@ CSV_COLUMNS = ("source", "dataset", "readout", "split", "n", "unknown", "F1", "a
 
 # a metric over the answered questions (F1, precision, recall, yes-rate) of a readout that answered none
 NO_ANSWER = "–"
-# Why a readout answered unknown (readouts.undecidable), as the lines under a table name it
-REASON_TEXT = {ALL_CUT: "all candidates cut (every candidate logit -inf: the method's plausibility cut removed them)",
-               NON_FINITE: "non-finite logit (NaN or +inf among the candidates)",
-               NO_CANDIDATE: "no candidate id (a side of the readout's token set is empty)",
-               NOT_CLOSED: "reasoning not closed (a thinking checkpoint's reasoning ran past its cap, or ended, "
-                           "before </think>: no answer position)"}
 INCOMPLETE = "incomplete: the run stopped part way"
 
 
@@ -54,18 +46,6 @@ def _rows(run: dict, percent: bool = False) -> list[list[str]]:
                      f"{rate(low, percent)}-{rate(high, percent)}" if some else NO_ANSWER, shown(m["yes_rate"]),
                      rate(m["yes_rate_all"], percent)])
     return rows
-
-
-def reason_lines(reasons: dict[str, dict[str, int]], of: int | None = None, who: str = "") -> list[str]:
-    """'unknown, all candidates cut (...): legacy_2tok 90 of 90, ...': per reason, the readouts whose unknown
-    answers it explains (`reasons`: readout → its unknown_reasons), each with its count (of `of` answers, where
-    given); `who` names the run the line is about."""
-    by_reason: dict[str, list[str]] = {}
-    for name, counts in reasons.items():
-        for reason, count in counts.items():
-            by_reason.setdefault(reason, []).append(f"{name} {count}" + (f" of {of}" if of is not None else ""))
-    return [f"{who}unknown, {REASON_TEXT.get(reason, reason)}: {', '.join(names)}"
-            for reason, names in by_reason.items()]
 
 
 def reasons_of(readouts: dict[str, dict]) -> dict[str, dict[str, int]]:
@@ -102,12 +82,6 @@ def _aligned(header: list[str], rows: list[list[str]]) -> str:
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     line = lambda r: "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
     return "\n".join([line(header), "  ".join("-" * w for w in widths), *map(line, rows)])
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    """A pipe table; a `|` inside a cell (a folder's name, say) is escaped, not read as the next column."""
-    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
-    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, rows)])
 
 
 def _significant_pairs(run: dict, alpha: float = 0.05, shown: int = 4) -> list[str]:

@@ -8,7 +8,7 @@ from click.testing import CliRunner
 
 from pope_fast.cli import main
 from pope_fast.readout import Question, TokenSets, make_record
-from pope_fast.readout.report.cells import csv_text, spreadsheet_cell
+from pope_fast.readout.cells import csv_text, spreadsheet_cell
 from pope_fast.store import RecordWriter, write_meta
 
 LINK = '=HYPERLINK("https:\\evil.example","click")'  # a folder name holds no /

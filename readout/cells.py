@@ -1,5 +1,5 @@
-"""The CSV every pope-fast writer gives (scores, protocol rows, benchmark metrics): one place that makes a cell
-safe to open in a spreadsheet."""
+"""The tables every pope-fast writer gives (scores, protocol rows, benchmark metrics): the CSV, made in one place
+that keeps each cell safe to open in a spreadsheet, and the pipe table."""
 from __future__ import annotations
 
 import csv
@@ -24,3 +24,9 @@ def csv_text(rows) -> str:
     out = io.StringIO()
     csv.writer(out, lineterminator="\n").writerows([spreadsheet_cell(c) for c in row] for row in rows)
     return out.getvalue().rstrip("\n")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A pipe table; a `|` inside a cell (a folder's name, say) is escaped, not read as the next column."""
+    line = lambda cells: "| " + " | ".join(str(c).replace("|", "\\|") for c in cells) + " |"
+    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, rows)])
