@@ -11,11 +11,11 @@ from .readout.attention_stats import parse_layers
 from .readout.benchmarks import detect_benchmark, get_benchmark
 from .readout.benchmarks.compare import compare_benchmark_runs, format_benchmark_compare
 from .readout.benchmarks.pope.relabel import read_labels, relabel
+from .readout.benchmarks.reading import read_records
 from .readout.benchmarks.score import (benchmark_of, format_benchmark, format_benchmark_csv, only_rule, rule_of,
                                           score_benchmark_paths)
 from .readout.data import DataError
 from .readout.protocols import format_protocol_runs, get_protocol, score_protocol
-from .readout.reading import read_records
 from .readout.records import strict_json
 from .readout.readouts import parse_readouts
 from .readout.report.tables import format_relabelled

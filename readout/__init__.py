@@ -17,10 +17,10 @@ need are here; the rooms, by concern:
 Where a run's records are written (the lock, the rank parts, repair) is the application's: pope_fast/store.py."""
 from .benchmarks.pope.questions import (dataset_from_name, find_question_files, load_question_sources, load_questions,
                                         split_from_name)
-from .compare import compare_runs
+from .benchmarks.compare import compare_runs
+from .benchmarks.reading import read_records
 from .data import DataError, Question
 from .metrics import bootstrap_f1_ci, confusion, mcnemar_exact, summarize
-from .reading import read_records
 from .readouts import (DEFAULT_READOUT, LOGIT_READOUTS, NO, READOUTS, TEXT_READOUTS, UNKNOWN, YES, Readout, TokenSets,
                        parse_readouts)
 from .records import META_FILE, RECORDS_FILE, Entry, RecordSet, expand_runs, make_record, read_meta

@@ -24,7 +24,6 @@ import numpy as np
 from .bias import bias_statistics, cluster_weights, image_clusters
 from .grid import compare_average
 from .metrics import answered, mcnemar_exact, ratios, resample_weights, summarize
-from .reading import read_records
 from .readouts import LOGIT, NO, READOUTS, UNKNOWN, YES
 from .records import Entry, RecordSet
 from .score import POOLED, Unavailable, predictions, question_order, unknown_reasons
@@ -55,22 +54,19 @@ def leaf_differences(a, b, first: str, second: str, width: int = 40, name: str =
     return [f"{name}: {short[0]} {first}, {short[1]} {second}"]
 
 
-def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch: bool = False,
-                 protocol=None) -> dict:
-    """Compare every run after the first (B, C, ...) with the first (A): per pair, split and readout,
-    both runs' metrics, B - A with bootstrap intervals, McNemar's p and the answers flipped from A to B.
+def compare_records(runs: list[tuple[str, RecordSet]], *, seed: int = 0, resamples: int = 1000,
+                    allow_mismatch: bool = False, protocol=None) -> dict:
+    """Compare every run after the first (B, C, ...) with the first (A), each given as (its name, its records): per
+    pair, split and readout, both runs' metrics, B - A with bootstrap intervals, McNemar's p and the answers flipped
+    from A to B.
 
     Runs that differ in more than their method raise ValueError naming each difference; with
     allow_mismatch they are compared on the questions both hold (with the same label) and each pair
     lists its differences under "mismatches". Under a `protocol` (protocols.Protocol): its answer rule alone,
     an unknown answer counted as the protocol counts it (VLMEvalKit: a no).
     """
-    paths = [str(p) for p in paths]
-    if len(paths) < 2:
-        raise ValueError("compare needs a baseline run and at least one run to compare with it")
-    runs = [read_records(p) for p in paths]
-    pairs = [_pair(paths[0], runs[0], path, run, seed, resamples, allow_mismatch, protocol)
-             for path, run in zip(paths[1:], runs[1:])]
+    (name_a, a), others = runs[0], runs[1:]
+    pairs = [_pair(name_a, a, name, run, seed, resamples, allow_mismatch, protocol) for name, run in others]
     return {"seed": seed, "resamples": resamples, "level": LEVEL, "pairs": pairs,
             **({"protocol": protocol.name} if protocol else {})}
 

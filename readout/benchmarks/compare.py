@@ -1,5 +1,7 @@
-"""Two runs of one benchmark compared on its own headline metrics, under each rule (official first) and under
-every readout both runs hold (aggregated as the official code does), with B - A and a paired bootstrap interval.
+"""Runs compared from their folders or files (reading.py reads each): POPE's under every readout (`compare_runs`,
+readout/compare.py's comparison), and two runs of one benchmark on its own headline metrics, under each rule
+(official first) and under every readout both runs hold (aggregated as the official code does), with B - A and a
+paired bootstrap interval.
 
 Runs are paired as readout/compare.py pairs POPE runs (the same questions joined on (dataset, split,
 question_id), the same answer settings, or --allow-mismatch); a question with an error record in either run
@@ -18,16 +20,32 @@ from __future__ import annotations
 import numpy as np
 
 from ..cells import markdown_table
-from ..compare import join_questions, meta_mismatches, run_method, run_readouts
+from ..compare import compare_records, join_questions, meta_mismatches, run_method, run_readouts
 from ..metrics import resample_weights
 from ..data import DataError
-from ..reading import read_records
 from ..records import Entry, RecordSet
 from ..score import Unavailable, predictions, question_order
 from .base import Answer, Benchmark
+from .reading import read_records
 from .score import OFFICIAL, metric, run_benchmark
 
 LEVEL = 0.95
+
+
+def read_runs(paths) -> list[tuple[str, RecordSet]]:
+    """Each run's path and its records (read_records: ours or another tool's file), the baseline first."""
+    paths = [str(p) for p in paths]
+    if len(paths) < 2:
+        raise ValueError("compare needs a baseline run and at least one run to compare with it")
+    return [(path, read_records(path)) for path in paths]
+
+
+def compare_runs(paths, *, seed: int = 0, resamples: int = 1000, allow_mismatch: bool = False,
+                 protocol=None) -> dict:
+    """`pope-fast compare` of POPE runs: compare_records (readout/compare.py) over the runs at `paths`, the
+    first the baseline (A); under a `protocol` (protocols.Protocol), its answer rule alone."""
+    return compare_records(read_runs(paths), seed=seed, resamples=resamples, allow_mismatch=allow_mismatch,
+                           protocol=protocol)
 
 
 def compare_benchmark_runs(paths: list[str], benchmark: type[Benchmark] | None = None, *, seed: int = 0,
@@ -35,16 +53,13 @@ def compare_benchmark_runs(paths: list[str], benchmark: type[Benchmark] | None =
     """Every run after the first (B, C, ...) against the first (A): {"benchmark", "seed", "resamples",
     "level", "unit", "pairs": [{"a", "b", "method_a", "method_b", "mismatches", "questions", "rules":
     {rule: {metric: {"a", "b", "delta", "delta_ci95"}}}, "readouts": {...}, "unavailable": {name: why}}]}."""
-    paths = [str(p) for p in paths]
-    if len(paths) < 2:
-        raise ValueError("compare needs a baseline run and at least one run to compare with it")
-    runs = [read_records(p) for p in paths]
-    found = {getattr(benchmark or run_benchmark(r), "name", None) for r in runs}
+    runs = read_runs(paths)
+    found = {getattr(benchmark or run_benchmark(r), "name", None) for _, r in runs}
     if None in found or len(found) != 1:
-        raise DataError(f"compare --benchmark: the runs are not all of one benchmark ({', '.join(paths)})")
-    benchmark = benchmark or run_benchmark(runs[0])
-    pairs = [_pair(benchmark, paths[0], runs[0], path, run, seed, resamples, allow_mismatch)
-             for path, run in zip(paths[1:], runs[1:])]
+        raise DataError(f"compare --benchmark: the runs are not all of one benchmark ({', '.join(p for p, _ in runs)})")
+    benchmark = benchmark or run_benchmark(runs[0][1])
+    (name_a, a), others = runs[0], runs[1:]
+    pairs = [_pair(benchmark, name_a, a, name, run, seed, resamples, allow_mismatch) for name, run in others]
     return {"benchmark": benchmark.name, "seed": seed, "resamples": resamples, "level": LEVEL,
             "unit": benchmark.unit_name,
             "pairs": pairs}

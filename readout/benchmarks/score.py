@@ -12,13 +12,13 @@ from pathlib import Path
 
 from . import REGISTRY, detect_benchmark, get_benchmark
 from ..data import DataError
-from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import META_FILE, RECORDS_FILE, Entry, RecordSet, rank_parts, read_meta
 from ..cells import csv_text, markdown_table
 from ..score import (Unavailable, answer_position_method, predictions, question_order, reason_lines,
                      unknown_reasons)
 from .base import Answer, Benchmark, Response
+from .reading import read_records
 
 OFFICIAL = "official"
 

@@ -19,9 +19,9 @@ from pathlib import Path
 from . import column as column_layout
 from . import figure_data, figures
 from ..benchmarks.compare import format_benchmark_compare
+from ..benchmarks.reading import read_records
 from ..benchmarks.score import format_benchmark, only_rule, rule_of, run_benchmark, score_run
 from ..protocols import format_protocol_runs, get_protocol, score_protocol
-from ..reading import read_records
 from ..readouts import READOUTS
 from ..records import RECORDS_FILE, RecordSet, expand_runs, model_name, rank_parts, strict_json
 from ..score import reason_lines, score_records

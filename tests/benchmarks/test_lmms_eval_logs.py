@@ -13,7 +13,7 @@ from pope_fast.readout.benchmarks.pope.relabel import read_labels, relabel
 from pope_fast.readout.compare import join_questions
 from pope_fast.readout.data import DataError
 from pope_fast.readout.formats.lmms_eval import first_row, is_sample, read_samples
-from pope_fast.readout.reading import read_records
+from pope_fast.readout.benchmarks.reading import read_records
 from pope_fast.readout.records import Entry, RecordSet
 
 

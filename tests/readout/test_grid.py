@@ -7,8 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from pope_fast.cli import main
-from pope_fast.readout import Question, TokenSets, make_record, read_records, score_records
-from pope_fast.readout.compare import compare_runs
+from pope_fast.readout import Question, TokenSets, compare_runs, make_record, read_records, score_records
 from pope_fast.readout.grid import paper_order, score_grids
 from pope_fast.readout.report.compare_format import format_compare
 from pope_fast.readout.report.tables import format_grids, format_runs

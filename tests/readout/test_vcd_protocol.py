@@ -161,7 +161,7 @@ def test_the_demo_under_vcd_samples_and_records_its_seed(tmp_path):
 def test_compare_under_vcd_counts_each_side_by_label(tmp_path):
     """compare --protocol vcd: each run's F1 and accuracy are eval_pope.py's over its texts, and ΔF1 their
     difference, not the label-free readout's."""
-    from pope_fast.readout.compare import compare_runs
+    from pope_fast.readout import compare_runs
     from pope_fast.readout.protocols import get_protocol
 
     labels, texts = _answers()

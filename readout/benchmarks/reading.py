@@ -1,17 +1,17 @@
 """Reading a records file, whichever tool wrote it, told by its content: ours (a run folder, its rank parts
-included, or its records.jsonl: records.py) or another tool's per-question file, which POPE's room imports
-(benchmarks/pope/: ugaa-research's record files, lmms-eval's samples logs, VLMEvalKit's prediction tables)."""
+included, or its records.jsonl: readout/records.py) or another tool's per-question file, which POPE's room imports
+(pope/: ugaa-research's record files, lmms-eval's samples logs, VLMEvalKit's prediction tables)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from .benchmarks.pope.lmms_eval import is_samples_log, read_lmms_eval
-from .benchmarks.pope.ugaa import read_ugaa
-from .benchmarks.pope.vlmevalkit import read_vlmevalkit
-from .data import DataError
-from .formats.vlmevalkit import is_prediction_table
-from .records import RECORDS_FILE, RecordSet, rank_parts, read_ours
+from ..data import DataError
+from ..formats.vlmevalkit import is_prediction_table
+from ..records import RECORDS_FILE, RecordSet, rank_parts, read_ours
+from .pope.lmms_eval import is_samples_log, read_lmms_eval
+from .pope.ugaa import read_ugaa
+from .pope.vlmevalkit import read_vlmevalkit
 
 
 def read_records(path: str | Path) -> RecordSet:
