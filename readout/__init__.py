@@ -1,17 +1,18 @@
 """Reading a model's answers: pure Python + numpy, importing it never imports torch. The names most callers
-need are here; the rooms, by concern:
+need are here, this face above every stratum (nothing inside readout imports it); the strata, bottom up, each
+importing only those below it (docs/design.md, "Data flow"):
 
-- readouts.py: the readouts (how a yes/no is read off a model's output) and their token sets (tokens.py),
-  the prompt templates (templates.py; each tool's in its protocols/ room), what a run asks the engine for
-  (readout_plan.py, continuation.py);
-- records.py: a record line's schema and our run folders read back; reading.py reads any records file,
-  ours or another tool's;
-- score.py, compare.py, metrics.py, attention_stats.py: a run scored and two runs compared;
-- protocols/: the published protocols `--protocol` selects, a room per tool (its prompts, its coverage of each
-  family, answer rule, aggregation), and the registry of every template;
+- the core at the root: the readouts (readouts.py: how a yes/no is read off a model's output) and their token
+  sets (tokens.py), the prompt templates (templates.py), what a run asks the engine for (readout_plan.py,
+  continuation.py, tool_steps.py), a record line's schema and our run folders read back (records.py), a run
+  scored and two record sets compared (score.py, compare.py, metrics.py, attention_stats.py), and the CSV and
+  pipe table every writer gives (cells.py);
+- formats/: readers of other tools' formats more than one room reads; protocols/: the published protocols
+  `--protocol` selects, a room per tool (its prompts, its coverage of each family, answer rule, aggregation), and
+  the registry of every template;
 - benchmarks/: a room per benchmark (pope/, mme/, amber/, hallusionbench/), each with its data, rules and
-  importers of other tools' files, and the benchmark-level score.py and compare.py; formats/: readers of
-  other tools' formats more than one room reads;
+  importers of other tools' files; reading.py reads any records file, ours or another tool's, and score.py and
+  compare.py score and compare runs from their paths;
 - report/: the text tables the CLI prints, the report page and its figures.
 
 Where a run's records are written (the lock, the rank parts, repair) is the application's: pope_fast/store.py."""

@@ -38,14 +38,22 @@ def _tree(path: Path) -> ast.Module:
 # The engine's own strata (docs/design.md, "Data flow"): its runtime at engine/'s root, then these folders. Seen
 # from outside the engine they are all "engine"; inside it each is a layer of the drawing.
 ENGINE_STRATA = ("synthetic", "models", "layers", "inputs", "utils")
+# readout's strata the same way: its core at readout/'s root (questions, readouts, token sets, records, scores), then
+# these folders above it. Its face, readout/__init__.py (the names most callers need), stands above them all: it is
+# what the rest of the code sees as readout, it imports every stratum, and no module inside readout imports it.
+READOUT_STRATA = ("formats", "protocols", "benchmarks", "report")
+READOUT_FACE = ROOT / "readout/__init__.py"
+FACE = "readout/__init__ (its face)"  # what a module inside readout that imported the face would import
+STRATA = {"engine": ENGINE_STRATA, "readout": READOUT_STRATA}
 
 
 def _layer(path: Path) -> str:
-    """readout, kernels, engine (the runtime at engine/'s root) and engine/<stratum>, bench; pope_fast's command
-    line (cli, __main__) is "cli", the rest of it (the sweep, torchrun, the eval job) "app"."""
+    """readout (its core at readout/'s root, and its face) and readout/<stratum>, kernels, engine (the runtime at
+    engine/'s root) and engine/<stratum>, bench; pope_fast's command line (cli, __main__) is "cli", the rest of it
+    (the sweep, torchrun, the eval job) "app"."""
     parts = path.relative_to(ROOT).parts
-    if parts[0] == "engine" and len(parts) > 2 and parts[1] in ENGINE_STRATA:
-        return f"engine/{parts[1]}"
+    if parts[0] in ("engine", "readout") and len(parts) > 2 and parts[1] in STRATA[parts[0]]:
+        return f"{parts[0]}/{parts[1]}"
     if parts[0] != "pope_fast":
         return parts[0]
     return "cli" if parts[-1] in ("cli.py", "__main__.py") else "app"
@@ -84,20 +92,25 @@ def _imported(path: Path):
 
 
 def _module_layer(dotted: list[str], importer: str) -> str:
-    """The layer of pope_fast.<dotted...>, as a module of layer `importer` sees it."""
-    if importer.startswith("engine") and dotted[:1] == ["engine"] and len(dotted) > 1 and dotted[1] in ENGINE_STRATA:
-        return f"engine/{dotted[1]}"
+    """The layer of pope_fast.<dotted...>, as a module of layer `importer` sees it: the engine's and readout's
+    strata from inside them, and readout's face (the package itself) from inside readout."""
+    inside = importer.split("/")[0]
+    if inside in STRATA and dotted[:1] == [inside] and len(dotted) > 1 and dotted[1] in STRATA[inside]:
+        return f"{inside}/{dotted[1]}"
+    if inside == "readout" and dotted == ["readout"]:
+        return FACE
     if dotted and dotted[0] in PACKAGES:
         return dotted[0]
     return "cli" if dotted and dotted[0] in ("cli", "__main__") else "app"
 
 
 def _imports(path: Path) -> set[str]:
-    """The layers of ours a module imports, other than its own."""
+    """The layers of ours a module imports, other than its own (readout's face as the code outside sees it)."""
     package = path.relative_to(ROOT).parts[0]
     here = ["pope_fast"] + ([] if package == "pope_fast" else [package])
     here += list(path.relative_to(ROOT / package).parts[:-1])
     found, layer = set(), _layer(path)
+    seen_as = "outside" if path == READOUT_FACE else layer
     for node in ast.walk(_tree(path)):
         if isinstance(node, ast.ImportFrom):
             if node.level:
@@ -105,11 +118,13 @@ def _imports(path: Path) -> set[str]:
                 dotted = base + (node.module.split(".") if node.module else [])
             else:
                 dotted = (node.module or "").split(".")
-            if dotted[0] == "pope_fast":
-                targets = [dotted[1:]] if len(dotted) > 1 else [[a.name] for a in node.names]
-                found.update(_module_layer(t, layer) for t in targets)
+            if dotted[0] == "pope_fast":  # `from package import module` imports the module
+                subs = [[*dotted[1:], a.name] for a in node.names if ".".join([*dotted, a.name]) in MODULES]
+                rest = [dotted[1:]] if len(subs) < len(node.names) else []
+                targets = [[a.name] for a in node.names] if len(dotted) == 1 else subs + rest
+                found.update(_module_layer(t, seen_as) for t in targets)
         elif isinstance(node, ast.Import):
-            found.update(_module_layer(a.name.split(".")[1:], layer) for a in node.names
+            found.update(_module_layer(a.name.split(".")[1:], seen_as) for a in node.names
                          if a.name.startswith("pope_fast."))
     return found - {layer}
 
@@ -152,6 +167,17 @@ def test_the_drawing_is_the_imports_and_goes_one_way():
         order += sorted(sinks)
         left = {layer: targets for layer, targets in left.items() if layer not in sinks}
     assert set(_layer(path) for path in SOURCES) == set(ALLOWED)
+
+
+def test_readout_strata_and_its_face_are_told_apart():
+    """The layers the checks above see inside readout: a module in a sub-folder is its stratum's, an import of
+    another stratum is that stratum's, and the package itself imported from inside readout is its face, which no
+    line of the drawing gives; seen from outside, readout is one layer."""
+    assert _layer(ROOT / "readout/benchmarks/pope/ugaa.py") == "readout/benchmarks"
+    assert _layer(READOUT_FACE) == _layer(ROOT / "readout/records.py") == "readout"
+    assert _module_layer(["readout", "report", "tables"], "readout/benchmarks") == "readout/report"
+    assert _module_layer(["readout", "report", "tables"], "app") == "readout"
+    assert _module_layer(["readout"], "readout/formats") == FACE and FACE not in set().union(*ALLOWED.values())
 
 
 def test_readout_imports_no_torch():
