@@ -35,6 +35,7 @@ DELTAS = ("f1", "precision", "recall", "accuracy", "yes_rate")
 # dequantized NF4, the probe) change how it is computed, not what is computed.
 ANSWER_SETTINGS = ("resolved_dtype", "quant", "quantize_lm_head", "image_aspect", *TOOL_STEPS)
 SHOWN = 3  # examples named per kind of question-set difference
+TOO_FEW = "compare needs a baseline run and at least one run to compare with it"
 
 
 def leaf_differences(a, b, first: str, second: str, width: int = 40, name: str = "") -> list[str]:
@@ -65,6 +66,8 @@ def compare_records(runs: list[tuple[str, RecordSet]], *, seed: int = 0, resampl
     lists its differences under "mismatches". Under a `protocol` (protocols.Protocol): its answer rule alone,
     an unknown answer counted as the protocol counts it (VLMEvalKit: a no).
     """
+    if len(runs) < 2:
+        raise ValueError(TOO_FEW)
     (name_a, a), others = runs[0], runs[1:]
     pairs = [_pair(name_a, a, name, run, seed, resamples, allow_mismatch, protocol) for name, run in others]
     return {"seed": seed, "resamples": resamples, "level": LEVEL, "pairs": pairs,

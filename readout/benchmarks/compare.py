@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..cells import markdown_table
-from ..compare import compare_records, join_questions, meta_mismatches, run_method, run_readouts
+from ..compare import TOO_FEW, compare_records, join_questions, meta_mismatches, run_method, run_readouts
 from ..metrics import resample_weights
 from ..data import DataError
 from ..records import Entry, RecordSet
@@ -36,7 +36,7 @@ def read_runs(paths) -> list[tuple[str, RecordSet]]:
     """Each run's path and its records (read_records: ours or another tool's file), the baseline first."""
     paths = [str(p) for p in paths]
     if len(paths) < 2:
-        raise ValueError("compare needs a baseline run and at least one run to compare with it")
+        raise ValueError(TOO_FEW)
     return [(path, read_records(path)) for path in paths]
 
 

@@ -96,6 +96,23 @@ def test_hand_computed_deltas_flips_and_p(tmp_path):
     assert "changes with the readout" in text and "| template_aware | +0.2500 [" in text
 
 
+def test_record_sets_compare_as_their_paths_do_and_one_run_is_refused(tmp_path):
+    """compare_records (readout's core) compares record sets read elsewhere under the names given them, as
+    compare_runs compares the paths it reads; fewer than two runs is one line, before any path is read."""
+    from pope_fast.readout.compare import compare_records
+
+    qs = _questions(LABELS)
+    a, b = _run(tmp_path / "none", qs, A), _run(tmp_path / "vcd", qs, B, _meta(method={"name": "vcd"}))
+    named = compare_records([("A", read_records(a)), ("B", read_records(b))], resamples=10)
+    by_path = compare_runs([a, b], resamples=10)
+    assert (named["pairs"][0]["a"], named["pairs"][0]["b"]) == ("A", "B")
+    assert json.dumps({**named["pairs"][0], "a": str(a), "b": str(b)}, sort_keys=True) == \
+        json.dumps(by_path["pairs"][0], sort_keys=True)
+    for call in (lambda: compare_records([("A", read_records(a))]), lambda: compare_runs([tmp_path / "missing"])):
+        with pytest.raises(ValueError, match="needs a baseline run and at least one run"):
+            call()
+
+
 def test_ranking_that_holds_under_every_readout(tmp_path):
     qs = _questions(LABELS * 4)
     worse = {n: "n" * 32 for n in YES_IDS}
