@@ -14,10 +14,9 @@ from typing import Callable
 import torch
 from PIL import Image
 
-from ..readout import Template
-from ..readout.protocols import ANSWER_CUTS
 from ..readout.readout_plan import ReadoutPlan
-from ..readout.templates import SAMPLE_QUESTION
+from ..readout.templates import SAMPLE_QUESTION, Template
+from ..readout.tool_steps import ANSWER_CUTS
 from ..readout.tokens import token_strings, tokenizer_info
 from .inputs.fingerprint import checkpoint_digests
 from .layers.generation import greedy_fields

@@ -11,8 +11,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
-from ..readout import get_template
-from ..readout.templates import SAMPLE_QUESTION, Template
+from ..readout.templates import OWN_TEMPLATES, SAMPLE_QUESTION, Template
 from ..readout.thinking import CLOSE, NOT_CLOSED, OPEN, ThinkingMode, after_close, is_thinking
 from .inputs.plan import PromptResult, Row, extended
 from .models import Family
@@ -20,6 +19,16 @@ from .runner import Runner
 
 
 WARMUP_TOKENS = 4  # a reasoning's steps Engine.warmup runs: its prefill, decode steps and answer pass all launched
+
+
+def own_template(name: str) -> Template:
+    """One of readout/templates.py's own templates (the families' defaults, the audit's prompts) by name. A tool's
+    prompt is its protocol's fact, which the engine does not look up: its caller passes the Template
+    (`readout.get_template(name)`)."""
+    if name not in OWN_TEMPLATES:
+        raise ValueError(f"template {name!r} is not one of the engine's own ({', '.join(OWN_TEMPLATES)}); a tool's "
+                         "template is passed as its Template: readout.get_template(name)")
+    return OWN_TEMPLATES[name]
 
 
 @dataclass(frozen=True)
@@ -35,10 +44,11 @@ class Thinking:
 
     @classmethod
     def of(cls, model: Family, template: Template | str | None, spec: str | None) -> "Thinking":
-        """The thinking of `model` under `template` (a name, or None: the model's default) and Settings.thinking
-        `spec`; ValueError (one line naming the parameter) for a template that marks the image otherwise than the
-        model, and for decode where the checkpoint does not think or where the backend would have to run it."""
-        template = get_template(template or model.default_template) if not isinstance(template, Template) \
+        """The thinking of `model` under `template` (a Template; the name of one of readout/templates.py's own;
+        None: the model's default) and Settings.thinking `spec`; ValueError (one line naming the parameter) for a
+        template that marks the image otherwise than the model, and for decode where the checkpoint does not think
+        or where the backend would have to run it."""
+        template = own_template(template or model.default_template) if not isinstance(template, Template) \
             else template
         if template.image_marker != model.image_marker:
             raise ValueError(f"template {template.name} marks the image with {template.image_marker!r}, "

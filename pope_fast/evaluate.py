@@ -21,7 +21,7 @@ from .readout import READOUTS, find_question_files, format_runs, load_question_s
 from .readout.benchmarks import REGISTRY, benchmark_questions, get_benchmark
 from .readout.benchmarks.asking import asked_questions, check_protocol
 from .readout.benchmarks.score import format_benchmark, score_benchmark_paths
-from .readout.protocols import Coverage, format_protocol_runs, get_protocol
+from .readout.protocols import Coverage, format_protocol_runs, get_protocol, get_template
 from .readout.readouts import GENERATING, parse_readouts
 from .readout.tool_steps import TOOL_STEPS
 from .resume import COMPARE_FILE, check_layout
@@ -208,8 +208,8 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
         asked = None
         if benchmark is not None and job.protocol:  # the tool's task prompt, inside its model class's template
             questions, asked = asked_questions(benchmark, job.protocol, questions, template)
-        engine = load_engine(model_dir, settings, backend=job.backend, template=template, readouts=job.readouts,
-                             cache_dir=job.cache_dir, lengths=lengths)
+        engine = load_engine(model_dir, settings, backend=job.backend, template=template and get_template(template),
+                             readouts=job.readouts, cache_dir=job.cache_dir, lengths=lengths)
         if engine.model.backend == "transformers" and lead:
             if engine.model.misfit:  # a family's model_type holding another language model or tower
                 notice(f"{engine.model.misfit}; it runs as a model without a family: on the transformers backend, with "

@@ -180,6 +180,17 @@ def test_readout_strata_and_its_face_are_told_apart():
     assert _module_layer(["readout"], "readout/formats") == FACE and FACE not in set().union(*ALLOWED.values())
 
 
+def test_the_engine_asks_readouts_core_only():
+    """The engine reads readout's core (templates, readouts, token sets, the readout plan, the tools' steps), never
+    a tool's room, a benchmark, the report or the face that gathers them: a tool's prompt reaches it as a Template
+    object its caller looked up, so adding a tool or a benchmark cannot change what the engine imports."""
+    core = {_module(p) for p in (ROOT / "readout").glob("*.py") if p.name != "__init__.py"}
+    wrong = [f"{path.relative_to(ROOT)}:{node.lineno} {dotted}" for path in SOURCES
+             if path.relative_to(ROOT).parts[0] == "engine" for node, dotted, _ in _imported(path)
+             if dotted.startswith("pope_fast.readout") and dotted not in core]
+    assert not wrong, "the engine imports readout beyond its core: " + ", ".join(wrong)
+
+
 def test_readout_imports_no_torch():
     for path in (ROOT / "readout").rglob("*.py"):
         names = {a.name.split(".")[0] for n in ast.walk(_tree(path)) if isinstance(n, ast.Import) for a in n.names}

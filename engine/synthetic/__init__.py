@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ...readout import Question
+from ...readout.data import Question
 
 COCO_CATEGORIES = tuple(w.replace("_", " ") for w in (
     "person bicycle car motorcycle airplane bus train truck boat traffic_light fire_hydrant stop_sign "

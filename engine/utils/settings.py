@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 
-from ...readout.protocols import ANSWER_CUTS
+from ...readout.tool_steps import ANSWER_CUTS
 from ...readout.thinking import ThinkingMode
 from . import budget
 
@@ -84,7 +84,7 @@ class Settings:
     top_p: float = 1.0
     seed: int = 0  # recorded in meta.json where do_sample
     # none: a text readout reads the new tokens up to the stop token, decoded without special tokens | a name in
-    # readout ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
+    # readout/tool_steps.py ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
     # tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's instructblip
     answer_cut: str = "none"
     # model: the image tokens attend as the model's own mask says (Gemma 3's: each image's tokens both ways) |

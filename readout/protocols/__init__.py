@@ -18,10 +18,10 @@ tool's number depends on whether the run asked the tool's prompt at the tool's l
 says from the run's meta.json.
 """
 from .base import Coverage, FamilyFacts, Protocol
-from .registry import (ANSWER_CUTS, PROTOCOLS, SCORE_ONLY, SCORING_PROTOCOLS, TEMPLATES, coverage, get_protocol,
+from .registry import (PROTOCOLS, SCORE_ONLY, SCORING_PROTOCOLS, TEMPLATES, coverage, get_protocol,
                        get_template)
 from .scoring import checks, format_protocol_runs, score_protocol
 
-__all__ = ["ANSWER_CUTS", "Coverage", "FamilyFacts", "Protocol", "PROTOCOLS", "SCORE_ONLY",
+__all__ = ["Coverage", "FamilyFacts", "Protocol", "PROTOCOLS", "SCORE_ONLY",
            "SCORING_PROTOCOLS", "TEMPLATES", "coverage", "get_protocol", "get_template", "checks",
            "format_protocol_runs", "score_protocol"]

@@ -29,7 +29,7 @@ class Coverage:
     image_resize: str = "none"  # how the tool resizes each image before its processor (Settings.image_resize)
     processor_pixels: str | None = None  # the bounds its processor is made with (Settings.processor_pixels)
     processor_patches: str | None = None  # the tile bounds it gives its processor (Settings.processor_patches)
-    # how the tool cuts its answer out of generate's whole output (Settings.answer_cut; registry ANSWER_CUTS)
+    # how the tool cuts its answer out of generate's whole output (Settings.answer_cut; tool_steps.py ANSWER_CUTS)
     answer_cut: str = "none"
     image_mask: str = "model"  # how the image tokens attend in the tool's attention (Settings.image_mask)
     # greedy where the tool calls transformers' generate, which applies the checkpoint's generation_config.json

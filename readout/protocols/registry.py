@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..templates import OWN_TEMPLATES, Template
-from ..tool_steps import AnswerCut
 from .base import Coverage, FamilyFacts, Protocol
 from .llava import PROTOCOL as LLAVA
 from .lmms_eval import PROTOCOL as LMMS_EVAL
@@ -14,15 +13,6 @@ from .pope_official import PROTOCOL as POPE_OFFICIAL
 from .repope import PROTOCOL as REPOPE
 from .vcd import PROTOCOL as VCD
 from .vlmevalkit import PROTOCOL as VLMEVALKIT
-from .vlmevalkit import llava_answer
-
-# How a tool makes its answer from generate's whole output (Settings.answer_cut; "none": the new tokens up to the
-# stop token, decoded without special tokens, as most tools and every reference decode): VLMEvalKit's LLaVA_Next
-# cuts it out (vlmevalkit.llava_answer); lmms-eval's instructblip decodes it whole without special tokens and
-# strips it (models/simple/instructblip.py l.216), the prompt's text included, since transformers 4.47 returns
-# the prompt's ids first (InstructBlipForConditionalGeneration.generate passes input_ids on).
-ANSWER_CUTS: dict[str, AnswerCut] = {"vlmevalkit_llava": AnswerCut("yorn", True, llava_answer),
-                                     "lmms_eval_whole": AnswerCut("exact_match", False, str.strip)}
 
 # The protocols `eval --protocol` runs: each covers the families (its `covers`).
 PROTOCOLS: dict[str, Protocol] = {p.name: p for p in (LMMS_EVAL, VLMEVALKIT, LLAVA, POPE_OFFICIAL, PAPER, VCD)}

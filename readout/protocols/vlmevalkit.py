@@ -83,24 +83,6 @@ TEMPLATES = (
 )
 
 
-def llava_answer(whole: str) -> str:
-    """VLMEvalKit's LLaVA_Next answer (vlm/llava/llava.py generate_inner l.392-394, output_process l.311-330) from
-    generate's whole output decoded with its special tokens (the `skip_special_token=True` it passes is no
-    decode argument): '<s>' removed and the text stripped; the part after the first '[/INST]' (else
-    'ASSISTANT:', 'assistant\n', the third after '<|end_header_id|>\n\n'), which the prompt ends with, up to a
-    second one; then up to the first '</s>' (else '<|im_end|>', '<|eot_id|>'), stripped; '<unk>' removed."""
-    answer = whole.replace("<s>", "").strip() if "<s>" in whole else whole
-    for marker, part in (("[/INST]", 1), ("ASSISTANT:", 1), ("assistant\n", 1), ("<|end_header_id|>\n\n", 2)):
-        if marker in answer:
-            answer = answer.split(marker)[part].strip()
-            break
-    for end in ("</s>", "<|im_end|>", "<|eot_id|>"):
-        if end in answer:
-            answer = answer.split(end)[0].strip()
-            break
-    return answer.replace("<unk>", "")
-
-
 # qwen_vl_utils' resize within the bounds VLMEvalKit's config gives Qwen2VLChat (1280 to 16384 tokens of 28x28)
 QWEN_RESIZE = f"qwen_vl_utils:28:{1280 * 28 * 28}:{16384 * 28 * 28}"
 # The classes below that run transformers' generate (all but Qwen3VLChat's vLLM and InternVLChat, whose chat runs

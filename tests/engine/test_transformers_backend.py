@@ -20,6 +20,7 @@ from pope_fast.engine.reference import ReferenceInputs
 from pope_fast.readout.protocols.base import NOT_READ
 from pope_fast.engine.transformers_engine import TransformersEngine
 from pope_fast.engine.synthetic import Weights, write_checkpoint
+from pope_fast.readout.protocols import get_template
 
 BOUND = 1e-4  # fp32: four steps at the logits' scale (pope_fast.verify.BOUND); padding changes only the rounding
 KINDS = ["mllama", "paligemma", "idefics3", "blip2"]
@@ -291,7 +292,7 @@ def test_lmms_eval_runs_llama_vision_as_its_class_does(checkpoints):
     covered = protocol_for(folder, "lmms-eval")
     assert (covered.template, covered.new_tokens, covered.generation_config, covered.dtype, covered.image_reencode) \
         == ("lmms_eval_llama_vision", 128, "greedy", "fp32", "rgb")
-    engine = load_engine(folder, Settings(generation_config="greedy"), template=covered.template,
+    engine = load_engine(folder, Settings(generation_config="greedy"), template=get_template(covered.template),
                          readouts="exact_match")
     processor = AutoProcessor.from_pretrained(str(folder))
     contexts = ASKED[0] + "\nAnswer the question using a single word or phrase."
@@ -316,7 +317,7 @@ def test_vlmevalkit_runs_smolvlm_as_its_class_does(checkpoints):
     assert (covered.template, covered.new_tokens, covered.dtype, covered.image_reencode, covered.generation_config) \
         == ("vlmevalkit_smolvlm", 2048, "fp32", "load_image", "greedy")
     engine = load_engine(folder, Settings(dtype="fp32", image_reencode="load_image", generation_config="greedy"),
-                         template=covered.template, readouts="yorn")
+                         template=get_template(covered.template), readouts="yorn")
     prompt = "<|im_start|>User:<image>" + ASKED[1] + "<end_of_utterance>\nAssistant:"
     assert engine.prompt(ASKED[1]) == prompt
     assert engine.prompt(ASKED[1], image=False) == prompt.replace("<image>", "")

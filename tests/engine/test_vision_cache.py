@@ -15,7 +15,7 @@ from pope_fast.engine import Engine, Settings
 from pope_fast.engine.utils.loader import ALIGNMENT
 from pope_fast.engine.inputs.vision_cache import (ENTRY_FORMAT, VisionCache, entry_digest, feature_key, noised_key,
                                            tensor_fingerprint, vision_fingerprint)
-from pope_fast.readout.protocols import ANSWER_CUTS
+from pope_fast.readout.tool_steps import ANSWER_CUTS
 
 IMAGE = bytes(range(256)) * 40
 PROCESSOR = {"processor": {"size": {"shortest_edge": 336}, "image_mean": [0.481, 0.458, 0.408], "resample": 3,

@@ -126,7 +126,7 @@ def test_lmms_eval_prompt_is_its_chat_template_rendering(shared, checkpoint):
     messages = [{"role": "user", "content": [{"type": "image", "url": None}, {"type": "text", "text": text}]}]
     theirs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert get_template("lmms_eval_internvl_hf").render(QUESTIONS[0], tokenizer) == theirs
-    engine = Engine.load(checkpoint, Settings(max_new_tokens=1), template="lmms_eval_internvl_hf", readouts="all")
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=1), template=get_template("lmms_eval_internvl_hf"), readouts="all")
     assert_first_answers_match(REGISTRY[FAMILY], checkpoint, engine, IMAGES[2], QUESTIONS[:1])
 
 

@@ -92,7 +92,7 @@ def test_vlmevalkit_prompt_is_its_chat_template_rendering(shared, checkpoint):
     theirs = AutoTokenizer.from_pretrained(str(folder)).apply_chat_template(
         conversation, chat_template=template, add_generation_prompt=True, tokenize=False)
     assert get_template("vlmevalkit_llava_onevision").render(QUESTIONS[0]) == theirs
-    engine = Engine.load(checkpoint, Settings(max_new_tokens=1), template="vlmevalkit_llava_onevision",
+    engine = Engine.load(checkpoint, Settings(max_new_tokens=1), template=get_template("vlmevalkit_llava_onevision"),
                          readouts="all")
     assert_first_answers_match(REGISTRY[FAMILY], checkpoint, engine, IMAGES[2], QUESTIONS[:1])
 

@@ -9,9 +9,9 @@ from PIL import Image
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.coverage import protocol_for
-from pope_fast.readout.protocols import ANSWER_CUTS, PROTOCOLS
+from pope_fast.readout.protocols import PROTOCOLS, get_template
 from pope_fast.readout.protocols.scoring import checks
-from pope_fast.readout.protocols.vlmevalkit import llava_answer
+from pope_fast.readout.tool_steps import ANSWER_CUTS, llava_answer
 
 Q = "Is there a dog in the image?"
 
@@ -66,7 +66,7 @@ def test_the_cut_is_generates_whole_output_decoded_with_specials(tiny, tmp_path)
     plain = processor.tokenizer.decode(out[inputs["input_ids"].shape[1]:-1], skip_special_tokens=True)
     for cut in ("vlmevalkit_llava", "none"):
         engine = Engine.load(folder, Settings(max_new_tokens=6, answer_cut=cut, image_reencode="rgb"),
-                             template="vlmevalkit_mistral", readouts="yorn,exact_match")
+                             template=get_template("vlmevalkit_mistral"), readouts="yorn,exact_match")
         answer = engine.answer(image, [Q])[0]
         assert answer.decoded == plain
         # the tool's rule reads the tool's answer; the other readouts, the new tokens as their references do
@@ -99,7 +99,7 @@ def test_lmms_eval_instructblip_answers_with_the_whole_output(tiny, tmp_path):
     theirs = processor.tokenizer.batch_decode(out, skip_special_tokens=True)[0].strip()
     assert theirs.startswith(prompt)
     engine = Engine.load(checkpoint, Settings(max_new_tokens=5, answer_cut="lmms_eval_whole", dtype="fp32"),
-                         template="lmms_eval_instructblip", readouts="exact_match,repope")
+                         template=get_template("lmms_eval_instructblip"), readouts="exact_match,repope")
     answer = engine.answer(image, [Q])[0]
     assert answer.text_for("exact_match") == theirs and answer.predictions["exact_match"] == "unknown"
     new = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)

@@ -128,3 +128,18 @@ def test_the_protocols_listing_says_what_each_tool_does_with_a_reasoning(monkeyp
     assert "reasoning stripped before scoring" in said["lmms-eval"][0] and "enable_thinking" in said["lmms-eval"][0]
     assert "the text after the last </think>" in said["vlmevalkit"][0]
     assert all(not lines for name, lines in said.items() if name not in ("lmms-eval", "vlmevalkit"))
+
+
+def test_a_tools_template_reaches_the_engine_as_an_object(tmp_path):
+    """The engine looks up only readout/templates.py's own templates by name: a tool's prompt is its protocol's
+    fact, which the caller passes as the Template (one line saying how), and then runs as given."""
+    from pope_fast.engine.thinking import Thinking
+    from pope_fast.readout.protocols import get_template
+
+    model = SimpleNamespace(tokenizer=JinjaTokenizer(PLAIN), folder=tmp_path, backend="engine", family="qwen3_vl",
+                            default_template="qwen2_vl_chat", image_marker="<|vision_start|><|image_pad|><|vision_end|>")
+    assert Thinking.of(model, "qwen2_vl_chat", None).template.name == "qwen2_vl_chat"
+    with pytest.raises(ValueError, match=r"^template 'lmms_eval_qwen2_vl' is not one of the engine's own .*: "
+                                         r"readout.get_template\(name\)$"):
+        Thinking.of(model, "lmms_eval_qwen2_vl", None)
+    assert Thinking.of(model, get_template("lmms_eval_qwen2_vl"), None).template.name == "lmms_eval_qwen2_vl"
