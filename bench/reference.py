@@ -52,7 +52,8 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
         for q in questions:
             out = answer(q)
             scores = out.scores[0][0].float()
-            result = PromptResult(int(out.sequences[0, -1]), {i: float(scores[i]) for i in spec.readout.candidate_ids})
+            result = PromptResult(first_token_id=int(out.sequences[0, -1]),
+                                  candidate_logits={i: float(scores[i]) for i in spec.readout.candidate_ids})
             decisions[q.split, q.key] = spec.readout.decide(result)
             if progress:
                 progress(1)

@@ -42,7 +42,7 @@ class Prepared:
     pixels: object | None
 
 
-@dataclass
+@dataclass(kw_only=True)
 class Answer(PromptResult):
     """One question's raw outputs at the answer position (a PromptResult), the question, and its decisions."""
 
@@ -354,7 +354,8 @@ class Engine:
         ids = list(self.readout.candidate_ids)
         index = torch.tensor(ids, device=combined.device)
         mass = combined.logsumexp(dim=-1).tolist() if self.settings.record_mass else [None] * len(combined)
-        return [PromptResult(first, dict(zip(ids, values)), probe=main.probe, logsumexp=m)
+        return [PromptResult(first_token_id=first, candidate_logits=dict(zip(ids, values)), probe=main.probe,
+                             logsumexp=m)
                 for first, values, main, m in zip(combined.argmax(dim=-1).tolist(), combined[:, index].tolist(),
                                                   results["main"], mass)]
 

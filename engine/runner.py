@@ -185,11 +185,10 @@ class Runner:
         vocab, streams, lens = ([None] * len(rows) if t is None else list(t)
                                 for t in (launched.vocab, launched.residuals, launched.lens))
         mass = [None] * len(rows) if launched.logsumexp is None else launched.logsumexp.tolist()
-        thought = [{} if row.reasoning is None else dict(zip(("reasoning", "reasoning_tokens"), row.reasoning))
-                   for row in rows]
-        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, logsumexp=m, residuals=r,
-                             lens_logits=lo, **text, **reasoning)
-                for f, row, text, probe, v, m, r, lo, reasoning in zip(
+        thought = [(None, None) if row.reasoning is None else row.reasoning for row in rows]  # (text, token count)
+        return [PromptResult(first_token_id=f, candidate_logits=dict(zip(ids, values)), probe=probe, vocab_logits=v,
+                             logsumexp=m, residuals=r, lens_logits=lo, reasoning=said, reasoning_tokens=n, **text)
+                for f, values, text, probe, v, m, r, lo, (said, n) in zip(
                     launched.first.tolist(), launched.logits.tolist(), launched.texts, probes, vocab, mass, streams,
                     lens, thought)]
 

@@ -123,8 +123,8 @@ class Thinking:
                 answered.append(replace(row, layout=extended(row.layout, ids + list(self.after_ids)),
                                         reasoning=(text, len(ids))))
             else:
-                unanswered[row.item, row.prompt] = PromptResult(None, {}, reasoning=text, reasoning_tokens=len(ids),
-                                                                unanswered=NOT_CLOSED)
+                unanswered[row.item, row.prompt] = PromptResult(candidate_logits={}, reasoning=text,
+                                                                reasoning_tokens=len(ids), unanswered=NOT_CLOSED)
         return answered, unanswered
 
 

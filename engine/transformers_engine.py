@@ -116,7 +116,8 @@ class TransformersRunner(Runner):
             texts = self._generated(inputs, lengths)
         everything = list(logits) if vocab else [None] * len(batch)
         mass = logits.logsumexp(dim=-1).tolist() if self.settings.record_mass else [None] * len(batch)
-        return [PromptResult(f, dict(zip(ids, row)), probe=probe, vocab_logits=v, logsumexp=m, **text)
+        return [PromptResult(first_token_id=f, candidate_logits=dict(zip(ids, row)), probe=probe, vocab_logits=v,
+                             logsumexp=m, **text)
                 for f, row, text, probe, v, m in zip(first.tolist(), logits[:, ids].tolist(), texts, probes,
                                                      everything, mass)]
 

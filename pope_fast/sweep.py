@@ -21,12 +21,12 @@ from typing import Callable
 from . import __version__
 from .coverage import protocol_coverage
 from .distributed import Shard
-from .engine import Engine, ImageError, Intervention, check_images
+from .engine import Engine, ImageError, Intervention, PromptResult, check_images
 from .engine.methods import METHODS, Intervened, Method
 from .prefetch import default_workers, embedded_images, prepared_steps
 from .preflight import check_image_names, check_prompt_lengths
 from .readout import META_FILE, Question, format_runs, make_record, read_meta, read_records, score_records
-from .readout.records import record_key
+from .readout.records import AnswerFields, record_key
 from .resume import check_done, check_has_meta, check_resumable, held_counts, question_counts
 from .store import RecordWriter, RunLock, atomic_write, fold_parts, order_records, write_meta
 
@@ -45,20 +45,36 @@ class SweepResult:
 
 
 @dataclass(frozen=True)
-class Outcome:
-    """What one question of a step got: an error that every method's folder records (its image unusable), or each
-    method's record fields by method name (a method's own error among them, where it refuses the question)."""
+class Reply:
+    """What a method's record keeps of its answer to a question (the answer's fields, the readouts' decisions, the
+    probe's recorded values and the image's sha256), or why it could not answer (`error`)."""
 
-    question: Question
-    per_method: dict[str, dict] = field(default_factory=dict)
+    answer: AnswerFields | None = None
+    predictions: dict[str, str] = field(default_factory=dict)
+    probe: dict | None = None
+    image_sha256: str | None = None
     error: str | None = None
 
-    def fields(self, method: str) -> dict:
-        return {"error": self.error} if self.error is not None else self.per_method[method]
+    def record(self, question: Question, template: str) -> dict:
+        return make_record(question, template, self.answer, predictions=self.predictions, probe=self.probe,
+                           image_sha256=self.image_sha256, error=self.error)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one question of a step got: an error that every method's folder records (its image unusable), or each
+    method's reply by method name (a method's own error among them, where it refuses the question)."""
+
+    question: Question
+    per_method: dict[str, Reply] = field(default_factory=dict)
+    error: str | None = None
+
+    def reply(self, method: str) -> Reply:
+        return Reply(error=self.error) if self.error is not None else self.per_method[method]
 
     @property
     def refused(self) -> bool:
-        return any("error" in f for f in self.per_method.values())
+        return any(r.error is not None for r in self.per_method.values())
 
 
 @dataclass(frozen=True)
@@ -286,11 +302,11 @@ class _Sweep:
         """Each sink's records of the questions it lacks: error fields go to every sink, answers (or a
         method's own error, a text-only question it refuses) to the sink of their method."""
         for sink in sinks:
-            own = [(o.question, o.fields(sink.method.name)) for o in answered]
-            records = [make_record(q, self.engine.template.name, **fields)
-                       for q, fields in own if _key(q) in sink.todo
+            own = [(o.question, o.reply(sink.method.name)) for o in answered]
+            records = [reply.record(q, self.engine.template.name)
+                       for q, reply in own if _key(q) in sink.todo
                        # a rerun that meets the same error again records nothing new
-                       and not ("error" in fields and sink.writer.errors.get(_key(q)) == fields["error"])]
+                       and not (reply.error is not None and sink.writer.errors.get(_key(q)) == reply.error)]
             if records:
                 sink.writer.write(records)
 
@@ -329,8 +345,8 @@ def canonical_order(questions: list[Question], prompt: Callable[[str], str]) -> 
 
 def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, dict[str, list[Question]]],
             methods: list[Method]) -> list[Outcome]:
-    """Each method's record fields for every question of these images (prepared None: the
-    questions asked without an image, for which a method that needs one gets an error field)."""
+    """Each method's reply to every question of these images (prepared None: the questions asked without an
+    image, which a method that needs one refuses)."""
     group = [name for name, _ in step]
     digests = {name: hashlib.sha256(prepared.image.data).hexdigest() if prepared is not None else None
                for name, prepared in step}
@@ -338,25 +354,23 @@ def _answer(engine: Engine, step: list[tuple[str, object]], by_image: dict[str, 
     # the question text of each prompt: the methods render their own prompts from it
     asked = [[by_image[name][text][0].text for text in image_texts] for name, image_texts in zip(group, texts)]
     text_only = any(p is None for _, p in step)
-    refused = {m.name: {"error": why} for m in methods if text_only and (why := engine.text_only_refusal(m))}
+    refused = {m.name: Reply(error=why) for m in methods if text_only and (why := engine.text_only_refusal(m))}
     runnable = [m for m in methods if m.name not in refused]
     per_method = engine.run_methods([p for _, p in step], asked, runnable) if runnable else {}
     out = []
     for i, (name, image_texts) in enumerate(zip(group, texts)):
         for j, text in enumerate(image_texts):
-            fields = {m: _fields(engine, results[i][j], digests[name]) for m, results in per_method.items()}
-            fields.update(refused)
-            out += [Outcome(q, fields) for q in by_image[name][text]]
+            replies = {m: _reply(engine, results[i][j], digests[name]) for m, results in per_method.items()}
+            replies.update(refused)
+            out += [Outcome(q, replies) for q in by_image[name][text]]
     return out
 
 
-def _fields(engine: Engine, result, digest: str) -> dict:
-    return dict(first_token_id=result.first_token_id, candidate_logits=result.candidate_logits,
-                decoded=result.decoded, texts=result.texts, decoded_sequence=result.decoded_sequence,
-                capped=[n for n in result.capped if n in engine.readout.names],
-                predictions=engine.readout.decide(result), probe=_recorded(result.probe, engine.settings.probe),
-                image_sha256=digest, logsumexp=result.logsumexp, reasoning=result.reasoning,
-                reasoning_tokens=result.reasoning_tokens, unanswered=result.unanswered)
+def _reply(engine: Engine, result: PromptResult, digest: str) -> Reply:
+    """What a record keeps of a result: its answer's fields (capped: of the readouts this run records), the
+    readouts' decisions and the probe's values as the run's setting keeps them."""
+    answer = replace(result.as_answer(), capped=tuple(n for n in result.capped if n in engine.readout.names))
+    return Reply(answer, engine.readout.decide(result), _recorded(result.probe, engine.settings.probe), digest)
 
 
 def _recorded(probe: dict | None, setting: str) -> dict | None:

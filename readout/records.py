@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from .data import LABELS, DataError, Question
@@ -29,22 +29,47 @@ def rank_parts(folder: Path) -> list[Path]:
     return sorted(Path(folder).glob(PARTS_GLOB))
 
 
-def make_record(question: Question, template: str, *, first_token_id: int | None = None,
-                candidate_logits: dict[int, float] | None = None, decoded: str | None = None,
-                texts: dict[str, str] | None = None, decoded_sequence: str | None = None,
-                capped: list[str] | None = None,
-                predictions: dict[str, str] | None = None, error: str | None = None,
-                image_sha256: str | None = None, probe: dict | None = None, logsumexp: float | None = None,
-                reasoning: str | None = None, reasoning_tokens: int | None = None, unanswered: str | None = None
-                ) -> dict:
-    """One question's record. Its question text and the sha256 of its image's bytes are kept so that a
-    resumed run can prove a recorded answer is still the answer to this question. `decoded` is the
-    whole greedy continuation; `texts` the text readouts whose own prefix of it differs (read
-    `decoded` for the others); `decoded_sequence` the prompt and the continuation decoded as one
-    sequence (for string_parse_with_prompt); `probe` extra fields (the image-attention probe's one
-    float per decoder layer); `logsumexp` the answer position's over the whole vocabulary, where recorded;
-    `reasoning` a thinking checkpoint's decoded reasoning and its token count, and `unanswered` why no answer
-    position followed it (every prediction unknown)."""
+def answer_field(json_type: type | None, **default):
+    """An AnswerFields field, held by checked_record to its JSON type (None: its reader checks it); default None."""
+    return field(metadata={"json": json_type}, **(default or {"default": None}))
+
+
+@dataclass(kw_only=True)
+class AnswerFields:
+    """What a record keeps of one prompt's answer: the engine's PromptResult is one (with its tensors), make_record
+    writes one and Entry reads one back. A record line holds them in this order, each where it is not None, read
+    back as written (absent: the default) and checked as its JSON type; `_written` and `_answer` name the few whose
+    JSON is not their value (non-finite floats, texts where they differ from `decoded`, capped where any)."""
+
+    first_token_id: int | None = answer_field(int)  # the answer position's argmax (null: no answer position was read)
+    candidate_logits: dict[int, float] | None = answer_field(dict)  # fp32, keyed by token id
+    logsumexp: float | None = answer_field(None)  # over the whole vocabulary, where settings.record_mass (NaN: a fault)
+    decoded: str | None = answer_field(str)  # the whole greedy continuation, where a text readout asked for one
+    texts: dict[str, str] = answer_field(dict, default_factory=dict)  # each text readout's own prefix of it
+    decoded_sequence: str | None = answer_field(str)  # the prompt and its continuation decoded as one (with_prompt)
+    capped: tuple[str, ...] = answer_field(list, default=())  # the text readouts whose text its max_new_tokens cut
+    reasoning: str | None = answer_field(str)  # a thinking checkpoint's decoded reasoning, where one ran
+    reasoning_tokens: int | None = answer_field(int)
+    unanswered: str | None = answer_field(str)  # why no answer position was read (a reasoning not closed): all unknown
+
+    def text_for(self, readout: str) -> str | None:
+        """The text a text readout reads: its own prefix of the continuation, else all of it."""
+        return (self.texts or {}).get(readout, self.decoded)
+
+    def as_answer(self) -> AnswerFields:
+        """These fields alone (a PromptResult's without its tensors)."""
+        return AnswerFields(**{f.name: getattr(self, f.name) for f in fields(AnswerFields)})
+
+
+def make_record(question: Question, template: str, answer: AnswerFields | None = None, *,
+                predictions: dict[str, str] | None = None, error: str | None = None, image_sha256: str | None = None,
+                probe: dict | None = None, **given) -> dict:
+    """One question's record: `answer` (or its AnswerFields given as keywords), the readouts' `predictions` and the
+    probe's values (the image-attention probe's one float per decoder layer); or, where it could not be answered,
+    the `error`. Its question text and the sha256 of its image's bytes are kept so that a resumed run can prove a
+    recorded answer is still the answer to this question."""
+    if answer is not None and given:
+        raise TypeError(f"make_record: an answer or its fields ({', '.join(given)}), not both")
     record = {"question_id": question.question_id, "split": question.split, "image": question.image,
               "label": question.label, "text": question.text, "template": template}
     if question.dataset:  # absent in records written before datasets were named: read back as ""
@@ -54,31 +79,8 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     if error is not None:
         record["error"] = error
         return record
-    record["first_token_id"] = first_token_id
-    # JSON has no NaN or infinities: -inf (a token a method's plausibility cut removed) is written as null, and
-    # so is a NaN or +inf (a numerical fault), which `non_finite` names, to be read back as it was
-    record["candidate_logits"] = {str(i): float(v) if math.isfinite(v) else None
-                                  for i, v in (candidate_logits or {}).items()}
-    faulty = {str(i): "nan" if math.isnan(v) else "inf" for i, v in (candidate_logits or {}).items()
-              if not math.isfinite(v) and v != float("-inf")}
-    faults = {"candidate_logits": faulty} if faulty else {}
-    if logsumexp is not None:  # --record-mass only: without it a record is as it was
-        record["logsumexp"] = float(logsumexp) if math.isfinite(logsumexp) else None
-        if not math.isfinite(logsumexp):
-            faults["logsumexp"] = "nan" if math.isnan(logsumexp) else "inf"
-    if decoded is not None:
-        record["decoded"] = decoded
-        differing = {n: t for n, t in (texts or {}).items() if t != decoded}
-        if differing:
-            record["texts"] = differing
-    if decoded_sequence is not None:
-        record["decoded_sequence"] = decoded_sequence
-    if capped:  # the text readouts whose text hit its max_new_tokens
-        record["capped"] = list(capped)
-    if reasoning is not None:
-        record["reasoning"], record["reasoning_tokens"] = reasoning, reasoning_tokens
-    if unanswered is not None:
-        record["unanswered"] = unanswered
+    faults: dict = {}
+    record.update(_written(answer if answer is not None else AnswerFields(**given), faults))
     record["predictions"] = dict(predictions or {})
     for key, values in (probe or {}).items():  # e.g. image_attention: one float per decoder layer
         record[key], bad = _finite_list(values)
@@ -87,6 +89,33 @@ def make_record(question: Question, template: str, *, first_token_id: int | None
     if faults:
         record["non_finite"] = faults
     return record
+
+
+ALWAYS = ("first_token_id", "candidate_logits")  # an answer record's answer position, even one not read (null, {})
+
+
+def _written(answer: AnswerFields, faults: dict) -> dict:
+    """The answer's fields as a record line holds them, in AnswerFields' order; a non-finite float's fault in
+    `faults`."""
+    out = {f.name: getattr(answer, f.name) for f in fields(AnswerFields)
+           if getattr(answer, f.name) is not None or f.name in ALWAYS}
+    # JSON has no NaN or infinities: -inf (a token a method's plausibility cut removed) is written as null, and
+    # so is a NaN or +inf (a numerical fault), which `non_finite` names, to be read back as it was
+    logits = out["candidate_logits"] or {}
+    out["candidate_logits"] = {str(i): float(v) if math.isfinite(v) else None for i, v in logits.items()}
+    faulty = {str(i): "nan" if math.isnan(v) else "inf" for i, v in logits.items()
+              if not math.isfinite(v) and v != float("-inf")}
+    if faulty:
+        faults["candidate_logits"] = faulty
+    mass = out.get("logsumexp")
+    if mass is not None:  # --record-mass only: without it a record is as it was
+        out["logsumexp"] = float(mass) if math.isfinite(mass) else None
+        if not math.isfinite(mass):
+            faults["logsumexp"] = "nan" if math.isnan(mass) else "inf"
+    decoded = answer.decoded  # the text readouts' own texts only where they differ from it (read it for the others)
+    out["texts"] = {n: t for n, t in (answer.texts or {}).items() if t != decoded} if decoded is not None else {}
+    out["capped"] = list(answer.capped or ())
+    return {k: v for k, v in out.items() if v or k not in ("texts", "capped")}
 
 
 def _finite_list(values):
@@ -133,16 +162,13 @@ def checked_record(rec, where: str) -> dict:
         raise DataError(f"{where}: split {split!r} is not a non-empty string")
     if rec["label"] not in LABELS:
         raise DataError(f"{where}: label {rec['label']!r} is not yes/no")
-    expected = {"candidate_logits": dict, "predictions": dict, "decoded": str, "error": str, "text": str,
-                "image": str, "image_sha256": str, "dataset": str, "texts": dict, "decoded_sequence": str,
-                "image_attention": list, "image_attention_heads": list, "capped": list, "non_finite": dict,
-                "reasoning": str, "unanswered": str}
+    expected = {"predictions": dict, "error": str, "text": str, "image": str, "image_sha256": str, "dataset": str,
+                "image_attention": list, "image_attention_heads": list, "non_finite": dict,
+                **{f.name: f.metadata["json"] for f in fields(AnswerFields) if f.metadata["json"] is not None}}
     for key, kind in expected.items():
-        if rec.get(key) is not None and not isinstance(rec[key], kind):
-            raise DataError(f"{where}: {key} {rec[key]!r} is not a {kind.__name__}")
-    first = rec.get("first_token_id")
-    if first is not None and (not isinstance(first, int) or isinstance(first, bool)):
-        raise DataError(f"{where}: first_token_id {first!r} is not an int")
+        value = rec.get(key)
+        if value is not None and (not isinstance(value, kind) or kind is int and isinstance(value, bool)):
+            raise DataError(f"{where}: {key} {value!r} is not {'an' if kind is int else 'a'} {kind.__name__}")
     return rec
 
 
@@ -183,30 +209,19 @@ def read_meta(path: Path) -> dict:
 
 
 @dataclass
-class Entry:
-    """One scored question, normalised from any record format."""
+class Entry(AnswerFields):
+    """One scored question, normalised from any record format: its answer's fields, where the format has them."""
 
     key: str
     split: str
     label: str
-    first_token_id: int | None = None
     dataset: str = ""
-    candidate_logits: dict[int, float] | None = None
-    decoded: str | None = None
     stored: dict[str, str] = field(default_factory=dict)
     error: str | None = None
-    texts: dict[str, str] = field(default_factory=dict)  # text readouts whose prefix differs from decoded
-    decoded_sequence: str | None = None
     image_attention: list[float] | None = None  # the probe's one value per decoder layer, where it ran
     text: str | None = None  # the question, where the record keeps it (ours do; published files do not)
-    capped: tuple[str, ...] = ()  # text readouts whose text hit its max_new_tokens
     image: str | None = None
     non_finite: tuple[str, ...] = ()  # the fields that held a NaN or infinity (the record's non_finite names)
-    logsumexp: float | None = None  # the answer position's over the whole vocabulary, where recorded (NaN: a fault)
-    unanswered: str | None = None  # why no answer position was read (a reasoning not closed): every readout unknown
-
-    def text_for(self, name: str) -> str | None:
-        return self.texts.get(name, self.decoded)
 
 
 @dataclass
@@ -259,16 +274,19 @@ def _lines(path: Path, text: str):
 
 
 def _entry(rec: dict, where: str) -> Entry:
-    return Entry(key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
-                 first_token_id=rec.get("first_token_id"), dataset=rec.get("dataset", ""),
-                 candidate_logits=_logits(rec.get("candidate_logits"), _faults(rec, "candidate_logits"), where),
-                 decoded=rec.get("decoded"), texts=dict(rec.get("texts") or {}),
-                 decoded_sequence=rec.get("decoded_sequence"), image_attention=_probe(rec.get("image_attention")),
-                 text=rec.get("text"), image=rec.get("image"), capped=tuple(rec.get("capped") or ()),
+    answer = _answer(rec, where)
+    return Entry(key=str(rec["question_id"]), split=rec["split"], label=rec["label"], dataset=rec.get("dataset", ""),
+                 image_attention=_probe(rec.get("image_attention")), text=rec.get("text"), image=rec.get("image"),
                  stored={n: check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
                          if n in READOUTS},
-                 error=rec.get("error"), non_finite=tuple(rec.get("non_finite") or ()),
-                 logsumexp=_logsumexp(rec, where), unanswered=rec.get("unanswered"))
+                 error=rec.get("error"), non_finite=tuple(rec.get("non_finite") or ()), **answer)
+
+
+def _answer(rec: dict, where: str) -> dict:
+    """The AnswerFields a record holds, as make_record wrote them (absent or null: the default)."""
+    answer = {f.name: rec[f.name] for f in fields(AnswerFields) if rec.get(f.name) is not None}
+    return {**answer, "candidate_logits": _logits(rec.get("candidate_logits"), _faults(rec, "candidate_logits"), where),
+            "logsumexp": _logsumexp(rec, where), "capped": tuple(answer.get("capped", ()))}
 
 
 def _logits(logits: dict | None, faults: dict, where: str) -> dict[int, float] | None:

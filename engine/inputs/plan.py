@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...readout.records import AnswerFields
+
 
 @dataclass(frozen=True)
 class PromptLayout:
@@ -224,31 +226,16 @@ def _positions(rows: list[Row], start: int, width: int, lengths: list[int], mrop
     return positions, last.amax(dim=0) + 1
 
 
-@dataclass
-class PromptResult:
-    """What one prompt's answer position gives: the argmax token, the candidate logits (fp32, keyed by
-    token id), the greedy continuation when a text readout asked for one (decoded whole, each text
-    readout's own prefix of it in `texts`, and the prompt with the continuation decoded as one
-    `decoded_sequence` for string_parse_with_prompt), and the attention probe's values when it ran."""
+@dataclass(kw_only=True)
+class PromptResult(AnswerFields):
+    """What one prompt's answer position gives: the fields its record keeps (AnswerFields: the argmax token, the
+    candidate logits, the continuation a text readout asked for, ...), and what the engine alone reads: the whole
+    vocabulary's logits and each layer's output there where a method asks, and the attention probe's raw values."""
 
-    first_token_id: int
-    candidate_logits: dict[int, float]
-    decoded: str | None = None
-    texts: dict[str, str] | None = None
-    decoded_sequence: str | None = None
-    capped: tuple[str, ...] = ()  # the text readouts whose text its max_new_tokens cut
     probe: dict | None = None
     vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
-    logsumexp: float | None = None  # the answer position's over the whole vocabulary, where settings.record_mass
     residuals: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [L, H], where a method asks
     lens_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V], a lens_layers pass's
-    reasoning: str | None = None  # a thinking checkpoint's decoded reasoning, where one ran (engine/thinking.py)
-    reasoning_tokens: int | None = None
-    unanswered: str | None = None  # why no answer position was read (readout/thinking.py NOT_CLOSED): all unknown
-
-    def text_for(self, readout: str) -> str | None:
-        """The text a text readout reads: its own prefix of the continuation, else all of it."""
-        return (self.texts or {}).get(readout, self.decoded)
 
 
 def extended(layout: PromptLayout, ids: list[int]) -> PromptLayout:

@@ -91,7 +91,7 @@ def _logits(values: dict[int, float], size: int = 400) -> torch.Tensor:
 
 
 def _answer(ours, logits: dict[int, float], first: int, decoded: str = "yes") -> Answer:
-    return Answer(first, logits, decoded=decoded, question="Is there a dog?",
+    return Answer(first_token_id=first, candidate_logits=logits, decoded=decoded, question="Is there a dog?",
                   predictions={"legacy_2tok": "yes" if logits[ours[1]] > logits[ours[2]] else "no"})
 
 

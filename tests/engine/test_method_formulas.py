@@ -269,8 +269,8 @@ def test_vistas_steering_vector_and_steered_mlps_follow_its_code():
     vector, picked by the batch's rows."""
     g = torch.Generator().manual_seed(23)
     streams = {(i, j): (torch.randn(3, 8, generator=g), torch.randn(3, 8, generator=g)) for i in (0, 1) for j in (0, 1)}
-    results = {role: [[PromptResult(0, {}, residuals=streams[i, j][k]) for j in (0, 1)] for i in (0, 1)]
-               for k, role in enumerate(("main", "text"))}
+    results = {role: [[PromptResult(first_token_id=0, candidate_logits={}, residuals=streams[i, j][k]) for j in (0, 1)]
+                      for i in (0, 1)] for k, role in enumerate(("main", "text"))}
     steered = parse_method("vista:vsv_lambda=0.7,logits_layers=1-2").later(results)["steered"]
     edit = steered.edit
     assert edit.whole_prompt and edit.lens_layers == (1, 2) and steered.edit_name == "vista:0.7:1-2"
