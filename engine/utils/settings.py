@@ -84,8 +84,9 @@ class Settings:
     top_p: float = 1.0
     seed: int = 0  # recorded in meta.json where do_sample
     # none: a text readout reads the new tokens up to the stop token, decoded without special tokens | a name in
-    # readout/tool_steps.py ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output (prompt, new
-    # tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's instructblip
+    # readout/tool_steps.py ANSWER_CUTS: the tool's rule reads the tool's answer, made from generate's whole output
+    # (prompt, new tokens and the stop token, decoded as the tool decodes them): VLMEvalKit's LLaVA_Next, lmms-eval's
+    # instructblip
     answer_cut: str = "none"
     # model: the image tokens attend as the model's own mask says (Gemma 3's: each image's tokens both ways) |
     # causal: like text, each token only to those before it, as an attention that drops the model's image mask
