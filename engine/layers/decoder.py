@@ -33,7 +33,7 @@ from .head import AnswerHead
 from .interventions import (AttentionEdit, ImageTokenDrop, Intervention, hidden_hook, key_scaling, layer_edit,
                             mlp_hook, overrides)
 from .ops import Rotary, apply_rotary, make_linear
-from .moe import ExpertMLP
+from .moe import ExpertMLP, has_experts
 from ..inputs.plan import TokenBatch, to_device
 
 
@@ -47,7 +47,7 @@ class DecoderLayer(nn.Module):
         self.post_norm = nn.Parameter(weights["post_attention_layernorm.weight"], requires_grad=False)
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (
             linear(weights[f"self_attn.{n}_proj.weight"], weights.get(f"self_attn.{n}_proj.bias")) for n in "qkvo")
-        self.experts = ExpertMLP(dims, weights) if "mlp.experts.gate_up_proj" in weights else None  # moe.py
+        self.experts = ExpertMLP(dims, weights, linear) if has_experts(weights) else None  # moe.py
         if self.experts is None:
             self.gate_proj, self.up_proj, self.down_proj = (
                 linear(weights[f"mlp.{n}_proj.weight"]) for n in ("gate", "up", "down"))

@@ -23,6 +23,7 @@ from torch import nn
 
 from .decoder import DecoderLayer
 from .dims import DecoderDims
+from .moe import ExpertMLP, has_experts
 from .ops import apply_rotary, offset_rms_norm
 
 CHUNK = 64  # tokens per chunk of the delta rule, as transformers' torch_chunk_gated_delta_rule takes them
@@ -173,8 +174,10 @@ class GatedAttentionLayer(DecoderLayer):
 
 
 def mlp_block(layer, x: torch.Tensor) -> torch.Tensor:
-    """x + the layer's gated MLP of its (1 + w)-normed x."""
+    """x + the layer's gated MLP (or mixture of experts) of its (1 + w)-normed x."""
     h = offset_rms_norm(x, layer.post_norm, layer.dims.rms_eps, kernels=layer.kernels)
+    if layer.experts is not None:
+        return x + layer.experts(h)
     return x + layer.down_proj(F.silu(layer.gate_proj(h)) * layer.up_proj(h))
 
 
@@ -197,8 +200,10 @@ class DeltaNetLayer(nn.Module):
                                                                   "out_proj"))
         self.conv = dense("linear_attn.conv1d.weight")  # [C, 1, K]
         self.dt_bias, self.a_log, self.norm = (dense(f"linear_attn.{n}") for n in ("dt_bias", "A_log", "norm.weight"))
-        self.gate_proj, self.up_proj, self.down_proj = (linear(weights[f"mlp.{n}_proj.weight"])
-                                                        for n in ("gate", "up", "down"))
+        self.experts = ExpertMLP(dims, weights, linear) if has_experts(weights) else None  # Qwen3.5-MoE's
+        if self.experts is None:
+            self.gate_proj, self.up_proj, self.down_proj = (linear(weights[f"mlp.{n}_proj.weight"])
+                                                            for n in ("gate", "up", "down"))
 
     def empty_carry(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The state and conv tail before any token: zeros."""

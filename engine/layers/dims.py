@@ -36,12 +36,15 @@ class DecoderDims:
     kv_source: tuple[int, ...] | None = None
     logit_softcap: float | None = None  # final_logit_softcapping: logits read as cap * tanh(logits / cap)
     max_positions: int = 4096  # max_position_embeddings: how long a prompt and its continuation may be
-    # Mixture of experts (Qwen3-VL-MoE): on the layers `sparse_layers` marks (None: every layer), the MLP is
-    # `experts` gated MLPs `expert_size` wide, each token's top `experts_per_token` by the router (moe.py)
+    # Mixture of experts (Qwen3-VL-MoE, Qwen3.5-MoE): on the layers `sparse_layers` marks (None: every layer), the
+    # MLP is `experts` gated MLPs `expert_size` wide, each token's top `experts_per_token` by the router (moe.py),
+    # plus, where shared_expert_size, one gated MLP every token goes through, scaled by a sigmoid gate
     experts: int = 0
     experts_per_token: int = 0
     expert_size: int = 0
     sparse_layers: tuple[bool, ...] | None = None
+    shared_expert_size: int = 0
+    experts_split: bool = False  # the experts stored one tensor each (transformers' save_pretrained), not fused
     partial_rotary: float = 1.0  # RoPE turns the first rotary_dim of each head's dims (partial_rotary_factor)
 
     @property
@@ -65,7 +68,9 @@ class DecoderDims:
         heads = cfg.num_attention_heads
         window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
         kinds = getattr(cfg, "layer_types", None)  # Qwen2's: only the layers from max_window_layers on slide
-        return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        # an all-MoE language model's config has no intermediate_size (Qwen3.5-MoE's: every MLP is its experts)
+        return cls(vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
+                   intermediate_size=getattr(cfg, "intermediate_size", None) or 0,
                    num_layers=cfg.num_hidden_layers, num_heads=heads,
                    num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
                    head_dim=getattr(cfg, "head_dim", None) or cfg.hidden_size // heads,
@@ -104,19 +109,35 @@ class DecoderDims:
 
     def mlp_width(self, layer: int) -> int:
         """The MLP width one token computes through on `layer` (its experts' together on a sparse one)."""
-        return self.experts_per_token * self.expert_size if self.sparse(layer) else self.intermediate_size
+        if not self.sparse(layer):
+            return self.intermediate_size
+        return self.experts_per_token * self.expert_size + self.shared_expert_size
 
     def mlp_shapes(self, layer: int) -> dict[str, tuple[int, ...] | list[tuple[int, ...]]]:
         """The MLP's tensors of `layer`. A sparse layer's experts are fused as transformers holds them, [experts,
         2 x width, hidden] and [experts, hidden, width], or transposed in their last two axes as the published
-        checkpoints store them (transformers' conversion_mapping transposes those on load): either shape is taken."""
+        checkpoints store them (transformers' conversion_mapping transposes those on load): either shape is taken;
+        or one tensor each (experts_split: experts.<j>.gate_proj, up_proj, down_proj), as transformers saves
+        Qwen3.5-MoE. The shared expert, where there is one, is a gated MLP with its sigmoid gate."""
         h, p = self.hidden_size, f"layers.{layer}.mlp."
+
+        def gated(prefix: str, i: int) -> dict[str, tuple[int, int]]:
+            return {prefix + "gate_proj.weight": (i, h), prefix + "up_proj.weight": (i, h),
+                    prefix + "down_proj.weight": (h, i)}
+
         if not self.sparse(layer):
-            i = self.intermediate_size
-            return {p + "gate_proj.weight": (i, h), p + "up_proj.weight": (i, h), p + "down_proj.weight": (h, i)}
+            return gated(p, self.intermediate_size)
         e, w = self.experts, self.expert_size
-        return {p + "gate.weight": (e, h), p + "experts.gate_up_proj": [(e, 2 * w, h), (e, h, 2 * w)],
-                p + "experts.down_proj": [(e, h, w), (e, w, h)]}
+        shapes = {p + "gate.weight": (e, h)}
+        if self.experts_split:
+            shapes.update({k: v for j in range(e) for k, v in gated(f"{p}experts.{j}.", w).items()})
+        else:
+            shapes.update({p + "experts.gate_up_proj": [(e, 2 * w, h), (e, h, 2 * w)],
+                           p + "experts.down_proj": [(e, h, w), (e, w, h)]})
+        if self.shared_expert_size:
+            shapes.update(gated(p + "shared_expert.", self.shared_expert_size))
+            shapes[p + "shared_expert_gate.weight"] = (1, h)
+        return shapes
 
     def expected_shapes(self) -> dict[str, tuple[int, ...] | list[tuple[int, ...]]]:
         h, d = self.hidden_size, self.head_dim

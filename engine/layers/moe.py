@@ -1,16 +1,18 @@
-"""The mixture-of-experts MLP of Qwen3-VL-MoE's decoder layers, as transformers computes it by default
+"""The mixture-of-experts MLP of Qwen3-VL-MoE's and Qwen3.5-MoE's decoder layers, as transformers computes it by default
 (models/qwen3_vl_moe/modeling_qwen3_vl_moe.py: Qwen3VLMoeTextTopKRouter; integrations/moe.py: the "grouped_mm"
 experts its configs select): the router's logits in the model's dtype, their softmax in fp32, each token's top-k
 experts with those probabilities renormalised to sum to 1 and cast back; each chosen expert's gated MLP
 (SiLU(gate) x up, then down) scaled by its weight, and a token's k outputs summed in one reduction over its
 top-k slots (fp32 accumulation, one rounding; the class's eager loop adds in the model's dtype expert by expert,
-which differs in fp16 by a rounding step).
+which differs in fp16 by a rounding step). Qwen3.5-MoE adds a shared expert (modeling_qwen3_5_moe.py,
+Qwen3_5MoeSparseMoeBlock): a gated MLP every token goes through, scaled by the sigmoid of a one-row gate and added
+to the routed experts' sum.
 
 Routing is batch-invariant: the router's matmul always runs on blocks of ROUTER_ROWS tokens (the last padded), one
 GEMM shape whatever the batch, so a token's logits, experts and weights are the same bits alone or among any others
 (tests/families/test_qwen3_vl_moe.py). bitsandbytes quantizes Linear
 modules only, so under NF4 transformers keeps the router and the fused expert tensors in the compute dtype: so do
-we.
+we (the shared expert and its gate are Linears, quantized as the dense MLPs are).
 """
 from __future__ import annotations
 
@@ -26,11 +28,26 @@ from .dims import DecoderDims
 ROUTER_ROWS = 64
 
 
+def has_experts(weights: dict[str, torch.Tensor]) -> bool:
+    """Whether a layer's tensors make a mixture of experts (a router) rather than one gated MLP."""
+    return "mlp.gate.weight" in weights
+
+
+def fused(weights: dict[str, torch.Tensor], experts: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The experts' gate_up [E, 2 x width, hidden] and down [E, hidden, width] as stored fused, or stacked from one
+    tensor an expert (gate rows above up rows, as transformers' qwen2_moe conversion concatenates them)."""
+    if "mlp.experts.gate_up_proj" in weights:
+        return weights["mlp.experts.gate_up_proj"], weights["mlp.experts.down_proj"]
+    one = [f"mlp.experts.{j}." for j in range(experts)]
+    gate_up = torch.stack([torch.cat([weights[p + "gate_proj.weight"], weights[p + "up_proj.weight"]]) for p in one])
+    return gate_up, torch.stack([weights[p + "down_proj.weight"] for p in one])
+
+
 class ExpertMLP(nn.Module):
-    def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor]):
+    def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], linear):
         super().__init__()
         e, w, h = dims.experts, dims.expert_size, dims.hidden_size
-        gate_up, down = weights["mlp.experts.gate_up_proj"], weights["mlp.experts.down_proj"]
+        gate_up, down = fused(weights, e)
         # transformers' own layout, else the published checkpoints' (last two axes swapped), as its loader decides:
         # a tensor already in its shape is kept
         if tuple(gate_up.shape) != (e, 2 * w, h):
@@ -41,6 +58,11 @@ class ExpertMLP(nn.Module):
         self.gate_up = nn.Parameter(gate_up.contiguous(), requires_grad=False)
         self.down = nn.Parameter(down.contiguous(), requires_grad=False)
         self.top_k = dims.experts_per_token
+        self.shared = dims.shared_expert_size > 0
+        if self.shared:
+            self.shared_gate_proj, self.shared_up_proj, self.shared_down_proj = (
+                linear(weights[f"mlp.shared_expert.{n}_proj.weight"]) for n in ("gate", "up", "down"))
+            self.shared_gate = linear(weights["mlp.shared_expert_gate.weight"])
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] → (weights [N, k] in x's dtype, experts [N, k])."""
@@ -57,4 +79,8 @@ class ExpertMLP(nn.Module):
             rows, slot = torch.where(experts == expert)
             gate, up = F.linear(x[rows], self.gate_up[expert]).chunk(2, dim=-1)
             slots[rows, slot] = F.linear(F.silu(gate) * up, self.down[expert]) * weights[rows, slot, None]
-        return slots.sum(dim=1).reshape(h.shape)
+        out = slots.sum(dim=1)
+        if self.shared:
+            shared = self.shared_down_proj(F.silu(self.shared_gate_proj(x)) * self.shared_up_proj(x))
+            out = out + torch.sigmoid(self.shared_gate(x)) * shared
+        return out.reshape(h.shape)

@@ -83,6 +83,6 @@ class Qwen3_5Model(Qwen2VLModel):
     def matmul_flops(self, counts: Counts) -> float:
         """Family.matmul_flops with each layer's own token mixer (DeltaNet's projections or the gated attention's)."""
         lm = self.lm.dims
-        per_token = sum(lm.mixer_flops(i) + 6 * lm.hidden_size * lm.intermediate_size for i in range(lm.num_layers))
+        per_token = sum(lm.mixer_flops(i) + 6 * lm.hidden_size * lm.mlp_width(i) for i in range(lm.num_layers))
         return (self.vision_flops(counts) + per_token * (counts.prefix_tokens + counts.suffix_tokens)
                 + 2 * counts.prompts * lm.hidden_size * lm.vocab_size)
