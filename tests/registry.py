@@ -16,8 +16,8 @@ import torch
 from familychecks import transformers_oracle
 from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_gemma4, make_tiny_instructblip, make_tiny_internvl,
                         make_tiny_llava, make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl,
-                        make_tiny_qwen2_vl, make_tiny_qwen3_5, make_tiny_qwen3_vl, make_tiny_qwen3_vl_moe,
-                        synthetic_image)
+                        make_tiny_qwen2_vl, make_tiny_qwen3_5, make_tiny_qwen3_5_moe, make_tiny_qwen3_vl,
+                        make_tiny_qwen3_vl_moe, synthetic_image)
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import family_class
@@ -205,6 +205,12 @@ REGISTRY = {f.name: f for f in [
            template="qwen3_5_chat", logits=((True, 1), (False, 2)), run=((True, 8),),
            run_items=_two_grids_of_one_length, continuations=(),
            notes="its continuations are test_qwen3_5's, token for token (the stand-in decodes most ids to nothing)"),
+    # Qwen3.5's images and cases, every MLP a mixture of experts with a shared one (its fused layout: test_qwen3_5_moe)
+    Family("qwen3_5_moe", make_tiny_qwen3_5_moe, "Qwen3_5MoeForConditionalGeneration",
+           [synthetic_image(i + 81, size) for i, size in enumerate([(100, 60), (60, 100)])], 2,
+           template="qwen3_5_chat", logits=((True, 1), (False, 2)), run=((True, 8),),
+           run_items=_two_grids_of_one_length, continuations=(),
+           notes="its continuations are test_qwen3_5's (the same decoder but for the MLP)"),
     # The built-in stand-in tokenizer (Gemma's special-token ids, Yes/No and turn format): gemma-3-4b-it's real
     # one takes seconds to load on 2 cores, once per engine, processor and checkpoint. The checks of what the
     # real tokenizer renders are test_gemma3's, on a checkpoint of their own.

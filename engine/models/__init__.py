@@ -26,6 +26,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_vl": "qwen3_vl:Qwen3VLModel",
     "qwen3_vl_moe": "qwen3_vl_moe:Qwen3VLMoeModel",
     "qwen3_5": "qwen3_5:Qwen3_5Model",
+    "qwen3_5_moe": "qwen3_5_moe:Qwen3_5MoeModel",
     "gemma3": "gemma3:Gemma3Model",
     "gemma4": "gemma4:Gemma4Model",
 }
@@ -33,8 +34,8 @@ DEMO = "llava"  # the family of the built-in demo's random checkpoint
 
 # Vision-language classes transformers has whose pieces no family here implements: what is missing, so a
 # user knows whether a family module would do or the language model itself needs new parts.
-_MOE = ("mixture-of-experts MLP layers (the engine's are Qwen3-VL-MoE's: a softmax top-k router over fused experts, "
-        "no shared experts)")
+_MOE = ("mixture-of-experts MLP layers (the engine's are Qwen3-VL-MoE's and Qwen3.5-MoE's: a softmax top-k router, "
+        "renormalised, and at most one shared expert under a sigmoid gate)")
 NOT_IMPLEMENTED: dict[str, str] = {
     "mllama": "cross-attention layers (its language model reads the image through gated cross-attention to the "
               "vision features, not as tokens of its own sequence)",
@@ -48,7 +49,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "smolvlm": "the pixel-shuffle connector over image splits",
     "gemma3n": "per-layer embeddings, AltUp and the MobileNet vision tower",
     "llama4": _MOE + " and chunked attention",
-    "qwen3_5_moe": _MOE,
     "aria": _MOE,
     "glm4v_moe": _MOE,
     "ernie4_5_vl_moe": _MOE,

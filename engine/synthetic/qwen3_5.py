@@ -67,13 +67,19 @@ SIZES = {
 }
 
 
-def write_checkpoint(folder: Path, dims: str | dict = "tiny", *, tokenizer_dir: Path | None = None,
-                     weights: Weights | None = None, **stream) -> Path:
-    """A random-weight Qwen3.5 checkpoint; the tokenizer is tokenizer_dir's, else the stand-in."""
+def write_checkpoint(folder: Path, dims: str | dict = "tiny", **kwargs) -> Path:
+    """A random-weight Qwen3.5 checkpoint (write_family_checkpoint)."""
+    return write_family_checkpoint(Qwen3_5Model, SIZES, folder, dims, **kwargs)
+
+
+def write_family_checkpoint(family, sizes: dict, folder: Path, dims: str | dict = "tiny", *,
+                            tokenizer_dir: Path | None = None, weights: Weights | None = None, **stream) -> Path:
+    """A random-weight checkpoint of Qwen3.5 or a family built on it, of `sizes`' shapes; the tokenizer is
+    tokenizer_dir's, else the stand-in."""
     with quiet_fallback():  # the processor classes' torchvision notice
         from transformers import AutoTokenizer, Qwen2VLImageProcessor
-    config_class, model_class, _ = Qwen3_5Model.transformers_classes()
-    dims, folder = sized(SIZES, dims), checkpoint_folder(folder)
+    config_class, model_class, _ = family.transformers_classes()
+    dims, folder = sized(sizes, dims), checkpoint_folder(folder)
     tok = AutoTokenizer.from_pretrained(str(tokenizer_dir), local_files_only=True) if tokenizer_dir else \
         builtin_tokenizer(folder)
     ids = {t: tok.convert_tokens_to_ids(t) for t in ("<|image_pad|>", "<|video_pad|>", "<|vision_start|>",

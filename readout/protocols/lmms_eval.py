@@ -5,6 +5,7 @@ chat classes, strip_reasoning_tags, media_encoder.py), but for pope.yaml's datas
 questions) and Gemma 3's padding (below); the line numbers cited are v0.7.2's."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from ..readouts import NO, YES
@@ -180,6 +181,10 @@ COVERAGE = {
     "idefics3": "lmms-eval 0.7.3 has no Idefics3 (SmolVLM) class: its idefics2 loads Idefics2ForConditionalGeneration "
                 "(models/simple/idefics2.py l.74)",
 }
+# qwen3_5_moe: the same classes, whose simple/qwen3_5.py loads Qwen3_5MoeForConditionalGeneration where the
+# checkpoint's name reads like A3B (re.search(r"A\d+B", pretrained), l.86-88 at 578f029a): the dense one's coverage
+COVERAGE["qwen3_5_moe"] = dataclasses.replace(COVERAGE["qwen3_5"], model_class="qwen3_5 (the chat class; its MoE "
+                                              "class for an A3B checkpoint)")
 
 # v0.7.2: __main__.py l.304-307 (--reasoning_tags, default [<think>, </think>] and [<analysis>, </analysis>]),
 # evaluator.py l.1092-1136, api/reasoning.py l.5-31; models/simple/qwen3_vl.py l.86, l.227-230, l.261-266.

@@ -2,6 +2,7 @@
 prompt per model class (POPE adds no suffix but for Qwen2-VL), and how it runs each family."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Mapping
 
 from ..readouts import NO, YES
@@ -213,6 +214,9 @@ COVERAGE = {
     "mllama": "VLMEvalKit's llama_vision samples for an Instruct checkpoint (vlm/llama_vision.py l.33-34: do_sample, "
               "temperature 0.6, top_p 0.9), which no deterministic run reproduces",
 }
+# qwen3_5_series' MoE entries (config.py at e8e78f05: Qwen3.5-397B-A17B, -122B-A10B) are the dense one's class and
+# arguments, so their coverage is its
+COVERAGE["qwen3_5_moe"] = dataclasses.replace(COVERAGE["qwen3_5"], model_class="Qwen3VLChat (Qwen3.5-122B-A10B)")
 
 # e8e78f05: inference.py l.247-273 (SPLIT_THINK), config.py l.1427-1438 (Qwen3-VL-8B-Thinking).
 THINKING = ("with SPLIT_THINK set, the prediction is the text after the last </think> (the reasoning kept as "

@@ -518,7 +518,7 @@ def test_tools_that_call_generate_apply_the_checkpoints_generation_config_and_sc
             continue
     assert covered
     penalty = {"qwen2_vl": 1.0, "qwen2_5_vl": 1.0, "instructblip": 1.5} if tool == "vlmevalkit" else {}
-    own = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "internvl"} if tool == "vlmevalkit" else set()
+    own = {"qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe", "internvl"} if tool == "vlmevalkit" else set()
     # LLaVA's, LLaVA-NeXT's and LAVIS's own generate: inputs_embeds alone
     embeds = {"vlmevalkit": {"llava", "instructblip"}, "llava": {"llava"}}.get(tool, {"llava_onevision"})
     assert {m: c.generation_config for m, c in covered.items()} == \
