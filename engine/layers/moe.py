@@ -66,21 +66,61 @@ class ExpertMLP(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, H] → (weights [N, k] in x's dtype, experts [N, k])."""
-        padded = F.pad(x, (0, 0, 0, (-x.shape[0]) % ROUTER_ROWS))
-        logits = torch.cat([F.linear(block, self.router) for block in padded.split(ROUTER_ROWS)])[:x.shape[0]]
-        top, experts = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), self.top_k, dim=-1)
-        return (top / top.sum(dim=-1, keepdim=True)).to(logits.dtype), experts
+        logits = router_logits(x, lambda block: F.linear(block, self.router))
+        top, experts = top_k(logits, self.top_k)
+        return top.to(logits.dtype), experts
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         x = h.reshape(-1, h.shape[-1])
-        weights, experts = self.route(x)
-        slots = x.new_empty((*experts.shape, x.shape[-1]))  # [N, k, H]: each token's weighted expert outputs
-        for expert in torch.unique(experts).tolist():
-            rows, slot = torch.where(experts == expert)
-            gate, up = F.linear(x[rows], self.gate_up[expert]).chunk(2, dim=-1)
-            slots[rows, slot] = F.linear(F.silu(gate) * up, self.down[expert]) * weights[rows, slot, None]
-        out = slots.sum(dim=1)
+        out = expert_sum(x, *self.route(x), self.gate_up, self.down, F.silu)
         if self.shared:
             shared = self.shared_down_proj(F.silu(self.shared_gate_proj(x)) * self.shared_up_proj(x))
             out = out + torch.sigmoid(self.shared_gate(x)) * shared
         return out.reshape(h.shape)
+
+
+def router_logits(x: torch.Tensor, project) -> torch.Tensor:
+    """x [N, H] through the router's projection on blocks of ROUTER_ROWS rows (the last padded): one GEMM shape."""
+    padded = F.pad(x, (0, 0, 0, (-x.shape[0]) % ROUTER_ROWS))
+    return torch.cat([project(block) for block in padded.split(ROUTER_ROWS)])[:x.shape[0]]
+
+
+def top_k(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The router's softmax in fp32, each token's top k experts and their probabilities renormalised to sum to 1."""
+    top, experts = torch.topk(torch.softmax(logits, dim=-1, dtype=torch.float32), k, dim=-1)
+    return top / top.sum(dim=-1, keepdim=True), experts
+
+
+def expert_sum(x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor, gate_up: torch.Tensor,
+               down: torch.Tensor, act) -> torch.Tensor:
+    """x [N, H] through each token's experts [N, k] (gated MLPs act(gate) x up, then down), each output scaled by its
+    weight and a token's k summed in one reduction."""
+    slots = x.new_empty((*experts.shape, x.shape[-1]))  # [N, k, H]: each token's weighted expert outputs
+    for expert in torch.unique(experts).tolist():
+        rows, slot = torch.where(experts == expert)
+        gate, up = F.linear(x[rows], gate_up[expert]).chunk(2, dim=-1)
+        slots[rows, slot] = F.linear(act(gate) * up, down[expert]) * weights[rows, slot, None]
+    return slots.sum(dim=1)
+
+
+class ScaledRouterExperts(nn.Module):
+    """Gemma 4's mixture of experts (modeling_gemma4.py Gemma4TextRouter, Gemma4TextExperts), beside its dense MLP:
+    the router reads the layer's input RMS-normed without a weight, times `scale` and hidden**-0.5; its softmax in
+    fp32, each token's top k renormalised and times its expert's per_expert_scale; the experts, GELU (tanh) gated
+    MLPs, read their own normed input. `norm`: the family's RMSNorm (x, weight or None) → x's dtype."""
+
+    def __init__(self, weights: dict[str, torch.Tensor], linear, top: int, norm):
+        super().__init__()
+        self.proj = linear(weights["router.proj.weight"])
+        self.scale, self.per_expert, self.gate_up, self.down = (
+            nn.Parameter(weights[name], requires_grad=False)
+            for name in ("router.scale", "router.per_expert_scale", "experts.gate_up_proj", "experts.down_proj"))
+        self.top, self.norm = top, norm
+
+    def forward(self, x: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+        """x [N, H] (the router's input) and h [N, H] (the experts') → [N, H]."""
+        logits = router_logits(self.norm(x, None) * self.scale * x.shape[-1] ** -0.5, self.proj)
+        weights, experts = top_k(logits, self.top)
+        weights = weights * self.per_expert[experts]
+        return expert_sum(h, weights, experts, self.gate_up, self.down,
+                          lambda g: F.gelu(g, approximate="tanh")).to(h.dtype)

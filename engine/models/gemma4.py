@@ -26,11 +26,14 @@ The language model, against transformers models/gemma4/modeling_gemma4.py, diffe
   use_bidirectional_attention "vision" an image's tokens see each other both ways on the sliding layers only,
   the full ones causal (create_masks_for_vision_model);
 - logits read through final_logit_softcapping (cap * tanh(logits / cap)).
-The 26B-A4B's mixture-of-experts block (enable_moe_block) is refused at load.
+- the 26B-A4B's mixture of experts (enable_moe_block) beside each layer's dense MLP: the router reads the layer's
+  input, the experts their own normed copy of it, and the two outputs are normed apart and added before the
+  post-feedforward norm (Gemma4TextDecoderLayer; engine/layers/moe.py ScaledRouterExperts).
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +42,7 @@ import torch.nn.functional as F
 from PIL import Image
 from torch import nn
 
+from ..layers.moe import ScaledRouterExperts
 from ..layers.ops import Rotary, apply_rotary
 from ..layers.decoder import DecoderDims, DecoderLayer
 from ..utils.loader import CheckpointError, load_module, no_init, rename, tensor_files
@@ -54,6 +58,8 @@ NAME_RULES = [
     (r"^(?:model\.)?vision_tower\.", "vision."),
     (r"^(?:model\.)?embed_vision\.", "embedder."),
 ]
+# the experts' norms: of the dense MLP's output, of the experts' input, of their output
+MOE_NORMS = ("post_feedforward_layernorm_1", "pre_feedforward_layernorm_2", "post_feedforward_layernorm_2")
 IGNORED = (r"^(?:model\.)?(?:audio_tower|embed_audio)\.",)  # the audio side: image-text prompts never run it
 SIDE_TENSORS = ("embed_tokens_per_layer.weight", "per_layer_model_projection.weight",
                 "per_layer_projection_norm.weight")
@@ -68,7 +74,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor | None, eps: float, scale: fl
 
 
 class Gemma4DecoderLayer(DecoderLayer):
-    """Gemma4TextDecoderLayer without the mixture of experts (see the module docstring)."""
+    """Gemma4TextDecoderLayer (see the module docstring)."""
 
     def __init__(self, dims: DecoderDims, weights: dict[str, torch.Tensor], linear, *, index: int, head_dim: int,
                  kv_heads: int, device: torch.device, dtype: torch.dtype):
@@ -95,6 +101,12 @@ class Gemma4DecoderLayer(DecoderLayer):
                                                                                                  "projection"))
             self.side_norm = param("post_per_layer_input_norm.weight")
         self.register_buffer("layer_scalar", weights["layer_scalar"].to(device, dtype))
+        self.moe = None
+        if "router.proj.weight" in weights:  # the 26B-A4B's experts beside the dense MLP
+            self.moe_norms = nn.ParameterList(param(f"{n}.weight") for n in MOE_NORMS)
+            self.moe = ScaledRouterExperts({k: v.to(device, dtype) if not k.startswith("router.proj") else v
+                                            for k, v in weights.items() if k.startswith(("router.", "experts."))},
+                                           linear, dims.experts_per_token, lambda x, w: rms_norm(x, w, dims.rms_eps))
 
     def qkv(self, x, cos, sin, need_q: bool = True, image=None):
         """A KV-shared layer computes q only (k, v None: the decoder takes its source layer's)."""
@@ -118,6 +130,11 @@ class Gemma4DecoderLayer(DecoderLayer):
         x = x + rms_norm(self.o_proj(attn.transpose(1, 2).reshape(b, s, -1)), self.post_norm, eps)
         h = rms_norm(x, self.pre_ff_norm, eps)
         h = self.down_proj(F.gelu(self.gate_proj(h), approximate="tanh") * self.up_proj(h))
+        if self.moe is not None:  # the experts read the residual before the dense MLP's norm
+            after, before, out = self.moe_norms
+            flat = x.reshape(-1, x.shape[-1])
+            experts = self.moe(flat, rms_norm(flat, before, eps)).view(x.shape)
+            h = rms_norm(h, after, eps) + rms_norm(experts, out, eps)
         x = x + rms_norm(h if mlp is None else mlp(h), self.post_ff_norm, eps)
         if side is not None:
             g = F.gelu(self.side_gate(x), approximate="tanh") * side
@@ -148,9 +165,10 @@ class PerLayerInputs(nn.Module):
 def text_dims(cfg, where: Path) -> tuple[DecoderDims, list[tuple[int, int]]]:
     """DecoderDims of a Gemma4TextConfig and each layer's (head_dim, KV heads); a one-line CheckpointError for
     what the engine does not implement."""
-    if getattr(cfg, "enable_moe_block", False):
-        raise CheckpointError(f"{where}/config.json: enable_moe_block (the 26B-A4B's mixture of experts) is not "
-                              "implemented on the engine; run it with --backend transformers")
+    moe = bool(getattr(cfg, "enable_moe_block", False))
+    if moe and not 0 < cfg.top_k_experts <= cfg.num_experts:
+        raise CheckpointError(f"{where}/config.json: {cfg.top_k_experts} experts per token of {cfg.num_experts}: "
+                              "no such routing")
     if cfg.use_bidirectional_attention not in (None, "vision"):
         raise CheckpointError(f"{where}/config.json: use_bidirectional_attention "
                               f"{cfg.use_bidirectional_attention!r} (an encoder) is not supported")
@@ -182,6 +200,9 @@ def text_dims(cfg, where: Path) -> tuple[DecoderDims, list[tuple[int, int]]]:
                        image_bidirectional=cfg.use_bidirectional_attention == "vision",
                        image_blocks_full=False, kv_source=source, logit_softcap=cfg.final_logit_softcapping,
                        max_positions=cfg.max_position_embeddings)
+    if moe:  # the dense MLP runs beside the experts for every token: FLOPs count it as a shared expert's width
+        dims = replace(dims, experts=cfg.num_experts, experts_per_token=cfg.top_k_experts,
+                       expert_size=cfg.moe_intermediate_size, shared_expert_size=cfg.intermediate_size)
     return dims, heads
 
 
@@ -279,6 +300,12 @@ class Gemma4Model(Family):
                 expected |= {p + "self_attn.k_proj.weight": (kv * d, h), p + "self_attn.k_norm.weight": (d,)}
                 if not (text.attention_k_eq_v and not dims.slides(i)):
                     expected[p + "self_attn.v_proj.weight"] = (kv * d, h)
+            if dims.experts:
+                e, w = dims.experts, dims.expert_size
+                expected |= {p + f"{n}.weight": (h,) for n in MOE_NORMS}
+                expected |= {p + "router.proj.weight": (e, h), p + "router.scale": (h,),
+                             p + "router.per_expert_scale": (e,), p + "experts.gate_up_proj": (e, 2 * w, h),
+                             p + "experts.down_proj": (e, h, w)}
             if width:
                 expected |= {p + "per_layer_input_gate.weight": (width, h),
                              p + "per_layer_projection.weight": (h, width),

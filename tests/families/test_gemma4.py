@@ -51,12 +51,41 @@ def test_the_window_is_what_the_battery_tests(checkpoint, oracle, tmp_path):
     assert float((widened - logits).abs().max()) > 1e-3
 
 
+@pytest.mark.slow
+def test_the_mixture_of_experts_is_the_classes(tmp_path):
+    """The 26B-A4B's experts beside each dense MLP (4 experts, 2 a token, on the tiny's five layers): candidate logits
+    within 1e-4 of Gemma4ForConditionalGeneration's and its argmax, where leaving the experts out moves them past
+    that."""
+    from transformers import Gemma4ForConditionalGeneration
+
+    from pope_fast.engine.synthetic import Weights, write_checkpoint
+    from pope_fast.engine.synthetic.gemma4 import SIZES
+
+    moe = dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16)
+    checkpoint = write_checkpoint("gemma4", tmp_path / "moe", {**SIZES["tiny"], "text": {**SIZES["tiny"]["text"], **moe}},
+                                  weights=Weights("model", seed=4, std=0.08, spread_ranks=(1, 2, 3)))
+    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+    model = Gemma4ForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    process = GEMMA4.reference_processor(checkpoint)
+    questions = REGISTRY[FAMILY].oracle_questions[:2]
+    answers = engine.answer(IMAGES[0], questions)
+    for answer, question in zip(answers, questions):
+        with torch.no_grad():
+            theirs = model(**process(images=IMAGES[0], text=engine.prompt(question), return_tensors="pt")).logits[0, -1]
+        assert max(abs(v - float(theirs[i])) for i, v in answer.candidate_logits.items()) <= 1e-4
+        assert answer.first_token_id == int(theirs.argmax())
+    for layer in engine.model.lm.layers:
+        layer.moe = None
+    without = engine.answer(IMAGES[0], questions[:1])[0].candidate_logits  # the same weights without the experts
+    assert max(abs(without[i] - v) for i, v in answers[0].candidate_logits.items()) > 1e-3
+
+
 @pytest.mark.parametrize("edit, message", [
-    (dict(enable_moe_block=True, num_experts=4, top_k_experts=2, moe_intermediate_size=16),
-     "enable_moe_block .* is not implemented on the engine"),
+    (dict(enable_moe_block=True, num_experts=4, top_k_experts=6, moe_intermediate_size=16),
+     "6 experts per token of 4: no such routing"),
     (dict(use_bidirectional_attention="all"), "use_bidirectional_attention 'all'"),
     (dict(num_kv_shared_layers=5), "num_kv_shared_layers 5 leaves no layer computing K/V"),
-], ids=["moe", "bidirectional-all", "all-shared"])
+], ids=["moe-routing", "bidirectional-all", "all-shared"])
 def test_what_the_engine_does_not_implement_is_refused_at_load(tmp_path, edit, message):
     """Refused from config.json alone, before the tokenizer or any weight is read (the folder holds nothing else)."""
     from transformers import Gemma4Config
