@@ -27,7 +27,7 @@ from .models import Family, TextOnlyRefused, load_model
 from .models.base import refusal
 from .inputs.plan import PromptResult, Row, SuffixBatch, without_image
 from .runner import ImagePrompts, Runner
-from .thinking import Thinking, warming
+from .thinking import METHOD_REFUSED, Thinking, warming
 from .utils.settings import Settings
 from .utils.stats import Clock
 from .inputs.vision_cache import VisionCache, feature_key, noised_key
@@ -154,8 +154,11 @@ class Engine:
         }
 
     def check_method(self, method: Method) -> None:
-        """ValueError where a method's settings do not fit the model (a layer range past its layers, say)."""
+        """ValueError where a method's settings do not fit the model (a layer range past its layers, say), or where it
+        needs passes of its own under thinking decode (thinking.METHOD_REFUSED): before a sweep touches a folder."""
         method.check_model(self.model.lm)
+        if self.thinking.decodes and method.name != "none":
+            raise ValueError(f"method {method.name}: {METHOD_REFUSED}")
 
     def prepare(self, images: list) -> list[Prepared]:
         """Each image (a path, a PIL image or a LoadedImage) ready for the vision pass: the CPU half of

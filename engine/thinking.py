@@ -18,6 +18,9 @@ from .models import Family
 from .runner import Runner
 
 
+# a method's passes (an edit, the vocabulary's logits) under decode: Engine.check_method says it before a sweep starts
+METHOD_REFUSED = ("thinking decode reads the answer position after each prompt's own reasoning: a method's passes "
+                  "would each reason apart; run the baseline (or --thinking off)")
 WARMUP_TOKENS = 4  # a reasoning's steps Engine.warmup runs: its prefill, decode steps and answer pass all launched
 
 
@@ -106,8 +109,7 @@ class Thinking:
         if not self.decodes:
             return rows, {}
         if vocab or interventions != [None]:
-            raise ValueError("thinking decode reads the answer position after each prompt's own reasoning: a "
-                             "method's passes would each reason apart; run the baseline (or --thinking off)")
+            raise ValueError(METHOD_REFUSED)
         stop, decode = {self.close_id, *runner.model.stop_ids}, runner.model.tokenizer.decode
         reasoning: dict[tuple[int, int], list[int]] = {}
         for stage in runner.plan(rows):

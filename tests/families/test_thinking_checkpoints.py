@@ -12,10 +12,10 @@ import torch
 from registry import REGISTRY
 from tinymodels import QUESTIONS, qwen_inputs, qwen_processors, worst_difference, write_pope_set
 
-from pope_fast.engine import Engine, Settings
+from pope_fast.engine import Engine, Settings, parse_method
 from pope_fast.readout import get_template, load_questions
 from pope_fast.readout.thinking import NOT_CLOSED
-from pope_fast.sweep import run_plain
+from pope_fast.sweep import run_paired, run_plain
 
 pytestmark = pytest.mark.slow  # the tiny Qwen3-VL and its transformers class
 FAMILY = "qwen3_vl"  # whose checkpoint and model tests/families/conftest.py gives
@@ -151,6 +151,16 @@ def test_a_thinking_run_resumes_to_the_same_bytes(loaded, tmp_path):
     run_plain(_engine(loaded, f"decode:max_tokens={CAP}", "template_aware", **settings), questions, images, out)
     assert (out / "records.jsonl").read_bytes() == (clean / "records.jsonl").read_bytes()
     assert json.loads((out / "meta.json").read_text())["thinking"] == {"mode": "decode", "max_tokens": CAP}
+
+
+def test_a_method_under_decode_is_refused_before_the_run_touches_its_folder(loaded, tmp_path):
+    """A method's passes would each reason apart: refused in one line naming it, and the run folder never made."""
+    images, files = write_pope_set(tmp_path / "pope", n_images=1, questions_per_image=1, splits=("random",))
+    engine = _engine(loaded, f"decode:max_tokens={CAP}", "template_aware")
+    with pytest.raises(ValueError, match=r"^method vcd: thinking decode reads .* \(or --thinking off\)$"):
+        run_paired(engine, [q for f in files for q in load_questions(f)], images, tmp_path / "out",
+                   [parse_method("vcd")])
+    assert not (tmp_path / "out").exists()
 
 
 def test_verify_compares_a_thinking_checkpoint_with_thinking_off(thinking, monkeypatch):
