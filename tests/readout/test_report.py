@@ -303,13 +303,15 @@ def _figures(page: str) -> list[tuple[int, str]]:
 @pytest.mark.slow
 def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     """The header row of each run: model, family, template, method, dtype, quantization, created, version,
-    "-" where meta.json records none; every figure numbered in order with a caption naming its numbers."""
-    made = _write_run(tmp_path / "llava-nf4", 1, groups=(("coco", "adversarial"),))
+    "-" where meta.json records none; every figure numbered in order with a caption naming its numbers. The paper's
+    pair of readouts alone: what a header and a caption say holds whichever readouts a run has."""
+    pair = {name: SETS[name] for name in ("legacy_2tok", "template_aware")}
+    made = _write_run(tmp_path / "llava-nf4", 1, groups=(("coco", "adversarial"),), sets=pair, texts=False)
     meta = json.loads((made / "meta.json").read_text())
     command = f"/home/me/venv/bin/pope-fast eval --model llava-1.5-7b-hf --images {tmp_path}/images --out={made} " \
               "--device cpu"
     (made / "meta.json").write_text(json.dumps({**meta, **META, "command": command}))
-    older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),))
+    older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),), sets=pair, texts=False)
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(made), str(older), "--out", str(out)]).exit_code == 0
     page = (out / "report.html").read_text()
@@ -498,8 +500,10 @@ def test_attention_figure_puts_d_and_p_on_each_readouts_row_and_ticks_apart():
 def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
     """A run and a published file: the grid has a panel per group with the readouts supplied there and a
     row per model ("-" where a model has no such group); the paper's pair is legacy_2tok against
-    template_aware on the adversarial split (not the run's first), else the two readouts whose F1 differ most."""
-    run = _write_run(tmp_path / "llava-a", 1)   # coco random, then coco adversarial
+    template_aware on the adversarial split (not the run's first), else the two readouts whose F1 differ most. The
+    run has that pair's readouts alone: a panel holds the readouts supplied there, whichever they are."""
+    pair = {name: SETS[name] for name in ("legacy_2tok", "template_aware")}
+    run = _write_run(tmp_path / "llava-a", 1, sets=pair, texts=False)   # coco random, then coco adversarial
     published = shared / "fixtures" / "ugaa_pope_adversarial_2tok_vs_8tok_first600.json"
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(run), str(published), "--out", str(out)]).exit_code == 0
