@@ -46,7 +46,8 @@ class HubServer:
         self.requests: list[tuple[str, str, str | None]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        # stop() waits for the loop's next look at its shutdown flag: every 0.5 s by default, most of a test's time
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self._timer = threading.Timer(LIFETIME_S, self.stop)
         self._timer.daemon = True
 

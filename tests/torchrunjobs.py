@@ -12,7 +12,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from click.testing import CliRunner
 
+from pope_fast.cli import main
 from pope_fast.engine.synthetic import llava as llava_checkpoints
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 
@@ -32,7 +34,7 @@ def make_job(tmp_path_factory) -> SimpleNamespace:
     args = ["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"), "--split", "demo",
             "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
     job = SimpleNamespace(root=root, args=args)
-    single = run(job, 0, root / "single")
+    single = run_here(job, root / "single")
     assert single.returncode == 0, single.stderr
     return job
 
@@ -78,6 +80,19 @@ def run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subproce
         rank, _, how = fault.partition(":")
         command, env = [str(script)], {**env, "FAULT_RANK": rank, "FAULT_HOW": how}
     return launch([*launcher, *command, *job.args, "--out", str(out)], CLONE, **env)
+
+
+def run_here(job, out: Path) -> subprocess.CompletedProcess:
+    """pope-fast eval into `out` as one process: this one, whose imports (seconds of torch and transformers a process)
+    are made, on one thread as run()'s processes compute."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(main, [*job.args, "--out", str(out)])
+    finally:
+        torch.set_num_threads(threads)
+    failure = "" if result.exception is None or isinstance(result.exception, SystemExit) else repr(result.exception)
+    return subprocess.CompletedProcess(job.args, result.exit_code, result.stdout, result.stderr + failure)
 
 
 def launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:

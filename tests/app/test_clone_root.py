@@ -1,9 +1,9 @@
 """pope-fast started from the clone's root, where the README's commands leave users: the root is then on sys.path
 (`python -m`, `python -m pytest`, torchrun's `-m`, a REPL or notebook), and its top-level kernels/ folder lies in
 the way of the hub's `kernels` package, which transformers, bitsandbytes and setuptools import. kernels/__init__.py
-hands such an import on (docs/design.md); these check it as a user meets it. torchrun and `python -m pope_fast eval`
-from the root, byte for byte against each other, are test_distributed's jobs (tests/torchrunjobs.py starts every
-one there)."""
+hands such an import on (docs/design.md); these check it as a user meets it. torchrun's `-m pope_fast eval` from
+the root (each rank a `python -m pope_fast` there), byte for byte against a single process, is test_distributed's
+job (tests/torchrunjobs.py starts every launch there)."""
 import subprocess
 import sys
 from pathlib import Path

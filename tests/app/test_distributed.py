@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torchrunjobs import launch, make_job, run, run_meta, same_run
+from torchrunjobs import launch, make_job, run, run_here, run_meta, same_run
 
 
 from pope_fast.distributed import RankError, Shard, assign_steps
@@ -263,8 +263,7 @@ def test_a_paired_methods_run_on_two_ranks_is_the_single_process_run(job):
     paired = SimpleNamespace(root=job.root, args=job.args + ["--readouts", "template_aware,legacy_2tok",
                                                              "--method", "none", "--method", "vcd"])
     single, two = job.root / "paired-single", job.root / "paired-two"
-    for ranks, out in ((0, single), (2, two)):
-        result = run(paired, ranks, out)
+    for result in (run_here(paired, single), run(paired, 2, two)):
         assert result.returncode == 0, result.stderr
     for method in ("none", "vcd"):
         assert (two / method / "records.jsonl").read_bytes() == (single / method / "records.jsonl").read_bytes(), method

@@ -42,6 +42,7 @@ def test_vlmevalkit_cuts_llava_next_answers_and_only_those():
     assert Settings(answer_cut="vlmevalkit_llava").to_json()["answer_cut"] == "vlmevalkit_llava"
 
 
+@pytest.mark.slow  # transformers' generate and the engine on a tiny checkpoint
 def test_the_cut_is_generates_whole_output_decoded_with_specials(tiny, tmp_path):
     """A tiny LLaVA-NeXT (Mistral tokenizer) whose eos is its third greedy token: generate's output (prompt, new
     tokens, the eos) decoded as VLMEvalKit decodes it, then cut, is each text readout's text; the new tokens
@@ -80,6 +81,7 @@ def test_the_cut_is_generates_whole_output_decoded_with_specials(tiny, tmp_path)
                                                         "vlmevalkit_llava"]
 
 
+@pytest.mark.slow  # transformers' generate and the engine on a tiny checkpoint
 def test_lmms_eval_instructblip_answers_with_the_whole_output(tiny, tmp_path):
     """lmms-eval's instructblip (models/simple/instructblip.py l.216): generate's whole output, which transformers
     begins with the prompt's ids, decoded without special tokens and stripped, is its exact-match text, so no

@@ -23,10 +23,11 @@ SETS = {"legacy_2tok": TokenSets((3582,), (1217,)), "legacy_8tok": TokenSets((35
 IDS = (3582, 1217, 3869, 1939, 8241, 694)
 
 
-def _write_run(folder, seed: int, groups=(("coco", "random"), ("coco", "adversarial"))):
-    """A run folder of 24 questions per group whose logits, first tokens and texts vary with the seed."""
+def _write_run(folder, seed: int, groups=(("coco", "random"), ("coco", "adversarial")), sets=SETS, texts=True):
+    """A run folder of 24 questions per group whose logits, first tokens and texts vary with the seed; `sets` its
+    token sets, and without `texts` no decoded text (no text readout): a figure a readout costs."""
     folder.mkdir(parents=True)
-    write_meta(folder, {"token_sets": {n: s.to_json() for n, s in SETS.items()}})
+    write_meta(folder, {"token_sets": {n: s.to_json() for n, s in sets.items()}})
     records = []
     for dataset, split in groups:
         for i in range(24):
@@ -35,8 +36,9 @@ def _write_run(folder, seed: int, groups=(("coco", "random"), ("coco", "adversar
             k = (i * 7 + seed * 5 + len(split)) % 11
             logits = {t: float((t * (k + 3) + seed) % 13) for t in IDS}
             first = (3869, 1939, 8241, 29871)[k % 4]
+            decoded = ("Yes", "No", "yes, there is", "I cannot tell")[(k + seed) % 4] if texts else None
             records.append(make_record(q, "llava_plain", first_token_id=first, candidate_logits=logits,
-                                       decoded=("Yes", "No", "yes, there is", "I cannot tell")[(k + seed) % 4]))
+                                       decoded=decoded))
     with RecordWriter(folder) as w:
         w.write(records)
     return folder
@@ -51,8 +53,9 @@ def _png_size(path):
 @pytest.mark.slow
 def test_tables_md_holds_each_dataset_and_split_and_their_average(tmp_path):
     """A run of several datasets (POPE's three as one benchmark): tables.md ends with score's by-dataset-and-split
-    table and its average row."""
-    run = _write_run(tmp_path / "run", 1, groups=(("gqa", "random"), ("coco", "random")))
+    table and its average row. One readout: the rows are the datasets' and splits' whatever the readouts."""
+    run = _write_run(tmp_path / "run", 1, groups=(("gqa", "random"), ("coco", "random")),
+                     sets={"legacy_2tok": SETS["legacy_2tok"]}, texts=False)
     result = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "report"), "--resamples", "20"])
     assert result.exit_code == 0, result.output
     tables = (tmp_path / "report/tables.md").read_text()
@@ -300,13 +303,15 @@ def _figures(page: str) -> list[tuple[int, str]]:
 @pytest.mark.slow
 def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     """The header row of each run: model, family, template, method, dtype, quantization, created, version,
-    "-" where meta.json records none; every figure numbered in order with a caption naming its numbers."""
-    made = _write_run(tmp_path / "llava-nf4", 1, groups=(("coco", "adversarial"),))
+    "-" where meta.json records none; every figure numbered in order with a caption naming its numbers. The paper's
+    pair of readouts alone: what a header and a caption say holds whichever readouts a run has."""
+    pair = {name: SETS[name] for name in ("legacy_2tok", "template_aware")}
+    made = _write_run(tmp_path / "llava-nf4", 1, groups=(("coco", "adversarial"),), sets=pair, texts=False)
     meta = json.loads((made / "meta.json").read_text())
     command = f"/home/me/venv/bin/pope-fast eval --model llava-1.5-7b-hf --images {tmp_path}/images --out={made} " \
               "--device cpu"
     (made / "meta.json").write_text(json.dumps({**meta, **META, "command": command}))
-    older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),))
+    older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),), sets=pair, texts=False)
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(made), str(older), "--out", str(out)]).exit_code == 0
     page = (out / "report.html").read_text()
@@ -347,7 +352,9 @@ def test_first_token_bars_are_labelled_with_token_strings(tmp_path):
     meta = json.loads((run / "meta.json").read_text())
     strings = {"3869": "▁Yes", "1939": "▁No", "8241": "Yes", "694": "$no$", "3582": "yes", "1217": "no"}
     (run / "meta.json").write_text(json.dumps({**meta, "token_strings": strings}))
-    older = _write_run(tmp_path / "older", 1, groups=(("coco", "random"),))
+    # a run from before token strings: ids alone whatever its readouts (one here: its figures cost the least)
+    older = _write_run(tmp_path / "older", 1, groups=(("coco", "random"),), sets={"legacy_2tok": SETS["legacy_2tok"]},
+                       texts=False)
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(run), str(older), "--out", str(out)]).exit_code == 0
     data = json.loads((out / "run" / "coco-random_first_tokens.json").read_text())
@@ -377,10 +384,11 @@ def test_demo_report_labels_first_tokens_with_the_engines_strings(tmp_path):
 def test_yes_rate_marks_readouts_and_splits_with_no_answered_question(tmp_path):
     """A readout that answered nothing (first_token when no first token is a candidate, text readouts on
     text without yes or no) and a split whose every record is an error have no yes-rate: null, answered 0,
-    and a grey band that says so rather than a bar of 0."""
+    and a grey band that says so rather than a bar of 0. Two token sets (each readout's yes-rate is its own: the
+    text readouts and these two are the kinds there are)."""
     folder = tmp_path / "run"
     folder.mkdir()
-    write_meta(folder, {"token_sets": {n: s.to_json() for n, s in SETS.items()}})
+    write_meta(folder, {"token_sets": {n: SETS[n].to_json() for n in ("legacy_2tok", "first_token")}})
     records = []
     for i in range(12):
         q = Question(i + 1, f"img{i}.jpg", "Is there a dog?", "yes" if i < 4 else "no", "random", "coco")
@@ -406,13 +414,13 @@ def test_yes_rate_marks_readouts_and_splits_with_no_answered_question(tmp_path):
     assert all(v is None for v in grid["f1"]["coco popular"][0])   # no answer at all: no F1 to show
 
 
-def _paired(out, seeds=(1, 3)):
+def _paired(out, seeds=(1, 3), groups=(("coco", "random"), ("coco", "adversarial"))):
     """A paired folder as `pope-fast eval --method none --method vcd` leaves it: OUT/none, OUT/vcd and
     OUT/compare.json written by compare_runs."""
     from pope_fast.readout import compare_runs, format_compare
 
     for name, seed in zip(("none", "vcd"), seeds):
-        folder = _write_run(out / name, seed)
+        folder = _write_run(out / name, seed, groups)
         meta = json.loads((folder / "meta.json").read_text())
         (folder / "meta.json").write_text(json.dumps({**meta, "method": {"name": name, "settings": {}}}))
     result = compare_runs([out / "none", out / "vcd"])
@@ -453,6 +461,12 @@ def test_report_of_a_paired_folder_draws_delta_f1_from_compare_json(tmp_path):
     assert "Does the gain survive a yes-bias?" in page and "resampling IMAGES" in page
     cells = re.sub(r"<td[^>]*>", "<td>", page)
     assert f"<td>{bias['n']} ({bias['images']} images)</td><td>{bias['a']['yes_rate']:.4f} → " in cells
+    from pope_fast.readout.report import column
+
+    # its one-column layout: a panel a split and Overall, each legible (every other layout: test_every_pair_...)
+    assert (out / "compare-methods" / "delta_f1_vcd_vs_none.column.pdf").is_file()
+    _legible_at_one_column(column.delta_f1("ΔF1 of vcd against none, a title as long as a hub id and its split: "
+                                           "llava-hf/llava-1.5-7b-hf", data))
 
 
 def test_attention_figure_puts_d_and_p_on_each_readouts_row_and_ticks_apart():
@@ -488,8 +502,10 @@ def test_attention_figure_puts_d_and_p_on_each_readouts_row_and_ticks_apart():
 def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
     """A run and a published file: the grid has a panel per group with the readouts supplied there and a
     row per model ("-" where a model has no such group); the paper's pair is legacy_2tok against
-    template_aware on the adversarial split (not the run's first), else the two readouts whose F1 differ most."""
-    run = _write_run(tmp_path / "llava-a", 1)   # coco random, then coco adversarial
+    template_aware on the adversarial split (not the run's first), else the two readouts whose F1 differ most. The
+    run has that pair's readouts alone: a panel holds the readouts supplied there, whichever they are."""
+    pair = {name: SETS[name] for name in ("legacy_2tok", "template_aware")}
+    run = _write_run(tmp_path / "llava-a", 1, sets=pair, texts=False)   # coco random, then coco adversarial
     published = shared / "fixtures" / "ugaa_pope_adversarial_2tok_vs_8tok_first600.json"
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(run), str(published), "--out", str(out)]).exit_code == 0
@@ -537,8 +553,11 @@ def test_every_pair_under_one_readout_in_one_figure_on_one_scale(tmp_path):
     """Two paired folders on one page (issue 35): every ΔF1 figure is drawn on the axis that holds all of their
     intervals (a ±0.006 panel beside a ±0.2 one would look as large), and the JSON says which; and a figure per
     readout holds every pair's ΔF1 (rows), the numbers of each pair's own figure, on that scale; each of the
-    report's interval and bar figures is legible one column wide too."""
-    first, second = _paired(tmp_path / "one", seeds=(1, 3)), _paired(tmp_path / "two", seeds=(1, 5))
+    report's interval and bar figures is legible one column wide too. One split a run: the scale, the rows and
+    the layouts hold for any number of splits (a pair's panels, one a split: test_report_of_a_paired_folder...),
+    and each split costs every run four figures."""
+    random = (("coco", "random"),)
+    first, second = _paired(tmp_path / "one", (1, 3), random), _paired(tmp_path / "two", (1, 5), random)
     out = tmp_path / "report"
     assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)]).exit_code == 0
     drawn = [json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_*.json"))
