@@ -75,7 +75,7 @@ class LlavaOnevisionModel(LlavaNextModel):
             raise CheckpointError(f"{path}: no chat_template string ({type(err).__name__})") from None
         if not isinstance(template, str):
             raise CheckpointError(f"{path}: chat_template is not a string")
-        self.tokenizer.chat_template = template
+        self.tokenizer.chat_template = template  # the folder's own: every engine sharing the tokenizer sets it so
 
     def text_dims(self, text_config) -> DecoderDims:
         return replace(DecoderDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases

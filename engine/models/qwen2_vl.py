@@ -59,7 +59,7 @@ class Qwen2VLModel(Family):
         self.image_token_id = cfg.image_token_id
         self.merge = cfg.vision_config.spatial_merge_size
         # not AutoProcessor: Qwen2VLProcessor also builds a video processor, which needs torchvision
-        self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
+        self.tokenizer = self.shared(AutoTokenizer, "tokenizer files")
         # made as lmms-eval makes its processor, where asked
         self.image_processor = self.pretrained(AutoImageProcessor, "image processor files",
                                                **self.image_processor_kwargs())
