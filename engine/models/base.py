@@ -49,6 +49,21 @@ def shared_pretrained(loader, folder: Path, load):
     return _SHARED[key]
 
 
+def processor_with_video(checkpoint: Path):
+    """transformers' AutoProcessor of a checkpoint whose processor holds a video half, or None where it cannot be
+    built: that half needs torchvision, and without it transformers fails only after loading the tokenizer (two
+    seconds of CPU for a Qwen one), so the attempt is not made."""
+    from transformers import AutoProcessor
+    from transformers.utils import is_torchvision_available
+
+    if not is_torchvision_available():
+        return None
+    try:
+        return AutoProcessor.from_pretrained(str(checkpoint))
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
+
+
 class TextOnlyRefused(ValueError):
     """A text-only question a family (or a method) cannot answer; the message is one line saying why."""
 

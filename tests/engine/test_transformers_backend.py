@@ -162,6 +162,31 @@ def test_a_checkpoint_without_a_chat_template_whose_processor_needs_one_is_refus
     assert load_engine(checkpoints["blip2"], Settings(), readouts="dynamic_single").template.name == "reference_plain"
 
 
+@pytest.mark.slow  # no model, but transformers' processing modules imported: seconds, where no other test did
+@pytest.mark.parametrize("torchvision", [False, True])
+def test_a_processor_with_a_video_half_is_not_tried_without_torchvision(torchvision, monkeypatch, tmp_path):
+    """Qwen2-VL's, InternVL's and OneVision's reference processors (base.processor_with_video): without torchvision
+    transformers' AutoProcessor is not called (it would load the tokenizer, then fail on the video half), and their
+    stand-ins run; with it, what it builds is the processor, and a failure a stand-in's cue."""
+    import transformers
+
+    from pope_fast.engine.models import base
+
+    calls = []
+
+    def builds(folder):
+        calls.append(folder)
+        if folder.endswith("bad"):
+            raise OSError("no processor_config.json")
+        return "processor"
+
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: torchvision)
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", builds)
+    assert base.processor_with_video(tmp_path) == ("processor" if torchvision else None)
+    assert base.processor_with_video(tmp_path / "bad") is None
+    assert calls == ([str(tmp_path), str(tmp_path / "bad")] if torchvision else [])
+
+
 @pytest.mark.parametrize("raised, reason", [
     # its image half is tried next (engine/image_processor.py), and says why it does not load either
     ("torchvision", "Qwen2VLVideoProcessor requires the Torchvision library but it was not found in your environment; "
