@@ -54,13 +54,14 @@ def formula_oracle(checkpoint, model_class, make_inputs):
             image_slots = inputs["input_ids"][0] == plain.config.image_token_id
             noised = torch.from_numpy(diffusion_noise(inputs["pixel_values"].numpy(), 400, noise_generator(key, 3)))
             disturbed = inputs_of(image, engine.prompt(q, ICD.defaults["instruction"]))
+            last = {"logits_to_keep": 1}  # the answer position's logits only, not every position's over the vocabulary
             with torch.no_grad():
-                main = plain(**inputs).logits[0, -1]
-                l_noised = plain(**dict(inputs, pixel_values=noised)).logits[0, -1]
-                l_text = plain(input_ids=inputs["input_ids"][:, ~image_slots]).logits[0, -1]
-                l_disturbed = plain(**disturbed).logits[0, -1]
+                main = plain(**inputs, **last).logits[0, -1]
+                l_noised = plain(**dict(inputs, pixel_values=noised), **last).logits[0, -1]
+                l_text = plain(input_ids=inputs["input_ids"][:, ~image_slots], **last).logits[0, -1]
+                l_disturbed = plain(**disturbed, **last).logits[0, -1]
                 state["image"] = image_slots
-                l_pai = edited(**inputs).logits[0, -1]
+                l_pai = edited(**inputs, **last).logits[0, -1]
                 del state["image"]
             vcd = (2 * main - l_noised).masked_fill(~plausible(main, 0.1), -math.inf)
             icd = (2 * main - l_disturbed).masked_fill(~plausible(main, 0.05), -math.inf)

@@ -11,6 +11,7 @@ engine/synthetic/<model_type>.py.
 """
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
@@ -26,6 +27,41 @@ from ..inputs.plan import PromptLayout
 from ..utils.settings import Settings
 from ..utils.stats import Counts
 from ..inputs.vision_cache import vision_fingerprint
+
+
+# The tokenizers and processors loaded last (Family.shared), by loader, folder and its files' (name, size, mtime_ns):
+# a file written anew is a new key. A few tens of MB each; a process loads one or two checkpoints, the tests a dozen.
+_SHARED: OrderedDict = OrderedDict()
+SHARED_KEPT = 16
+
+
+def shared_pretrained(loader, folder: Path, load):
+    """load(), or what it gave for the same loader and folder whose files are unchanged since: one object per version
+    of the folder's files, the last SHARED_KEPT kept. A load that raises is not kept."""
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file())
+    key = (loader, str(Path(folder).resolve()),
+           tuple((str(p.relative_to(folder)), p.stat().st_size, p.stat().st_mtime_ns) for p in files))
+    if key not in _SHARED:
+        _SHARED[key] = load()
+        while len(_SHARED) > SHARED_KEPT:
+            _SHARED.popitem(last=False)
+    _SHARED.move_to_end(key)
+    return _SHARED[key]
+
+
+def processor_with_video(checkpoint: Path):
+    """transformers' AutoProcessor of a checkpoint whose processor holds a video half, or None where it cannot be
+    built: that half needs torchvision, and without it transformers fails only after loading the tokenizer (two
+    seconds of CPU for a Qwen one), so the attempt is not made."""
+    from transformers import AutoProcessor
+    from transformers.utils import is_torchvision_available
+
+    if not is_torchvision_available():
+        return None
+    try:
+        return AutoProcessor.from_pretrained(str(checkpoint))
+    except (ImportError, AttributeError, OSError, ValueError):
+        return None
 
 
 class TextOnlyRefused(ValueError):
@@ -155,6 +191,13 @@ class Family:
             reason = " ".join(str(err).split())
             reason = reason if len(reason) <= 200 else reason[:197] + "..."
             raise CheckpointError(f"{self.folder}: no usable {what} ({reason})") from None
+
+    def shared(self, loader, what: str):
+        """pretrained(loader, what) of a tokenizer or processor, shared read-only by the engines of one checkpoint in
+        a process (shared_pretrained): the engine never adds tokens to it or sets its padding side, and what a family
+        sets on it is the folder's own (OneVision's chat_template.json), so every engine of these files sets the same.
+        A Qwen tokenizer takes about a second of CPU to build; bench and `verify` load a checkpoint twice."""
+        return shared_pretrained(loader, self.folder, lambda: self.pretrained(loader, what))
 
     def image_processor_kwargs(self) -> dict:
         """The bounds the settings give the image processor, as the keyword arguments it is made with (a tool

@@ -173,7 +173,7 @@ class Gemma3Model(Family):
 
         super().__init__(folder, settings)
         self.config = cfg = self.auto_config()
-        self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
+        self.tokenizer = self.shared(AutoTokenizer, "tokenizer files")
         self.image_token_id = cfg.image_token_id
         self.mm_tokens = cfg.mm_tokens_per_image
         for token, wanted in ((BOI, cfg.boi_token_id), (EOI, cfg.eoi_token_id), (IMAGE, cfg.image_token_id)):

@@ -242,7 +242,7 @@ class Gemma4Model(Family):
         if cfg.vision_config is None:
             raise CheckpointError(f"{folder}/config.json: no vision_config (a text-only Gemma 4)")
         dims, heads = text_dims(cfg.text_config, folder)  # its refusals before anything is read
-        self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
+        self.tokenizer = self.shared(AutoTokenizer, "tokenizer files")
         self.image_token_id = cfg.image_token_id
         for token, wanted in ((BOI, cfg.boi_token_id), (EOI, cfg.eoi_token_id), (IMAGE, cfg.image_token_id)):
             got = self.tokenizer.encode(token, add_special_tokens=False)

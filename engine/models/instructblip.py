@@ -57,7 +57,7 @@ class InstructBlipModel(Family):
         self.config = cfg = self.auto_config()
         self.image_token_id = cfg.image_token_id
         self.num_queries = cfg.num_query_tokens
-        processor = self.pretrained(AutoProcessor, "processor files (tokenizer, qformer_tokenizer/, image processor)")
+        processor = self.shared(AutoProcessor, "processor files (tokenizer, qformer_tokenizer/, image processor)")
         self.tokenizer, self.qformer_tokenizer = processor.tokenizer, processor.qformer_tokenizer
         self.image_processor = processor.image_processor
         if self.tokenizer.convert_tokens_to_ids("<image>") != self.image_token_id:

@@ -29,6 +29,7 @@ from ..layers.decoder import DecoderDims
 from ..utils.loader import CheckpointError, load_module, no_init, tensor_files
 from ..utils.settings import Settings
 from ..utils.stats import Counts
+from .base import processor_with_video
 from .llava import NAME_RULES, LlavaModel
 
 CONTEXT, START, END = "<IMG_CONTEXT>", "<img>", "</img>"
@@ -189,12 +190,10 @@ class InternVLModel(LlavaModel):
         torchvision), a stand-in that does what it does for one image: the image processor with
         crop_to_patches, and the context token written as InternVLProcessor.replace_image_token writes it
         (its own code, on its fields)."""
-        from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer, InternVLProcessor
+        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, InternVLProcessor
 
-        try:
-            return AutoProcessor.from_pretrained(str(checkpoint))
-        except (ImportError, AttributeError, OSError, ValueError):
-            pass
+        if (processor := processor_with_video(checkpoint)) is not None:
+            return processor
         config = AutoConfig.from_pretrained(str(checkpoint))
         counter = InternVLProcessor.__new__(InternVLProcessor)
         counter.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))

@@ -72,7 +72,7 @@ class LlavaModel(Family):
         if self.select_strategy not in ("default", "full"):
             raise CheckpointError(f"{folder}/config.json: vision_feature_select_strategy "
                                   f"{self.select_strategy!r} is not supported")
-        self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
+        self.tokenizer = self.shared(AutoTokenizer, "tokenizer files")
         marker_ids = self.tokenizer.encode(self.image_marker, add_special_tokens=False)
         if marker_ids != [self.image_token_id]:
             raise CheckpointError(f"{folder}: the tokenizer has no {self.image_marker} token with id "

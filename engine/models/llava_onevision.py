@@ -30,6 +30,7 @@ from PIL import Image
 from ..layers.decoder import DecoderDims
 from ..utils.loader import CheckpointError
 from ..utils.settings import Settings
+from .base import processor_with_video
 from .llava_next import AnyresPixels, LlavaNextModel
 
 IMAGE = "<image>"
@@ -75,7 +76,7 @@ class LlavaOnevisionModel(LlavaNextModel):
             raise CheckpointError(f"{path}: no chat_template string ({type(err).__name__})") from None
         if not isinstance(template, str):
             raise CheckpointError(f"{path}: chat_template is not a string")
-        self.tokenizer.chat_template = template
+        self.tokenizer.chat_template = template  # the folder's own: every engine sharing the tokenizer sets it so
 
     def text_dims(self, text_config) -> DecoderDims:
         return replace(DecoderDims.from_config(text_config), qkv_bias=True)  # Qwen2's q/k/v carry biases
@@ -118,12 +119,10 @@ class LlavaOnevisionModel(LlavaNextModel):
         """The checkpoint's processor; where transformers cannot build it (its video processor needs
         torchvision), a stand-in that does what it does for one image: the image processor, and the image
         token repeated as LlavaOnevisionProcessor.replace_image_token counts (its own code, on its fields)."""
-        from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer, LlavaOnevisionProcessor
+        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, LlavaOnevisionProcessor
 
-        try:
-            return AutoProcessor.from_pretrained(str(checkpoint))
-        except (ImportError, AttributeError, OSError, ValueError):
-            pass
+        if (processor := processor_with_video(checkpoint)) is not None:
+            return processor
         config = AutoConfig.from_pretrained(str(checkpoint))
         counter = LlavaOnevisionProcessor.__new__(LlavaOnevisionProcessor)
         counter.tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))

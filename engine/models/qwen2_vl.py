@@ -26,7 +26,7 @@ from ..inputs.plan import PromptLayout
 from ..inputs.prompts import ExpandedPromptIds
 from ..utils.settings import Settings
 from ..utils.stats import Counts
-from .base import Family
+from .base import Family, processor_with_video
 
 IMAGE_PAD = "<|image_pad|>"
 MAX_ASPECT = 200  # transformers' smart_resize refuses a longer side over 200 times the shorter
@@ -59,7 +59,7 @@ class Qwen2VLModel(Family):
         self.image_token_id = cfg.image_token_id
         self.merge = cfg.vision_config.spatial_merge_size
         # not AutoProcessor: Qwen2VLProcessor also builds a video processor, which needs torchvision
-        self.tokenizer = self.pretrained(AutoTokenizer, "tokenizer files")
+        self.tokenizer = self.shared(AutoTokenizer, "tokenizer files")
         # made as lmms-eval makes its processor, where asked
         self.image_processor = self.pretrained(AutoImageProcessor, "image processor files",
                                                **self.image_processor_kwargs())
@@ -180,12 +180,10 @@ class Qwen2VLModel(Family):
         """The checkpoint's processor; where transformers cannot build it (Qwen2VLProcessor also builds a
         video processor, which needs torchvision), a stand-in that does what it does for one image: the
         image processor, the prompt's image pad repeated once per merged token, mm_token_type_ids."""
-        from transformers import AutoImageProcessor, AutoProcessor, AutoTokenizer
+        from transformers import AutoImageProcessor, AutoTokenizer
 
-        try:
-            return AutoProcessor.from_pretrained(str(checkpoint))
-        except (ImportError, AttributeError, OSError, ValueError):
-            pass
+        if (processor := processor_with_video(checkpoint)) is not None:
+            return processor
         tokenizer = AutoTokenizer.from_pretrained(str(checkpoint))
         image_processor = AutoImageProcessor.from_pretrained(str(checkpoint))
         pad_id = tokenizer.convert_tokens_to_ids(IMAGE_PAD)

@@ -118,3 +118,38 @@ def test_both_backends_refuse_the_same_fault_in_the_same_line(tiny, tmp_path, fa
         assert "\n" not in lines[backend]
     if fault in ("unexpected", "int8", "nan"):  # the same checkpoint names on both paths
         assert lines["engine"] == lines["transformers"]
+
+
+def test_engines_of_one_checkpoint_share_its_tokenizer_until_a_file_changes(tmp_path):
+    """Family.shared's memo: one load per loader and version of the folder's files (a tokenizer rewritten, even to
+    the same size, is loaded anew; so is a file added, e.g. a sub-folder's), the last SHARED_KEPT kept, and a load
+    that raises kept by no one."""
+    from pope_fast.engine.models.base import SHARED_KEPT, shared_pretrained
+
+    loads = []
+
+    def load():
+        loads.append(object())
+        return loads[-1]
+
+    (tmp_path / "tokenizer.json").write_text('{"a": 1}')
+    first = shared_pretrained("AutoTokenizer", tmp_path, load)
+    assert shared_pretrained("AutoTokenizer", tmp_path, load) is first and len(loads) == 1
+    assert shared_pretrained("AutoProcessor", tmp_path, load) is loads[1]
+    stat = (tmp_path / "tokenizer.json").stat()
+    (tmp_path / "tokenizer.json").write_text('{"b": 2}')
+    os.utime(tmp_path / "tokenizer.json", ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
+    assert shared_pretrained("AutoTokenizer", tmp_path, load) is loads[2]
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "vocab.txt").write_text("a")
+    assert shared_pretrained("AutoTokenizer", tmp_path, load) is loads[3]
+    for n in range(SHARED_KEPT):
+        shared_pretrained(n, tmp_path, load)
+    assert shared_pretrained("AutoTokenizer", tmp_path, load) is loads[-1] is not loads[3]
+
+    def fails():
+        raise OSError("no tokenizer.json")
+
+    with pytest.raises(OSError):
+        shared_pretrained("Failing", tmp_path, fails)
+    assert shared_pretrained("Failing", tmp_path, load) is loads[-1]

@@ -3,13 +3,14 @@ directly: the noised image built with the same noise, the text-only prompt, PAI'
 attention, ICD's system instruction."""
 import json
 import math
+from functools import lru_cache
 
 import numpy as np
 import pytest
 import torch
 from methodchecks import (IMAGES, avisc_oracle, check_methods, clearsight_oracle, formula_oracle, sid_oracle,
                           vista_oracle)
-from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl, make_tiny_qwen2_vl
+from tinymodels import QUESTIONS, make_tiny_llava, make_tiny_qwen2_5_vl
 
 from pope_fast.engine import Engine, ImageTokenDrop, Settings, TextOnlyRefused, VisualAmplification
 from pope_fast.engine.methods import (DIFFUSION_STEPS, ICD, PAI, VCD, Baseline, diffusion_alpha_bar, diffusion_noise,
@@ -20,20 +21,21 @@ pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transfo
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return make_tiny_llava(tmp_path_factory.mktemp("methods_llava") / "ckpt")
+def checkpoint(tiny):
+    return tiny.checkpoint("llava")
 
 
 @pytest.fixture(scope="module")
-def qwen_checkpoint(tmp_path_factory):
-    return make_tiny_qwen2_vl(tmp_path_factory.mktemp("methods_qwen2_vl") / "ckpt")
+def qwen_checkpoint(tiny):
+    return tiny.checkpoint("qwen2_vl")
 
 
 @pytest.fixture(scope="module")
-def qwen25_checkpoint(tmp_path_factory):
-    return make_tiny_qwen2_5_vl(tmp_path_factory.mktemp("methods_qwen2_5_vl") / "ckpt")
+def qwen25_checkpoint(tiny):
+    return tiny.checkpoint("qwen2_5_vl")
 
 
+@lru_cache(maxsize=None)  # per checkpoint: a Qwen tokenizer takes about a second to load, and three checks ask
 def _llava_inputs(checkpoint):
     from transformers import AutoProcessor
 
@@ -41,6 +43,7 @@ def _llava_inputs(checkpoint):
     return lambda image, prompt: dict(processor(images=image, text=prompt, return_tensors="pt"))
 
 
+@lru_cache(maxsize=None)
 def _qwen_inputs(checkpoint):
     """What Qwen2VLProcessor makes (its image pad expanded, mm_token_type_ids), without its video half."""
     from transformers import AutoImageProcessor, AutoTokenizer

@@ -5,45 +5,28 @@ import json
 
 import pytest
 import torch
-from tinymodels import (QUESTIONS, make_tiny_instructblip, make_tiny_llava, make_tiny_llava_next, make_tiny_qwen2_5_vl,
-                        make_tiny_qwen2_vl, synthetic_image)
+from registry import REGISTRY
+from tinymodels import QUESTIONS, synthetic_image
 
 from pope_fast.engine import Engine, ImagePrompts, Settings
 
 pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
 
 IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate([(90, 40), (60, 60)])]
-MAKERS = {"llava": make_tiny_llava, "llava_next": make_tiny_llava_next, "instructblip": make_tiny_instructblip,
-          "qwen2_vl": make_tiny_qwen2_vl, "qwen2_5_vl": make_tiny_qwen2_5_vl}
+FAMILIES = ["llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl"]  # the battery's test_probe checks the rest
 
 
-def _model_and_inputs(family, checkpoint):
-    """transformers' eager model and a function making its inputs for (image, prompt)."""
-    from transformers import (AutoImageProcessor, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer)
+@pytest.fixture(scope="module", params=FAMILIES)
+def family_oracle(request, tiny):
+    """(family, the registry's checkpoint, {(image, question): eager image attention [layers, heads]}), transformers'
+    eager model fed the family's reference inputs (registry.Family.inputs_of)."""
+    from transformers import AutoModelForImageTextToText
 
+    family = request.param
+    checkpoint = tiny.checkpoint(family)
     model = AutoModelForImageTextToText.from_pretrained(str(checkpoint), dtype=torch.float32,
                                                         attn_implementation="eager").eval()
-    if family not in ("qwen2_vl", "qwen2_5_vl"):
-        processor = AutoProcessor.from_pretrained(str(checkpoint))
-        return model, lambda image, prompt: processor(images=image, text=prompt, return_tensors="pt")
-    tokenizer, image_processor = (AutoTokenizer.from_pretrained(str(checkpoint)),
-                                  AutoImageProcessor.from_pretrained(str(checkpoint)))
-
-    def inputs(image, prompt):  # Qwen2VLProcessor's work, without its video half (torchvision)
-        pixels = image_processor(images=image, return_tensors="pt")
-        tokens = int(pixels["image_grid_thw"].prod()) // 4
-        text = tokenizer(prompt.replace("<|image_pad|>", "<|image_pad|>" * tokens), return_tensors="pt")
-        return dict(text, **pixels, mm_token_type_ids=(text["input_ids"] == model.config.image_token_id).int())
-
-    return model, inputs
-
-
-@pytest.fixture(scope="module", params=list(MAKERS))
-def family_oracle(request, tmp_path_factory):
-    """(family, checkpoint, {(image, question): eager image attention [layers, heads]})."""
-    family = request.param
-    checkpoint = MAKERS[family](tmp_path_factory.mktemp(f"probe_{family}") / "ckpt")
-    model, make_inputs = _model_and_inputs(family, checkpoint)
+    make_inputs = REGISTRY[family].inputs_of(checkpoint)
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     image_id = model.config.image_token_id
     out = {}
@@ -60,8 +43,9 @@ def family_oracle(request, tmp_path_factory):
     return family, checkpoint, out
 
 
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 1), (True, 5), (False, 2)],
-                         ids=["reuse-b1", "reuse-b5", "whole-b2"])
+# Six rows (two images, three questions): reuse-b5 runs a batch of five rows over both images' prefixes and one of
+# a single row (what a batch size of 1 runs), whole-b2 three batches of two whole prompts.
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 5), (False, 2)], ids=["reuse-b5", "whole-b2"])
 def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_reuse, batch_size):
     family, checkpoint, oracle = family_oracle
     engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
@@ -78,13 +62,13 @@ def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_re
             assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0  # neither all nor none: a real check
 
 
-def test_probe_reaches_the_records(tmp_path):
+def test_probe_reaches_the_records(tiny, tmp_path):
     from pope_fast.sweep import run_plain
     from tinymodels import write_pope_set
 
     from pope_fast.readout import load_questions
 
-    checkpoint = make_tiny_llava(tmp_path / "ckpt")
+    checkpoint = tiny.checkpoint("llava")
     images, files = write_pope_set(tmp_path / "pope", n_images=2, splits=("random",))
     engine = Engine.load(checkpoint, Settings(probe="image-attention"), readouts="template_aware,legacy_2tok")
     run_plain(engine, load_questions(files[0]), images, tmp_path / "run")
@@ -99,13 +83,13 @@ def test_probe_reaches_the_records(tmp_path):
     assert [r["candidate_logits"] for r in records] == [r["candidate_logits"] for r in without]
 
 
-def test_heads_reach_the_records_on_request(tmp_path):
+def test_heads_reach_the_records_on_request(tiny, tmp_path):
     from pope_fast.sweep import run_plain
     from tinymodels import write_pope_set
 
     from pope_fast.readout import load_questions
 
-    checkpoint = make_tiny_llava(tmp_path / "ckpt")
+    checkpoint = tiny.checkpoint("llava")
     images, files = write_pope_set(tmp_path / "pope", n_images=1, splits=("random",))
     engine = Engine.load(checkpoint, Settings(probe="image-attention:heads"), readouts="template_aware")
     run_plain(engine, load_questions(files[0]), images, tmp_path / "run")

@@ -100,6 +100,7 @@ def test_the_prompt_is_the_checkpoints_own_chat_template(kind, checkpoints):
     assert engine.prompt(ASKED[0]) == own
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_auto_runs_a_model_without_a_family_on_transformers_and_engine_refuses_it(checkpoints, tiny):
     assert load_engine(checkpoints["blip2"], Settings(), readouts="dynamic_single").model.backend == "transformers"
     assert load_engine(tiny.checkpoint("llava"), Settings(), readouts="dynamic_single").model.backend == "engine"
@@ -113,6 +114,7 @@ INTERLEAVE = ("model_type 'llava' with text_config 'qwen2' and vision_config 'si
               "LLaVA-1.5 implements text_config 'llama' and vision_config 'clip_vision_model'")
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backend(tmp_path):
     """llava-interleave's kind: a llava checkpoint of a Qwen2 language model and a SigLIP tower is no LLaVA-1.5. The
     default backend runs it as a model without a family (its own chat template and processor, not LLaVA-1.5's Vicuna
@@ -143,6 +145,7 @@ def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backe
         assert str(err.value) == refusal
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_a_checkpoint_without_a_chat_template_whose_processor_needs_one_is_refused_naming_it(checkpoints, tmp_path):
     """Idefics3's processor looks for the image's `<image>` in the text, which only its chat template writes: without
     one the question alone gives it no place for the image, and the load says so (not the processor's count of image
@@ -161,6 +164,31 @@ def test_a_checkpoint_without_a_chat_template_whose_processor_needs_one_is_refus
         "has no chat template (tokenizer_config.json's chat_template, chat_template.json or chat_template.jinja) to "
         "render the prompt with")
     assert load_engine(checkpoints["blip2"], Settings(), readouts="dynamic_single").template.name == "reference_plain"
+
+
+@pytest.mark.slow  # no model, but transformers' processing modules imported: seconds, where no other test did
+@pytest.mark.parametrize("torchvision", [False, True])
+def test_a_processor_with_a_video_half_is_not_tried_without_torchvision(torchvision, monkeypatch, tmp_path):
+    """Qwen2-VL's, InternVL's and OneVision's reference processors (base.processor_with_video): without torchvision
+    transformers' AutoProcessor is not called (it would load the tokenizer, then fail on the video half), and their
+    stand-ins run; with it, what it builds is the processor, and a failure a stand-in's cue."""
+    import transformers
+
+    from pope_fast.engine.models import base
+
+    calls = []
+
+    def builds(folder):
+        calls.append(folder)
+        if folder.endswith("bad"):
+            raise OSError("no processor_config.json")
+        return "processor"
+
+    monkeypatch.setattr(transformers.utils, "is_torchvision_available", lambda: torchvision)
+    monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", builds)
+    assert base.processor_with_video(tmp_path) == ("processor" if torchvision else None)
+    assert base.processor_with_video(tmp_path / "bad") is None
+    assert calls == ([str(tmp_path), str(tmp_path / "bad")] if torchvision else [])
 
 
 @pytest.mark.parametrize("raised, reason", [
@@ -205,6 +233,7 @@ def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_
     assert str(err.value) == f"{tmp_path / 'tokenizer.json'}:{cut.value.lineno}: malformed JSON: {cut.value.msg}"
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 @pytest.mark.parametrize("settings, named", [(dict(max_length=64), "max_length"),
                                              (dict(generation_config="greedy_output"), "generation_config"),
                                              (dict(image_mask="causal"), "image_mask"),
@@ -215,6 +244,7 @@ def test_what_the_backend_cannot_compute_is_refused_in_one_line(settings, named,
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkpoints, tmp_path):
     """PAI edits attention: refused by name. VCD's noised pass is the class on the processor's pixel_values noised as
     the engine noises a family's (the image's key and the method's seed), combined as VCD combines."""
@@ -257,6 +287,7 @@ def test_attention_edits_are_refused_and_vcd_noises_the_processors_pixels(checkp
         assert not torch.allclose(plain[ids], other[ids], atol=1e-3)  # the noise reached the class
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_text_only_questions_run_where_the_class_takes_them(checkpoints):
     """Idefics3's class answers a prompt alone, as its processor makes it; BLIP-2's forward requires pixel_values
     and PaliGemma's processor an image, which the backend says in one line before anything runs."""
@@ -280,6 +311,7 @@ def test_text_only_questions_run_where_the_class_takes_them(checkpoints):
     assert "its processor takes no prompt without an image" in refusals["paligemma"]
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_lmms_eval_runs_llama_vision_as_its_class_does(checkpoints):
     """--protocol lmms-eval on Llama-3.2-Vision (models/simple/llama_vision.py l.174-189): the processor's chat
     template over [image, question + post_prompt], tokenized without added special tokens (one BOS, the
@@ -305,6 +337,7 @@ def test_lmms_eval_runs_llama_vision_as_its_class_does(checkpoints):
     assert int((theirs == processor.tokenizer.bos_token_id).sum()) == 1
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_vlmevalkit_runs_smolvlm_as_its_class_does(checkpoints):
     """--protocol vlmevalkit on an Idefics3 checkpoint (vlm/smolvlm.py SmolVLM, build_prompt_default l.103-119): its
     own prompt string, tokenized as its processor call tokenizes it (l.91-93), fp32, load_image, 2048 tokens."""
@@ -355,6 +388,7 @@ def test_eval_and_score_under_a_protocol_on_the_backend(checkpoints, tmp_path):
     assert "vlmevalkit does not cover this model" in other.output
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_icd_asks_the_class_with_its_instruction_as_a_system_message(checkpoints):
     """ICD's disturbed pass is the class on the prompt its chat template renders with the instruction as a system
     message, combined with the plain pass as ICD combines."""
@@ -375,6 +409,7 @@ def test_icd_asks_the_class_with_its_instruction_as_a_system_message(checkpoints
         assert not torch.allclose(plain[ids], other[ids], atol=1e-3)
 
 
+@pytest.mark.slow  # tiny checkpoints written through transformers' classes, loaded on the backend
 def test_the_probe_weighs_the_classes_own_attention_on_the_image_tokens(checkpoints):
     """probe image-attention:heads on the backend: per layer and head, the answer position's attention on the
     prompt's image tokens, as the class's eager attention weights give it for each prompt alone (a batch's pads take

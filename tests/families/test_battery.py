@@ -13,6 +13,11 @@ from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import FAMILIES, family_class, family_of, misfit
 
 
+# What the checks of logits and first tokens decode: one step on each case's batches (they assert nothing of it; a
+# continuation is test_continuations'), each further step a full-vocabulary argmax per row.
+LOGITS_ONLY = 2
+
+
 def _path(reuse: bool) -> str:
     return "prefix" if reuse else "whole"
 
@@ -38,7 +43,7 @@ def test_logits(family, family_checkpoint, family_oracle, prefix_reuse, batch_si
     """engine.answer, one image at a time: candidate logits within 1e-4 of the oracle's, the first token its argmax
     and generate's first."""
     engine = Engine.load(family_checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse,
-                                                     max_new_tokens=6), readouts="all")
+                                                     max_new_tokens=LOGITS_ONLY), readouts="all")
     if family.template is not None:
         assert engine.template.name == family.template
     assert_scores_match(engine, family_oracle, family.images, family.oracle_questions)
@@ -60,7 +65,7 @@ def test_batched_run(family, family_checkpoint, family_oracle, prefix_reuse, bat
     """One engine.run_images over every image: a batch whose question rows span images (prefixes of different
     lengths or layouts, as the family's run_items says), or whole prompts of different images in one batch."""
     engine = Engine.load(family_checkpoint, Settings(batch_size=batch_size, prefix_reuse=prefix_reuse,
-                                                     max_new_tokens=6), readouts="all")
+                                                     max_new_tokens=LOGITS_ONLY), readouts="all")
     items = image_items(engine, family.images, family.oracle_questions)
     if family.run_items is not None:
         family.run_items(items)
@@ -107,7 +112,7 @@ def test_nf4(family, tmp_path):
     tinymodels.assert_matches_nf4_oracle per answer."""
     checkpoint = family.make(tmp_path / "ckpt", **family.nf4.make)
     model = bnb_nf4_oracle(family.transformers_class(), checkpoint)
-    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=6), readouts="all")
+    engine = Engine.load(checkpoint, Settings(quant="nf4", dtype="fp16", max_new_tokens=LOGITS_ONLY), readouts="all")
     if family.nf4.check is not None:
         family.nf4.check(engine, model)
     assert_nf4_matches(engine, model, family.inputs_of(checkpoint), _images(family, family.nf4.images), QUESTIONS[:3])

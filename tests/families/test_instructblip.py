@@ -65,6 +65,7 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
         "string_parse_with_prompt": {"max_new_tokens": 6, "first_sentence": False}}
 
 
+@pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocols(checkpoint):
     """VLMEvalKit runs InstructBLIP through LAVIS: the bare question, its beam search (5 beams, repetition penalty
     1.5 over the output, max_length 256 with the prompt), fp16, the autocast's rounding said."""

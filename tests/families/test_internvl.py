@@ -142,6 +142,7 @@ def test_builtin_tokenizer_stands_in(tmp_path):
     assert ids.count(engine.model.image_token_id) == TILES[1] * PER_TILE
 
 
+@pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocols(checkpoint):
     assert protocol_for(checkpoint, "paper").template == "internvl_chat"
     lmms = protocol_for(checkpoint, "lmms-eval")

@@ -386,6 +386,7 @@ def _edit_tensors(folder, edit):
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
 
 
+@pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 @pytest.mark.parametrize("breakage, message", [
     ("no-folder", r"no such checkpoint folder"),
     ("no-config", r"config\.json: missing"),
@@ -439,6 +440,7 @@ def _question_file(tmp_path):
     return path
 
 
+@pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_bad_question_file_is_named(checkpoint, tmp_path):
     path = tmp_path / "q_random.json"
     path.write_text('{"question_id": 1, "image": "x.png", "text": "q", "label": "yes"}\n{"question_id": 1, "image"\n')

@@ -128,6 +128,7 @@ def test_builtin_tokenizer_stands_in(tmp_path):
     assert_answer_matches(answer, logits, generated, "built-in tokenizer")
 
 
+@pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocols(checkpoint):
     assert protocol_for(checkpoint, "paper").template == "llava_onevision_chat"
     vlmevalkit = protocol_for(checkpoint, "vlmevalkit")

@@ -176,6 +176,7 @@ def test_real_tokenizer_prompt_and_answer_tokens(shared, checkpoint):
     assert engine.model.stop_ids >= {151645}
 
 
+@pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocol_prompts_are_the_tools_messages(shared, checkpoint):
     """lmms-eval qwen2_5_vl: a system message, then [image, question + post_prompt]; VLMEvalKit Qwen2VLChat
     for Qwen2.5-VL (use_custom_prompt=False): no system message, [image, the bare question]; both through the

@@ -122,6 +122,7 @@ def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
     assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(counted, rel=1e-12)
 
 
+@pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocol_prompts_are_the_tools_messages(checkpoint):
     """lmms-eval v0.7.2 models/simple/qwen3_vl.py: a system message (l.84), then [image, question + POPE's
     post_prompt] (l.328), 128 new tokens. VLMEvalKit e8e78f05 Qwen3VLChat (config.py l.1451-1462,
