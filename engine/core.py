@@ -88,12 +88,17 @@ class Engine:
         """Work done since the last reset (stats.Counts)."""
         return self.runner.counts
 
-    def warmup(self, images: int | None = None, prompts: int | None = None) -> None:
+    def warmup(self, images: int | None = None, prompts: int | None = None, decode_tokens: int | None = None) -> None:
         """One untimed image batch through every step a sweep takes (preprocessing, vision, prefixes,
         a full question batch, and decoding when a text readout asks for it), so one-time costs land
         here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
         allocator growth. Nothing is cached; timings and counts restart. `images` and `prompts` (per image): the
-        data's own counts, which bound the batch, so a batch size past the data allocates only for the data."""
+        data's own counts, which bound the batch, so a batch size past the data allocates only for the data.
+        `decode_tokens`: the most new tokens a text readout decodes here (None: its own length, every decode step
+        a timed run takes; eval, timing nothing, caps it: a protocol's 128 tokens cost seconds of CPU)."""
+        if decode_tokens is not None:  # reset() below gives the run its own plan back
+            self.runner = self.runner_class(self.model, self.settings, self.readout.capped(decode_tokens),
+                                            self._on_decode)
         rows, step = self.runner.question_rows, self.settings.step_images
         per_image = max(1, rows // step)
         per_image = per_image if prompts is None else max(1, min(prompts, per_image))

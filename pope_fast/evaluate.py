@@ -79,6 +79,9 @@ class EvalJob:
                    hub=inputs.sources, backend=backend)
 
 
+WARMUP_TOKENS = 4  # new tokens a text readout decodes in eval's warm-up (every decode kernel launched once)
+
+
 @dataclass
 class EvalOutcome:
     out_dir: Path
@@ -218,7 +221,8 @@ def _setup(job: EvalJob, settings: Settings, shard: Shard | None, stack: ExitSta
                    "reuse, no feature cache)")
         every, questions = questions, limited(questions, job.limit, job.limit_per_split)
         per_image = Counter(q.image for q in questions)
-        engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1))  # the data's sizes
+        # the data's sizes; a few decode steps, not a protocol's whole length: eval times nothing
+        engine.warmup(images=len(per_image), prompts=max(per_image.values(), default=1), decode_tokens=WARMUP_TOKENS)
     return lock, engine, questions, images_dir, asked, every
 
 

@@ -97,6 +97,11 @@ class ReadoutPlan:
         return {"decoded": continuation.text, "texts": texts, "decoded_sequence": sequence,
                 "capped": continuation.capped}
 
+    def capped(self, new_tokens: int) -> "ReadoutPlan":
+        """This plan with each text readout's continuation at most `new_tokens` long (a warm-up's)."""
+        return replace(self, generation={n: replace(g, new_tokens=min(g.new_tokens, new_tokens))
+                                         for n, g in self.generation.items()})
+
     def at_answer_position(self) -> "ReadoutPlan":
         """The readouts that read the answer position alone (logit and first-token): what a method that
         combines logits there supports, its text readouts needing it inside a decode loop."""

@@ -139,6 +139,20 @@ def test_warmup_leaves_no_trace(checkpoint, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_capped_warmup_decodes_a_few_tokens_and_the_run_its_own(checkpoint):
+    """eval's warm-up (decode_tokens) stops each continuation early; the engine's plan is whole again after it."""
+    engine = Engine.load(checkpoint, Settings(batch_size=4, max_new_tokens=12), readouts="string_parse")
+    runners = []
+    reset = engine.reset
+    engine.reset = lambda *args, **kwargs: (runners.append(engine.runner), reset(*args, **kwargs))
+    engine.warmup(images=1, prompts=1, decode_tokens=2)
+    engine.warmup(images=1, prompts=1)
+    capped, whole = (r.counts.decode_steps for r in runners)
+    assert 0 < capped <= 2 < whole
+    assert engine.runner.readout is engine.readout and engine.readout.new_tokens == 12
+
+
+@pytest.mark.slow
 def test_intervention_hook(checkpoint):
     engine = Engine.load(checkpoint, Settings(batch_size=8), readouts="template_aware")
     plain = engine.answer(IMAGES[1], QUESTIONS)
