@@ -18,10 +18,8 @@ pytestmark = pytest.mark.slow  # eval through the CLI on each family's tiny chec
 @pytest.mark.parametrize("name", REGISTRY)
 def test_eval_cli_runs_every_family(name, tiny, tmp_path):
     checkpoint = tiny.checkpoint(name)  # the registry's (../shared's real tokenizers where the family has one)
-    # two questions an image (one shared by the splits, one not) and two new tokens (one decode step; nothing reads
-    # the text): each family's whole path, at the least work that still shows it
-    images, files = write_pope_set(tmp_path / "pope", n_images=2, sizes=((90, 40), (40, 90)), questions_per_image=2)
-    args = eval_args(checkpoint, images, files, tmp_path / "out", "--readouts", "all", "--max-new-tokens", "2")
+    images, files = write_pope_set(tmp_path / "pope", n_images=2, sizes=((90, 40), (40, 90)))
+    args = eval_args(checkpoint, images, files, tmp_path / "out", "--readouts", "all", "--max-new-tokens", "3")
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
@@ -32,11 +30,11 @@ def test_eval_cli_runs_every_family(name, tiny, tmp_path):
     assert set(meta["token_strings"]) >= {str(i) for s in meta["token_sets"].values() for i in s["yes_ids"]
                                           if i < len(tokenizer)}
     records = [json.loads(line) for line in (tmp_path / "out" / "records.jsonl").read_text().splitlines()]
-    assert len(records) == 8 and all("string_parse" in r["predictions"] and "decoded" in r for r in records)
+    assert len(records) == 16 and all("string_parse" in r["predictions"] and "decoded" in r for r in records)
     assert all(set(r["predictions"]) >= {"legacy_2tok", "template_aware", "first_token"} for r in records)
     counts = re.search(r"(\d+) unique prompts evaluated for (\d+) questions", result.output)
     prompts, questions = map(int, counts.groups())
     asked = [q for f in files for q in load_questions(f)]
-    assert questions == 8 and prompts == len({(q.image, q.text) for q in asked}) < 8   # shared questions asked once
+    assert questions == 16 and prompts == len({(q.image, q.text) for q in asked}) < 16   # shared questions asked once
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and "0 unique prompts evaluated" in again.output
