@@ -163,9 +163,11 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     data, images, rows = _hallusionbench(tmp_path)
     with monkeypatch.context() as patched:  # a family that cannot run text-only prompts
         patched.setattr(LlavaModel, "text_only_refusal", "no text path")
+        # three new tokens, as every run here: the refusal comes after the load and the warm-up, which would
+        # otherwise decode each text readout's reference length (the random model never ends its answer)
         refused = CliRunner().invoke(main, ["eval", "--model", str(checkpoint), "--questions", str(data),
                                             "--images", str(images), "--out", str(tmp_path / "refused"), "--device",
-                                            "cpu"])
+                                            "cpu", "--max-new-tokens", "3"])
         assert refused.exit_code != 0 and "cannot answer a text-only question (no image): no text path" in \
             refused.output and "--skip-bad" in refused.output
         assert "1 error records" in _eval(checkpoint, data, images, tmp_path / "run", "--skip-bad")
