@@ -42,6 +42,12 @@ def checkpoint(tmp_path_factory):
     return make_tiny_llava(tmp_path_factory.mktemp("edit_llava") / "ckpt")
 
 
+@pytest.fixture(scope="module")
+def oracles():
+    """Each edit's oracle on the prompts, computed once for the engine settings that share them."""
+    return {}
+
+
 def _oracle(checkpoint, intervention, prompts):
     """transformers' LLaVA, eager attention with the edit applied to the image keys' scores of every
     query after the image: answer-position logits and image attention [L, H] per (image, prompt)."""
@@ -85,12 +91,14 @@ def _oracle(checkpoint, intervention, prompts):
 
 @pytest.mark.parametrize("name", list(EDITS))
 @pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 2), (False, 3)], ids=["reuse-b2", "whole-b3"])
-def test_edit_matches_transformers_with_the_same_edit(checkpoint, name, prefix_reuse, batch_size):
+def test_edit_matches_transformers_with_the_same_edit(checkpoint, oracles, name, prefix_reuse, batch_size):
     intervention = EDITS[name]
     engine = Engine.load(checkpoint, Settings(prefix_reuse=prefix_reuse, batch_size=batch_size,
                                               probe="image-attention"), readouts="template_aware,legacy_2tok")
     prompts = [engine.prompt(q) for q in QUESTIONS[:3]]
-    oracle = _oracle(checkpoint, intervention, prompts)
+    if (name, *prompts) not in oracles:
+        oracles[name, *prompts] = _oracle(checkpoint, intervention, prompts)
+    oracle = oracles[name, *prompts]
     plain = engine.run_images([ImagePrompts(engine.features(image), prompts) for image in IMAGES])
     edited = engine.run_images([ImagePrompts(engine.features(image), prompts) for image in IMAGES], intervention)
     moved = 0.0

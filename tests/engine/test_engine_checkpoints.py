@@ -115,10 +115,8 @@ def resave_as_bin(source, target, shards: int):
 
 
 @pytest.fixture(scope="module")
-def tiny_llava(tmp_path_factory):
-    from tinymodels import make_tiny_llava
-
-    return make_tiny_llava(tmp_path_factory.mktemp("tiny") / "safetensors")
+def tiny_llava(tiny):
+    return tiny.checkpoint("llava")  # the registry's (make_tiny_llava's defaults); each test changes a copy
 
 
 @pytest.fixture(scope="module")
