@@ -96,9 +96,7 @@ class Engine:
         data's own counts, which bound the batch, so a batch size past the data allocates only for the data.
         `decode_tokens`: the most new tokens a text readout decodes here (None: its own length, every decode step
         a timed run takes; eval, timing nothing, caps it: a protocol's 128 tokens cost seconds of CPU)."""
-        if decode_tokens is not None:  # reset() below gives the run its own plan back
-            self.runner = self.runner_class(self.model, self.settings, self.readout.capped(decode_tokens),
-                                            self._on_decode)
+        self.cap_decoding(decode_tokens)
         rows, step = self.runner.question_rows, self.settings.step_images
         per_image = max(1, rows // step)
         per_image = per_image if prompts is None else max(1, min(prompts, per_image))
@@ -110,6 +108,12 @@ class Engine:
         if self.settings.torch_device.type == "cuda":
             torch.cuda.synchronize(self.settings.torch_device)
         self.reset()
+
+    def cap_decoding(self, new_tokens: int | None) -> None:
+        """Until the next reset(), each text readout decodes at most `new_tokens` (a warm-up's; None: its own)."""
+        if new_tokens is not None:
+            self.runner = self.runner_class(self.model, self.settings, self.readout.capped(new_tokens),
+                                            self._on_decode)
 
     def reset(self, clear_cache: bool = False, *, timed: bool = False) -> None:
         """Timings and counts restart; with clear_cache, cached image features and text-only logits are

@@ -218,8 +218,10 @@ class TransformersEngine(Engine):
     def noised_features(self, prepared: list[Prepared], step: int, seed: int) -> list[NoisedImage]:
         return [NoisedImage(self._pixels(p), step, p.key, seed) for p in prepared]
 
-    def warmup(self, images: int | None = None, prompts: int | None = None) -> None:
-        """One prompt through every step a sweep takes, so one-time costs land before the first timed batch."""
+    def warmup(self, images: int | None = None, prompts: int | None = None, decode_tokens: int | None = None) -> None:
+        """One prompt through every step a sweep takes, so one-time costs land before the first timed batch (its
+        continuations `decode_tokens` long at most, where given: Engine.warmup)."""
+        self.cap_decoding(decode_tokens)
         self.run_images([ImagePrompts(Image.new("RGB", (640, 480), (124, 116, 104)), [self.prompt(SAMPLE_QUESTION)])])
         self.reset()
 
