@@ -234,29 +234,22 @@ def make_tiny_qwen3_vl_moe(folder: Path, *, seed: int = 0, layers: int = 3, hidd
         weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
 
 
-def make_tiny_qwen3_5(folder: Path, *, seed: int = 0, init_std: float = 0.08, dtype=torch.float32) -> Path:
+def make_tiny_qwen3_5(folder: Path, *, seed: int = 0, init_std: float = 0.08, dtype=torch.float32,
+                      model_type: str = "qwen3_5") -> Path:
     """A random Qwen3.5 checkpoint, engine/synthetic/qwen3_5.py's tiny size (layers DeltaNet, gated attention,
     DeltaNet; the stand-in tokenizer at the published special ids), with the one-dimensional weights transformers
     starts at one constant (the q/k norms, the gated norm, dt_bias) drawn too, so that a model misreading any of them
-    differs."""
+    differs. model_type qwen3_5_moe: the same layers, each MLP 4 experts (2 a token) and a shared expert
+    (engine/synthetic/qwen3_5_moe.py), saved by transformers one tensor an expert."""
     extra = {f"model.language_model.layers.1.self_attn.{n}_norm.weight": 0.5 for n in "qk"}
     extra.update({f"model.language_model.layers.{i}.linear_attn.{n}": 0.5 for i in (0, 2)
                   for n in ("norm.weight", "dt_bias")})
-    return write_checkpoint("qwen3_5", folder, "tiny",
+    return write_checkpoint(model_type, folder, "tiny",
                             weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
                                             extra=extra))
 
 
-def make_tiny_qwen3_5_moe(folder: Path, *, seed: int = 0, init_std: float = 0.08, dtype=torch.float32) -> Path:
-    """A random Qwen3.5-MoE checkpoint, engine/synthetic/qwen3_5_moe.py's tiny size (Qwen3.5's three layers, each
-    MLP 4 experts, 2 a token, and a shared expert), saved by transformers (one tensor an expert), the norms and
-    gates transformers starts at one constant drawn too, as make_tiny_qwen3_5's."""
-    extra = {f"model.language_model.layers.1.self_attn.{n}_norm.weight": 0.5 for n in "qk"}
-    extra.update({f"model.language_model.layers.{i}.linear_attn.{n}": 0.5 for i in (0, 2)
-                  for n in ("norm.weight", "dt_bias")})
-    return write_checkpoint("qwen3_5_moe", folder, "tiny",
-                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
-                                            extra=extra))
+make_tiny_qwen3_5_moe = functools.partial(make_tiny_qwen3_5, model_type="qwen3_5_moe")
 
 
 def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, vision_hidden: int = 32,
