@@ -1,11 +1,11 @@
-"""Statistics of the image-attention probe: do wrong answers draw more image attention than right ones?
+"""Statistics of the image-attention probe: do wrong answers draw more image attention than right?
 
-The paper's §5.3 probe (ugaa-research `analysis/diagnostic_stats.py`) averages each question's image
-attention over layers 14-19 and compares correct with wrong answers (and TP with FP, TN with FN):
-means, medians and standard deviations, the difference of means with a percentile bootstrap interval,
-Cohen's d with the pooled standard deviation, and a two-sided Mann-Whitney U test. Here the p-value is
-the normal approximation with the tie correction and a continuity correction (scipy's "asymptotic"
-method), stated in every result as `mann_whitney_method`.
+The paper's §5.3 probe (ugaa-research `analysis/diagnostic_stats.py`) averages each question's
+image attention over layers 14-19 and compares correct with wrong answers (and TP with FP, TN with
+FN): means, medians and standard deviations, the difference of means with a percentile bootstrap
+interval, Cohen's d with the pooled standard deviation, and a two-sided Mann-Whitney U test. Here
+the p-value is the normal approximation with the tie correction and a continuity correction (scipy's
+"asymptotic" method), stated in every result as `mann_whitney_method`.
 """
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def default_layers(num_layers: int) -> tuple[int, int]:
 
 
 def parse_layers(text: str | None) -> tuple[int, int] | None:
-    """'FIRST-LAST' (inclusive, e.g. 14-19) → (first, last); None stays None (the default range)."""
+    """'FIRST-LAST' (inclusive, e.g. 14-19) → (first, last); None stays None (the default)."""
     if text is None:
         return None
     first, sep, last = text.partition("-")
@@ -47,7 +47,8 @@ def layer_mean(values: list[float], layers: tuple[int, int]) -> float:
 def describe(x: np.ndarray) -> dict:
     if not len(x):
         return {"n": 0, "mean": None, "median": None, "sd": None}
-    return {"n": int(len(x)), "mean": round(float(x.mean()), 6), "median": round(float(np.median(x)), 6),
+    return {"n": int(len(x)), "mean": round(float(x.mean()), 6),
+            "median": round(float(np.median(x)), 6),
             "sd": round(float(x.std(ddof=1)), 6) if len(x) > 1 else None}
 
 
@@ -81,7 +82,8 @@ def mann_whitney_p(a: np.ndarray, b: np.ndarray) -> float | None:
     return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2))))
 
 
-def bootstrap_difference(a: np.ndarray, b: np.ndarray, *, seed: int, resamples: int) -> list[float] | None:
+def bootstrap_difference(a: np.ndarray, b: np.ndarray, *, seed: int,
+                         resamples: int) -> list[float] | None:
     """Percentile 95% interval of mean(a) - mean(b), each group resampled with replacement."""
     if not len(a) or not len(b) or resamples < 1:
         return None
@@ -101,18 +103,20 @@ def compare(a: np.ndarray, b: np.ndarray, *, seed: int, resamples: int) -> dict:
     return {"a": describe(a), "b": describe(b),
             "mean_difference": round(float(a.mean() - b.mean()), 6) if len(a) and len(b) else None,
             "mean_difference_ci95": bootstrap_difference(a, b, seed=seed, resamples=resamples),
-            "cohens_d": None if d is None else round(d, 4), "mann_whitney_p": None if p is None else float(f"{p:.4g}"),
+            "cohens_d": None if d is None else round(d, 4),
+            "mann_whitney_p": None if p is None else float(f"{p:.4g}"),
             "mann_whitney_method": "normal approximation, tie-corrected, continuity 0.5"}
 
 
-def attention_by_outcome(attention: list[float], labels: list[str], predictions: list[str], *, seed: int,
-                         resamples: int) -> dict:
-    """Correct vs wrong, TP vs FP, TN vs FN (unknown answers left out), each group a against b in that
-    order, of per-question image attention already averaged over the chosen layers."""
+def attention_by_outcome(attention: list[float], labels: list[str], predictions: list[str], *,
+                         seed: int, resamples: int) -> dict:
+    """Correct vs wrong, TP vs FP, TN vs FN (unknown answers left out), each group a against b in
+    that order, of per-question image attention already averaged over the chosen layers."""
     x = np.asarray(attention, dtype=np.float64)
     y, p = np.asarray(labels), np.asarray(predictions)
     answered = (p == YES) | (p == NO)
     groups = {"correct_vs_wrong": (answered & (p == y), answered & (p != y)),
               "tp_vs_fp": ((p == YES) & (y == YES), (p == YES) & (y == NO)),
               "tn_vs_fn": ((p == NO) & (y == NO), (p == NO) & (y == YES))}
-    return {name: compare(x[a], x[b], seed=seed, resamples=resamples) for name, (a, b) in groups.items()}
+    return {name: compare(x[a], x[b], seed=seed, resamples=resamples)
+            for name, (a, b) in groups.items()}

@@ -3,8 +3,8 @@
 Each text readout generates as its reference does (`Generation` in readouts.py): the engine decodes
 once, to the longest length any requested readout needs, and stops early once every row is complete
 for every readout (a stop token, or the readout's own end: its length, or the first sentence). Each
-readout's text is then cut from the shared tokens, so it is exactly what a separate run of that length
-would have decoded.
+readout's text is then cut from the shared tokens, so it is exactly what a separate run of that
+length would have decoded.
 """
 from __future__ import annotations
 
@@ -13,14 +13,16 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from .readouts import GENERATING, READOUTS, Generation
 
-Decode = Callable[[Sequence[int]], str]  # token ids → text (the tokenizer's decode, special tokens skipped)
+# token ids → text (the tokenizer's decode, special tokens skipped)
+Decode = Callable[[Sequence[int]], str]
 
 
 def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_limit: int,
                     lengths: Mapping[str, int] | None = None) -> dict[str, Generation]:
-    """The resolved generation of each requested text readout: its reference's length (or the one `lengths`
-    gives it: a protocol's tool's), within the model's positions; `max_new_tokens` overrides every length
-    (and the first-sentence end, so that an override reproduces a fixed-length run exactly)."""
+    """The resolved generation of each requested text readout: its reference's length (or the one
+    `lengths` gives it: a protocol's tool's), within the model's positions; `max_new_tokens`
+    overrides every length (and the first-sentence end, so that an override reproduces a
+    fixed-length run exactly)."""
     plan = {}
     for name in names:
         readout = READOUTS[name]
@@ -30,7 +32,8 @@ def generation_plan(names: Iterable[str], max_new_tokens: int | None, positions_
             plan[name] = Generation(max_new_tokens)
         else:
             g = readout.generation
-            plan[name] = Generation(min((lengths or {}).get(name, g.new_tokens), positions_limit), g.first_sentence)
+            length = (lengths or {}).get(name, g.new_tokens)
+            plan[name] = Generation(min(length, positions_limit), g.first_sentence)
     return plan
 
 
@@ -47,7 +50,8 @@ def text_end(ids: Sequence[int], stop_ids: set[int], generation: Generation, dec
     return end
 
 
-def finished(ids: Sequence[int], stop_ids: set[int], generation: Generation, decode: Decode) -> bool:
+def finished(ids: Sequence[int], stop_ids: set[int], generation: Generation,
+             decode: Decode) -> bool:
     """True once more tokens cannot change this readout's text (the loop may stop for this row)."""
     if _stop_index(ids, stop_ids) < len(ids) or len(ids) >= generation.new_tokens:
         return True
@@ -68,18 +72,20 @@ class Continuation:
     text: str  # all of them decoded
     ends: dict[str, int]  # readout → how many of `ids` it reads
     texts: dict[str, str]  # readout → its own prefix decoded
-    capped: tuple[str, ...] = ()  # the readouts whose text its length cut, not a stop token or its sentence's end
+    # the readouts whose text its length cut, not a stop token or its sentence's end
+    capped: tuple[str, ...] = ()
 
 
-def cut(tokens: Sequence[int], stop_ids: set[int], plan: Mapping[str, Generation], decode: Decode) -> Continuation:
-    """Each readout's prefix of one row's shared continuation, decoded, and which of them its length cut."""
+def cut(tokens: Sequence[int], stop_ids: set[int], plan: Mapping[str, Generation],
+        decode: Decode) -> Continuation:
+    """Each readout's prefix of one row's shared continuation, decoded, and which its length cut."""
     stop = _stop_index(tokens, stop_ids)
     ids = tuple(tokens[:stop])
     text = decode(ids)
     ends = {name: text_end(ids, stop_ids, g, decode) for name, g in plan.items()}
     texts = {name: text if end == len(ids) else decode(ids[:end]) for name, end in ends.items()}
-    # cut by its length: it ends before the stop token, or no stop token came at all (the model's positions
-    # ran out), and not where a first-sentence readout's sentence ends
+    # cut by its length: it ends before the stop token, or no stop token came at all (the model's
+    # positions ran out), and not where a first-sentence readout's sentence ends
     capped = tuple(name for name, g in plan.items() if not (g.first_sentence and "." in texts[name])
                    and (ends[name] < len(ids) or stop == len(tokens)))
     return Continuation(ids, text, ends, texts, capped)

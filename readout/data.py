@@ -1,8 +1,8 @@
-"""What every benchmark's data reader shares: the question a model is asked (`Question`), the yes/no labels,
-the error a malformed input file raises (`DataError`, naming the file and line), reading a text file with
-those errors, a file's JSON object (the engine's loader and the hub read theirs here too, in their own errors),
-and opening a parquet file (pyarrow, imported only when one is read). Each benchmark's own files are read in its
-room (readout/benchmarks/<name>/)."""
+"""What every benchmark's data reader shares: the question a model is asked (`Question`), the yes/no
+labels, the error a malformed input file raises (`DataError`, naming the file and line), reading a
+text file with those errors, a file's JSON object (the engine's loader and the hub read theirs here
+too, in their own errors), and opening a parquet file (pyarrow, imported only when one is read).
+Each benchmark's own files are read in its room (readout/benchmarks/<name>/)."""
 from __future__ import annotations
 
 import json
@@ -34,18 +34,18 @@ class Question:
 
 
 def surrogate_fault(text: str) -> str | None:
-    """Why `text` is no Unicode text (a lone surrogate, which JSON's \\ud800 escape gives and no tokenizer or file
-    name takes), or None."""
+    """Why `text` is no Unicode text (a lone surrogate, which JSON's \\ud800 escape gives and no
+    tokenizer or file name takes), or None."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as err:
-        return (f"holds a lone surrogate ({text[err.start]!r} at character {err.start + 1}), which is no Unicode "
-                "text (a \\u escape of half a character pair?)")
+        return (f"holds a lone surrogate ({text[err.start]!r} at character {err.start + 1}), "
+                "which is no Unicode text (a \\u escape of half a character pair?)")
     return None
 
 
 def read_text(path: Path, what: str) -> str:
-    """A UTF-8 file's text; a DataError naming it where it is missing ("no such <what>") or not UTF-8."""
+    """A UTF-8 file's text; a DataError naming it where missing ("no such <what>") or not UTF-8."""
     try:
         return Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -55,8 +55,9 @@ def read_text(path: Path, what: str) -> str:
 
 
 def read_json_object(path: Path, error: type[Exception] = DataError) -> dict:
-    """The JSON object a file holds; `error` (the caller's kind: DataError, CheckpointError, HubError) naming the file,
-    and the line where its JSON is malformed, where it is not UTF-8 text or holds anything but an object."""
+    """The JSON object a file holds; `error` (the caller's kind: DataError, CheckpointError,
+    HubError) naming the file, and the line where its JSON is malformed, where it is not UTF-8 text
+    or holds anything but an object."""
     try:
         data = json.loads(Path(path).read_text(encoding="utf-8"))
     except json.JSONDecodeError as err:
@@ -69,11 +70,12 @@ def read_json_object(path: Path, error: type[Exception] = DataError) -> dict:
 
 
 def open_parquet(path: Path, columns: tuple[str, ...]):
-    """A parquet file (pyarrow's ParquetFile) that holds `columns`, or the DataError saying what is wrong."""
+    """A parquet file (pyarrow's ParquetFile) holding `columns`, or a DataError saying why not."""
     try:
         import pyarrow.parquet as pq
     except ImportError:
-        raise DataError(f'{path}: reading parquet needs pyarrow: pip install -e ".[parquet]"') from None
+        raise DataError(f'{path}: reading parquet needs pyarrow: '
+                        'pip install -e ".[parquet]"') from None
     try:
         table = pq.ParquetFile(path)
     except (OSError, ValueError) as err:

@@ -52,17 +52,19 @@ def confusion(labels, predictions) -> dict[str, int]:
 
 def bootstrap_f1_ci(labels, predictions, *, seed: int = 0, resamples: int = 1000,
                     level: float = 0.95) -> list[float]:
-    """Percentile bootstrap interval of F1, resampling questions (with their unknowns) with replacement.
+    """Percentile bootstrap interval of F1, resampling questions (unknowns too) with replacement.
 
-    The resamples are the generator's [resamples, n] matrix of question indices, counted per question
-    (_resample_counts, made once for every readout of a group of n questions): a resample's TP, FP and FN
-    are its counts of those questions, the same integers as summing the drawn questions one by one."""
+    The resamples are the generator's [resamples, n] matrix of question indices, counted per
+    question (_resample_counts, made once for every readout of a group of n questions): a resample's
+    TP, FP and FN are its counts of those questions, the same integers as summing the drawn
+    questions one by one."""
     y, p = _codes(labels), _codes(predictions)
     n = len(y)
     if n == 0:
         return [0.0, 0.0]
     counts = _resample_counts(n, seed, resamples)
-    # [B] each; one matrix-vector product per cell (4-9x faster here than one product with a [n, 3] matrix)
+    # [B] each; one matrix-vector product per cell (4-9x faster here than one product with a [n, 3]
+    # matrix)
     tp, fp, fn = ((counts @ cell.astype(counts.dtype)).astype(np.int64)
                   for cell in ((p == 1) & (y == 1), (p == 1) & (y == 0), (p == 0) & (y == 1)))
     f1 = _f1(tp, fp, fn)
@@ -73,12 +75,13 @@ def bootstrap_f1_ci(labels, predictions, *, seed: int = 0, resamples: int = 1000
 
 @lru_cache(maxsize=1)
 def _resample_counts(n: int, seed: int, resamples: int) -> np.ndarray:
-    """[resamples, n]: how often each resample draws each question. float32 (half the memory, and twice the
-    speed, of float64) wherever the sums stay integers float32 holds exactly (n < 2**24), so a resample's
-    counts are exact in any order of summation; read-only, as it is shared."""
-    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))  # [B, n] question indices
+    """[resamples, n]: how often each resample draws each question. float32 (half the memory, and
+    twice the speed, of float64) wherever the sums stay integers float32 holds exactly (n < 2**24),
+    so a resample's counts are exact in any order of summation; read-only, as it is shared."""
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))  # [B, n] question ids
     counts = np.empty((resamples, n), dtype=np.float32 if n < 2**24 else np.float64)
-    for row, drawn in zip(counts, draws):  # a row's bins stay in cache: 8x faster than one flat bincount at 9,000
+    # a row's bins stay in cache: 8x faster than one flat bincount at 9,000
+    for row, drawn in zip(counts, draws):
         row[:] = np.bincount(drawn, minlength=n)
     counts.flags.writeable = False
     return counts
@@ -86,10 +89,11 @@ def _resample_counts(n: int, seed: int, resamples: int) -> np.ndarray:
 
 def resample_weights(n: int, seed: int, resamples: int) -> np.ndarray:
     """[resamples, n] float64: how often each bootstrap resample draws each of n items. Drawn as
-    `bootstrap_f1_ci` draws (one generator from the seed, a [resamples, n] matrix of indices), so that every
-    readout and both runs of a pair see the same resamples (compare; bias, over images)."""
+    `bootstrap_f1_ci` draws (one generator from the seed, a [resamples, n] matrix of indices), so
+    that every readout and both runs of a pair see the same resamples (compare; bias, over
+    images)."""
     draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
-    flat = (draws + n * np.arange(resamples)[:, None]).ravel()  # index into the [resamples * n] counts
+    flat = (draws + n * np.arange(resamples)[:, None]).ravel()  # index into [resamples * n] counts
     return np.bincount(flat, minlength=resamples * n).reshape(resamples, n).astype(np.float64)
 
 
@@ -99,9 +103,9 @@ def ratios(num: np.ndarray, den: np.ndarray) -> np.ndarray:
 
 
 def answered(metrics: dict) -> int:
-    """The questions a readout answered yes or no, of summarize()'s counts. A readout that answered none has no
-    F1, precision, recall or yes-rate (summarize gives them as 0): tables print "–", and neither a best F1 nor a
-    ranking counts it."""
+    """The questions a readout answered yes or no, of summarize()'s counts. A readout that answered
+    none has no F1, precision, recall or yes-rate (summarize gives them as 0): tables print "–",
+    and neither a best F1 nor a ranking counts it."""
     return metrics["tp"] + metrics["tn"] + metrics["fp"] + metrics["fn"]
 
 
@@ -122,10 +126,10 @@ def summarize(labels, predictions, *, seed: int = 0, resamples: int = 1000) -> d
 def mcnemar_exact(labels, pred_a, pred_b) -> float:
     """Two-sided exact McNemar p-value for two readouts on the same questions.
 
-    Only discordant questions count: b = a right and b wrong, c = the reverse (unknown is wrong).
-    p = min(1, 2 · P[Binomial(b + c, 1/2) ≤ min(b, c)]): in exact rationals up to EXACT_UP_TO discordant
-    questions (each binomial coefficient from the last, not anew: 0.06 s at 20,000), in log space beyond (the
-    same tail to float rounding, ~1e-9 relative: milliseconds at 100,000).
+    Only discordant questions count: b = a right and b wrong, c = the reverse (unknown is wrong). p
+    = min(1, 2 · P[Binomial(b + c, 1/2) ≤ min(b, c)]): in exact rationals up to EXACT_UP_TO
+    discordant questions (each binomial coefficient from the last, not anew: 0.06 s at 20,000), in
+    log space beyond (the same tail to float rounding, ~1e-9 relative: milliseconds at 100,000).
     """
     y, a, b_ = _codes(labels), _codes(pred_a), _codes(pred_b)
     right_a, right_b = a == y, b_ == y

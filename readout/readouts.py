@@ -1,10 +1,10 @@
-"""Readout protocols: the rules that turn a model's output at the answer position into yes / no / unknown.
+"""Readout protocols: the rules turning a model's output at the answer position into yes/no/unknown.
 
 Every readout is a pure function of three things seen at the answer position: the logits of its
-candidate ids, the full-vocabulary argmax id, and the decoded continuation (when text was generated).
-Logit readouts also carry the token sets they compare; those depend on the vocabulary and the prompt
-and are derived in `tokens.py`, then stored with every run so that `score` can recompute decisions
-from the records without the model.
+candidate ids, the full-vocabulary argmax id, and the decoded continuation (when text was
+generated). Logit readouts also carry the token sets they compare; those depend on the vocabulary
+and the prompt and are derived in `tokens.py`, then stored with every run so that `score` can
+recompute decisions from the records without the model.
 
 The legacy id sets are named readouts, not constants anyone relies on: 3582/1217 are 'yes'/'no'
 (no leading space) in the LLaMA-2 vocabulary, which LLaVA-1.5 never emits after `ASSISTANT:`; under
@@ -20,8 +20,8 @@ from typing import Callable, Mapping
 YES, NO, UNKNOWN = "yes", "no", "unknown"
 DECISIONS = (YES, NO, UNKNOWN)
 
-# Kinds say what a readout reads: candidate logits, the argmax id, decoded new tokens, or the decoded
-# whole sequence (prompt included).
+# Kinds say what a readout reads: candidate logits, the argmax id, decoded new tokens, or the
+# decoded whole sequence (prompt included).
 LOGIT, FIRST_TOKEN, TEXT, SEQUENCE = "logit", "first_token", "text", "sequence"
 GENERATING = (TEXT, SEQUENCE)
 
@@ -48,20 +48,22 @@ class TokenSets:
         return cls(tuple(int(i) for i in obj["yes_ids"]), tuple(int(i) for i in obj["no_ids"]))
 
 
-# Why a logit readout answers unknown: the reasons score, compare and report count per readout (and method).
-NO_CANDIDATE = "no candidate id"  # a side of the token set is empty: no yes (or no) form is one token
+# Why a logit readout answers unknown: the reasons score, compare and report count per readout (and
+# method).
+NO_CANDIDATE = "no candidate id"  # a side of the token set is empty: no yes (or no) form is a token
 ALL_CUT = "all candidates cut"  # every candidate -inf: a method's plausibility cut removed them all
 NON_FINITE = "non-finite logit"  # a NaN or +inf among the candidates: a numerical fault
 UNKNOWN_REASONS = (ALL_CUT, NON_FINITE, NO_CANDIDATE)
 
 
 def undecidable(logits: Mapping[int, float], sets: TokenSets) -> str | None:
-    """Why max vs max cannot decide between these candidates (one of UNKNOWN_REASONS), or None where it can.
+    """Why max vs max cannot decide between these candidates (one of UNKNOWN_REASONS), or None.
 
-    A NaN or +inf anywhere among the candidates never decides: max() over a NaN depends on the order of the ids,
-    and a +inf is an overflow, not a preference. Only when every candidate, yes and no alike, is -inf is the cut
-    the reason: the method's own decoding would emit some token outside both sets, so neither answer is its
-    own. Where the cut removed one side only, the other side wins, as `compare_max_logits` says why."""
+    A NaN or +inf anywhere among the candidates never decides: max() over a NaN depends on the order
+    of the ids, and a +inf is an overflow, not a preference. Only when every candidate, yes and no
+    alike, is -inf is the cut the reason: the method's own decoding would emit some token outside
+    both sets, so neither answer is its own. Where the cut removed one side only, the other side
+    wins, as `compare_max_logits` says why."""
     if not sets.yes_ids or not sets.no_ids:
         return NO_CANDIDATE
     values = [float(logits[i]) for i in sets.ids]
@@ -75,10 +77,11 @@ def undecidable(logits: Mapping[int, float], sets: TokenSets) -> str | None:
 def compare_max_logits(logits: Mapping[int, float], sets: TokenSets) -> str:
     """Yes when the best yes logit is strictly larger than the best no logit; ties are no.
 
-    Unknown where `undecidable` names a reason: a silent 'no' from comparing nothing would be scored as an
-    answer. A side whose every candidate is -inf (VCD's, PAI's and ICD's plausibility cut: p < beta · max p)
-    loses to a side with a finite candidate: the method itself ruled that side's tokens implausible and would
-    sample the other's, so that is the method's answer, not an artefact of the readout.
+    Unknown where `undecidable` names a reason: a silent 'no' from comparing nothing would be scored
+    as an answer. A side whose every candidate is -inf (VCD's, PAI's and ICD's plausibility cut: p <
+    beta · max p) loses to a side with a finite candidate: the method itself ruled that side's
+    tokens implausible and would sample the other's, so that is the method's answer, not an artefact
+    of the readout.
     """
     if undecidable(logits, sets) is not None:
         return UNKNOWN
@@ -119,23 +122,23 @@ def pope_official(text: str) -> str:
     return NO if any(w in ("No", "not", "no") for w in words) else YES
 
 
-# lmms-eval's default --reasoning_tags (v0.7.2 cb45ac4d lmms_eval/__main__.py l.303-308), which its evaluator
-# strips from every generated answer before any task scores it (evaluator.py l.1092-1136).
+# lmms-eval's default --reasoning_tags (v0.7.2 cb45ac4d lmms_eval/__main__.py l.303-308), which its
+# evaluator strips from every generated answer before any task scores it (evaluator.py l.1092-1136).
 LMMS_EVAL_REASONING_TAGS = (("<think>", "</think>"), ("<analysis>", "</analysis>"))
 
 
 def lmms_eval_scored_text(text: str) -> str:
-    """The text lmms-eval's tasks score and its samples log keeps: strip_reasoning_tags (lmms_eval/api/
-    reasoning.py l.5-35 at cb45ac4d) under the default tags. Per tag pair, while both tags occur, the first
-    opening tag through the first closing tag after it is cut out; a closing tag left without an opening one
-    (a template that opened the block in the prompt) keeps only what follows the last of them; then the
-    whole is stripped."""
+    """The text lmms-eval's tasks score and its samples log keeps: strip_reasoning_tags
+    (lmms_eval/api/reasoning.py l.5-35 at cb45ac4d) under the default tags. Per tag pair, while both
+    tags occur, the first opening tag through the first closing tag after it is cut out; a closing
+    tag left without an opening one (a template that opened the block in the prompt) keeps only what
+    follows the last of them; then the whole is stripped."""
     result = text
     for start_tag, end_tag in LMMS_EVAL_REASONING_TAGS:
         while start_tag in result and end_tag in result:
             start = result.find(start_tag)
             end = result.find(end_tag, start)
-            if end == -1:  # only a closing tag before the opening one: the loop would never end there
+            if end == -1:  # only a closing tag before the opening one: the loop would never end
                 break
             result = result[:start] + result[end + len(end_tag):]
         if end_tag in result and start_tag not in result:
@@ -150,27 +153,30 @@ def exact_match(text: str) -> str:
     return answer if answer in (YES, NO) else UNKNOWN
 
 
-_MARKS = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`", ",", "?", "!")
+_MARKS = (";", "/", "[", "]", '"', "{", "}", "(", ")", "=", "+", "\\", "_", "-", ">", "<", "@", "`",
+          ",", "?", "!")
 _DIGIT_COMMA = re.compile(r"(\d)(,)(\d)")
 _PERIOD = re.compile(r"(?<!\d)\.(?!\d)")
 
 
 def _punctuation_removed(text: str) -> str:
-    """VLMEvalKit `process_punctuation` (vlmeval/smp/misc.py l.18-33 at e8e78f05): each mark is deleted
-    where the text has it beside a space (or holds a digit,digit anywhere), else replaced by a space,
-    each mark deciding on the text as given; then periods not beside a digit are deleted, at most 32 of
-    them (it passes re.UNICODE, 32, where `sub` takes its count)."""
+    """VLMEvalKit `process_punctuation` (vlmeval/smp/misc.py l.18-33 at e8e78f05): each mark is
+    deleted where the text has it beside a space (or holds a digit,digit anywhere), else replaced by
+    a space, each mark deciding on the text as given; then periods not beside a digit are deleted,
+    at most 32 of them (it passes re.UNICODE, 32, where `sub` takes its count)."""
     out = text
     digit_comma = _DIGIT_COMMA.search(text) is not None
     for mark in _MARKS:
-        out = out.replace(mark, "" if mark + " " in text or " " + mark in text or digit_comma else " ")
+        beside_space = mark + " " in text or " " + mark in text
+        out = out.replace(mark, "" if beside_space or digit_comma else " ")
     return _PERIOD.sub("", out, count=32)
 
 
 def yorn(text: str) -> str:
-    """VLMEvalKit `YOrN_Extraction` (vlmeval/dataset/utils/yorn.py l.254-261): the lowercased answer, its
-    punctuation removed, split on whitespace; yes when the words hold 'yes' and not 'no', no for the
-    reverse, else unknown (both, or neither: "yes, there is no dog", "**yes**", "yes:")."""
+    """VLMEvalKit `YOrN_Extraction` (vlmeval/dataset/utils/yorn.py l.254-261): the lowercased
+    answer, its punctuation removed, split on whitespace; yes when the words hold 'yes' and not
+    'no', no for the reverse, else unknown (both, or neither: "yes, there is no dog", "**yes**",
+    "yes:")."""
     words = _punctuation_removed(text.lower()).split()
     if "yes" in words and "no" not in words:
         return YES
@@ -180,10 +186,11 @@ def yorn(text: str) -> str:
 
 
 def repope(text: str) -> str:
-    """RePOPE's `compute_answer` (YanNeu/RePOPE bcf22e5 src/eval_utils.py l.5-13): yes when "yes" occurs
-    anywhere in the lowercased answer ("yesterday", "yes, no doubt"), else no when "no" does ("not", "none",
-    "know"); its third branch, "not", can never decide, since "not" holds "no". Anything else is its None:
-    unknown here, and left out of every count (compute_results l.45-56)."""
+    """RePOPE's `compute_answer` (YanNeu/RePOPE bcf22e5 src/eval_utils.py l.5-13): yes when "yes"
+    occurs anywhere in the lowercased answer ("yesterday", "yes, no doubt"), else no when "no" does
+    ("not", "none", "know"); its third branch, "not", can never decide, since "not" holds "no".
+    Anything else is its None: unknown here, and left out of every count (compute_results
+    l.45-56)."""
     lowered = text.lower()
     if "yes" in lowered:
         return YES
@@ -193,10 +200,10 @@ def repope(text: str) -> str:
 
 
 def vcd(text: str) -> str:
-    """VCD's experiments/eval/eval_pope.py (DAMO-NLP-SG/VCD d6568ff l.33-50) without the label it reads: "yes" in
-    the lowercased, stripped text and not "no" → yes, the reverse → no; both ("yes, there is no...") or neither
-    unknown, since its count of those depends on the label (right under either label for both, wrong for neither:
-    `--protocol vcd` counts them so)."""
+    """VCD's experiments/eval/eval_pope.py (DAMO-NLP-SG/VCD d6568ff l.33-50) without the label it
+    reads: "yes" in the lowercased, stripped text and not "no" → yes, the reverse → no; both
+    ("yes, there is no...") or neither unknown, since its count of those depends on the label
+    (right under either label for both, wrong for neither: `--protocol vcd` counts them so)."""
     lowered = text.lower().strip()
     if ("yes" in lowered) != ("no" in lowered):
         return YES if "yes" in lowered else NO
@@ -240,16 +247,18 @@ class Readout:
                 raise ValueError(f"readout {self.name} needs its token sets")
             return self.decide(first_token_id, sets)
         if decoded is None:
-            what = "the decoded whole sequence" if self.kind == SEQUENCE else "the decoded continuation"
+            what = ("the decoded whole sequence" if self.kind == SEQUENCE
+                    else "the decoded continuation")
             raise ValueError(f"readout {self.name} needs {what}")
         return self.decide(decoded)
 
     def read(self, sets: TokenSets | None, answer) -> str:
-        """The decision from one answer: the one place that says which of an answer's inputs each kind
-        reads. `answer` is anything with candidate_logits, first_token_id, decoded_sequence and
-        text_for(readout name): an engine's PromptResult, a scored record's Entry. Missing when it lacks
-        this readout's input (or its token sets), naming what. An answer whose position was never read (a
-        thinking checkpoint's reasoning that did not close: `unanswered`) is unknown under every readout."""
+        """The decision from one answer: the one place that says which of an answer's inputs each
+        kind reads. `answer` is anything with candidate_logits, first_token_id, decoded_sequence and
+        text_for(readout name): an engine's PromptResult, a scored record's Entry. Missing when it
+        lacks this readout's input (or its token sets), naming what. An answer whose position was
+        never read (a thinking checkpoint's reasoning that did not close: `unanswered`) is unknown
+        under every readout."""
         if getattr(answer, "unanswered", None):
             return UNKNOWN
         if self.kind == LOGIT:
@@ -266,7 +275,8 @@ class Readout:
             return self(sets, None, answer.first_token_id, None)
         if self.kind == SEQUENCE:
             if answer.decoded_sequence is None:
-                raise Missing("no decoded whole sequence (run with string_parse_with_prompt to record it)")
+                raise Missing("no decoded whole sequence "
+                              "(run with string_parse_with_prompt to record it)")
             return self(None, None, None, answer.decoded_sequence)
         text = answer.text_for(self.name)
         if text is None:
@@ -274,13 +284,14 @@ class Readout:
         return self(None, None, None, text)
 
     def why_unknown(self, sets: TokenSets | None, answer) -> str | None:
-        """Why this readout cannot decide this answer (`undecidable`'s reason, or why the answer has no answer
-        position), None where it can or where the reason is not the candidates' (a text readout's unknown, an
-        answer lacking its input: `read` says)."""
+        """Why this readout cannot decide this answer (`undecidable`'s reason, or why the answer has
+        no answer position), None where it can or where the reason is not the candidates' (a text
+        readout's unknown, an answer lacking its input: `read` says)."""
         if getattr(answer, "unanswered", None):
             return answer.unanswered
         logits = answer.candidate_logits
-        if self.kind != LOGIT or sets is None or logits is None or any(i not in logits for i in sets.ids):
+        if (self.kind != LOGIT or sets is None or logits is None
+                or any(i not in logits for i in sets.ids)):
             return None
         return undecidable(logits, sets)
 
@@ -289,41 +300,58 @@ class Readout:
 READOUTS: dict[str, Readout] = {
     r.name: r
     for r in (
-        Readout("legacy_2tok", LOGIT, "fixed LLaMA-2 ids 3582 'yes' vs 1217 'no'", compare_max_logits),
-        Readout("legacy_8tok", LOGIT, "fixed LLaMA-2 ids {yes,Yes,▁yes,▁Yes} vs {no,No,▁no,▁No}, max vs max",
+        Readout("legacy_2tok", LOGIT, "fixed LLaMA-2 ids 3582 'yes' vs 1217 'no'",
                 compare_max_logits),
-        Readout("dynamic_single", LOGIT, "yes/Yes/ yes/ Yes vs no/No/ no/ No forms that encode to one token",
+        Readout("legacy_8tok", LOGIT,
+                "fixed LLaMA-2 ids {yes,Yes,▁yes,▁Yes} vs {no,No,▁no,▁No}, max vs max",
                 compare_max_logits),
-        Readout("template_aware", LOGIT, "the first answer token after the exact prompt, per form; max vs max",
+        Readout("dynamic_single", LOGIT,
+                "yes/Yes/ yes/ Yes vs no/No/ no/ No forms that encode to one token",
+                compare_max_logits),
+        Readout("template_aware", LOGIT,
+                "the first answer token after the exact prompt, per form; max vs max",
                 compare_max_logits),
         Readout("first_token", FIRST_TOKEN, "greedy first token in the template-aware yes / no set",
                 first_token_decision),
         # The paper's run_multi_model_audit.py (--parse-max-new-tokens 6).
-        Readout("string_parse", TEXT, "ugaa-research: first whole-word yes/no in the first 64 characters, stripped",
+        Readout("string_parse", TEXT,
+                "ugaa-research: first whole-word yes/no in the first 64 characters, stripped",
                 string_parse, Generation(6)),
-        # Its InstructBLIP and mPLUG-Owl2 adapters decoded generate's whole output, prompt included, so the
-        # prompt's own "yes" decided (the all-yes row). Reproduces that published row; not a recommendation.
+        # Its InstructBLIP and mPLUG-Owl2 adapters decoded generate's whole output, prompt included,
+        # so the prompt's own "yes" decided (the all-yes row). Reproduces that published row; not a
+        # recommendation.
         Readout("string_parse_with_prompt", SEQUENCE,
-                "string_parse of the decoded whole sequence, prompt included (the paper's InstructBLIP and "
-                "mPLUG-Owl2 rows; not a recommended readout)", string_parse, Generation(6)),
-        # evaluate.py reads the first sentence only; the answers it scores were generated as the references
-        # generate (LLaVA's model_vqa_loader and lmms-eval: 128 new tokens at most), never to the end of the
-        # model's positions (a model that loops without a period would decode thousands of tokens).
-        Readout("pope_official", TEXT, "RUCAIBox/POPE evaluate.py: no/not/No before the first '.', else yes",
+                "string_parse of the decoded whole sequence, prompt included (the paper's "
+                "InstructBLIP and mPLUG-Owl2 rows; not a recommended readout)",
+                string_parse, Generation(6)),
+        # evaluate.py reads the first sentence only; the answers it scores were generated as the
+        # references generate (LLaVA's model_vqa_loader and lmms-eval: 128 new tokens at most),
+        # never to the end of the model's positions (a model that loops without a period would
+        # decode thousands of tokens).
+        Readout("pope_official", TEXT,
+                "RUCAIBox/POPE evaluate.py: no/not/No before the first '.', else yes",
                 pope_official, Generation(128, first_sentence=True)),
         # lmms-eval's pope.yaml: max_new_tokens 128.
-        Readout("exact_match", TEXT, "lmms-eval: stripped lowercase answer (reasoning blocks cut) equals yes or no",
+        Readout("exact_match", TEXT,
+                "lmms-eval: stripped lowercase answer (reasoning blocks cut) equals yes or no",
                 exact_match, Generation(128)),
-        # VLMEvalKit generates 2048 tokens for most classes (mPLUG-Owl2 512); an ordinary run reads 128 as the
-        # others, and `--protocol vlmevalkit` the model class's own length.
-        Readout("yorn", TEXT, "VLMEvalKit YOrN_Extraction: 'yes' and not 'no' among the words (punctuation "
-                "removed), or the reverse; else unknown", yorn, Generation(128)),
-        # RePOPE's evaluators generate per model (src/vlms/: 15 to 1024 new tokens); an ordinary run reads 128.
-        Readout("repope", TEXT, "RePOPE compute_answer: 'yes' anywhere in the lowercased text, else 'no' anywhere; "
+        # VLMEvalKit generates 2048 tokens for most classes (mPLUG-Owl2 512); an ordinary run reads
+        # 128 as the others, and `--protocol vlmevalkit` the model class's own length.
+        Readout("yorn", TEXT,
+                "VLMEvalKit YOrN_Extraction: 'yes' and not 'no' among the words "
+                "(punctuation removed), or the reverse; else unknown", yorn, Generation(128)),
+        # RePOPE's evaluators generate per model (src/vlms/: 15 to 1024 new tokens); an ordinary run
+        # reads 128.
+        Readout("repope", TEXT,
+                "RePOPE compute_answer: 'yes' anywhere in the lowercased text, else 'no' anywhere; "
                 "else unknown (left out of its counts)", repope, Generation(128)),
-        # VCD's scripts sample up to 1024 new tokens (--protocol vcd); an ordinary run reads 128 as the others.
-        Readout("vcd", TEXT, "VCD eval_pope.py: 'yes' in the lowercased text and not 'no' → yes, the reverse → no; "
-                "both or neither unknown (its own count reads the label: --protocol vcd)", vcd, Generation(128)),
+        # VCD's scripts sample up to 1024 new tokens (--protocol vcd); an ordinary run reads 128 as
+        # the others.
+        Readout("vcd", TEXT,
+                "VCD eval_pope.py: 'yes' in the lowercased text and not 'no' → yes, "
+                "the reverse → no; both or neither unknown "
+                "(its own count reads the label: --protocol vcd)",
+                vcd, Generation(128)),
     )
 }
 LOGIT_READOUTS = tuple(n for n, r in READOUTS.items() if r.kind == LOGIT)

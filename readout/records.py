@@ -1,7 +1,8 @@
 """Per-question records: the schema of a record line (what `make_record` writes and `checked_record`
-accepts), and reading ours back for scoring (a run folder's records.jsonl with its meta.json: `read_ours`;
-reading any records file, ours or another tool's, is reading.py). Where records and meta are written,
-locked, repaired and ordered is the application's run-folder store (`pope_fast/store.py`)."""
+accepts), and reading ours back for scoring (a run folder's records.jsonl with its meta.json:
+`read_ours`; reading any records file, ours or another tool's, is reading.py). Where records and
+meta are written, locked, repaired and ordered is the application's run-folder store
+(`pope_fast/store.py`)."""
 from __future__ import annotations
 
 import json
@@ -14,8 +15,8 @@ from .data import LABELS, DataError, Question
 from .readouts import DECISIONS, READOUTS, TokenSets
 
 RECORDS_FILE, META_FILE = "records.jsonl", "meta.json"
-# A torchrun job's ranks each write a part, records.rank<R>.jsonl, folded into records.jsonl when the job ends
-# (the store does that); a stopped job leaves them, and reading the folder reads them too.
+# A torchrun job's ranks each write a part (records.rank<R>.jsonl), folded into records.jsonl at
+# the job's end by the store; a stopped job leaves them, and reading the folder reads them too.
 PARTS_GLOB = "records.rank*.jsonl"
 PART = re.compile(r"records\.rank(\d+)\.jsonl")
 
@@ -30,27 +31,33 @@ def rank_parts(folder: Path) -> list[Path]:
 
 
 def answer_field(json_type: type | None, **default):
-    """An AnswerFields field, held by checked_record to its JSON type (None: its reader checks it); default None."""
+    """An AnswerFields field (default None), held by checked_record to its JSON type (None: its
+    reader checks it)."""
     return field(metadata={"json": json_type}, **(default or {"default": None}))
 
 
 @dataclass(kw_only=True)
 class AnswerFields:
-    """What a record keeps of one prompt's answer: the engine's PromptResult is one (with its tensors), make_record
-    writes one and Entry reads one back. A record line holds them in this order, each where it is not None, read
-    back as written (absent: the default) and checked as its JSON type; `_written` and `_answer` name the few whose
-    JSON is not their value (non-finite floats, texts where they differ from `decoded`, capped where any)."""
+    """What a record keeps of one prompt's answer: the engine's PromptResult is one (with its
+    tensors), make_record writes one and Entry reads one back. A record line holds them in this
+    order, each where it is not None, read back as written (absent: the default) and checked as its
+    JSON type; `_written` and `_answer` name the few whose JSON is not their value (non-finite
+    floats, texts where they differ from `decoded`, capped where any)."""
 
-    first_token_id: int | None = answer_field(int)  # the answer position's argmax (null: no answer position was read)
+    first_token_id: int | None = answer_field(int)  # the answer position's argmax (null: none read)
     candidate_logits: dict[int, float] | None = answer_field(dict)  # fp32, keyed by token id
-    logsumexp: float | None = answer_field(None)  # over the whole vocabulary, where settings.record_mass (NaN: a fault)
-    decoded: str | None = answer_field(str)  # the whole greedy continuation, where a text readout asked for one
-    texts: dict[str, str] = answer_field(dict, default_factory=dict)  # each text readout's own prefix of it
-    decoded_sequence: str | None = answer_field(str)  # the prompt and its continuation decoded as one (with_prompt)
-    capped: tuple[str, ...] = answer_field(list, default=())  # the text readouts whose text its max_new_tokens cut
-    reasoning: str | None = answer_field(str)  # a thinking checkpoint's decoded reasoning, where one ran
+    # over the whole vocabulary, where settings.record_mass (NaN: a fault)
+    logsumexp: float | None = answer_field(None)
+    # the whole greedy continuation, where a text readout asked for one
+    decoded: str | None = answer_field(str)
+    texts: dict[str, str] = answer_field(dict, default_factory=dict)  # each text readout's prefix
+    # the prompt and its continuation decoded as one (with_prompt)
+    decoded_sequence: str | None = answer_field(str)
+    capped: tuple[str, ...] = answer_field(list, default=())  # the text readouts max_new_tokens cut
+    reasoning: str | None = answer_field(str)  # a thinking checkpoint's decoded reasoning, if run
     reasoning_tokens: int | None = answer_field(int)
-    unanswered: str | None = answer_field(str)  # why no answer position was read (a reasoning not closed): all unknown
+    # why no answer position was read (a reasoning not closed): all unknown
+    unanswered: str | None = answer_field(str)
 
     def text_for(self, readout: str) -> str | None:
         """The text a text readout reads: its own prefix of the continuation, else all of it."""
@@ -62,12 +69,13 @@ class AnswerFields:
 
 
 def make_record(question: Question, template: str, answer: AnswerFields | None = None, *,
-                predictions: dict[str, str] | None = None, error: str | None = None, image_sha256: str | None = None,
-                probe: dict | None = None, **given) -> dict:
-    """One question's record: `answer` (or its AnswerFields given as keywords), the readouts' `predictions` and the
-    probe's values (the image-attention probe's one float per decoder layer); or, where it could not be answered,
-    the `error`. Its question text and the sha256 of its image's bytes are kept so that a resumed run can prove a
-    recorded answer is still the answer to this question."""
+                predictions: dict[str, str] | None = None, error: str | None = None,
+                image_sha256: str | None = None, probe: dict | None = None, **given) -> dict:
+    """One question's record: `answer` (or its AnswerFields given as keywords), the readouts'
+    `predictions` and the probe's values (the image-attention probe's one float per decoder layer);
+    or, where it could not be answered, the `error`. Its question text and the sha256 of its image's
+    bytes are kept so that a resumed run can prove a recorded answer is still the answer to this
+    question."""
     if answer is not None and given:
         raise TypeError(f"make_record: an answer or its fields ({', '.join(given)}), not both")
     record = {"question_id": question.question_id, "split": question.split, "image": question.image,
@@ -91,18 +99,21 @@ def make_record(question: Question, template: str, answer: AnswerFields | None =
     return record
 
 
-ALWAYS = ("first_token_id", "candidate_logits")  # an answer record's answer position, even one not read (null, {})
+# an answer record's answer position, even one not read (null, {})
+ALWAYS = ("first_token_id", "candidate_logits")
 
 
 def _written(answer: AnswerFields, faults: dict) -> dict:
-    """The answer's fields as a record line holds them, in AnswerFields' order; a non-finite float's fault in
-    `faults`."""
+    """The answer's fields as a record line holds them, in AnswerFields' order; a non-finite float's
+    fault in `faults`."""
     out = {f.name: getattr(answer, f.name) for f in fields(AnswerFields)
            if getattr(answer, f.name) is not None or f.name in ALWAYS}
-    # JSON has no NaN or infinities: -inf (a token a method's plausibility cut removed) is written as null, and
-    # so is a NaN or +inf (a numerical fault), which `non_finite` names, to be read back as it was
+    # JSON has no NaN or infinities: -inf (a token a method's plausibility cut removed) is written
+    # as null, and so is a NaN or +inf (a numerical fault), which `non_finite` names, to be read
+    # back as it was
     logits = out["candidate_logits"] or {}
-    out["candidate_logits"] = {str(i): float(v) if math.isfinite(v) else None for i, v in logits.items()}
+    out["candidate_logits"] = {str(i): float(v) if math.isfinite(v) else None
+                               for i, v in logits.items()}
     faulty = {str(i): "nan" if math.isnan(v) else "inf" for i, v in logits.items()
               if not math.isfinite(v) and v != float("-inf")}
     if faulty:
@@ -112,14 +123,16 @@ def _written(answer: AnswerFields, faults: dict) -> dict:
         out["logsumexp"] = float(mass) if math.isfinite(mass) else None
         if not math.isfinite(mass):
             faults["logsumexp"] = "nan" if math.isnan(mass) else "inf"
-    decoded = answer.decoded  # the text readouts' own texts only where they differ from it (read it for the others)
-    out["texts"] = {n: t for n, t in (answer.texts or {}).items() if t != decoded} if decoded is not None else {}
+    # the text readouts' own texts only where they differ from it (read it for the others)
+    decoded = answer.decoded
+    out["texts"] = ({n: t for n, t in (answer.texts or {}).items() if t != decoded}
+                    if decoded is not None else {})
     out["capped"] = list(answer.capped or ())
     return {k: v for k, v in out.items() if v or k not in ("texts", "capped")}
 
 
 def _finite_list(values):
-    """A probe's (nested) list of floats with each non-finite value null, and whether there was one."""
+    """A probe's (nested) list of floats each non-finite value null, and whether there was one."""
     if isinstance(values, list):
         pairs = [_finite_list(v) for v in values]
         return [v for v, _ in pairs], any(f for _, f in pairs)
@@ -129,7 +142,7 @@ def _finite_list(values):
 
 
 def strict_json(obj, **kwargs) -> str:
-    """JSON with no bare NaN or Infinity, which strict parsers refuse: a non-finite float is null."""
+    """JSON with no bare NaN or Infinity, which strict parsers refuse: non-finite floats null."""
     return json.dumps(_nulled(obj), allow_nan=False, **kwargs)
 
 
@@ -149,7 +162,7 @@ def record_key(split: str, question_id, dataset: str = "") -> tuple[str, str, st
 
 
 def checked_record(rec, where: str) -> dict:
-    """A parsed record line, or DataError naming `where`: a JSON object whose key fields have their types."""
+    """A parsed record line, or DataError naming `where`: a JSON object, its key fields typed."""
     if not isinstance(rec, dict):
         raise DataError(f"{where}: expected a JSON object, got {type(rec).__name__}")
     missing = [k for k in ("question_id", "split", "label") if k not in rec]
@@ -162,13 +175,16 @@ def checked_record(rec, where: str) -> dict:
         raise DataError(f"{where}: split {split!r} is not a non-empty string")
     if rec["label"] not in LABELS:
         raise DataError(f"{where}: label {rec['label']!r} is not yes/no")
-    expected = {"predictions": dict, "error": str, "text": str, "image": str, "image_sha256": str, "dataset": str,
-                "image_attention": list, "image_attention_heads": list, "non_finite": dict,
-                **{f.name: f.metadata["json"] for f in fields(AnswerFields) if f.metadata["json"] is not None}}
+    expected = {"predictions": dict, "error": str, "text": str, "image": str, "image_sha256": str,
+                "dataset": str, "image_attention": list, "image_attention_heads": list,
+                "non_finite": dict, **{f.name: f.metadata["json"] for f in fields(AnswerFields)
+                                       if f.metadata["json"] is not None}}
     for key, kind in expected.items():
         value = rec.get(key)
-        if value is not None and (not isinstance(value, kind) or kind is int and isinstance(value, bool)):
-            raise DataError(f"{where}: {key} {value!r} is not {'an' if kind is int else 'a'} {kind.__name__}")
+        if value is not None and (not isinstance(value, kind)
+                                  or kind is int and isinstance(value, bool)):
+            article = "an" if kind is int else "a"
+            raise DataError(f"{where}: {key} {value!r} is not {article} {kind.__name__}")
     return rec
 
 
@@ -182,8 +198,9 @@ def json_lines(text: str):
 
 
 def duplicate_message(where: str, key: tuple[str, str, str], run_dir: Path) -> str:
-    return (f"{where}: duplicate record for question {key[2]} of split {key[1]} (two runs wrote to this "
-            f"folder); `pope-fast repair {run_dir}` keeps the last complete record of each question")
+    return (f"{where}: duplicate record for question {key[2]} of split {key[1]} (two runs wrote to "
+            f"this folder); `pope-fast repair {run_dir}` keeps the last complete record of each "
+            "question")
 
 
 def read_meta(path: Path) -> dict:
@@ -193,8 +210,8 @@ def read_meta(path: Path) -> dict:
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise DataError(f"{path}: not valid JSON ({err}); a torn meta.json: move the run folder away "
-                        "or restore the file") from None
+        raise DataError(f"{path}: not valid JSON ({err}); a torn meta.json: move the run folder "
+                        "away or restore the file") from None
     if not isinstance(meta, dict):
         raise DataError(f"{path}: expected a JSON object, got {type(meta).__name__}")
     for key in ("model", "settings", "tokenizer", "token_sets"):
@@ -204,13 +221,14 @@ def read_meta(path: Path) -> dict:
         for sets in meta.get("token_sets", {}).values():
             TokenSets.from_json(sets)
     except (KeyError, TypeError, ValueError, AttributeError):
-        raise DataError(f"{path}: token_sets must map readouts to yes_ids and no_ids lists of ints") from None
+        raise DataError(f"{path}: token_sets must map readouts to yes_ids and no_ids lists of "
+                        "ints") from None
     return meta
 
 
 @dataclass
 class Entry(AnswerFields):
-    """One scored question, normalised from any record format: its answer's fields, where the format has them."""
+    """One scored question from any record format, with its answer's fields where it has them."""
 
     key: str
     split: str
@@ -218,10 +236,10 @@ class Entry(AnswerFields):
     dataset: str = ""
     stored: dict[str, str] = field(default_factory=dict)
     error: str | None = None
-    image_attention: list[float] | None = None  # the probe's one value per decoder layer, where it ran
-    text: str | None = None  # the question, where the record keeps it (ours do; published files do not)
+    image_attention: list[float] | None = None  # the probe's value per decoder layer, where it ran
+    text: str | None = None  # the question, where the record keeps it (ours; published files not)
     image: str | None = None
-    non_finite: tuple[str, ...] = ()  # the fields that held a NaN or infinity (the record's non_finite names)
+    non_finite: tuple[str, ...] = ()  # the fields that held a NaN or infinity (named in the record)
 
 
 @dataclass
@@ -240,7 +258,7 @@ def check_decision(value, where: str, name: str) -> str:
 
 
 def read_ours(source: Path, files: list[tuple[Path, str]]) -> RecordSet:
-    """Our records from records.jsonl (`source`) and a stopped torchrun job's rank parts: (path, text) each."""
+    """Our records.jsonl (`source`) and a stopped torchrun job's rank parts: (path, text) each."""
     folder = source.parent
     meta = read_meta(folder / META_FILE)
     token_sets = {n: TokenSets.from_json(s) for n, s in meta.get("token_sets", {}).items()}
@@ -261,8 +279,7 @@ def read_ours(source: Path, files: list[tuple[Path, str]]) -> RecordSet:
 
 
 def _lines(path: Path, text: str):
-    """(where, record) of each line; a torn last line (still being written, or cut by a crash) is no
-    record yet."""
+    """(where, record) per line; a torn last line (being written, or cut by a crash): none yet."""
     for lineno, line in json_lines(text):
         where = f"{path}:{lineno}"
         try:
@@ -275,17 +292,19 @@ def _lines(path: Path, text: str):
 
 def _entry(rec: dict, where: str) -> Entry:
     answer = _answer(rec, where)
-    return Entry(key=str(rec["question_id"]), split=rec["split"], label=rec["label"], dataset=rec.get("dataset", ""),
-                 image_attention=_probe(rec.get("image_attention")), text=rec.get("text"), image=rec.get("image"),
-                 stored={n: check_decision(v, where, n) for n, v in rec.get("predictions", {}).items()
-                         if n in READOUTS},
+    return Entry(key=str(rec["question_id"]), split=rec["split"], label=rec["label"],
+                 dataset=rec.get("dataset", ""), image_attention=_probe(rec.get("image_attention")),
+                 text=rec.get("text"), image=rec.get("image"),
+                 stored={n: check_decision(v, where, n)
+                         for n, v in rec.get("predictions", {}).items() if n in READOUTS},
                  error=rec.get("error"), non_finite=tuple(rec.get("non_finite") or ()), **answer)
 
 
 def _answer(rec: dict, where: str) -> dict:
     """The AnswerFields a record holds, as make_record wrote them (absent or null: the default)."""
     answer = {f.name: rec[f.name] for f in fields(AnswerFields) if rec.get(f.name) is not None}
-    return {**answer, "candidate_logits": _logits(rec.get("candidate_logits"), _faults(rec, "candidate_logits"), where),
+    logits = _logits(rec.get("candidate_logits"), _faults(rec, "candidate_logits"), where)
+    return {**answer, "candidate_logits": logits,
             "logsumexp": _logsumexp(rec, where), "capped": tuple(answer.get("capped", ()))}
 
 
@@ -294,7 +313,8 @@ def _logits(logits: dict | None, faults: dict, where: str) -> dict[int, float] |
     if logits is None:
         return None
     try:
-        return {int(i): float(faults.get(i, "-inf")) if v is None else float(v) for i, v in logits.items()}
+        return {int(i): float(faults.get(i, "-inf")) if v is None else float(v)
+                for i, v in logits.items()}
     except (TypeError, ValueError):
         raise DataError(f"{where}: candidate_logits must map token ids to numbers") from None
 
@@ -305,7 +325,8 @@ def _faults(rec: dict, key: str) -> dict:
 
 
 def _logsumexp(rec: dict, where: str) -> float | None:
-    """The record's logsumexp (None where it holds none); null is the NaN or infinity that non_finite names."""
+    """The record's logsumexp (None where it holds none); null is the NaN or infinity that
+    non_finite names."""
     if "logsumexp" not in rec:
         return None
     value = rec["logsumexp"]
@@ -325,9 +346,9 @@ def _probe(values):
 
 
 def expand_runs(paths) -> list[str]:
-    """The runs a command was given, a paired run's folder (OUT/ holding OUT/none/, OUT/vcd/, ...) standing
-    for its method folders: the baseline first (the order of OUT/compare.json, else `none` first and the
-    rest by name)."""
+    """The runs a command was given, a paired run's folder (OUT/ holding OUT/none/, OUT/vcd/, ...)
+    standing for its method folders: the baseline first (the order of OUT/compare.json, else `none`
+    first and the rest by name)."""
     out = []
     for path in map(Path, paths):
         if not path.is_dir() or _holds_records(path):
@@ -338,7 +359,8 @@ def expand_runs(paths) -> list[str]:
             out.append(str(path))  # read_records names what is missing
             continue
         order = _compared(path / "compare.json")
-        folders.sort(key=lambda f: (order.index(f.name) if f.name in order else len(order), f.name != "none", f.name))
+        folders.sort(key=lambda f: (order.index(f.name) if f.name in order else len(order),
+                                    f.name != "none", f.name))
         out += [str(f) for f in folders]
     return out
 
@@ -357,8 +379,9 @@ def _compared(path: Path) -> list[str]:
 
 
 def model_name(meta: dict) -> str | None:
-    """The model a run's meta.json names, as a table row says it: the hub id it was run from, else its checkpoint
-    folder's name (a hub cache snapshot's repository), else what an imported file names; None when it names none."""
+    """The model a run's meta.json names, as a table row says it: the hub id it was run from, else
+    its checkpoint folder's name (a hub cache snapshot's repository), else what an imported file
+    names; None when it names none."""
     hub = (meta.get("hub") or {}).get("model") or {}
     if hub.get("id"):
         return hub["id"]

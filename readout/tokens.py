@@ -43,15 +43,17 @@ def library_versions() -> dict[str, str]:
 
 
 def tokenizer_info(tokenizer) -> dict:
-    return {"name_or_path": str(getattr(tokenizer, "name_or_path", "")), "class": type(tokenizer).__name__,
-            "vocab_size": len(tokenizer), "library_versions": library_versions()}
+    return {"name_or_path": str(getattr(tokenizer, "name_or_path", "")),
+            "class": type(tokenizer).__name__, "vocab_size": len(tokenizer),
+            "library_versions": library_versions()}
 
 
 def token_strings(tokenizer, ids) -> dict[str, str]:
-    """{id: token string} (`▁Yes`, `ĠNo`) for the ids the tokenizer has; an id past its vocabulary (a fixed
-    legacy id in a small one, a padded lm_head row) is left out."""
+    """{id: token string} (`▁Yes`, `ĠNo`) for the ids the tokenizer has; an id past its
+    vocabulary (a fixed legacy id in a small one, a padded lm_head row) is left out."""
     known = [i for i in ids if 0 <= i < len(tokenizer)]
-    return {str(i): s for i, s in zip(known, tokenizer.convert_ids_to_tokens(known)) if isinstance(s, str)}
+    return {str(i): s for i, s in zip(known, tokenizer.convert_ids_to_tokens(known))
+            if isinstance(s, str)}
 
 
 def _encode(tokenizer, text: str, special: bool) -> list[int]:
@@ -75,19 +77,22 @@ def dynamic_single_sets(tokenizer) -> TokenSets:
 def first_answer_tokens(tokenizer, prompt: str, forms) -> dict[str, int | None]:
     """The first token the model would emit for each answer form right after `prompt`.
 
-    Encodes prompt + form against prompt and takes the first new token. When the form merges with the
-    prompt's last token (the prompt's own encoding is not a prefix), no single next token spells the
-    form, so it contributes nothing (None) rather than a merged token the model is never asked for.
+    Encodes prompt + form against prompt and takes the first new token. When the form merges with
+    the prompt's last token (the prompt's own encoding is not a prefix), no single next token spells
+    the form, so it contributes nothing (None) rather than a merged token the model is never asked
+    for.
     """
     base = _encode(tokenizer, prompt, special=True)
     found: dict[str, int | None] = {}
     for form in forms:
         full = _encode(tokenizer, prompt + form, special=True)
-        found[form] = full[len(base)] if full[: len(base)] == base and len(full) > len(base) else None
+        extends = full[: len(base)] == base and len(full) > len(base)
+        found[form] = full[len(base)] if extends else None
     return found
 
 
-def template_aware_sets(tokenizer, template: Template, question: str = SAMPLE_QUESTION) -> TokenSets:
+def template_aware_sets(tokenizer, template: Template,
+                        question: str = SAMPLE_QUESTION) -> TokenSets:
     prompt = template.render(question, tokenizer)
     yes = first_answer_tokens(tokenizer, prompt, YES_FORMS)
     no = first_answer_tokens(tokenizer, prompt, NO_FORMS)
@@ -118,7 +123,7 @@ def outside_vocabulary(sets: dict[str, TokenSets], vocab_size: int) -> dict[str,
 
 
 def _answer_form(token: str | None) -> str | None:
-    """'▁Yes' / 'ĠYes' / 'Yes' → 'yes'; None when the token is not a bare yes/no (or not a token at all)."""
+    """'▁Yes' / 'ĠYes' / 'Yes' → 'yes'; None where the token is no bare yes/no (or none)."""
     if token is None:
         return None
     word = token.replace("\u2581", " ").replace("\u0120", " ").strip().lower()
@@ -144,21 +149,26 @@ def audit_tokens(tokenizer, template: Template) -> dict:
         if name.startswith("legacy_"):
             for side, ids in (("yes", s.yes_ids), ("no", s.no_ids)):
                 for entry in described(ids):
+                    fixed = f"{name}: fixed {side} id {entry['id']}"
                     if entry["token"] is None:
-                        warnings.append(f"{name}: fixed {side} id {entry['id']} is not in this vocabulary")
+                        warnings.append(f"{fixed} is not in this vocabulary")
                     elif _answer_form(entry["token"]) != side:
-                        warnings.append(f"{name}: fixed {side} id {entry['id']} is {entry['token']!r} in this "
-                                        f"vocabulary, not a {side} form")
+                        warnings.append(f"{fixed} is {entry['token']!r} in this vocabulary, "
+                                        f"not a {side} form")
         if name != "template_aware":
-            for side, want, have in (("yes", aware.yes_ids, s.yes_ids), ("no", aware.no_ids, s.no_ids)):
+            for side, want, have in (("yes", aware.yes_ids, s.yes_ids),
+                                     ("no", aware.no_ids, s.no_ids)):
                 missed = [i for i in want if i not in have]
                 if missed:
-                    tokens = ", ".join(f"{i} {tokenizer.convert_ids_to_tokens(i)!r}" for i in missed)
-                    warnings.append(f"{name}: misses the template-aware first {side} token(s) {tokens}")
+                    tokens = ", ".join(f"{i} {tokenizer.convert_ids_to_tokens(i)!r}"
+                                       for i in missed)
+                    warnings.append(f"{name}: misses the template-aware first {side} token(s) "
+                                    f"{tokens}")
         if not s.yes_ids or not s.no_ids:
             warnings.append(f"{name}: an empty yes or no set, every answer is unknown")
         if name in outside:
-            warnings.append(f"{name}: ids {outside[name]} lie outside this vocabulary of {len(tokenizer)} tokens")
+            warnings.append(f"{name}: ids {outside[name]} lie outside this vocabulary of "
+                            f"{len(tokenizer)} tokens")
     return {
         "template": template.name,
         "prompt": prompt,

@@ -1,11 +1,13 @@
-"""`eval --protocol TOOL` on a benchmark's data: each question as TOOL asks it, in TOOL's model-class prompt.
+"""`eval --protocol TOOL` on a benchmark's data: each question as TOOL asks it, in TOOL's
+model-class prompt.
 
-A tool's number on a benchmark comes from two prompt layers: its model class's prompt (the template, length and
-image preprocessing `--protocol` already takes from readout/protocols/ for POPE) and its benchmark task's
-change to the question (`Rule.prompt`: lmms-eval's MME post-prompt, VLMEvalKit's AMBER suffix). The second is
-applied here to the question text, which then goes to the engine as any question does. The lmms-eval templates
-render lmms-eval's post_prompt after the question already (readout/templates.py SHORT_ANSWER, which MME's
-default post_prompt equals: lmms-eval mme.yaml:26-29 at cb45ac4d); that text is not asked twice.
+A tool's number on a benchmark comes from two prompt layers: its model class's prompt (the template,
+length and image preprocessing `--protocol` already takes from readout/protocols/ for POPE) and its
+benchmark task's change to the question (`Rule.prompt`: lmms-eval's MME post-prompt, VLMEvalKit's
+AMBER suffix). The second is applied here to the question text, which then goes to the engine as any
+question does. The lmms-eval templates render lmms-eval's post_prompt after the question already
+(readout/templates.py SHORT_ANSWER, which MME's default post_prompt equals: lmms-eval mme.yaml:26-29
+at cb45ac4d); that text is not asked twice.
 """
 from __future__ import annotations
 
@@ -18,24 +20,25 @@ from . import get_benchmark
 
 
 def check_protocol(benchmark: str, protocol: str) -> None:
-    """A protocol names one of the benchmark's rules (its tool), or eval would ask a prompt no rule scores."""
+    """A protocol names one of the benchmark's rules (its tool): else no rule scores eval's."""
     rules = get_benchmark(benchmark).rules
     if protocol not in rules:
-        raise ValueError(f"--protocol {protocol}: {benchmark}'s rules are {', '.join(rules)}; a tool without a rule "
-                         f"for {benchmark} has no prompt for it")
+        raise ValueError(f"--protocol {protocol}: {benchmark}'s rules are {', '.join(rules)}; "
+                         f"a tool without a rule for {benchmark} has no prompt for it")
 
 
 def after_question(template: str) -> str:
-    """What the template renders right after the question (its text's tail, or a chat template's suffix)."""
+    """What the template renders after the question (its text's tail, a chat template's suffix)."""
     t = get_template(template)
     return t.suffix if t.chat else t.text.partition("{question}")[2]
 
 
 def asked_questions(benchmark: str, protocol: str, questions: list[Question], template: str
                     ) -> tuple[list[Question], dict]:
-    """The questions as `protocol`'s tool asks them under `template`, and what meta.json records of it:
-    {"rule", "changed": whether the tool's task changes the data's question, "template_renders": the text the
-    template adds after it that the task's prompt would add too (dropped from the question), or ""}."""
+    """The questions as `protocol`'s tool asks them under `template`, and what meta.json records of
+    it: {"rule", "changed": whether the tool's task changes the data's question, "template_renders":
+    the text the template adds after it that the task's prompt would add too (dropped from the
+    question), or ""}."""
     check_protocol(benchmark, protocol)
     rule = get_benchmark(benchmark).rules[protocol]
     if rule.prompt is None:

@@ -1,6 +1,7 @@
-"""Reading a records file, whichever tool wrote it, told by its content: ours (a run folder, its rank parts
-included, or its records.jsonl: readout/records.py) or another tool's per-question file, which POPE's room imports
-(pope/: ugaa-research's record files, lmms-eval's samples logs, VLMEvalKit's prediction tables)."""
+"""Reading a records file, whichever tool wrote it, told by its content: ours (a run folder, its
+rank parts included, or its records.jsonl: readout/records.py) or another tool's per-question file,
+which POPE's room imports (pope/: ugaa-research's record files, lmms-eval's samples logs,
+VLMEvalKit's prediction tables)."""
 from __future__ import annotations
 
 import json

@@ -1,1 +1,1 @@
-"""Readers of other tools' file formats that more than one benchmark's room reads, one module a format."""
+"""Readers of other tools' file formats that several benchmarks' rooms read, one module a format."""

@@ -5,8 +5,8 @@ arrays (their A-OKVQA and GQA files) share the keys `question_id`, `image`, `tex
 lmms-lab/POPE parquet files (`Full/{split}-*.parquet`, or one test split with a `category` column)
 hold `question_id`, `question`, `answer`, `category`, `image_source` and the image itself as a
 `{bytes, path}` struct. Labels are always joined on `question_id`, never on line order: the official
-`evaluate.py` joins by position, which silently mis-scores any answer file that was filtered, resumed
-or reordered.
+`evaluate.py` joins by position, which silently mis-scores any answer file that was filtered,
+resumed or reordered.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ def dataset_from_name(path: str | Path) -> str:
 
 
 def _rows(path: Path) -> list[tuple[int, object]]:
-    """(line number, parsed JSON value) per question; line numbers are 1-based, 0 for array items."""
+    """(line number, parsed JSON value) per question; line numbers 1-based, 0 for array items."""
     text = read_text(path, "question file")
     if text.lstrip().startswith("["):
         try:
@@ -59,7 +59,8 @@ def _rows(path: Path) -> list[tuple[int, object]]:
         # An array's items have no line of their own; report their index as item N (1-based).
         return [(-(i + 1), item) for i, item in enumerate(items)]
     rows = []
-    for lineno, line in enumerate(text.split("\n"), start=1):  # not splitlines(): U+2028 may sit in a string
+    # not splitlines(): U+2028 may sit in a string
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         try:
@@ -95,57 +96,63 @@ def _parquet_rows(path: Path, images: dict[str, bytes]) -> list[tuple[int, dict]
             if known is None:
                 images[name] = data = by_content.setdefault(hashlib.sha256(data).digest(), data)
             elif known != data:
-                raise DataError(f"{path} item {index}: image {name!r} differs from an earlier image of that name")
+                raise DataError(f"{path} item {index}: image {name!r} differs from an earlier "
+                                "image of that name")
             else:
                 data = known
-            rows.append((-index, {"question_id": row["question_id"], "image": name, "text": row["question"],
-                                  "label": row["answer"], "category": row.get("category"), "image_data": data}))
+            rows.append((-index, {"question_id": row["question_id"], "image": name,
+                                  "text": row["question"], "label": row["answer"],
+                                  "category": row.get("category"), "image_data": data}))
     return rows
 
 
 def _category(value, where: str) -> str | None:
-    """A row's category as a split name: one of POPE's three however it is cased or padded; any other is
-    refused rather than taken as a split of its own (pass --split to name the split of such a file)."""
+    """A row's category as a split name: one of POPE's three however it is cased or padded; any
+    other is refused rather than taken as a split of its own (pass --split to name the split of such
+    a file)."""
     if value is None:
         return None
     name = str(value).strip().lower()
     if name not in KNOWN_SPLITS:
-        raise DataError(f"{where}: category {value!r} is not one of {', '.join(KNOWN_SPLITS)} (give --split to "
-                        "name this file's split)")
+        raise DataError(f"{where}: category {value!r} is not one of {', '.join(KNOWN_SPLITS)} "
+                        "(give --split to name this file's split)")
     return name
 
 
 def find_question_files(path: str | Path) -> list[Path]:
-    """A question file, or every POPE file (*.json, *.jsonl, *.parquet) directly in a folder, then POPE's question
-    files in its sub-folders: those named `{dataset}_pope_*` of a known dataset (RUCAIBox/POPE's output/ holds COCO's
-    in coco/ and A-OKVQA's and GQA's in seem/aokvqa/ and seem/gqa/; VCD's data/POPE one folder each), COCO's, then
-    A-OKVQA's, then GQA's, as papers order them. Other files below the folder (images, a run's records) are not
-    read."""
+    """A question file, or every POPE file (*.json, *.jsonl, *.parquet) directly in a folder, then
+    POPE's question files in its sub-folders: those named `{dataset}_pope_*` of a known dataset
+    (RUCAIBox/POPE's output/ holds COCO's in coco/ and A-OKVQA's and GQA's in seem/aokvqa/ and
+    seem/gqa/; VCD's data/POPE one folder each), COCO's, then A-OKVQA's, then GQA's, as papers order
+    them. Other files below the folder (images, a run's records) are not read."""
     path = Path(path)
     if not path.is_dir():
         return [path]
     files = sorted(p for p in path.iterdir() if p.suffix in QUESTION_SUFFIXES and p.is_file())
-    below = [p for p in path.glob("*/**/*") if p.suffix in (".json", ".jsonl") and p.is_file() and _pope_file(p)]
+    below = [p for p in path.glob("*/**/*")
+             if p.suffix in (".json", ".jsonl") and p.is_file() and _pope_file(p)]
     files += sorted(below, key=lambda p: (KNOWN_DATASETS.index(dataset_from_name(p)), p))
     if not files:
-        raise DataError(f"{path}: no question files ({', '.join('*' + s for s in QUESTION_SUFFIXES)}) in this "
-                        "folder (the lmms-lab/POPE download keeps them in Full/ or data/)")
+        suffixes = ", ".join("*" + s for s in QUESTION_SUFFIXES)
+        raise DataError(f"{path}: no question files ({suffixes}) in this folder "
+                        "(the lmms-lab/POPE download keeps them in Full/ or data/)")
     return files
 
 
 def _pope_file(path: Path) -> bool:
-    """A file named as POPE names its question files: `{dataset}_pope_...` of one of its three datasets."""
-    return dataset_from_name(path) in KNOWN_DATASETS and re.match(r"[a-z]+_pope_", path.name.lower()) is not None
+    """A file named as POPE names its question files: `{dataset}_pope_...` of its three datasets."""
+    return (dataset_from_name(path) in KNOWN_DATASETS
+            and re.match(r"[a-z]+_pope_", path.name.lower()) is not None)
 
 
 def load_questions(path: str | Path, split: str | None = None, dataset: str | None = None,
                    images: dict[str, bytes] | None = None) -> list[Question]:
     """Read one POPE question file; every problem raises DataError naming the file and line.
 
-    The split is `split`, else the row's `category` (lmms-lab's column, or the same field of a JSON row: one
-    of POPE's three splits, however cased), else the file's name; the dataset is
-    `dataset`, else the file's name. `images` collects a parquet file's embedded images by name
-    (shared across files, so a name cannot stand for two images)."""
+    The split is `split`, else the row's `category` (lmms-lab's column, or the same field of a JSON
+    row: one of POPE's three splits, however cased), else the file's name; the dataset is `dataset`,
+    else the file's name. `images` collects a parquet file's embedded images by name (shared across
+    files, so a name cannot stand for two images)."""
     path = Path(path)
     if dataset is None:
         dataset = dataset_from_name(path)
@@ -178,7 +185,8 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
         for key in ("image", "text"):  # null would become the string "None"
             if not isinstance(row[key], str) or not row[key].strip():
                 raise DataError(f"{where}: {key} {row[key]!r} is not a non-empty string")
-        for key in ("question_id", "image", "text"):  # written to records and read by a tokenizer or a file system
+        # written to records and read by a tokenizer or a file system
+        for key in ("question_id", "image", "text"):
             fault = surrogate_fault(row[key]) if isinstance(row[key], str) else None
             if fault:
                 raise DataError(f"{where}: {key} {row[key]!r} {fault}")
@@ -190,11 +198,13 @@ def load_questions(path: str | Path, split: str | None = None, dataset: str | No
     return questions
 
 
-def load_question_sources(paths: list[str | Path], split: str | None = None, dataset: str | None = None,
+def load_question_sources(paths: list[str | Path], split: str | None = None,
+                          dataset: str | None = None,
                           skipped: list[tuple[Path, str]] | None = None) -> list[Question]:
-    """Every question of the given files and folders (`find_question_files`), in order. A JSON file in a
-    folder that is no question file at all (a provenance or config file beside them) is left out, and
-    named with the reason in `skipped`; one named on its own is read, and any fault in it raised."""
+    """Every question of the given files and folders (`find_question_files`), in order. A JSON file
+    in a folder that is no question file at all (a provenance or config file beside them) is left
+    out, and named with the reason in `skipped`; one named on its own is read, and any fault in it
+    raised."""
     images: dict[str, bytes] = {}
     questions = []
     for source in paths:
@@ -209,8 +219,9 @@ def load_question_sources(paths: list[str | Path], split: str | None = None, dat
 
 
 def not_questions(path: Path) -> str | None:
-    """Why a JSON file is no question file (its only or first value is not an object with any question key),
-    or None: parquet files and any file that may be one (even one with faults, named when it is read)."""
+    """Why a JSON file is no question file (its only or first value is not an object with any
+    question key), or None: parquet files and any file that may be one (even one with faults, named
+    when it is read)."""
     if path.suffix == ".parquet":
         return None
     try:

@@ -1,6 +1,6 @@
-"""The published ugaa-research record files (arXiv 2610.25964's code, `run_multi_model_audit.py` and the
-pairwise scripts): two schemas, told apart by their keys; their stored predictions become the readouts
-they name, so a published row is rescored exactly as it was computed."""
+"""The published ugaa-research record files (arXiv 2610.25964's code, `run_multi_model_audit.py` and
+the pairwise scripts): two schemas, told apart by their keys; their stored predictions become the
+readouts they name, so a published row is rescored exactly as it was computed."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,8 +13,9 @@ from .questions import split_from_name
 PAIRWISE = {"pred_2tok": "legacy_2tok", "pred_8tok": "legacy_8tok"}
 CROSS_MODEL = {"pred_legacy_2tok": "legacy_2tok", "pred_legacy_8tok": "legacy_8tok",
                "pred_dynamic_single": "dynamic_single", "pred_string_parse": "string_parse"}
-# run_multi_model_audit.py's adapters (the names its files carry in summary.model) whose decoded_response
-# is generate's whole output, prompt included: their pred_string_parse is our string_parse_with_prompt.
+# run_multi_model_audit.py's adapters (the names its files carry in summary.model) whose
+# decoded_response is generate's whole output, prompt included: their pred_string_parse is our
+# string_parse_with_prompt.
 WHOLE_SEQUENCE_ADAPTERS = ("instructblip", "mplug_owl2")
 
 
@@ -26,7 +27,8 @@ def read_ugaa(path: Path, obj: dict) -> RecordSet:
     split = summary.get("split") or split_from_name(path)
     for i, rec in enumerate(results):
         if not isinstance(rec, dict):
-            raise DataError(f"{path} results[{i}]: expected a JSON object, got {type(rec).__name__}")
+            raise DataError(f"{path} results[{i}]: expected a JSON object, "
+                            f"got {type(rec).__name__}")
     keys = set().union(*(r.keys() for r in results))
     mapping = CROSS_MODEL if "pred_legacy_2tok" in keys else PAIRWISE
     adapter = str(summary.get("model") or path.name.split("_pope_")[0])
@@ -42,9 +44,9 @@ def read_ugaa(path: Path, obj: dict) -> RecordSet:
         if str(rec["question_id"]) in seen:
             raise DataError(f"{where}: duplicate question_id {rec['question_id']!r}")
         seen.add(str(rec["question_id"]))
-        if "error" in rec:  # a question whose generate failed: the paper's code drops it from every count
-            entries.append(Entry(key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
-                                 error=str(rec["error"])))
+        if "error" in rec:  # a question whose generate failed: the paper's code drops it everywhere
+            entries.append(Entry(key=str(rec["question_id"]), split=split,
+                                 label=str(rec["label"]).lower(), error=str(rec["error"])))
             continue
         entries.append(Entry(
             key=str(rec["question_id"]), split=split, label=str(rec["label"]).lower(),
