@@ -21,8 +21,8 @@ def resolve_backend(folder: Path, backend: str = "auto") -> str:
     and tower it implements)."""
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, not {backend!r}")
-    # why: transformers' registry loads with transformers, which a checkpoint the engine runs
-    # never needs
+    # why: transformers' registry loads with transformers, which a
+    # checkpoint the engine runs never needs
     from transformers.models.auto.modeling_auto import (
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES as MAPPED)
 

@@ -20,8 +20,8 @@ CLASS_FILES = ("processor_config.json", "preprocessor_config.json", "tokenizer_c
 
 
 class ProcessorError(Exception):
-    """The checkpoint's processor does not load: AutoProcessor's error, and its image half's where
-    it was tried."""
+    """The checkpoint's processor does not load: AutoProcessor's error, and its
+    image half's where it was tried."""
 
     def __init__(self, whole: BaseException, half: BaseException | None = None):
         super().__init__(whole, half)
@@ -72,8 +72,8 @@ def image_half(folder: Path):
 
 
 def processor_class(folder: Path):
-    """The processor class AutoProcessor picks: the processor_class its files name, else its
-    model_type's."""
+    """The processor class AutoProcessor picks: the processor_class its files
+    name, else its model_type's."""
     from transformers import AutoConfig
     from transformers.models.auto.processing_auto import (PROCESSOR_MAPPING,
                                                           processor_class_from_name)

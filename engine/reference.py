@@ -23,8 +23,8 @@ from .utils.loader import (INDEX_BUFFERS, CheckpointError, check_stored, generat
 from .models import family_of, misfit
 from .utils.settings import Settings
 
-# generation_config fields of sampling, which a greedy generate does not read (left out, as it warns
-# of them)
+# generation_config fields of sampling, which a greedy generate does not read
+# (left out, as it warns of them)
 SAMPLING = ("do_sample", "temperature", "top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff",
             "eta_cutoff", "transformers_version")
 # The image-token id a config names, under the names transformers' classes use for it.
@@ -263,8 +263,8 @@ class ReferenceModel:
         return {"backend": self.backend}
 
     def preprocess(self, image: Image.Image) -> Image.Image:
-        """The image as the processor takes it: RGB (the processor resizes and normalizes it with
-        the prompt)."""
+        """The image as the processor takes it: RGB (the processor resizes and
+        normalizes it with the prompt)."""
         return image.convert("RGB")
 
     def answer(self, image: Image.Image, prompt: str,
@@ -303,13 +303,13 @@ def error_reason(why: BaseException) -> str:
     text = next((line.strip() for line in str(why).splitlines() if line.strip()),
                 type(why).__name__)
     text = re.split(r"(?<=\.) ", text, maxsplit=1)[0]
-    # ModuleNotFoundError names the module; transformers' requires_backends says "requires the
-    # Torchvision library"
+    # ModuleNotFoundError names the module; transformers' requires_backends says
+    # "requires the Torchvision library"
     required = re.findall(r"requires the (\w+) library", text)
     named = getattr(why, "name", None) or next(iter(required), None)
     named = named if isinstance(why, ImportError) else None
-    # the Auto classes' ValueError names it in a later sentence ("Missing optional dependencies:
-    # torchvision.")
+    # the Auto classes' ValueError names it in a later sentence ("Missing optional
+    # dependencies: torchvision.")
     listed = re.findall(r"Missing optional dependencies: ([\w, -]+)", str(why))
     named = named or next(iter(listed), None)
     return f"{text.rstrip('.')}; missing package: {named.lower()}" if named else text

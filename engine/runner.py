@@ -117,13 +117,13 @@ class Runner:
 
     @property
     def question_rows(self) -> int:
-        """The rows of a question batch: the settings', or the device's budget for this model's
-        rows."""
+        """The rows of a question batch: the settings', or the device's
+        budget for this model's rows."""
         return self.settings.rows_for(self.model.lm.dims.row_state_bytes)
 
     def _checked(self, layout: PromptLayout) -> PromptLayout:
-        """A layout the model can run, refused before anything is allocated for it where it
-        cannot."""
+        """A layout the model can run, refused before anything is
+        allocated for it where it cannot."""
         dims = self.model.lm.dims
         if len(layout) > dims.max_positions:
             raise ValueError(f"a {len(layout)}-token prompt (its image's tokens included) exceeds "
@@ -193,12 +193,12 @@ class Runner:
                         out.residuals if residuals else None, lensed)
 
     def results(self, launched: "Launched") -> list[PromptResult]:
-        """A launched batch's PromptResults, read back from the device (waiting for it where it has
-        not finished)."""
+        """A launched batch's PromptResults, read back from the device (waiting for it
+        where it has not finished)."""
         ids, rows = list(self.readout.candidate_ids), launched.rows
         attention = launched.image_attention
-        # per layer: heads averaged, and each head; none for a row with no image keys (a
-        # text-only prompt)
+        # per layer: heads averaged, and each head; none for a row with no
+        # image keys (a text-only prompt)
         probes = [None] * len(rows) if attention is None else \
             [{"image_attention": layers, "image_attention_heads": heads}
              if row.layout.image_spans else None
@@ -250,11 +250,11 @@ class Runner:
 
     def _continue(self, prefix, batch: SuffixBatch, out, first: torch.Tensor,
                   intervention) -> list[dict]:
-        """The batch's continuation (greedy, or the tool's beam search), and what each row's gives
-        its text readouts."""
+        """The batch's continuation (greedy, or the tool's beam search), and what each
+        row's gives its text readouts."""
         lm, s = self.model.lm, self.settings
-        # each row takes its own allowance, whatever it is batched with: the batch runs to the
-        # longest one
+        # each row takes its own allowance, whatever it is batched with: the
+        # batch runs to the longest one
         allowed = [self._steps(len(row.layout)) for row in batch.rows]
         with Clock(self.timings, "decode", s.torch_device):
             if s.num_beams > 1:

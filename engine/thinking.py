@@ -149,8 +149,8 @@ class Thinking:
 
 @contextmanager
 def warming(engine):
-    """`engine`'s thinking capped to WARMUP_TOKENS of reasoning while inside (Engine.warmup), then
-    its own again."""
+    """`engine`'s thinking capped to WARMUP_TOKENS of reasoning while inside
+    (Engine.warmup), then its own again."""
     thinking = engine.thinking
     engine.thinking = thinking.warming()
     try:

@@ -68,8 +68,8 @@ class NoisedImage:
 
 
 class TransformersRunner(Runner):
-    """Runs prompts whole through transformers' class: the Runner's readout plan, allowances, counts
-    and timings."""
+    """Runs prompts whole through transformers' class: the Runner's readout plan,
+    allowances, counts and timings."""
 
     def __init__(self, model: ReferenceModel, settings: Settings, readout, on_decode=None):
         super().__init__(model, settings, readout, on_decode)
@@ -134,8 +134,8 @@ class TransformersRunner(Runner):
                                                      probes, everything, mass)]
 
     def _generated(self, inputs: dict, lengths: list[int]) -> list[dict]:
-        """Each row's continuation from `generate` (to the longest row's allowance), as its text
-        readouts read it."""
+        """Each row's continuation from `generate` (to the longest row's allowance),
+        as its text readouts read it."""
         s, device = self.settings, self.settings.torch_device
         allowed = [self._steps(n) for n in lengths]
         tool = {"min_new_tokens": s.min_new_tokens} if s.min_new_tokens else {}
@@ -158,8 +158,8 @@ class TransformersRunner(Runner):
 
 
 def _kind(image) -> str:
-    """What a row's batch must share: an image, no image (text-only), or a noised image (alone in
-    its batch)."""
+    """What a row's batch must share: an image, no image (text-only), or a noised
+    image (alone in its batch)."""
     return "noised" if isinstance(image, NoisedImage) else "text" if image is None else "image"
 
 
@@ -239,8 +239,8 @@ class TransformersEngine(Engine):
                    lengths)
 
     def encode(self, prepared: list[Prepared | None]) -> list[Image.Image | None]:
-        """The images as the processor takes them (no features: the class runs its own tower per
-        prompt)."""
+        """The images as the processor takes them (no features: the class
+        runs its own tower per prompt)."""
         out = [None if p is None else self._pixels(p) for p in prepared]
         self.counts.images_encoded += sum(p is not None for p in prepared)
         return out

@@ -49,8 +49,8 @@ NOT_HERE: dict[str, str] = {}
 
 
 def parse_method(spec: str) -> Method:
-    """'NAME' or 'NAME:key=value,...' → the method with those settings (numbers parsed as
-    numbers)."""
+    """'NAME' or 'NAME:key=value,...' → the method with those settings
+    (numbers parsed as numbers)."""
     name, _, rest = spec.strip().partition(":")
     if name in NOT_HERE:
         raise ValueError(f"method {name} is not available: {NOT_HERE[name]}")

@@ -102,8 +102,8 @@ class Method:
 
     name = ""
     reference = ""
-    # Why the method cannot answer a question asked without an image (None: it runs on one as on any
-    # prompt).
+    # Why the method cannot answer a question asked without an image (None: it
+    # runs on one as on any prompt).
     text_only_refusal: str | None = None
     defaults: dict = {}
     params: dict[str, Param | LayerSpan] = {}
@@ -126,8 +126,8 @@ class Method:
         return {"main": Pass()}
 
     def check_model(self, lm) -> None:
-        """ValueError where the method does not fit the language model lm (a layer past its layers,
-        say)."""
+        """ValueError where the method does not fit the language model lm (a
+        layer past its layers, say)."""
         self.passes(lm.dims.num_layers)
 
     def later(self, results: dict[str, list]) -> dict[str, Pass]:
@@ -147,8 +147,8 @@ class Method:
         return type(self).combine is not Method.combine
 
     def to_json(self, num_layers: int | None = None) -> dict:
-        """Name, settings as they apply to a model of num_layers layers (defaults resolved),
-        reference."""
+        """Name, settings as they apply to a model of num_layers layers
+        (defaults resolved), reference."""
         return {"name": self.name, "settings": self.resolved(num_layers),
                 "reference": self.reference}
 

@@ -39,6 +39,6 @@ class ClearSight(Method):
                              edit_name=f"clearsight:{enh}:{sup}:{layers[0]}-{layers[1]}")}
 
     def combine(self, logits):
-        """Its one pass's logits, as they are: a method read at the answer position only (see the
-        class)."""
+        """Its one pass's logits, as they are: a method read at the answer
+        position only (see the class)."""
         return logits["main"]

@@ -18,8 +18,8 @@ TOP = 10
 
 
 def top_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """[B]: the entropy of the softmax over each row's TOP largest logits, divided by log(TOP)
-    (memvr.py:213-215)."""
+    """[B]: the entropy of the softmax over each row's TOP largest logits, divided by
+    log(TOP) (memvr.py:213-215)."""
     p = torch.softmax(logits.topk(TOP, dim=-1).values, dim=-1)
     return -(p * torch.log(p)).sum(dim=-1) / math.log(TOP)
 

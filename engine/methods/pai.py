@@ -1,5 +1,5 @@
-"""PAI: the image's attention amplified at the answer position, contrasted with the prompt without
-its image."""
+"""PAI: the image's attention amplified at the answer position, contrasted with
+the prompt without its image."""
 from __future__ import annotations
 
 import torch

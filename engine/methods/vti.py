@@ -68,8 +68,8 @@ class VTI(Method):
         self._loaded: tuple[torch.Tensor, str] | None = None
 
     def directions(self) -> tuple[torch.Tensor, str]:
-        """The file's `text` tensor and the file's sha256, read once; ValueError naming the file
-        otherwise."""
+        """The file's `text` tensor and the file's sha256, read once;
+        ValueError naming the file otherwise."""
         if self._loaded is None:
             path = Path(self.settings["directions"]).expanduser()
             try:
