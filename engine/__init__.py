@@ -11,8 +11,9 @@ The sweep over question files and its run folders, and torchrun, are the applica
 from .backend import BACKENDS, load_engine
 from .core import Answer, Engine, Prepared
 from .inputs.images import ImageError, LoadedImage, check_images, image_file, read_image
-from .layers.interventions import (AttentionEdit, ImageAttentionAmplification, ImageAttentionTemperature,
-                                   ImageTokenDrop, Intervention, PAIAttention, VisualAmplification)
+from .layers.interventions import (AttentionEdit, ImageAttentionAmplification,
+                                   ImageAttentionTemperature, ImageTokenDrop, Intervention,
+                                   PAIAttention, VisualAmplification)
 from .utils.loader import CheckpointError
 from .methods import METHODS, Method, parse_method
 from .models import FAMILIES, Family, TextOnlyRefused, load_model
@@ -22,9 +23,9 @@ from .utils.settings import Settings
 from .utils.stats import Counts, Timings
 from .inputs.vision_cache import VisionCache
 
-__all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImagePrompts", "FAMILIES", "Family",
-           "load_model", "ImageError",
-           "LoadedImage", "check_images", "image_file", "read_image", "AttentionEdit", "Intervention", "ImageTokenDrop",
-           "ImageAttentionAmplification", "ImageAttentionTemperature", "PAIAttention", "CheckpointError",
-           "PromptLayout", "PromptResult", "METHODS", "Method", "parse_method", "Settings", "Counts", "Timings",
-           "VisionCache", "TextOnlyRefused", "VisualAmplification"]
+__all__ = ["Answer", "Engine", "load_engine", "BACKENDS", "Prepared", "ImagePrompts", "FAMILIES",
+           "Family", "load_model", "ImageError", "LoadedImage", "check_images", "image_file",
+           "read_image", "AttentionEdit", "Intervention", "ImageTokenDrop",
+           "ImageAttentionAmplification", "ImageAttentionTemperature", "PAIAttention",
+           "CheckpointError", "PromptLayout", "PromptResult", "METHODS", "Method", "parse_method",
+           "Settings", "Counts", "Timings", "VisionCache", "TextOnlyRefused", "VisualAmplification"]

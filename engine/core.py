@@ -1,9 +1,9 @@
-"""The engine: load a checkpoint once, then answer yes/no questions about images under every readout.
+"""The engine: load a checkpoint once, then answer yes/no questions about images under each readout.
 
 Per call: projected features per image (cached by content) → the prompts of each image run through
 the one-step prefill (`runner.Runner`) → one PromptResult per prompt, and its decisions from the
-readout plan (`readout.readout_plan.ReadoutPlan`). Mitigation methods are passes of that same step whose
-answer-position logits they combine (`run_methods`).
+readout plan (`readout.readout_plan.ReadoutPlan`). Mitigation methods are passes of that same step
+whose answer-position logits they combine (`run_methods`, paired.py).
 """
 from __future__ import annotations
 
@@ -22,10 +22,11 @@ from .inputs.fingerprint import checkpoint_digests
 from .layers.generation import greedy_fields
 from .inputs.images import DECODE_ERRORS, LoadedImage, as_loaded, reencoded, resized, undecodable
 from .layers.interventions import Intervention, changes_prefix
-from .methods import METHODS, Method, Pass, diffusion_noise, noise_generator
-from .models import Family, TextOnlyRefused, load_model
+from .methods import METHODS, Method, diffusion_noise, noise_generator
+from .models import Family, load_model
 from .models.base import refusal
-from .inputs.plan import PromptResult, Row, SuffixBatch, without_image
+from .inputs.plan import PromptResult
+from .paired import MethodRuns
 from .runner import ImagePrompts, Runner
 from .thinking import METHOD_REFUSED, Thinking, warming
 from .utils.settings import Settings
@@ -44,39 +45,47 @@ class Prepared:
 
 @dataclass(kw_only=True)
 class Answer(PromptResult):
-    """One question's raw outputs at the answer position (a PromptResult), the question, and its decisions."""
+    """One question's raw outputs at the answer position (a PromptResult), the
+    question, and its decisions."""
 
     question: str = ""
     predictions: dict[str, str] = field(default_factory=dict)
 
 
-class Engine:
+class Engine(MethodRuns):
     runner_class = Runner  # what runs a call's prompts (the transformers backend's runs them whole)
 
     def __init__(self, model: Family, settings: Settings, template: Template | str | None = None,
                  readouts: str | list[str] | None = None, cache: VisionCache | None = None,
                  lengths: dict[str, int] | None = None):
         self.model, self.settings = model, settings
-        self.thinking = Thinking.of(model, template, settings.thinking)  # the template, rendered as its mode asks
+        # the template, rendered as its mode asks
+        self.thinking = Thinking.of(model, template, settings.thinking)
         self.template, dims = self.thinking.template, model.lm.dims
         self.readout = ReadoutPlan.make(model.tokenizer, self.thinking.answer_template, readouts,
-                                        vocab_size=dims.vocab_size, max_new_tokens=settings.max_new_tokens,
+                                        vocab_size=dims.vocab_size,
+                                        max_new_tokens=settings.max_new_tokens,
                                         positions=dims.max_positions, lengths=lengths,
                                         answer_cut=ANSWER_CUTS.get(settings.answer_cut))
         self.cache = cache or VisionCache()
         self._on_decode = None
         self.runner = self.runner_class(model, settings, self.readout)
         self._processor = model.preprocess_settings()  # part of every feature-cache key
-        self._file_digests: dict[str, str] | None = None  # the checkpoint's sha256s, hashed on first meta()
-        self._text_logits: dict[tuple[int, ...], PromptResult] = {}  # text-only prompts (PAI), by token ids
+        # the checkpoint's sha256s, hashed on first meta()
+        self._file_digests: dict[str, str] | None = None
+        # text-only prompts (PAI), by token ids
+        self._text_logits: dict[tuple[int, ...], PromptResult] = {}
 
     @classmethod
-    def load(cls, folder: str | Path, settings: Settings | None = None, *, template: str | None = None,
-             readouts: str | list[str] | None = None, cache_dir: str | Path | None = None,
+    def load(cls, folder: str | Path, settings: Settings | None = None, *,
+             template: str | None = None, readouts: str | list[str] | None = None,
+             cache_dir: str | Path | None = None,
              lengths: dict[str, int] | None = None) -> "Engine":
-        """`lengths`: new tokens per text readout where they are not its reference's (a protocol's tool's)."""
+        """`lengths`: new tokens per text readout where they are not its
+        reference's (a protocol's tool's)."""
         settings = settings or Settings()
-        return cls(load_model(folder, settings), settings, template, readouts, VisionCache(cache_dir), lengths)
+        return cls(load_model(folder, settings), settings, template, readouts,
+                   VisionCache(cache_dir), lengths)
 
     @property
     def timings(self):
@@ -88,37 +97,43 @@ class Engine:
         """Work done since the last reset (stats.Counts)."""
         return self.runner.counts
 
-    def warmup(self, images: int | None = None, prompts: int | None = None, decode_tokens: int | None = None) -> None:
-        """One untimed image batch through every step a sweep takes (preprocessing, vision, prefixes,
-        a full question batch, and decoding when a text readout asks for it), so one-time costs land
-        here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for these shapes,
-        allocator growth. Nothing is cached; timings and counts restart. `images` and `prompts` (per image): the
-        data's own counts, which bound the batch, so a batch size past the data allocates only for the data.
-        `decode_tokens`: the most new tokens a text readout decodes here (None: its own length, every decode step
-        a timed run takes; eval, timing nothing, caps it: a protocol's 128 tokens cost seconds of CPU)."""
+    def warmup(self, images: int | None = None, prompts: int | None = None,
+               decode_tokens: int | None = None) -> None:
+        """One untimed image batch through every step a sweep takes (preprocessing, vision,
+        prefixes, a full question batch, and decoding when a text readout asks for it), so one-time
+        costs land here rather than in the first batch: Triton compiles, CUDA and oneDNN setup for
+        these shapes, allocator growth. Nothing is cached; timings and counts restart. `images` and
+        `prompts` (per image): the data's own counts, which bound the batch, so a batch size past
+        the data allocates only for the data. `decode_tokens`: the most new tokens a text readout
+        decodes here (None: its own length, every decode step a timed run takes; eval, timing
+        nothing, caps it: a protocol's 128 tokens cost seconds of CPU)."""
         self.cap_decoding(decode_tokens)
         rows, step = self.runner.question_rows, self.settings.step_images
         per_image = max(1, rows // step)
         per_image = per_image if prompts is None else max(1, min(prompts, per_image))
         count = step if images is None else max(1, min(images, step))
         pixels = self.model.preprocess(Image.new("RGB", (640, 480), (124, 116, 104)))
-        features = self.model.encode_images([pixels])[0]  # one image per vision call, as every sweep runs it
+        # one image per vision call, as every sweep runs it
+        features = self.model.encode_images([pixels])[0]
         with warming(self):  # a reasoning's first steps, not its cap
-            self.run_images([ImagePrompts(features, [self.prompt(SAMPLE_QUESTION)] * per_image)] * count)
+            questions = [self.prompt(SAMPLE_QUESTION)] * per_image
+            self.run_images([ImagePrompts(features, questions)] * count)
         if self.settings.torch_device.type == "cuda":
             torch.cuda.synchronize(self.settings.torch_device)
         self.reset()
 
     def cap_decoding(self, new_tokens: int | None) -> None:
-        """Until the next reset(), each text readout decodes at most `new_tokens` (a warm-up's; None: its own)."""
+        """Until the next reset(), each text readout decodes at most `new_tokens`
+        (a warm-up's; None: its own)."""
         if new_tokens is not None:
-            self.runner = self.runner_class(self.model, self.settings, self.readout.capped(new_tokens),
-                                            self._on_decode)
+            self.runner = self.runner_class(self.model, self.settings,
+                                            self.readout.capped(new_tokens), self._on_decode)
 
     def reset(self, clear_cache: bool = False, *, timed: bool = False) -> None:
-        """Timings and counts restart; with clear_cache, cached image features and text-only logits are
-        forgotten too (an empty in-memory cache replaces the engine's), so the next sweep runs cold. With
-        timed, each phase synchronises the device at its start and end (stats.Timings): bench's phases."""
+        """Timings and counts restart; with clear_cache, cached image features and text-only logits
+        are forgotten too (an empty in-memory cache replaces the engine's), so the next sweep runs
+        cold. With timed, each phase synchronises the device at its start and end (stats.Timings):
+        bench's phases."""
         self.runner = self.runner_class(self.model, self.settings, self.readout, self._on_decode)
         self.runner.timings.synchronize = timed
         if clear_cache:
@@ -127,8 +142,8 @@ class Engine:
 
     @property
     def on_decode(self) -> Callable[[int, int, int], None] | None:
-        """Told (new tokens so far, the most a row may take, rows) every 32 new tokens of a greedy continuation
-        (eval's display); it stays set across reset() and warmup()."""
+        """Told (new tokens so far, the most a row may take, rows) every 32 new tokens of a greedy
+        continuation (eval's display); it stays set across reset() and warmup()."""
         return self._on_decode
 
     @on_decode.setter
@@ -136,46 +151,52 @@ class Engine:
         self._on_decode = self.runner.on_decode = listener
 
     def readout_of(self, method: Method) -> ReadoutPlan:
-        """What a method's records hold: a contrastive one's are read at the answer position (logit and
-        first-token readouts), since its text readouts would need it inside a decode loop."""
+        """What a method's records hold: a contrastive one's are read at the answer position (logit
+        and first-token readouts), since its text readouts would need it inside a decode loop."""
         return self.readout.at_answer_position() if method.contrastive else self.readout
 
     def meta(self, method: Method | None = None) -> dict:
-        """What a run folder's meta.json says of this engine and the method its records come from (the
-        baseline unless given)."""
+        """What a run folder's meta.json says of this engine and the method its records come from
+        (the baseline unless given)."""
         method = method or METHODS["none"]()
         if self._file_digests is None:  # hashed once per engine, not per call
             self._file_digests = checkpoint_digests(self.model.folder)
         plan = self.readout_of(method).to_meta()
         return {
-            "model": {"path": str(self.model.folder), "family": self.model.family, "backend": self.model.backend,
-                      "files": self._file_digests},
+            "model": {"path": str(self.model.folder), "family": self.model.family,
+                      "backend": self.model.backend, "files": self._file_digests},
             "template": self.template.name,
             "prompt_example": self.template.render(SAMPLE_QUESTION, self.model.tokenizer),
-            "readouts": plan["readouts"], "token_sets": plan["token_sets"], "candidate_ids": plan["candidate_ids"],
-            "token_strings": token_strings(self.model.tokenizer, plan["candidate_ids"]),  # for the report's labels
+            "readouts": plan["readouts"], "token_sets": plan["token_sets"],
+            "candidate_ids": plan["candidate_ids"],
+            # for the report's labels
+            "token_strings": token_strings(self.model.tokenizer, plan["candidate_ids"]),
             "tokenizer": tokenizer_info(self.model.tokenizer),
-            "settings": {**self.settings.to_json(), "batch_size": self.runner.question_rows},  # what ran
+            # what ran
+            "settings": {**self.settings.to_json(), "batch_size": self.runner.question_rows},
             "generation": plan["generation"],  # each text readout's length
-            # what a greedy generate applies from the checkpoint's generation config, whether or not this run did
+            # what a greedy generate applies from the checkpoint's generation
+            # config, whether or not this run did
             "generation_config": greedy_fields(self.model.generation_config),
             "method": method.to_json(self.model.lm.dims.num_layers), **self.thinking.to_meta(),
         }
 
     def check_method(self, method: Method) -> None:
-        """ValueError where a method's settings do not fit the model (a layer range past its layers, say), or where it
-        needs passes of its own under thinking decode (thinking.METHOD_REFUSED): before a sweep touches a folder."""
+        """ValueError where a method's settings do not fit the model (a layer range past its layers,
+        say), or where it needs passes of its own under thinking decode (thinking.METHOD_REFUSED):
+        before a sweep touches a folder."""
         method.check_model(self.model.lm)
         if self.thinking.decodes and method.name != "none":
             raise ValueError(f"method {method.name}: {METHOD_REFUSED}")
 
     def prepare(self, images: list) -> list[Prepared]:
-        """Each image (a path, a PIL image or a LoadedImage) ready for the vision pass: the CPU half of
-        it, which a sweep runs in background threads while the model works."""
+        """Each image (a path, a PIL image or a LoadedImage) ready for the vision pass: the CPU half
+        of it, which a sweep runs in background threads while the model works."""
         prepared = []
         for image in images:
             image = as_loaded(image)
-            key = feature_key(image.data, self._processor, self.settings, self.model.feature_fingerprint)
+            key = feature_key(image.data, self._processor, self.settings,
+                              self.model.feature_fingerprint)
             pixels = None
             if not self.cache.contains(key):
                 try:
@@ -187,28 +208,31 @@ class Engine:
         return prepared
 
     def _preprocessed(self, decoded: Image.Image):
-        """A decoded image's pixels: re-encoded, then resized, first where the settings ask (image_reencode,
-        image_resize: lmms-eval's Qwen2-VL class does both, in this order)."""
+        """A decoded image's pixels: re-encoded, then resized, first where the settings ask
+        (image_reencode, image_resize: lmms-eval's Qwen2-VL class does both, in this order)."""
         return self.model.preprocess(resized(reencoded(decoded, self.settings.image_reencode),
                                              self.settings.image_resize))
 
     def _pixels(self, item: Prepared):
-        """item's pixels: an entry seen as cached while preparing may have left the in-memory cache since."""
+        """item's pixels: an entry seen as cached while preparing may have
+        left the in-memory cache since."""
         return item.pixels if item.pixels is not None else self._preprocessed(item.image.open())
 
     def encode(self, prepared: list[Prepared | None]) -> list[torch.Tensor | None]:
-        """Projected features [T, hidden] per prepared image, from the cache or the vision tower; None for
-        None (a text-only question's place: the cache is not asked)."""
-        out = [self.cache.get(p.key, self.settings.torch_device) if p is not None and p.pixels is None else None
-               for p in prepared]
+        """Projected features [T, hidden] per prepared image, from the cache or the vision tower;
+        None for None (a text-only question's place: the cache is not asked)."""
+        out = [self.cache.get(p.key, self.settings.torch_device)
+               if p is not None and p.pixels is None else None for p in prepared]
         return self._encode_into(out, [(i, p.key, self._pixels(p)) for i, p in enumerate(prepared)
                                        if p is not None and out[i] is None])
 
-    def _encode_into(self, out: list[torch.Tensor | None], todo: list[tuple[int, str, object]]) -> list[torch.Tensor]:
-        """out with each (index, cache key, pixels) of todo encoded and cached. Each image is its own vision
-        call: a tower's rounding depends on its batch's shape (a CPU's matmul rounds a batch of 2 and one
-        of 8 differently), so features computed with others would depend on which images happened to be
-        uncached; one image alone gives the same bits in any run, cached or not (the cost: bench/RESULTS.md)."""
+    def _encode_into(self, out: list[torch.Tensor | None],
+                     todo: list[tuple[int, str, object]]) -> list[torch.Tensor]:
+        """out with each (index, cache key, pixels) of todo encoded and cached. Each image is its
+        own vision call: a tower's rounding depends on its batch's shape (a CPU's matmul rounds a
+        batch of 2 and one of 8 differently), so features computed with others would depend on which
+        images happened to be uncached; one image alone gives the same bits in any run, cached or
+        not (the cost: bench/RESULTS.md)."""
         if todo:
             with Clock(self.timings, "image_encode", self.settings.torch_device):
                 features = [self.model.encode_images([p])[0] for _, _, p in todo]
@@ -224,9 +248,10 @@ class Engine:
         return self.encode(self.prepare([image]))[0]
 
     def noised_features(self, prepared: list[Prepared], step: int, seed: int) -> list[torch.Tensor]:
-        """Features of VCD's noised copy of each prepared image (methods.diffusion_noise at `step`), the
-        noise drawn per image from `seed` and the image's content, so a rerun, another batch or another
-        device draws the same; cached beside the image's own features under their own key."""
+        """Features of VCD's noised copy of each prepared image (methods.diffusion_noise at `step`),
+        the noise drawn per image from `seed` and the image's content, so a rerun, another batch or
+        another device draws the same; cached beside the image's own features under their own
+        key."""
         keys = [noised_key(p.key, step, seed) for p in prepared]
         out = [self.cache.get(key, self.settings.torch_device) for key in keys]
         todo = [(i, keys[i], diffusion_noise(self._pixels(p), step, noise_generator(p.key, seed)))
@@ -234,167 +259,81 @@ class Engine:
         return self._encode_into(out, todo)
 
     def text_only_refusal(self, method: Method | None = None) -> str | None:
-        """Why this engine's family (or `method`, when given) cannot answer a question asked without an
-        image, as one line; None where it can."""
+        """Why this engine's family (or `method`, when given) cannot answer a question asked without
+        an image, as one line; None where it can."""
         if method is not None:
-            return refusal(f"method {method.name}", method.text_only_refusal) if method.text_only_refusal else None
+            if not method.text_only_refusal:
+                return None
+            return refusal(f"method {method.name}", method.text_only_refusal)
         why = self.model.text_only_refusal
         return refusal(self.model.name, why) if why else None
 
     def prompt(self, question: str, system: str | None = None, image: bool = True) -> str:
-        """The template's prompt for a question; `system` replaces its system text (ICD); without image,
-        the prompt of a question asked with no image (no image marker)."""
+        """The template's prompt for a question; `system` replaces its system text (ICD); without
+        image, the prompt of a question asked with no image (no image marker)."""
         return self.template.render(question, self.model.tokenizer, system, image)
 
-    def answer(self, image, questions: list[str], intervention: Intervention | None = None) -> list[Answer]:
-        """Answer questions about one image (a path, a PIL image or a LoadedImage), or with image None
-        questions asked without one (text-only prompts, TextOnlyRefused where the family cannot)."""
+    def answer(self, image, questions: list[str],
+               intervention: Intervention | None = None) -> list[Answer]:
+        """Answer questions about one image (a path, a PIL image or a LoadedImage), or with image
+        None questions asked without one (text-only prompts, TextOnlyRefused where the family
+        cannot)."""
         if isinstance(questions, str) or not all(isinstance(q, str) for q in questions):
-            raise TypeError("questions must be a list of question strings (one string is not a list of them)")
+            raise TypeError("questions must be a list of question strings (one string is not a "
+                            "list of them)")
         prepared = None if image is None else self.prepare([image])[0]
         features = None if prepared is None else self.encode([prepared])[0]
         prompts = [self.prompt(q, image=image is not None) for q in questions]
-        results = self.run_images([ImagePrompts(features, prompts, "" if prepared is None else prepared.key)],
-                                  intervention)[0]
-        return [Answer(**vars(r), question=q, predictions=self.readout.decide(r)) for q, r in zip(questions, results)]
+        key = "" if prepared is None else prepared.key
+        results = self.run_images([ImagePrompts(features, prompts, key)], intervention)[0]
+        return [Answer(**vars(r), question=q, predictions=self.readout.decide(r))
+                for q, r in zip(questions, results)]
 
     def run_images(self, items: list[ImagePrompts], intervention: Intervention | None = None
                    ) -> list[list[PromptResult]]:
-        """Per image, per prompt, its PromptResult: each image's distinct prefixes prefilled once, then
-        its prompts' suffixes in batches against them."""
+        """Per image, per prompt, its PromptResult: each image's distinct prefixes prefilled once,
+        then its prompts' suffixes in batches against them."""
         if not all(isinstance(item, ImagePrompts) for item in items):
-            raise TypeError("items must be a list of ImagePrompts(features, prompts), one per image")
+            raise TypeError("items must be a list of ImagePrompts(features, prompts), one per "
+                            "image")
         return self.run_passes(items, [intervention])[0]
 
     def run_passes(self, items: list[ImagePrompts], interventions: list[Intervention | None], *,
                    vocab: bool = False, decode: list[bool] | None = None, residuals: bool = False
                    ) -> list[list[list[PromptResult]]]:
-        """run_images under each intervention in turn, each prefix prefilled once for all of them when none of them
-        changes the prefix (attention edits never do: they act after the image; a hidden hook may; a whole_prompt
-        one runs every prompt whole, on its own). With vocab, each PromptResult also holds the answer position's
-        logits over the whole vocabulary (`vocab_logits`), with residuals every layer's output there (`residuals`);
-        decode[k] False skips intervention k's continuation."""
+        """run_images under each intervention in turn, each prefix prefilled once for all of them
+        when none of them changes the prefix (attention edits never do: they act after the image; a
+        hidden hook may; a whole_prompt one runs every prompt whole, on its own). With vocab, each
+        PromptResult also holds the answer position's logits over the whole vocabulary
+        (`vocab_logits`), with residuals every layer's output there (`residuals`); decode[k] False
+        skips intervention k's continuation."""
         decode = decode or [True] * len(interventions)
-        whole = any(i is not None and i.whole_prompt for i in interventions)  # no image prefix shared
+        # no image prefix shared
+        whole = any(i is not None and i.whole_prompt for i in interventions)
         if len(interventions) > 1 and (whole or any(changes_prefix(i) for i in interventions)):
             return [self.run_passes(items, [i], vocab=vocab, decode=[d], residuals=residuals)[0]
                     for i, d in zip(interventions, decode)]
         runner = self.runner
         rows, unanswered = self.thinking.reasoned(runner, runner.rows(items), interventions, vocab)
-        results: list[dict[tuple[int, int], PromptResult]] = [dict(unanswered) for _ in interventions]
+        results: list[dict[tuple[int, int], PromptResult]] = [dict(unanswered)
+                                                              for _ in interventions]
         launched = []  # (pass, batch) in launch order: each read back once the next is launched
         for stage in runner.plan(rows, prefix_reuse=False if whole else None):
-            prefix = runner.prefill_prefix(stage.prefix, interventions[0]) if stage.prefix is not None else None
+            prefix = (runner.prefill_prefix(stage.prefix, interventions[0])
+                      if stage.prefix is not None else None)
             for batch in stage.batches:
                 for k, intervention in enumerate(interventions):
-                    launched.append((k, runner.launch(prefix, batch, intervention, vocab=vocab, decode=decode[k],
-                                                      residuals=residuals)))
+                    launched.append((k, runner.launch(prefix, batch, intervention, vocab=vocab,
+                                                      decode=decode[k], residuals=residuals)))
                     if len(launched) > 1:
                         _collect(results, runner, *launched.pop(0))
         for k, batch in launched:
             _collect(results, runner, k, batch)
-        return [[[done[i, p] for p in range(len(item.prompts))] for i, item in enumerate(items)] for done in results]
-
-    def run_methods(self, prepared: list[Prepared], questions: list[list[str]], methods: list[Method]
-                    ) -> dict[str, list[list[PromptResult]]]:
-        """Each method's PromptResults for the questions of each prepared image (per method, per image,
-        per question); a prepared None stands for questions asked without an image (text-only prompts),
-        which a method that needs the image refuses (TextOnlyRefused, its text_only_refusal). Every
-        distinct pass of the methods runs once (methods.Pass): passes on the same features and prompts
-        share their prefixes, the text-only pass is computed once per distinct prompt for the engine's
-        lifetime. Only a non-contrastive method's own pass decodes (text readouts): the baseline's, VTI's, an
-        Intervention's."""
-        if len(prepared) != len(questions):
-            raise ValueError(f"run_methods: {len(prepared)} prepared images but {len(questions)} question lists; "
-                             "give one list of questions per image")
-        if any(p is None for p in prepared):
-            for why in [self.text_only_refusal(), *(self.text_only_refusal(m) for m in methods)]:
-                if why:
-                    raise TextOnlyRefused(why)
-        features = self.encode(prepared)
-        layers = self.model.lm.dims.num_layers
-        wanted = {m.name: m.passes(layers) for m in methods}
-        got = self._passes(prepared, features, questions, list(dict.fromkeys(
-            p for passes in wanted.values() for p in passes.values())), methods,
-            {wanted[m.name]["main"] for m in methods if not m.contrastive})
-        later = {m.name: m.later({role: got[p] for role, p in wanted[m.name].items()}) for m in methods}
-        got |= self._passes(prepared, features, questions, list(dict.fromkeys(
-            p for passes in later.values() for p in passes.values())), methods, set())
-        wanted = {name: passes | later[name] for name, passes in wanted.items()}
-        where = [(i, j) for i, qs in enumerate(questions) for j in range(len(qs))]
-        out = {}
-        for m in methods:
-            passes = wanted[m.name]
-            if not m.contrastive:
-                out[m.name] = got[passes["main"]]
-                continue
-            flat = self._combined(m, {role: [got[p][i][j] for i, j in where] for role, p in passes.items()})
-            out[m.name] = [[None] * len(qs) for qs in questions]
-            for (i, j), result in zip(where, flat):
-                out[m.name][i][j] = result
-        return out
-
-    def _passes(self, prepared: list[Prepared], features: list[torch.Tensor], questions: list[list[str]],
-                distinct: list[Pass], methods: list[Method], decoded: set[Pass]
-                ) -> dict[Pass, list[list[PromptResult]]]:
-        """Every distinct pass's results; passes on the same features and prompts share one prefix, each
-        edit in turn. `decoded`: the passes whose records are a method's own (a non-contrastive method's one
-        pass), which continue for the text readouts."""
-        vocab, residuals = any(m.contrastive for m in methods), any(m.residuals for m in methods)
-        got: dict[Pass, list[list[PromptResult]]] = {}
-        shared: dict[tuple, list[Pass]] = {}
-        for p in distinct:
-            if p.image != "none":
-                shared.setdefault((p.image, p.system, p.noise_step, p.seed), []).append(p)
-        for (kind, system, step, seed), passes in shared.items():
-            feats = features if kind == "image" else self.noised_features(prepared, step, seed)
-            items = [ImagePrompts(f, [self.prompt(q, system, f is not None) for q in qs], "" if p is None else p.key)
-                     for f, qs, p in zip(feats, questions, prepared)]
-            runs = self.run_passes(items, [p.edit for p in passes], vocab=vocab,
-                                   decode=[p in decoded for p in passes], residuals=residuals)
-            got.update(zip(passes, runs))
-        if any(p.image == "none" for p in distinct):
-            got[Pass("none")] = self._text_only(features, questions, residuals)
-        return got
-
-    def _combined(self, method: Method, results: dict[str, list[PromptResult]]) -> list[PromptResult]:
-        """A contrastive method's results, one batch of rows: its combined logits' argmax, candidate columns and
-        log-sum-exp (where recorded), and the probe of its main pass."""
-        logits = {role: torch.stack([r.vocab_logits for r in rs]) for role, rs in results.items()}
-        combined = method.combine(logits | {f"{role}:lens": torch.stack([r.lens_logits for r in rs])
-                                            for role, rs in results.items() if rs and rs[0].lens_logits is not None})
-        ids = list(self.readout.candidate_ids)
-        index = torch.tensor(ids, device=combined.device)
-        mass = combined.logsumexp(dim=-1).tolist() if self.settings.record_mass else [None] * len(combined)
-        return [PromptResult(first_token_id=first, candidate_logits=dict(zip(ids, values)), probe=main.probe,
-                             logsumexp=m)
-                for first, values, main, m in zip(combined.argmax(dim=-1).tolist(), combined[:, index].tolist(),
-                                                  results["main"], mass)]
-
-    def _text_only(self, features: list[torch.Tensor], questions: list[list[str]], residuals: bool = False
-                   ) -> list[list[PromptResult]]:
-        """PAI's text-only pass: each prompt's own tokens with its image tokens removed, run whole (no
-        image, no edit), one prompt per batch so that its logits are the same bits whichever prompts
-        were run before; kept per distinct token sequence for the engine's life, since every image that
-        asks a question asks the same text."""
-        rows: dict[tuple[int, ...], Row] = {}  # the distinct prompts not yet run, by their ids
-        order = []
-        for i, (f, qs) in enumerate(zip(features, questions)):
-            for j, q in enumerate(qs):
-                layout = without_image(self.model.layout(self.prompt(q), f), self.model.lm.dims.mrope_section)
-                order.append((i, j, layout.ids))
-                known = self._text_logits.get(layout.ids)
-                if (known is None or (residuals and known.residuals is None)) and layout.ids not in rows:
-                    rows[layout.ids] = Row(len(rows), 0, layout, f[:0])
-        for row in rows.values():
-            [self._text_logits[row.layout.ids]] = self.runner.run_batch(None, SuffixBatch([row], None), None,
-                                                                         vocab=True, decode=False, residuals=residuals)
-        out = [[None] * len(qs) for qs in questions]
-        for i, j, ids in order:
-            out[i][j] = self._text_logits[ids]
-        return out
+        return [[[done[i, p] for p in range(len(item.prompts))] for i, item in enumerate(items)]
+                for done in results]
 
 
-def _collect(results: list[dict[tuple[int, int], PromptResult]], runner: Runner, k: int, launched) -> None:
+def _collect(results: list[dict[tuple[int, int], PromptResult]], runner: Runner, k: int,
+             launched) -> None:
     for row, result in zip(launched.rows, runner.results(launched)):
         results[k][row.item, row.prompt] = result

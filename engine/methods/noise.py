@@ -1,5 +1,6 @@
-"""VCD's noised image: the diffusion forward process its noised pass runs the image's pixels through, and the
-per-image generator that makes the noise the same on every rerun, batch and device."""
+"""VCD's noised image: the diffusion forward process its noised pass runs the image's pixels
+through, and the per-image generator that makes the noise the same on every rerun, batch and
+device."""
 from __future__ import annotations
 
 import math
@@ -9,11 +10,12 @@ import torch
 
 from ..inputs.coded_pixels import CodedPixels
 
-# VCD (Leng et al., CVPR 2024) noises the processor's pixels with a diffusion forward process of 1000
-# steps, betas sigmoid(linspace(-6, 6)) scaled into [1e-5, 5e-3] (vcd_utils/vcd_add_noise.py).
+# VCD (Leng et al., CVPR 2024) noises the processor's pixels with a diffusion forward process of
+# 1000 steps, betas sigmoid(linspace(-6, 6)) scaled into [1e-5, 5e-3] (vcd_utils/vcd_add_noise.py).
 DIFFUSION_STEPS = 1000
-# The step VCD noises at in its own POPE runs (experiments/cd_scripts/llava1.5_pope.bash: noise_step=500);
-# a "noised" pass that names no step is noised there, not at step 0, which leaves the image nearly clean.
+# The step VCD noises at in its own POPE runs (experiments/cd_scripts/llava1.5_pope.bash:
+# noise_step=500); a "noised" pass that names no step is noised there, not at step 0, which leaves
+# the image nearly clean.
 VCD_NOISE_STEP = 500
 
 
@@ -29,12 +31,14 @@ def diffusion_noise(pixels, step: int, generator: torch.Generator):
     (the same on every device). Integer parts (image sizes, patch grids) pass unchanged."""
     if isinstance(pixels, tuple):
         return tuple(diffusion_noise(p, step, generator) for p in pixels)
-    if isinstance(pixels, CodedPixels):  # uint8 codes: the noise goes on the normalized floats they stand for
+    # uint8 codes: the noise goes on the normalized floats they stand for
+    if isinstance(pixels, CodedPixels):
         pixels = np.asarray(pixels)
     if isinstance(pixels, np.ndarray) and np.issubdtype(pixels.dtype, np.floating):
         a = diffusion_alpha_bar(step)
         noise = torch.randn(pixels.shape, generator=generator, dtype=torch.float32).numpy()
-        return (math.sqrt(a) * pixels.astype(np.float32) + math.sqrt(1 - a) * noise).astype(pixels.dtype)
+        noised = math.sqrt(a) * pixels.astype(np.float32) + math.sqrt(1 - a) * noise
+        return noised.astype(pixels.dtype)
     return pixels
 
 
