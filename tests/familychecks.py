@@ -11,9 +11,11 @@ import json
 import os
 from pathlib import Path
 
+import pytest
 import torch
 from tinymodels import assert_matches_nf4_oracle, generated_text, worst_difference
 
+from pope_fast.coverage import protocol_for
 from pope_fast.engine import Counts, ImagePrompts
 
 
@@ -104,6 +106,17 @@ def assert_qwen_protocol_prompts(checkpoint, tokenizer, question: str, vlmevalki
         assert get_template(coverage.template).render(question, tokenizer) == theirs, protocol
         assert coverage.new_tokens == length, protocol
     return theirs
+
+
+def assert_protocols(checkpoint, expected: dict[str, dict], refused: dict[str, str]) -> None:
+    """Each tool's protocol for the checkpoint has the `expected` fields' values; each `refused` tool refuses it with a
+    message matching its pattern."""
+    for tool, fields in expected.items():
+        protocol = protocol_for(checkpoint, tool)
+        assert {name: getattr(protocol, name) for name in fields} == fields, tool
+    for tool, message in refused.items():
+        with pytest.raises(ValueError, match=message):
+            protocol_for(checkpoint, tool)
 
 
 def image_items(engine, images, questions) -> list[ImagePrompts]:

@@ -1,5 +1,6 @@
-"""The engine tests' tiny random checkpoints (each family's writer on the synthetic side,
-engine/synthetic/<model_type>.py, at test dimensions, weights through the transformers class), synthetic POPE sets and oracle helpers.
+"""The engine tests' tiny random checkpoints (make_tiny: engine/synthetic/<model_type>.py's SIZES["tiny"], or what a
+family's maker here changes of it with tiny_dims, weights through the transformers class), synthetic POPE sets and
+oracle helpers.
 
 The tokenizers are the real ones from ../shared when they are there; elsewhere the built-in
 word-level ones stand in, so these tests run on any clone.
@@ -12,8 +13,7 @@ from pathlib import Path
 
 import torch
 
-from pope_fast.engine.synthetic import Weights, synthetic_image, write_checkpoint
-from pope_fast.engine.synthetic.gemma3 import GEMMA3_TINY, SIGLIP_TINY
+from pope_fast.engine.synthetic import Weights, family_checkpoints, synthetic_image, write_checkpoint
 
 SHARED_LLAVA_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/llama2/llava-1.5-7b-hf"
 SHARED_BERT_TOKENIZER = Path(__file__).resolve().parents[2] / "shared/tokenizers/bert/bert-base-uncased"
@@ -35,45 +35,66 @@ def _shared(folder: Path, builtin: bool) -> Path | None:
     return folder if folder.is_dir() and not builtin else None
 
 
-def make_tiny_llava(folder: Path, *, seed: int = 0, image_size: int = 42, layers: int = 2, kv_heads: int = 2,
-                    hidden: int = 64, vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32,
-                    builtin_tokenizer: bool = False, vocab_size: int | None = None, feature_layer=-2) -> Path:
-    """A random LLaVA-1.5-shaped checkpoint saved with save_pretrained, with its processor files.
+def tiny_dims(model_type: str, **parts) -> dict:
+    """engine/synthetic's SIZES["tiny"] of model_type with a test's changes: a dict part updates the table's part of
+    that name (vision, text, processor), any other part is set (config, pinpoints, queries)."""
+    table = family_checkpoints(model_type).SIZES["tiny"]
+    return {**table, **{name: {**table[name], **part} if isinstance(part, dict) and name in table else part
+                        for name, part in parts.items()}}
 
-    vocab_size: lm_head rows (default 32064, at least the tokenizer's length).
-    init_std is larger than transformers' 0.02 so the random model's logits spread out and yes/no
-    decisions are not coin-flips decided in the last bit (the lm_head rows too, so answers vary
-    between questions).
-    """
-    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
-                            num_attention_heads=4, image_size=image_size, patch_size=14, projection_dim=vision_hidden),
-                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=vocab_size or 32064,
-                          max_position_embeddings=2048, initializer_range=init_std),
-                config=dict(initializer_range=init_std, vision_feature_layer=feature_layer))
-    return write_checkpoint("llava", folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
-                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype))
+
+def make_tiny(model_type: str, folder: Path, dims: str | dict = "tiny", *, seed: int = 0, init_std: float = 0.08,
+              dtype=torch.float32, spread_ranks=(2, 3, 4, 5), extra: dict | None = None, **writer) -> Path:
+    """A test checkpoint of model_type: engine/synthetic's writer at dims (`writer`: its keywords, tokenizer_dir...),
+    the transformers class's weights of a rank in spread_ranks drawn under `seed` from N(0, init_std), and `extra`'s
+    parameters, which transformers starts at a constant, from N(0, their std), so that a model misreading one differs.
+    init_std is larger than transformers' 0.02 so that the random model's logits spread out and its yes/no decisions
+    are not coin-flips decided in the last bit."""
+    return write_checkpoint(model_type, folder, dims, **writer, weights=Weights(
+        "model", seed=seed, std=init_std, dtype=dtype, spread_ranks=spread_ranks, extra=extra or {}))
+
+
+# The tests' language models are half the demo's width, and their vocabularies 32,064 rows (or the tokenizer's length):
+# the oracle and the engine then run in seconds on 2 cores. LLaMA's and Mistral's keep transformers' rms_norm_eps.
+LLAMA_TEST = dict(hidden_size=64, intermediate_size=128, max_position_embeddings=2048, rms_norm_eps=1e-6)
+QWEN_TEST = dict(hidden_size=64, intermediate_size=128, vocab_size=32064, max_position_embeddings=4096)
+# Qwen2-VL's and Qwen2.5-VL's: M-RoPE sections [2, 3, 3] of the 8 frequencies, transformers' rms_norm_eps
+QWEN2_VL_TEST = dict(QWEN_TEST, rms_norm_eps=1e-5, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]})
+# Qwen-VL processors keeping images between 4 and 30 merged tokens (of 28 px; Qwen3-VL's of 32 px)
+QWEN2_PIXELS = dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2, temporal_patch_size=2)
+QWEN3_PIXELS = dict(min_pixels=4 * 32 * 32, max_pixels=30 * 32 * 32)
+
+
+def _clip(width: int, image_size: int) -> dict:
+    return dict(hidden_size=width, intermediate_size=2 * width, image_size=image_size, projection_dim=width)
+
+
+def make_tiny_llava(folder: Path, *, image_size: int = 42, layers: int = 2, kv_heads: int = 2, vision_hidden: int = 32,
+                    vocab_size: int | None = None, feature_layer=-2, init_std: float = 0.08,
+                    builtin_tokenizer: bool = False, **weights) -> Path:
+    """LLaVA-1.5's tiny checkpoint with its processor files, a CLIP tower `vision_hidden` wide on 42-px images;
+    vocab_size: lm_head rows (default 32064, at least the tokenizer's length)."""
+    dims = tiny_dims("llava", vision=_clip(vision_hidden, image_size),
+                     text=dict(LLAMA_TEST, num_hidden_layers=layers, num_key_value_heads=kv_heads,
+                               initializer_range=init_std, **({"vocab_size": vocab_size} if vocab_size else {})),
+                     config=dict(initializer_range=init_std, vision_feature_layer=feature_layer))
+    return make_tiny("llava", folder, dims, init_std=init_std, spread_ranks=(2,),
+                     tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer), **weights)
 
 
 # Crops of 28 px, 2 x 2 patches each: every grid shape and both unpad directions at test sizes.
 TINY_PINPOINTS = [[28, 56], [56, 28], [56, 56], [84, 28], [28, 84]]
 
 
-def make_tiny_llava_next(folder: Path, *, seed: int = 0, layers: int = 2, kv_heads: int = 2, hidden: int = 64,
-                         vision_hidden: int = 32, init_std: float = 0.08, dtype=torch.float32,
-                         builtin_tokenizer: bool = False) -> Path:
-    """A random LLaVA-NeXT checkpoint (CLIP tower, Mistral language model) with its processor files;
-    the tokenizer is LLaVA-1.6-Mistral's from ../shared when it is there."""
-    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
-                            num_attention_heads=4, image_size=28, patch_size=14, projection_dim=vision_hidden),
-                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=kv_heads, vocab_size=32064,
-                          max_position_embeddings=2048, initializer_range=init_std, sliding_window=None,
-                          rope_theta=1e6),
-                pinpoints=TINY_PINPOINTS, config=dict(initializer_range=init_std))
-    return write_checkpoint(
-        "llava_next", folder, dims, tokenizer_dir=_shared(SHARED_MISTRAL_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, extra={"model.image_newline": 0.5}))
+def make_tiny_llava_next(folder: Path, *, vision_hidden: int = 32, init_std: float = 0.08,
+                         builtin_tokenizer: bool = False, **weights) -> Path:
+    """LLaVA-NeXT's tiny checkpoint (CLIP tower on 28-px crops, Mistral language model) with its processor files,
+    image_newline drawn; the tokenizer is LLaVA-1.6-Mistral's from ../shared when it is there."""
+    dims = tiny_dims("llava_next", vision=_clip(vision_hidden, 28), pinpoints=TINY_PINPOINTS,
+                     text=dict(LLAMA_TEST, initializer_range=init_std), config=dict(initializer_range=init_std))
+    return make_tiny("llava_next", folder, dims, init_std=init_std, spread_ranks=(2,),
+                     extra={"model.image_newline": 0.5},
+                     tokenizer_dir=_shared(SHARED_MISTRAL_TOKENIZER, builtin_tokenizer), **weights)
 
 
 # OneVision's crops of 42 px (3 x 3 SigLIP patches), in grids of 1 x 1 up to 4 x 4: large images pass
@@ -82,199 +103,144 @@ ONEVISION_PINPOINTS = [[42, 42], [42, 84], [84, 42], [84, 84], [42, 126], [126, 
                        [84, 168], [168, 84]]
 
 
-def make_tiny_llava_onevision(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, tied: bool = False,
-                              vision_hidden: int = 32, init_std: float = 0.08) -> Path:
-    """A random LLaVA-OneVision checkpoint (2-layer SigLIP, 2-layer Qwen2, tied embeddings on request) with
-    its image processor and tokenizer; the tokenizer is OneVision's from ../shared when it is there."""
-    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
-                            num_attention_heads=4, image_size=42, patch_size=14, vision_use_head=False),
-                text=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096, rope_theta=1e6,
-                          initializer_range=init_std, tie_word_embeddings=tied),
-                pinpoints=ONEVISION_PINPOINTS, config=dict(initializer_range=init_std, tie_word_embeddings=tied))
-    return write_checkpoint(
-        "llava_onevision", folder, dims, tokenizer_dir=_shared(SHARED_ONEVISION_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, extra={"model.image_newline": 0.5}))
+def make_tiny_llava_onevision(folder: Path, *, builtin_tokenizer: bool = False, tied: bool = False,
+                              vision_hidden: int = 32, init_std: float = 0.08, **weights) -> Path:
+    """LLaVA-OneVision's tiny checkpoint (SigLIP on 42-px crops, Qwen2, tied embeddings on request), image_newline
+    drawn, with its image processor and tokenizer, saved in fp16; the tokenizer is OneVision's from ../shared when it
+    is there."""
+    dims = tiny_dims("llava_onevision", vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                                                    image_size=42),
+                     text=dict(QWEN_TEST, initializer_range=init_std, tie_word_embeddings=tied),
+                     pinpoints=ONEVISION_PINPOINTS, config=dict(initializer_range=init_std, tie_word_embeddings=tied))
+    return make_tiny("llava_onevision", folder, dims, init_std=init_std, dtype=torch.float16, spread_ranks=(2,),
+                     extra={"model.image_newline": 0.5},
+                     tokenizer_dir=_shared(SHARED_ONEVISION_TOKENIZER, builtin_tokenizer), **weights)
 
 
-def make_tiny_internvl(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, tied: bool = False,
-                       vision_hidden: int = 32, tile: int = 56, max_patches: int = 6, init_std: float = 0.08,
-                       feature_layer: int = -1, language: str = "qwen2") -> Path:
-    """A random InternVL3-hf checkpoint (2-layer InternViT on 56-px tiles: 4 x 4 patches, 4 tokens per tile
-    after the pixel shuffle; up to 6 tiles + a thumbnail; 2-layer Qwen2, or Qwen3 as InternVL3.5-hf's, tied
-    embeddings on request) with its image processor and tokenizer; the tokenizer is InternVL3-8B-hf's from
-    ../shared when it is there. Layer scales and the projector's LayerNorm are drawn too, so that a model ignoring
-    them differs."""
-    layers = 2
+def make_tiny_internvl(folder: Path, *, builtin_tokenizer: bool = False, tied: bool = False, vision_hidden: int = 32,
+                       init_std: float = 0.08, feature_layer: int = -1, language: str = "qwen2", **weights) -> Path:
+    """InternVL3-hf's tiny checkpoint (InternViT on 56-px tiles: 4 x 4 patches, 4 tokens per tile after the pixel
+    shuffle; up to 6 tiles + a thumbnail; Qwen2, or Qwen3 as InternVL3.5-hf's, tied embeddings on request) with its
+    image processor and tokenizer, saved in fp16; the tokenizer is InternVL3-8B-hf's from ../shared when it is there.
+    Layer scales and the projector's LayerNorm are drawn too, so that a model ignoring them differs."""
     extra = {f"model.vision_tower.encoder.layer.{i}.{name}": 0.5
-             for i in range(layers) for name in ("lambda_1", "lambda_2")}
+             for i in range(2) for name in ("lambda_1", "lambda_2")}
     extra.update({f"model.{name}": 0.5 for name in (
         "multi_modal_projector.layer_norm.bias", "vision_tower.embeddings.cls_token",
         "vision_tower.embeddings.position_embeddings")})
-    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=layers,
-                            num_attention_heads=4, image_size=tile, patch_size=14, use_mean_pooling=True,
-                            attention_bias=True),
-                text=dict(model_type=language, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096,
-                          rope_theta=1e6, initializer_range=init_std),
-                max_patches=max_patches,
-                config=dict(initializer_range=init_std, tie_word_embeddings=tied, vision_feature_layer=feature_layer))
-    return write_checkpoint(
-        "internvl", folder, dims, tokenizer_dir=_shared(SHARED_INTERNVL_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, extra=extra))
+    dims = tiny_dims("internvl", vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                                             image_size=56),
+                     text=dict(QWEN_TEST, model_type=language, initializer_range=init_std), max_patches=6,
+                     config=dict(initializer_range=init_std, tie_word_embeddings=tied,
+                                 vision_feature_layer=feature_layer))
+    return make_tiny("internvl", folder, dims, init_std=init_std, dtype=torch.float16, spread_ranks=(2,), extra=extra,
+                     tokenizer_dir=_shared(SHARED_INTERNVL_TOKENIZER, builtin_tokenizer), **weights)
 
 
-def make_tiny_instructblip(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_hidden: int = 32,
-                           qformer_hidden: int = 32, queries: int = 4, init_std: float = 0.08, dtype=torch.float32,
-                           builtin_tokenizer: bool = False) -> Path:
-    """A random InstructBLIP checkpoint (EVA-style ViT of 28 px, 2-layer Q-Former, LLaMA) with its
-    processor files; the tokenizers are Vicuna's and bert-base-uncased from ../shared when there."""
-    dims = dict(vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden, num_hidden_layers=2,
-                            num_attention_heads=4, image_size=28, patch_size=14),
-                qformer=dict(hidden_size=qformer_hidden, num_hidden_layers=2, num_attention_heads=4,
-                             intermediate_size=2 * qformer_hidden, encoder_hidden_size=vision_hidden),
-                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=4, vocab_size=32064,
-                          max_position_embeddings=2048, initializer_range=init_std),
-                queries=queries, config=dict(initializer_range=init_std))
-    return write_checkpoint(
-        "instructblip", folder, dims, tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
-        qformer_tokenizer_dir=_shared(SHARED_BERT_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
-                        extra={"query_tokens": 0.5}))
+def make_tiny_instructblip(folder: Path, *, vision_hidden: int = 32, qformer_hidden: int = 32, init_std: float = 0.08,
+                           builtin_tokenizer: bool = False, **weights) -> Path:
+    """InstructBLIP's tiny checkpoint (EVA-style ViT of 28 px, a Q-Former of 4 queries, LLaMA), query_tokens drawn,
+    with its processor files; the tokenizers are Vicuna's and bert-base-uncased from ../shared when there."""
+    dims = tiny_dims("instructblip", vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                                                 image_size=28),
+                     qformer=dict(hidden_size=qformer_hidden, intermediate_size=2 * qformer_hidden,
+                                  encoder_hidden_size=vision_hidden),
+                     text=dict(LLAMA_TEST, initializer_range=init_std), queries=4,
+                     config=dict(initializer_range=init_std))
+    return make_tiny("instructblip", folder, dims, init_std=init_std, extra={"query_tokens": 0.5},
+                     tokenizer_dir=_shared(SHARED_LLAVA_TOKENIZER, builtin_tokenizer),
+                     qformer_tokenizer_dir=_shared(SHARED_BERT_TOKENIZER, builtin_tokenizer), **weights)
 
 
-def make_tiny_qwen2_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_dim: int = 32,
-                       init_std: float = 0.08, dtype=torch.float32, builtin_tokenizer: bool = False) -> Path:
-    """A random Qwen2-VL checkpoint (2-block native-resolution ViT, 2-layer Qwen2 with M-RoPE sections
-    [2, 3, 3] of its 8 frequencies) whose processor keeps images between 4 and 30 merged tokens; the
-    tokenizer is Qwen2-VL's from ../shared when it is there."""
-    dims = dict(vision=dict(depth=2, embed_dim=vision_dim, hidden_size=hidden, num_heads=4, mlp_ratio=2),
-                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096,
-                          rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                          initializer_range=init_std),
-                processor=dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
-                               temporal_patch_size=2))
-    return write_checkpoint("qwen2_vl", folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer),
-                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype,
-                                            spread_ranks=(2, 3, 4, 5)))
+def make_tiny_qwen2_vl(folder: Path, *, vision_dim: int = 32, init_std: float = 0.08, builtin_tokenizer: bool = False,
+                       **weights) -> Path:
+    """Qwen2-VL's tiny checkpoint (a 2-block ViT `vision_dim` wide, Qwen2 with M-RoPE sections [2, 3, 3] of its 8
+    frequencies); the tokenizer is Qwen2-VL's from ../shared when it is there."""
+    dims = tiny_dims("qwen2_vl", vision=dict(embed_dim=vision_dim, hidden_size=64), processor=QWEN2_PIXELS,
+                     text=dict(QWEN2_VL_TEST, initializer_range=init_std))
+    return make_tiny("qwen2_vl", folder, dims, init_std=init_std,
+                     tokenizer_dir=_shared(SHARED_QWEN2_TOKENIZER, builtin_tokenizer), **weights)
 
 
-def make_tiny_qwen2_5_vl(folder: Path, *, seed: int = 0, layers: int = 2, hidden: int = 64, vision_dim: int = 32,
-                         window_size: int = 56, init_std: float = 0.08, dtype=torch.float32,
-                         builtin_tokenizer: bool = False) -> Path:
-    """A random Qwen2.5-VL checkpoint: a 4-block windowed ViT (windows of window_size px, 2 x 2 merged tokens
-    at 56; whole-image attention in blocks 1 and 3), 2-layer Qwen2 with M-RoPE sections [2, 3, 3], the
-    processor keeping images between 4 and 30 merged tokens; the tokenizer is Qwen2.5-VL's from ../shared
-    when it is there."""
-    dims = dict(vision=dict(depth=4, hidden_size=vision_dim, intermediate_size=2 * vision_dim, num_heads=4,
-                            out_hidden_size=hidden, window_size=window_size, fullatt_block_indexes=[1, 3],
-                            tokens_per_second=2, hidden_act="silu"),
-                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=2, vocab_size=32064, max_position_embeddings=4096,
-                          rope_theta=1e6, rope_scaling={"type": "mrope", "mrope_section": [2, 3, 3]},
-                          initializer_range=init_std),
-                processor=dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28, patch_size=14, merge_size=2,
-                               temporal_patch_size=2))
-    return write_checkpoint(
-        "qwen2_5_vl", folder, dims, tokenizer_dir=_shared(SHARED_QWEN2_5_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5)))
+def make_tiny_qwen2_5_vl(folder: Path, *, layers: int = 2, vision_dim: int = 32, init_std: float = 0.08,
+                         builtin_tokenizer: bool = False, **weights) -> Path:
+    """Qwen2.5-VL's tiny checkpoint: its 4-block windowed ViT (whole-image attention in blocks 1 and 3) `vision_dim`
+    wide, on windows of 56 px (2 x 2 merged tokens); Qwen2 with M-RoPE sections [2, 3, 3]; the tokenizer is
+    Qwen2.5-VL's from ../shared when it is there."""
+    dims = tiny_dims("qwen2_5_vl", vision=dict(hidden_size=vision_dim, intermediate_size=2 * vision_dim,
+                                               out_hidden_size=64, window_size=56), processor=QWEN2_PIXELS,
+                     text=dict(QWEN2_VL_TEST, num_hidden_layers=layers, initializer_range=init_std))
+    return make_tiny("qwen2_5_vl", folder, dims, init_std=init_std,
+                     tokenizer_dir=_shared(SHARED_QWEN2_5_TOKENIZER, builtin_tokenizer), **weights)
 
 
-def make_tiny_qwen3_vl(folder: Path, *, seed: int = 0, layers: int = 3, hidden: int = 64, vision_dim: int = 32,
-                       deepstack=(0, 2), init_std: float = 0.08, dtype=torch.float32,
-                       builtin_tokenizer: bool = False) -> Path:
-    """A random Qwen3-VL checkpoint: a 4-block ViT of 16-px patches (a 4 x 4 learned position grid, resampled
-    to each image's) with DeepStack mergers on blocks `deepstack`, whose features enter after language-model
-    layers 0 and 1 of 3; Qwen3 (q_norm and k_norm drawn, so that a model ignoring them differs) with
-    interleaved M-RoPE sections [6, 5, 5] of its 16 frequencies; the processor keeps images between 4 and 30
-    merged tokens; the tokenizer is Qwen3-VL's from ../shared when it is there."""
-    dims = dict(vision=dict(depth=4, hidden_size=vision_dim, intermediate_size=2 * vision_dim, num_heads=4,
-                            out_hidden_size=hidden, patch_size=16, num_position_embeddings=16,
-                            deepstack_visual_indexes=list(deepstack), hidden_act="gelu_pytorch_tanh"),
-                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=32064,
-                          max_position_embeddings=4096, initializer_range=init_std,
-                          rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
-                                           "mrope_interleaved": True}),
-                processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
-                               image_std=[0.5] * 3, min_pixels=4 * 32 * 32, max_pixels=30 * 32 * 32))
-    extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(layers) for n in "qk"}
-    return write_checkpoint(
-        "qwen3_vl", folder, dims, tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
+def _qwen3_vl(model_type: str, vision_dim: int, init_std: float, **text) -> dict:
+    """Qwen3-VL's tiny dims for the tests: the tower `vision_dim` wide, a 4 x 4 learned position grid (resampled to
+    each image's), DeepStack from blocks 0 and 2 (their features enter after language-model layers 0 and 1 of 3)."""
+    return tiny_dims(model_type, vision=dict(hidden_size=vision_dim, intermediate_size=2 * vision_dim,
+                                             out_hidden_size=64, num_position_embeddings=16,
+                                             deepstack_visual_indexes=[0, 2]),
+                     text=dict(QWEN_TEST, initializer_range=init_std, **text), processor=QWEN3_PIXELS)
 
 
-def make_tiny_qwen3_vl_moe(folder: Path, *, seed: int = 0, layers: int = 3, hidden: int = 64, vision_dim: int = 32,
-                           experts: int = 6, per_token: int = 2, dense_layers=(1,), init_std: float = 0.08,
-                           dtype=torch.float32, builtin_tokenizer: bool = False) -> Path:
-    """A random Qwen3-VL-MoE checkpoint: make_tiny_qwen3_vl's tower, DeepStack and Qwen3 attention, with
-    `experts` experts 48 wide (not 2 x 64 / 2: the fused tensors' two layouts then differ in shape), `per_token`
-    of them a token, on every layer but `dense_layers` (a dense MLP there, as mlp_only_layers makes it)."""
-    dims = dict(vision=dict(depth=4, hidden_size=vision_dim, intermediate_size=2 * vision_dim, num_heads=4,
-                            out_hidden_size=hidden, patch_size=16, num_position_embeddings=16,
-                            deepstack_visual_indexes=[0, 2], hidden_act="gelu_pytorch_tanh"),
-                text=dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=32064,
-                          max_position_embeddings=4096, initializer_range=init_std, moe_intermediate_size=48,
-                          num_experts=experts, num_experts_per_tok=per_token, decoder_sparse_step=1,
-                          mlp_only_layers=list(dense_layers),
-                          rope_parameters={"rope_type": "default", "rope_theta": 5e6, "mrope_section": [6, 5, 5],
-                                           "mrope_interleaved": True}),
-                processor=dict(patch_size=16, merge_size=2, temporal_patch_size=2, image_mean=[0.5] * 3,
-                               image_std=[0.5] * 3, min_pixels=4 * 32 * 32, max_pixels=30 * 32 * 32))
-    extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(layers) for n in "qk"}
+def make_tiny_qwen3_vl(folder: Path, *, vision_dim: int = 32, init_std: float = 0.08, builtin_tokenizer: bool = False,
+                       **weights) -> Path:
+    """Qwen3-VL's tiny checkpoint (_qwen3_vl's dims), q_norm and k_norm drawn so that a model ignoring them differs;
+    the tokenizer is Qwen3-VL's from ../shared when it is there."""
+    extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(3) for n in "qk"}
+    return make_tiny("qwen3_vl", folder, _qwen3_vl("qwen3_vl", vision_dim, init_std), init_std=init_std, extra=extra,
+                     tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer), **weights)
+
+
+def make_tiny_qwen3_vl_moe(folder: Path, *, vision_dim: int = 32, init_std: float = 0.08,
+                           builtin_tokenizer: bool = False, **weights) -> Path:
+    """Qwen3-VL-MoE's tiny checkpoint: make_tiny_qwen3_vl's, with 6 experts 48 wide (not 2 x 64 / 2: the fused
+    tensors' two layouts then differ in shape), 2 of them a token, on every layer but 1 (a dense MLP there)."""
+    dims = _qwen3_vl("qwen3_vl_moe", vision_dim, init_std, moe_intermediate_size=48, num_experts=6)
+    extra = {f"model.language_model.layers.{i}.self_attn.{n}_norm.weight": 0.5 for i in range(3) for n in "qk"}
     # a router whose logits spread (std ~4 over unit-RMS hidden states): a token's k-th and k+1-th experts are
     # then far apart, so the one-ulp differences of fp16 attention cannot swap them (test_qwen3_vl_moe checks the
     # gap); at the model's 0.08 they came within 6e-5 and an fp16 run routed one token differently from transformers
-    extra.update({f"model.language_model.layers.{i}.mlp.gate.weight": 0.5 for i in range(layers) if i not in dense_layers})
-    return write_checkpoint(
-        "qwen3_vl_moe", folder, dims, tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
+    extra.update({f"model.language_model.layers.{i}.mlp.gate.weight": 0.5 for i in (0, 2)})
+    return make_tiny("qwen3_vl_moe", folder, dims, init_std=init_std, extra=extra,
+                     tokenizer_dir=_shared(SHARED_QWEN3_TOKENIZER, builtin_tokenizer), **weights)
 
 
-def make_tiny_qwen3_5(folder: Path, *, seed: int = 0, init_std: float = 0.08, dtype=torch.float32,
-                      model_type: str = "qwen3_5") -> Path:
-    """A random Qwen3.5 checkpoint, engine/synthetic/qwen3_5.py's tiny size (layers DeltaNet, gated attention,
-    DeltaNet; the stand-in tokenizer at the published special ids), with the one-dimensional weights transformers
-    starts at one constant (the q/k norms, the gated norm, dt_bias) drawn too, so that a model misreading any of them
-    differs. model_type qwen3_5_moe: the same layers, each MLP 4 experts (2 a token) and a shared expert
+def make_tiny_qwen3_5(folder: Path, *, model_type: str = "qwen3_5", **weights) -> Path:
+    """Qwen3.5's tiny checkpoint, engine/synthetic/qwen3_5.py's (layers DeltaNet, gated attention, DeltaNet; the
+    stand-in tokenizer at the published special ids), with the one-dimensional weights transformers starts at one
+    constant (the q/k norms, the gated norm, dt_bias) drawn too, so that a model misreading any of them differs.
+    model_type qwen3_5_moe: the same layers, each MLP 4 experts (2 a token) and a shared expert
     (engine/synthetic/qwen3_5_moe.py), saved by transformers one tensor an expert."""
     extra = {f"model.language_model.layers.1.self_attn.{n}_norm.weight": 0.5 for n in "qk"}
     extra.update({f"model.language_model.layers.{i}.linear_attn.{n}": 0.5 for i in (0, 2)
                   for n in ("norm.weight", "dt_bias")})
-    return write_checkpoint(model_type, folder, "tiny",
-                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5),
-                                            extra=extra))
+    return make_tiny(model_type, folder, extra=extra, **weights)
 
 
 make_tiny_qwen3_5_moe = functools.partial(make_tiny_qwen3_5, model_type="qwen3_5_moe")
 
 
-def make_tiny_gemma3(folder: Path, *, seed: int = 0, builtin_tokenizer: bool = False, vision_hidden: int = 32,
-                     init_std: float = 0.08, dtype=torch.float32, text: dict | None = None,
-                     config: dict | None = None) -> Path:
-    """A random Gemma 3 checkpoint (gemma3's SIGLIP_TINY and GEMMA3_TINY: a 2-layer SigLIP on 64-px images,
-    8 x 8 patches pooled to 16 tokens; four layers local, local, global, local with two RoPE bases, head_dim 32 against a
-    query_pre_attn_scalar of 24; `text` / `config` override its fields) with Gemma3Processor's files; every
-    RMSNorm weight is drawn too (Gemma's scale by 1 + w, so a model scaling by w differs). The tokenizer is
-    gemma-3-4b-it's from ../shared when it is there, else the built-in stand-in at Gemma's special-token ids."""
-    dims = dict(vision=dict(SIGLIP_TINY, hidden_size=vision_hidden, intermediate_size=2 * vision_hidden),
-                text=dict(GEMMA3_TINY, initializer_range=init_std, **(text or {})), mm_tokens=16,
-                config=dict(initializer_range=init_std, **(config or {})))
-    layers = dims["text"]["num_hidden_layers"]
-    extra = {f"model.language_model.layers.{i}.{name}.weight": 0.5 for i in range(layers) for name in (
+def make_tiny_gemma3(folder: Path, *, builtin_tokenizer: bool = False, vision_hidden: int = 32, init_std: float = 0.08,
+                     **weights) -> Path:
+    """Gemma 3's tiny checkpoint at the tests' image size (SigLIP on 64-px images, 8 x 8 patches pooled to 16 tokens;
+    four layers local, local, global, local with two RoPE bases, head_dim 32 against a query_pre_attn_scalar of 24)
+    with Gemma3Processor's files; every RMSNorm weight is drawn too (Gemma's scale by 1 + w, so a model scaling by w
+    differs). The tokenizer is gemma-3-4b-it's from ../shared when it is there, else the built-in stand-in at
+    Gemma's special-token ids."""
+    dims = tiny_dims("gemma3", vision=dict(hidden_size=vision_hidden, intermediate_size=2 * vision_hidden,
+                                           image_size=64, patch_size=8),
+                     text=dict(initializer_range=init_std), mm_tokens=16, config=dict(initializer_range=init_std))
+    extra = {f"model.language_model.layers.{i}.{name}.weight": 0.5 for i in range(4) for name in (
         "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm", "post_feedforward_layernorm",
         "self_attn.q_norm", "self_attn.k_norm")}
     extra.update({"model.language_model.norm.weight": 0.5, "model.multi_modal_projector.mm_soft_emb_norm.weight": 0.5})
-    return write_checkpoint(
-        "gemma3", folder, dims, tokenizer_dir=_shared(SHARED_GEMMA3_TOKENIZER, builtin_tokenizer),
-        weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3, 4, 5), extra=extra))
+    return make_tiny("gemma3", folder, dims, init_std=init_std, extra=extra,
+                     tokenizer_dir=_shared(SHARED_GEMMA3_TOKENIZER, builtin_tokenizer), **weights)
 
 
-def make_tiny_gemma4(folder: Path, *, seed: int = 0, init_std: float = 0.08, dtype=torch.float32) -> Path:
-    """A random Gemma 4 checkpoint (gemma4's VISION_TINY and TEXT_TINY: a 2-layer tower, at most 70 soft tokens an
+def make_tiny_gemma4(folder: Path, **weights) -> Path:
+    """Gemma 4's tiny checkpoint (gemma4's VISION_TINY and TEXT_TINY: a 2-layer tower, at most 70 soft tokens an
     image; five layers, the last two KV-shared, per-layer inputs, a 24-token window inside every image's run) with
     the built-in stand-in tokenizer; every RMSNorm weight with one is drawn too (Gemma 4 scales by w, Gemma 3 by
     1 + w, so either mistaken for the other differs)."""
@@ -283,9 +249,7 @@ def make_tiny_gemma4(folder: Path, *, seed: int = 0, init_std: float = 0.08, dty
         "self_attn.q_norm", "post_per_layer_input_norm")}
     extra.update({f"model.language_model.layers.{i}.self_attn.k_norm.weight": 0.5 for i in range(3)})  # unshared
     extra.update({"model.language_model.norm.weight": 0.5, "model.language_model.per_layer_projection_norm.weight": 0.5})
-    return write_checkpoint("gemma4", folder, "tiny",
-                            weights=Weights("model", seed=seed, std=init_std, dtype=dtype, spread_ranks=(2, 3),
-                                            extra=extra))
+    return make_tiny("gemma4", folder, spread_ranks=(2, 3), extra=extra, **weights)
 
 
 def write_pope_set(root: Path, n_images: int = 3, sizes=((90, 70), (64, 64), (50, 120)), splits=("random", "adversarial"),

@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTE
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     # The built-in word-level tokenizer keeps the vocabulary (and the interpreted argmax) small.
-    return make_tiny_llava(tmp_path_factory.mktemp("tiny_kernels") / "ckpt", vision_hidden=64, hidden=64,
+    return make_tiny_llava(tmp_path_factory.mktemp("tiny_kernels") / "ckpt", vision_hidden=64,
                            builtin_tokenizer=True, vocab_size=160, seed=5)
 
 

@@ -15,9 +15,8 @@ IMAGES = REGISTRY[FAMILY].images
 
 
 @pytest.mark.slow
-def test_the_question_reaches_the_image_tokens(checkpoint):
+def test_the_question_reaches_the_image_tokens(engine):
     """The Q-Former reads the prompt: one image's 4 query features differ from question to question."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     features = engine.features(IMAGES[0])
     a, b = engine.model.prompt_features([ImagePrompts(features, [engine.prompt(q) for q in QUESTIONS[:2]])])[0]
     assert a.shape == b.shape == (4, engine.model.lm.dims.hidden_size) and not torch.allclose(a, b)

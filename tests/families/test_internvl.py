@@ -9,12 +9,11 @@ import json
 
 import numpy as np
 import pytest
-from familychecks import assert_first_answers_match, assert_flops_linear
+from familychecks import assert_first_answers_match, assert_flops_linear, assert_protocols
 from registry import PER_TILE, REGISTRY, TILES
 from tinymodels import QUESTIONS, make_tiny_internvl, synthetic_image
 
 from pope_fast.engine import Counts, Engine, Settings
-from pope_fast.coverage import protocol_for
 from pope_fast.engine.models import family_class
 
 FAMILY = "internvl"  # whose checkpoint, model and oracle tests/families/conftest.py gives
@@ -144,14 +143,11 @@ def test_builtin_tokenizer_stands_in(tmp_path):
 
 @pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocols(checkpoint):
-    assert protocol_for(checkpoint, "paper").template == "internvl_chat"
-    lmms = protocol_for(checkpoint, "lmms-eval")
-    assert (lmms.template, lmms.new_tokens) == ("lmms_eval_internvl_hf", 128)
-    vlmeval = protocol_for(checkpoint, "vlmevalkit")
-    assert (vlmeval.template, vlmeval.new_tokens, vlmeval.processor_patches, vlmeval.image_reencode,
-            vlmeval.generation_config, vlmeval.deviations) == ("vlmevalkit_internvl", 4096, "1:6", "rgb", "none", ())
-    with pytest.raises(ValueError, match="protocol llava does not cover InternVL3"):
-        protocol_for(checkpoint, "llava")
+    assert_protocols(checkpoint, {
+        "paper": dict(template="internvl_chat"), "lmms-eval": dict(template="lmms_eval_internvl_hf", new_tokens=128),
+        "vlmevalkit": dict(template="vlmevalkit_internvl", new_tokens=4096, processor_patches="1:6",
+                           image_reencode="rgb", generation_config="none", deviations=())},
+        refused={"llava": "protocol llava does not cover InternVL3"})
 
 
 def _internvl_load_image(image, size: int, max_num: int) -> np.ndarray:

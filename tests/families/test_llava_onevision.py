@@ -10,12 +10,12 @@ import json
 import numpy as np
 from PIL import Image
 import pytest
-from familychecks import assert_answer_matches, assert_first_answers_match, assert_flops_linear, processor_oracle
+from familychecks import (assert_answer_matches, assert_first_answers_match, assert_flops_linear, assert_protocols,
+                          processor_oracle)
 from registry import REGISTRY
 from tinymodels import QUESTIONS, make_tiny_llava_onevision, synthetic_image
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.coverage import protocol_for
 from pope_fast.engine.models import family_class
 
 FAMILY = "llava_onevision"  # whose checkpoint, model and oracle tests/families/conftest.py gives
@@ -130,14 +130,12 @@ def test_builtin_tokenizer_stands_in(tmp_path):
 
 @pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocols(checkpoint):
-    assert protocol_for(checkpoint, "paper").template == "llava_onevision_chat"
-    vlmevalkit = protocol_for(checkpoint, "vlmevalkit")
-    assert (vlmevalkit.template, vlmevalkit.new_tokens) == ("vlmevalkit_llava_onevision", 2048)
-    lmms = protocol_for(checkpoint, "lmms-eval")
-    assert (lmms.template, lmms.new_tokens, lmms.image_reencode, lmms.dtype, lmms.generation_config,
-            lmms.deviations) == ("lmms_eval_llava_onevision", 128, "rgb", "fp16", "greedy_output", ())
-    with pytest.raises(ValueError, match="protocol llava does not cover LLaVA-OneVision"):
-        protocol_for(checkpoint, "llava")
+    assert_protocols(checkpoint, {
+        "paper": dict(template="llava_onevision_chat"),
+        "vlmevalkit": dict(template="vlmevalkit_llava_onevision", new_tokens=2048),
+        "lmms-eval": dict(template="lmms_eval_llava_onevision", new_tokens=128, image_reencode="rgb", dtype="fp16",
+                          generation_config="greedy_output", deviations=())},
+        refused={"llava": "protocol llava does not cover LLaVA-OneVision"})
 
 
 def _llava_next_anyres(image, side: int, pinpoints, mean, std) -> np.ndarray:

@@ -83,9 +83,8 @@ def test_windowed_tower_is_transformers_bit_for_bit(grids, dtype):
 
 
 @pytest.mark.slow
-def test_pixels_are_the_processors_bit_for_bit(checkpoint):
+def test_pixels_are_the_processors_bit_for_bit(checkpoint, engine):
     """The fast pixel path (taken here) gives the image processor's patches and grid exactly."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     _, image_processor = _processors(checkpoint)
     assert engine.model._fast_pixels is not None
     for image, (rows, cols) in zip(IMAGES, GRIDS):
@@ -96,14 +95,13 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint):
 
 
 @pytest.mark.slow
-def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
+def test_features_are_the_towers_and_the_windows_matter(engine, model):
     """Our features (every image in one tower call, windows batched by length) are transformers' tower's on
     the same call bit for bit, and its get_image_features of each image alone, in raster order; the images do
     span several windows, partial ones included, and attending over the whole image in every block instead
     would change the features. A tower whose attention is not SDPA runs transformers' forward."""
     from transformers.vision_utils import get_vision_window_index
 
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     pixels = [engine.model.preprocess(image) for image in IMAGES]
     with CallCounter() as counter:
         ours = engine.model.encode_images(pixels)
@@ -141,10 +139,9 @@ def test_features_are_the_towers_and_the_windows_matter(checkpoint, model):
 
 
 @pytest.mark.slow
-def test_positions_are_transformers_rope_index(checkpoint, model):
+def test_positions_are_transformers_rope_index(checkpoint, engine, model):
     """M-RoPE streams as get_rope_index makes them for each grid; a still image's temporal stream stays at
     its start (tokens_per_second and second_per_grid_ts space video frames only)."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     assert model.config.vision_config.tokens_per_second == 2
     streams = rope_index_pairs(engine, model, partial(_inputs, checkpoint), IMAGES, GRIDS,
                                second_per_grid_ts=torch.tensor([5.0]))
@@ -196,10 +193,9 @@ def test_protocol_prompts_are_the_tools_messages(shared, checkpoint):
 
 
 @pytest.mark.slow
-def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
+def test_vision_flops_are_the_towers_weight_matmuls(engine):
     """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
     rows), per patch: the windowed blocks, the gated MLP, the merger over a quarter of the rows."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     patches, counted = tower_matmul_flops(engine, IMAGES)
     assert patches == 4 * sum(r * c for r, c in GRIDS)
     assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(counted, rel=1e-12)

@@ -4,15 +4,12 @@ import pytest
 from registry import REGISTRY
 from tinymodels import QUESTIONS
 
-from pope_fast.engine import Engine, Settings
-
 FAMILY = "qwen2_vl"  # whose checkpoint, model and oracle tests/families/conftest.py gives
 IMAGES = REGISTRY[FAMILY].images
 
 
 @pytest.mark.slow
-def test_positions_follow_the_grid(checkpoint):
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
+def test_positions_follow_the_grid(engine):
     features = engine.features(IMAGES[0])  # 2 x 3
     ids = engine.model.prompt_ids(engine.prompt(QUESTIONS[0]), 6)
     streams = engine.model.positions(ids, features)

@@ -19,17 +19,15 @@ IMAGES = REGISTRY[FAMILY].images
 
 
 @pytest.mark.slow
-def test_dims_are_qwen3s(checkpoint):
+def test_dims_are_qwen3s(engine):
     """Qwen3's q/k norms, two DeepStack layers, interleaved M-RoPE and no qkv bias, read off the config."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     assert engine.model.lm.dims.qk_norm and engine.model.lm.dims.deepstack == 2
     assert engine.model.lm.dims.mrope_interleaved and not engine.model.lm.dims.qkv_bias
 
 
 @pytest.mark.slow
-def test_pixels_are_the_processors_bit_for_bit(checkpoint):
+def test_pixels_are_the_processors_bit_for_bit(checkpoint, engine):
     """16-px patches: the fast pixel path (taken here) gives the image processor's patches and grid exactly."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     _, image_processor = _processors(checkpoint)
     assert engine.model._fast_pixels is not None and image_processor.patch_size == 16
     for image, (rows, cols) in zip(IMAGES, GRIDS):
@@ -41,10 +39,9 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint):
 
 
 @pytest.mark.slow
-def test_features_hold_the_towers_deepstack(checkpoint, model):
+def test_features_hold_the_towers_deepstack(engine, model):
     """Our features (every image in one tower call) are transformers' get_image_features of each image
     alone: the merger's output, then each DeepStack merger's, in raster order."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     pixels = [engine.model.preprocess(image) for image in IMAGES]
     ours = engine.model.encode_images(pixels)
     assert model.config.vision_config.deepstack_visual_indexes == [0, 2]
@@ -57,10 +54,9 @@ def test_features_hold_the_towers_deepstack(checkpoint, model):
 
 
 @pytest.mark.slow
-def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
+def test_deepstack_and_qk_norm_change_the_answer(engine, oracle):
     """The test sees DeepStack: with its blocks zeroed the logits move far past the tolerance (and the
     unzeroed ones are transformers'); q_norm and k_norm are drawn, so ignoring them would fail above."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     for i, image in enumerate(IMAGES[:3]):
         features = engine.features(image)
         flat = features.clone()
@@ -74,10 +70,9 @@ def test_deepstack_and_qk_norm_change_the_answer(checkpoint, oracle):
 
 
 @pytest.mark.slow
-def test_positions_and_interleaved_rotary_are_transformers(checkpoint, model):
+def test_positions_and_interleaved_rotary_are_transformers(checkpoint, engine, model):
     """M-RoPE streams as get_rope_index makes them for each grid, and cos/sin of those streams as
     Qwen3VLTextRotaryEmbedding interleaves them (chunked sections, Qwen2-VL's, would differ)."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     rotary = model.model.language_model.rotary_emb
     for _, ours, theirs in rope_index_pairs(engine, model, partial(_inputs, checkpoint), IMAGES, GRIDS):
         assert torch.equal(ours, theirs[:, 0])
@@ -113,10 +108,9 @@ def test_real_tokenizer_prompt_and_answer_tokens(checkpoint):
 
 
 @pytest.mark.slow
-def test_vision_flops_are_the_towers_weight_matmuls(checkpoint):
+def test_vision_flops_are_the_towers_weight_matmuls(engine):
     """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
     rows), per patch: the blocks, the merger and both DeepStack mergers over a quarter of the rows."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     patches, counted = tower_matmul_flops(engine, IMAGES)
     assert patches == 4 * sum(r * c for r, c in GRIDS)
     assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(counted, rel=1e-12)

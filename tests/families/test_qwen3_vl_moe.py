@@ -18,9 +18,8 @@ FAMILY = "qwen3_vl_moe"  # whose checkpoint, model and oracle tests/families/con
 pytestmark = pytest.mark.slow  # tiny Qwen3-VL-MoE checkpoints, loaded and run
 
 
-def test_sparse_layers_and_flops_follow_the_config(checkpoint, tiny):
+def test_sparse_layers_and_flops_follow_the_config(engine, tiny):
     """The layers transformers builds a sparse block on are ours; a token's FLOPs count its k experts' width."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     dims = engine.model.lm.dims
     theirs = [type(layer.mlp).__name__ for layer in tiny.model("qwen3_vl_moe").model.language_model.layers]
     assert theirs == ["Qwen3VLMoeTextSparseMoeBlock", "Qwen3VLMoeTextMLP", "Qwen3VLMoeTextSparseMoeBlock"]
@@ -54,9 +53,8 @@ def test_experts_stored_as_published_load_the_same(checkpoint, tmp_path):
     assert [x.candidate_logits for x in first] == [x.candidate_logits for x in second]
 
 
-def test_a_tokens_routing_does_not_depend_on_its_batch(checkpoint):
+def test_a_tokens_routing_does_not_depend_on_its_batch(engine):
     """Experts and their weights of a token alone, among a few and among more than one router block: the same bits."""
-    engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     experts = engine.model.lm.layers[0].experts
     gen = torch.Generator().manual_seed(0)
     tokens = torch.randn((3 * ROUTER_ROWS + 5, experts.router.shape[1]), generator=gen)
