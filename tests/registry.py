@@ -36,10 +36,19 @@ PER_TILE = 4  # (56 / 14 * 0.5)²: tokens per tile after the pixel shuffle
 GRIDS = [(2, 3), (3, 2), (2, 2), (1, 7), (5, 5)]
 
 
+# Llama 3.1's RoPE scaling (Idefics3-8B's language model) over 64 original positions: of the tiny model's 8
+# frequencies one is kept, two are blended and five divided by the factor, and the prompts' positions reach past 40
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
 def make_tiny_idefics3(folder: Path, *, seed: int = 0) -> Path:
     """engine/synthetic's tiny Idefics3 with its image processor's resize off: an image that fits one 56-px tile stays
-    the global view alone (rows = cols = 0), a larger one is split, so one checkpoint has both prompt shapes."""
-    return write_checkpoint("idefics3", folder, dict(IDEFICS3_SIZES["tiny"], images={"do_resize": False}),
+    the global view alone (rows = cols = 0), a larger one is split, so one checkpoint has both prompt shapes; its
+    language model's RoPE Llama 3.1's."""
+    tiny = IDEFICS3_SIZES["tiny"]
+    dims = dict(tiny, text=dict(tiny["text"], rope_parameters=LLAMA3_ROPE), images={"do_resize": False})
+    return write_checkpoint("idefics3", folder, dims,
                             weights=Weights(init="model", dtype=torch.float32, std=0.2, seed=seed))
 
 

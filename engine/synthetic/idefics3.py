@@ -17,8 +17,8 @@ SPECIALS = ["<|im_start|>", "<image>", "<fake_token_around_image>", "<global-img
 # 56-px tiles of 14-px patches, shuffled by 2: 4 tokens a tile; an image's longest edge resized to 112 (up to 2 x 2
 # tiles and the global view)
 # (32,064 vocabulary rows, as the families' tables pad LLaMA's: the legacy readouts' fixed ids are rows)
-# Idefics3-8B-Llama3: SigLIP-so400m on 364-px tiles (169 tokens each), images to 4 x 364 px, Llama 3 8B's language
-# model with its three image tokens added (vocabulary 128,259 rows)
+# Idefics3-8B-Llama3: SigLIP-so400m on 364-px tiles (169 tokens each), images to 4 x 364 px, Llama 3.1 8B's language
+# model (its RoPE scaled as "llama3") with its three image tokens added (vocabulary 128,259 rows)
 SIZES = {"tiny": dict(
     vision=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2, image_size=56,
                 patch_size=14),
@@ -30,7 +30,9 @@ SIZES = {"tiny": dict(
                 image_size=364, patch_size=14),
     text=dict(model_type="llama", hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
               num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=131072, vocab_size=128259,
-              rms_norm_eps=1e-5, rope_theta=500000.0),
+              rms_norm_eps=1e-5, rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0,
+                                                      low_freq_factor=1.0, high_freq_factor=4.0,
+                                                      original_max_position_embeddings=8192)),
     longest_edge=1456, scale_factor=2)}
 
 

@@ -6,7 +6,7 @@ import shutil
 
 import pytest
 import torch
-from registry import REGISTRY
+from registry import LLAMA3_ROPE, REGISTRY
 from tinymodels import QUESTIONS
 
 from pope_fast.engine import CheckpointError, Engine, Settings
@@ -28,6 +28,25 @@ def test_the_features_keep_the_grid_and_the_views_order(rows, cols):
     assert idefics3.grid(features) == (rows, cols)
     assert torch.equal(features.reshape(-1, 8)[:views * 4], made.reshape(-1, 8))
     assert not features.reshape(-1, 8)[views * 4:].any()
+
+
+def test_llama3_rope_frequencies_are_transformers():
+    """Idefics3-8B's language model (Llama 3.1's) scales RoPE as rope_type "llama3": the frequencies the decoder reads
+    off its config are transformers' own, bit for bit, in all three bands (kept, blended, divided)."""
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from pope_fast.engine.layers.dims import DecoderDims
+    from pope_fast.engine.layers.ops import Rotary
+
+    config = LlamaConfig(hidden_size=64, num_attention_heads=4, max_position_embeddings=2048,
+                         rope_parameters=LLAMA3_ROPE)
+    dims = DecoderDims.from_config(config)
+    ours = Rotary(dims.head_dim, dims.rope_theta, torch.device("cpu"), llama3=dims.rope_llama3).inv_freq
+    theirs, _ = ROPE_INIT_FUNCTIONS["llama3"](config, torch.device("cpu"))
+    plain = Rotary(dims.head_dim, dims.rope_theta, torch.device("cpu")).inv_freq
+    assert torch.equal(ours, theirs)
+    assert (ours == plain).sum() == 1 and (ours == plain / 8).sum() == 5
 
 
 @pytest.mark.slow
