@@ -262,8 +262,7 @@ REGISTRY = {f.name: f for f in [
     Family("idefics3", make_tiny_idefics3, "Idefics3ForConditionalGeneration",
            [synthetic_image(i + 91, size) for i, size in enumerate([(90, 60), (50, 110), (40, 40)])], 3,
            template="idefics3_chat", run=((True, 4),), run_items=_tiles_and_global_view, probe=(0, 2),
-           pad_refusal="Idefics3 tiles every image",
-           notes="no methods check: methodchecks' PAI oracle edits model.language_model, Idefics3's is text_model"),
+           methods=((True, 2),), pad_refusal="Idefics3 tiles every image"),
 ]}
 # A registered family outside the battery, with the reason (test_every_registered_family_is_in_the_battery).
 EXEMPT = {"mplug_owl2": "no transformers class; test_mplug_owl2 checks the engine against upstream's outputs "
