@@ -145,6 +145,9 @@ OWN_TEMPLATES: dict[str, Template] = {
         Template("internvl_chat", "", "<IMG_CONTEXT>",
                  "the tokenizer's chat template (InternVL3-hf's: images as '<IMG_CONTEXT>\\n'), "
                  "one user message [image, question + yes/no instruction]", chat=True),
+        Template("idefics3_chat", "", "<image>",
+                 "the tokenizer's chat template (Idefics3's, SmolVLM's: the image as '<image>'), "
+                 "one user message [image, question + yes/no instruction]", chat=True),
         # the transformers backend's, for a model the engine has no family for: the processor places
         # the image's tokens (the chat template's image part, or before the text where the processor
         # puts them)

@@ -43,7 +43,8 @@ def formula_oracle(checkpoint, model_class, make_inputs):
     AttentionMaskInterface.register("pope_fast_pai", eager_mask)
     plain = model_class.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
     edited = model_class.from_pretrained(str(checkpoint), dtype=torch.float32, attn_implementation="pope_fast_pai").eval()
-    state["language"] = {id(m) for m in edited.model.language_model.modules()}
+    language = getattr(edited.model, "language_model", None) or edited.model.text_model  # Idefics3's name
+    state["language"] = {id(m) for m in language.modules()}
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware")
     inputs_of = make_inputs(checkpoint)
     out = {}

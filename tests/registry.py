@@ -17,7 +17,7 @@ from familychecks import transformers_oracle
 from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_gemma4, make_tiny_instructblip, make_tiny_internvl,
                         make_tiny_llava, make_tiny_llava_next, make_tiny_llava_onevision, make_tiny_qwen2_5_vl,
                         make_tiny_qwen2_vl, make_tiny_qwen3_5, make_tiny_qwen3_5_moe, make_tiny_qwen3_vl,
-                        make_tiny_qwen3_vl_moe, synthetic_image)
+                        make_tiny_qwen3_vl_moe, make_tiny, synthetic_image, tiny_dims)
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import family_class
@@ -32,6 +32,20 @@ PER_TILE = 4  # (56 / 14 * 0.5)²: tokens per tile after the pixel shuffle
 # ragged one), 2 x 2 (exactly one window), 1 x 7 (four windows, the last of one token) and 5 x 5 (nine windows,
 # ragged on both sides). Qwen3-VL: the same grids in 32-px units.
 GRIDS = [(2, 3), (3, 2), (2, 2), (1, 7), (5, 5)]
+
+
+# Llama 3.1's RoPE scaling (Idefics3-8B's language model) over 64 original positions: of the tiny model's 8
+# frequencies one is kept, two are blended and five divided by the factor, and the prompts' positions reach past 40
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 64}
+
+
+def make_tiny_idefics3(folder: Path, *, seed: int = 0) -> Path:
+    """engine/synthetic's tiny Idefics3 with its image processor's resize off: an image that fits one 56-px tile stays
+    the global view alone (rows = cols = 0), a larger one is split, so one checkpoint has both prompt shapes; its
+    language model's RoPE Llama 3.1's."""
+    dims = tiny_dims("idefics3", text=dict(rope_parameters=LLAMA3_ROPE), images={"do_resize": False})
+    return make_tiny("idefics3", folder, dims, seed=seed, init_std=0.2, spread_ranks=(2,))
 
 
 @lru_cache(maxsize=None)
@@ -130,6 +144,11 @@ def _one_length_per_image(items) -> None:
 def _two_grids_of_one_length(items) -> None:
     """2 x 3 and 3 x 2 grids: one prefix length, different M-RoPE positions, one prefill."""
     assert items[0].features.shape[:2] == (2, 3) and items[1].features.shape[:2] == (3, 2)
+
+
+def _tiles_and_global_view(items) -> None:
+    """Idefics3's features [rows + 1, cols, ...]: 2 x 2 tiles, 2 x 1, the global view alone (three prefix lengths)."""
+    assert [tuple(item.features.shape[:2]) for item in items] == [(3, 2), (3, 1), (1, 1)]
 
 
 def _the_grids(items) -> None:
@@ -234,6 +253,12 @@ REGISTRY = {f.name: f for f in [
            template="gemma4_chat", logits=((True, 2), (False, 3)), counts_image_tokens=True,
            continuations=({"prefix_reuse": True, "batch_size": 2},),
            pad_refusal="Gemma 4 resizes every image within its patch budget"),
+    # (width, height) → tiles: 2 x 2 + the global view, 2 rows x 1 column + the global view, the global view alone
+    # (it fits one tile: unsplit)
+    Family("idefics3", make_tiny_idefics3, "Idefics3ForConditionalGeneration",
+           [synthetic_image(i + 91, size) for i, size in enumerate([(90, 60), (50, 110), (40, 40)])], 3,
+           template="idefics3_chat", run=((True, 4),), run_items=_tiles_and_global_view, probe=(0, 2),
+           methods=((True, 2),), pad_refusal="Idefics3 tiles every image"),
 ]}
 # A registered family outside the battery, with the reason (test_every_registered_family_is_in_the_battery).
 EXEMPT = {"mplug_owl2": "no transformers class; test_mplug_owl2 checks the engine against upstream's outputs "

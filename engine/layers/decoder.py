@@ -124,7 +124,7 @@ class DecoderLM(AnswerHead, nn.Module):
         self.layers = nn.ModuleList(layers)
         specs = dims.layer_rope or ((dims.rope_theta, 1.0),) * dims.num_layers
         rotaries = {spec: Rotary(dims.rotary_dim, spec[0], device, dims.mrope_section, dims.mrope_interleaved,
-                                 factor=spec[1]) for spec in dict.fromkeys(specs)}
+                                 factor=spec[1], llama3=dims.rope_llama3) for spec in dict.fromkeys(specs)}
         self.layer_rotary = [rotaries[spec] for spec in specs]  # one object per distinct RoPE, shared by its layers
         self.rotary = self.layer_rotary[0]  # every layer's, where they share one
         # a family's side input of every layer (Gemma 4's per-layer embeddings): (ids, input embeddings [..., H]) →

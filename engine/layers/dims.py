@@ -46,6 +46,9 @@ class DecoderDims:
     shared_expert_size: int = 0
     experts_split: bool = False  # the experts stored one tensor each (transformers' save_pretrained), not fused
     partial_rotary: float = 1.0  # RoPE turns the first rotary_dim of each head's dims (partial_rotary_factor)
+    # Llama 3.1's RoPE scaling (rope_type "llama3"): factor, low_freq_factor, high_freq_factor,
+    # original_max_position_embeddings (ops.llama3_frequencies)
+    rope_llama3: tuple[float, float, float, int] | None = None
 
     @property
     def rotary_dim(self) -> int:
@@ -61,9 +64,13 @@ class DecoderDims:
             rope = {}
         rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
         legacy = getattr(cfg, "rope_scaling", None)
-        if rope_type != "default" or (isinstance(legacy, dict) and legacy.get("rope_type", legacy.get("type"))
-                                      not in (None, "default")):
-            raise NotImplementedError(f"rope type {rope_type or legacy} is not supported (default RoPE only)")
+        if isinstance(legacy, dict) and legacy.get("rope_type", legacy.get("type")) not in (None, "default"):
+            rope_type, rope = legacy.get("rope_type", legacy.get("type")), {**legacy, **rope}
+        if rope_type not in ("default", "llama3"):
+            raise NotImplementedError(f"rope type {rope_type} is not supported (default and llama3 RoPE only)")
+        llama3 = None if rope_type == "default" else (
+            float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
+            int(rope["original_max_position_embeddings"]))
         theta = rope.get("rope_theta") if isinstance(rope, dict) else None
         heads = cfg.num_attention_heads
         window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) else None
@@ -80,7 +87,7 @@ class DecoderDims:
                    qkv_bias=bool(getattr(cfg, "attention_bias", False)),
                    mrope_section=tuple(section) if (section := rope.get("mrope_section")) else None,
                    mrope_interleaved=bool(rope.get("mrope_interleaved", False)),
-                   max_positions=getattr(cfg, "max_position_embeddings", None) or 4096)
+                   max_positions=getattr(cfg, "max_position_embeddings", None) or 4096, rope_llama3=llama3)
 
     def slides(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window."""

@@ -3,6 +3,8 @@ embeddings written to round exactly as transformers' LLaMA does (RMSNorm is the 
 the same op the fused final norm is checked against)."""
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -85,11 +87,14 @@ class Rotary:
     (width) frequencies, temporal elsewhere, instead of one chunk of frequencies per stream."""
 
     def __init__(self, head_dim: int, theta: float, device: torch.device,
-                 mrope_section: tuple[int, ...] | None = None, interleaved: bool = False, factor: float = 1.0):
+                 mrope_section: tuple[int, ...] | None = None, interleaved: bool = False, factor: float = 1.0,
+                 llama3: tuple[float, float, float, int] | None = None):
         exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / head_dim
         self.inv_freq = 1.0 / (theta**exponent)
         if factor != 1.0:  # linear RoPE scaling (transformers' _compute_linear_scaling_rope_parameters)
             self.inv_freq = self.inv_freq / factor
+        if llama3 is not None:
+            self.inv_freq = llama3_frequencies(self.inv_freq, *llama3)
         self.mrope_section, self.interleaved = mrope_section, interleaved
         if mrope_section is not None and sum(mrope_section) != head_dim // 2:
             raise ValueError(f"mrope_section {mrope_section} does not cover {head_dim // 2} frequencies")
@@ -130,3 +135,17 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, kernels:
     """x [B, H, S, D]; cos/sin [B, S, D] (or [S, D]) broadcast over heads. One fused kernel where `kernels`
     picks Triton, transformers' five torch ops elsewhere: the same bits (kernels/rotary.py)."""
     return rotary(x, cos, sin, backend=kernels)
+
+
+def llama3_frequencies(inv_freq: torch.Tensor, factor: float, low_freq_factor: float, high_freq_factor: float,
+                       original_max_positions: int) -> torch.Tensor:
+    """Llama 3.1's RoPE scaling ("llama3"): frequencies whose wavelength is longer than original_max_positions /
+    low_freq_factor divided by `factor`, those shorter than original_max_positions / high_freq_factor kept, those
+    between blended linearly in original_max_positions / wavelength (attention unscaled)."""
+    wavelength = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelength > original_max_positions / low_freq_factor, inv_freq / factor, inv_freq)
+    smooth = (original_max_positions / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    between = (wavelength >= original_max_positions / high_freq_factor) & \
+        (wavelength <= original_max_positions / low_freq_factor)
+    return torch.where(between, blended, scaled)

@@ -29,6 +29,7 @@ FAMILIES: dict[str, str] = {
     "qwen3_5_moe": "qwen3_5_moe:Qwen3_5MoeModel",
     "gemma3": "gemma3:Gemma3Model",
     "gemma4": "gemma4:Gemma4Model",
+    "idefics3": "idefics3:Idefics3Model",
 }
 DEMO = "llava"  # the family of the built-in demo's random checkpoint
 
@@ -45,7 +46,6 @@ NOT_IMPLEMENTED: dict[str, str] = {
     "chameleon": "images as discrete VQ codebook tokens (no vision features)",
     "emu3": "images as discrete VQ codebook tokens (no vision features)",
     "idefics2": "the Perceiver resampler between the vision tower and the language model",
-    "idefics3": "the pixel-shuffle connector over image splits",
     "smolvlm": "the pixel-shuffle connector over image splits",
     "gemma3n": "per-layer embeddings, AltUp and the MobileNet vision tower",
     "llama4": _MOE + " and chunked attention",

@@ -39,7 +39,7 @@ LLAMA_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, n
 
 # Random checkpoints of models the engine has no family for, which the transformers backend runs (its tests, and
 # bench --models NAME): one module each, named as the families' are (BLIP-2's model_type is "blip-2").
-REFERENCE_ONLY = ("mllama", "paligemma", "idefics3", "blip2", "glm4v", "llava_onevision1_5", "ovis2_5")
+REFERENCE_ONLY = ("mllama", "paligemma", "blip2", "glm4v", "llava_onevision1_5", "ovis2_5")
 
 
 def family_checkpoints(model_type: str):

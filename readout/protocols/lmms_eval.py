@@ -170,6 +170,9 @@ COVERAGE = {
     # (tests/families/test_gemma3.py test_lmms_eval_padding_changes_no_logit), so the unpadded run is lmms-eval's.
     "gemma3": Coverage("gemma3", "lmms_eval_gemma3", 128, image_reencode="jpeg85", dtype="bf16",
                        generation_config=GENERATE),
+    "idefics3": "lmms-eval 0.7.3 has no Idefics3 (SmolVLM) class: its idefics2 loads Idefics2ForConditionalGeneration "
+                "(models/simple/idefics2.py l.74), and its generic chat class huggingface (models/chat/huggingface.py "
+                "l.92-95: any image-text-to-text model, in bf16, l.82) is no family's class and not reproduced here",
     # Models the engine has no family for, which the transformers backend runs (their class, processor and chat
     # template). models/simple/llama_vision.py: the checkpoint's own dtype (dtype="auto", l.32, l.55), the task's
     # RGB image, [image, the task's text] (l.174-187) through the processor's chat template (l.188), tokenized
@@ -178,8 +181,6 @@ COVERAGE = {
     # tokens, which it decodes without special tokens (l.209-210).
     "mllama": Coverage("llama_vision", "lmms_eval_llama_vision", 128, image_reencode=TASK_IMAGE, dtype="auto",
                        generation_config=GENERATE),
-    "idefics3": "lmms-eval 0.7.3 has no Idefics3 (SmolVLM) class: its idefics2 loads Idefics2ForConditionalGeneration "
-                "(models/simple/idefics2.py l.74)",
 }
 # qwen3_5_moe: the same classes, whose simple/qwen3_5.py loads Qwen3_5MoeForConditionalGeneration where the
 # checkpoint's name reads like A3B (re.search(r"A\d+B", pretrained), l.86-88 at 578f029a): the dense one's coverage

@@ -77,8 +77,8 @@ TEMPLATES = (
              "language model"),
     Template("vlmevalkit_mplug_owl2", "USER: <|image|>{question} \nASSISTANT: ", "<|image|>",
              "VLMEvalKit mPLUG_Owl2: 'USER: <|image|>' + question + ' \\nASSISTANT: '"),
-    # the transformers backend's (no family: its processor expands <image>, which a text-only prompt drops)
-    Template("vlmevalkit_smolvlm", "<|im_start|>User:<image>{question}<end_of_utterance>\nAssistant:", "",
+    # Idefics3's (its processor expands <image>, which a text-only prompt drops)
+    Template("vlmevalkit_smolvlm", "<|im_start|>User:<image>{question}<end_of_utterance>\nAssistant:", "<image>",
              "VLMEvalKit SmolVLM: build_prompt_default's '<|im_start|>User:' + '<image>' + the bare question + "
              "'<end_of_utterance>\\nAssistant:'", image_part="<image>"),
 )
@@ -203,14 +203,19 @@ COVERAGE = {
         "VLMEvalKit decodes with special tokens and keeps the text after '</think>' or a '<|channel>final' block "
         "(extract_response_for_eval l.359-381, l.398-405); here the answer decoded as every other family's, which "
         "is the same text for an answer with no thinking block",)),
-    # Models the engine has no family for, which the transformers backend runs. vlmeval/vlm/smolvlm.py SmolVLM
-    # (config.py l.1720-1725: SmolVLM-Instruct, -256M, -500M, all Idefics3ForConditionalGeneration): fp32 (l.22),
-    # 2048 new tokens (l.24) under the checkpoint's generation config; POPE takes build_prompt_default (l.84):
-    # '<|im_start|>User:', '<image>' per image (each opened with transformers' load_image, l.109), the stripped
-    # question, '<end_of_utterance>\nAssistant:' (l.106-118), which the processor tokenizes with its own special
-    # tokens (l.91-93); the answer: the new tokens decoded without special tokens, stripped (l.96-101).
+    # vlmeval/vlm/smolvlm.py SmolVLM (config.py l.1720-1725: SmolVLM-Instruct, -256M, -500M, all
+    # Idefics3ForConditionalGeneration): fp32 (l.22), 2048 new tokens (l.24) under the checkpoint's generation config;
+    # POPE takes build_prompt_default (l.83-84): '<|im_start|>User:', '<image>' per image (each opened with
+    # transformers' load_image, l.109), the stripped question, '<end_of_utterance>\nAssistant:' (l.103-118), which
+    # the processor tokenizes with its tokenizer's own special tokens (l.91-93: SmolVLM's add none, so the engine's
+    # ids, tokenized without them, are the same); the answer: the new tokens decoded without special tokens,
+    # stripped (l.96-101). Idefics3-8B-Llama3 is VLMEvalKit's IDEFICS2 instead (config.py l.1711-1712).
     "idefics3": Coverage("SmolVLM (SmolVLM-Instruct: Idefics3ForConditionalGeneration)", "vlmevalkit_smolvlm", 2048,
-                         image_reencode="load_image", dtype="fp32", generation_config=GENERATE),
+                         image_reencode="load_image", dtype="fp32", generation_config=GENERATE, deviations=(
+        "Idefics3-8B-Llama3 runs through VLMEvalKit's IDEFICS2 (config.py l.1711-1712; vlm/idefics.py l.61-118: "
+        "'User:<image>' + the question + '<end_of_utterance>\\nAssistant:' without '<|im_start|>', the processor's "
+        "BOS added, bf16, 1,024 new tokens); this is SmolVLM's run",)),
+    # Models the engine has no family for, which the transformers backend runs.
     "mllama": "VLMEvalKit's llama_vision samples for an Instruct checkpoint (vlm/llama_vision.py l.33-34: do_sample, "
               "temperature 0.6, top_p 0.9), which no deterministic run reproduces",
 }

@@ -1,5 +1,5 @@
-"""Every command end to end on a model the engine has no family for (a tiny Idefics3: image splitting, run by the
-transformers backend): eval (paired, with its notice and meta.json's backend), score, compare, report, a resume
+"""Every command end to end on a model the engine has no family for (a tiny Idefics3 of a Mistral language model, which
+no family of the engine implements: image splitting, run by the transformers backend): eval (paired, with its notice and meta.json's backend), score, compare, report, a resume
 that gives the same bytes, torchrun's weighing of its images, and bench against the reference."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from click.testing import CliRunner
 from PIL import Image
 
 from pope_fast.cli import main
-from pope_fast.engine.synthetic import Weights, builtin_questions, write_checkpoint, write_images, write_question_file
+from pope_fast.engine.synthetic import (Weights, builtin_questions, family_checkpoints, write_checkpoint, write_images,
+                                       write_question_file)
 
 pytestmark = pytest.mark.slow  # whole commands on a tiny checkpoint
 
@@ -19,7 +20,9 @@ pytestmark = pytest.mark.slow  # whole commands on a tiny checkpoint
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     root = tmp_path_factory.mktemp("backend-cli")
-    checkpoint = write_checkpoint("idefics3", root / "idefics3",
+    tiny = family_checkpoints("idefics3").SIZES["tiny"]
+    mistral = dict(tiny, text=dict(tiny["text"], model_type="mistral"))
+    checkpoint = write_checkpoint("idefics3", root / "idefics3", mistral,
                                   weights=Weights(init="model", dtype=torch.float32, std=0.2))
     questions = builtin_questions(12, "demo")
     write_question_file(root / "demo_pope.json", questions)
@@ -57,7 +60,7 @@ def test_eval_score_compare_report_and_resume(job):
     _invoke(*args, "--out", out, "--method", "none", "--method", "vcd")
     assert records.read_bytes() == whole
     moved = CliRunner().invoke(main, [*args, "--out", str(out / "none"), "--backend", "engine"])
-    assert moved.exit_code != 0 and "is not supported" in moved.output  # the engine lacks the family
+    assert moved.exit_code != 0 and "--backend transformers runs it through transformers' own class" in moved.output
 
 
 def test_torchrun_weighs_each_image_by_the_classes_own_tokens(job):
@@ -81,9 +84,9 @@ def test_torchrun_weighs_each_image_by_the_classes_own_tokens(job):
 
 
 def test_bench_times_it_against_the_reference(job, tmp_path):
-    report = json.loads(_invoke("bench", "--models", "idefics3", "--questions", "6", "--device", "cpu",
+    report = json.loads(_invoke("bench", "--models", "paligemma", "--questions", "6", "--device", "cpu",
                                 "--work-dir", tmp_path, "--format", "json"))
-    entry = report["models"]["idefics3"]
+    entry = report["models"]["paligemma"]
     assert entry["reference"]["questions"] == 6 and set(entry["agreement"].values()) == {1.0}, entry
 
 

@@ -87,7 +87,7 @@ def test_records_equal_the_class_and_its_generate(kind, checkpoints):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kind", ["mllama", "idefics3"])
+@pytest.mark.parametrize("kind", ["mllama"])
 def test_the_prompt_is_the_checkpoints_own_chat_template(kind, checkpoints):
     """A model without a family is asked through its own chat template, as its processor renders a message."""
     from transformers import AutoProcessor
@@ -149,8 +149,13 @@ def test_a_llava_of_qwen2_and_siglip_is_asked_its_own_chat_template_on_the_backe
 def test_a_checkpoint_without_a_chat_template_whose_processor_needs_one_is_refused_naming_it(checkpoints, tmp_path):
     """Idefics3's processor looks for the image's `<image>` in the text, which only its chat template writes: without
     one the question alone gives it no place for the image, and the load says so (not the processor's count of image
-    tokens at the run's first image). BLIP-2's processor places the image itself: the question alone runs."""
+    tokens at the run's first image). BLIP-2's processor places the image itself: the question alone runs. (The
+    Idefics3 holds a Mistral language model, which no family of the engine implements: the backend runs it as a
+    model without a family, with its own processor.)"""
     folder = shutil.copytree(checkpoints["idefics3"], tmp_path / "idefics3")
+    config = json.loads((folder / "config.json").read_text())
+    config["text_config"]["model_type"] = "mistral"  # LLaMA's tensor names: the same weights load
+    (folder / "config.json").write_text(json.dumps(config))
     (folder / "chat_template.jinja").unlink()
     for name in ("tokenizer_config.json", "processor_config.json"):
         config = json.loads((folder / name).read_text())
@@ -294,7 +299,7 @@ def test_text_only_questions_run_where_the_class_takes_them(checkpoints):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     folder = checkpoints["idefics3"]
-    engine = load_engine(folder, Settings(), readouts="dynamic_single")
+    engine = load_engine(folder, Settings(), backend="transformers", readouts="dynamic_single")
     assert engine.text_only_refusal() is None
     [answer] = engine.answer(None, ASKED[:1])
     model = AutoModelForImageTextToText.from_pretrained(str(folder), dtype=torch.float32).eval()
@@ -350,7 +355,7 @@ def test_vlmevalkit_runs_smolvlm_as_its_class_does(checkpoints):
     assert (covered.template, covered.new_tokens, covered.dtype, covered.image_reencode, covered.generation_config) \
         == ("vlmevalkit_smolvlm", 2048, "fp32", "load_image", "greedy")
     engine = load_engine(folder, Settings(dtype="fp32", image_reencode="load_image", generation_config="greedy"),
-                         template=get_template(covered.template), readouts="yorn")
+                         backend="transformers", template=get_template(covered.template), readouts="yorn")
     prompt = "<|im_start|>User:<image>" + ASKED[1] + "<end_of_utterance>\nAssistant:"
     assert engine.prompt(ASKED[1]) == prompt
     assert engine.prompt(ASKED[1], image=False) == prompt.replace("<image>", "")
@@ -393,7 +398,7 @@ def test_icd_asks_the_class_with_its_instruction_as_a_system_message(checkpoints
     """ICD's disturbed pass is the class on the prompt its chat template renders with the instruction as a system
     message, combined with the plain pass as ICD combines."""
     folder = checkpoints["idefics3"]
-    engine = load_engine(folder, Settings(batch_size=4), readouts="dynamic_single")
+    engine = load_engine(folder, Settings(batch_size=4), backend="transformers", readouts="dynamic_single")
     icd = parse_method("icd")
     got = engine.run_methods(engine.prepare(IMAGES[:1]), [ASKED[:2]], [icd])["icd"][0]
     model, inputs_of = _oracle(folder)
