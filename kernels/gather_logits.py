@@ -17,7 +17,8 @@ from .norm import rms_norm
 
 ARGMAX_CHUNK_ROWS = 8192  # rows of the weight the reference turns into logits at a time
 # An fp32 dense weight is sliced without a copy, so a whole LLaMA vocabulary goes in one piece
-# (the CPU engine's case); fp16/bf16 rows are copied to fp32 and NF4 rows dequantized: in chunks.
+# (the CPU engine's case); fp16/bf16 rows are copied to fp32 and NF4 rows dequantized, so those
+# stay in chunks.
 ARGMAX_CHUNK_ROWS_FP32 = 32768
 
 

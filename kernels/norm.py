@@ -142,7 +142,7 @@ def _rms_norm_kernel(
             y = (x * rstd[:, None]) * (1.0 + gamma)[None, :]
             if SCALED:
                 y = y * scale
-        else:  # LLaMA's: cast, then scaled (two 16-bit floats' product is exact in fp32)
+        else:  # LLaMA's: cast, then scaled (a 16-bit product is exact in fp32: one rounding)
             y = rounded(x * rstd[:, None], X_DTYPE) * gamma[None, :]
         tl.store(out_row + k[None, :], rounded(y, OUT_DTYPE), mask=mask)
 
