@@ -1,17 +1,18 @@
 """Triton kernels of pope-fast, each beside the pure-torch reference it must agree with.
 
-`common` owns the triton import and the one decision of where kernels run: on CUDA tensors,
-or on CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was first imported (the
-interpreter: slow, used by the tests). Every public op takes ``backend`` ("auto" | "triton" |
-"torch"); "auto" picks the kernel on CUDA and the fp32 torch reference everywhere else, so the
-engine's CPU path stays fast even in a test process that switched the interpreter on.
+`common` owns the triton import and the one decision of where kernels run: on CUDA tensors, or on
+CPU tensors when ``TRITON_INTERPRET=1`` was set before triton was first imported (the interpreter:
+slow, used by the tests). Every public op takes ``backend`` ("auto" | "triton" | "torch"); "auto"
+picks the kernel on CUDA and the fp32 torch reference everywhere else, so the engine's CPU path
+stays fast even in a test process that switched the interpreter on.
 
-Imports inside this package are relative, and the package is only ever ``pope_fast.kernels``. Under its
-bare name it is found only when the clone's root is on ``sys.path`` (``python -m pope_fast``, ``python -m
-pytest``, a REPL or notebook in the clone, torchrun's ``-m``), and then whoever asked for ``kernels`` meant the
-hub's package of that name, which transformers, bitsandbytes and setuptools import: this file hands that
-import to the next ``kernels`` on ``sys.path`` (or answers that there is none) before anything of ours runs.
-docs/design.md says why this holds wherever pope-fast is started.
+Imports inside this package are relative, and the package is only ever ``pope_fast.kernels``. Under
+its bare name it is found only when the clone's root is on ``sys.path`` (``python -m pope_fast``,
+``python -m pytest``, a REPL or notebook in the clone, torchrun's ``-m``), and then whoever asked
+for ``kernels`` meant the hub's package of that name, which transformers, bitsandbytes and
+setuptools import: this file hands that import to the next ``kernels`` on ``sys.path`` (or answers
+that there is none) before anything of ours runs. docs/design.md says why this holds wherever
+pope-fast is started.
 """
 if __name__ == "kernels":
     import importlib.machinery
@@ -37,7 +38,8 @@ else:  # imported as pope_fast.kernels, the only name it has in pope-fast
     from .norm import fused_rms_norm, offset_rms_norm, rms_norm
     from .rotary import rotary, rotary_ref
     from .nf4_matmul import nf4_matmul, nf4_matmul_ref
-    from .prefix_attention import PrefixRuns, prefix_attention, prefix_attention_ref, prefix_runs
+    from .prefix_attention import prefix_attention
+    from .prefix_attention_torch import PrefixRuns, prefix_attention_ref, prefix_runs
 
     __all__ = [
         "LaunchCounter",

@@ -1,6 +1,6 @@
 """What every kernel file shares: the triton import (or a stand-in where it is missing), the
-decision of where kernels run, and the small JIT helpers. The package's own modules import from here,
-never from the package, so importing `pope_fast.kernels` has no cycle.
+decision of where kernels run, and the small JIT helpers. The package's own modules import from
+here, never from the package, so importing `pope_fast.kernels` has no cycle.
 """
 import torch
 
@@ -108,8 +108,8 @@ def round_to(x, DTYPE: tl.constexpr):
 
 @triton.jit
 def rounded(x, DTYPE: tl.constexpr):
-    """fp32 ``x`` rounded to ``DTYPE`` (`round_to`) and widened back: one op's result as torch rounds it in
-    DTYPE. For fp32 nothing is called, which spares the interpreter a nested call."""
+    """fp32 ``x`` rounded to ``DTYPE`` (`round_to`) and widened back: one op's result as torch
+    rounds it in DTYPE. For fp32 nothing is called, which spares the interpreter a nested call."""
     if DTYPE != tl.float32:
         x = round_to(x, DTYPE).to(tl.float32)
     return x

@@ -16,8 +16,9 @@ from .nf4 import NF4Weight, check_nf4, dequantize_rows_ref, nf4_pointers, nf4_ro
 from .norm import rms_norm
 
 ARGMAX_CHUNK_ROWS = 8192  # rows of the weight the reference turns into logits at a time
-# An fp32 dense weight is sliced without a copy, so a whole LLaMA vocabulary goes in one piece (the CPU
-# engine's case); fp16/bf16 rows are copied to fp32 and NF4 rows dequantized, so those stay in chunks.
+# An fp32 dense weight is sliced without a copy, so a whole LLaMA vocabulary goes in one piece
+# (the CPU engine's case); fp16/bf16 rows are copied to fp32 and NF4 rows dequantized, so those
+# stay in chunks.
 ARGMAX_CHUNK_ROWS_FP32 = 32768
 
 
@@ -30,7 +31,8 @@ def _weight_rows_fp32(weight, rows: torch.Tensor | slice) -> torch.Tensor:
 
 
 def gather_logits_ref(
-    hidden: torch.Tensor, weight, ids: torch.Tensor, norm_weight: torch.Tensor | None = None, eps: float = 1e-6
+    hidden: torch.Tensor, weight, ids: torch.Tensor, norm_weight: torch.Tensor | None = None,
+    eps: float = 1e-6
 ) -> torch.Tensor:
     """[B, n] fp32 logits of rows ``ids`` (see the module docstring)."""
     if norm_weight is not None:
@@ -50,8 +52,8 @@ def vocab_argmax_ref(
     n_rows = weight.shape[0]
     best = torch.full((hidden.shape[0],), float("-inf"), device=hidden.device)
     best_index = torch.zeros(hidden.shape[0], dtype=torch.int64, device=hidden.device)
-    chunk = ARGMAX_CHUNK_ROWS_FP32 if isinstance(weight, torch.Tensor) and weight.dtype == torch.float32 \
-        else ARGMAX_CHUNK_ROWS
+    fp32 = isinstance(weight, torch.Tensor) and weight.dtype == torch.float32
+    chunk = ARGMAX_CHUNK_ROWS_FP32 if fp32 else ARGMAX_CHUNK_ROWS
     for start in range(0, n_rows, chunk):
         logits = hidden @ _weight_rows_fp32(weight, slice(start, min(start + chunk, n_rows))).T
         if logits_dtype is not None:
@@ -70,8 +72,8 @@ def _logits_tile(
     absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr, norm_ptr,
     NF4: tl.constexpr, ALIGNED: tl.constexpr, BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr,
     NESTED_BLOCKSIZE: tl.constexpr, NORM: tl.constexpr,
-    HIDDEN_DTYPE: tl.constexpr, NORMED_DTYPE: tl.constexpr, WEIGHT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    HIDDEN_DTYPE: tl.constexpr, NORMED_DTYPE: tl.constexpr, WEIGHT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """fp32 [BLOCK_B, BLOCK_V] logits of hidden rows ``b`` (normed when NORM) by weight ``row``s."""
     hidden_row = hidden_ptr + b[:, None] * stride_hb
@@ -95,18 +97,20 @@ def _logits_tile(
         if NF4:
             if ALIGNED:
                 w = nf4_row_block(
-                    row, k0, row_mask, H, weight_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr,
-                    offset_ptr, BLOCKSIZE, NESTED, NESTED_BLOCKSIZE,
+                    row, k0, row_mask, H, weight_ptr, absmax_ptr, code_ptr, nested_absmax_ptr,
+                    nested_code_ptr, offset_ptr, BLOCKSIZE, NESTED, NESTED_BLOCKSIZE,
                 )
             else:
                 w = nf4_values(
-                    row[:, None] * H + k[None, :], row_mask[:, None] & (k < H)[None, :], weight_ptr, absmax_ptr,
-                    code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr, BLOCKSIZE, NESTED, NESTED_BLOCKSIZE,
+                    row[:, None] * H + k[None, :], row_mask[:, None] & (k < H)[None, :], weight_ptr,
+                    absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr, BLOCKSIZE,
+                    NESTED, NESTED_BLOCKSIZE,
                 )
             w = round_to(w, WEIGHT_DTYPE)
         else:
             w = tl.load(
-                weight_ptr + row[:, None] * stride_wv + k[None, :], mask=row_mask[:, None] & (k < H)[None, :], other=0.0
+                weight_ptr + row[:, None] * stride_wv + k[None, :],
+                mask=row_mask[:, None] & (k < H)[None, :], other=0.0
             )
         logits = tl.dot(x.to(DOT_DTYPE), tl.trans(w.to(DOT_DTYPE)), logits, input_precision="ieee")
     return logits
@@ -115,11 +119,12 @@ def _logits_tile(
 @triton.jit
 def _gather_logits_kernel(
     hidden_ptr, stride_hb, B, H, eps, ids_ptr, n_ids, V, weight_ptr, stride_wv,
-    absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr, norm_ptr, out_ptr, stride_ob,
+    absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr, norm_ptr,
+    out_ptr, stride_ob,
     NF4: tl.constexpr, ALIGNED: tl.constexpr, BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr,
     NESTED_BLOCKSIZE: tl.constexpr, NORM: tl.constexpr,
-    HIDDEN_DTYPE: tl.constexpr, NORMED_DTYPE: tl.constexpr, WEIGHT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    HIDDEN_DTYPE: tl.constexpr, NORMED_DTYPE: tl.constexpr, WEIGHT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     j = tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)
     b = tl.program_id(1) * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -133,17 +138,19 @@ def _gather_logits_kernel(
         NF4, ALIGNED, BLOCKSIZE, NESTED, NESTED_BLOCKSIZE, NORM,
         HIDDEN_DTYPE, NORMED_DTYPE, WEIGHT_DTYPE, DOT_DTYPE, BLOCK_B, BLOCK_V, BLOCK_K,
     )
-    tl.store(out_ptr + b[:, None] * stride_ob + j[None, :], logits, mask=b_mask[:, None] & j_mask[None, :])
+    tl.store(out_ptr + b[:, None] * stride_ob + j[None, :], logits,
+             mask=b_mask[:, None] & j_mask[None, :])
 
 
 @triton.jit
 def _vocab_argmax_kernel(
     hidden_ptr, stride_hb, B, H, eps, V, weight_ptr, stride_wv,
-    absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr, norm_ptr, tile_max_ptr, tile_index_ptr,
+    absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr, norm_ptr,
+    tile_max_ptr, tile_index_ptr,
     NF4: tl.constexpr, ALIGNED: tl.constexpr, BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr,
     NESTED_BLOCKSIZE: tl.constexpr, NORM: tl.constexpr,
-    HIDDEN_DTYPE: tl.constexpr, NORMED_DTYPE: tl.constexpr, WEIGHT_DTYPE: tl.constexpr, DOT_DTYPE: tl.constexpr,
-    BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
+    HIDDEN_DTYPE: tl.constexpr, NORMED_DTYPE: tl.constexpr, WEIGHT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     ROUND_LOGITS: tl.constexpr, LOGITS_DTYPE: tl.constexpr,
 ):
     tile = tl.program_id(0)
@@ -157,7 +164,8 @@ def _vocab_argmax_kernel(
         NF4, ALIGNED, BLOCKSIZE, NESTED, NESTED_BLOCKSIZE, NORM,
         HIDDEN_DTYPE, NORMED_DTYPE, WEIGHT_DTYPE, DOT_DTYPE, BLOCK_B, BLOCK_V, BLOCK_K,
     )
-    if ROUND_LOGITS:  # as the model's lm_head output is: rounding makes ties, the first id wins them
+    if ROUND_LOGITS:
+        # as the model's lm_head output is: rounding makes ties, the first id wins them
         logits = round_to(logits, LOGITS_DTYPE).to(tl.float32)
     logits = tl.where(row_mask[None, :], logits, float("-inf"))
     best = tl.max(logits, axis=1)
@@ -166,7 +174,8 @@ def _vocab_argmax_kernel(
     best_column = tl.min(tl.where(logits == best[:, None], column[None, :], BLOCK_V), axis=1)
     n_tiles = tl.num_programs(0)
     tl.store(tile_max_ptr + b * n_tiles + tile, best, mask=b_mask)
-    tl.store(tile_index_ptr + b * n_tiles + tile, tile.to(tl.int64) * BLOCK_V + best_column, mask=b_mask)
+    tl.store(tile_index_ptr + b * n_tiles + tile, tile.to(tl.int64) * BLOCK_V + best_column,
+             mask=b_mask)
 
 
 def _launch_args(hidden, weight, norm_weight, device, few_rows: bool):
@@ -176,7 +185,8 @@ def _launch_args(hidden, weight, norm_weight, device, few_rows: bool):
     long K steps (per-element NF4 indexing is cheap at 16 rows); vocab_argmax streams all V rows
     and takes whole-block NF4 tiles where K allows."""
     if hidden.dim() != 2 or hidden.stride(1) != 1:
-        raise ValueError(f"hidden must be [B, H] with unit stride along H, got {tuple(hidden.shape)}")
+        raise ValueError("hidden must be [B, H] with unit stride along H, got "
+                         f"{tuple(hidden.shape)}")
     h = hidden.shape[1]
     if isinstance(weight, NF4Weight):
         check_nf4(weight, device)
@@ -185,10 +195,12 @@ def _launch_args(hidden, weight, norm_weight, device, few_rows: bool):
         packed, absmax, code, nested_absmax, nested_code, offset = nf4_pointers(weight)
         weight_ptr, stride_wv, weight_dtype = packed, 0, weight.dtype
         aligned = not few_rows and h % weight.blocksize == 0 and weight.blocksize <= 128
-        nf4 = dict(BLOCKSIZE=weight.blocksize, NESTED=weight.nested, NESTED_BLOCKSIZE=weight.nested_blocksize)
+        nf4 = dict(BLOCKSIZE=weight.blocksize, NESTED=weight.nested,
+                   NESTED_BLOCKSIZE=weight.nested_blocksize)
     else:
         if weight.dim() != 2 or weight.shape[1] != h or weight.stride(1) != 1:
-            raise ValueError(f"weight must be [V, {h}] with unit stride along H, got {tuple(weight.shape)}")
+            raise ValueError(f"weight must be [V, {h}] with unit stride along H, got "
+                             f"{tuple(weight.shape)}")
         if weight.device != device:
             raise ValueError(f"weight is on {weight.device}, hidden on {device}")
         weight_ptr, stride_wv, weight_dtype = weight, weight.stride(0), weight.dtype
@@ -197,7 +209,8 @@ def _launch_args(hidden, weight, norm_weight, device, few_rows: bool):
         nf4 = dict(BLOCKSIZE=64, NESTED=False, NESTED_BLOCKSIZE=256)
     normed_dtype = hidden.dtype
     if norm_weight is not None:
-        if norm_weight.shape != (h,) or not norm_weight.is_contiguous() or norm_weight.device != device:
+        if norm_weight.shape != (h,) or not norm_weight.is_contiguous() \
+                or norm_weight.device != device:
             raise ValueError(f"norm_weight must be a contiguous [{h}] tensor on {device}")
         normed_dtype = torch.promote_types(hidden.dtype, norm_weight.dtype)
     dot = dot_dtype(normed_dtype, weight_dtype)
@@ -242,7 +255,8 @@ def gather_logits(
     if device.type != "cuda" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= n_rows):
         raise IndexError(f"ids must lie in [0, {n_rows})")
     b, n = hidden.shape[0], ids.numel()
-    if out is not None and (out.shape != (b, n) or out.dtype != torch.float32 or out.stride(1) != 1):
+    if out is not None and (out.shape != (b, n) or out.dtype != torch.float32
+                            or out.stride(1) != 1):
         raise ValueError(f"out must be a fp32 [{b}, {n}] tensor with unit stride along n")
     if resolve_backend(backend, device) == "torch":
         result = gather_logits_ref(hidden, weight, ids, norm_weight, eps)
@@ -255,8 +269,8 @@ def gather_logits(
     grid = (triton.cdiv(n, block_v), triton.cdiv(b, block_b))
     if n and b:
         _gather_logits_kernel[grid](
-            hidden, hidden.stride(0), b, hidden.shape[1], eps, ids.contiguous(), n, n_rows, *args, out, out.stride(0),
-            BLOCK_B=block_b, BLOCK_V=block_v, **constexprs,
+            hidden, hidden.stride(0), b, hidden.shape[1], eps, ids.contiguous(), n, n_rows, *args,
+            out, out.stride(0), BLOCK_B=block_b, BLOCK_V=block_v, **constexprs,
             num_warps=8 if on_gpu(device) else 4, enable_fp_fusion=False,
         )
     return out
@@ -287,7 +301,8 @@ def vocab_argmax(
         return result if out is None else out.copy_(result)
     args, constexprs = _launch_args(hidden, weight, norm_weight, device, few_rows=False)
     rounding = logits_dtype is not None and logits_dtype != torch.float32
-    constexprs.update(ROUND_LOGITS=rounding, LOGITS_DTYPE=tl_dtype(logits_dtype if rounding else torch.float32))
+    constexprs.update(ROUND_LOGITS=rounding,
+                      LOGITS_DTYPE=tl_dtype(logits_dtype if rounding else torch.float32))
     block_b = _block_b(b)
     block_v = 128 if on_gpu(device) else 32
     n_tiles = triton.cdiv(n_rows, block_v)

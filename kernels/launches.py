@@ -1,5 +1,5 @@
-"""What a piece of code launches: the torch ops that compute and the Triton kernels, counted on any device (on a
-CPU under the interpreter too), for the benchmark's kernels-per-layer figures."""
+"""What a piece of code launches: the torch ops that compute and the Triton kernels, counted on any
+device (on a CPU under the interpreter too), for the benchmark's kernels-per-layer figures."""
 from collections import Counter
 
 import torch
@@ -9,14 +9,17 @@ from .common import interpreter_on
 
 
 class LaunchCounter(TorchDispatchMode):
-    """While entered: `triton`, the Triton launches, and `ops`, the torch ops that compute a tensor by name (one
-    kernel launch or more each on CUDA). Views that alias, allocations (empty) and the ops the interpreter runs to
-    carry a launch's tensors are left out; a view op that cannot alias (x.to(dtype), converting) computes."""
+    """While entered: `triton`, the Triton launches, and `ops`, the torch ops that compute a tensor
+    by name (one kernel launch or more each on CUDA). Views that alias, allocations (empty) and the
+    ops the interpreter runs to carry a launch's tensors are left out; a view op that cannot alias
+    (x.to(dtype), converting) computes."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out, name = func(*args, **(kwargs or {})), func._schema.name.removeprefix("aten::")
-        aliased = func.is_view and out.untyped_storage().data_ptr() == args[0].untyped_storage().data_ptr()
-        if isinstance(out, torch.Tensor) and not (self.inside or aliased or name.startswith("empty")):
+        aliased = func.is_view and (out.untyped_storage().data_ptr()
+                                    == args[0].untyped_storage().data_ptr())
+        if isinstance(out, torch.Tensor) and not (self.inside or aliased
+                                                  or name.startswith("empty")):
             self.ops[name] += 1
         return out
 

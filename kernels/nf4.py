@@ -51,7 +51,8 @@ class NF4Weight:
         if self.absmax.numel() != n_blocks:
             raise ValueError(f"absmax must hold {n_blocks} blocks, got {self.absmax.numel()}")
         if self.code.dtype != torch.float32 or self.code.numel() != 16:
-            raise ValueError(f"code must be 16 fp32 values, got {self.code.numel()} {self.code.dtype}")
+            raise ValueError(f"code must be 16 fp32 values, got {self.code.numel()} "
+                             f"{self.code.dtype}")
         if self.blocksize & (self.blocksize - 1) or self.blocksize < 16:
             raise ValueError(f"blocksize must be a power of two >= 16, got {self.blocksize}")
         nested_parts = (self.nested_absmax, self.nested_code, self.offset)
@@ -59,7 +60,8 @@ class NF4Weight:
             raise ValueError("nested_absmax, nested_code and offset come together or not at all")
         expected = torch.uint8 if self.nested else torch.float32
         if self.absmax.dtype != expected:
-            raise ValueError(f"absmax must be {expected} (nested={self.nested}), got {self.absmax.dtype}")
+            raise ValueError(f"absmax must be {expected} (nested={self.nested}), got "
+                             f"{self.absmax.dtype}")
         if self.nested and self.nested_absmax.numel() != -(-n_blocks // self.nested_blocksize):
             raise ValueError("nested_absmax must hold one fp32 scale per nested_blocksize blocks")
 
@@ -123,7 +125,8 @@ class NF4Weight:
         """
         n, k = self.shape
         if k % self.blocksize:
-            raise ValueError(f"take_rows needs K % blocksize == 0, got K={k}, blocksize={self.blocksize}")
+            raise ValueError(f"take_rows needs K % blocksize == 0, got K={k}, "
+                             f"blocksize={self.blocksize}")
         rows = torch.as_tensor(rows, device=self.device).long().reshape(-1)
         if rows.numel() and (int(rows.min()) < 0 or int(rows.max()) >= n):
             raise IndexError(f"rows must lie in [0, {n})")
@@ -159,7 +162,8 @@ def block_scales_ref(w: NF4Weight, blocks: torch.Tensor) -> torch.Tensor:
     return scale + w.offset
 
 
-def dequantize_rows_ref(w: NF4Weight, rows: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def dequantize_rows_ref(w: NF4Weight, rows: torch.Tensor,
+                        dtype: torch.dtype | None = None) -> torch.Tensor:
     """[len(rows), K] values of the weight's ``rows`` in ``dtype`` (default ``w.dtype``), by flat
     index arithmetic, so any K works and only those rows are touched."""
     _, k = w.shape
@@ -206,7 +210,8 @@ def nf4_values(
     element, mask, packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr,
     BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr,
 ):
-    """fp32 values of the elements at flat indices ``element`` (any shape, any K); 0 off ``mask``."""
+    """fp32 values of the elements at flat indices ``element`` (any shape, any K); 0 off
+    ``mask``."""
     packed = tl.load(packed_ptr + element // 2, mask=mask, other=0).to(tl.int32)
     nibble = (packed >> (4 - 4 * (element % 2)).to(tl.int32)) & 0xF
     scale = block_scales(
@@ -218,8 +223,8 @@ def nf4_values(
 
 @triton.jit
 def nf4_row_block(
-    row, k0, row_mask, K, packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr,
-    BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr,
+    row, k0, row_mask, K, packed_ptr, absmax_ptr, code_ptr, nested_absmax_ptr, nested_code_ptr,
+    offset_ptr, BLOCKSIZE: tl.constexpr, NESTED: tl.constexpr, NESTED_BLOCKSIZE: tl.constexpr,
 ):
     """fp32 [len(row), BLOCKSIZE] values of columns k0 .. k0+BLOCKSIZE of ``row`` when K and k0
     are multiples of BLOCKSIZE: one scale per row, whole bytes, no per-element index arithmetic."""
@@ -227,8 +232,8 @@ def nf4_row_block(
     packed = tl.load(packed_ptr + byte, mask=row_mask[:, None], other=0)
     nibble = tl.interleave(packed >> 4, packed & 0xF).to(tl.int32)  # element 2j = high nibble
     scale = block_scales(
-        (row * K + k0) // BLOCKSIZE, row_mask, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr,
-        NESTED, NESTED_BLOCKSIZE,
+        (row * K + k0) // BLOCKSIZE, row_mask, absmax_ptr, nested_absmax_ptr, nested_code_ptr,
+        offset_ptr, NESTED, NESTED_BLOCKSIZE,
     )
     return tl.load(code_ptr + nibble) * scale[:, None]
 
@@ -247,8 +252,8 @@ def _dequantize_nf4_kernel(
     nibble = tl.interleave(packed >> 4, packed & 0xF).to(tl.int32)
     element = block[:, None] * BLOCKSIZE + tl.arange(0, BLOCKSIZE)[None, :]
     scale = block_scales(
-        block, block * BLOCKSIZE < n_elements, absmax_ptr, nested_absmax_ptr, nested_code_ptr, offset_ptr,
-        NESTED, NESTED_BLOCKSIZE,
+        block, block * BLOCKSIZE < n_elements, absmax_ptr, nested_absmax_ptr, nested_code_ptr,
+        offset_ptr, NESTED, NESTED_BLOCKSIZE,
     )
     value = tl.load(code_ptr + nibble) * scale[:, None]
     tl.store(out_ptr + element, round_to(value, OUT_DTYPE), mask=element < n_elements)
@@ -271,7 +276,8 @@ def check_nf4(w: NF4Weight, device: torch.device) -> None:
 
 
 def dequantize_nf4(
-    w: NF4Weight, dtype: torch.dtype | None = None, backend: str = "auto", *, out: torch.Tensor | None = None
+    w: NF4Weight, dtype: torch.dtype | None = None, backend: str = "auto", *,
+    out: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The whole [N, K] weight in ``dtype`` (default ``w.dtype``), bit-identical to
     ``bitsandbytes.functional.dequantize_4bit`` for the same dtype."""

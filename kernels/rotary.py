@@ -1,9 +1,11 @@
-"""The rotary embedding of queries or keys in one kernel, bit for bit the torch op (`rotary_ref`, five kernels).
+"""The rotary embedding of queries or keys in one kernel, bit for bit the torch op (`rotary_ref`,
+five kernels).
 
-transformers' rotate-half RoPE, ``x * cos + cat(-x2, x1) * sin``, rounds three times in x's dtype: each product,
-then their sum (computed in fp32 and rounded, as torch computes fp16/bf16 on a CPU). A product of two 16-bit
-floats is exact in fp32, so rounding it once gives torch's bits; the kernel keeps the three roundings in that
-order, with no fused multiply-add, so it matches torch on any device where torch computes these ops as IEEE does.
+transformers' rotate-half RoPE, ``x * cos + cat(-x2, x1) * sin``, rounds three times in x's dtype:
+each product, then their sum (computed in fp32 and rounded, as torch computes fp16/bf16 on a CPU). A
+product of two 16-bit floats is exact in fp32, so rounding it once gives torch's bits; the kernel
+keeps the three roundings in that order, with no fused multiply-add, so it matches torch on any
+device where torch computes these ops as IEEE does.
 """
 import torch
 
@@ -26,7 +28,8 @@ def _rotary_kernel(
 ):
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     b, h, s = rows // (HEADS * S), (rows // S) % HEADS, rows % S
-    # [rows, half, d]: element half * HALF + d of each row, beside the element of the other half it turns with
+    # [rows, half, d]: element half * HALF + d of each row, beside the element of the other
+    # half it turns with
     half = tl.arange(0, 2)[None, :, None]
     d = tl.arange(0, BLOCK_D)[None, None, :]
     mask = (rows < R)[:, None, None] & (d < HALF) & (half < 2)
@@ -42,28 +45,36 @@ def _rotary_kernel(
 
 
 def _table(t: torch.Tensor, name: str, b: int, s: int, d: int) -> tuple[torch.Tensor, int, int]:
-    """cos or sin as [B or 1, S, D] with unit stride along D: the tensor and its batch and position strides."""
+    """cos or sin as [B or 1, S, D] with unit stride along D: the tensor and its batch and position
+    strides."""
     shape = tuple(t.shape)
     t = t[None] if t.dim() == 2 else t
     if t.dim() != 3 or t.shape[0] not in (1, b) or tuple(t.shape[1:]) != (s, d):
-        raise ValueError(f"{name} must be [S, D] or [B, S, D] = [{s}, {d}] or [{b}, {s}, {d}], got {shape}")
+        raise ValueError(f"{name} must be [S, D] or [B, S, D] = [{s}, {d}] or [{b}, {s}, "
+                         f"{d}], got {shape}")
     if t.stride(2) != 1:
         t = t.contiguous()
     return t, (t.stride(0) if t.shape[0] > 1 else 0), t.stride(1)
 
 
-def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str = "auto") -> torch.Tensor:
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+           backend: str = "auto") -> torch.Tensor:
     """`rotary_ref` of x [B, H, S, D] by cos/sin [S, D] or [B, S, D] in one kernel where kernels run
-    (`resolve_backend`), the reference elsewhere: the same bits, in a tensor laid out as the reference's."""
+    (`resolve_backend`), the reference elsewhere: the same bits, in a tensor laid out as the
+    reference's."""
     if resolve_backend(backend, x.device) == "torch":
         return rotary_ref(x, cos, sin)
     if x.dim() != 4 or x.shape[-1] % 2 or x.stride(-1) != 1:
-        raise ValueError(f"x must be [B, H, S, D] with an even D of unit stride, got {tuple(x.shape)}")
+        raise ValueError("x must be [B, H, S, D] with an even D of unit stride, got "
+                         f"{tuple(x.shape)}")
     b, heads, s, d = x.shape
-    if cos.dtype != x.dtype or sin.dtype != x.dtype or cos.device != x.device or sin.device != x.device:
-        raise ValueError(f"cos and sin must be {x.dtype} on {x.device} as x is, got {cos.dtype}, {sin.dtype}")
+    if cos.dtype != x.dtype or sin.dtype != x.dtype \
+            or cos.device != x.device or sin.device != x.device:
+        raise ValueError(f"cos and sin must be {x.dtype} on {x.device} as x is, got "
+                         f"{cos.dtype}, {sin.dtype}")
     if cos.shape != sin.shape:
-        raise ValueError(f"cos and sin must have one shape, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+        raise ValueError(f"cos and sin must have one shape, got {tuple(cos.shape)} and "
+                         f"{tuple(sin.shape)}")
     if cos.stride() != sin.stride():  # the kernel reads both with one set of strides
         cos, sin = cos.contiguous(), sin.contiguous()
     (cos, scb, scs), (sin, _, _) = _table(cos, "cos", b, s, d), _table(sin, "sin", b, s, d)
@@ -71,10 +82,12 @@ def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: str =
     rows = b * heads * s
     if rows == 0:
         return out
-    block_r = 32 if on_gpu(x.device) else min(1024, triton.next_power_of_2(rows))  # interpreted: few programs
+    # interpreted: few programs
+    block_r = 32 if on_gpu(x.device) else min(1024, triton.next_power_of_2(rows))
     _rotary_kernel[(triton.cdiv(rows, block_r),)](
-        x, x.stride(0), x.stride(1), x.stride(2), cos, sin, scb, scs, out, out.stride(0), out.stride(1),
-        out.stride(2), rows, heads, s, HALF=d // 2, DTYPE=tl_dtype(x.dtype), BLOCK_R=block_r,
-        BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4, enable_fp_fusion=False,
+        x, x.stride(0), x.stride(1), x.stride(2), cos, sin, scb, scs, out, out.stride(0),
+        out.stride(1), out.stride(2), rows, heads, s, HALF=d // 2, DTYPE=tl_dtype(x.dtype),
+        BLOCK_R=block_r, BLOCK_D=triton.next_power_of_2(d // 2), num_warps=4,
+        enable_fp_fusion=False,
     )
     return out

@@ -198,13 +198,19 @@ def test_readout_imports_no_torch():
         assert "torch" not in names, path
 
 
+# Folders brought to the anchors' width, 100 columns (issue 51), one at a time; the rest stays at 120 for now.
+NARROW = ("kernels/", "engine/layers/", "engine/inputs/", "engine/utils/")
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_files_and_functions_stay_readable(path):
-    """At most 400 lines a module, 60 a function (Triton kernel bodies aside), 120 columns a line."""
+    """At most 400 lines a module, 60 a function (Triton kernel bodies aside), 120 columns a line (100 in the
+    NARROW folders)."""
     text = path.read_text()
     assert text.count("\n") <= 400, f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines"
-    long = [i for i, line in enumerate(text.split("\n"), 1) if len(line) > 120]
-    assert not long, f"{path.relative_to(ROOT)}: lines {long} are over 120 columns"
+    width = 100 if path.relative_to(ROOT).as_posix().startswith(NARROW) else 120
+    long = [i for i, line in enumerate(text.split("\n"), 1) if len(line) > width]
+    assert not long, f"{path.relative_to(ROOT)}: lines {long} are over {width} columns"
     for node in ast.walk(_tree(path)):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             jitted = any("jit" in ast.unparse(d) for d in node.decorator_list)

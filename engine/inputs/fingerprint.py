@@ -1,9 +1,9 @@
 """Content digests of what decides a run's answers, for resuming only what is provably the same run.
 
 A checkpoint is fingerprinted by the sha256 of every file a load can read (weights, config,
-tokenizer and processor files), all of their bytes: sampling blocks would let an in-place edit of the
-weights through. sha256, not blake2b: OpenSSL's runs on the CPU's SHA extensions and was the faster of
-the two here (README: the cost per run).
+tokenizer and processor files), all of their bytes: sampling blocks would let an in-place edit of
+the weights through. sha256, not blake2b: OpenSSL's runs on the CPU's SHA extensions and was the
+faster of the two here (README: the cost per run).
 """
 from __future__ import annotations
 

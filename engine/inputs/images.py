@@ -24,7 +24,8 @@ class ImageError(ValueError):
 
 
 # What PIL raises for a file it cannot decode (a decompression bomb is not an OSError).
-DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError, Image.DecompressionBombError)
+DECODE_ERRORS = (UnidentifiedImageError, OSError, ValueError, SyntaxError,
+                 Image.DecompressionBombError)
 # PIL names the in-memory file it read in its messages; its address differs in every process.
 _BUFFER = re.compile(r" ?<_io\.BytesIO object at 0x[0-9a-f]+>")
 
@@ -48,11 +49,12 @@ class LoadedImage:
 
 
 def read_image(path: str | Path, verify: bool = True, data: bytes | None = None) -> LoadedImage:
-    """The file's bytes (or `data`: an image embedded in a question file, `path` naming it in messages);
-    with verify, proven to be a whole image without decoding it where the format allows: a JPEG whose
-    header parses and that ends with its end-of-image marker, a PNG whose chunks all pass their CRCs.
-    Anything else (a JPEG with bytes after the marker, other formats) is decoded once, JPEGs in draft
-    mode (every entropy-coded byte is still read, so a truncated file fails)."""
+    """The file's bytes (or `data`: an image embedded in a question file, `path` naming it in
+    messages); with verify, proven to be a whole image without decoding it where the format allows:
+    a JPEG whose header parses and that ends with its end-of-image marker, a PNG whose chunks all
+    pass their CRCs. Anything else (a JPEG with bytes after the marker, other formats) is decoded
+    once, JPEGs in draft mode (every entropy-coded byte is still read, so a truncated file
+    fails)."""
     path = Path(path)
     try:
         data = path.read_bytes() if data is None else data
@@ -80,7 +82,8 @@ PNG_MODES = ("1", "L", "LA", "P", "RGB", "RGBA")
 
 
 def as_loaded(image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedImage:
-    """An image as the engine's API takes one: a file path, a file's bytes, a PIL image or a LoadedImage."""
+    """An image as the engine's API takes one: a file path, a file's bytes, a PIL image or a
+    LoadedImage."""
     if isinstance(image, (str, Path)):
         return read_image(image)
     if isinstance(image, (bytes, bytearray)):
@@ -92,7 +95,7 @@ def as_loaded(image: LoadedImage | Image.Image | bytes | str | Path) -> LoadedIm
         image.save(buf, format="PNG")
         return LoadedImage(Path("<in-memory>"), buf.getvalue())
     if not isinstance(image, LoadedImage):
-        raise TypeError(f"image must be a file path, a file's bytes, a PIL image or a LoadedImage, "
+        raise TypeError("image must be a file path, a file's bytes, a PIL image or a LoadedImage, "
                         f"not {type(image).__name__}")
     return image
 
@@ -103,29 +106,33 @@ def embedded_path(name: str) -> Path:
 
 
 def image_file(folder: str | Path, name: str) -> Path:
-    """The file `name` names in the image folder; ImageError where reading it would leave the folder: an
-    absolute name, a `..` step, or a symbolic link (the file's or a subfolder's) that resolves outside it, so
-    that a question file cannot have a system file (or another data set's) read, hashed and recorded."""
+    """The file `name` names in the image folder; ImageError where reading it would leave the
+    folder: an absolute name, a `..` step, or a symbolic link (the file's or a subfolder's) that
+    resolves outside it, so that a question file cannot have a system file (or another data set's)
+    read, hashed and recorded."""
     folder, path = Path(folder), Path(name)
     if path.is_absolute() or ".." in path.parts:
-        raise ImageError(f"image {name!r} is not a name inside the image folder {folder} (an absolute path, or "
-                         "one climbing out with '..')")
+        raise ImageError(f"image {name!r} is not a name inside the image folder {folder} (an "
+                         "absolute path, or one climbing out with '..')")
     full = folder / path
     if not full.resolve().is_relative_to(folder.resolve()):
-        raise ImageError(f"{full}: a symbolic link out of the image folder (to {full.resolve()}); give --images "
-                         "the folder the images are in")
+        raise ImageError(f"{full}: a symbolic link out of the image folder (to {full.resolve()}); "
+                         "give --images the folder the images are in")
     return full
 
 
 def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
                  embedded: dict[str, bytes] | None = None) -> dict[str, str]:
     """Problems by image name ({} when every file is present and decodes); reads each file once, in
-    `workers` threads (decoding releases the GIL). Names in `embedded` are checked from those bytes; an
-    empty name is a question asked without an image (HallusionBench's), which has no file to check."""
+    `workers` threads (decoding releases the GIL). Names in `embedded` are checked from those bytes;
+    an empty name is a question asked without an image (HallusionBench's), which has no file to
+    check."""
     embedded = embedded or {}
     folder = None if folder is None else Path(folder)
-    if any(name and name not in embedded for name in names) and (folder is None or not folder.is_dir()):
-        raise ImageError(f"{folder}: image folder not found" if folder else "no image folder given for image files")
+    if any(name and name not in embedded for name in names) \
+            and (folder is None or not folder.is_dir()):
+        raise ImageError(f"{folder}: image folder not found" if folder
+                         else "no image folder given for image files")
 
     def problem(name: str) -> str | None:
         if not name:
@@ -146,15 +153,17 @@ def check_images(folder: str | Path | None, names: list[str], workers: int = 1,
 
 
 def reencoded(image: Image.Image, how: str) -> Image.Image:
-    """The image as a tool hands it to its processor (Settings.image_reencode): as read; (rgb) through PIL's
-    convert('RGB'), as lmms-eval's POPE task (tasks/pope/utils.py l.4-6) and VLMEvalKit's LLaVA, LLaVA-NeXT,
-    OneVision and mPLUG-Owl2 classes open every image, which drops an alpha band where the processor would
-    composite it over white (an RGB file is copied, its info kept, as PIL does); (load_image) as transformers'
-    load_image opens a path a processor is given (its EXIF orientation applied, then convert('RGB')), as
-    VLMEvalKit's Gemma3 hands its processor each image's path; or (jpeg85) converted to RGB where it is not and
-    saved as a JPEG of quality 85 with PIL's defaults, then decoded again: what lmms-eval's
+    """The image as a tool hands it to its processor (Settings.image_reencode): as read; (rgb)
+    through PIL's convert('RGB'), as lmms-eval's POPE task (tasks/pope/utils.py l.4-6) and
+    VLMEvalKit's LLaVA, LLaVA-NeXT, OneVision and mPLUG-Owl2 classes open every image, which drops
+    an alpha band where the processor would composite it over white (an RGB file is copied, its info
+    kept, as PIL does); (load_image) as transformers' load_image opens a path a processor is given
+    (its EXIF orientation applied, then convert('RGB')), as VLMEvalKit's Gemma3 hands its processor
+    each image's path; or (jpeg85) converted to RGB where it is not and saved as a JPEG of quality
+    85 with PIL's defaults, then decoded again: what lmms-eval's
     encode_image_to_data_url(image_format="JPEG", convert_rgb=True, quality=85) sends
-    (models/model_utils/media_encoder.py l.142-167, l.82-107 at v0.7.2) and the processor decodes."""
+    (models/model_utils/media_encoder.py l.142-167, l.82-107 at v0.7.2) and the processor
+    decodes."""
     if how == "none":
         return image
     if how == "rgb":
@@ -170,14 +179,17 @@ def reencoded(image: Image.Image, how: str) -> Image.Image:
     return decoded
 
 
-def qwen_vl_utils_size(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """qwen_vl_utils' smart_resize (vision_process.py, qwen-vl-utils 0.0.14): each side rounded to a multiple of
-    `factor`, then, where the area leaves [min_pixels, max_pixels], both sides scaled by one factor and floored
-    (too large) or ceiled (too small) to multiples of it. Returns (height, width)."""
+def qwen_vl_utils_size(height: int, width: int, factor: int, min_pixels: int,
+                       max_pixels: int) -> tuple[int, int]:
+    """qwen_vl_utils' smart_resize (vision_process.py, qwen-vl-utils 0.0.14): each side rounded to a
+    multiple of `factor`, then, where the area leaves [min_pixels, max_pixels], both sides scaled by
+    one factor and floored (too large) or ceiled (too small) to multiples of it. Returns
+    (height, width)."""
     h, w = max(factor, round(height / factor) * factor), max(factor, round(width / factor) * factor)
     if h * w > max_pixels:
         beta = math.sqrt(height * width / max_pixels)
-        h, w = math.floor(height / beta / factor) * factor, math.floor(width / beta / factor) * factor
+        h = math.floor(height / beta / factor) * factor
+        w = math.floor(width / beta / factor) * factor
     elif h * w < min_pixels:
         beta = math.sqrt(min_pixels / (height * width))
         h, w = math.ceil(height * beta / factor) * factor, math.ceil(width * beta / factor) * factor
@@ -186,9 +198,10 @@ def qwen_vl_utils_size(height: int, width: int, factor: int, min_pixels: int, ma
 
 def resized(image: Image.Image, how: str) -> Image.Image:
     """The image as a tool resizes it before its processor (Settings.image_resize): as read, or
-    (qwen_vl_utils:F[:MIN:MAX]) as qwen_vl_utils' fetch_image does: composited over white where it has an alpha
-    band (its to_rgb), its smart_resize at factor F within MIN and MAX pixels (its defaults: 4 and 16384 tokens
-    of F*F pixels), and PIL's resize with its default filter (bicubic)."""
+    (qwen_vl_utils:F[:MIN:MAX]) as qwen_vl_utils' fetch_image does: composited over white where it
+    has an alpha band (its to_rgb), its smart_resize at factor F within MIN and MAX pixels (its
+    defaults: 4 and 16384 tokens of F*F pixels), and PIL's resize with its default filter
+    (bicubic)."""
     if how == "none":
         return image
     factor, *bounds = map(int, how.split(":")[1:])
@@ -205,7 +218,8 @@ def resized(image: Image.Image, how: str) -> Image.Image:
 
 def to_rgb(image: Image.Image) -> Image.Image:
     """RGB as transformers' processors make it: images with an alpha band or a transparency key are
-    composited over white first (a plain convert('RGB') would drop the alpha and keep what lies under it)."""
+    composited over white first (a plain convert('RGB') would drop the alpha and keep what lies
+    under it)."""
     keyed = image.info.get("transparency") is not None
     if image.mode == "RGB" and not keyed:
         return image
@@ -217,22 +231,22 @@ def to_rgb(image: Image.Image) -> Image.Image:
 
 def normalize_table(rescale_factor: float, mean, std) -> np.ndarray:
     """[3, 256] float32: each uint8 value of each channel rescaled and normalized exactly as
-    transformers' processors do it (a float64 rescale cast to float32, then float32 (x - mean) / std),
-    so that one lookup per pixel replaces three full-image float passes with the same bits."""
+    transformers' processors do it (a float64 rescale cast to float32, then float32 (x - mean) /
+    std), so that one lookup per pixel replaces three full-image float passes with the same bits."""
     values = (np.arange(256, dtype=np.float64) * rescale_factor).astype(np.float32)
     mean, std = np.asarray(mean, dtype=np.float32), np.asarray(std, dtype=np.float32)
     return (values[None, :] - mean[:, None]) / std[:, None]
 
 
 class ClipPixels:
-    """transformers' PIL-backend CLIP processor (shortest edge resized with PIL, centre crop, rescale,
-    normalize) with the same values, faster (bench/RESULTS.md): the same PIL resize, then one lookup per
-    pixel into a table that maps each uint8 value to its normalized float32, computed as the processor
-    computes it (float64 rescale, float32 cast, float32 (x - mean) / std), instead of three full-image float
-    passes."""
+    """transformers' PIL-backend CLIP processor (shortest edge resized with PIL, centre crop,
+    rescale, normalize) with the same values, faster (bench/RESULTS.md): the same PIL resize, then
+    one lookup per pixel into a table that maps each uint8 value to its normalized float32, computed
+    as the processor computes it (float64 rescale, float32 cast, float32 (x - mean) / std), instead
+    of three full-image float passes."""
 
-    def __init__(self, shortest_edge: int, crop: tuple[int, int], resample: int, rescale_factor: float,
-                 mean, std):
+    def __init__(self, shortest_edge: int, crop: tuple[int, int], resample: int,
+                 rescale_factor: float, mean, std):
         self.shortest_edge, self.crop, self.resample = shortest_edge, crop, resample
         self.table = normalize_table(rescale_factor, mean, std)
 
@@ -240,12 +254,14 @@ class ClipPixels:
     def for_processor(cls, processor) -> "ClipPixels | None":
         """The fast path for this processor, or None where it does anything else (other backends,
         padding, fixed-size resizes, crops larger than the resized image, ...)."""
-        if type(processor).__name__ != "CLIPImageProcessorPil" or getattr(processor, "do_pad", None):
+        if type(processor).__name__ != "CLIPImageProcessorPil" \
+                or getattr(processor, "do_pad", None):
             return None
         size, crop = processor.size, processor.crop_size
-        flags = (processor.do_resize, processor.do_center_crop, processor.do_rescale, processor.do_normalize,
-                 processor.do_convert_rgb)
-        if not all(flags) or not size.shortest_edge or size.longest_edge or not (crop.height and crop.width):
+        flags = (processor.do_resize, processor.do_center_crop, processor.do_rescale,
+                 processor.do_normalize, processor.do_convert_rgb)
+        if not all(flags) or not size.shortest_edge or size.longest_edge \
+                or not (crop.height and crop.width):
             return None
         if max(crop.height, crop.width) > size.shortest_edge or np.size(processor.image_mean) != 3:
             return None
@@ -258,20 +274,24 @@ class ClipPixels:
         return np.stack([np.take(self.table[c], codes[c]) for c in range(3)])
 
     def codes(self, image: Image.Image) -> np.ndarray:
-        """An image → its resized, cropped uint8 values [3, crop height, crop width], before the lookup."""
+        """An image → its resized, cropped uint8 values [3, crop height, crop width], before the
+        lookup."""
         image = to_rgb(image)
         width, height = image.size
         short, long = sorted((width, height))
         # The processor's rounding: the long edge scales to int(edge * long / short).
         new_long = int(self.shortest_edge * long / short)
-        new_width, new_height = (self.shortest_edge, new_long) if width <= height else (new_long, self.shortest_edge)
+        new_width, new_height = (self.shortest_edge, new_long) if width <= height \
+            else (new_long, self.shortest_edge)
         resized = np.asarray(image.resize((new_width, new_height), resample=self.resample))
         top, left = (new_height - self.crop[0]) // 2, (new_width - self.crop[1]) // 2
-        return np.ascontiguousarray(resized[top:top + self.crop[0], left:left + self.crop[1]].transpose(2, 0, 1))
+        cropped = resized[top:top + self.crop[0], left:left + self.crop[1]]
+        return np.ascontiguousarray(cropped.transpose(2, 0, 1))
 
 
 def same_pixels(a, b) -> bool:
-    """Bit-equal preprocess() outputs: arrays of one dtype and shape, or tuples of them (and sizes)."""
+    """Bit-equal preprocess() outputs: arrays of one dtype and shape, or tuples of them (and
+    sizes)."""
     if isinstance(a, tuple) or isinstance(b, tuple):
         return isinstance(a, tuple) and isinstance(b, tuple) and len(a) == len(b) and \
             all(same_pixels(x, y) for x, y in zip(a, b))
@@ -291,8 +311,9 @@ def checked_fast_path(fast, reference):
         return None
     rng = np.random.default_rng(0)
     y, x = np.mgrid[0:377, 0:503]
-    landscape = Image.fromarray(np.clip(np.stack([x % 256, (y * 3) % 256, (x + y) % 256], axis=-1)
-                                        + rng.integers(0, 60, (377, 503, 3)), 0, 255).astype(np.uint8))
+    pattern = np.stack([x % 256, (y * 3) % 256, (x + y) % 256], axis=-1)
+    noisy = np.clip(pattern + rng.integers(0, 60, (377, 503, 3)), 0, 255)
+    landscape = Image.fromarray(noisy.astype(np.uint8))
     try:
         same = all(same_pixels(fast(probe), reference(probe))
                    for probe in (landscape, landscape.transpose(Image.Transpose.TRANSPOSE)))

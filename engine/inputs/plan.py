@@ -10,8 +10,9 @@ From image to record:
         prompt of the image shares: up to its last image token)
     (no image, prompt text) ──family.text_layout──▶ PromptLayout without image slots or a prefix cut
         (a text-only prompt runs whole, batched with the other whole prompts)
-    Rows of layouts ──make_plan──▶ Stages: one PrefixGroup (distinct prefixes of one length, prefilled
-        together) and the SuffixBatches that continue it (or whole-prompt batches where nothing is shared)
+    Rows of layouts ──make_plan──▶ Stages: one PrefixGroup (distinct prefixes of one length,
+        prefilled together) and the SuffixBatches that continue it (or whole-prompt batches where
+        nothing is shared)
     PrefixGroup / SuffixBatch ──TokenBatch.of──▶ ids, features, positions, image mask and spans
         ──DecoderLM.prefill_prefix / prefill_suffix──▶ the hidden state at each answer position
     ──DecoderLM.answer (+ decode for string readouts)──▶ PromptResult
@@ -30,11 +31,11 @@ from ...readout.records import AnswerFields
 class PromptLayout:
     """One prompt as the language model reads it.
 
-    ids: token ids with every image slot holding `image_token_id` (a family may use a sentinel outside
-    the vocabulary, as mPLUG-Owl2's -200; the slot's embedding comes from the image features either
-    way). image_spans: [start, end) of each run of image slots. prefix_cut: how many leading tokens are
-    shared by every prompt of the same image (0: none; those prompts run whole). positions: M-RoPE
-    streams [3, L] where the family has them; None means 0 .. L-1.
+    ids: token ids with every image slot holding `image_token_id` (a family may use a sentinel
+    outside the vocabulary, as mPLUG-Owl2's -200; the slot's embedding comes from the image features
+    either way). image_spans: [start, end) of each run of image slots. prefix_cut: how many leading
+    tokens are shared by every prompt of the same image (0: none; those prompts run whole).
+    positions: M-RoPE streams [3, L] where the family has them; None means 0 .. L-1.
     """
 
     ids: tuple[int, ...]
@@ -46,8 +47,8 @@ class PromptLayout:
     @classmethod
     def of(cls, ids: list[int], image_token_id: int, *, share_prefix: bool = True,
            positions: torch.Tensor | None = None) -> "PromptLayout":
-        """The layout of `ids`; with share_prefix, the prefix runs up to and including the last image
-        token, leaving at least one token to read the answer from."""
+        """The layout of `ids`; with share_prefix, the prefix runs up to and including the last
+        image token, leaving at least one token to read the answer from."""
         spans = image_runs(ids, image_token_id)
         cut = min(spans[-1][1], len(ids) - 1) if spans and share_prefix else 0
         return cls(tuple(ids), image_token_id, spans, cut, positions)
@@ -60,14 +61,16 @@ class PromptLayout:
         return sum(max(0, min(end, column) - start) for start, end in self.image_spans)
 
 
-def image_runs(ids: list[int] | tuple[int, ...], image_token_id: int) -> tuple[tuple[int, int], ...]:
+def image_runs(ids: list[int] | tuple[int, ...],
+               image_token_id: int) -> tuple[tuple[int, int], ...]:
     """[start, end) of each maximal run of image_token_id in ids."""
     ids = tuple(ids)
     count = ids.count(image_token_id)
     if not count:
         return ()
     first = ids.index(image_token_id)
-    if ids[first:first + count] == (image_token_id,) * count:  # one run, as every family lays it out: no loop
+    if ids[first:first + count] == (image_token_id,) * count:
+        # one run, as every family lays it out: no loop
         return ((first, first + count),)
     runs, start = [], None
     for i, t in enumerate(ids):
@@ -90,9 +93,10 @@ class Row:
     prompt: int
     layout: PromptLayout
     features: torch.Tensor | None
-    key: str = ""  # its image's key ("": none), which with its prompt seeds a sampled continuation's draws
-    # a thinking checkpoint's decoded reasoning (its text, its token count) that the layout holds before its answer
-    # position, where one ran (engine/thinking.py)
+    # its image's key ("": none), which with its prompt seeds a sampled continuation's draws
+    key: str = ""
+    # a thinking checkpoint's decoded reasoning (its text, its token count) that the layout holds
+    # before its answer position, where one ran (engine/thinking.py)
     reasoning: tuple[str, int] | None = None
 
 
@@ -107,8 +111,8 @@ class PrefixGroup:
 
 @dataclass
 class SuffixBatch:
-    """Rows prefilled together: each continues prefix `slots[b]` of its stage's group, or (slots None)
-    runs whole. Rows come grouped by slot, as prefix_attention wants them."""
+    """Rows prefilled together: each continues prefix `slots[b]` of its stage's group, or (slots
+    None) runs whole. Rows come grouped by slot, as prefix_attention wants them."""
 
     rows: list[Row]
     slots: list[int] | None
@@ -160,7 +164,8 @@ class TokenBatch:
     order), both None when no row holds an image slot; positions [B, S], [S] when every row shares
     them, or M-RoPE streams [3, B, S]; next_position [B], the position of each row's next token;
     image_spans per row, in this batch's columns; image_index [N], the image slots' places in ids
-    flattened (b * S + column, row-major: where features' rows go, found with no read back of the mask)."""
+    flattened (b * S + column, row-major: where features' rows go, found with no read back of the
+    mask)."""
 
     ids: torch.Tensor
     lengths: torch.Tensor
@@ -172,12 +177,14 @@ class TokenBatch:
     image_index: torch.Tensor | None = None
 
     @classmethod
-    def of(cls, rows: list[Row], start: int, end: int | None, device: torch.device, mrope: bool) -> "TokenBatch":
+    def of(cls, rows: list[Row], start: int, end: int | None, device: torch.device,
+           mrope: bool) -> "TokenBatch":
         """Columns [start, end) of each row's layout (end None: to the row's end)."""
         ids = [r.layout.ids[start:end] for r in rows]
         lengths = [len(i) for i in ids]
         width = max(lengths)
-        # one host tensor, image slots (a sentinel id such as mPLUG-Owl2's -200) and padding 0: never looked up
+        # one host tensor, image slots (a sentinel id such as mPLUG-Owl2's -200) and padding 0:
+        # never looked up
         padded = [list(row_ids) + [0] * (width - len(row_ids)) for row_ids in ids]
         spans, pieces, index = [], [], []
         for b, (row, row_ids) in enumerate(zip(rows, ids)):
@@ -193,21 +200,25 @@ class TokenBatch:
                 count = sum(e - a for a, e in row_spans)
                 pieces.append(row.features.reshape(-1, row.features.shape[-1])[first:first + count])
                 if pieces[-1].shape[0] != count:
-                    raise ValueError(f"{count} image tokens in the prompt but {pieces[-1].shape[0]} image features")
+                    raise ValueError(f"{count} image tokens in the prompt but "
+                                     f"{pieces[-1].shape[0]} image features")
         positions, next_position = _positions(rows, start, width, lengths, mrope)
         image = bool(pieces)
         mask = torch.zeros(len(rows) * width, dtype=torch.bool)
         if image:
             mask[index] = True
-        return cls(to_device(torch.tensor(padded, dtype=torch.long), device), to_device(torch.tensor(lengths), device),
+        return cls(to_device(torch.tensor(padded, dtype=torch.long), device),
+                   to_device(torch.tensor(lengths), device),
                    to_device(mask.view(len(rows), width), device) if image else None,
                    torch.cat(pieces).to(device) if image else None, to_device(positions, device),
-                   to_device(next_position, device), spans, to_device(torch.tensor(index), device) if image else None)
+                   to_device(next_position, device), spans,
+                   to_device(torch.tensor(index), device) if image else None)
 
 
 def to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A host tensor on the device without the host waiting: on CUDA copied from pinned memory, non-blocking
-    (the copy is ordered before every later kernel of the stream, and the pinned block is kept until it is done)."""
+    """A host tensor on the device without the host waiting: on CUDA copied from pinned memory,
+    non-blocking (the copy is ordered before every later kernel of the stream, and the pinned block
+    is kept until it is done)."""
     return (host.pin_memory() if device.type == "cuda" else host).to(device, non_blocking=True)
 
 
@@ -228,24 +239,28 @@ def _positions(rows: list[Row], start: int, width: int, lengths: list[int], mrop
 
 @dataclass(kw_only=True)
 class PromptResult(AnswerFields):
-    """What one prompt's answer position gives: the fields its record keeps (AnswerFields: the argmax token, the
-    candidate logits, the continuation a text readout asked for, ...), and what the engine alone reads: the whole
-    vocabulary's logits and each layer's output there where a method asks, and the attention probe's raw values."""
+    """What one prompt's answer position gives: the fields its record keeps (AnswerFields: the
+    argmax token, the candidate logits, the continuation a text readout asked for, ...), and what
+    the engine alone reads: the whole vocabulary's logits and each layer's output there where a
+    method asks, and the attention probe's raw values."""
 
     probe: dict | None = None
-    vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V] fp32, for methods
-    residuals: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [L, H], where a method asks
-    lens_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)  # [V], a lens_layers pass's
+    # [V] fp32, for methods
+    vocab_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    # [L, H], where a method asks
+    residuals: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    # [V], a lens_layers pass's
+    lens_logits: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
 
 def extended(layout: PromptLayout, ids: list[int]) -> PromptLayout:
-    """The layout with text tokens after it (a reasoning and what follows it): M-RoPE's three streams go on from
-    its last token's, a text token's, whose streams are equal."""
+    """The layout with text tokens after it (a reasoning and what follows it): M-RoPE's three
+    streams go on from its last token's, a text token's, whose streams are equal."""
     positions = layout.positions
     if positions is not None:
         positions = torch.cat([positions, positions[:, -1:] + torch.arange(1, len(ids) + 1)], dim=1)
-    return PromptLayout(layout.ids + tuple(ids), layout.image_token_id, layout.image_spans, layout.prefix_cut,
-                        positions)
+    return PromptLayout(layout.ids + tuple(ids), layout.image_token_id, layout.image_spans,
+                        layout.prefix_cut, positions)
 
 
 def without_image(layout: PromptLayout, mrope) -> PromptLayout:

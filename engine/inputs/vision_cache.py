@@ -1,11 +1,12 @@
 """Cache of projected image features, keyed by content, never by file name.
 
-Key = hash(image bytes, preprocessing settings, model fingerprint): two different images with the same
-file name in two folders never share an entry, and a second sweep with the same model and settings
-skips the vision tower. In memory always; on disk (one safetensors file per key) with a cache dir, each
-entry carrying its proof: the key it was written for and a digest of that key and of its features' dtype,
-shape and bytes. An entry is served only when its proof holds; one renamed, swapped, altered or written
-before entries carried a proof is dropped and recomputed, and the cache lists it in `rejected`.
+Key = hash(image bytes, preprocessing settings, model fingerprint): two different images with the
+same file name in two folders never share an entry, and a second sweep with the same model and
+settings skips the vision tower. In memory always; on disk (one safetensors file per key) with a
+cache dir, each entry carrying its proof: the key it was written for and a digest of that key and of
+its features' dtype, shape and bytes. An entry is served only when its proof holds; one renamed,
+swapped, altered or written before entries carried a proof is dropped and recomputed, and the cache
+lists it in `rejected`.
 """
 from __future__ import annotations
 
@@ -46,14 +47,16 @@ def tensor_fingerprint(tensors: dict[str, torch.Tensor], extra: dict | None = No
 
 
 def vision_fingerprint(tensors: dict[str, torch.Tensor], settings: Settings, **extra) -> str:
-    """The cached features' dependence on the weights that make them, the compute settings and `extra`
-    (what a family's packing of them reads from its config)."""
+    """The cached features' dependence on the weights that make them, the compute settings and
+    `extra` (what a family's packing of them reads from its config)."""
     return tensor_fingerprint(tensors, extra={**settings.feature_settings(), **extra})
 
 
-def feature_key(image_bytes: bytes, processor: dict, settings: Settings, model_fingerprint: str) -> str:
-    """An image's key: its bytes, what decides its pixels (`processor`: the family's preprocess_settings;
-    the settings' image steps) and the model that encodes them (vision_fingerprint)."""
+def feature_key(image_bytes: bytes, processor: dict, settings: Settings,
+                model_fingerprint: str) -> str:
+    """An image's key: its bytes, what decides its pixels (`processor`: the family's
+    preprocess_settings; the settings' image steps) and the model that encodes them
+    (vision_fingerprint)."""
     h = hashlib.blake2b(digest_size=20)
     h.update(hashlib.sha256(image_bytes).digest())
     preprocess = {"processor": processor, "steps": settings.pixel_settings()}
@@ -63,13 +66,15 @@ def feature_key(image_bytes: bytes, processor: dict, settings: Settings, model_f
 
 
 def noised_key(key: str, step: int, seed: int) -> str:
-    """The key of VCD's noised copy of the image of `key`: its noise step and the seed its noise is drawn from."""
+    """The key of VCD's noised copy of the image of `key`: its noise step and the seed its noise is
+    drawn from."""
     return f"{key}-noise{step}-seed{seed}"
 
 
 def entry_digest(key: str, features: torch.Tensor) -> str:
-    """What proves a disk entry: its key, its features' dtype and shape, every byte of them (sha256, the faster
-    of it and blake2b here: 3.4 ms for a 7B model's 4.7 MB of features, docs/design.md)."""
+    """What proves a disk entry: its key, its features' dtype and shape, every byte of them (sha256,
+    the faster of it and blake2b here: 3.4 ms for a 7B model's 4.7 MB of features,
+    docs/design.md)."""
     h = hashlib.sha256(f"{key}:{features.dtype}:{tuple(features.shape)}:".encode())
     h.update(memoryview(features.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy()))
     return h.hexdigest()
@@ -115,13 +120,15 @@ class VisionCache:
         if self.dir is None or not self._path(key).is_file():
             return None
         features, why = read_entry(self._path(key), key)
-        if features is None:  # a disk that filled, a copy cut short, a file renamed or edited: recompute
+        if features is None:
+            # a disk that filled, a copy cut short, a file renamed or edited: recompute
             self.rejected.append((self._path(key), why))
             with contextlib.suppress(OSError):
                 self._path(key).unlink()
             return None
         self.disk_hits += 1
-        features = aligned(features).to(device)  # read in place, at its file's offset: the loader says why not
+        # read in place, at its file's offset: the loader says why not
+        features = aligned(features).to(device)
         self._remember(key, features)
         return features
 
@@ -146,7 +153,8 @@ class VisionCache:
                     os.unlink(tmp)
 
     def _remember(self, key: str, features: torch.Tensor) -> None:
-        # POPE visits images in order, so a small FIFO is enough; features of a 7B model are ~4.7 MB each.
+        # POPE visits images in order, so a small FIFO is enough; features of a 7B model are ~4.7 MB
+        # each.
         if len(self._memory) >= self.max_in_memory:
             self._memory.pop(next(iter(self._memory)))
         self._memory[key] = features

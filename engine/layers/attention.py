@@ -1,9 +1,9 @@
-"""The language model's attention, every variant side by side: the KV caches it reads (`PrefixKV`,
-`SuffixKV`), the prefix pass (`causal_attention`), the question suffixes against their prefixes (the
-fused `prefix_attention` kernel, or its torch reference off CUDA) or whole prompts (SDPA, or explicit
-with an edit), the answer-row recompute of an answer-only edit, the decode step (`masked_attention` over a
-`DecodeCache`, within a sliding window where the layer has one), and the image-attention probe, all editing the
-image keys' logits with one AttentionEdit.
+"""The language model's attention, every variant side by side, over the KV caches of caches.py:
+the prefix pass (`causal_attention`), the question suffixes against their prefixes (the fused
+`prefix_attention` kernel, or its torch reference off CUDA) or whole prompts (SDPA, or explicit
+with an edit), the answer-row recompute of an answer-only edit, the decode step
+(`masked_attention` over a `DecodeCache`, within a sliding window where the layer has one), and the
+image-attention probe, all editing the image keys' logits with one AttentionEdit.
 
 Torch paths compute in fp32 wherever transformers' eager attention takes its softmax in fp32, so the
 probe and the edited paths match it; the unedited whole-prompt path is SDPA in the model dtype, as
@@ -12,148 +12,27 @@ transformers' sdpa attention runs it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-from ...kernels import PrefixRuns, prefix_attention, prefix_runs
+from ...kernels import PrefixRuns, prefix_attention
+from .caches import PrefixKV
 from .interventions import AttentionEdit
 from ..inputs.plan import TokenBatch
 
 
-@dataclass
-class PrefixKV:
-    """The caches of G image prefixes of one length P: per layer K and V [G, Hkv, P, D], RoPE
-    applied, and where each prefix's image tokens are (spans, and a [G, P] mask; None without any)."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    length: int
-    image_spans: list[tuple[tuple[int, int], ...]]
-    image_mask: torch.Tensor | None
-
-    def image_keys(self, g: int | None) -> torch.Tensor:
-        """[P] bool: prefix g's image keys ([0] for no prefix, g None: whole prompts)."""
-        device = self.keys[0].device
-        if g is None:
-            return torch.zeros(0, dtype=torch.bool, device=device)
-        if self.image_mask is None:
-            return torch.zeros(self.length, dtype=torch.bool, device=device)
-        return self.image_mask[g]
-
-
-@dataclass
-class SuffixKV:
-    """The question suffixes' own cache, per layer [B, Hkv, S, D], valid up to `lengths`."""
-
-    keys: list[torch.Tensor]
-    values: list[torch.Tensor]
-    lengths: torch.Tensor
-    next_position: torch.Tensor  # [B]: the position of each row's first generated token
-    image_mask: torch.Tensor | None = None  # [B, S]: own keys that hold image tokens (whole prompts)
-
-    def repeat_rows(self, k: int) -> "SuffixKV":
-        """Each row k times over, in place of it (a beam search's beams of one row, side by side)."""
-        def rows(x):
-            return None if x is None else x.repeat_interleave(k, dim=0)
-
-        return SuffixKV([rows(x) for x in self.keys], [rows(x) for x in self.values], rows(self.lengths),
-                        rows(self.next_position), rows(self.image_mask))
-
-
-@dataclass
-class SuffixOut:
-    """What DecoderLM.prefill_suffix gives: each row's last hidden state [B, H] (before the final norm), the
-    suffixes' own KV, and with the probe the attention mass on image tokens at that token [B, L, Hq]
-    (fp32; see answer_image_attention)."""
-
-    last_hidden: torch.Tensor
-    kv: SuffixKV
-    image_attention: torch.Tensor | None
-    residuals: torch.Tensor | None = None  # [B, L, H]: each decoder layer's output at the last token, where asked
-
-
-class DecodeCache:
-    """The keys and values a greedy continuation reads: each row's prefix (shared, never copied) and its
-    own suffix keys followed by slots for generated tokens, which grow `chunk` at a time, so a long
-    allowance costs only what is generated. Generated token t sits in slot S + t, after the padded
-    suffix region, so rows of any length line up."""
-
-    def __init__(self, prefix: PrefixKV | None, prefix_index: list[int] | None, suffix: SuffixKV, steps: int,
-                 chunk: int, window: int | None, empty: torch.Tensor):
-        """`window`: the model's sliding window (None: none); `empty`: [Hkv, 0, D] in the model's device and
-        dtype, the prefix of rows that have none."""
-        self.prefix, self.suffix, self.steps, self.chunk, self.window = prefix, suffix, steps, chunk, window
-        self.batch, self.width = suffix.keys[0].shape[0], suffix.keys[0].shape[2]
-        self.runs = prefix_runs(prefix_index) if prefix is not None else [(None, 0, self.batch)]
-        self._empty = empty
-        self.own_k, self.own_v = [self._grow(k) for k in suffix.keys], [self._grow(v) for v in suffix.values]
-
-    def _grow(self, x: torch.Tensor) -> torch.Tensor:  # [B, Hkv, slots, D] → chunk more slots
-        return torch.cat([x, x.new_zeros(*x.shape[:2], min(self.chunk, self.steps), x.shape[3])], dim=2)
-
-    def next_slot(self, t: int, edited: bool):
-        """Generated token t's slot, the own keys each row may see then [B, 1, slots], and (when an
-        edit reads them) which own keys hold image tokens [B, slots]: whole prompts hold the image."""
-        slot = self.width + t
-        if slot >= self.own_k[0].shape[2]:
-            self.own_k, self.own_v = [self._grow(k) for k in self.own_k], [self._grow(v) for v in self.own_v]
-        slots = torch.arange(self.own_k[0].shape[2], device=self.own_k[0].device)
-        lengths = self.suffix.lengths
-        valid = ((slots[None] < lengths[:, None]) | ((slots[None] >= self.width) & (slots[None] <= slot)))[:, None]
-        own_image = None
-        if edited:
-            own_image = torch.zeros(self.batch, slots.shape[0], dtype=torch.bool, device=slots.device)
-            if self.suffix.image_mask is not None:
-                own_image[:, :self.width] = self.suffix.image_mask
-        return slot, valid, own_image
-
-    def reorder(self, rows: torch.Tensor) -> None:
-        """The rows' own keys and values carried over [B] (each beam takes the cache of the beam it continues,
-        within its row's beams, so the shared prefix and the suffix lengths stay as they are)."""
-        self.own_k = [k.index_select(0, rows) for k in self.own_k]
-        self.own_v = [v.index_select(0, rows) for v in self.own_v]
-
-    def window_masks(self, t: int, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """What a sliding layer's generated token t sees (masking_utils.sliding_window_overlay: keys fewer than
-        `window` tokens back): `valid` narrowed to its own keys in the window, and which prefix keys lie in it
-        [B, 1, P]; None while no row's sequence reaches past the window (then every key is in it). Token t
-        sits at sequence index P + length + t, own key j < length at P + j and generated slot S + u at
-        P + length + u."""
-        prefix = self.prefix.length if self.prefix is not None else 0
-        lengths = self.suffix.lengths
-        if self.window is None or prefix + int(lengths.max()) + t < self.window:
-            return None
-        device = valid.device
-        slots = torch.arange(valid.shape[-1], device=device)
-        index = torch.where(slots[None] < self.width, prefix + slots[None],
-                            prefix + lengths[:, None] + slots - self.width)
-        query = prefix + lengths[:, None] + t  # [B, 1]
-        own = valid & (query - index < self.window)[:, None]
-        keys = torch.arange(prefix, device=device)
-        return own, (query - keys[None] < self.window)[:, None]
-
-    def prefix_kv(self, layer: int, g: int | None) -> tuple[torch.Tensor, torch.Tensor]:
-        if g is None:  # no prefix: [Hkv, 0, D] of this layer's heads (a family's layers may differ in them)
-            own = self.own_k[layer]
-            return (self._empty, self._empty) if own.shape[1:4:2] == self._empty.shape[0:3:2] else \
-                (own.new_zeros(own.shape[1], 0, own.shape[3]),) * 2
-        return self.prefix.keys[layer][g], self.prefix.values[layer][g]
-
-    def prefix_image(self, g: int | None) -> torch.Tensor:
-        return self.prefix.image_keys(g) if self.prefix is not None else self._empty.new_zeros(0, dtype=torch.bool)
-
-
 def causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [B, Hq, S, D], k and v [B, Hkv, S, D] → causal SDPA in the model dtype, as transformers' sdpa
-    attention runs it; grouped heads are read in place, not repeated into copies."""
-    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1])
+    """q [B, Hq, S, D], k and v [B, Hkv, S, D] → causal SDPA in the model dtype, as transformers'
+    sdpa attention runs it; grouped heads are read in place, not repeated into copies."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                          enable_gqa=q.shape[1] != k.shape[1])
 
 
 def image_blocks(image: torch.Tensor) -> torch.Tensor:
-    """image [B, S] → [B, S, S] bool: key k is visible from query q where k <= q or both lie in one run of
-    image tokens (transformers' get_block_sequence_ids_for_mask and blockwise_overlay, Gemma 3's)."""
+    """image [B, S] → [B, S, S] bool: key k is visible from query q where k <= q or both lie in one
+    run of image tokens (transformers' get_block_sequence_ids_for_mask and blockwise_overlay, Gemma
+    3's)."""
     start = image & ~F.pad(image, (1, 0))[:, :-1]
     group = torch.where(image, start.cumsum(dim=1), 0)  # 0: text; n: the n-th image run
     same = (group[:, :, None] == group[:, None, :]) & image[:, :, None]
@@ -161,23 +40,27 @@ def image_blocks(image: torch.Tensor) -> torch.Tensor:
     return same | torch.ones(length, length, dtype=torch.bool, device=image.device).tril()
 
 
-def image_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor) -> torch.Tensor:
-    """causal_attention, but the tokens of each image run attend to each other both ways (image_blocks);
-    SDPA in the model dtype with that boolean mask, as transformers' sdpa attention runs Gemma 3."""
+def image_block_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          image: torch.Tensor) -> torch.Tensor:
+    """causal_attention, but the tokens of each image run attend to each other both ways
+    (image_blocks); SDPA in the model dtype with that boolean mask, as transformers' sdpa attention
+    runs Gemma 3."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=image_blocks(image)[:, None],
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: torch.Tensor | None = None,
-                     window: int | None = None) -> torch.Tensor:
-    """One layer's attention of whole sequences from their first token (a prefix, whole prompts): causal, each
-    image run's tokens seeing each other both ways where image [B, S] is given (image_blocks), and within a
-    sliding window where the layer has one and the sequence outgrows it. transformers' sliding mask is
-    AND(q - k < window, OR(causal, same image run)) (masking_utils.sliding_window_overlay and blockwise_overlay),
-    so an image token sees its run's later tokens whatever the window. SDPA in the model dtype."""
+def prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     image: torch.Tensor | None = None, window: int | None = None) -> torch.Tensor:
+    """One layer's attention of whole sequences from their first token (a prefix, whole prompts):
+    causal, each image run's tokens seeing each other both ways where image [B, S] is given
+    (image_blocks), and within a sliding window where the layer has one and the sequence outgrows
+    it. transformers' sliding mask is AND(q - k < window, OR(causal, same image run))
+    (masking_utils.sliding_window_overlay and blockwise_overlay), so an image token sees its run's
+    later tokens whatever the window. SDPA in the model dtype."""
     length = q.shape[2]
     if window is None or length <= window:
-        return image_block_attention(q, k, v, image) if image is not None else causal_attention(q, k, v)
+        return (image_block_attention(q, k, v, image) if image is not None
+                else causal_attention(q, k, v))
     rows = torch.arange(length, device=q.device)
     near = rows[:, None] - rows[None, :] < window  # [S, S]
     seen = image_blocks(image) if image is not None else (rows[None, :] <= rows[:, None])[None]
@@ -185,17 +68,20 @@ def prompt_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, image: t
                                           enable_gqa=q.shape[1] != k.shape[1])
 
 
-def windowed_suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: PrefixKV, layer: int,
-                              runs: list[tuple[int, int, int]], window: int) -> torch.Tensor:
-    """Question suffixes [B, Hq, S, D] against their prefixes on a sliding layer the sequence outgrows: suffix
-    token j (sequence index P + j) sees prefix key p where P + j - p < window and its own key i <= j where
-    j - i < window. Explicit, in fp32, as the prefix kernel's reference; runs: (prefix, first row, end row)."""
+def windowed_suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prefix: PrefixKV,
+                              layer: int, runs: list[tuple[int, int, int]],
+                              window: int) -> torch.Tensor:
+    """Question suffixes [B, Hq, S, D] against their prefixes on a sliding layer the sequence
+    outgrows: suffix token j (sequence index P + j) sees prefix key p where P + j - p < window and
+    its own key i <= j where j - i < window. Explicit, in fp32, as the prefix kernel's reference;
+    runs: (prefix, first row, end row)."""
     length, p = q.shape[2], prefix.length
     rows = torch.arange(length, device=q.device)
     own = (rows[None, :] <= rows[:, None]) & (rows[:, None] - rows[None, :] < window)  # [S, S]
     near = p + rows[:, None] - torch.arange(p, device=q.device)[None, :] < window  # [S, P]
-    return torch.cat([masked_attention(q[a:e], prefix.keys[layer][g], prefix.values[layer][g], k[a:e], v[a:e],
-                                       own.expand(e - a, -1, -1), prefix_valid=near.expand(e - a, -1, -1))
+    return torch.cat([masked_attention(q[a:e], prefix.keys[layer][g], prefix.values[layer][g],
+                                       k[a:e], v[a:e], own.expand(e - a, -1, -1),
+                                       prefix_valid=near.expand(e - a, -1, -1))
                       for g, a, e in runs])
 
 
@@ -203,8 +89,8 @@ def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
                             edit: AttentionEdit, blocks: bool = False) -> torch.Tensor:
     """Causal attention of whole prompts with the image keys' logits edited (per query head) as seen
     from every query after the row's last image token; explicit, in fp32 (the softmax's dtype in
-    transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]; with blocks, each
-    image run's tokens see each other both ways (image_blocks)."""
+    transformers' eager attention). q [B, Hq, S, D], k/v [B, Hkv, S, D], image [B, S]; with blocks,
+    each image run's tokens see each other both ways (image_blocks)."""
     b, hq, length, d = q.shape
     group = hq // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
@@ -221,10 +107,11 @@ def edited_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, i
 
 def kept_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kept: torch.Tensor,
                           image: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention of whole prompts in which every query sees only the kept keys (kept [B, S] bool) and
-    itself: a dropped token is gone for every later query, as if removed from the sequence at its own position
-    (a dropped row still sees itself, so that no softmax is empty; nothing reads it). Explicit, in fp32; with
-    image [B, S], each image run's tokens see each other both ways (image_blocks)."""
+    """Causal attention of whole prompts in which every query sees only the kept keys (kept [B, S]
+    bool) and itself: a dropped token is gone for every later query, as if removed from the sequence
+    at its own position (a dropped row still sees itself, so that no softmax is empty; nothing reads
+    it). Explicit, in fp32; with image [B, S], each image run's tokens see each other both ways
+    (image_blocks)."""
     b, hq, length, d = q.shape
     group = hq // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
@@ -235,29 +122,32 @@ def kept_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kep
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 
-def key_scaled_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: torch.Tensor,
-                                queries: torch.Tensor) -> torch.Tensor:
-    """Causal attention of whole prompts in which each query of `queries` [B, S] bool multiplies every key's attention
-    logit (q.k / sqrt(d), before the mask) by that key's factor in scale [B, S] (ClearSight's VAF); the other queries
-    attend as they are. Explicit, in fp32."""
+def key_scaled_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                                scale: torch.Tensor, queries: torch.Tensor) -> torch.Tensor:
+    """Causal attention of whole prompts in which each query of `queries` [B, S] bool multiplies
+    every key's attention logit (q.k / sqrt(d), before the mask) by that key's factor in scale
+    [B, S] (ClearSight's VAF); the other queries attend as they are. Explicit, in fp32."""
     b, hq, length, d = q.shape
     group = hq // k.shape[1]
     kf, vf = (t.float().repeat_interleave(group, dim=1) for t in (k, v))
     scores = q.float() @ kf.transpose(-1, -2) / math.sqrt(d)  # [B, Hq, S, S]
-    factor = torch.where(queries[:, :, None], scale[:, None, :].float(), 1.0)  # [B, S(query), S(key)]
+    # [B, S(query), S(key)]
+    factor = torch.where(queries[:, :, None], scale[:, None, :].float(), 1.0)
     causal = torch.ones(length, length, dtype=torch.bool, device=q.device).tril()
     scores = (scores * factor[:, None]).masked_fill(~causal, float("-inf"))
     return (torch.softmax(scores, dim=-1) @ vf).to(q.dtype)
 
 
 def answer_key_attention(q: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
-    """[B, Hq, S] fp32: each whole prompt's answer-position (last valid query) attention weights over every
-    key, as transformers' eager attention returns them (softmax in fp32); the per-key form of the probe's
-    image sum (answer_image_attention). q [B, Hq, S, D] (RoPE applied), lengths [B], k [B, Hkv, S, D]."""
+    """[B, Hq, S] fp32: each whole prompt's answer-position (last valid query) attention weights
+    over every key, as transformers' eager attention returns them (softmax in fp32); the per-key
+    form of the probe's image sum (answer_image_attention). q [B, Hq, S, D] (RoPE applied), lengths
+    [B], k [B, Hkv, S, D]."""
     batch, q_heads, length, head_dim = q.shape
     kv_heads = k.shape[1]
     rows = torch.arange(batch, device=q.device)
-    last = q[rows, :, lengths - 1].float().view(batch, kv_heads, q_heads // kv_heads, head_dim) * head_dim**-0.5
+    last = q[rows, :, lengths - 1].float().view(batch, kv_heads, q_heads // kv_heads, head_dim)
+    last = last * head_dim**-0.5
     scores = last @ k.float().transpose(-1, -2)  # [B, Hkv, g, S]
     valid = torch.arange(length, device=q.device)[None, :] < lengths[:, None]
     scores = scores.masked_fill(~valid[:, None, None], float("-inf"))
@@ -265,14 +155,15 @@ def answer_key_attention(q: torch.Tensor, lengths: torch.Tensor, k: torch.Tensor
 
 
 def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: AttentionEdit | None = None,
-                     prefix_image: torch.Tensor | None = None, own_image: torch.Tensor | None = None,
+                     prefix_image: torch.Tensor | None = None,
+                     own_image: torch.Tensor | None = None,
                      prefix_valid: torch.Tensor | None = None):
     """Attention over each row's prefix plus its own keys, in fp32 (a decode step, an answer row).
 
     q [B, Hq, T, D]; k/v_prefix [Hkv, P, D], shared by the rows and broadcast, never copied per row
-    (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see, and
-    prefix_valid [B, T, P] which prefix keys (None: all; a sliding window's narrows both).
-    With an edit, the logits of the image keys (prefix_image [P], own_image [B, K]) are edited.
+    (P may be 0); k/v_own [B, Hkv, K, D]; valid [B, T, K] marks which own keys each query may see,
+    and prefix_valid [B, T, P] which prefix keys (None: all; a sliding window's narrows both). With
+    an edit, the logits of the image keys (prefix_image [P], own_image [B, K]) are edited.
     """
     b, hq, t, d = q.shape
     k_prefix, v_prefix = k_prefix[None], v_prefix[None]
@@ -285,7 +176,8 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: Attention
         def heads(x):  # [Hq] → [1, Hkv, g * T, 1], as the queries are laid out
             return x.view(hkv, g, 1).expand(hkv, g, t).reshape(1, hkv, g * t, 1)
 
-        scores_p = torch.where(prefix_image[None, None, None], edit.apply(scores_p, heads), scores_p)
+        scores_p = torch.where(prefix_image[None, None, None], edit.apply(scores_p, heads),
+                               scores_p)
         scores_o = torch.where(own_image[:, None, None], edit.apply(scores_o, heads), scores_o)
     def per_query(m):  # [B, T, N] → [B, 1, g * T, N], as the queries are laid out
         return m[:, None, None].expand(b, 1, g, t, m.shape[-1]).reshape(b, 1, g * t, -1)
@@ -299,28 +191,31 @@ def masked_attention(q, k_prefix, v_prefix, k_own, v_own, valid, edit: Attention
     return out.reshape(b, hq, t, d).to(q.dtype)
 
 
-def suffix_attention(q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
-                     edit: AttentionEdit | None, backend: str, image_bidirectional: bool = False,
-                     window: int | None = None) -> torch.Tensor:
-    """One layer's attention of a suffix batch [B, Hq, S, D]: every row's queries over its prefix (one
-    fused call for every image's rows: each run reads its prefix once) and causally over its own keys,
-    or whole prompts causally; an edit of every query is applied inside, an answer-only one by
-    recomputing each row's answer position. With image_bidirectional, a whole prompt's image tokens see each other
-    both ways (a suffix's own tokens are text: its image lies in the prefix, prefilled so). On a sliding layer
-    (window) that the rows outgrow, every query attends within the window; no edit acts there."""
+def suffix_attention(q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None,
+                     layer: int, edit: AttentionEdit | None, backend: str,
+                     image_bidirectional: bool = False, window: int | None = None) -> torch.Tensor:
+    """One layer's attention of a suffix batch [B, Hq, S, D]: every row's queries over its prefix
+    (one fused call for every image's rows: each run reads its prefix once) and causally over its
+    own keys, or whole prompts causally; an edit of every query is applied inside, an answer-only
+    one by recomputing each row's answer position. With image_bidirectional, a whole prompt's image
+    tokens see each other both ways (a suffix's own tokens are text: its image lies in the prefix,
+    prefilled so). On a sliding layer (window) that the rows outgrow, every query attends within the
+    window; no edit acts there."""
     every = edit if edit is not None and not edit.answer_only else None
     seen = q.shape[2] + (prefix.length if prefix is not None else 0)
     if window is not None and seen > window:
         if edit is not None:
-            raise NotImplementedError(f"an attention edit of a {seen}-token prompt past the sliding window of "
-                                      f"{window} tokens (edits read whole prompts within the window only)")
+            raise NotImplementedError(f"an attention edit of a {seen}-token prompt past the "
+                                      f"sliding window of {window} tokens (edits read whole "
+                                      "prompts within the window only)")
         if prefix is not None:
             return windowed_suffix_attention(q, k, v, prefix, layer, runs.runs, window)
         return prompt_attention(q, k, v, batch.image_mask if image_bidirectional else None, window)
     if prefix is not None:
-        key_edit = None if every is None or prefix.image_mask is None else (prefix.image_mask, every.scale, every.bias)
-        attn = prefix_attention(q, prefix.keys[layer], prefix.values[layer], k, v, batch.lengths, backend=backend,
-                                prefix_index=runs, key_edit=key_edit)
+        key_edit = None if every is None or prefix.image_mask is None else \
+            (prefix.image_mask, every.scale, every.bias)
+        attn = prefix_attention(q, prefix.keys[layer], prefix.values[layer], k, v, batch.lengths,
+                                backend=backend, prefix_index=runs, key_edit=key_edit)
     elif every is not None and batch.image_mask is not None:
         attn = edited_causal_attention(q, k, v, batch.image_mask, every, blocks=image_bidirectional)
     elif image_bidirectional and batch.image_mask is not None:
@@ -332,10 +227,10 @@ def suffix_attention(q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: 
     return attn
 
 
-def _answer_row(attn, q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
-                edit: AttentionEdit) -> torch.Tensor:
-    """attn with each row's answer position (its last token) recomputed under an answer-only edit: one
-    query per row against its prefix and own keys, as a decode step is."""
+def _answer_row(attn, q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None,
+                layer: int, edit: AttentionEdit) -> torch.Tensor:
+    """attn with each row's answer position (its last token) recomputed under an answer-only edit:
+    one query per row against its prefix and own keys, as a decode step is."""
     b, s = batch.ids.shape
     rows = torch.arange(b, device=q.device)
     last = batch.lengths - 1
@@ -346,24 +241,27 @@ def _answer_row(attn, q, k, v, batch: TokenBatch, prefix: PrefixKV | None, runs:
     empty = k.new_zeros(k.shape[1], 0, k.shape[3])
     out = []
     for g, a, e in runs.runs if prefix is not None else [(None, 0, b)]:
-        kp, vp = (prefix.keys[layer][g], prefix.values[layer][g]) if g is not None else (empty, empty)
-        image = prefix.image_keys(g) if g is not None else torch.zeros(0, dtype=torch.bool, device=q.device)
-        out.append(masked_attention(query[a:e], kp, vp, k[a:e], v[a:e], valid[a:e], edit, image, own_image[a:e]))
+        kp, vp = (prefix.keys[layer][g], prefix.values[layer][g]) if g is not None else \
+            (empty, empty)
+        image = prefix.image_keys(g) if g is not None else \
+            torch.zeros(0, dtype=torch.bool, device=q.device)
+        out.append(masked_attention(query[a:e], kp, vp, k[a:e], v[a:e], valid[a:e], edit, image,
+                                    own_image[a:e]))
     attn = attn.clone()
     attn[rows, :, last] = torch.cat(out)[:, :, 0]
     return attn
 
 
-def probe_attention(q, k, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None, layer: int,
-                    edit: AttentionEdit | None) -> torch.Tensor:
-    """The image-attention probe of one layer [B, Hq]: how much of each row's answer-position attention
-    falls on image keys (its prefix's and its own), under the layer's edit."""
+def probe_attention(q, k, batch: TokenBatch, prefix: PrefixKV | None, runs: PrefixRuns | None,
+                    layer: int, edit: AttentionEdit | None) -> torch.Tensor:
+    """The image-attention probe of one layer [B, Hq]: how much of each row's answer-position
+    attention falls on image keys (its prefix's and its own), under the layer's edit."""
     if prefix is None:
         return answer_image_attention(q, batch.lengths, k, batch.image_mask, edit=edit)
     image = prefix.image_mask if prefix.image_mask is not None else \
         torch.zeros(prefix.keys[layer].shape[0], prefix.length, dtype=torch.bool, device=q.device)
-    return answer_image_attention(q, batch.lengths, k, batch.image_mask, prefix.keys[layer], image, runs.runs,
-                                  edit=edit)
+    return answer_image_attention(q, batch.lengths, k, batch.image_mask, prefix.keys[layer], image,
+                                  runs.runs, edit=edit)
 
 
 def answer_image_attention(q: torch.Tensor, lengths: torch.Tensor, k_own: torch.Tensor,
@@ -373,26 +271,30 @@ def answer_image_attention(q: torch.Tensor, lengths: torch.Tensor, k_own: torch.
                            edit: AttentionEdit | None = None) -> torch.Tensor:
     """[B, Hq] fp32: each row's attention mass on image keys at its last valid query.
 
-    Taken from the queries and keys the layer already computed, for the answer row only: one query per
-    prompt against its keys ([B, Hq, P + S] scores, never a [sequence, sequence] matrix), in fp32 as
-    transformers' eager attention takes its softmax, and the same whichever backend ran the attention.
-    q [B, Hq, S, D] (RoPE applied); lengths [B]; k_own [B, Hkv, S, D] the rows' own keys, own_image
-    [B, S] marking image keys among them (None: none); k_prefix [G, Hkv, P, D] with prefix_image
-    [G, P] and runs (prefix, first row, end row) when the rows continue prefixes."""
+    Taken from the queries and keys the layer already computed, for the answer row only: one query
+    per prompt against its keys ([B, Hq, P + S] scores, never a [sequence, sequence] matrix), in
+    fp32 as transformers' eager attention takes its softmax, and the same whichever backend ran the
+    attention. q [B, Hq, S, D] (RoPE applied); lengths [B]; k_own [B, Hkv, S, D] the rows' own keys,
+    own_image [B, S] marking image keys among them (None: none); k_prefix [G, Hkv, P, D] with
+    prefix_image [G, P] and runs (prefix, first row, end row) when the rows continue prefixes."""
     batch, q_heads, length, head_dim = q.shape
     kv_heads = k_own.shape[1]
     group = q_heads // kv_heads
     rows = torch.arange(batch, device=q.device)
     last = q[rows, :, lengths - 1].float().view(batch, kv_heads, group, head_dim) * head_dim**-0.5
     own = last @ k_own.float().transpose(-1, -2)  # [B, Hkv, g, S]
-    own = own.masked_fill(~(torch.arange(length, device=q.device)[None, :] < lengths[:, None])[:, None, None],
-                          float("-inf"))
-    image = own_image if own_image is not None else torch.zeros(batch, length, dtype=torch.bool, device=q.device)
+    valid = torch.arange(length, device=q.device)[None, :] < lengths[:, None]  # [B, S]
+    own = own.masked_fill(~valid[:, None, None], float("-inf"))
+    image = own_image if own_image is not None else \
+        torch.zeros(batch, length, dtype=torch.bool, device=q.device)
     if k_prefix is not None:
-        prefix = torch.cat([last[a:e] @ k_prefix[g].float().transpose(-1, -2) for g, a, e in runs])  # [B, Hkv, g, P]
+        # [B, Hkv, g, P]
+        prefix = torch.cat([last[a:e] @ k_prefix[g].float().transpose(-1, -2) for g, a, e in runs])
         own = torch.cat([prefix, own], dim=-1)
-        image = torch.cat([torch.cat([prefix_image[g].expand(e - a, -1) for g, a, e in runs]), image], dim=-1)
+        image = torch.cat([torch.cat([prefix_image[g].expand(e - a, -1) for g, a, e in runs]),
+                           image], dim=-1)
     if edit is not None:
-        own = torch.where(image[:, None, None], edit.apply(own, lambda x: x.view(kv_heads, group, 1)), own)
+        own = torch.where(image[:, None, None],
+                          edit.apply(own, lambda x: x.view(kv_heads, group, 1)), own)
     probs = torch.softmax(own, dim=-1)
     return (probs * image[:, None, None]).sum(-1).view(batch, q_heads)

@@ -1,17 +1,21 @@
-"""Qwen3.5's decoder layers (transformers' models/qwen3_5/modeling_qwen3_5.py): three of every four are Gated DeltaNet
-linear attention, the fourth full attention with a sigmoid output gate; every RMSNorm scales by (1 + w) in fp32.
+"""Qwen3.5's decoder layers (transformers' models/qwen3_5/modeling_qwen3_5.py): three of every four
+are Gated DeltaNet linear attention, the fourth full attention with a sigmoid output gate; every
+RMSNorm scales by (1 + w) in fp32.
 
-A linear layer carries two things past a token, in place of keys and values: the recurrent state [B, Hv, Dk, Dv]
-(fp32) and the conv tail, its last `conv_kernel - 1` inputs to the short causal conv [B, C, K - 1]. Prefix reuse
-saves both after the prefix and starts every question from them (hybrid.py).
+A linear layer carries two things past a token, in place of keys and values: the recurrent state
+[B, Hv, Dk, Dv] (fp32) and the conv tail, its last `conv_kernel - 1` inputs to the short causal conv
+[B, C, K - 1]. Prefix reuse saves both after the prefix and starts every question from them
+(hybrid.py).
 
 The gated delta rule, per value head, with q and k L2-normalised and q scaled by Dk^-0.5:
-    S_t = exp(g_t) S_{t-1} + k_t u_t^T,   u_t = beta_t (v_t - exp(g_t) k_t^T S_{t-1}),   o_t = q_t^T S_t.
-`delta_chunks` runs it a chunk of CHUNK tokens at a time: within a chunk, with G the cumulative log decay,
-(I + M) U = beta V - beta exp(G) K S_0 where M[i, j] = beta_i exp(G_i - G_j) k_i.k_j for j < i, solved as one
-unit lower-triangular system per chunk; then o = exp(G) Q S_0 + tril(exp(G_i - G_j) q_i.k_j) U and
-S_C = exp(G_C) S_0 + sum_j exp(G_C - G_j) k_j u_j^T. A position with beta = 0 and g = 0 (right padding) leaves the
-state as it is, so each row's state is its own length's. `delta_step` is the recurrence for one token.
+    S_t = exp(g_t) S_{t-1} + k_t u_t^T,   o_t = q_t^T S_t,
+    u_t = beta_t (v_t - exp(g_t) k_t^T S_{t-1}).
+`delta_chunks` runs it a chunk of CHUNK tokens at a time: within a chunk, with G the cumulative log
+decay, (I + M) U = beta V - beta exp(G) K S_0 where M[i, j] = beta_i exp(G_i - G_j) k_i.k_j for j <
+i, solved as one unit lower-triangular system per chunk; then o = exp(G) Q S_0 + tril(exp(G_i - G_j)
+q_i.k_j) U and S_C = exp(G_C) S_0 + sum_j exp(G_C - G_j) k_j u_j^T. A position with beta = 0 and g =
+0 (right padding) leaves the state as it is, so each row's state is its own length's. `delta_step`
+is the recurrence for one token.
 """
 from __future__ import annotations
 
@@ -21,18 +25,19 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .decoder import DecoderLayer
+from .decoder_layer import DecoderLayer
 from .dims import DecoderDims
 from .moe import ExpertMLP, has_experts
 from .ops import apply_rotary, offset_rms_norm
 
-CHUNK = 64  # tokens per chunk of the delta rule, as transformers' torch_chunk_gated_delta_rule takes them
+# tokens per chunk of the delta rule, as transformers' torch_chunk_gated_delta_rule takes them
+CHUNK = 64
 
 
 @dataclass(frozen=True)
 class HybridDims(DecoderDims):
-    """DecoderDims with which layers are linear attention (the rest full attention with a gated query) and the
-    linear layers' sizes (transformers' linear_* config fields)."""
+    """DecoderDims with which layers are linear attention (the rest full attention with a gated
+    query) and the linear layers' sizes (transformers' linear_* config fields)."""
 
     linear_layers: tuple[bool, ...] = ()
     linear_k_heads: int = 0
@@ -46,7 +51,8 @@ class HybridDims(DecoderDims):
         kinds = list(cfg.layer_types)
         return cls(**{f.name: getattr(base, f.name) for f in fields(DecoderDims)},
                    linear_layers=tuple(k == "linear_attention" for k in kinds),
-                   linear_k_heads=cfg.linear_num_key_heads, linear_v_heads=cfg.linear_num_value_heads,
+                   linear_k_heads=cfg.linear_num_key_heads,
+                   linear_v_heads=cfg.linear_num_value_heads,
                    linear_k_dim=cfg.linear_key_head_dim, linear_v_dim=cfg.linear_value_head_dim,
                    conv_kernel=cfg.linear_conv_kernel_dim)
 
@@ -56,9 +62,11 @@ class HybridDims(DecoderDims):
 
     @property
     def row_state_bytes(self) -> int:
-        """Each DeltaNet layer's fp32 state [v heads, k dim, v dim] and its conv tail [conv_dim, kernel - 1] (counted
-        at 4 bytes), which a question row keeps past its suffix for its continuation."""
-        per_layer = self.linear_v_heads * self.linear_k_dim * self.linear_v_dim + self.conv_dim * (self.conv_kernel - 1)
+        """Each DeltaNet layer's fp32 state [v heads, k dim, v dim] and its conv tail
+        [conv_dim, kernel - 1] (counted at 4 bytes), which a question row keeps past its suffix for
+        its continuation."""
+        per_layer = self.linear_v_heads * self.linear_k_dim * self.linear_v_dim \
+            + self.conv_dim * (self.conv_kernel - 1)
         return 4 * per_layer * sum(self.linear_layers)
 
     def expected_shapes(self) -> dict[str, tuple[int, ...] | list[tuple[int, ...]]]:
@@ -73,16 +81,19 @@ class HybridDims(DecoderDims):
                 del shapes[name]
             v = self.linear_v_heads * self.linear_v_dim
             a = p + "linear_attn."
-            shapes.update({a + "in_proj_qkv.weight": (self.conv_dim, h), a + "in_proj_z.weight": (v, h),
+            shapes.update({a + "in_proj_qkv.weight": (self.conv_dim, h),
+                           a + "in_proj_z.weight": (v, h),
                            a + "in_proj_b.weight": (self.linear_v_heads, h),
                            a + "in_proj_a.weight": (self.linear_v_heads, h),
                            a + "conv1d.weight": (self.conv_dim, 1, self.conv_kernel),
-                           a + "dt_bias": (self.linear_v_heads,), a + "A_log": (self.linear_v_heads,),
+                           a + "dt_bias": (self.linear_v_heads,),
+                           a + "A_log": (self.linear_v_heads,),
                            a + "norm.weight": (self.linear_v_dim,), a + "out_proj.weight": (h, v)})
         return shapes
 
     def mixer_flops(self, layer: int) -> int:
-        """Weight-matmul FLOPs per token of `layer`'s token mixer (its attention's or DeltaNet's projections)."""
+        """Weight-matmul FLOPs per token of `layer`'s token mixer (its attention's or DeltaNet's
+        projections)."""
         h = self.hidden_size
         if not self.linear_layers[layer]:
             return 2 * h * self.head_dim * (3 * self.num_heads + 2 * self.num_kv_heads)
@@ -91,13 +102,14 @@ class HybridDims(DecoderDims):
 
 
 def l2_normalized(x: torch.Tensor) -> torch.Tensor:
-    """x / sqrt(sum x^2 + 1e-6) over the last axis, as flash-linear-attention's kernels (and transformers) take it."""
+    """x / sqrt(sum x^2 + 1e-6) over the last axis, as flash-linear-attention's kernels (and
+    transformers) take it."""
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + 1e-6)
 
 
 def prepared(q, k, v, g, beta):
-    """[B, S, H*, D*] heads (q, k with Hk heads, each serving Hv / Hk value heads in turn) → fp32 [B, Hv, S, D*]
-    with q and k normalised and q scaled, g and beta [B, Hv, S]."""
+    """[B, S, H*, D*] heads (q, k with Hk heads, each serving Hv / Hk value heads in turn) → fp32
+    [B, Hv, S, D*] with q and k normalised and q scaled, g and beta [B, Hv, S]."""
     groups = v.shape[2] // k.shape[2]
     q, k = (x.repeat_interleave(groups, dim=2) if groups > 1 else x for x in (q, k))
     q, k, v, g, beta = (x.transpose(1, 2).float().contiguous() for x in (q, k, v, g, beta))
@@ -105,8 +117,9 @@ def prepared(q, k, v, g, beta):
 
 
 def delta_chunks(q, k, v, g, beta, state: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The gated delta rule over a sequence: q, k [B, S, Hk, Dk], v [B, S, Hv, Dv], g (log decay, <= 0) and beta
-    [B, S, Hv], state [B, Hv, Dk, Dv] or None (zeros) → output [B, S, Hv, Dv] in v's dtype, the state after."""
+    """The gated delta rule over a sequence: q, k [B, S, Hk, Dk], v [B, S, Hv, Dv], g (log decay, <=
+    0) and beta [B, S, Hv], state [B, Hv, Dk, Dv] or None (zeros) → output [B, S, Hv, Dv] in v's
+    dtype, the state after."""
     dtype, length = v.dtype, v.shape[1]
     q, k, v, g, beta = prepared(q, k, v, g, beta)
     b, heads, _, dk = k.shape
@@ -118,8 +131,10 @@ def delta_chunks(q, k, v, g, beta, state: torch.Tensor | None) -> tuple[torch.Te
     cum = g.reshape(b, heads, -1, CHUNK).cumsum(dim=-1)
     beta = beta.reshape(b, heads, -1, CHUNK)[..., None]
     later = torch.ones(CHUNK, CHUNK, dtype=torch.bool, device=q.device).triu(1)
-    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(later, float("-inf")).exp()  # exp(G_i - G_j), j <= i
-    system = ((beta * k) @ k.transpose(-1, -2)) * decay  # below the diagonal: M; the diagonal is read as 1
+    # exp(G_i - G_j), j <= i
+    decay = (cum[..., :, None] - cum[..., None, :]).masked_fill(later, float("-inf")).exp()
+    # below the diagonal: M; the diagonal is read as 1
+    system = ((beta * k) @ k.transpose(-1, -2)) * decay
     corrections = torch.linalg.solve_triangular(system, beta * v, upper=False, unitriangular=True)
     from_state = torch.linalg.solve_triangular(system, beta * k * cum.exp()[..., None], upper=False,
                                                unitriangular=True)
@@ -127,7 +142,8 @@ def delta_chunks(q, k, v, g, beta, state: torch.Tensor | None) -> tuple[torch.Te
     q_read = q * cum.exp()[..., None]
     k_write = k * (cum[..., -1:] - cum).exp()[..., None]
     span = cum[..., -1].exp()[..., None, None]
-    state = torch.zeros(b, heads, dk, v.shape[-1], device=q.device) if state is None else state.float()
+    state = torch.zeros(b, heads, dk, v.shape[-1], device=q.device) if state is None \
+        else state.float()
     out = torch.empty_like(v)
     for c in range(q.shape[2]):
         u = corrections[:, :, c] - from_state[:, :, c] @ state
@@ -138,7 +154,8 @@ def delta_chunks(q, k, v, g, beta, state: torch.Tensor | None) -> tuple[torch.Te
 
 
 def delta_step(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token of the gated delta rule (delta_chunks' shapes with S = 1) → output [B, 1, Hv, Dv], the state."""
+    """One token of the gated delta rule (delta_chunks' shapes with S = 1) → output [B, 1, Hv, Dv],
+    the state."""
     dtype = v.dtype
     q, k, v, g, beta = (x[:, :, 0] for x in prepared(q, k, v, g, beta))  # [B, Hv, D*], [B, Hv]
     state = state * g.exp()[..., None, None]
@@ -148,18 +165,20 @@ def delta_step(q, k, v, g, beta, state: torch.Tensor) -> tuple[torch.Tensor, tor
 
 
 class GatedAttentionLayer(DecoderLayer):
-    """A full-attention layer: q_proj makes each head's query and its output gate side by side, RoPE turns only the
-    first rotary_dim of each head's dims, the attention output is scaled by sigmoid(gate) before o_proj."""
+    """A full-attention layer: q_proj makes each head's query and its output gate side by side, RoPE
+    turns only the first rotary_dim of each head's dims, the attention output is scaled by
+    sigmoid(gate) before o_proj."""
 
     def qkv_gate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [B, S, H] → q [B, Hq, S, D], k, v [B, Hkv, S, D] (RoPE applied), the gate [B, S, Hq * D]."""
+        """x [B, S, H] → q [B, Hq, S, D], k, v [B, Hkv, S, D] (RoPE applied), the gate
+        [B, S, Hq * D]."""
         b, s, _ = x.shape
         d = self.dims
         h = offset_rms_norm(x, self.input_norm, d.rms_eps, kernels=self.kernels)
         q, gate = self.q_proj(h).view(b, s, d.num_heads, 2 * d.head_dim).chunk(2, dim=-1)
         q = offset_rms_norm(q, self.q_norm, d.rms_eps, kernels=self.kernels).transpose(1, 2)
-        k = offset_rms_norm(self.k_proj(h).view(b, s, d.num_kv_heads, d.head_dim), self.k_norm, d.rms_eps,
-                            kernels=self.kernels).transpose(1, 2)
+        k = offset_rms_norm(self.k_proj(h).view(b, s, d.num_kv_heads, d.head_dim), self.k_norm,
+                            d.rms_eps, kernels=self.kernels).transpose(1, 2)
         v = self.v_proj(h).view(b, s, d.num_kv_heads, d.head_dim).transpose(1, 2)
         return self.rotate(q, cos, sin), self.rotate(k, cos, sin), v, gate.reshape(b, s, -1)
 
@@ -170,7 +189,8 @@ class GatedAttentionLayer(DecoderLayer):
 
     def finish(self, x: torch.Tensor, attn: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         b, _, s, _ = attn.shape
-        return mlp_block(self, x + self.o_proj(attn.transpose(1, 2).reshape(b, s, -1) * torch.sigmoid(gate)))
+        gated = attn.transpose(1, 2).reshape(b, s, -1) * torch.sigmoid(gate)
+        return mlp_block(self, x + self.o_proj(gated))
 
 
 def mlp_block(layer, x: torch.Tensor) -> torch.Tensor:
@@ -194,13 +214,16 @@ class DeltaNetLayer(nn.Module):
         def dense(name):
             return nn.Parameter(weights[name].to(like), requires_grad=False)
 
-        self.input_norm, self.post_norm = dense("input_layernorm.weight"), dense("post_attention_layernorm.weight")
+        self.input_norm = dense("input_layernorm.weight")
+        self.post_norm = dense("post_attention_layernorm.weight")
         self.in_qkv, self.in_z, self.in_b, self.in_a, self.out_proj = (
-            linear(weights[f"linear_attn.{n}.weight"]) for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a",
-                                                                  "out_proj"))
+            linear(weights[f"linear_attn.{n}.weight"])
+            for n in ("in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj"))
         self.conv = dense("linear_attn.conv1d.weight")  # [C, 1, K]
-        self.dt_bias, self.a_log, self.norm = (dense(f"linear_attn.{n}") for n in ("dt_bias", "A_log", "norm.weight"))
-        self.experts = ExpertMLP(dims, weights, linear) if has_experts(weights) else None  # Qwen3.5-MoE's
+        self.dt_bias, self.a_log, self.norm = (dense(f"linear_attn.{n}")
+                                               for n in ("dt_bias", "A_log", "norm.weight"))
+        # Qwen3.5-MoE's
+        self.experts = ExpertMLP(dims, weights, linear) if has_experts(weights) else None
         if self.experts is None:
             self.gate_proj, self.up_proj, self.down_proj = (linear(weights[f"mlp.{n}_proj.weight"])
                                                             for n in ("gate", "up", "down"))
@@ -208,12 +231,14 @@ class DeltaNetLayer(nn.Module):
     def empty_carry(self, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The state and conv tail before any token: zeros."""
         d = self.dims
-        return (torch.zeros(rows, d.linear_v_heads, d.linear_k_dim, d.linear_v_dim, device=self.conv.device),
+        return (torch.zeros(rows, d.linear_v_heads, d.linear_k_dim, d.linear_v_dim,
+                            device=self.conv.device),
                 self.conv.new_zeros(rows, d.conv_dim, d.conv_kernel - 1))
 
-    def mix(self, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor, lengths: torch.Tensor | None = None):
-        """x [B, S, H] after `state` and `tail` (each row's carry) → (DeltaNet's output [B, S, H], the state and
-        conv tail after each row's `lengths` tokens (all S where None))."""
+    def mix(self, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor,
+            lengths: torch.Tensor | None = None):
+        """x [B, S, H] after `state` and `tail` (each row's carry) → (DeltaNet's output [B, S, H],
+        the state and conv tail after each row's `lengths` tokens (all S where None))."""
         h = offset_rms_norm(x, self.input_norm, self.dims.rms_eps, kernels=self.kernels)
         seen = torch.cat([tail, self.in_qkv(h).transpose(1, 2)], dim=-1)  # [B, C, K - 1 + S]
         mixed = F.silu(F.conv1d(seen, self.conv, groups=seen.shape[1])).transpose(1, 2)
@@ -230,7 +255,8 @@ class DeltaNetLayer(nn.Module):
         return self.output(out, h), state, tail
 
     def step(self, x: torch.Tensor, state: torch.Tensor, tail: torch.Tensor):
-        """One token x [B, 1, H] → (DeltaNet's output [B, 1, H], the state and conv tail after it)."""
+        """One token x [B, 1, H] → (DeltaNet's output [B, 1, H], the state and conv tail after
+        it)."""
         h = offset_rms_norm(x, self.input_norm, self.dims.rms_eps, kernels=self.kernels)
         seen = torch.cat([tail, self.in_qkv(h).transpose(1, 2)], dim=-1)
         mixed = F.silu(F.conv1d(seen, self.conv, groups=seen.shape[1])).transpose(1, 2)
@@ -252,12 +278,13 @@ class DeltaNetLayer(nn.Module):
                 v.reshape(b, s, -1, d.linear_v_dim))
 
     def output(self, out: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-        """out [B, S, Hv, Dv] through the gated RMSNorm (normed in fp32, scaled in the model's dtype, times
-        SiLU(z) in fp32) and out_proj."""
+        """out [B, S, Hv, Dv] through the gated RMSNorm (normed in fp32, scaled in the model's
+        dtype, times SiLU(z) in fp32) and out_proj."""
         b, s = out.shape[:2]
         z = self.in_z(h).reshape(b, s, -1, self.dims.linear_v_dim)
         x = out.float()
-        x = self.norm * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.dims.rms_eps)).to(out.dtype)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.dims.rms_eps)
+        x = self.norm * x.to(out.dtype)
         return self.out_proj((x * F.silu(z.float())).to(out.dtype).reshape(b, s, -1))
 
     def finish(self, x: torch.Tensor, mixed: torch.Tensor) -> torch.Tensor:
@@ -265,7 +292,8 @@ class DeltaNetLayer(nn.Module):
 
 
 def hybrid_layer(dims: HybridDims, weights: dict[str, torch.Tensor], linear):
-    """The layer the checkpoint's tensors make: DeltaNet where they hold linear_attn, gated attention elsewhere."""
+    """The layer the checkpoint's tensors make: DeltaNet where they hold linear_attn, gated
+    attention elsewhere."""
     if "linear_attn.in_proj_qkv.weight" in weights:
         return DeltaNetLayer(dims, weights, linear)
     return GatedAttentionLayer(dims, weights, linear)

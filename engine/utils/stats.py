@@ -9,9 +9,10 @@ import torch
 
 @dataclass
 class Timings:
-    """Seconds per phase, summed over calls (for the benchmark's phase table). With `synchronize` (bench sets it:
-    Engine.reset(timed=True)) each phase waits for the device at its start and end, so its seconds are the
-    device's; without it a phase is the host's time to launch its work, and a sweep never waits for a clock."""
+    """Seconds per phase, summed over calls (for the benchmark's phase table). With `synchronize`
+    (bench sets it: Engine.reset(timed=True)) each phase waits for the device at its start and end,
+    so its seconds are the device's; without it a phase is the host's time to launch its work, and a
+    sweep never waits for a clock."""
 
     image_encode: float = 0.0
     prefix_prefill: float = 0.0
@@ -20,7 +21,8 @@ class Timings:
     synchronize: bool = field(default=False, compare=False)
 
     def to_json(self) -> dict:
-        return {f.name: round(getattr(self, f.name), 4) for f in fields(self) if f.name != "synchronize"}
+        return {f.name: round(getattr(self, f.name), 4) for f in fields(self)
+                if f.name != "synchronize"}
 
 
 @dataclass
@@ -28,7 +30,8 @@ class Counts:
     """Work done, summed over calls: what the benchmark turns into FLOPs."""
 
     images_encoded: int = 0
-    vision_tokens: int = 0  # tokens through the vision tower (LLaVA: 577 per crop; Qwen2-VL: patches)
+    # tokens through the vision tower (LLaVA: 577 per crop; Qwen2-VL: patches)
+    vision_tokens: int = 0
     prompts: int = 0
     prefix_tokens: int = 0
     suffix_tokens: int = 0
@@ -36,8 +39,8 @@ class Counts:
 
 
 class Clock:
-    """Adds elapsed wall time to one Timings field; synchronises CUDA where the timings ask for it, so the phase
-    is the device's."""
+    """Adds elapsed wall time to one Timings field; synchronises CUDA where the timings ask for it,
+    so the phase is the device's."""
 
     def __init__(self, timings: Timings, field: str, device: torch.device):
         self.timings, self.field, self.device = timings, field, device
@@ -48,7 +51,8 @@ class Clock:
 
     def __exit__(self, *exc):
         self._sync()
-        setattr(self.timings, self.field, getattr(self.timings, self.field) + time.perf_counter() - self.start)
+        setattr(self.timings, self.field,
+                getattr(self.timings, self.field) + time.perf_counter() - self.start)
 
     def _sync(self):
         if self.timings.synchronize and self.device.type == "cuda":

@@ -5,7 +5,7 @@ import pytest
 from tinymodels import QUESTIONS
 
 from pope_fast.engine import Engine, Settings
-from pope_fast.engine.layers import decoder, ops
+from pope_fast.engine.layers import decoder_layer, ops
 from pope_fast.kernels import interpreter_on
 
 pytestmark = [pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTERPRET=1 before triton is imported"),
@@ -13,7 +13,7 @@ pytestmark = [pytest.mark.skipif(not interpreter_on(), reason="needs TRITON_INTE
 
 
 class Counted:
-    """Stands in for a fused op in engine/layers/decoder.py and engine/layers/ops.py: counts the calls that asked for Triton."""
+    """Stands in for a fused op in engine/layers/decoder_layer.py and ops.py: counts the calls that asked for Triton."""
 
     def __init__(self, op):
         self.op, self.triton_calls = op, 0
@@ -27,9 +27,9 @@ def test_fused_norm_and_rotary_give_the_torch_path_bits(tiny, monkeypatch):
     """Qwen3-VL in fp16: q_norm and k_norm as well as the layers' two norms, and M-RoPE's per-row cos/sin."""
     from registry import REGISTRY
 
-    norm, rope = Counted(decoder.fused_rms_norm), Counted(ops.apply_rotary)
-    monkeypatch.setattr(decoder, "fused_rms_norm", norm)
-    monkeypatch.setattr(decoder, "apply_rotary", rope)
+    norm, rope = Counted(decoder_layer.fused_rms_norm), Counted(ops.apply_rotary)
+    monkeypatch.setattr(decoder_layer, "fused_rms_norm", norm)
+    monkeypatch.setattr(decoder_layer, "apply_rotary", rope)
     settings = Settings(kernels="torch", dtype="fp16", batch_size=4, max_new_tokens=2)
     checkpoint = tiny.checkpoint("qwen3_vl")
     engines = [Engine.load(checkpoint, settings, readouts="template_aware,first_token,string_parse") for _ in range(2)]
