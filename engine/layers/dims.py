@@ -77,7 +77,8 @@ class DecoderDims:
             rope = {}
         rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
         legacy = getattr(cfg, "rope_scaling", None)
-        legacy_type = legacy.get("rope_type", legacy.get("type")) if isinstance(legacy, dict) else None
+        legacy_type = None if not isinstance(legacy, dict) else \
+            legacy.get("rope_type", legacy.get("type"))
         if legacy_type not in (None, "default"):
             rope_type, rope = legacy_type, {**legacy, **rope}
         if rope_type not in ("default", "llama3"):
