@@ -2,7 +2,7 @@
 
     python -m pope_fast.bench.kernels                                # a CUDA GPU; < 8 minutes
     TRITON_INTERPRET=1 python -m pope_fast.bench.kernels --tiny      # checks this script on a CPU
-    TRITON_INTERPRET=1 python -m pope_fast.bench.kernels --launches  # kernels per decoder layer, torch vs fused
+    TRITON_INTERPRET=1 python -m pope_fast.bench.kernels --launches  # kernels a layer: torch, fused
 
 Before timing, every kernel is checked again at the timed shapes: NF4 dequantization and the
 dequantized tiles of nf4_matmul and gather_logits bit for bit against bitsandbytes, the rest
@@ -11,7 +11,6 @@ the copy bandwidth and bf16 matmul rate from the same device. Prints one markdow
 format of bench/RESULTS.md) and exits 1 if a check failed.
 """
 import argparse
-import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from ..kernels import (
 from ..kernels import LaunchCounter, fused_rms_norm, rotary, rotary_ref
 from ..engine.layers.decoder import DecoderLayer
 from ..engine.layers.dims import DecoderDims
+from .timing import Checks, Row, device_rates, format_table, graphed_us, make_timer
 
 
 @dataclass(frozen=True)
@@ -51,94 +51,15 @@ class Shapes:
 
 
 LLAVA_7B = Shapes()
-TINY = Shapes(hidden=128, vocab=300, intermediate=192, heads=2, head_dim=16, prefix=40, questions=3, suffix=5,
-              candidates=3, gemm_m=40)
-
-
-@dataclass
-class Row:
-    kernel: str
-    shape: str
-    ours_us: float
-    baseline: str
-    baseline_us: float
-    figure: str
-    target: str
-    met: bool | None
-    checked: bool
-
-
-class Checks:
-    """Correctness at the timed shapes; failures are kept, not raised, so the table still prints."""
-
-    def __init__(self):
-        self.failures: list[str] = []
-
-    def equal(self, name: str, actual: torch.Tensor, expected: torch.Tensor) -> bool:
-        if torch.equal(actual, expected):
-            return True
-        differ = int((actual != expected).sum())
-        self.failures.append(f"{name}: {differ} of {actual.numel()} elements differ")
-        return False
-
-    def close(self, name: str, actual: torch.Tensor, expected: torch.Tensor, atol: float, rtol: float) -> bool:
-        excess = (actual.double() - expected.double()).abs() - (atol + rtol * expected.double().abs())
-        if not bool(torch.isnan(actual).any()) and float(excess.max()) <= 0:
-            return True
-        self.failures.append(f"{name}: off by up to {float(excess.max()):.3g} beyond atol={atol}, rtol={rtol}")
-        return False
-
-
-def make_timer(device: torch.device):
-    """Microseconds per call: do_bench's median on CUDA, a wall-clock median elsewhere (--tiny)."""
-    if device.type == "cuda":
-        from triton.testing import do_bench
-
-        return lambda fn: do_bench(fn, warmup=25, rep=100, return_mode="median") * 1e3
-
-    def wall(fn):
-        fn()
-        samples = []
-        for _ in range(3):
-            start = time.perf_counter()
-            fn()
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples) * 1e6
-
-    return wall
-
-
-def graphed_us(fn, device) -> float | None:
-    """Microseconds per call replayed from a CUDA graph: the GPU time without Python's launch cost,
-    which dominates kernels this short (the engine can capture them the same way). None off CUDA
-    or when the call cannot be captured."""
-    if device.type != "cuda":
-        return None
-    from triton.testing import do_bench_cudagraph
-
-    try:
-        return do_bench_cudagraph(fn, rep=100, return_mode="median") * 1e3
-    except RuntimeError:
-        return None
-
-
-def device_rates(device, timer, tiny: bool) -> tuple[float, float]:
-    """(copy bandwidth in GB/s counting read + write, bf16 matmul TFLOP/s) of this device."""
-    n_bytes = 2**20 if tiny else 2**30
-    src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
-    dst = torch.empty_like(src)
-    bandwidth = 2 * n_bytes / timer(lambda: dst.copy_(src)) / 1e3
-    n = 128 if tiny else 8192
-    a = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    b = torch.randn(n, n, device=device, dtype=torch.bfloat16)
-    tflops = 2 * n**3 / timer(lambda: a @ b) / 1e6
-    return bandwidth, tflops
+TINY = Shapes(hidden=128, vocab=300, intermediate=192, heads=2, head_dim=16, prefix=40, questions=3,
+              suffix=5, candidates=3, gemm_m=40)
 
 
 def quantize(weight: torch.Tensor):
     import bitsandbytes.functional as bnb_functional
 
-    packed, quant_state = bnb_functional.quantize_4bit(weight, blocksize=64, compress_statistics=True, quant_type="nf4")
+    packed, quant_state = bnb_functional.quantize_4bit(weight, blocksize=64,
+                                                       compress_statistics=True, quant_type="nf4")
     return packed, quant_state, NF4Weight.from_bnb(packed, quant_state)
 
 
@@ -148,7 +69,8 @@ def bench_dequantize(s: Shapes, device, timer, checks: Checks, bandwidth: float)
     gen = torch.Generator(device=device).manual_seed(0)
     ok = True
     # bit for bit in each output dtype, and on a shape whose blocks straddle rows (K % 64 = 40)
-    for dtype, shape in ((torch.float16, (s.intermediate, s.hidden)), (torch.bfloat16, (s.hidden, s.intermediate)),
+    for dtype, shape in ((torch.float16, (s.intermediate, s.hidden)),
+                         (torch.bfloat16, (s.hidden, s.intermediate)),
                          (torch.float32, (1000, 1000))):
         weight = torch.randn(shape, generator=gen, device=device).to(dtype) * 0.02
         packed, quant_state, w = quantize(weight)
@@ -161,7 +83,8 @@ def bench_dequantize(s: Shapes, device, timer, checks: Checks, bandwidth: float)
     theirs = timer(lambda: bnb_functional.dequantize_4bit(packed, quant_state))
     moved = packed.numel() + w.absmax.numel() + 4 * w.nested_absmax.numel() + 2 * weight.numel()
     achieved = moved / ours / 1e3
-    return [Row("dequantize_nf4", f"[{s.intermediate}, {s.hidden}] -> fp16", ours, "bnb dequantize_4bit", theirs,
+    return [Row("dequantize_nf4", f"[{s.intermediate}, {s.hidden}] -> fp16", ours,
+                "bnb dequantize_4bit", theirs,
                 f"{achieved:.0f} GB/s = {achieved / bandwidth:.0%} of copy", ">= 80% of copy",
                 achieved >= 0.8 * bandwidth, ok)]
 
@@ -177,22 +100,26 @@ def bench_logits(s: Shapes, device, timer, checks: Checks) -> list[Row]:
         return F.linear(rms_norm(hidden, norm_weight, 1e-6), lm_head)
 
     exact = rms_norm(hidden, norm_weight, 1e-6).double() @ lm_head.double().T
-    ok = checks.close("gather_logits", gather_logits(hidden, lm_head, ids, norm_weight, backend="triton"),
+    ok = checks.close("gather_logits",
+                      gather_logits(hidden, lm_head, ids, norm_weight, backend="triton"),
                       exact[:, ids], 1e-3, 1e-3)
     argmax = vocab_argmax(hidden, lm_head, norm_weight, backend="triton")
     top2 = exact.topk(2, dim=1).values
     clear = top2[:, 0] - top2[:, 1] > 1e-3
-    ok_argmax = checks.equal("vocab_argmax (rows with a clear maximum)", argmax[clear], exact.argmax(dim=1)[clear])
+    ok_argmax = checks.equal("vocab_argmax (rows with a clear maximum)", argmax[clear],
+                             exact.argmax(dim=1)[clear])
     _, _, lm_head_nf4 = quantize(lm_head)
     eye = torch.eye(s.hidden, device=device, dtype=torch.float16)
     nf4_rows = dequantize_nf4(lm_head_nf4.take_rows(ids), backend="triton")
     ok_nf4 = checks.equal("gather_logits nf4 rows (one-hot hidden)",
-                          gather_logits(eye, lm_head_nf4, ids, backend="triton"), nf4_rows.T.float())
+                          gather_logits(eye, lm_head_nf4, ids, backend="triton"),
+                          nf4_rows.T.float())
 
     shape = f"{s.questions} x {s.candidates} ids, V={s.vocab}, H={s.hidden}, +RMSNorm"
     rows = []
     full = timer(lambda: full_logits()[:, ids])
-    for name, weight, checked in (("gather_logits fp16", lm_head, ok), ("gather_logits nf4", lm_head_nf4, ok_nf4)):
+    for name, weight, checked in (("gather_logits fp16", lm_head, ok),
+                                  ("gather_logits nf4", lm_head_nf4, ok_nf4)):
         def ours_fn(weight=weight):
             return gather_logits(hidden, weight, ids, norm_weight, backend="triton")
 
@@ -205,8 +132,8 @@ def bench_logits(s: Shapes, device, timer, checks: Checks) -> list[Row]:
             figure += f"; in a CUDA graph {ours_graphed:.1f} us"
             figure += f" vs {full_graphed:.1f} us" if full_graphed is not None else ""
         judged = ours if ours_graphed is None else ours_graphed
-        rows.append(Row(name, shape, ours, "RMSNorm + full fp16 lm_head", full, figure, "< 20 us", judged < 20,
-                        checked))
+        rows.append(Row(name, shape, ours, "RMSNorm + full fp16 lm_head", full, figure, "< 20 us",
+                        judged < 20, checked))
     ours = timer(lambda: vocab_argmax(hidden, lm_head, norm_weight, backend="triton"))
     baseline = timer(lambda: full_logits().argmax(dim=1))
     weight_gbs = lm_head.numel() * 2 / ours / 1e3
@@ -222,32 +149,39 @@ def bench_nf4_matmul(s: Shapes, device, timer, checks: Checks, peak_tflops: floa
 
     gen = torch.Generator(device=device).manual_seed(2)
     rows = []
-    for name, (n, k) in (("gate/up_proj", (s.intermediate, s.hidden)), ("down_proj", (s.hidden, s.intermediate)),
+    for name, (n, k) in (("gate/up_proj", (s.intermediate, s.hidden)),
+                         ("down_proj", (s.hidden, s.intermediate)),
                          ("q/k/v/o_proj", (s.hidden, s.hidden))):
         weight = torch.randn((n, k), generator=gen, device=device).half() * 0.02
         packed, quant_state, w = quantize(weight)
         dense = bnb_functional.dequantize_4bit(packed, quant_state)
         x = torch.randn((s.gemm_m, k), generator=gen, device=device).half()
         # I @ W.T is W.T exactly: each dequantized tile, bit for bit
-        ok = checks.equal(f"nf4_matmul {name} (x = I)", nf4_matmul(torch.eye(k, device=device, dtype=torch.float16), w,
-                                                                   backend="triton", fused_max_rows=k), dense.T)
-        ok &= checks.close(f"nf4_matmul {name} vs cuBLAS", nf4_matmul(x, w, backend="triton"), F.linear(x, dense),
-                           2e-2, 1e-2)
+        eye = torch.eye(k, device=device, dtype=torch.float16)
+        ok = checks.equal(f"nf4_matmul {name} (x = I)",
+                          nf4_matmul(eye, w, backend="triton", fused_max_rows=k), dense.T)
+        ok &= checks.close(f"nf4_matmul {name} vs cuBLAS", nf4_matmul(x, w, backend="triton"),
+                           F.linear(x, dense), 2e-2, 1e-2)
         flop = 2 * s.gemm_m * n * k
         ours = timer(lambda: nf4_matmul(x, w, backend="triton"))
         cublas = timer(lambda: F.linear(x, dense))
         bnb_us = timer(lambda: bnb.matmul_4bit(x, packed, quant_state=quant_state))
         shape = f"M={s.gemm_m}, N={n}, K={k}"
-        figure = f"{flop / ours / 1e6:.0f} TFLOP/s = {flop / ours / 1e6 / peak_tflops:.0%} of bf16 peak"
+        figure = (f"{flop / ours / 1e6:.0f} TFLOP/s = {flop / ours / 1e6 / peak_tflops:.0%} "
+                  "of bf16 peak")
         rows.append(Row(f"nf4_matmul {name}", shape, ours, "cuBLAS on dequantized W", cublas,
-                        f"{figure}; {ours / cublas:.2f}x cuBLAS time", "<= 1.5x cuBLAS", ours <= 1.5 * cublas, ok))
-        rows.append(Row(f"nf4_matmul {name}", shape, ours, "bnb matmul_4bit", bnb_us, f"{bnb_us / ours:.2f}x faster",
-                        "-", None, ok))
-        if name == "q/k/v/o_proj":  # the fused kernel where it runs: a question batch's rows, the weight read packed
+                        f"{figure}; {ours / cublas:.2f}x cuBLAS time", "<= 1.5x cuBLAS",
+                        ours <= 1.5 * cublas, ok))
+        rows.append(Row(f"nf4_matmul {name}", shape, ours, "bnb matmul_4bit", bnb_us,
+                        f"{bnb_us / ours:.2f}x faster", "-", None, ok))
+        # the fused kernel where it runs: a question batch's rows, the weight read packed
+        if name == "q/k/v/o_proj":
             few = x[:s.questions]
-            fused, dense_us = timer(lambda: nf4_matmul(few, w, backend="triton")), timer(lambda: F.linear(few, dense))
-            rows.append(Row("nf4_matmul fused", f"M={s.questions}, N={n}, K={k}", fused, "cuBLAS on dequantized W",
-                            dense_us, f"{fused / dense_us:.2f}x cuBLAS time", "-", None, ok))
+            fused = timer(lambda: nf4_matmul(few, w, backend="triton"))
+            dense_us = timer(lambda: F.linear(few, dense))
+            rows.append(Row("nf4_matmul fused", f"M={s.questions}, N={n}, K={k}", fused,
+                            "cuBLAS on dequantized W", dense_us,
+                            f"{fused / dense_us:.2f}x cuBLAS time", "-", None, ok))
     return rows
 
 
@@ -273,22 +207,27 @@ def bench_prefix_attention(s: Shapes, device, timer, checks: Checks) -> list[Row
         return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
     ours_out = prefix_attention(*args, backend="triton")
-    ok = checks.close("prefix_attention vs reference", ours_out, prefix_attention_ref(*args), 2e-3, 2e-3)
+    ok = checks.close("prefix_attention vs reference", ours_out, prefix_attention_ref(*args),
+                      2e-3, 2e-3)
     ok &= checks.close("prefix_attention vs SDPA", ours_out, sdpa(), 4e-3, 4e-3)
     ours = timer(lambda: prefix_attention(*args, backend="triton"))
     baseline = timer(sdpa)
-    shape = f"{s.questions} questions x {s.suffix} tokens, prefix {s.prefix}, {s.heads} x {s.head_dim} heads"
-    rows = [Row("prefix_attention fp16", shape, ours, "SDPA, prefix expanded per question", baseline,
-                f"{baseline / ours:.1f}x faster", ">= 2x", baseline >= 2 * ours, ok)]
+    shape = (f"{s.questions} questions x {s.suffix} tokens, prefix {s.prefix}, "
+             f"{s.heads} x {s.head_dim} heads")
+    rows = [Row("prefix_attention fp16", shape, ours, "SDPA, prefix expanded per question",
+                baseline, f"{baseline / ours:.1f}x faster", ">= 2x", baseline >= 2 * ours, ok)]
 
-    # A question batch that spans three images: one launch over three prefixes vs one launch per image.
-    k_prefixes, v_prefixes = randn(3, s.heads, s.prefix, s.head_dim), randn(3, s.heads, s.prefix, s.head_dim)
+    # A question batch that spans three images: one launch over three prefixes vs one launch
+    # per image.
+    k_prefixes, v_prefixes = (randn(3, s.heads, s.prefix, s.head_dim),
+                              randn(3, s.heads, s.prefix, s.head_dim))
     index = [3 * i // s.questions for i in range(s.questions)]
     runs = prefix_runs(index)
 
     def per_image():
-        return torch.cat([prefix_attention(q[a:e], k_prefixes[g], v_prefixes[g], k_suffix[a:e], v_suffix[a:e],
-                                           lens[a:e], backend="triton") for g, a, e in runs])
+        return torch.cat([prefix_attention(q[a:e], k_prefixes[g], v_prefixes[g], k_suffix[a:e],
+                                           v_suffix[a:e], lens[a:e], backend="triton")
+                          for g, a, e in runs])
 
     multi_args = (q, k_prefixes, v_prefixes, k_suffix, v_suffix, lens)
     ours_out = prefix_attention(*multi_args, backend="triton", prefix_index=index)
@@ -296,40 +235,50 @@ def bench_prefix_attention(s: Shapes, device, timer, checks: Checks) -> list[Row
                       prefix_attention_ref(*multi_args, prefix_index=index), 2e-3, 2e-3)
     ours = timer(lambda: prefix_attention(*multi_args, backend="triton", prefix_index=index))
     baseline = timer(per_image)
-    rows.append(Row("prefix_attention fp16, 3 prefixes", shape.replace("prefix", "3 prefixes of"), ours,
-                    "one launch per prefix", baseline, f"{baseline / ours:.1f}x faster", "-", None, ok))
+    rows.append(Row("prefix_attention fp16, 3 prefixes", shape.replace("prefix", "3 prefixes of"),
+                    ours, "one launch per prefix", baseline, f"{baseline / ours:.1f}x faster", "-",
+                    None, ok))
     return rows
 
 
 def bench_elementwise(s: Shapes, device, timer, checks: Checks) -> list[Row]:
-    """The fused RMSNorm (bit for bit torch's CPU op here too) and RoPE at a prefix's rows, a question batch's heads."""
+    """The fused RMSNorm (bit for bit torch's CPU op here too) and RoPE at a prefix's rows, a
+    question batch's heads."""
     gen = torch.Generator(device=device).manual_seed(5)
-    x, weight = (torch.randn(n, generator=gen, device=device).half() for n in ((s.prefix, s.hidden), (s.hidden,)))
-    ok = checks.equal("fused_rms_norm vs rms_norm on the CPU", fused_rms_norm(x, weight, 1e-5, "triton").cpu(),
+    x, weight = (torch.randn(n, generator=gen, device=device).half()
+                 for n in ((s.prefix, s.hidden), (s.hidden,)))
+    ok = checks.equal("fused_rms_norm vs rms_norm on the CPU",
+                      fused_rms_norm(x, weight, 1e-5, "triton").cpu(),
                       rms_norm(x.cpu(), weight.cpu(), 1e-5))
-    ours, theirs = timer(lambda: fused_rms_norm(x, weight, 1e-5, "triton")), timer(lambda: rms_norm(x, weight, 1e-5))
+    ours = timer(lambda: fused_rms_norm(x, weight, 1e-5, "triton"))
+    theirs = timer(lambda: rms_norm(x, weight, 1e-5))
     rows = [Row("fused_rms_norm fp16", f"{s.prefix} x {s.hidden}", ours, "torch, 8 kernels", theirs,
                 f"{theirs / ours:.1f}x faster", "-", None, ok)]
     q = torch.randn((s.questions, s.suffix, s.hidden), generator=gen, device=device).half()
     q = q.view(s.questions, s.suffix, heads := s.hidden // s.head_dim, s.head_dim).transpose(1, 2)
     cos, sin = torch.randn((2, s.suffix, s.head_dim), generator=gen, device=device).half()
-    ok = checks.equal("rotary vs rotary_ref", rotary(q, cos, sin, "triton"), rotary_ref(q, cos, sin))
-    ours, theirs = timer(lambda: rotary(q, cos, sin, "triton")), timer(lambda: rotary_ref(q, cos, sin))
-    rows.append(Row("rotary fp16", f"{s.questions} x {heads} x {s.suffix} x {s.head_dim}", ours, "torch, 5 kernels",
-                    theirs, f"{theirs / ours:.1f}x faster", "-", None, ok))
+    ok = checks.equal("rotary vs rotary_ref", rotary(q, cos, sin, "triton"),
+                      rotary_ref(q, cos, sin))
+    ours = timer(lambda: rotary(q, cos, sin, "triton"))
+    theirs = timer(lambda: rotary_ref(q, cos, sin))
+    rows.append(Row("rotary fp16", f"{s.questions} x {heads} x {s.suffix} x {s.head_dim}", ours,
+                    "torch, 5 kernels", theirs, f"{theirs / ours:.1f}x faster", "-", None, ok))
     return rows
 
 
 def layer_launches(s: Shapes, device) -> tuple[LaunchCounter, LaunchCounter]:
-    """One LLaMA layer's launches on a question batch, torch path and fused (qkv and finish; attention left out)."""
+    """One LLaMA layer's launches on a question batch, torch path and fused (qkv and finish;
+    attention left out)."""
     gen = torch.Generator(device=device).manual_seed(4)
     h, mlp, heads = s.hidden, s.intermediate, s.hidden // s.head_dim
-    shapes = {**{f"self_attn.{n}_proj.weight": (h, h) for n in "qkvo"}, "mlp.gate_proj.weight": (mlp, h),
-              "mlp.up_proj.weight": (mlp, h), "mlp.down_proj.weight": (h, mlp), "input_layernorm.weight": (h,),
+    shapes = {**{f"self_attn.{n}_proj.weight": (h, h) for n in "qkvo"},
+              "mlp.gate_proj.weight": (mlp, h), "mlp.up_proj.weight": (mlp, h),
+              "mlp.down_proj.weight": (h, mlp), "input_layernorm.weight": (h,),
               "post_attention_layernorm.weight": (h,)}
-    weights = {n: torch.randn(shape, generator=gen, device=device).half() for n, shape in shapes.items()}
-    layer = DecoderLayer(DecoderDims(s.vocab, h, mlp, 1, heads, heads, s.head_dim, 1e-5, 1e4), weights,
-                         lambda w, b=None: lambda x: F.linear(x, w, b))
+    weights = {n: torch.randn(shape, generator=gen, device=device).half()
+               for n, shape in shapes.items()}
+    layer = DecoderLayer(DecoderDims(s.vocab, h, mlp, 1, heads, heads, s.head_dim, 1e-5, 1e4),
+                         weights, lambda w, b=None: lambda x: F.linear(x, w, b))
     x = torch.randn((s.questions, s.suffix, h), generator=gen, device=device).half()
     cos, sin = torch.randn((2, s.suffix, s.head_dim), generator=gen, device=device).half()
     plain, fused = LaunchCounter(), LaunchCounter()
@@ -341,29 +290,22 @@ def layer_launches(s: Shapes, device) -> tuple[LaunchCounter, LaunchCounter]:
 
 def launches_line(s: Shapes, device) -> str:
     plain, fused = layer_launches(s, device)
-    return (f"Kernels per decoder layer ({device.type}, {s.questions} x {s.suffix} tokens, attention left out): torch "
-            f"path {plain.ops.total()} ops ({', '.join(f'{k} {n}' for k, n in sorted(plain.ops.items()))}); fused "
+    ops = ", ".join(f"{k} {n}" for k, n in sorted(plain.ops.items()))
+    return (f"Kernels per decoder layer ({device.type}, {s.questions} x {s.suffix} tokens, "
+            f"attention left out): torch path {plain.ops.total()} ops ({ops}); fused "
             f"norm and RoPE {fused.ops.total()} ops + {fused.triton} Triton launches")
-
-
-def format_table(rows: list[Row], device_line: str) -> str:
-    lines = [device_line, "",
-             "| kernel | shape | ours (us) | baseline | baseline (us) | figure | target | met | checked |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        met = "-" if r.met is None else ("yes" if r.met else "NO")
-        lines.append(f"| {r.kernel} | {r.shape} | {r.ours_us:.1f} | {r.baseline} | {r.baseline_us:.1f} | {r.figure} | "
-                     f"{r.target} | {met} | {'yes' if r.checked else 'FAILED'} |")
-    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tiny", action="store_true", help="tiny shapes: checks this script, times nothing real")
-    parser.add_argument("--launches", action="store_true", help="count kernels per decoder layer, time nothing")
+    parser.add_argument("--tiny", action="store_true",
+                        help="tiny shapes: checks this script, times nothing real")
+    parser.add_argument("--launches", action="store_true",
+                        help="count kernels per decoder layer, time nothing")
     args = parser.parse_args(argv)
     if args.launches:  # on CUDA, or on a CPU under the interpreter
-        device = torch.device("cuda" if torch.cuda.is_available() and not interpreter_on() else "cpu")
+        on_cuda = torch.cuda.is_available() and not interpreter_on()
+        device = torch.device("cuda" if on_cuda else "cpu")
         print(launches_line(TINY if args.tiny else LLAVA_7B, device))
         return 0
     if torch.cuda.is_available() and not interpreter_on():

@@ -1,6 +1,7 @@
-"""What the benchmark measures besides wall time: the run in the middle, each pipeline's peak memory, and
-the device's own matmul rate, which turns the FLOPs a sweep could not avoid into its floor (the time it
-would take at that rate; the ratio of a wall time to it is the model-FLOP utilization's inverse)."""
+"""What the benchmark measures besides wall time: the run in the middle, each pipeline's peak
+memory, and the device's own matmul rate, which turns the FLOPs a sweep could not avoid into its
+floor (the time it would take at that rate; the ratio of a wall time to it is the model-FLOP
+utilization's inverse)."""
 from __future__ import annotations
 
 import resource
@@ -42,9 +43,9 @@ def peak_memory_mb(device: torch.device) -> float:
 
 
 def matmul_rate(device: torch.device) -> tuple[float, str]:
-    """(TFLOP/s, what was measured) of a dense matmul on the device, best of several: bf16 8192³ on CUDA
-    (what a 7B sweep runs), fp32 on the CPU at 1024³ with the threads torch uses (what the CPU runs,
-    the tiny models in fp32)."""
+    """(TFLOP/s, what was measured) of a dense matmul on the device, best of several: bf16 8192³ on
+    CUDA (what a 7B sweep runs), fp32 on the CPU at 1024³ with the threads torch uses (what the CPU
+    runs, the tiny models in fp32)."""
     cuda = device.type == "cuda"
     n, dtype, repeats = (8192, torch.bfloat16, 10) if cuda else (1024, torch.float32, 5)
     a = torch.randn(n, n, device=device, dtype=dtype)
@@ -63,7 +64,8 @@ def matmul_rate(device: torch.device) -> tuple[float, str]:
         a @ b
         sync()
         best = min(best, time.perf_counter() - start)
-    what = f"{str(dtype).removeprefix('torch.')} {n}^3" + ("" if cuda else f", {torch.get_num_threads()} threads")
+    what = (f"{str(dtype).removeprefix('torch.')} {n}^3"
+            + ("" if cuda else f", {torch.get_num_threads()} threads"))
     return 2 * n**3 / best / 1e12, what
 
 
@@ -71,8 +73,9 @@ def floor_figures(flops: float, wall: float, device: torch.device) -> dict:
     """A sweep's floor at the device's measured matmul rate, and its wall time's ratio to it."""
     rate, what = matmul_rate(device)
     floor = flops / (rate * 1e12)
-    return {"matmul_tflop": round(flops / 1e12, 4), "device_tflops": round(rate, 3), "device_rate": what,
-            "floor_s": round(floor, 4), "ratio_to_floor": round(wall / floor, 2)}
+    return {"matmul_tflop": round(flops / 1e12, 4), "device_tflops": round(rate, 3),
+            "device_rate": what, "floor_s": round(floor, 4),
+            "ratio_to_floor": round(wall / floor, 2)}
 
 
 def device_name(device: str) -> str:

@@ -1,7 +1,7 @@
-"""The pipeline the paper ran, as the benchmark's reference: the transformers model itself, one question
-at a time, `generate(max_new_tokens=1, output_scores=True)` with the logits read from `scores[0]`
-(bitsandbytes NF4 on CUDA, as published). It shares nothing with pope-fast but the readout plan that
-turns logits into decisions."""
+"""The pipeline the paper ran, as the benchmark's reference: the transformers model itself, one
+question at a time, `generate(max_new_tokens=1, output_scores=True)` with the logits read from
+`scores[0]` (bitsandbytes NF4 on CUDA, as published). It shares nothing with pope-fast but the
+readout plan that turns logits into decisions."""
 from __future__ import annotations
 
 import time
@@ -27,24 +27,28 @@ class ReferenceSpec:
     readout: ReadoutPlan
 
 
-def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Question], images: Path, settings: Settings,
-                  repeat: int, progress: Callable[[int], None] | None) -> tuple[dict, dict]:
-    """The reference over `questions`, `repeat` timed runs after one untimed question; its figures (the
-    median run's) and its decisions per (split, question id)."""
+def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Question], images: Path,
+                  settings: Settings, repeat: int,
+                  progress: Callable[[int], None] | None) -> tuple[dict, dict]:
+    """The reference over `questions`, `repeat` timed runs after one untimed question; its figures
+    (the median run's) and its decisions per (split, question id)."""
     from PIL import Image
 
     device = settings.torch_device
     reset_peak_memory(device)
-    # the checkpoint's generation rules as generate applies them (the backend's model, under "greedy")
+    # the checkpoint's generation rules as generate applies them (the backend's model,
+    # under "greedy")
     reference = ReferenceModel(checkpoint, replace(settings, generation_config="greedy"))
 
     def answer(q: Question):
-        inputs = reference.inputs([Image.open(images / q.image).convert("RGB")], [spec.prompts[q.text]])
+        inputs = reference.inputs([Image.open(images / q.image).convert("RGB")],
+                                  [spec.prompts[q.text]])
         with torch.inference_mode():
-            return reference.model.generate(**inputs, max_new_tokens=1, do_sample=False, output_scores=True,
-                                            return_dict_in_generate=True)
+            return reference.model.generate(**inputs, max_new_tokens=1, do_sample=False,
+                                            output_scores=True, return_dict_in_generate=True)
 
-    answer(questions[0])  # untimed, as pope-fast's warmup: one-time costs are not per-question costs
+    # untimed, as pope-fast's warmup: one-time costs are not per-question costs
+    answer(questions[0])
     walls = []
     for _ in range(repeat):
         decisions = {}
@@ -52,8 +56,8 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
         for q in questions:
             out = answer(q)
             scores = out.scores[0][0].float()
-            result = PromptResult(first_token_id=int(out.sequences[0, -1]),
-                                  candidate_logits={i: float(scores[i]) for i in spec.readout.candidate_ids})
+            logits = {i: float(scores[i]) for i in spec.readout.candidate_ids}
+            result = PromptResult(first_token_id=int(out.sequences[0, -1]), candidate_logits=logits)
             decisions[q.split, q.key] = spec.readout.decide(result)
             if progress:
                 progress(1)
@@ -62,7 +66,8 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
         walls.append(time.perf_counter() - start)
     wall = median_run(walls)
     figures = {"questions": len(questions), "wall_s": round(wall, 3),
-               "questions_per_s": round(len(questions) / wall, 2), "runs_s": [round(w, 3) for w in walls],
+               "questions_per_s": round(len(questions) / wall, 2),
+               "runs_s": [round(w, 3) for w in walls],
                "peak_memory_mb": round(peak_memory_mb(device), 1)}
     return figures, decisions
 

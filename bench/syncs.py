@@ -1,27 +1,29 @@
-"""Where a sweep would wait on the device: its host↔device synchronisation points and its torch calls on the
-device's tensors (about one kernel launch each on CUDA), per phase, counted on any device (on the CPU nothing
-waits, but the same calls are made).
+"""Where a sweep would wait on the device: its host↔device synchronisation points and its torch
+calls on the device's tensors (about one kernel launch each on CUDA), per phase, counted on any
+device (on the CPU nothing waits, but the same calls are made).
 
-    python -m pope_fast.bench.syncs                          # the demo's model, 60 questions, on the CPU
-    python -m pope_fast.bench.syncs --questions 600 --batch-size 32 --image-batch 8   # other batches
+    python -m pope_fast.bench.syncs                # the demo's model, 60 questions, on the CPU
+    python -m pope_fast.bench.syncs --questions 600 --batch-size 32 --image-batch 8  # other batches
 
-Counted while a cold sweep runs (no records, no cached features, after the engine's warmup), where a tensor is
-the host's if it lives on the CPU while the engine runs on CUDA, or, on the CPU, if the sweep made it without
-naming a device (or from such a tensor), as it would be on CUDA:
-- reads back: a device tensor read by the host (.tolist(), .item(), bool(), int(), .cpu(), ...), which waits
-  for the device;
-- copies to the device: `.to(device)` of a host tensor (non_blocking aside) or `torch.tensor(..., device=)`, a
-  blocking copy from pageable host memory on CUDA;
-- masked indexing: a tensor indexed by a boolean device tensor (read or written), whose shape the host must learn;
-- device calls: torch calls on device tensors, views and metadata aside (about one kernel launch each on CUDA);
-- non-blocking copies: `.to(device, non_blocking=True)` of a host tensor, which (from pinned memory) the host
-  does not wait for;
-- bytes to the device: what those copies move, blocking or not (in the dtype they arrive in: a copy to CUDA that
-  also casts casts on the host first).
-Phases are the engine's (engine/stats.py Clock: image_encode, prefix_prefill, question_prefill, decode); "between"
-is the rest of the sweep (token rows built outside a phase, decisions, records). On the CPU the kernels' torch
-references check their index ranges on the host (kernels/: only off CUDA), which counts a few reads back that a
-GPU does not make.
+Counted while a cold sweep runs (no records, no cached features, after the engine's warmup), where a
+tensor is the host's if it lives on the CPU while the engine runs on CUDA, or, on the CPU, if the
+sweep made it without naming a device (or from such a tensor), as it would be on CUDA:
+- reads back: a device tensor read by the host (.tolist(), .item(), bool(), int(), .cpu(), ...),
+  which waits for the device;
+- copies to the device: `.to(device)` of a host tensor (non_blocking aside) or
+  `torch.tensor(..., device=)`, a blocking copy from pageable host memory on CUDA;
+- masked indexing: a tensor indexed by a boolean device tensor (read or written), whose shape the
+  host must learn;
+- device calls: torch calls on device tensors, views and metadata aside (about one kernel launch
+  each on CUDA);
+- non-blocking copies: `.to(device, non_blocking=True)` of a host tensor, which (from pinned memory)
+  the host does not wait for;
+- bytes to the device: what those copies move, blocking or not (in the dtype they arrive in: a copy
+  to CUDA that also casts casts on the host first).
+Phases are the engine's (engine/stats.py Clock: image_encode, prefix_prefill, question_prefill,
+decode); "between" is the rest of the sweep (token rows built outside a phase, decisions, records).
+On the CPU the kernels' torch references check their index ranges on the host (kernels/: only off
+CUDA), which counts a few reads back that a GPU does not make.
 """
 from __future__ import annotations
 
@@ -42,13 +44,15 @@ from ..engine.utils import stats
 from ..sweep import run_plain
 from .tower import READS_BACK
 
-KINDS = ("reads_back", "copies_to_device", "masked_indexing", "device_calls", "non_blocking_copies", "bytes_to_device")
+KINDS = ("reads_back", "copies_to_device", "masked_indexing", "device_calls", "non_blocking_copies",
+         "bytes_to_device")
 COPIES = ("copies_to_device", "non_blocking_copies")
 MOVES = (torch.Tensor.to, torch.Tensor.cuda)
 MADE = (torch.tensor, torch.as_tensor)
-METADATA = {"view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "size", "dim", "numel",
-            "__getitem__", "__len__", "flatten", "unflatten", "narrow", "t", "contiguous", "stride", "is_contiguous",
-            "view_as", "expand_as", "__get__", "data_ptr", "unbind", "split", "chunk"}
+METADATA = {"view", "reshape", "transpose", "permute", "expand", "unsqueeze", "squeeze", "size",
+            "dim", "numel", "__getitem__", "__len__", "flatten", "unflatten", "narrow", "t",
+            "contiguous", "stride", "is_contiguous", "view_as", "expand_as", "__get__", "data_ptr",
+            "unbind", "split", "chunk"}
 HOST = "_pope_fast_host"  # the attribute that marks a host tensor of a CPU run
 
 
@@ -63,11 +67,13 @@ def _tensors(args, kwargs) -> list[torch.Tensor]:
 
 
 def _names_device(args, kwargs) -> bool:
-    return kwargs.get("device") is not None or any(isinstance(a, (torch.device, str)) for a in args[1:2])
+    return (kwargs.get("device") is not None
+            or any(isinstance(a, (torch.device, str)) for a in args[1:2]))
 
 
 class SyncCounter(TorchFunctionMode):
-    """Counts, while active, each synchronisation point and device call under the phase that is open."""
+    """Counts, while active, each synchronisation point and device call under the phase that
+    is open."""
 
     def __init__(self, device: torch.device):
         super().__init__()
@@ -83,14 +89,16 @@ class SyncCounter(TorchFunctionMode):
         if func in READS_BACK:
             return None if self.host(args[0]) else "reads_back"
         if func in MOVES:
-            if not (func is torch.Tensor.cuda or _names_device(args, kwargs)) or not self.host(args[0]):
+            moved = func is torch.Tensor.cuda or _names_device(args, kwargs)
+            if not moved or not self.host(args[0]):
                 return None
             return "non_blocking_copies" if kwargs.get("non_blocking") else "copies_to_device"
         if func in MADE:
             return "copies_to_device" if kwargs.get("device") is not None else None
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and len(args) > 1:
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
-            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool and not self.host(i) for i in index):
+            if any(isinstance(i, torch.Tensor) and i.dtype == torch.bool and not self.host(i)
+                   for i in index):
                 return "masked_indexing"
         return None
 
@@ -101,10 +109,12 @@ class SyncCounter(TorchFunctionMode):
         if kind is not None:
             self.counts[self.phases[-1], kind] += 1
         out = func(*args, **kwargs)
-        if kind in COPIES and isinstance(out, torch.Tensor):  # a copy to CUDA casts on the host first: out's bytes
+        # a copy to CUDA casts on the host first: out's bytes
+        if kind in COPIES and isinstance(out, torch.Tensor):
             self.counts[self.phases[-1], "bytes_to_device"] += out.nbytes
         if func in MOVES and (func is torch.Tensor.cuda or _names_device(args, kwargs)):
-            # now the device's: on the CPU `.to` gives back the host tensor itself, so the device's is an alias of it
+            # now the device's: on the CPU `.to` gives back the host tensor itself, so the device's
+            # is an alias of it
             return out.view_as(out) if out is args[0] and self.device.type == "cpu" else out
         on_host = any(self.host(t) for t in tensors) if tensors else kwargs.get("device") is None
         if not on_host and getattr(func, "__name__", "") not in METADATA and func not in READS_BACK:
@@ -131,7 +141,8 @@ def counted(device: torch.device):
         counter.phases.pop()
         return leave(clock, *exc)
 
-    def host_array(array):  # an array's tensor is the host's (torch function modes do not see from_numpy)
+    # an array's tensor is the host's (torch function modes do not see from_numpy)
+    def host_array(array):
         t = from_numpy(array)
         setattr(t, HOST, True)
         return t
@@ -146,12 +157,13 @@ def counted(device: torch.device):
 
 def sweep_counts(questions: int = 60, device: str = "cpu", batch_size: int | None = None,
                  image_batch: int | None = None, folder: Path | None = None) -> dict:
-    """Per phase, each kind's count over one cold sweep of the demo's model (the engine warmed first), and the
-    phases' calls (question batches, prefix groups, ...)."""
+    """Per phase, each kind's count over one cold sweep of the demo's model (the engine warmed
+    first), and the phases' calls (question batches, prefix groups, ...)."""
     with tempfile.TemporaryDirectory(prefix="pope-fast-syncs-") as tmp:
         root = Path(folder or tmp)
         checkpoint, asked, images = demo_inputs(root, [], None, questions, None)
-        settings = Settings(device=device, batch_size=batch_size, image_batch=image_batch, max_new_tokens=6)
+        settings = Settings(device=device, batch_size=batch_size, image_batch=image_batch,
+                            max_new_tokens=6)
         engine = Engine.load(checkpoint, settings)
         engine.warmup()
         engine.reset(clear_cache=True)
@@ -161,23 +173,26 @@ def sweep_counts(questions: int = 60, device: str = "cpu", batch_size: int | Non
     phases = dict.fromkeys(p for p, _ in counter.counts)
     table = {p: {k: counter.counts[p, k] for k in (*KINDS, "calls")} for p in phases}
     table["sweep"] = {k: sum(row[k] for row in table.values()) for k in (*KINDS, "calls")}
-    return {"questions": len(asked), "settings": {k: settings.to_json()[k] for k in ("batch_size", "image_batch")},
+    return {"questions": len(asked),
+            "settings": {k: settings.to_json()[k] for k in ("batch_size", "image_batch")},
             "phases": table}
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--questions", type=int, default=60, help="the demo's built-in questions (6 an image)")
+    parser.add_argument("--questions", type=int, default=60,
+                        help="the demo's built-in questions (6 an image)")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--batch-size", type=int, default=None, help="default: the device's (engine/utils/budget.py)")
+    parser.add_argument("--batch-size", type=int, default=None,
+                        help="default: the device's (engine/utils/budget.py)")
     parser.add_argument("--image-batch", type=int, default=None, help="default: the device's")
     args = parser.parse_args(argv)
     report = sweep_counts(args.questions, args.device, args.batch_size, args.image_batch)
     s = report["settings"]
-    print(f"{report['questions']} demo questions on {args.device}, batch size {s['batch_size']}, image batch "
-          f"{s['image_batch']}: per sweep\n")
-    print("| phase | calls | reads back | copies to device | masked indexing | device calls | non-blocking copies "
-          "| bytes to device |\n|---|---|---|---|---|---|---|---|")
+    print(f"{report['questions']} demo questions on {args.device}, batch size {s['batch_size']}, "
+          f"image batch {s['image_batch']}: per sweep\n")
+    print("| phase | calls | reads back | copies to device | masked indexing | device calls "
+          "| non-blocking copies | bytes to device |\n|---|---|---|---|---|---|---|---|")
     for phase, row in report["phases"].items():
         print(f"| {phase} | {row['calls']} | {row['reads_back']} | {row['copies_to_device']} | "
               f"{row['masked_indexing']} | {row['device_calls']} | {row['non_blocking_copies']} | "
