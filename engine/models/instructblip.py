@@ -42,12 +42,13 @@ class InstructBlipModel(Family):
     family = "instructblip"
     name = "InstructBLIP"
     seed_model = "InstructBLIP-Vicuna-7B"
-    inner_types = {"text_config": ("llama",), "vision_config": ("instructblip_vision_model",)}  # Vicuna
+    # Vicuna
+    inner_types = {"text_config": ("llama",), "vision_config": ("instructblip_vision_model",)}
     default_template = "instructblip"
     image_marker = ""  # the image enters through the Q-Former, ahead of the text
     features_per_prompt = True
-    text_only_refusal = ("its language model reads the image through the Q-Former's query tokens, and "
-                         "InstructBlipForConditionalGeneration requires pixel_values")
+    text_only_refusal = ("its language model reads the image through the Q-Former's query tokens, "
+                         "and InstructBlipForConditionalGeneration requires pixel_values")
     own_aspect = "resizes every image to a square"
 
     def __init__(self, folder: Path, settings: Settings):
@@ -57,20 +58,25 @@ class InstructBlipModel(Family):
         self.config = cfg = self.auto_config()
         self.image_token_id = cfg.image_token_id
         self.num_queries = cfg.num_query_tokens
-        processor = self.shared(AutoProcessor, "processor files (tokenizer, qformer_tokenizer/, image processor)")
+        processor = self.shared(AutoProcessor,
+                                "processor files (tokenizer, qformer_tokenizer/, image processor)")
         self.tokenizer, self.qformer_tokenizer = processor.tokenizer, processor.qformer_tokenizer
         self.image_processor = processor.image_processor
         if self.tokenizer.convert_tokens_to_ids("<image>") != self.image_token_id:
-            raise CheckpointError(f"{folder}: the tokenizer has no <image> token with id {self.image_token_id}")
+            raise CheckpointError(f"{folder}: the tokenizer has no <image> token with id "
+                                  f"{self.image_token_id}")
         dims = DecoderDims.from_config(cfg.text_config)
         parts, vision, qformer = self._load(dims)
         # The cached ViT output depends on the tower's weights only; the Q-Former runs per prompt.
-        self.feature_fingerprint = self.fingerprint({f"vision.{k}": v for k, v in parts["vision"].items()})
+        self.feature_fingerprint = self.fingerprint({f"vision.{k}": v
+                                                     for k, v in parts["vision"].items()})
         load_module(vision, parts["vision"], folder, "vision tower")
         load_module(qformer, parts["qformer"], folder, "Q-Former")
         self.vision, self.qformer = self.borrowed(vision), self.borrowed(qformer)
-        # transformers keeps query_tokens in fp32 (_keep_in_fp32_modules) and casts where it is used.
-        self.query_tokens = parts["extra"]["query_tokens"].to(device=self.device, dtype=torch.float32)
+        # transformers keeps query_tokens in fp32 (_keep_in_fp32_modules) and casts where it
+        # is used.
+        self.query_tokens = parts["extra"]["query_tokens"].to(device=self.device,
+                                                              dtype=torch.float32)
         self.projector = self.linear(parts["projector"]["weight"], parts["projector"]["bias"])
         self.lm = self.language_model(dims, parts["lm"])
 
@@ -88,15 +94,18 @@ class InstructBlipModel(Family):
         expected.update({f"qformer.{k}": tuple(v.shape) for k, v in qformer.state_dict().items()})
         q_hidden = cfg.qformer_config.hidden_size
         expected.update({"extra.query_tokens": (1, self.num_queries, q_hidden),
-                         "projector.weight": (dims.hidden_size, q_hidden), "projector.bias": (dims.hidden_size,)})
+                         "projector.weight": (dims.hidden_size, q_hidden),
+                         "projector.bias": (dims.hidden_size,)})
         return load_grouped(self.folder, NAME_RULES, expected), vision, qformer
 
     def preprocess_settings(self) -> dict:
-        return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__}
+        return {"processor": self.image_processor.to_dict(),
+                "backend": type(self.image_processor).__name__}
 
     def preprocess(self, image: Image.Image) -> np.ndarray:
         """One image → pixel values [3, H, W] as the checkpoint's processor makes them."""
-        return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
+        out = self.image_processor(images=image, return_tensors="np")
+        return np.asarray(out["pixel_values"][0])
 
     def vision_tokens(self, pixels: np.ndarray) -> int:
         vision = self.config.vision_config
@@ -104,9 +113,10 @@ class InstructBlipModel(Family):
 
     @torch.inference_mode()
     def encode_images(self, pixels: list[np.ndarray]) -> list[torch.Tensor]:
-        """preprocess() outputs → the ViT's last hidden state [patches + 1, vision hidden] per image,
-        what the Q-Former cross-attends to."""
-        batch = torch.from_numpy(np.stack(pixels)).to(self.settings.torch_device, self.settings.torch_dtype)
+        """preprocess() outputs → the ViT's last hidden state [patches + 1, vision hidden] per
+        image, what the Q-Former cross-attends to."""
+        batch = torch.from_numpy(np.stack(pixels)).to(self.settings.torch_device,
+                                                      self.settings.torch_dtype)
         return list(self.vision(pixel_values=batch).last_hidden_state)
 
     @torch.inference_mode()
@@ -120,12 +130,15 @@ class InstructBlipModel(Family):
         device = self.settings.torch_device
         text = self.qformer_tokenizer(prompts, padding=True, return_tensors="pt").to(device)
         image = torch.stack([item.features for item in items for _ in item.prompts])
-        queries = self.query_tokens.expand(len(prompts), -1, -1)  # fp32, as transformers passes them
-        mask = torch.cat([torch.ones(queries.shape[:2], dtype=text["attention_mask"].dtype, device=device),
+        # fp32, as transformers passes them
+        queries = self.query_tokens.expand(len(prompts), -1, -1)
+        mask = torch.cat([torch.ones(queries.shape[:2], dtype=text["attention_mask"].dtype,
+                                     device=device),
                           text["attention_mask"]], dim=1)
         out = self.qformer(input_ids=text["input_ids"], attention_mask=mask, query_embeds=queries,
                            encoder_hidden_states=image,
-                           encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long, device=device))
+                           encoder_attention_mask=torch.ones(image.shape[:2], dtype=torch.long,
+                                                             device=device))
         query_output = out.last_hidden_state[:, : self.num_queries].to(self.settings.torch_dtype)
         features = list(self.projector(query_output))
         grouped, at = [], 0
@@ -141,15 +154,17 @@ class InstructBlipModel(Family):
 
     def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
         """The image tokens read the question, so no two prompts share a prefix: each runs whole."""
-        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), self.image_token_id,
-                               share_prefix=False)
+        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)),
+                               self.image_token_id, share_prefix=False)
 
     def vision_flops(self, counts: Counts) -> float:
-        """The ViT over every token, and the projection of the 32 queries per prompt (the Q-Former itself,
-        ~2% at 7B dims, is left out)."""
+        """The ViT over every token, and the projection of the 32 queries per prompt (the Q-Former
+        itself, ~2% at 7B dims, is left out)."""
         vc, h = self.config.vision_config, self.lm.dims.hidden_size
         d, layers = vc.hidden_size, len(self.vision.encoder.layers)
-        per_token = 2 * layers * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.patch_size**2 * d
-        return per_token * counts.vision_tokens + 2 * counts.prompts * self.num_queries \
-            * self.config.qformer_config.hidden_size * h
+        per_token = (2 * layers * (4 * d * d + 2 * d * vc.intermediate_size)
+                     + 2 * 3 * vc.patch_size**2 * d)
+        return (per_token * counts.vision_tokens + 2 * counts.prompts * self.num_queries
+                * self.config.qformer_config.hidden_size * h)
+
 

@@ -1,10 +1,12 @@
-"""LLaVA-1.5 (llava-hf `model_type: llava`): CLIP vision tower, two-layer projector, LLaMA language model.
+"""LLaVA-1.5 (llava-hf `model_type: llava`): CLIP vision tower, two-layer projector, LLaMA
+language model.
 
-The vision tower is transformers' own CLIP module (it runs once per image, and its output is cached);
-the projector and the language model are ours. Checkpoint names come in three spellings: llava-hf's
-original (`language_model.model.*`, `language_model.lm_head`, `vision_tower.vision_model.*`), the
-transformers 5 save format (`vision_tower.*` without `vision_model`), and the refactored one
-(`model.language_model.*`, `model.vision_tower.*`, `lm_head`); all map to the same parameters.
+The vision tower is transformers' own CLIP module (it runs once per image, and its output is
+cached); the projector and the language model are ours. Checkpoint names come in three spellings:
+llava-hf's original (`language_model.model.*`, `language_model.lm_head`,
+`vision_tower.vision_model.*`), the transformers 5 save format (`vision_tower.*` without
+`vision_model`), and the refactored one (`model.language_model.*`, `model.vision_tower.*`,
+`lm_head`); all map to the same parameters.
 """
 from __future__ import annotations
 
@@ -38,7 +40,8 @@ NAME_RULES = [
 
 def _activation(name: str):
     acts = {"gelu": F.gelu, "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-            "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu, "silu": F.silu}
+            "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "relu": F.relu,
+            "silu": F.silu}
     if name not in acts:
         raise CheckpointError(f"projector_hidden_act {name!r} is not supported")
     return acts[name]
@@ -50,15 +53,18 @@ class LlavaModel(Family):
     family = "llava"
     name = "LLaVA-1.5"
     seed_model = "LLaVA-1.5-7B"
-    inner_types = {"text_config": ("llama",), "vision_config": ("clip_vision_model",)}  # Vicuna, CLIP
+    # Vicuna, CLIP
+    inner_types = {"text_config": ("llama",), "vision_config": ("clip_vision_model",)}
     default_template = "llava_plain"
     image_marker = "<image>"
     own_aspect = None  # original LLaVA pads to square: Settings.image_aspect "pad" reproduces it
     name_rules = NAME_RULES
-    tower_class: ClassVar[str] = "CLIPVisionModel"  # the transformers vision tower the checkpoint's config builds
+    # the transformers vision tower the checkpoint's config builds
+    tower_class: ClassVar[str] = "CLIPVisionModel"
 
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
-        """Tensors outside the language model, vision tower and projector (named as after renaming)."""
+        """Tensors outside the language model, vision tower and projector (named as
+        after renaming)."""
         return {}
 
     def __init__(self, folder: Path, settings: Settings):
@@ -75,17 +81,21 @@ class LlavaModel(Family):
         self.tokenizer = self.shared(AutoTokenizer, "tokenizer files")
         marker_ids = self.tokenizer.encode(self.image_marker, add_special_tokens=False)
         if marker_ids != [self.image_token_id]:
-            raise CheckpointError(f"{folder}: the tokenizer has no {self.image_marker} token with id "
-                                  f"{self.image_token_id} (it encodes {self.image_marker!r} as {marker_ids})")
+            raise CheckpointError(f"{folder}: the tokenizer has no {self.image_marker} token with "
+                                  f"id {self.image_token_id} (it encodes {self.image_marker!r} as "
+                                  f"{marker_ids})")
         self.image_processor = self.pretrained(
-            AutoImageProcessor, "image processor config (preprocessor_config.json or processor_config.json)",
+            AutoImageProcessor,
+            "image processor config (preprocessor_config.json or processor_config.json)",
             **self.image_processor_kwargs())
         dims = self.text_dims(cfg.text_config)
         parts = self._load(dims)
         proj, extra = parts.get("projector", {}), parts.get("extra", {})
-        # The cached image features depend on exactly these weights (and the dtype and quantization).
+        # The cached image features depend on exactly these weights (and the dtype
+        # and quantization).
         self.feature_fingerprint = self.fingerprint(
-            {f"{group}.{k}": v for group in ("vision", "projector", "extra") for k, v in parts.get(group, {}).items()},
+            {f"{group}.{k}": v for group in ("vision", "projector", "extra")
+             for k, v in parts.get(group, {}).items()},
             feature_layer=self.feature_layer, select_strategy=self.select_strategy,
             grid_pinpoints=getattr(cfg, "image_grid_pinpoints", None))  # LLaVA-NeXT's packing
         self._vision_tower(parts.get("vision", {}))
@@ -101,8 +111,8 @@ class LlavaModel(Family):
         return DecoderDims.from_config(text_config)
 
     def _load(self, dims: DecoderDims) -> dict[str, dict[str, torch.Tensor]]:
-        """Every tensor of the checkpoint, grouped: lm, vision, projector, extra; a tied checkpoint reads
-        its logits off the embedding matrix."""
+        """Every tensor of the checkpoint, grouped: lm, vision, projector, extra; a tied checkpoint
+        reads its logits off the embedding matrix."""
         import transformers
 
         cfg = self.config
@@ -113,42 +123,46 @@ class LlavaModel(Family):
         proj_in, h = cfg.vision_config.hidden_size * n_layers, dims.hidden_size
         expected = {f"lm.{k}": s for k, s in dims.expected_shapes().items()}
         expected.update(vision_shapes)
-        expected.update({"projector.linear_1.weight": (h, proj_in), "projector.linear_2.weight": (h, h)})
+        expected.update({"projector.linear_1.weight": (h, proj_in),
+                         "projector.linear_2.weight": (h, h)})
         expected.update({f"extra.{k}": v for k, v in self.extra_shapes(h).items()})
         if cfg.multimodal_projector_bias:
             expected.update({"projector.linear_1.bias": (h,), "projector.linear_2.bias": (h,)})
         return self.load_parts(self.name_rules, expected)
 
     def _vision_tower(self, weights: dict[str, torch.Tensor]) -> None:
-        """The CLIP tower with its weights, cut after the last layer LLaVA reads: hidden_states[0] is the
-        embedding output, [i] the output of layer i, and LLaVA reads layer -2, so the tower's last layer
-        never reaches the model."""
+        """The CLIP tower with its weights, cut after the last layer LLaVA reads: hidden_states[0]
+        is the embedding output, [i] the output of layer i, and LLaVA reads layer -2, so the tower's
+        last layer never reaches the model."""
         load_module(self.vision, weights, self.folder, "vision tower")
         total = self.config.vision_config.num_hidden_layers
-        layers = [self.feature_layer] if isinstance(self.feature_layer, int) else list(self.feature_layer)
+        layers = ([self.feature_layer] if isinstance(self.feature_layer, int)
+                  else list(self.feature_layer))
         self.feature_states = [i if i >= 0 else total + 1 + i for i in layers]
         if not all(0 <= i <= total for i in self.feature_states):
-            raise CheckpointError(f"{self.folder}/config.json: vision_feature_layer {self.feature_layer} lies "
-                                  f"outside the tower's {total} layers")
+            raise CheckpointError(f"{self.folder}/config.json: vision_feature_layer "
+                                  f"{self.feature_layer} lies outside the tower's {total} layers")
         del self.vision.encoder.layers[max(self.feature_states):]
         self.vision = self.borrowed(self.vision)
 
     def preprocess_settings(self) -> dict:
         """What decides the pixels, for the vision cache key."""
-        # to_dict() names the PIL and torchvision backends alike; their pixels differ, so the class counts.
-        # Images with alpha reach the processor as they are (it composites them over white).
-        return {"processor": self.image_processor.to_dict(), "backend": type(self.image_processor).__name__,
+        # to_dict() names the PIL and torchvision backends alike; their pixels differ, so the class
+        # counts. Images with alpha reach the processor as they are (it composites them over white).
+        return {"processor": self.image_processor.to_dict(),
+                "backend": type(self.image_processor).__name__,
                 "image_aspect": self.settings.image_aspect, "alpha": "over white"}
 
     def preprocess(self, image: Image.Image) -> np.ndarray | CodedPixels:
-        """One image → pixel values [3, H, W] as the checkpoint's processor makes them (on the fast path as uint8
-        codes and their table, normalized on the device); `pad` first converts to RGB and pads to a square with
-        the mean colour, as original LLaVA does.
+        """One image → pixel values [3, H, W] as the checkpoint's processor makes them (on the
+        fast path as uint8 codes and their table, normalized on the device); `pad` first converts
+        to RGB and pads to a square with the mean colour, as original LLaVA does.
 
         NumPy (Family.preprocess)."""
         if self.settings.image_aspect == "pad":
             image = image.convert("RGB")
-            mean = tuple(int(c * 255) for c in self.image_processor.image_mean)  # LLaVA's expand2square truncates
+            # LLaVA's expand2square truncates
+            mean = tuple(int(c * 255) for c in self.image_processor.image_mean)
             side = max(image.size)
             square = Image.new("RGB", (side, side), mean)
             square.paste(image, ((side - image.width) // 2, (side - image.height) // 2))
@@ -165,10 +179,12 @@ class LlavaModel(Family):
         return checked_fast_path(fast, self._processor_pixels)
 
     def _processor_pixels(self, image: Image.Image) -> np.ndarray:
-        return np.asarray(self.image_processor(images=image, return_tensors="np")["pixel_values"][0])
+        out = self.image_processor(images=image, return_tensors="np")
+        return np.asarray(out["pixel_values"][0])
 
     def vision_tokens(self, pixels) -> int:
-        """Tokens one preprocess() output sends through the vision tower (patches + CLS per crop)."""
+        """Tokens one preprocess() output sends through the vision tower (patches + CLS
+        per crop)."""
         vision = self.config.vision_config
         return self.crops(pixels) * ((vision.image_size // vision.patch_size) ** 2 + 1)
 
@@ -177,13 +193,15 @@ class LlavaModel(Family):
 
     @torch.inference_mode()
     def encode_images(self, pixels: list[np.ndarray | CodedPixels]) -> list[torch.Tensor]:
-        """preprocess() outputs of N images → projected image features [T, hidden] per image, in the
-        model dtype; the images run as one vision batch."""
-        return list(self.project(pixels_on_device(pixels, self.settings.torch_device, self.settings.torch_dtype)))
+        """preprocess() outputs of N images → projected image features [T, hidden] per image, in
+        the model dtype; the images run as one vision batch."""
+        return list(self.project(pixels_on_device(pixels, self.settings.torch_device,
+                                                  self.settings.torch_dtype)))
 
     @torch.inference_mode()
     def project(self, pixels: torch.Tensor) -> torch.Tensor:
-        """pixels [N, 3, H, W] → the projected features of the layer(s) LLaVA reads [N, T, hidden]."""
+        """pixels [N, 3, H, W] → the projected features of the layer(s) LLaVA reads [N,
+        T, hidden]."""
         out = self.vision(pixels.to(self.settings.torch_device, self.settings.torch_dtype),
                           output_hidden_states=True)
         picked = [out.hidden_states[i] for i in self.feature_states]
@@ -199,12 +217,16 @@ class LlavaModel(Family):
 
     def layout(self, prompt: str, features: torch.Tensor) -> PromptLayout:
         """Every prompt of an image shares the tokens up to its last image token."""
-        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)), self.image_token_id)
+        return PromptLayout.of(self.prompt_ids(prompt, self.image_tokens(features)),
+                               self.image_token_id)
 
     def vision_flops(self, counts: Counts) -> float:
-        """The CLIP layers that run over every token they read, the patch embedding, the two-layer projector."""
+        """The CLIP layers that run over every token they read, the patch embedding, the
+        two-layer projector."""
         vc, h = self.config.vision_config, self.lm.dims.hidden_size
         d, layers = vc.hidden_size, len(self.vision.encoder.layers)
-        per_token = 2 * layers * (4 * d * d + 2 * d * vc.intermediate_size) + 2 * 3 * vc.patch_size**2 * d
+        per_token = (2 * layers * (4 * d * d + 2 * d * vc.intermediate_size)
+                     + 2 * 3 * vc.patch_size**2 * d)
+
         return (per_token + 2 * (d * h + h * h)) * counts.vision_tokens
 

@@ -3,10 +3,10 @@
 LLaVA-1.5's CLIP tower and projector, run over "anyres" tiles: the processor picks the resolution of
 `image_grid_pinpoints` that keeps most of the image, resizes and pads the image to it, and cuts it
 into tower-sized crops, plus one base view of the whole image. The features of the crops are laid
-back out as one grid, the padding is cut away again ("unpad"), and an `image_newline` embedding closes
-every row; the base view's features come first. So the number of image tokens follows each image's
-size (LLaVA-1.6-Mistral on COCO: ~1,900-2,900), and so do the prefix lengths; the engine batches
-prefixes of equal length and runs the rest as they come.
+back out as one grid, the padding is cut away again ("unpad"), and an `image_newline` embedding
+closes every row; the base view's features come first. So the number of image tokens follows each
+image's size (LLaVA-1.6-Mistral on COCO: ~1,900-2,900), and so do the prefix lengths; the engine
+batches prefixes of equal length and runs the rest as they come.
 
 The language model is the same LLaMA stack (Vicuna or Mistral: grouped KV heads, rope_theta 1e6).
 """
@@ -37,27 +37,31 @@ class LlavaNextModel(LlavaModel):
     default_template = "mistral_inst"
     own_aspect = "tiles every image its own way"
     name_rules = [(r"^(?:model\.)?image_newline$", "extra.image_newline"), *NAME_RULES]
-    packed_strategy: ClassVar[str] = "default"  # the select strategy that leaves side² patch features per crop
+    # the select strategy that leaves side² patch features per crop
+    packed_strategy: ClassVar[str] = "default"
 
     @classmethod
     def protocol_variants(cls) -> dict[str, dict]:
-        # its checkpoints carry a Mistral or a Vicuna (llama) language model, whose processors' templates differ
+        # its checkpoints carry a Mistral or a Vicuna (llama) language model, whose processors'
+        # templates differ
         return {"LLaVA-NeXT (Mistral)": {"text_config": {"model_type": "mistral"}},
                 "LLaVA-NeXT (Vicuna)": {"text_config": {"model_type": "llama"}}}
 
     def __init__(self, folder: Path, settings: Settings):
         super().__init__(folder, settings)
         if self.select_strategy != self.packed_strategy:
-            raise CheckpointError(f"{folder}/config.json: {self.name} packs a square grid of patch features per "
-                                  f"crop, which vision_feature_select_strategy {self.packed_strategy!r} leaves; "
-                                  f"{self.select_strategy!r} does not")
+            raise CheckpointError(f"{folder}/config.json: {self.name} packs a square grid of patch "
+                                  "features per crop, which vision_feature_select_strategy "
+                                  f"{self.packed_strategy!r} leaves; {self.select_strategy!r} "
+                                  "does not")
         vision = self.config.vision_config
         self.crop_size = vision.image_size  # pixels per crop side
         self.side = vision.image_size // vision.patch_size  # patch features per crop side
         self.pinpoints = [tuple(p) for p in self.config.image_grid_pinpoints or ()]
         if not self.pinpoints or any(len(p) != 2 or min(p) <= 0 for p in self.pinpoints):
-            raise CheckpointError(f"{self.folder}/config.json: image_grid_pinpoints {self.config.image_grid_pinpoints} "
-                                  "holds no grid of [height, width] to cut images to")
+            raise CheckpointError(f"{self.folder}/config.json: image_grid_pinpoints "
+                                  f"{self.config.image_grid_pinpoints} holds no grid of "
+                                  "[height, width] to cut images to")
         self.newline = self.extra["image_newline"]
 
     def extra_shapes(self, hidden_size: int) -> dict[str, tuple[int, ...]]:
@@ -76,12 +80,14 @@ class LlavaNextModel(LlavaModel):
     def _processor_pixels(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
         out = self.image_processor(images=image, return_tensors="np")
         height, width = (int(v) for v in out["image_sizes"][0])
-        # The model reads 1 + rows * cols crops (the processor also cuts partial ones where a pinpoint
-        # is not a multiple of the crop size); the processor's own pinpoints, as this runs at load.
+        # The model reads 1 + rows * cols crops (the processor also cuts partial ones where a
+        # pinpoint is not a multiple of the crop size); the processor's own pinpoints, as this runs
+        # at load.
         crop = self.image_processor.crop_size.height
-        best_height, best_width = select_best_resolution((height, width),
-                                                         [tuple(p) for p in self.image_processor.image_grid_pinpoints])
-        return np.asarray(out["pixel_values"][0][:1 + (best_height // crop) * (best_width // crop)]), (height, width)
+        pinpoints = [tuple(p) for p in self.image_processor.image_grid_pinpoints]
+        best_height, best_width = select_best_resolution((height, width), pinpoints)
+        crops = 1 + (best_height // crop) * (best_width // crop)
+        return np.asarray(out["pixel_values"][0][:crops]), (height, width)
 
     def _grid(self, height: int, width: int) -> tuple[int, int]:
         """Crops (rows, columns) of an image of this size: those of its best pinpoint resolution."""
@@ -93,15 +99,15 @@ class LlavaNextModel(LlavaModel):
 
     @torch.inference_mode()
     def encode_images(self, pixels: list[tuple[np.ndarray, tuple[int, int]]]) -> list[torch.Tensor]:
-        """preprocess() outputs → packed features [T_i, hidden] per image; every crop of every image
-        runs in one vision batch."""
+        """preprocess() outputs → packed features [T_i, hidden] per image; every crop of every
+        image runs in one vision batch."""
         counts = [crops.shape[0] for crops, _ in pixels]
         features = self.project(torch.from_numpy(np.concatenate([crops for crops, _ in pixels])))
         return [self._pack(f, size) for f, (_, size) in zip(features.split(counts), pixels)]
 
     def _pack(self, features: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
-        """features [crops, side², hidden] of one image → [base (side²) ; unpadded grid rows, each
-        closed by image_newline]."""
+        """features [crops, side², hidden] of one image → [base (side²) ; unpadded grid rows,
+        each closed by image_newline]."""
         base, tiles = features[0], features[1:]
         newline = self.newline.to(features.dtype)
         if not len(tiles):  # one crop only: the base view and a newline
@@ -115,7 +121,8 @@ class LlavaNextModel(LlavaModel):
         return torch.cat([base, grid.flatten(1).T])
 
     def _reduce(self, grid: torch.Tensor) -> torch.Tensor:
-        """The unpadded grid [hidden, H, W] as the language model reads it (LLaVA-NeXT: all of it)."""
+        """The unpadded grid [hidden, H, W] as the language model reads it (LLaVA-NeXT: all
+        of it)."""
         return grid
 
 
@@ -133,14 +140,15 @@ def _unpad(grid: torch.Tensor, height: int, width: int) -> torch.Tensor:
 
 
 class AnyresPixels:
-    """transformers' PIL-backend LLaVA-NeXT processor (the image resized to fit its best pinpoint resolution
-    and padded with zeros, cut into crops, after a base view resized to one crop) with the same values,
-    faster (bench/RESULTS.md): the same PIL resizes and the same zero padding, then one table lookup per
-    pixel as in ClipPixels, instead of a processor pass per crop (whose own resize and centre crop leave a
-    crop-sized crop unchanged). LlavaNextModel checks it against the processor at load, as LlavaModel does
-    ClipPixels."""
+    """transformers' PIL-backend LLaVA-NeXT processor (the image resized to fit its best pinpoint
+    resolution and padded with zeros, cut into crops, after a base view resized to one crop) with
+    the same values, faster (bench/RESULTS.md): the same PIL resizes and the same zero padding, then
+    one table lookup per pixel as in ClipPixels, instead of a processor pass per crop (whose own
+    resize and centre crop leave a crop-sized crop unchanged). LlavaNextModel checks it against the
+    processor at load, as LlavaModel does ClipPixels."""
 
-    def __init__(self, pinpoints: list[tuple[int, int]], crop: int, resample: int, rescale_factor: float, mean, std):
+    def __init__(self, pinpoints: list[tuple[int, int]], crop: int, resample: int,
+                 rescale_factor: float, mean, std):
         self.pinpoints, self.crop, self.resample = pinpoints, crop, resample
         self.lookup = normalize_table(rescale_factor, mean, std)
 
@@ -149,21 +157,24 @@ class AnyresPixels:
         if type(processor).__name__ != "LlavaNextImageProcessorPil":
             return None
         size, crop = processor.size, processor.crop_size
-        flags = (processor.do_resize, processor.do_center_crop, processor.do_rescale, processor.do_normalize,
-                 processor.do_convert_rgb)
+        flags = (processor.do_resize, processor.do_center_crop, processor.do_rescale,
+                 processor.do_normalize, processor.do_convert_rgb)
         # Per crop the processor resizes to the shortest edge and centre-crops: identities only when
         # both equal the crop size.
-        if not all(flags) or not size.shortest_edge or not (crop.height == crop.width == size.shortest_edge):
+        if (not all(flags) or not size.shortest_edge
+                or not (crop.height == crop.width == size.shortest_edge)):
             return None
         # transformers keeps only whole crops of a pinpoint that is not a multiple of the crop size
         if np.size(processor.image_mean) != 3 or any(h % crop.height or w % crop.height
                                                      for h, w in processor.image_grid_pinpoints):
             return None
-        return cls([tuple(p) for p in processor.image_grid_pinpoints], crop.height, int(processor.resample),
-                   processor.rescale_factor, processor.image_mean, processor.image_std)
+        return cls([tuple(p) for p in processor.image_grid_pinpoints], crop.height,
+                   int(processor.resample), processor.rescale_factor, processor.image_mean,
+                   processor.image_std)
 
     def __call__(self, image: Image.Image) -> tuple[np.ndarray, tuple[int, int]]:
-        """An image → (crops [1 + rows * cols, 3, crop, crop] float32, base view first; (height, width))."""
+        """An image → (crops [1 + rows * cols, 3, crop, crop] float32, base view first;
+        (height, width))."""
         image = to_rgb(image)
         width, height = image.size
         best_height, best_width = select_best_resolution((height, width), self.pinpoints)
@@ -180,5 +191,7 @@ class AnyresPixels:
         views = [np.asarray(image.resize((self.crop, self.crop), resample=self.resample))]
         views += [canvas[y:y + self.crop, x:x + self.crop] for y in range(0, best_height, self.crop)
                   for x in range(0, best_width, self.crop)]
-        crops = np.stack([np.stack([np.take(self.lookup[c], v[:, :, c]) for c in range(3)]) for v in views])
+        crops = np.stack([np.stack([np.take(self.lookup[c], v[:, :, c]) for c in range(3)])
+                          for v in views])
+
         return crops, (height, width)
