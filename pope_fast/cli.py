@@ -19,6 +19,7 @@ from .store import RunLock, repair_records
 BENCHMARKS = ["pope", "repope", *REGISTRY]
 
 PROTOCOL_HELP = "score under a published protocol: its answer rule and aggregation, and whether the run is its"
+FORMATS_HELP = "the files of each figure, comma-separated: png (the page embeds it), pdf, svg, column (a 3.3 in PDF)"
 RESAMPLES = dict(default=1000, show_default=True, type=click.IntRange(min=1), help="bootstrap resamples")
 
 
@@ -89,18 +90,15 @@ def compare(runs, fmt, seed, resamples, allow_mismatch, protocol, benchmark) -> 
 @click.option("--seed", default=0, show_default=True, help="bootstrap seed")
 @click.option("--resamples", **RESAMPLES)
 @click.option("--protocol", default=None, type=click.Choice(list(SCORING_PROTOCOLS)), help=PROTOCOL_HELP)
-def report(runs, out_dir, seed, resamples, protocol) -> None:
+@click.option("--formats", default="png,pdf,svg,column", show_default=True, help=FORMATS_HELP)
+def report(runs, out_dir, seed, resamples, protocol, formats) -> None:
     """Figures, F1 tables (markdown, LaTeX) and one self-contained report.html for runs, record files and
     paired folders (eval --method's OUT: its runs and a ΔF1 figure per pair of its compare.json)."""
-    import importlib.util
+    from .readout.report.page import write_report  # the report's modules load only for `report`
 
-    from .readout.report.figures import NO_MATPLOTLIB  # the report's modules load only for `report`
-    from .readout.report.page import write_report
-
-    if importlib.util.find_spec("matplotlib") is None:  # before any table is written
-        _fail(NO_MATPLOTLIB)
-    with _failures():
-        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples, protocol=protocol)
+    with _failures():  # no matplotlib, or a format that is none, refused before any table is written
+        page = write_report(list(runs), out_dir, seed=seed, resamples=resamples, protocol=protocol,
+                            formats=formats.split(","))
     click.echo(f"report in {page} (figures with their numbers as JSON, tables.md, tables.tex beside it)")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from types import SimpleNamespace
 
 import torch
 from click.testing import CliRunner
+from filelock import FileLock
 
 from pope_fast.cli import main
 from pope_fast.engine.synthetic import llava as llava_checkpoints
@@ -25,18 +27,32 @@ CLONE = Path(__file__).resolve().parents[1]
 
 
 def make_job(tmp_path_factory) -> SimpleNamespace:
-    """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them (root/single)."""
-    root = tmp_path_factory.mktemp("dist")
+    """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them (root/single): made
+    once a session for both modules of torchrun tests (8 s of CPU), under xdist by whichever worker comes first, in the
+    session's folder above the workers' own. Their tests write folders of their own names beside it."""
+    base = tmp_path_factory.getbasetemp()
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "torchrun-job"
+    with FileLock(f"{root}.lock"):
+        if not (root / "whole").is_file():  # a job cut short by a failure is made again
+            shutil.rmtree(root, ignore_errors=True)
+            _write_job(root)
+    return SimpleNamespace(root=root, args=_args(root))
+
+
+def _args(root: Path) -> list[str]:
+    return ["eval", "--model", str(root / "llava-tiny"), "--questions", str(root / "demo_pope.json"), "--split", "demo",
+            "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
+
+
+def _write_job(root: Path) -> None:
     checkpoint = llava_checkpoints.write_checkpoint(root / "llava-tiny", "tiny", dtype=torch.float32)
     questions = builtin_questions(36, "demo")
     write_question_file(root / "demo_pope.json", questions)
     write_images(root / "images", [q.image for q in questions])
-    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "demo_pope.json"), "--split", "demo",
-            "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
-    job = SimpleNamespace(root=root, args=args)
-    single = run_here(job, root / "single")
+    assert checkpoint == root / "llava-tiny"
+    single = run_here(SimpleNamespace(root=root, args=_args(root)), root / "single")
     assert single.returncode == 0, single.stderr
-    return job
+    (root / "whole").touch()
 
 
 # pope-fast's command with a fault injected from outside: rank FAULT_RANK's records writer raises (or, with

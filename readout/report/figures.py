@@ -2,7 +2,8 @@
 
 matplotlib (the `report` extra) is imported only here and only when a figure is drawn; figures are
 drawn on Agg canvases directly, never through pyplot's global state. Sizes are in pixels at DPI; each figure is
-saved as a PNG at SAVE_DPI and as PDF and SVG (vector, for a paper) beside it.
+saved as a PNG at SAVE_DPI and, as `report --formats` asks (both by default), as PDF and SVG (vector, for a paper)
+beside it.
 """
 from __future__ import annotations
 
@@ -13,8 +14,20 @@ from pathlib import Path
 DPI = 100
 SAVE_DPI = 200  # PNGs at twice the layout's pixels: sharp in print and on high-density screens
 VECTOR_FORMATS = ("pdf", "svg")
+# what `report --formats` may name: the PNG the page embeds, the vector formats, the one-column PDF (column.save)
+FIGURE_FORMATS = ("png", *VECTOR_FORMATS, "column")
 MISSING = "#d9d9d9"  # cells and bars with nothing to show: no answered question, a readout not supplied
 NO_MATPLOTLIB = 'pope-fast report draws with matplotlib, which is not installed: pip install -e ".[report]"'
+
+
+def check_formats(formats: list[str] | tuple[str, ...]) -> None:
+    """ValueError naming --formats' first format that is not a figure format, or its missing png."""
+    for fmt in formats:
+        if fmt not in FIGURE_FORMATS:
+            raise ValueError(f"--formats: {fmt!r} is not a figure format (any of {', '.join(FIGURE_FORMATS)}, "
+                             "comma-separated)")
+    if "png" not in formats:
+        raise ValueError("--formats must name png: the report's page embeds each figure's PNG")
 
 
 def new_figure(width_px: int, height_px: int):
@@ -351,11 +364,12 @@ def delta_f1(title: str, data: dict):
     return fig
 
 
-def save(fig, data: dict, path: Path) -> Path:
-    """path.png, path.pdf, path.svg and, beside them, path.json with the numbers drawn; returns the PNG's path."""
+def save(fig, data: dict, path: Path, vector: tuple[str, ...] = VECTOR_FORMATS) -> Path:
+    """path.png, path.pdf and path.svg (the `vector` formats) and, beside them, path.json with the numbers drawn;
+    returns the PNG's path. Each format draws the figure again: a format not asked for costs nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path.with_suffix(".png"), dpi=SAVE_DPI)
-    for fmt in VECTOR_FORMATS:
+    for fmt in vector:
         fig.savefig(path.with_suffix(f".{fmt}"), format=fmt, metadata={"Date": None} if fmt == "pdf" else None)
     path.with_suffix(".json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     return path.with_suffix(".png")

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import base64
 import html
+import importlib.util
 import json
 import os
 import re
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 from . import column as column_layout
@@ -100,17 +102,18 @@ def _slug(text: str) -> str:
 class Page:
     """The figures written so far and the HTML around them, numbered in the order they appear."""
 
-    def __init__(self, out: Path):
-        self.out, self.body, self.count = out, [], 0
+    def __init__(self, out: Path, formats: tuple[str, ...] = figures.FIGURE_FORMATS):
+        self.out, self.body, self.count, self.formats = out, [], 0, formats
 
     def add(self, fig, data: dict, path: Path, caption: str, column=None) -> None:
-        """The figure (PNG, PDF, SVG and its numbers) and, where given, its one-column layout (column.save)."""
-        png = figures.save(fig, data, path)
+        """The figure (its PNG, the vector formats of self.formats and its numbers) and, where given and "column" is
+        one of them, its one-column layout (`column` draws it; column.save), drawn only then."""
+        png = figures.save(fig, data, path, tuple(f for f in figures.VECTOR_FORMATS if f in self.formats))
         self.count += 1
         encoded = base64.b64encode(png.read_bytes()).decode("ascii")
         numbers = png.with_suffix(".json").relative_to(self.out).as_posix()
-        if column is not None:
-            narrow = column_layout.save(column, path).relative_to(self.out).as_posix()
+        if column is not None and "column" in self.formats:
+            narrow = column_layout.save(column(), path).relative_to(self.out).as_posix()
             caption += f" One column wide (3.3 in, 8 pt): {narrow}."
         width = max(480, round(fig.bbox.width))  # the caption wraps at the figure's width, or a readable one
         self.body.append(f'<figure id="figure-{self.count}" style="width:{width}px"><img alt="Figure {self.count}" '
@@ -209,7 +212,7 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
     page.body += map(_html_table, f1_tables(runs))
     data, caption = figure_data.f1_grid(runs)
     page.add(figures.f1_grid(data), data, page.out / "f1_models_readouts_splits", caption,
-             column_layout.f1_grid(data))
+             partial(column_layout.f1_grid, data))
     pairs = figure_data.paper_pairs(inputs.scored)
     if pairs:
         page.html('<h2>Two readouts of one answer position</h2>\n<div class="side">')
@@ -217,7 +220,7 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
         model = labels[run["source"]]
         page.add(figures.confusion_pair(titled(model, group_name(run)), data), data,
                  page.out / _slug(model) / f"two_readouts_{_slug(group_name(run))}", f"{model}: {caption}",
-                 column_layout.confusion(titled(model, group_name(run)), data, per_row=2))
+                 partial(column_layout.confusion, titled(model, group_name(run)), data, per_row=2))
     if pairs:
         page.html("</div>")
     if inputs.comparisons:
@@ -233,7 +236,7 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
         title = f"ΔF1 of {names[1]} against {names[0]}" + (" (MISMATCHED RUNS)" if pair["mismatches"] else "")
         path = page.out / f"compare-{_slug(where.parent.name)}" / f"delta_f1_{_slug(names[1])}_vs_{_slug(names[0])}"
         page.add(figures.delta_f1(title, data), data, path, caption + " Every ΔF1 panel of this page shares one "
-                 "scale.", column_layout.delta_f1(title, data))
+                 "scale.", partial(column_layout.delta_f1, title, data))
     if len(drawn) > 1:  # then one readout at a time, every pair in one figure
         page.html('</div>\n<h2>Every pair compared, one readout at a time</h2>\n<div class="side">')
         combined = [(f"{names[1]} vs {names[0]}", data) for _, _, names, data, _ in drawn]
@@ -241,7 +244,7 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
             data["axis_half_width"] = reach
             page.add(figures.delta_f1(f"ΔF1 under {readout}", data), data,
                      page.out / "compare-all" / f"delta_f1_{_slug(readout)}", caption,
-                     column_layout.delta_f1(f"ΔF1 under {readout}", data))
+                     partial(column_layout.delta_f1, f"ΔF1 under {readout}", data))
     if inputs.comparisons:
         page.html("</div>")
     for where, result, sources in inputs.comparisons:
@@ -284,7 +287,7 @@ def _run_section(page: Page, run: dict, records: RecordSet, model: str, seed: in
               "first_tokens": column_layout.first_tokens}
     for draw, (data, caption), name in drawn:
         page.add(draw(title, data), data, prefix.with_name(f"{prefix.name}_{name}"), f"{title}: {caption}",
-                 narrow[name](title, data) if name in narrow else None)
+                 partial(narrow[name], title, data) if name in narrow else None)
 
 
 def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str], protocol: str | None) -> list[dict]:
@@ -307,7 +310,7 @@ def _benchmark_sections(page: "Page", inputs: Inputs, labels: dict[str, str], pr
         if data["bars"]:
             page.add(figures.benchmark_bars(f"{model}: {data['metric']}", data), data,
                      page.out / _slug(model) / f"{benchmark.name}_headline", f"{model}: {caption}",
-                     column_layout.benchmark_bars(f"{model}: {data['metric']}", data))
+                     partial(column_layout.benchmark_bars, f"{model}: {data['metric']}", data))
     return results
 
 
@@ -340,10 +343,13 @@ def _protocol_section(page: "Page", out: Path, inputs: Inputs, protocol) -> None
 
 
 def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0, resamples: int = 1000,
-                 protocol: str | None = None) -> Path:
-    """Figures (PNG, each with its numbers as JSON), tables.md, tables.tex and report.html in out_dir;
-    returns the HTML page's path. With a published `protocol`, the page leads with each run's numbers as
-    that tool prints them and what keeps them from being its own (also as protocol.json)."""
+                 protocol: str | None = None, formats: list[str] | tuple[str, ...] = figures.FIGURE_FORMATS) -> Path:
+    """Figures (PNG, each with its numbers as JSON, and the other `formats`: figures.FIGURE_FORMATS), tables.md,
+    tables.tex and report.html in out_dir; returns the HTML page's path. With a published `protocol`, the page leads
+    with each run's numbers as that tool prints them and what keeps them from being its own (also as protocol.json)."""
+    if importlib.util.find_spec("matplotlib") is None:  # before any table is written
+        raise ValueError(figures.NO_MATPLOTLIB)
+    figures.check_formats(formats)
     out = Path(out_dir)
     inputs = read_inputs(paths, seed=seed, resamples=resamples)
     labels = model_labels(list(inputs.metas))
@@ -362,7 +368,7 @@ def write_report(paths: list[str | Path], out_dir: str | Path, *, seed: int = 0,
                                    encoding="utf-8")
     (out / "tables.tex").write_text(format_f1_tables(runs, "latex") + "\n", encoding="utf-8")
     title = _title(benchmarks, bool(pope.scored))
-    page = Page(out)
+    page = Page(out, tuple(formats))
     page.html(f"<h1>{html.escape(title)}</h1>")
     page.html(_header(inputs, labels, seed, resamples, out))
     if benchmarks:  # a benchmark's own numbers lead; POPE's yes-positive F1 is shown for POPE's runs only

@@ -50,7 +50,7 @@ def test_eval_score_compare_report_and_resume(job):
     assert pair["method_b"]["name"] == "vcd"
     assert "dynamic_single" in _invoke("score", out / "none")
     assert "ΔF1" in _invoke("compare", out / "none", out / "vcd")
-    _invoke("report", out, "--out", root / "report")
+    _invoke("report", out, "--out", root / "report", "--formats", "png")
     assert (root / "report/report.html").is_file()
 
     records = out / "none/records.jsonl"

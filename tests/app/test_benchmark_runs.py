@@ -79,7 +79,8 @@ def test_amber_end_to_end(checkpoint, tmp_path):
                                    for e, d in zip(answered, predictions(records, "template_aware", answered))])
     assert scored["readouts"]["template_aware"] == expected
     # report: the benchmark's numbers and its headline figure, from the same scores
-    result = CliRunner().invoke(main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")])
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report"),
+                                       "--formats", "png,column"])  # the headline's one-column layout too
     assert result.exit_code == 0, result.output
     bars = json.loads((tmp_path / "report/run/amber_headline.json").read_text())
     accuracy = "Descriminative Task/Accuracy"
@@ -188,7 +189,8 @@ def test_hallusionbench_end_to_end(checkpoint, tmp_path, monkeypatch):
     scored = json.loads(CliRunner().invoke(main, ["score", str(tmp_path / "run"), "--format", "json"]).output)["runs"][0]
     assert scored["n"] == 4 and scored["errors"] == 0
     # report: VLMEvalKit's score-file rows (its 3 image questions) as score prints them
-    assert CliRunner().invoke(main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report")]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", str(tmp_path / "run"), "--out", str(tmp_path / "report"),
+                                     "--formats", "png"]).exit_code == 0
     page = (tmp_path / "report/report.html").read_text()
     shown = [f"| {r['split']} |" for r in scored["rules"]["vlmevalkit"]["rows"]]
     assert shown == ["| Overall |", "| VD |", "| VS |", "| VD_illusion |", "| VS_chart |"]
@@ -313,7 +315,7 @@ def test_report_of_a_benchmark_leads_with_its_own_metrics(checkpoint, tmp_path):
     data, images = _amber(tmp_path)
     _eval(checkpoint, data, images, tmp_path / "paired", "--method", "none", "--method", "pai")
     out = tmp_path / "report"
-    result = CliRunner().invoke(main, ["report", str(tmp_path / "paired"), "--out", str(out)])
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "paired"), "--out", str(out), "--formats", "png"])
     assert result.exit_code == 0, result.output
     page = (out / "report.html").read_text()
     assert "<title>AMBER (discriminative): pope-fast report</title>" in page and "<pre>" not in page
@@ -324,7 +326,7 @@ def test_report_of_a_benchmark_leads_with_its_own_metrics(checkpoint, tmp_path):
     results = json.loads((out / "benchmarks.json").read_text())["runs"]
     assert [r["benchmark"] for r in results] == ["amber", "amber"] and len(results[0]["rules"]) > 1
     chosen = CliRunner().invoke(main, ["report", str(tmp_path / "paired"), "--out", str(tmp_path / "r2"),
-                                       "--protocol", "vlmevalkit"])
+                                       "--protocol", "vlmevalkit", "--formats", "png"])
     assert chosen.exit_code == 0, chosen.output
     chosen_runs = json.loads((tmp_path / "r2/benchmarks.json").read_text())["runs"]
     assert all(set(r["rules"]) | set(r["unavailable"]) == {"vlmevalkit"} and not r["readouts"] for r in chosen_runs)

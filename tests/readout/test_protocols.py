@@ -387,7 +387,7 @@ def test_compare_and_report_under_a_protocol(llava, tmp_path):
     assert shown.count("vlmevalkit: VLMEvalKit's POPE") == 2 and "| yorn |" in shown
     pytest.importorskip("matplotlib")
     result = CliRunner().invoke(main, ["report", str(root / "lmms"), "--out", str(tmp_path / "rep"),
-                                       "--protocol", "lmms-eval"])
+                                       "--protocol", "lmms-eval", "--formats", "png"])
     assert result.exit_code == 0, result.output
     page = (tmp_path / "rep/report.html").read_text()
     assert "Under lmms-eval: lmms-eval&#x27;s POPE task" in page and "pope_f1_score" in page

@@ -56,12 +56,27 @@ def test_tables_md_holds_each_dataset_and_split_and_their_average(tmp_path):
     table and its average row. One readout: the rows are the datasets' and splits' whatever the readouts."""
     run = _write_run(tmp_path / "run", 1, groups=(("gqa", "random"), ("coco", "random")),
                      sets={"legacy_2tok": SETS["legacy_2tok"]}, texts=False)
-    result = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "report"), "--resamples", "20"])
+    result = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "report"), "--resamples", "20",
+                                       "--formats", "png"])
     assert result.exit_code == 0, result.output
     tables = (tmp_path / "report/tables.md").read_text()
     block = tables[tables.index("by dataset and split"):].splitlines()
     assert [line.split(" | ")[:2] for line in block[3:]] == [["| coco", "random"], ["| gqa", "random"],
                                                               ["| average", "2 rows"]]
+    # --formats png: each figure's PNG and numbers alone, and no caption names a one-column PDF
+    written = {p.suffix for p in (tmp_path / "report").rglob("*") if p.is_file()}
+    assert written == {".png", ".json", ".md", ".tex", ".html"}
+    assert "One column wide" not in (tmp_path / "report/report.html").read_text()
+
+
+def test_formats_without_png_or_with_an_unknown_one_are_refused_before_anything_is_written(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for formats, line in (("pdf,svg", "--formats must name png: the report's page embeds each figure's PNG"),
+                          ("png,jpg", "--formats: 'jpg' is not a figure format (any of png, pdf, svg, column, ")):
+        result = CliRunner().invoke(main, ["report", str(run), "--out", str(tmp_path / "r"), "--formats", formats])
+        assert result.exit_code == 1 and line in result.output, result.output
+        assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.slow
@@ -72,7 +87,7 @@ def test_report_on_two_runs(tmp_path):
     stopped = json.loads((runs[1] / "meta.json").read_text())  # llava-b stopped 6 questions short of its random split
     write_meta(runs[1], {**stopped, "questions": {"coco/random": 30, "coco/adversarial": 24}})
     out = tmp_path / "report"
-    result = CliRunner().invoke(main, ["report", *map(str, runs), "--out", str(out)])
+    result = CliRunner().invoke(main, ["report", *map(str, runs), "--out", str(out), "--formats", "png,pdf,svg"])
     assert result.exit_code == 0, result.output
     score = json.loads(CliRunner().invoke(main, ["score", *map(str, runs), "--format", "json"]).output)["runs"]
     assert len(score) == 2 * 3 and json.loads((out / "scores.json").read_text())["runs"] == score
@@ -269,7 +284,7 @@ def test_report_draws_the_probe_by_outcome(tmp_path):
     with RecordWriter(folder) as w:
         w.write(records)
     out = tmp_path / "report"
-    result = CliRunner().invoke(main, ["report", str(folder), "--out", str(out)])
+    result = CliRunner().invoke(main, ["report", str(folder), "--out", str(out), "--formats", "png,column"])
     assert result.exit_code == 0, result.output
     [run] = json.loads(CliRunner().invoke(main, ["score", str(folder), "--format", "json"]).output)["runs"]
     data = json.loads((out / "probed" / "coco-adversarial_image_attention.json").read_text())
@@ -313,7 +328,8 @@ def test_report_names_what_made_each_run_and_captions_every_figure(tmp_path):
     (made / "meta.json").write_text(json.dumps({**meta, **META, "command": command}))
     older = _write_run(tmp_path / "older", 2, groups=(("coco", "adversarial"),), sets=pair, texts=False)
     out = tmp_path / "report"
-    assert CliRunner().invoke(main, ["report", str(made), str(older), "--out", str(out)]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", str(made), str(older), "--out", str(out),
+                                     "--formats", "png"]).exit_code == 0
     page = (out / "report.html").read_text()
     header = re.search(r'<table class="runs"><thead><tr>(.*?)</tr></thead><tbody>(.*?)</tbody>', page)
     assert re.findall(r"<th>(.*?)</th>", header[1]) == ["run", "model", "family", "template", "method", "dtype",
@@ -356,7 +372,8 @@ def test_first_token_bars_are_labelled_with_token_strings(tmp_path):
     older = _write_run(tmp_path / "older", 1, groups=(("coco", "random"),), sets={"legacy_2tok": SETS["legacy_2tok"]},
                        texts=False)
     out = tmp_path / "report"
-    assert CliRunner().invoke(main, ["report", str(run), str(older), "--out", str(out)]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", str(run), str(older), "--out", str(out),
+                                     "--formats", "png"]).exit_code == 0
     data = json.loads((out / "run" / "coco-random_first_tokens.json").read_text())
     assert {t["id"]: t["token"] for t in data["tokens"]} == {int(i): s for i, s in strings.items()} | {29871: None}
     fig = figures.first_tokens("t", data)
@@ -378,6 +395,10 @@ def test_demo_report_labels_first_tokens_with_the_engines_strings(tmp_path):
     assert CliRunner().invoke(main, ["report", str(tmp_path / "demo"), "--out", str(tmp_path / "r")]).exit_code == 0
     tokens = json.loads((tmp_path / "r" / "demo" / "demo_first_tokens.json").read_text())["tokens"]
     assert {str(t["id"]): t["token"] for t in tokens if t["token"] is not None} == meta["token_strings"]
+    pngs = sorted((tmp_path / "r").rglob("*.png"))  # every format by default: the vector copies, the column layout
+    assert pngs and all(p.with_suffix(".pdf").is_file() and p.with_suffix(".svg").is_file()
+                        and p.with_name(p.stem + ".column.pdf").is_file() for p in pngs)
+    assert (tmp_path / "r/report.html").read_text().count("One column wide (3.3 in, 8 pt)") == len(pngs)
 
 
 @pytest.mark.slow
@@ -399,7 +420,7 @@ def test_yes_rate_marks_readouts_and_splits_with_no_answered_question(tmp_path):
     with RecordWriter(folder) as w:
         w.write(records)
     out = tmp_path / "report"
-    assert CliRunner().invoke(main, ["report", str(folder), "--out", str(out)]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", str(folder), "--out", str(out), "--formats", "png"]).exit_code == 0
     answered = json.loads((out / "run" / "coco-random_yes_rate.json").read_text())
     assert answered["label_yes_rate"] == 4 / 12
     assert answered["readouts"]["first_token"] == {"yes_rate": None, "yes_rate_all": 0.0, "answered": 0,
@@ -438,7 +459,7 @@ def test_report_of_a_paired_folder_draws_delta_f1_from_compare_json(tmp_path):
     moved.parent.mkdir()
     written.rename(moved)
     out = tmp_path / "report"
-    result = CliRunner().invoke(main, ["report", str(moved), "--out", str(out)])
+    result = CliRunner().invoke(main, ["report", str(moved), "--out", str(out), "--formats", "png,column"])
     assert result.exit_code == 0, result.output
     data = json.loads((out / "compare-methods" / "delta_f1_vcd_vs_none.json").read_text())
     [pair] = saved["pairs"]
@@ -508,7 +529,8 @@ def test_grid_and_the_papers_pair_across_unlike_sources(tmp_path, shared):
     run = _write_run(tmp_path / "llava-a", 1, sets=pair, texts=False)   # coco random, then coco adversarial
     published = shared / "fixtures" / "ugaa_pope_adversarial_2tok_vs_8tok_first600.json"
     out = tmp_path / "report"
-    assert CliRunner().invoke(main, ["report", str(run), str(published), "--out", str(out)]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", str(run), str(published), "--out", str(out),
+                                     "--formats", "png"]).exit_code == 0
     grid = json.loads((out / "f1_models_readouts_splits.json").read_text())
     assert grid["groups"] == ["coco random", "coco adversarial", "coco Overall", "adversarial"]
     assert grid["models"] == ["llava-a", published.stem]
@@ -559,7 +581,8 @@ def test_every_pair_under_one_readout_in_one_figure_on_one_scale(tmp_path):
     random = (("coco", "random"),)
     first, second = _paired(tmp_path / "one", (1, 3), random), _paired(tmp_path / "two", (1, 5), random)
     out = tmp_path / "report"
-    assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out)]).exit_code == 0
+    assert CliRunner().invoke(main, ["report", str(first), str(second), "--out", str(out),
+                                     "--formats", "png,column"]).exit_code == 0
     drawn = [json.loads(p.read_text()) for p in sorted(out.glob("compare-*/delta_f1_*.json"))
              if p.parent.name != "compare-all"]  # the pairs' own figures, not the per-readout ones
     assert len(drawn) == 2
@@ -577,6 +600,7 @@ def test_every_pair_under_one_readout_in_one_figure_on_one_scale(tmp_path):
     assert combined["axis_half_width"] == next(iter(own.values()))["axis_half_width"]
     assert len(list((out / "compare-all").glob("*.png"))) == len(next(iter(own.values()))["readouts"])
     _column_layouts_are_legible(out)  # the same report's figures, one column wide
+    assert not list(out.rglob("*.svg")) and all(p.name.endswith(".column.pdf") for p in out.rglob("*.pdf"))
 
 
 @pytest.mark.parametrize("reach", [0.33, 0.0733, 0.8, 1e-3, 0.021])
