@@ -1,11 +1,12 @@
-"""Built-in data and the machinery of random checkpoints, so the main job, the benchmark and the tests
-run on a fresh machine with nothing downloaded: deterministic synthetic images, POPE-shaped question
-sets, word-level stand-in tokenizers, and the writers of random checkpoints (a transformers class saved
-with random weights, or random tensors streamed shard by shard).
+"""Built-in data and the machinery of random checkpoints, so the main job, the benchmark and the
+tests run on a fresh machine with nothing downloaded: deterministic synthetic images, POPE-shaped
+question sets, word-level stand-in tokenizers, and the writers of random checkpoints (a
+transformers class saved with random weights, or random tensors streamed shard by shard).
 
 Each family's random checkpoints live in this package's module of its model_type (llava.py for
-`llava`, ...): SIZES, the shapes by name ("tiny", and "7b" for the seed model's), and write_checkpoint;
-`family_checkpoints` finds that module by the convention, importing it only when it is asked for."""
+`llava`, ...): SIZES, the shapes by name ("tiny", and "7b" for the seed model's), and
+write_checkpoint; `family_checkpoints` finds that module by the convention, importing it only
+when it is asked for."""
 from __future__ import annotations
 
 import hashlib
@@ -21,35 +22,42 @@ from PIL import Image
 from ...readout.data import Question
 
 COCO_CATEGORIES = tuple(w.replace("_", " ") for w in (
-    "person bicycle car motorcycle airplane bus train truck boat traffic_light fire_hydrant stop_sign "
-    "parking_meter bench bird cat dog horse sheep cow elephant bear zebra giraffe backpack umbrella handbag tie "
-    "suitcase frisbee skis snowboard sports_ball kite baseball_bat baseball_glove skateboard surfboard "
-    "tennis_racket bottle wine_glass cup fork knife spoon bowl banana apple sandwich orange broccoli carrot "
-    "hot_dog pizza donut cake chair couch potted_plant bed dining_table toilet tv laptop mouse remote keyboard "
-    "cell_phone microwave oven toaster sink refrigerator book clock vase scissors teddy_bear hair_drier toothbrush"
+    "person bicycle car motorcycle airplane bus train truck boat traffic_light fire_hydrant "
+    "stop_sign parking_meter bench bird cat dog horse sheep cow elephant bear zebra giraffe "
+    "backpack umbrella handbag tie suitcase frisbee skis snowboard sports_ball kite baseball_bat "
+    "baseball_glove skateboard surfboard tennis_racket bottle wine_glass cup fork knife spoon bowl "
+    "banana apple sandwich orange broccoli carrot hot_dog pizza donut cake chair couch "
+    "potted_plant bed dining_table toilet tv laptop mouse remote keyboard cell_phone microwave "
+    "oven toaster sink refrigerator book clock vase scissors teddy_bear hair_drier toothbrush"
 ).split())
 
 # The language model most seed families share: LLaMA-2-7B / Vicuna-7B, and the tiny widths of the
 # random checkpoints that stand for it (vocabulary padded to 32,064 rows as llava-hf's).
-LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-                num_key_value_heads=32, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)
-LLAMA_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=4, vocab_size=32064, rms_norm_eps=1e-5, max_position_embeddings=4096)
+LLAMA_7B = dict(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                num_attention_heads=32, num_key_value_heads=32, vocab_size=32064,
+                rms_norm_eps=1e-5, max_position_embeddings=4096)
+LLAMA_TINY = dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=4, vocab_size=32064,
+                  rms_norm_eps=1e-5, max_position_embeddings=4096)
 
 
-# Random checkpoints of models the engine has no family for, which the transformers backend runs (its tests, and
-# bench --models NAME): one module each, named as the families' are (BLIP-2's model_type is "blip-2").
+# Random checkpoints of models the engine has no family for, which the transformers backend runs
+# (its tests, and bench --models NAME): one module each, named as the families' are (BLIP-2's
+# model_type is "blip-2").
 REFERENCE_ONLY = ("mllama", "paligemma", "blip2", "glm4v", "llava_onevision1_5", "ovis2_5")
 
 
 def family_checkpoints(model_type: str):
-    """The module of a family's random checkpoints: engine/synthetic/<model_type>.py (SIZES, write_checkpoint)."""
+    """The module of a family's random checkpoints: engine/synthetic/<model_type>.py (SIZES,
+    write_checkpoint)."""
     return importlib.import_module(f"{__package__}.{model_type}")
 
 
-def write_checkpoint(model_type: str, folder: Path, dims: str | dict = "tiny", **kwargs) -> Path:
-    """A random-weight checkpoint of the family of model_type: dims a SIZES name or a dict of the same shape;
-    keyword arguments are the family writer's (tokenizer_dir, weights) or Weights fields."""
+def write_checkpoint(model_type: str, folder: Path, dims: str | dict = "tiny",
+                     **kwargs) -> Path:
+    """A random-weight checkpoint of the family of model_type: dims a SIZES name or a dict of the
+    same shape; keyword arguments are the family writer's (tokenizer_dir, weights) or Weights
+    fields."""
     return family_checkpoints(model_type).write_checkpoint(folder, dims, **kwargs)
 
 
@@ -62,7 +70,8 @@ def synthetic_image(seed: int, size: tuple[int, int] = (640, 480)) -> Image.Imag
     rng = np.random.default_rng(seed)
     w, h = size
     y, x = np.mgrid[0:h, 0:w]
-    base = np.stack([(x * (seed % 7 + 1)) % 256, (y * 3 + seed * 17) % 256, ((x + y) * 2) % 256], axis=-1)
+    base = np.stack([(x * (seed % 7 + 1)) % 256, (y * 3 + seed * 17) % 256, ((x + y) * 2) % 256],
+                    axis=-1)
     noise = rng.integers(0, 60, size=(h, w, 3))
     return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8))
 
@@ -75,21 +84,24 @@ def image_for_name(name: str) -> Image.Image:
 
 
 def write_images(folder: Path, names) -> Path:
-    """A synthetic stand-in for each image name, in the name's own sub-folders (HallusionBench's `VS/chart/0_1.png`);
-    none for a question asked without an image (no name), nor for a name that is no path inside the folder (an
-    absolute one, or one climbing out with '..'), which the run then refuses naming its question."""
+    """A synthetic stand-in for each image name, in the name's own sub-folders (HallusionBench's
+    `VS/chart/0_1.png`); none for a question asked without an image (no name), nor for a name that
+    is no path inside the folder (an absolute one, or one climbing out with '..'), which the run
+    then refuses naming its question."""
     folder.mkdir(parents=True, exist_ok=True)
     for name in dict.fromkeys(names):
         path = Path(name)
         if not name or path.is_absolute() or ".." in path.parts or (folder / name).is_file():
             continue
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        image_for_name(name).save(folder / name, format="PNG" if name.endswith(".png") else "JPEG", quality=90)
+        image_for_name(name).save(folder / name, format="PNG" if name.endswith(".png") else "JPEG",
+                                  quality=90)
     return folder
 
 
 def builtin_questions(n_questions: int, split: str = "synthetic") -> list[Question]:
-    """POPE-shaped: n/6 images × 6 questions 'Is there a/an <COCO category> in the image?', alternating yes/no."""
+    """POPE-shaped: n/6 images × 6 questions 'Is there a/an <COCO category> in the image?',
+    alternating yes/no."""
     questions = []
     for i in range(n_questions):
         image, j = divmod(i, 6)
@@ -101,26 +113,29 @@ def builtin_questions(n_questions: int, split: str = "synthetic") -> list[Questi
 
 
 def write_question_file(path: Path, questions: list[Question]) -> Path:
-    path.write_text("".join(json.dumps({"question_id": q.question_id, "image": q.image, "text": q.text,
-                                        "label": q.label}) + "\n" for q in questions))
+    path.write_text("".join(json.dumps({"question_id": q.question_id, "image": q.image,
+                                        "text": q.text, "label": q.label}) + "\n"
+                            for q in questions))
     return path
 
 
 def builtin_tokenizer(folder: Path):
-    """A word-level LLaMA-like tokenizer (<unk>=0, <s>=1, </s>=2, words, then <image>, <pad>) built with
-    the `tokenizers` library, for machines without a real tokenizer."""
+    """A word-level LLaMA-like tokenizer (<unk>=0, <s>=1, </s>=2, words, then <image>, <pad>) built
+    with the `tokenizers` library, for machines without a real tokenizer."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
-        "USER ASSISTANT : ? . , Answer answer yes no Yes No only or the question using a an single word phrase "
-        "Is is there There in image not A chat between curious human and artificial intelligence assistant The "
-        "gives helpful detailed polite answers to human's questions".split())
+        "USER ASSISTANT : ? . , Answer answer yes no Yes No only or the question using a an single "
+        "word phrase Is is there There in image not A chat between curious human and artificial "
+        "intelligence assistant The gives helpful detailed polite answers to human's questions"
+        .split())
     vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate(sorted(words))}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 1)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>")
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
     fast.add_tokens(["<image>"], special_tokens=True)
     fast.add_special_tokens({"pad_token": "<pad>"})
     fast.save_pretrained(str(folder))
@@ -128,38 +143,42 @@ def builtin_tokenizer(folder: Path):
 
 
 def builtin_chat_tokenizer(specials: list[str], *, eos: str, pad: str, bos: str | None = None,
-                           chat_template: str | None = None, named: dict[str, str] | None = None):
-    """A word-level stand-in for the tokenizer of a model the engine has no family for (the transformers backend's
-    checkpoints): COCO's words and the prompts', then `specials` (its image, turn and padding tokens), BOS
-    prepended where it has one, its chat template's shape where it has one, and `named` special tokens as
-    attributes (tokenizer_config.json's extra_special_tokens, which processors read the image tokens from).
-    Returned unsaved: its processor saves it."""
+                           chat_template: str | None = None,
+                           named: dict[str, str] | None = None):
+    """A word-level stand-in for the tokenizer of a model the engine has no family for (the
+    transformers backend's checkpoints): COCO's words and the prompts', then `specials` (its
+    image, turn and padding tokens), BOS prepended where it has one, its chat template's shape
+    where it has one, and `named` special tokens as attributes (tokenizer_config.json's
+    extra_special_tokens, which processors read the image tokens from). Returned unsaved: its
+    processor saves it."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
     words = {w for c in COCO_CATEGORIES for w in c.split()} | set(
-        "system user assistant User Assistant Question Answer answer : ? . , yes no Yes No only or Is is there in "
-        "the image a an en".split())
+        "system user assistant User Assistant Question Answer answer : ? . , yes no Yes No only or "
+        "Is is there in the image a an en".split())
     vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(sorted(words))}}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.add_special_tokens(list(dict.fromkeys([*([bos] if bos else []), eos, pad, *specials])))
     if bos:
-        tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
-                                                           special_tokens=[(bos, tok.token_to_id(bos))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token=bos, eos_token=eos, pad_token=pad,
-                                   extra_special_tokens=named)
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", special_tokens=[(bos, tok.token_to_id(bos))])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token=bos,
+                                   eos_token=eos, pad_token=pad, extra_special_tokens=named)
     if chat_template:
         fast.chat_template = chat_template
     return fast
 
 
 def stand_in_only(tokenizer_dir: Path | None, module: str) -> None:
-    """The transformers backend's random checkpoints take their built-in tokenizer alone: a real one lacks the
-    stand-in vocabulary's sizes and the processor's special tokens, which the writer sets together."""
+    """The transformers backend's random checkpoints take their built-in tokenizer alone: a real
+    one lacks the stand-in vocabulary's sizes and the processor's special tokens, which the writer
+    sets together."""
     if tokenizer_dir is not None:
-        raise ValueError(f"--tokenizer {tokenizer_dir}: {module.rpartition('.')[2]}'s random checkpoints use their "
-                         "built-in stand-in tokenizer (give a real checkpoint with --model NAME=DIR instead)")
+        raise ValueError(f"--tokenizer {tokenizer_dir}: {module.rpartition('.')[2]}'s random "
+                         "checkpoints use their built-in stand-in tokenizer (give a real "
+                         "checkpoint with --model NAME=DIR instead)")
 
 
 def builtin_bert_tokenizer(folder: Path):
@@ -175,16 +194,17 @@ def builtin_bert_tokenizer(folder: Path):
     tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tok.normalizer = normalizers.Lowercase()
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2),
-                                                                                             ("[SEP]", 3)])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]", pad_token="[PAD]",
-                                   unk_token="[UNK]", mask_token="[MASK]")
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, cls_token="[CLS]", sep_token="[SEP]",
+                                   pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]")
     fast.save_pretrained(str(folder))
     return fast
 
 
 def tokenizer_for(folder: Path, tokenizer_dir: Path | None, builtin=builtin_tokenizer):
-    """tokenizer_dir's tokenizer (a real one), else the built-in stand-in, saved into the checkpoint folder."""
+    """tokenizer_dir's tokenizer (a real one), else the built-in stand-in, saved into the
+    checkpoint folder."""
     from transformers import AutoTokenizer
 
     if tokenizer_dir is None:
@@ -194,8 +214,10 @@ def tokenizer_for(folder: Path, tokenizer_dir: Path | None, builtin=builtin_toke
     return tok
 
 
-def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dtype, device) -> torch.Tensor:
-    norm = "norm" in name.lower() or name.endswith("_ln.weight")  # LayerNorm, layrnorm, norm, ffn_ln
+def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dtype,
+                   device) -> torch.Tensor:
+    # LayerNorm, layrnorm, norm, ffn_ln
+    norm = "norm" in name.lower() or name.endswith("_ln.weight")
     if len(shape) == 1 and norm and name.endswith("weight"):
         return torch.ones(shape, dtype=dtype, device=device)
     if name.endswith("bias"):
@@ -205,11 +227,11 @@ def _random_tensor(name: str, shape, std: float, generator: torch.Generator, dty
 
 @dataclass
 class Weights:
-    """How a builder fills a checkpoint. "stream" (the demo and bench): random tensors written shard by
-    shard, so a 7B checkpoint never sits in memory; norms one, biases zero, the rest N(0, std).
-    "model" (the tests): the transformers class built under `seed`, then every parameter whose rank is
-    in `spread_ranks` drawn from N(0, std), then `extra` parameters from N(0, their std); saved with
-    save_pretrained (generation_config included)."""
+    """How a builder fills a checkpoint. "stream" (the demo and bench): random tensors written
+    shard by shard, so a 7B checkpoint never sits in memory; norms one, biases zero, the rest
+    N(0, std). "model" (the tests): the transformers class built under `seed`, then every
+    parameter whose rank is in `spread_ranks` drawn from N(0, std), then `extra` parameters from
+    N(0, their std); saved with save_pretrained (generation_config included)."""
 
     init: str = "stream"
     seed: int = 0
@@ -244,14 +266,16 @@ def with_vocab(text: dict, tok) -> dict:
 
 
 def save_checkpoint(folder: Path, config, model_class, processor, weights: Weights) -> Path:
-    if weights.init == "stream":  # transformers' own tensor names, shard by shard: a 7B model never sits in memory
+    # "stream": transformers' own tensor names, shard by shard: a 7B model never sits in memory
+    if weights.init == "stream":
         with torch.device("meta"):
             model = model_class(config)
-        # a weight tied to an earlier one (lm_head to the embeddings, where the config ties them) is not stored, as
-        # save_pretrained and the published checkpoints store none: one stored with other values, transformers
-        # keeps untied and warns of it on every load
+        # a weight tied to an earlier one (lm_head to the embeddings, where the config ties them)
+        # is not stored, as save_pretrained and the published checkpoints store none: one stored
+        # with other values, transformers keeps untied and warns of it on every load
         first: dict[int, str] = {}
-        tied = {n for n, p in model.named_parameters(remove_duplicate=False) if first.setdefault(id(p), n) != n}
+        tied = {n for n, p in model.named_parameters(remove_duplicate=False)
+                if first.setdefault(id(p), n) != n}
         shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()
                   if not k.endswith("position_ids") and k not in tied}
         write_tensors(folder, shapes, weights)
@@ -273,13 +297,15 @@ def save_checkpoint(folder: Path, config, model_class, processor, weights: Weigh
 
 
 def write_tensors(folder: Path, shapes: dict[str, tuple[int, ...]], weights: Weights) -> None:
-    """Random tensors of these names and shapes as safetensors shards (with an index when more than one)."""
+    """Random tensors of these names and shapes as safetensors shards (with an index when more
+    than one)."""
     from safetensors.torch import save_file
 
     generator = torch.Generator(device=weights.device).manual_seed(weights.seed)
     shards, current, current_bytes = [], {}, 0
     for name, shape in shapes.items():
-        current[name] = _random_tensor(name, shape, weights.std, generator, weights.dtype, weights.device).cpu()
+        current[name] = _random_tensor(name, shape, weights.std, generator, weights.dtype,
+                                       weights.device).cpu()
         current_bytes += current[name].numel() * current[name].element_size()
         if current_bytes >= weights.shard_bytes:
             shards.append(current)
@@ -288,8 +314,10 @@ def write_tensors(folder: Path, shapes: dict[str, tuple[int, ...]], weights: Wei
         shards.append(current)
     weight_map = {}
     for i, shard in enumerate(shards):
-        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1 else "model.safetensors"
+        fname = (f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" if len(shards) > 1
+                 else "model.safetensors")
         save_file(shard, str(folder / fname), metadata={"format": "pt"})
         weight_map.update({name: fname for name in shard})
     if len(shards) > 1:
-        (folder / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+        index = {"metadata": {}, "weight_map": weight_map}
+        (folder / "model.safetensors.index.json").write_text(json.dumps(index))
