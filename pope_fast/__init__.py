@@ -10,8 +10,10 @@ __version__ = "0.1.0"
 
 
 def demo(folder=None, questions: int = 60):
-    """The built-in demo's inputs (pope_fast.builtin.Demo: checkpoint, images_dir, questions, images): a random
-    tiny LLaVA-1.5 and synthetic images, written once under `folder` (default ~/.cache/pope-fast)."""
-    from .builtin import demo as write  # on call: every subpackage imports pope_fast, which stays light
+    """The built-in demo's inputs (pope_fast.builtin.Demo: checkpoint, images_dir, questions,
+    images): a random tiny LLaVA-1.5 and synthetic images, written once under `folder` (default
+    ~/.cache/pope-fast)."""
+    # on call: every subpackage imports pope_fast, which stays light
+    from .builtin import demo as write
 
     return write(folder, questions)

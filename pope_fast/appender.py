@@ -1,12 +1,14 @@
-"""Appends batches of records to a file from a thread of its own, so that a sweep never waits on the disk.
+"""Appends batches of records to a file from a thread of its own, so that a sweep never waits on the
+disk.
 
-A batch is serialised and written whole (a batch that fails part way is cut off again); the file is fsynced
-every `sync_every` batches, after `sync_seconds` without one, and at close. What a crash loses is only
-records written since the last fsync, which a resume recomputes: lines reach the file in the order they were
-given, a torn last line is mended on open (RecordWriter), and resume is bit for bit as before.
+A batch is serialised and written whole (a batch that fails part way is cut off again); the file is
+fsynced every `sync_every` batches, after `sync_seconds` without one, and at close. What a crash
+loses is only records written since the last fsync, which a resume recomputes: lines reach the file
+in the order they were given, a torn last line is mended on open (RecordWriter), and resume is bit
+for bit as before.
 
-The first error (a full disk, a refused write, a record that is not JSON) stops the thread writing; it is
-raised by the next `put` or by `close` (an OSError naming the file).
+The first error (a full disk, a refused write, a record that is not JSON) stops the thread writing;
+it is raised by the next `put` or by `close` (an OSError naming the file).
 """
 from __future__ import annotations
 
@@ -23,16 +25,19 @@ _CLOSE = object()
 
 
 def encode(records: list[dict]) -> bytes:
-    """One JSON line per record; make_record writes a non-finite value as null, allow_nan=False keeps a bare NaN
-    from ever reaching the file."""
-    return "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records).encode("utf-8")
+    """One JSON line per record; make_record writes a non-finite value as null, allow_nan=False
+    keeps a bare NaN from ever reaching the file."""
+    text = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in records)
+    return text.encode("utf-8")
 
 
 class Appender:
-    def __init__(self, fd: int, path: Path, sync_every: int = SYNC_EVERY, sync_seconds: float = SYNC_SECONDS):
+    def __init__(self, fd: int, path: Path, sync_every: int = SYNC_EVERY,
+                 sync_seconds: float = SYNC_SECONDS):
         self.fd, self.path = fd, path
         self.sync_every, self.sync_seconds = sync_every, sync_seconds
-        self._queue: queue.Queue = queue.Queue(maxsize=64)  # a disk slower than the sweep holds the sweep back
+        # a disk slower than the sweep holds the sweep back
+        self._queue: queue.Queue = queue.Queue(maxsize=64)
         self._error: BaseException | None = None
         self._synced = os.fstat(fd).st_size  # the file's length at the last fsync that held
         self._thread = threading.Thread(target=self._run, name=f"records {path.name}", daemon=True)
@@ -60,7 +65,8 @@ class Appender:
     def _run(self) -> None:
         unsynced, last_sync = 0, time.monotonic()
         while True:
-            wait = max(0.0, self.sync_seconds - (time.monotonic() - last_sync)) if unsynced else None
+            wait = (max(0.0, self.sync_seconds - (time.monotonic() - last_sync)) if unsynced
+                    else None)
             try:
                 item = self._queue.get(timeout=wait)
             except queue.Empty:
@@ -74,8 +80,10 @@ class Appender:
                                      or time.monotonic() - last_sync >= self.sync_seconds):
                         self._sync()
                         unsynced, last_sync = 0, time.monotonic()
-                except BaseException as err:  # kept for the caller's next put or close, never lost with the thread
-                    self._error, unsynced = err, 0  # nothing more is written, so nothing waits for a sync
+                # kept for the caller's next put or close, never lost with the thread
+                except BaseException as err:
+                    # nothing more is written, so nothing waits for a sync
+                    self._error, unsynced = err, 0
             if item is _CLOSE:
                 return
 
@@ -83,8 +91,8 @@ class Appender:
         try:
             os.fsync(self.fd)
         except OSError:
-            # the kernel may have dropped any batch since the last fsync that held: cut them all, the rerun
-            # redoes them
+            # the kernel may have dropped any batch since the last fsync that held: cut them all,
+            # the rerun redoes them
             self._cut(self._synced)
             raise
         self._synced = os.fstat(self.fd).st_size
@@ -103,4 +111,5 @@ class Appender:
         try:
             os.ftruncate(self.fd, size)
         except OSError:
-            pass  # a file that refuses writes (made immutable, say) refuses this too: nothing was written
+            # a file that refuses writes (made immutable, say) refuses this too: nothing was written
+            pass

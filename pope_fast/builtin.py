@@ -1,6 +1,6 @@
-"""The built-in demo: a random tiny checkpoint of the demo family, POPE-shaped questions and synthetic
-images, so the main job runs on a fresh machine with nothing downloaded. The numbers mean nothing; the
-pipeline is the real one."""
+"""The built-in demo: a random tiny checkpoint of the demo family, POPE-shaped questions and
+synthetic images, so the main job runs on a fresh machine with nothing downloaded. The numbers mean
+nothing; the pipeline is the real one."""
 from __future__ import annotations
 
 import os
@@ -16,10 +16,12 @@ def demo_inputs(out_dir: Path, questions: list[Question], images_dir: Path | Non
                 ) -> tuple[Path, list[Question], Path | None]:
     """(checkpoint, questions, image folder) of a run without --model: the checkpoint written under
     out_dir/demo once (`notice` hears of it), the given questions or the built-in ones, and for
-    questions that name image files without an image folder, synthetic stand-ins named after them."""
+    questions that name image files without an image folder, synthetic stand-ins named after
+    them."""
     import torch
 
-    from .engine.models import DEMO, family_class  # torch: the demo's writers need it, importing builtin not
+    # torch: the demo's writers need it, importing builtin not
+    from .engine.models import DEMO, family_class
     from .engine.synthetic import builtin_questions, write_checkpoint, write_images
 
     demo, family = Path(out_dir) / "demo", family_class(DEMO)
@@ -36,8 +38,8 @@ def demo_inputs(out_dir: Path, questions: list[Question], images_dir: Path | Non
 
 @dataclass(frozen=True)
 class Demo:
-    """The built-in demo's inputs on disk: a random tiny checkpoint, synthetic images and POPE-shaped
-    questions about them (the questions' `image` names the files in images_dir)."""
+    """The built-in demo's inputs on disk: a random tiny checkpoint, synthetic images and
+    POPE-shaped questions about them (the questions' `image` names the files in images_dir)."""
 
     checkpoint: Path
     images_dir: Path
@@ -50,7 +52,8 @@ class Demo:
 
 def demo(folder: str | Path | None = None, questions: int = 60) -> Demo:
     """The demo's checkpoint, images and questions, written once under `folder` (default:
-    $XDG_CACHE_HOME/pope-fast, else ~/.cache/pope-fast) and reused after, for trying the Python API."""
+    $XDG_CACHE_HOME/pope-fast, else ~/.cache/pope-fast) and reused after, for trying the Python
+    API."""
     root = Path(folder) if folder is not None else \
         Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pope-fast"
     checkpoint, asked, images_dir = demo_inputs(root, [], None, questions, None)

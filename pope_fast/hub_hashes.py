@@ -1,9 +1,10 @@
-"""What proves a downloaded file is the one the hub announced. The hub library keeps each file of a snapshot as a
-link to blobs/<ETag>, and the hub's ETag of a file is its hash: an LFS file's sha256 (the oid its pointer states)
-and a git file's blob id (the sha1 of `blob <size>\\0` and its bytes). A file whose bytes hash otherwise is not the
-hub's (a proxy or mirror serving other bytes, a disk that lost some): it is refused and its blob removed, so the
-next download fetches it again. An ETag of any other form (a mirror's own) states no hash and is not checked; a
-snapshot read from the cache as it is was checked when pope-fast downloaded it (`hf cache verify` checks any).
+"""What proves a downloaded file is the one the hub announced. The hub library keeps each file of a
+snapshot as a link to blobs/<ETag>, and the hub's ETag of a file is its hash: an LFS file's sha256
+(the oid its pointer states) and a git file's blob id (the sha1 of `blob <size>\\0` and its bytes).
+A file whose bytes hash otherwise is not the hub's (a proxy or mirror serving other bytes, a disk
+that lost some): it is refused and its blob removed, so the next download fetches it again. An ETag
+of any other form (a mirror's own) states no hash and is not checked; a snapshot read from the cache
+as it is was checked when pope-fast downloaded it (`hf cache verify` checks any).
 """
 from __future__ import annotations
 
@@ -36,7 +37,8 @@ class Mismatch:
 
 def file_hash(path: Path, algorithm: str) -> str:
     """The file's sha256, or its git blob id."""
-    digest = hashlib.sha256() if algorithm == "sha256" else hashlib.sha1(b"blob %d\0" % path.stat().st_size)
+    digest = (hashlib.sha256() if algorithm == "sha256"
+              else hashlib.sha1(b"blob %d\0" % path.stat().st_size))
     with open(path, "rb") as stream:
         while chunk := stream.read(CHUNK):
             digest.update(chunk)
@@ -44,11 +46,13 @@ def file_hash(path: Path, algorithm: str) -> str:
 
 
 def mismatch(link: Path) -> Mismatch | None:
-    """How a snapshot's file differs from the hash its blob is named by, or None (it agrees, or states none)."""
+    """How a snapshot's file differs from the hash its blob is named by, or None (it agrees, or
+    states none)."""
     if not link.is_symlink():
         return None
     expected = Path(os.path.realpath(link)).name
-    algorithm = "sha256" if SHA256.match(expected) else "git blob id" if GIT_BLOB.match(expected) else None
+    algorithm = ("sha256" if SHA256.match(expected)
+                 else "git blob id" if GIT_BLOB.match(expected) else None)
     if algorithm is None:
         return None
     actual = file_hash(link, algorithm)

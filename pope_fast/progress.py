@@ -1,6 +1,6 @@
-"""Progress of a sweep for the command line: its bars (tqdm, on stderr), and under torchrun rank 0's count of
-the records of the whole job (records.jsonl and every rank's part) from the folder, read incrementally by a
-watcher thread."""
+"""Progress of a sweep for the command line: its bars (tqdm, on stderr), and under torchrun rank 0's
+count of the records of the whole job (records.jsonl and every rank's part) from the folder, read
+incrementally by a watcher thread."""
 from __future__ import annotations
 
 import os
@@ -14,12 +14,13 @@ from .readout.records import RECORDS_FILE, rank_parts
 
 
 class RecordCount:
-    """Record lines in a run folder, records.jsonl and the rank parts together, read incrementally (a
-    file replaced or shortened is counted again): rank 0's progress for the whole job."""
+    """Record lines in a run folder, records.jsonl and the rank parts together, read incrementally
+    (a file replaced or shortened is counted again): rank 0's progress for the whole job."""
 
     def __init__(self, out_dir: str | Path):
         self.dir = Path(out_dir)
-        self._seen: dict[Path, tuple[int, int, int]] = {}  # path → (inode, bytes read, newlines in them)
+        # path → (inode, bytes read, newlines in them)
+        self._seen: dict[Path, tuple[int, int, int]] = {}
 
     def __call__(self) -> int:
         total = 0
@@ -41,8 +42,8 @@ class RecordCount:
 
 @contextmanager
 def watched(out_dir: Path, update: Callable[[int], None], total: int, every: float = 0.5):
-    """While the block runs, `update` (a progress bar's, taking increments) hears of every record any rank
-    writes into out_dir, `every` seconds, up to `total`; once more at the end."""
+    """While the block runs, `update` (a progress bar's, taking increments) hears of every record
+    any rank writes into out_dir, `every` seconds, up to `total`; once more at the end."""
     count, stop = RecordCount(out_dir), threading.Event()
     shown = 0
 
@@ -68,17 +69,18 @@ def watched(out_dir: Path, update: Callable[[int], None], total: int, every: flo
 
 
 class SweepProgress:
-    """eval's progress of `total` questions of `benchmark` (its title) on stderr: a bar on a terminal, else (a log
-    file would fill with a bar's redraws) one plain line at most every `every` seconds and one at the end. Called
-    with more questions done; `decoding` hears how far a long continuation has come, which records no question
-    until its batch ends."""
+    """eval's progress of `total` questions of `benchmark` (its title) on stderr: a bar on a
+    terminal, else (a log file would fill with a bar's redraws) one plain line at most every `every`
+    seconds and one at the end. Called with more questions done; `decoding` hears how far a long
+    continuation has come, which records no question until its batch ends."""
 
     def __init__(self, total: int, stream, every: float = 30.0, benchmark: str = "POPE"):
         from tqdm import tqdm
 
-        self.total, self.stream, self.every, self.done, self.benchmark = total, stream, every, 0, benchmark
-        self.bar = tqdm(total=total, unit="q", desc=benchmark, dynamic_ncols=True, file=stream) if stream.isatty() \
-            else None
+        self.total, self.stream, self.every, self.done, self.benchmark = (
+            total, stream, every, 0, benchmark)
+        self.bar = (tqdm(total=total, unit="q", desc=benchmark, dynamic_ncols=True, file=stream)
+                    if stream.isatty() else None)
         self._last = time.monotonic()
 
     def __call__(self, n: int) -> None:
@@ -107,8 +109,8 @@ class SweepProgress:
 
 @contextmanager
 def progress_bar(total: int, shown: bool, benchmark: str = "POPE", stream=None):
-    """eval's progress of `benchmark`'s questions (SweepProgress on stderr, only where `shown`: rank 0); entered,
-    the callable told of more done, with its `decoding`."""
+    """eval's progress of `benchmark`'s questions (SweepProgress on stderr, only where `shown`: rank
+    0); entered, the callable told of more done, with its `decoding`."""
     import sys
 
     if not shown:
@@ -123,9 +125,9 @@ def progress_bar(total: int, shown: bool, benchmark: str = "POPE", stream=None):
 
 @contextmanager
 def labelled_bars(stream=None):
-    """progress(label, n, total): one bar per label, closed at the end; where `stream` (stderr) is no terminal,
-    one plain line per label once it is done instead (a log file would fill with the bars' redraws), and
-    transformers' own loading bars are off."""
+    """progress(label, n, total): one bar per label, closed at the end; where `stream` (stderr) is
+    no terminal, one plain line per label once it is done instead (a log file would fill with the
+    bars' redraws), and transformers' own loading bars are off."""
     import sys
 
     from tqdm import tqdm
@@ -146,7 +148,8 @@ def labelled_bars(stream=None):
                 print(f"{label}: {total} done", file=stream, flush=True)
             return
         if label not in bars:
-            bars[label] = tqdm(total=total, desc=label, unit="q", dynamic_ncols=True, leave=False, file=stream)
+            bars[label] = tqdm(total=total, desc=label, unit="q", dynamic_ncols=True, leave=False,
+                               file=stream)
         bars[label].update(n)
 
     try:

@@ -1,5 +1,6 @@
-"""`pope-fast protocols`: each published protocol (readout/protocols/<tool>.py) with its sources, its answer
-rule and aggregation, and per family the tool's model class, prompt and length, or why the tool has none."""
+"""`pope-fast protocols`: each published protocol (readout/protocols/<tool>.py) with its sources,
+its answer rule and aggregation, and per family the tool's model class, prompt and length, or why
+the tool has none."""
 from __future__ import annotations
 
 from .engine.models import FAMILIES, family_class
@@ -7,8 +8,8 @@ from .readout.protocols import PROTOCOLS, Protocol, coverage, get_template
 from .readout.templates import SAMPLE_QUESTION
 
 # How the listing names each Settings.image_reencode (engine/inputs/images.py reencoded)
-IMAGE_STEP = {"none": "", "rgb": ", PIL convert('RGB') first", "load_image": ", opened as transformers' load_image",
-              "jpeg85": ", re-encoded jpeg85"}
+IMAGE_STEP = {"none": "", "rgb": ", PIL convert('RGB') first",
+              "load_image": ", opened as transformers' load_image", "jpeg85": ", re-encoded jpeg85"}
 
 
 def describe_protocols(tokenizer=None) -> str:
@@ -22,7 +23,8 @@ def _describe(protocol: Protocol, tokenizer) -> str:
     unknown = "counted by its label (its rule reads the label)" if protocol.counted else unknown
     lines = [f"{protocol.name}: {protocol.title} ({protocol.version})",
              f"  answer rule: {protocol.readout}; headline {protocol.headline}; "
-             f"{'per split and pooled (Overall)' if protocol.pooled else 'per split'}; an unknown answer {unknown}",
+             f"{'per split and pooled (Overall)' if protocol.pooled else 'per split'}; "
+             f"an unknown answer {unknown}",
              f"  reproduces: {protocol.reproduces}",
              *[f"  source: {s}" for s in protocol.sources],
              *([f"  thinking checkpoints: {protocol.thinking}"] if protocol.thinking else [])]
@@ -38,27 +40,34 @@ def _describe(protocol: Protocol, tokenizer) -> str:
             if covered.min_new_tokens:
                 length += f" (at least {covered.min_new_tokens})"
             if covered.generation_config != "none":
+                only_output = covered.generation_config == "greedy_output"
                 length += ", the checkpoint's generation config applied" + (
-                    " (over the output only)" if covered.generation_config == "greedy_output" else "")
+                    " (over the output only)" if only_output else "")
                 if covered.repetition_penalty is not None:
                     length += f" under repetition_penalty {covered.repetition_penalty:g}"
             if covered.num_beams > 1:
                 length += f", {covered.num_beams} beams (length_penalty {covered.length_penalty:g})"
             if covered.do_sample:
-                length += (f", sampled (temperature {covered.temperature:g}, top_k {covered.top_k or 'none'}, top_p "
+                length += (f", sampled (temperature {covered.temperature:g}, "
+                           f"top_k {covered.top_k or 'none'}, top_p "
                            f"{covered.top_p:g}; each question drawn under --seed)")
             if covered.max_length is not None:
                 length += f", max_length {covered.max_length} with the prompt"
             if covered.answer_cut != "none":
                 length += f", the answer cut from the whole output ({covered.answer_cut})"
             reencode = IMAGE_STEP[covered.image_reencode]
-            reencode += "" if covered.image_resize == "none" else f", resized {covered.image_resize}"
-            reencode += "" if covered.processor_pixels is None else f", processor pixels {covered.processor_pixels}"
-            reencode += "" if covered.processor_patches is None else f", processor tiles {covered.processor_patches}"
-            reencode += ", image tokens attending causally" if covered.image_mask == "causal" else ""
-            dtype = {None: "", "auto": ", in the checkpoint's own dtype"}.get(covered.dtype, f", in {covered.dtype}")
-            lines.append(f"  {label}: {covered.model_class}; template {covered.template}, {length}, image "
-                         f"{covered.image_aspect}{reencode}{dtype}")
+            reencode += ("" if covered.image_resize == "none"
+                         else f", resized {covered.image_resize}")
+            reencode += ("" if covered.processor_pixels is None
+                         else f", processor pixels {covered.processor_pixels}")
+            reencode += ("" if covered.processor_patches is None
+                         else f", processor tiles {covered.processor_patches}")
+            reencode += (", image tokens attending causally" if covered.image_mask == "causal"
+                         else "")
+            dtype = {None: "", "auto": ", in the checkpoint's own dtype"}.get(
+                covered.dtype, f", in {covered.dtype}")
+            lines.append(f"  {label}: {covered.model_class}; template {covered.template}, "
+                         f"{length}, image {covered.image_aspect}{reencode}{dtype}")
             lines.append(f"    prompt: {_prompt(covered.template, tokenizer)}")
             lines += [f"    not reproduced: {d}" for d in covered.deviations]
     return "\n".join(lines)
@@ -70,6 +79,7 @@ def _prompt(name: str, tokenizer) -> str:
         return repr(template.render(SAMPLE_QUESTION))
     if tokenizer is not None and getattr(tokenizer, "chat_template", None):
         return repr(template.render(SAMPLE_QUESTION, tokenizer))
-    system = f"system {template.system!r}, " if template.system else "the template's default system, "
+    system = (f"system {template.system!r}, " if template.system
+              else "the template's default system, ")
     return (f"the chat template over {system}user [image, {SAMPLE_QUESTION + template.suffix!r}] "
             "(--tokenizer renders it)")

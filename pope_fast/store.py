@@ -1,7 +1,8 @@
-"""The run folder: where a run's records and meta go as it runs. One writer appends whole batches (from a
-thread of its own) and mends what a crash leaves; one lock keeps a second run out; repair keeps one record per question;
-records are put in their canonical order; torchrun ranks write parts that are folded in; every
-rewrite (meta.json, summaries, a repaired or reordered records file) is atomic."""
+"""The run folder: where a run's records and meta go as it runs. One writer appends whole batches
+(from a thread of its own) and mends what a crash leaves; one lock keeps a second run out; repair
+keeps one record per question; records are put in their canonical order; torchrun ranks write parts
+that are folded in; every rewrite (meta.json, summaries, a repaired or reordered records file) is
+atomic."""
 from __future__ import annotations
 
 import fcntl
@@ -14,8 +15,8 @@ from pathlib import Path
 
 from .appender import Appender
 from .readout.data import DataError
-from .readout.records import (META_FILE, PART, RECORDS_FILE, checked_record, duplicate_message, json_lines, rank_parts,
-                              record_key, strict_json)
+from .readout.records import (META_FILE, PART, RECORDS_FILE, checked_record, duplicate_message,
+                              json_lines, rank_parts, record_key, strict_json)
 
 LOCK_FILE = ".lock"
 FORMAT = "pope-fast/records-v1"
@@ -25,19 +26,20 @@ class RecordWriter:
     """Appends records batch by batch; a run that stops resumes from what is on disk.
 
     Each batch is one append, made by a thread of its own and fsynced with the batches around it
-    (appender.Appender: the sweep goes on meanwhile; a write's error is raised by the next write or by
-    close, naming the file); a batch that fails part way (a full disk) is cut off again, and after a
-    crash at most the last line is torn: `open` drops a torn last line (it was never complete, so
-    nothing recorded is lost) and returns the questions already done: (split, question_id) → their
-    record. Records the crash kept from the disk are not done either, and are recomputed. Error records
-    do not count as done: a rerun retries them, and the new record supersedes the error. Two complete
-    records of one question (two writers of old) are refused, naming `repair_records`.
+    (appender.Appender: the sweep goes on meanwhile; a write's error is raised by the next write or
+    by close, naming the file); a batch that fails part way (a full disk) is cut off again, and
+    after a crash at most the last line is torn: `open` drops a torn last line (it was never
+    complete, so nothing recorded is lost) and returns the questions already done: (split,
+    question_id) → their record. Records the crash kept from the disk are not done either, and are
+    recomputed. Error records do not count as done: a rerun retries them, and the new record
+    supersedes the error. Two complete records of one question (two writers of old) are refused,
+    naming `repair_records`.
     """
 
     def __init__(self, out_dir: str | Path, name: str = RECORDS_FILE, also: tuple[str, ...] = ()):
         self.path = Path(out_dir) / name
-        # files of the same run read as recorded but never written (a torchrun rank writes its own part
-        # and reads the merged records.jsonl)
+        # files of the same run read as recorded but never written (a torchrun rank writes its own
+        # part and reads the merged records.jsonl)
         self.also = [Path(out_dir) / n for n in also]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.done: dict[tuple[str, str, str], dict] = {}
@@ -129,8 +131,8 @@ class FolderBusy(ValueError):
 
 class RunLock:
     """An exclusive lock on a run folder (flock on its .lock file) for as long as one process writes
-    there: a second run into the same folder is refused at once, naming the holder. The kernel
-    drops the lock when the holder exits, however it exits, so a killed run never leaves it stale."""
+    there: a second run into the same folder is refused at once, naming the holder. The kernel drops
+    the lock when the holder exits, however it exits, so a killed run never leaves it stale."""
 
     def __init__(self, out_dir: str | Path):
         self.dir = Path(out_dir)
@@ -142,7 +144,8 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 256, 0).decode("utf-8", "replace").strip() or "a process that is starting"
+            holder = (os.pread(fd, 256, 0).decode("utf-8", "replace").strip()
+                      or "a process that is starting")
             os.close(fd)
             raise FolderBusy(f"{self.dir}: another pope-fast run is writing here ({holder}); "
                              "wait for it to finish or choose another --out") from None
@@ -162,8 +165,9 @@ class RunLock:
 
 
 def remove_unused_folder(folder: Path) -> None:
-    """Remove a run folder that holds nothing but, at most, a lock file no process holds (a run refused after
-    it took the lock, before it wrote a record); any other content, or a held lock, leaves it as it is."""
+    """Remove a run folder that holds nothing but, at most, a lock file no process holds (a run
+    refused after it took the lock, before it wrote a record); any other content, or a held lock,
+    leaves it as it is."""
     names = [p.name for p in folder.iterdir()] if folder.is_dir() else None
     if names is None or set(names) - {LOCK_FILE}:
         return
@@ -178,9 +182,9 @@ def remove_unused_folder(folder: Path) -> None:
 
 def repair_records(run_dir: str | Path) -> tuple[int, int]:
     """Rewrite a run folder's records keeping, per question, the last complete record (else its last
-    error record), in first-seen order, and dropping lines that are not records; a stopped torchrun job's
-    rank parts are folded in (and removed). The caller holds the folder's RunLock. Returns (records kept,
-    lines dropped)."""
+    error record), in first-seen order, and dropping lines that are not records; a stopped torchrun
+    job's rank parts are folded in (and removed). The caller holds the folder's RunLock. Returns
+    (records kept, lines dropped)."""
     path = Path(run_dir) / RECORDS_FILE
     parts = _ranked_parts(Path(run_dir))
     if not path.is_file() and not parts:
@@ -210,18 +214,20 @@ def repair_records(run_dir: str | Path) -> tuple[int, int]:
 
 
 def order_records(run_dir: str | Path, order: dict[tuple[str, str, str], int]) -> bool:
-    """records.jsonl as a run with nothing to retry writes it: one line per question, in `order` (question
-    key → position). A question answered after an error record (an image restored, say) keeps only its
-    answer; a question still failing keeps its last error record; lines of questions `order` lacks
-    (another split recorded here earlier) come first as they were. The file is rewritten only where that
-    changes it; returns whether it was."""
+    """records.jsonl as a run with nothing to retry writes it: one line per question, in `order`
+    (question key → position). A question answered after an error record (an image restored, say)
+    keeps only its answer; a question still failing keeps its last error record; lines of questions
+    `order` lacks (another split recorded here earlier) come first as they were. The file is
+    rewritten only where that changes it; returns whether it was."""
     path = Path(run_dir) / RECORDS_FILE
     lines = [line for _, line in json_lines(path.read_text(encoding="utf-8"))]
     keys = [record_key(rec["split"], rec["question_id"], rec.get("dataset", ""))
             for rec in (json.loads(line) for line in lines)]
-    last = {key: i for i, key in enumerate(keys)}  # a key's last line: its answer (written once), else its last error
+    # a key's last line: its answer (written once), else its last error
+    last = {key: i for i, key in enumerate(keys)}
     kept = [i for i, key in enumerate(keys) if last[key] == i]
-    ranked = sorted(kept, key=lambda i: order.get(keys[i], -1))  # stable: as they were where order is silent
+    # stable: as they were where order is silent
+    ranked = sorted(kept, key=lambda i: order.get(keys[i], -1))
     if ranked == list(range(len(lines))):
         return False
     atomic_write(path, "".join(lines[i] + "\n" for i in ranked))
@@ -237,7 +243,8 @@ def _umask() -> int:
 
 
 def atomic_write(path: Path, text: str) -> None:
-    """Write a whole file or leave the old one: a private temporary file, fsynced, then renamed over it."""
+    """Write a whole file or leave the old one: a private temporary file, fsynced, then renamed over
+    it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -268,15 +275,17 @@ def _ranked_parts(folder: Path) -> list[Path]:
 
 
 def fold_parts(out_dir: str | Path) -> int:
-    """Append every complete record of the rank parts in out_dir to its records.jsonl, then remove the
-    parts; a line already there (a fold that stopped before removing its parts) is not added twice, and
-    a torn last line of a part (a rank killed mid-write) is dropped. Returns the records added."""
+    """Append every complete record of the rank parts in out_dir to its records.jsonl, then remove
+    the parts; a line already there (a fold that stopped before removing its parts) is not added
+    twice, and a torn last line of a part (a rank killed mid-write) is dropped. Returns the records
+    added."""
     out_dir = Path(out_dir)
     parts = _ranked_parts(out_dir)
     if not parts:
         return 0
     added = 0
-    with RecordWriter(out_dir) as writer:  # mends a torn last line of records.jsonl, refuses duplicates
+    # mends a torn last line of records.jsonl, refuses duplicates
+    with RecordWriter(out_dir) as writer:
         have = set(line for _, line in json_lines(writer.path.read_text(encoding="utf-8")))
         for part in parts:
             new = [rec for line, rec in _part_records(part) if line not in have]
