@@ -19,7 +19,7 @@ from functools import partial
 from pathlib import Path
 
 from . import column as column_layout
-from . import figure_data, figures
+from . import figure_data, figures, grid_figure
 from ..benchmarks.compare import format_benchmark_compare
 from ..benchmarks.reading import read_records
 from ..benchmarks.score import format_benchmark, only_rule, rule_of, run_benchmark, score_run
@@ -211,7 +211,7 @@ def _across(page: Page, inputs: Inputs, labels: dict[str, str]) -> None:
     page.html("<h2>F1, models × readouts × splits</h2>")
     page.body += map(_html_table, f1_tables(runs))
     data, caption = figure_data.f1_grid(runs)
-    page.add(figures.f1_grid(data), data, page.out / "f1_models_readouts_splits", caption,
+    page.add(grid_figure.f1_grid(data), data, page.out / "f1_models_readouts_splits", caption,
              partial(column_layout.f1_grid, data))
     pairs = figure_data.paper_pairs(inputs.scored)
     if pairs:
