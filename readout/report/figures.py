@@ -1,9 +1,9 @@
 """The report's figures, drawn from the numbers `figure_data` gathers (each figure's JSON).
 
 matplotlib (the `report` extra) is imported only here and only when a figure is drawn; figures are
-drawn on Agg canvases directly, never through pyplot's global state. Sizes are in pixels at DPI; each figure is
-saved as a PNG at SAVE_DPI and, as `report --formats` asks (both by default), as PDF and SVG (vector, for a paper)
-beside it.
+drawn on Agg canvases directly, never through pyplot's global state. Sizes are in pixels at DPI;
+each figure is saved as a PNG at SAVE_DPI and, as `report --formats` asks (both by default), as PDF
+and SVG (vector, for a paper) beside it.
 """
 from __future__ import annotations
 
@@ -14,18 +14,21 @@ from pathlib import Path
 DPI = 100
 SAVE_DPI = 200  # PNGs at twice the layout's pixels: sharp in print and on high-density screens
 VECTOR_FORMATS = ("pdf", "svg")
-# what `report --formats` may name: the PNG the page embeds, the vector formats, the one-column PDF (column.save)
+# what `report --formats` may name: the PNG the page embeds, the vector formats, the
+# one-column PDF (column.save)
 FIGURE_FORMATS = ("png", *VECTOR_FORMATS, "column")
-MISSING = "#d9d9d9"  # cells and bars with nothing to show: no answered question, a readout not supplied
-NO_MATPLOTLIB = 'pope-fast report draws with matplotlib, which is not installed: pip install -e ".[report]"'
+# cells and bars with nothing to show: no answered question, a readout not supplied
+MISSING = "#d9d9d9"
+NO_MATPLOTLIB = ("pope-fast report draws with matplotlib, which is not installed: "
+                 'pip install -e ".[report]"')
 
 
 def check_formats(formats: list[str] | tuple[str, ...]) -> None:
     """ValueError naming --formats' first format that is not a figure format, or its missing png."""
     for fmt in formats:
         if fmt not in FIGURE_FORMATS:
-            raise ValueError(f"--formats: {fmt!r} is not a figure format (any of {', '.join(FIGURE_FORMATS)}, "
-                             "comma-separated)")
+            raise ValueError(f"--formats: {fmt!r} is not a figure format (any of "
+                             f"{', '.join(FIGURE_FORMATS)}, comma-separated)")
     if "png" not in formats:
         raise ValueError("--formats must name png: the report's page embeds each figure's PNG")
 
@@ -49,22 +52,26 @@ def _axes(fig, left: float, bottom: float, right: float, top: float):
 
 
 def plain(text: str) -> str:
-    """A token string as matplotlib should print it: `$` not read as mathtext, control characters escaped."""
+    """A token string as matplotlib should print it: `$` not read as mathtext,
+    control characters escaped."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text).replace("$", r"\$")
 
 
 def readable_ticks(axis, low: float, high: float, count: int = 5) -> None:
-    """At most `count` + 1 ticks on [low, high] with as many decimals as their step needs, so that close
-    values (0.97760 to 0.97763) get distinct labels that do not run into each other."""
+    """At most `count` + 1 ticks on [low, high] with as many decimals as their step needs, so that
+    close values (0.97760 to 0.97763) get distinct labels that do not run into each other."""
     from matplotlib.ticker import FixedLocator, MaxNLocator
 
     if high <= low:
         low, high = low - 0.5 * (abs(low) or 1) * 1e-3, high + 0.5 * (abs(high) or 1) * 1e-3
-    ticks = [t for t in MaxNLocator(nbins=count).tick_values(low, high) if low - 1e-12 <= t <= high + 1e-12]
+    ticks = [t for t in MaxNLocator(nbins=count).tick_values(low, high)
+             if low - 1e-12 <= t <= high + 1e-12]
     step = ticks[1] - ticks[0] if len(ticks) > 1 else abs(high - low) or 1
     decimals = max(0, -math.floor(math.log10(step) + 1e-9))
-    # as many more as a tick needs to be printed exactly: a step of 0.15 printed to one decimal put "-0.2" on -0.15
-    while decimals < 12 and any(abs(round(t, decimals) - t) > 1e-9 * max(1.0, abs(t)) for t in ticks):
+    # as many more as a tick needs to be printed exactly: a step of 0.15 printed to
+    # one decimal put "-0.2" on -0.15
+    while decimals < 12 and any(abs(round(t, decimals) - t) > 1e-9 * max(1.0, abs(t))
+                                for t in ticks):
         decimals += 1
     axis.set_major_locator(FixedLocator(ticks))
     axis.set_ticklabels([f"{t:.{decimals}f}" for t in ticks])
@@ -93,7 +100,8 @@ def confusion_grid(title: str, data: dict):
     fig.suptitle(title, fontsize=10)
     for k, name in enumerate(names):
         _matrix(fig.add_subplot(rows, cols, k + 1), data["readouts"][name], data["n"], name)
-    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.08, top=1 - 60 / fig.bbox.height, hspace=0.6, wspace=0.4)
+    fig.subplots_adjust(left=0.08, right=0.97, bottom=0.08, top=1 - 60 / fig.bbox.height,
+                        hspace=0.6, wspace=0.4)
     return fig
 
 
@@ -124,7 +132,8 @@ def f1_intervals(title: str, data: dict):
     for y, name in enumerate(names):
         m = data["readouts"][name]
         low, high = m["f1_ci95"]
-        ax.errorbar(m["f1"], y, xerr=[[m["f1"] - low], [high - m["f1"]]], fmt="o", color="C0", capsize=3)
+        ax.errorbar(m["f1"], y, xerr=[[m["f1"] - low], [high - m["f1"]]], fmt="o", color="C0",
+                    capsize=3)
         note = f" ({m['unknown']} unknown)" if m["unknown"] else ""
         ax.text(high + 0.01, y, f"{m['f1']:.4f}{note}", va="center", fontsize=7)
     ax.set_xlim(0, 1.15)
@@ -134,8 +143,8 @@ def f1_intervals(title: str, data: dict):
 
 
 def yes_rates(title: str, data: dict):
-    """Bars of the answered predictions' yes-rate; a readout that answered nothing is a hatched grey band
-    saying so, not a bar of length 0."""
+    """Bars of the answered predictions' yes-rate; a readout that answered nothing is a hatched grey
+    band saying so, not a bar of length 0."""
     names = list(data["readouts"])
     fig = new_figure(*_bars_size(len(names)))
     ax = _axes(fig, 160, 50, 40, 35)
@@ -144,14 +153,17 @@ def yes_rates(title: str, data: dict):
         m = data["readouts"][name]
         if m["answered"] == 0:
             ax.barh(y, 1, color=MISSING, hatch="//", edgecolor="white")
-            ax.text(0.02, y, f"no answered questions ({m['unknown']} unknown)", va="center", fontsize=7, zorder=3,
+            ax.text(0.02, y, f"no answered questions ({m['unknown']} unknown)", va="center",
+                    fontsize=7, zorder=3,
                     bbox={"facecolor": "white", "edgecolor": "none", "alpha": 0.85, "pad": 1})
             continue
         ax.barh(y, m["yes_rate"], color="C1")
         note = f" of {m['answered']} answered" if m["unknown"] else ""
-        ax.text(min(m["yes_rate"], 0.78) + 0.01, y, f"{m['yes_rate']:.4f}{note}", va="center", fontsize=7)
+        ax.text(min(m["yes_rate"], 0.78) + 0.01, y, f"{m['yes_rate']:.4f}{note}", va="center",
+                fontsize=7)
     if data["label_yes_rate"] is not None:  # None: every record of the split an error
-        ax.axvline(data["label_yes_rate"], color="black", linestyle="--", label=f"labels: {data['label_yes_rate']:.4f}")
+        ax.axvline(data["label_yes_rate"], color="black", linestyle="--",
+                   label=f"labels: {data['label_yes_rate']:.4f}")
         ax.legend(fontsize=7, loc="lower right", framealpha=0.9)
     ax.set_xlim(0, 1)
     ax.set_xlabel("yes-rate of the answered predictions", fontsize=8)
@@ -160,15 +172,17 @@ def yes_rates(title: str, data: dict):
 
 
 def benchmark_bars(title: str, data: dict):
-    """One bar per readout (the benchmark's official aggregation) and per rule that reports the same metric,
-    the rules' bars in another colour; a readout the formula could not take is absent from `bars`."""
+    """One bar per readout (the benchmark's official aggregation) and per rule that
+    reports the same metric, the rules' bars in another colour; a readout the formula
+    could not take is absent from `bars`."""
     bars = data["bars"]
     fig = new_figure(*_bars_size(len(bars)))
     ax = _axes(fig, 170, 50, 60, 35)
     _rows(ax, [plain(b["name"]) for b in bars])
     top = max([b["value"] * b["factor"] for b in bars] + [data["scale"]])
     for y, bar in enumerate(bars):
-        length = bar["value"] * bar["factor"]  # on the official unit; the label says what the tool printed
+        # on the official unit; the label says what the tool printed
+        length = bar["value"] * bar["factor"]
         ax.barh(y, length, color="C2" if bar["kind"] == "rule" else "C0")
         label = f"{bar['value']:.6g}" + (f" (x{bar['factor']:g})" if bar["factor"] != 1 else "")
         ax.text(length + top * 0.01, y, label, va="center", fontsize=7)
@@ -179,15 +193,17 @@ def benchmark_bars(title: str, data: dict):
 
 
 def _token_label(token: dict) -> str:
-    return f"{plain(token['token'])}  {token['id']}" if token["token"] is not None else str(token["id"])
+    return (f"{plain(token['token'])}  {token['id']}" if token["token"] is not None
+            else str(token["id"]))
 
 
 def first_tokens(title: str, data: dict):
-    """Bars of the first generated token, labelled by its string (and id); under them, one line per readout
-    marking the ids it counts as yes (Y) or no (N)."""
+    """Bars of the first generated token, labelled by its string (and id); under them, one line per
+    readout marking the ids it counts as yes (Y) or no (N)."""
     tokens, marked = data["tokens"], data["marked_readouts"]
     labels = [_token_label(t) for t in tokens]
-    label_px = 12 + 6 * max(map(len, labels), default=4)  # rotated labels: their length is their height
+    # rotated labels: their length is their height
+    label_px = 12 + 6 * max(map(len, labels), default=4)
     marks = 22 * len(marked)
     fig = new_figure(220 + 40 * max(1, len(tokens)), 240 + label_px + marks)
     bars = _axes(fig, 160, 30 + label_px + marks, 30, 40)
@@ -223,23 +239,26 @@ def horizontal_boxes() -> dict:
 
 
 def attention_plot(title: str, data: dict):
-    """Per readout, the image attention of right and wrong answers (box plots side by side), with Cohen's d
-    and the Mann-Whitney p at the right of its row."""
+    """Per readout, the image attention of right and wrong answers (box plots side by side), with
+    Cohen's d and the Mann-Whitney p at the right of its row."""
     names = list(data["readouts"])
     fig = new_figure(860, 120 + 56 * len(names))
     ax = _axes(fig, 160, 60, 190, 40)
     _rows(ax, names)
-    values = [v for name in names for group in ("correct", "wrong") for v in data["readouts"][name][group]]
+    values = [v for name in names for group in ("correct", "wrong")
+              for v in data["readouts"][name][group]]
     for y, name in enumerate(names):
         groups = data["readouts"][name]
         for offset, (group, color) in enumerate((("correct", "C0"), ("wrong", "C3"))):
             if groups[group]:
-                ax.boxplot(groups[group], positions=[y + (offset - 0.5) * 0.36], widths=0.3, **horizontal_boxes(),
-                           patch_artist=True, boxprops={"facecolor": color, "alpha": 0.6}, showfliers=False,
+                ax.boxplot(groups[group], positions=[y + (offset - 0.5) * 0.36], widths=0.3,
+                           **horizontal_boxes(), patch_artist=True,
+                           boxprops={"facecolor": color, "alpha": 0.6}, showfliers=False,
                            manage_ticks=False)
-        ax.text(1.02, y, f"d {_stat(groups['cohens_d'], '.2f')}, p {_stat(groups['mann_whitney_p'], '.2g')}\n"
-                f"n {len(groups['correct'])} right / {len(groups['wrong'])} wrong", transform=ax.get_yaxis_transform(),
-                fontsize=7, va="center", clip_on=False)
+        ax.text(1.02, y, f"d {_stat(groups['cohens_d'], '.2f')}, "
+                f"p {_stat(groups['mann_whitney_p'], '.2g')}\n"
+                f"n {len(groups['correct'])} right / {len(groups['wrong'])} wrong",
+                transform=ax.get_yaxis_transform(), fontsize=7, va="center", clip_on=False)
     if values:
         low, high = min(values), max(values)
         pad = (high - low) * 0.05 or abs(high) * 1e-4 or 1e-4
@@ -247,71 +266,10 @@ def attention_plot(title: str, data: dict):
         readable_ticks(ax.xaxis, low - pad, high + pad)
     ax.tick_params(axis="x", labelsize=7)
     first, last = data["layers"]
-    ax.set_xlabel(f"image attention at the answer position, layers {first}-{last} (blue: right, red: wrong)",
+    ax.set_xlabel(f"image attention at the answer position, layers {first}-{last} (blue: right, "
+                  "red: wrong)",
                   fontsize=8)
     ax.set_title(title, fontsize=10)
-    return fig
-
-
-def _cell_color(value: float | None) -> str:
-    return "black" if value is not None and value > 0.6 else "white"
-
-
-def _grid_panel(ax, group: str, data: dict, first_in_row: bool):
-    from matplotlib.colors import ListedColormap
-
-    f1, best, readouts = data["f1"][group], data["best"][group], data["readouts"][group]
-    ax.imshow([[1.0] * len(row) for row in f1], cmap=ListedColormap([MISSING]), aspect="auto")
-    image = ax.imshow([[math.nan if v is None else v for v in row] for row in f1], cmap="viridis", vmin=0, vmax=1,
-                      aspect="auto")
-    for i, row in enumerate(f1):
-        for j, v in enumerate(row):
-            ax.text(j, i, "-" if v is None else f"{v:.4f}", ha="center", va="center", fontsize=7,
-                    color="#555" if v is None else _cell_color(v), fontweight="bold" if best[i][j] else "normal")
-    ax.set_xticks(range(len(readouts)), readouts, rotation=90, fontsize=7)
-    ax.set_yticks(range(len(data["models"])), data["models"] if first_in_row else [], fontsize=8)
-    ax.set_title(group, fontsize=9)
-    return image
-
-
-GRID_WIDTH = 1300  # panels wrap to a new row past this many pixels
-
-
-def _grid_rows(widths: list[int], left: int) -> list[list[int]]:
-    """Panel indices per row of the figure, as many as fit in GRID_WIDTH."""
-    rows, used = [[]], left
-    for k, w in enumerate(widths):
-        if rows[-1] and used + w > GRID_WIDTH:
-            rows.append([])
-            used = left
-        rows[-1].append(k)
-        used += w + 20
-    return rows
-
-
-def f1_grid(data: dict):
-    """One figure of every model's F1 under every readout and split: a panel per dataset and split (models as
-    rows, the readouts supplied there as columns)."""
-    groups, models = data["groups"], data["models"]
-    left = 30 + 6 * max(map(len, models))
-    widths = [50 * len(data["readouts"][g]) for g in groups]
-    rows = _grid_rows(widths, left)
-    panel_h = max(90, 28 * len(models))  # one model's row is a readable band, not a strip
-    under = [20 + 6 * max(len(n) for k in row for n in data["readouts"][groups[k]]) for row in rows]  # rotated names
-    width = max(360, max(left + sum(widths[k] + 20 for k in row) for row in rows)) + 60  # + the colour bar
-    fig = new_figure(width, 40 + sum(panel_h + 30 + u for u in under))
-    fig.suptitle("F1 by model, readout and split", fontsize=10)
-    height, y = fig.bbox.height, fig.bbox.height - 40
-    for row, below in zip(rows, under):
-        x, y = left, y - panel_h - 30
-        for k in row:
-            ax = fig.add_axes((x / width, y / height, widths[k] / width, panel_h / height))
-            image = _grid_panel(ax, groups[k], data, first_in_row=k == row[0])
-            x += widths[k] + 20
-        y -= below
-    bar = fig.add_axes(((width - 52) / width, (height - 70 - panel_h) / height, 10 / width, panel_h / height))
-    fig.colorbar(image, cax=bar).ax.tick_params(labelsize=7)  # the shading's scale: F1 from 0 to 1
-    bar.set_title("F1", fontsize=7)
     return fig
 
 
@@ -320,23 +278,26 @@ def _delta_color(low: float, high: float) -> str:
 
 
 def delta_reach(datas: list[dict]) -> float:
-    """The half-width of the ΔF1 axis that holds every point and interval of these figures' panels: one scale
-    for all of them, so that a ±0.006 panel does not look as large as a ±0.2 one beside it."""
+    """The half-width of the ΔF1 axis that holds every point and interval of these
+    figures' panels: one scale for all of them, so that a ±0.006 panel does not look
+    as large as a ±0.2 one beside it."""
     spans = [abs(v) for data in datas for table in data["splits"].values() for r in table.values()
              for v in r["delta_f1_ci95"] + [r["delta_f1"]]]
     return max(spans + [0.01]) * 1.1
 
 
 def delta_f1(title: str, data: dict):
-    """Per split (a panel each) and readout: ΔF1 = F1(B) - F1(A) with its paired interval; green or red
-    where the interval excludes 0."""
+    """Per split (a panel each) and readout: ΔF1 = F1(B) - F1(A) with its paired interval; green or
+    red where the interval excludes 0."""
     splits = list(data["splits"])
     names = list(data["readouts"])
-    left = max(160, 16 + 6 * max(map(len, names), default=0))  # the row names: readouts, or pairs of runs
+    # the row names: readouts, or pairs of runs
+    left = max(160, 16 + 6 * max(map(len, names), default=0))
     fig = new_figure(left + 330 * len(splits), 110 + 30 * len(names))
     fig.suptitle(title, fontsize=10)
     width, height = fig.bbox.width, fig.bbox.height
-    reach = data.get("axis_half_width") or delta_reach([data])  # the page's shared scale, else its own
+    # the page's shared scale, else its own
+    reach = data.get("axis_half_width") or delta_reach([data])
     for k, split in enumerate(splits):
         ax = fig.add_axes(((left + 330 * k) / width, 50 / height, 230 / width, 1 - 110 / height))
         table = data["splits"][split]
@@ -347,15 +308,15 @@ def delta_f1(title: str, data: dict):
         for y, name in enumerate(names):
             if name not in table:
                 side = data.get("no_answers", {}).get(split, {}).get(name)
-                ax.text(0, y, f"no answer in {side}" if side else "not compared", ha="center", va="center",
-                        fontsize=7, color="#666")
+                ax.text(0, y, f"no answer in {side}" if side else "not compared", ha="center",
+                        va="center", fontsize=7, color="#666")
                 continue
             r = table[name]
             low, high = r["delta_f1_ci95"]
-            ax.errorbar(r["delta_f1"], y, xerr=[[r["delta_f1"] - low], [high - r["delta_f1"]]], fmt="o",
-                        color=_delta_color(low, high), capsize=3)
-            ax.text(1.03, y, f"{r['delta_f1']:+.4f}\np {r['mcnemar_p']:.2g}", transform=ax.get_yaxis_transform(),
-                    fontsize=6.5, va="center", clip_on=False)
+            ax.errorbar(r["delta_f1"], y, xerr=[[r["delta_f1"] - low], [high - r["delta_f1"]]],
+                        fmt="o", color=_delta_color(low, high), capsize=3)
+            ax.text(1.03, y, f"{r['delta_f1']:+.4f}\np {r['mcnemar_p']:.2g}",
+                    transform=ax.get_yaxis_transform(), fontsize=6.5, va="center", clip_on=False)
         ax.set_xlim(-reach, reach)
         readable_ticks(ax.xaxis, -reach, reach, count=4)
         ax.tick_params(axis="x", labelsize=7)
@@ -365,11 +326,14 @@ def delta_f1(title: str, data: dict):
 
 
 def save(fig, data: dict, path: Path, vector: tuple[str, ...] = VECTOR_FORMATS) -> Path:
-    """path.png, path.pdf and path.svg (the `vector` formats) and, beside them, path.json with the numbers drawn;
-    returns the PNG's path. Each format draws the figure again: a format not asked for costs nothing."""
+    """path.png, path.pdf and path.svg (the `vector` formats) and, beside them,
+    path.json with the numbers drawn; returns the PNG's path. Each format draws the
+    figure again: a format not asked for costs nothing."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path.with_suffix(".png"), dpi=SAVE_DPI)
     for fmt in vector:
-        fig.savefig(path.with_suffix(f".{fmt}"), format=fmt, metadata={"Date": None} if fmt == "pdf" else None)
-    path.with_suffix(".json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        fig.savefig(path.with_suffix(f".{fmt}"), format=fmt,
+                    metadata={"Date": None} if fmt == "pdf" else None)
+    path.with_suffix(".json").write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n",
+                                         encoding="utf-8")
     return path.with_suffix(".png")
