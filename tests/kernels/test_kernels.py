@@ -465,7 +465,7 @@ def test_nf4_matmul_without_double_quant(gen):
 
 ATTENTION_CASES = {  # B, Hkv, group, S, D, P, suffix_lens
     "g1-D16": (3, 2, 1, 7, 16, 19, [7, 2, 5]),
-    "g4-D32": (2, 2, 4, 9, 32, 33, [4, 9]),
+    "g4-D32": (2, 2, 4, 9, 32, 17, [4, 9]),  # P: a whole 16-key tile, then a 1-key one
     "g4-D24": (2, 1, 4, 5, 24, 6, [5, 3]),  # D padded to 32 in the kernel
     "empty-suffix": (3, 1, 2, 5, 16, 8, [5, 0, 1]),
 }
@@ -521,9 +521,9 @@ MULTI_PREFIX = {
 }
 
 
-def make_multi_prefix_case(index, dtype, gen, kv_heads=2, group=2, head_dim=24, prefix_len=21, length=7):
+def make_multi_prefix_case(index, dtype, gen, kv_heads=2, group=2, head_dim=24, prefix_len=21, length=5):
     """Six questions over four prefixes; padded query rows and suffix keys/values set to NaN."""
-    lens = [7, 0, 3, 5, 1, 7]
+    lens = [5, 0, 3, 4, 1, 5]
     q, _, _, k_suffix, v_suffix, lens = make_attention_case(
         (len(index), kv_heads, group, length, head_dim, prefix_len, lens), dtype, gen)
     k_prefix, v_prefix = (randn((4, kv_heads, prefix_len, head_dim), gen, dtype) for _ in range(2))
