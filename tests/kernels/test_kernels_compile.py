@@ -14,7 +14,8 @@ import sys
 
 import pytest
 
-pytestmark = pytest.mark.slow  # the Triton interpreter runs each kernel case on the CPU: seconds a case
+# the Triton interpreter runs each kernel case on the CPU: seconds a case
+pytestmark = pytest.mark.slow
 
 COMPILE_SCRIPT = r'''
 import importlib, json, re
@@ -57,20 +58,26 @@ for dtype, name in ((tl.float16, "fp16"), (tl.bfloat16, "bf16")):
                  BLOCK_M=128, BLOCK_N=128, BLOCK_K=64, GROUP_M=8),
             num_warps=8, num_stages=3 if aligned else 2, **exact)
     tensors = ("q_ptr", "k_prefix_ptr", "v_prefix_ptr", "k_suffix_ptr", "v_suffix_ptr", "out_ptr")
-    for edit in (False, True):  # with an attention intervention's edit of the image keys, and without
+    # with an attention intervention's edit of the image keys, and without
+    for edit in (False, True):
         results[f"prefix_attention-{name}" + ("-edit" if edit else "")] = compile_for_sm90(
             kernel("prefix_attention", "_prefix_attention_kernel"),
-            {**dict.fromkeys(tensors, name), "lens_ptr": "i64", "runs_ptr": "i32", "marked_ptr": "i8"},
-            dict(GROUP=4, DOT_DTYPE=dtype, OUT_DTYPE=dtype, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128, EDIT=edit),
+            {**dict.fromkeys(tensors, name), "lens_ptr": "i64", "runs_ptr": "i32",
+             "marked_ptr": "i8"},
+            dict(GROUP=4, DOT_DTYPE=dtype, OUT_DTYPE=dtype, BLOCK_M=64, BLOCK_N=64, BLOCK_D=128,
+                 EDIT=edit),
             num_warps=4, num_stages=2)
 fp16 = tl.float16
-logits = dict(nf4, NORM=True, HIDDEN_DTYPE=fp16, NORMED_DTYPE=fp16, WEIGHT_DTYPE=fp16, DOT_DTYPE=fp16)
+logits = dict(nf4, NORM=True, HIDDEN_DTYPE=fp16, NORMED_DTYPE=fp16, WEIGHT_DTYPE=fp16,
+              DOT_DTYPE=fp16)
 weight_pointers = {"nf4": {"weight_ptr": "u8", "absmax_ptr": "u8"}, "fp16": {"weight_ptr": "fp16"}}
 for weight, pointers in weight_pointers.items():
-    pointers = {"hidden_ptr": "fp16", "norm_ptr": "fp16", "ids_ptr": "i64", "tile_index_ptr": "i64", **pointers}
+    pointers = {"hidden_ptr": "fp16", "norm_ptr": "fp16", "ids_ptr": "i64", "tile_index_ptr": "i64",
+                **pointers}
     results[f"gather_logits-{weight}"] = compile_for_sm90(
         kernel("gather_logits", "_gather_logits_kernel"), pointers,
-        dict(logits, NF4=weight == "nf4", ALIGNED=False, BLOCK_B=32, BLOCK_V=16, BLOCK_K=256), num_warps=8, **exact)
+        dict(logits, NF4=weight == "nf4", ALIGNED=False, BLOCK_B=32, BLOCK_V=16, BLOCK_K=256),
+        num_warps=8, **exact)
     results[f"vocab_argmax-{weight}"] = compile_for_sm90(
         kernel("gather_logits", "_vocab_argmax_kernel"), pointers,
         dict(logits, NF4=weight == "nf4", ALIGNED=weight == "nf4", BLOCK_B=32, BLOCK_V=128,
@@ -80,11 +87,14 @@ norm = importlib.import_module("pope_fast.kernels.norm")
 for dtype, name in ((tl.float16, "fp16"), (tl.bfloat16, "bf16")):
     for offset in (False, True):  # LLaMA's norm, and Gemma's with a query scale
         results[f"rms_norm-{name}" + ("-offset" if offset else "")] = compile_for_sm90(
-            kernel("norm", "_rms_norm_kernel"), {"x_ptr": name, "weight_ptr": name, "out_ptr": name},
-            dict(OFFSET=offset, SCALED=offset, X_DTYPE=dtype, OUT_DTYPE=dtype, **norm._sum_plan(4096, 8),
-                 BLOCK_R=16, BLOCK_H=1024), num_warps=4, **exact)
+            kernel("norm", "_rms_norm_kernel"),
+            {"x_ptr": name, "weight_ptr": name, "out_ptr": name},
+            dict(OFFSET=offset, SCALED=offset, X_DTYPE=dtype, OUT_DTYPE=dtype,
+                 **norm._sum_plan(4096, 8), BLOCK_R=16, BLOCK_H=1024),
+            num_warps=4, **exact)
     results[f"rotary-{name}"] = compile_for_sm90(
-        kernel("rotary", "_rotary_kernel"), dict.fromkeys(("x_ptr", "cos_ptr", "sin_ptr", "out_ptr"), name),
+        kernel("rotary", "_rotary_kernel"),
+        dict.fromkeys(("x_ptr", "cos_ptr", "sin_ptr", "out_ptr"), name),
         dict(HALF=64, DTYPE=dtype, BLOCK_R=32, BLOCK_D=64), num_warps=4, **exact)
 print(json.dumps(results))
 '''
@@ -95,23 +105,27 @@ SM90_SHARED_BYTES = 227 * 1024  # the most one block may use on Hopper
 @pytest.fixture(scope="module")
 def compiled() -> dict:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_DEFAULT_FP_FUSION"] = "1"  # silences triton 3.9's notice; our launches say what they need
-    done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    # silences triton 3.9's notice; our launches say what they need
+    env["TRITON_DEFAULT_FP_FUSION"] = "1"
+    done = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True,
+                          text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-4000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.mark.slow
 def test_every_kernel_compiles_for_sm90_within_shared_memory(compiled):
-    assert len(compiled) == 20  # prefix_attention with and without an attention edit; both norms, RoPE
+    # prefix_attention with and without an attention edit; both norms, RoPE
+    assert len(compiled) == 20
     too_big = {name: r["shared"] for name, r in compiled.items() if r["shared"] > SM90_SHARED_BYTES}
     assert not too_big, f"shared memory over {SM90_SHARED_BYTES} bytes: {too_big}"
 
 
 @pytest.mark.slow
 def test_dequantizing_kernels_round_like_bitsandbytes_without_fma(compiled):
+    readers = ("dequantize", "nf4_matmul", "gather_logits-nf4", "vocab_argmax-nf4")
     fused = {name: r["fma_f32"] for name, r in compiled.items()
-             if name.startswith(("dequantize", "nf4_matmul", "gather_logits-nf4", "vocab_argmax-nf4")) and r["fma_f32"]}
+             if name.startswith(readers) and r["fma_f32"]}
     assert not fused, f"fp32 fma in kernels that must round each product: {fused}"
 
 
@@ -124,11 +138,13 @@ def test_matmul_like_kernels_use_tensor_cores(compiled):
 
 @pytest.mark.slow
 def test_norm_and_rotary_round_each_op_as_ieee_does(compiled):
-    """Their bits equal torch's only with each product and sum rounded apart (no fma) and a correctly rounded
-    square root and division (triton's plain `/` and rsqrt are approximate on a GPU; the interpreter can't tell)."""
+    """Their bits equal torch's only with each product and sum rounded apart (no fma) and a
+    correctly rounded square root and division (triton's plain `/` and rsqrt are approximate on a
+    GPU; the interpreter can't tell)."""
     inexact = {name: (r["fma_f32"], r["approx_f32"]) for name, r in compiled.items()
                if name.startswith(("rms_norm", "rotary")) and (r["fma_f32"] or r["approx_f32"])}
-    assert not inexact, f"(fma, approximate ops) in kernels that must round as torch does: {inexact}"
+    assert not inexact, (
+        f"(fma, approximate ops) in kernels that must round as torch does: {inexact}")
 
 
 class LaunchRecorder:
@@ -149,11 +165,13 @@ def test_nf4_reading_launches_switch_fp_fusion_off(monkeypatch):
     """The no-fma fact above holds only for launches with enable_fp_fusion=False."""
     import torch
 
-    from pope_fast.kernels import dequantize_nf4, gather_logits, nf4_matmul, quantize_nf4, vocab_argmax
+    from pope_fast.kernels import (dequantize_nf4, gather_logits, nf4_matmul, quantize_nf4,
+                                   vocab_argmax)
 
     recorders = {}
     nf4_readers = (("nf4", "_dequantize_nf4_kernel"), ("nf4_matmul", "_nf4_matmul_kernel"),
-                   ("gather_logits", "_gather_logits_kernel"), ("gather_logits", "_vocab_argmax_kernel"))
+                   ("gather_logits", "_gather_logits_kernel"),
+                   ("gather_logits", "_vocab_argmax_kernel"))
     for module_name, kernel_name in nf4_readers:
         module = sys.modules[f"pope_fast.kernels.{module_name}"]
         recorders[kernel_name] = LaunchRecorder(getattr(module, kernel_name))
