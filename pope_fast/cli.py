@@ -9,6 +9,7 @@ import click
 
 from . import __version__
 from .errors import failures as _failures
+from .folders import out_folder
 from .hub import TOKENIZER_FILES, local_or_hub
 from .readout import TEMPLATES, THINKING_HELP, audit_tokens, expand_runs, format_audit, get_template, load_tokenizer
 from .readout.benchmarks import REGISTRY
@@ -192,7 +193,7 @@ def eval_cmd(out_dir, cache_dir, device, **options) -> None:
     transformers, on synthetic images; the numbers mean nothing, the pipeline is the real one.
     """
     from .distributed import device_and_shard  # torch, as the next
-    from .evaluate import EvalJob, out_folder, run_eval  # torch: only a command that runs a model loads it
+    from .evaluate import EvalJob, run_eval  # torch: only a command that runs a model loads it
     from .progress import progress_bar
 
     with ExitStack() as stack:
