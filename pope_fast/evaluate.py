@@ -14,7 +14,7 @@ from .builtin import demo_inputs
 from .distributed import Shard, every_rank
 from .engine import Settings, Timings, load_engine, parse_method
 from .coverage import protocol_for
-from .hub import resolve_inputs
+from .hub_datasets import resolve_inputs
 from .progress import watched
 from .readout import READOUTS, find_question_files, format_runs, load_question_sources
 from .readout.benchmarks import REGISTRY, benchmark_questions, get_benchmark
@@ -60,7 +60,7 @@ class EvalJob:
     # a published protocol (readout/protocols/): its prompt, length, image aspect
     protocol: str | None = None
     benchmark: str | None = None  # named, else told from the question data (readout/benchmarks/)
-    # the hub snapshots --model and --questions named (hub.Inputs.sources), for meta.json
+    # the hub snapshots --model and --questions named (hub_datasets.Inputs.sources), for meta.json
     hub: dict | None = None
     # engine | transformers | auto (the engine where it has the model's family)
     backend: str = "auto"
@@ -73,7 +73,7 @@ class EvalJob:
                      **settings) -> "EvalJob":
         """The job of `pope-fast eval`'s options (every other option is a Settings field); hub ids
         among the model and questions are fetched here, or found in the cache
-        (hub.resolve_inputs)."""
+        (hub_datasets.resolve_inputs)."""
         def path(p):
             return None if p is None else Path(p)
 
