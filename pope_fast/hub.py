@@ -1,11 +1,13 @@
-"""Checkpoints, tokenizers and question data named by hub id (`ORG/NAME[@REVISION]`), as lmms-eval and
-VLMEvalKit users name them: read from the Hugging Face cache when the snapshot is there, else downloaded
-through huggingface_hub (only the files a load reads, with the hub's own progress bars), never when
-HF_HUB_OFFLINE is set. A local folder of the same name wins. What ran is a `Snapshot`: the id, the revision
-asked and the commit it resolved to, which meta.json records and a resume checks.
+"""Checkpoints, tokenizers and question data named by hub id (`ORG/NAME[@REVISION]`), as lmms-eval
+and VLMEvalKit users name them: read from the Hugging Face cache when the snapshot is there, else
+downloaded through huggingface_hub (only the files a load reads, with the hub's own progress bars),
+never when HF_HUB_OFFLINE is set. A local folder of the same name wins. What ran is a `Snapshot`:
+the id, the revision asked and the commit it resolved to, which meta.json records and a resume
+checks. A dataset's cards and data files are hub_datasets'.
 
-Every failure is a HubError (a ValueError): one line naming the id and what to do. The hub library writes a
-file under a temporary name and renames it when whole, so a download cut off leaves nothing a load could read.
+Every failure is a HubError (a ValueError): one line naming the id and what to do. The hub library
+writes a file under a temporary name and renames it when whole, so a download cut off leaves
+nothing a load could read.
 """
 from __future__ import annotations
 
@@ -18,17 +20,18 @@ from pathlib import Path
 from .hub_hashes import first_mismatch
 from .readout.data import read_json_object
 
-# `org/name` or `org/name@revision`: the hub's repo-id characters; a revision is a branch, tag or commit
-HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)(?:@(?P<revision>[\w./-]+))?$")
-# What a load reads: config, tokenizer, processor and chat-template files, and the safetensors weights (PyTorch
-# .bin shards are fetched only for a checkpoint that has no safetensors).
+# `org/name` or `org/name@revision`: the hub's repo-id characters; a revision is a branch, tag or
+# commit
+HUB_ID = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.-]*/[A-Za-z0-9][\w.-]*)"
+                    r"(?:@(?P<revision>[\w./-]+))?$")
+# What a load reads: config, tokenizer, processor and chat-template files, and the safetensors
+# weights (PyTorch .bin shards are fetched only for a checkpoint that has no safetensors).
 TOKENIZER_FILES = ("*.json", "*.model", "*.txt", "*.jinja", "*.tiktoken")
 MODEL_FILES = (*TOKENIZER_FILES, "*.safetensors")
 BIN_FILES = ("pytorch_model*.bin",)
 OFFLINE_VALUES = ("1", "on", "yes", "true")  # huggingface_hub's reading of HF_HUB_OFFLINE
-SHARD = re.compile(r"-(\d+)-of-(\d+)\.")  # a dataset shard's place in its split: test-00000-of-00003.parquet
-# A ref name's parts as git and the hub allow them (git check-ref-format): the hub library writes a revision to
-# refs/<revision> in the cache, so a part ".." would write outside it
+# A ref name's parts as git and the hub allow them (git check-ref-format): the hub library writes
+# a revision to refs/<revision> in the cache, so a part ".." would write outside it
 REF_PART = re.compile(r"^(?!\.)(?!.*\.\.)[\w.-]+(?<!\.lock)$")
 
 
@@ -61,12 +64,13 @@ def revision_fault(revision: str) -> str | None:
     """Why `revision` is no branch, tag or commit name the hub could hold, or None."""
     if all(REF_PART.match(part) for part in revision.split("/")) and not revision.endswith("."):
         return None
-    return (f"revision {revision!r} is not a branch, tag or commit name (its parts are never empty, never begin with "
-            "'.', never end with '.lock' and hold no '..')")
+    return (f"revision {revision!r} is not a branch, tag or commit name (its parts are never "
+            "empty, never begin with '.', never end with '.lock' and hold no '..')")
 
 
 def offline() -> str | None:
-    """The variable that switches the hub off (HF_HUB_OFFLINE, or transformers' TRANSFORMERS_OFFLINE), or None."""
+    """The variable that switches the hub off (HF_HUB_OFFLINE, or transformers'
+    TRANSFORMERS_OFFLINE), or None."""
     return next((name for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
                  if os.environ.get(name, "").strip().lower() in OFFLINE_VALUES), None)
 
@@ -75,44 +79,35 @@ def cache_dir() -> Path:
     """The hub cache as huggingface_hub finds it, read now (not when the library was imported)."""
     if os.environ.get("HF_HUB_CACHE"):
         return Path(os.environ["HF_HUB_CACHE"]).expanduser()
-    home = os.environ.get("HF_HOME") or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
+    home = os.environ.get("HF_HOME") \
+        or Path(os.environ.get("XDG_CACHE_HOME", "~/.cache")) / "huggingface"
     return Path(home).expanduser() / "hub"
 
 
-def local_or_hub(spec: str, option: str, files: tuple[str, ...] = MODEL_FILES) -> tuple[Path, Snapshot | None]:
-    """The folder `spec` names: a local path as it is, else the snapshot of a hub id (its `files`)."""
+def local_or_hub(spec: str, option: str, files: tuple[str, ...] = MODEL_FILES
+                 ) -> tuple[Path, Snapshot | None]:
+    """The folder `spec` names: a local path as it is, else the snapshot of a hub id (its
+    `files`)."""
     path = Path(spec).expanduser()
     if path.exists():
         return path, None
     kind = "tokenizer" if files == TOKENIZER_FILES else "checkpoint"
     parsed = parse_hub_id(spec)
     if parsed is None:
-        raise HubError(f"{option} {spec}: no such {kind} folder, nor a hub id (ORG/NAME or ORG/NAME@REVISION)")
-    snapshot = fetch(*parsed, "model", files, _model_missing if kind == "checkpoint" else _tokenizer_missing, option)
+        raise HubError(f"{option} {spec}: no such {kind} folder, nor a hub id (ORG/NAME or "
+                       "ORG/NAME@REVISION)")
+    snapshot = fetch(*parsed, "model", files,
+                     _model_missing if kind == "checkpoint" else _tokenizer_missing, option)
     if kind == "checkpoint" and _model_missing(snapshot.folder) == "weights" and not offline():
         snapshot = fetch(*parsed, "model", (*files, *BIN_FILES), _model_missing, option)
     return snapshot.folder, snapshot
 
 
-def dataset_files(spec: str, option: str, subset: str | None = None, split: str | None = None
-                  ) -> tuple[list[Path], Snapshot]:
-    """The data files of a hub dataset id (a config's splits as its README's `configs:` declares them, else
-    every parquet file), from the cache or downloaded, in name order."""
-    repo_id, revision = parse_hub_id(spec) or (None, None)
-    if repo_id is None:
-        raise HubError(f"{option} {spec}: no such file or folder, nor a hub id (ORG/NAME or ORG/NAME@REVISION)")
-    card = fetch(repo_id, revision, "dataset", ("README.md",), _card_missing, option, required=False)
-    patterns = _data_patterns(card.folder / "README.md", f"{option} {spec}", subset, split)
-    snapshot = fetch(repo_id, card.commit, "dataset", patterns, lambda f: _data_missing(f, patterns), option)
-    snapshot = Snapshot(snapshot.folder, repo_id, revision, snapshot.commit, "dataset")
-    return _matching(snapshot.folder, patterns), snapshot
-
-
-def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, ...], missing, option: str,
-          required: bool = True) -> Snapshot:
-    """The snapshot of `repo_id` at `revision` holding `files` (patterns): the cached one when `missing(folder)`
-    finds nothing missing in it, else downloaded (HubError when offline, or when the download still lacks what
-    `missing` names and the files are `required`)."""
+def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, ...], missing,
+          option: str, required: bool = True) -> Snapshot:
+    """The snapshot of `repo_id` at `revision` holding `files` (patterns): the cached one when
+    `missing(folder)` finds nothing missing in it, else downloaded (HubError when offline, or when
+    the download still lacks what `missing` names and the files are `required`)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
@@ -131,63 +126,75 @@ def fetch(repo_id: str, revision: str | None, repo_type: str, files: tuple[str, 
     reason = _uncached(repo_id, revision, repo_type) if folder is None else \
         f"its cached snapshot lacks {absent} ({cache_dir()})"
     if offline():
-        raise HubError(f"{option} {name}: {reason} and {offline()} is set; unset it to download, or give a local "
-                       "folder")
+        raise HubError(f"{option} {name}: {reason} and {offline()} is set; unset it to download, "
+                       "or give a local folder")
     try:
         folder = Path(snapshot_download(**common, endpoint=os.environ.get("HF_ENDPOINT") or None))
-    except Exception as err:  # noqa: BLE001 (the hub library's and its HTTP client's errors, each said in one line)
-        raise HubError(f"{option} {name}: {_download_failure(err, repo_id, repo_type, reason)}") from None
-    bad = first_mismatch(_matching(folder, files))
+    # the hub library's and its HTTP client's errors, each said in one line
+    except Exception as err:  # noqa: BLE001
+        raise HubError(f"{option} {name}: "
+                       f"{_download_failure(err, repo_id, repo_type, reason)}") from None
+    bad = first_mismatch(matching_files(folder, files))
     if bad is not None:
         bad.remove()
-        raise HubError(f"{option} {name}: {bad.link.relative_to(folder)} as downloaded is not the file the hub "
-                       f"announced (its {bad.algorithm} is {bad.actual}, the hub's {bad.expected}); it is removed "
-                       "from the cache: run the same command again to download it again")
+        raise HubError(f"{option} {name}: {bad.link.relative_to(folder)} as downloaded is not the "
+                       f"file the hub announced (its {bad.algorithm} is {bad.actual}, the hub's "
+                       f"{bad.expected}); it is removed from the cache: run the same command again "
+                       "to download it again")
     absent = missing(folder)
     if absent is not None and required:
-        unreached = _unreached(repo_id, revision, repo_type)  # the hub library returns a cached part when it is
+        # the hub library returns a cached part when it is
+        unreached = _unreached(repo_id, revision, repo_type)
         if unreached is not None:
             raise HubError(f"{option} {name}: {_no_answer(unreached, reason)}")
-        raise HubError(f"{option} {name}: the repository has no {absent} (is it a {repo_type} repository of the "
-                       "layout pope-fast reads?)")
+        raise HubError(f"{option} {name}: the repository has no {absent} (is it a {repo_type} "
+                       "repository of the layout pope-fast reads?)")
     return Snapshot(folder, repo_id, revision, folder.name, repo_type)
 
 
 def _unreached(repo_id: str, revision: str | None, repo_type: str) -> Exception | None:
-    """The HTTP client's error where the hub gives no answer at all to a question about the repository, else None."""
+    """The HTTP client's error where the hub gives no answer at all to a question about the
+    repository, else None."""
     from huggingface_hub import HfApi
     from huggingface_hub.errors import HfHubHTTPError
 
     try:
-        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).repo_info(repo_id, revision=revision or "main",
-                                                                         repo_type=repo_type)
+        HfApi(endpoint=os.environ.get("HF_ENDPOINT") or None).repo_info(
+            repo_id, revision=revision or "main", repo_type=repo_type)
     except HfHubHTTPError:  # an answer, whatever it says
         return None
-    except Exception as err:  # noqa: BLE001 (the HTTP client's errors: no connection, no answer in time)
+    # the HTTP client's errors: no connection, no answer in time
+    except Exception as err:  # noqa: BLE001
         return err
     return None
 
 
 def _uncached(repo_id: str, revision: str | None, repo_type: str) -> str:
-    """Why the cache holds no snapshot of `repo_id` at `revision`, in words naming what it holds instead."""
-    root = cache_dir() / f"{repo_type}s--{repo_id.replace('/', '--')}"  # the hub library's repo_folder_name
+    """Why the cache holds no snapshot of `repo_id` at `revision`, in words naming what it holds
+    instead."""
+    # the hub library's repo_folder_name
+    root = cache_dir() / f"{repo_type}s--{repo_id.replace('/', '--')}"
     if not root.is_dir():
         return f"not in the local cache ({cache_dir()})"
     wanted = revision or "main"
-    refs = {p.relative_to(root / "refs").as_posix(): p.read_text().strip() for p in (root / "refs").rglob("*")
-            if p.is_file()}
+    refs = {p.relative_to(root / "refs").as_posix(): p.read_text().strip()
+            for p in (root / "refs").rglob("*") if p.is_file()}
     snapshots = root / "snapshots"
     if (snapshots / refs.get(wanted, wanted)).is_dir():
-        return f"its cached snapshot of {wanted} is incomplete ({snapshots / refs.get(wanted, wanted)})"
+        return (f"its cached snapshot of {wanted} is incomplete "
+                f"({snapshots / refs.get(wanted, wanted)})")
     held = [f"{ref} at {commit[:12]}" for ref, commit in sorted(refs.items())]
-    held = held or sorted(p.name[:12] for p in snapshots.glob("*") if p.is_dir())  # commits no ref names
-    return f"revision {wanted} is not in the local cache ({cache_dir()}; it holds {', '.join(held) or 'no snapshot'})"
+    # commits no ref names
+    held = held or sorted(p.name[:12] for p in snapshots.glob("*") if p.is_dir())
+    return (f"revision {wanted} is not in the local cache ({cache_dir()}; it holds "
+            f"{', '.join(held) or 'no snapshot'})")
 
 
 def _download_failure(err: Exception, repo_id: str, repo_type: str, uncached: str) -> str:
-    """What went wrong with a download, and what to do, in words (`uncached`: why the cache could not answer)."""
-    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
-                                        RevisionNotFoundError)
+    """What went wrong with a download, and what to do, in words (`uncached`: why the cache could
+    not answer)."""
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError,
+                                        RepositoryNotFoundError, RevisionNotFoundError)
 
     page = f"https://huggingface.co/{'datasets/' if repo_type == 'dataset' else ''}{repo_id}"
     login = "log in with `hf auth login` (or set HF_TOKEN)"
@@ -196,20 +203,23 @@ def _download_failure(err: Exception, repo_id: str, repo_type: str, uncached: st
     if isinstance(err, RevisionNotFoundError):
         return "no such revision (a branch, tag or commit of the repository)"
     if isinstance(err, RepositoryNotFoundError):
-        return (f"no local folder of that name, and no such {repo_type} repository on the hub (or a private one: "
-                f"check the id, or {login})")
-    if isinstance(err, LocalEntryNotFoundError):  # what the hub library raises when the hub does not answer
+        return (f"no local folder of that name, and no such {repo_type} repository on the hub "
+                f"(or a private one: check the id, or {login})")
+    # what the hub library raises when the hub does not answer
+    if isinstance(err, LocalEntryNotFoundError):
         return _no_answer(err.__cause__ or err, uncached)
-    return (f"the download stopped ({type(err).__name__}: {_first_line(err)}); run the same command again to finish "
-            "it (whole files are kept in the cache; a cut-off one is never read)")
+    return (f"the download stopped ({type(err).__name__}: {_first_line(err)}); run the same "
+            "command again to finish it (whole files are kept in the cache; a cut-off one is never "
+            "read)")
 
 
 def _no_answer(cause: BaseException, uncached: str) -> str:
     from huggingface_hub import constants
 
     endpoint = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
-    return (f"{uncached}, and the hub cannot be reached at {endpoint} ({type(cause).__name__}: {_first_line(cause)}); "
-            "check the network or HF_ENDPOINT (HF_HUB_OFFLINE=1 reads the cache alone)")
+    return (f"{uncached}, and the hub cannot be reached at {endpoint} "
+            f"({type(cause).__name__}: {_first_line(cause)}); check the network or HF_ENDPOINT "
+            "(HF_HUB_OFFLINE=1 reads the cache alone)")
 
 
 def _first_line(err: BaseException) -> str:
@@ -217,12 +227,14 @@ def _first_line(err: BaseException) -> str:
 
 
 def _model_missing(folder: Path) -> str | None:
-    """The first file a checkpoint load needs that `folder` lacks ("weights" for no weights at all), or None."""
+    """The first file a checkpoint load needs that `folder` lacks ("weights" for no weights at
+    all), or None."""
     if not (folder / "config.json").is_file():
         return "config.json"
     for index in ("model.safetensors.index.json", "pytorch_model.bin.index.json"):
         if (folder / index).is_file():
-            return next((shard for shard in _index_shards(folder / index) if not (folder / shard).is_file()), None)
+            return next((shard for shard in _index_shards(folder / index)
+                         if not (folder / shard).is_file()), None)
     if any(folder.glob("*.safetensors")) or any(folder.glob("pytorch_model*.bin")):
         return None
     return "weights"
@@ -232,8 +244,8 @@ def _index_shards(index: Path) -> list[str]:
     """The weights files a shard index names (its weight_map's values), in name order."""
     weight_map = read_json_object(index, HubError).get("weight_map")
     if not isinstance(weight_map, dict):
-        raise HubError(f"{index}: weight_map is not an object of tensor names to file names (found "
-                       f"{type(weight_map).__name__ if weight_map is not None else None})")
+        raise HubError(f"{index}: weight_map is not an object of tensor names to file names "
+                       f"(found {type(weight_map).__name__ if weight_map is not None else None})")
     for name, shard in weight_map.items():
         if not isinstance(shard, str) or not shard:
             raise HubError(f"{index}: weight_map[{name!r}] {shard!r} is not a file name")
@@ -242,150 +254,12 @@ def _index_shards(index: Path) -> list[str]:
     return sorted(set(weight_map.values()))
 
 
-def _card_missing(folder: Path) -> str | None:
-    return None if (folder / "README.md").is_file() else "README.md"
-
-
 def _tokenizer_missing(folder: Path) -> str | None:
     names = ("tokenizer.json", "tokenizer.model", "tokenizer_config.json", "vocab.json")
     return None if any((folder / n).is_file() for n in names) else "tokenizer files"
 
 
-def _data_patterns(card: Path, where: str, subset: str | None, split: str | None) -> tuple[str, ...]:
-    """The data-file patterns of a dataset card's config `subset` (default: the one named "default", else the only
-    one) and of its `split` (default: all of its splits)."""
-    subsets = _card_configs(card)
-    if not subsets:
-        if subset or split:
-            raise HubError(f"{where}: its card declares no configs or splits, so --subset/--split cannot pick one")
-        return ("*.parquet", "**/*.parquet")
-    names = list(subsets)
-    if subset is None:
-        subset = "default" if "default" in names else names[0] if len(names) == 1 else None
-        if subset is None:
-            raise HubError(f"{where}: the dataset has several subsets ({', '.join(names)}); name one with --subset")
-    if subset not in names:
-        raise HubError(f"{where}: --subset {subset}: no such subset; it has {', '.join(names)}")
-    splits = subsets[subset]
-    if split is not None and split not in splits:
-        raise HubError(f"{where}: --split {split}: subset {subset} has splits {', '.join(splits)}")
-    chosen = [splits[split]] if split else list(splits.values())
-    return tuple(p for paths in chosen for p in paths)
-
-
-def _card_configs(card: Path) -> dict[str, dict[str, list[str]]]:
-    """subset → split → path patterns, as a dataset card's YAML header declares them (`configs:`), or {} (no card,
-    no header, no configs); every field checked as it is read."""
-    import yaml  # huggingface_hub's own dependency
-
-    if not card.is_file():
-        return {}
-    text = card.read_text(encoding="utf-8")
-    if not text.startswith("---"):
-        return {}
-    try:
-        header = yaml.safe_load(text.split("---", 2)[1]) or {}
-    except yaml.YAMLError as err:
-        raise HubError(f"{card}: unreadable YAML header ({str(err).splitlines()[0]})") from None
-    if not isinstance(header, dict):
-        raise HubError(f"{card}: its YAML header is not a mapping of fields")
-    configs = header.get("configs") or []
-    if not isinstance(configs, list):
-        raise HubError(f"{card}: configs {configs!r} is not a list of subsets")
-    subsets: dict[str, dict[str, list[str]]] = {}
-    for i, config in enumerate(configs):
-        if not isinstance(config, dict):
-            raise HubError(f"{card}: configs[{i}] {config!r} is not a mapping (config_name, data_files)")
-        name = config.get("config_name", "default")
-        if not isinstance(name, str) or not name:
-            raise HubError(f"{card}: configs[{i}].config_name {name!r} is not a name")
-        if name in subsets:
-            raise HubError(f"{card}: configs[{i}].config_name {name!r} names a subset declared before")
-        subsets[name] = _splits(config.get("data_files") or [], f"{card}: configs[{i}].data_files")
-    return subsets
-
-
-def _splits(files, where: str) -> dict[str, list[str]]:
-    """split → its path patterns, as a card's config lists its data_files (a pattern, a list of patterns or of
-    {split, path} entries, or a mapping of split to patterns, as the datasets library reads them); split names
-    that YAML reads as numbers are their text."""
-    if isinstance(files, str):
-        return {"train": [files]}
-    if isinstance(files, dict):
-        files = [{"split": split, "path": paths} for split, paths in files.items()]
-    if not isinstance(files, list):
-        raise HubError(f"{where} {files!r} is not a path pattern, a list of them or of splits (split, path)")
-    splits: dict[str, list[str]] = {}
-    for j, entry in enumerate(files):
-        if isinstance(entry, str):
-            splits.setdefault("train", []).append(entry)
-            continue
-        if not isinstance(entry, dict):
-            raise HubError(f"{where}[{j}] {entry!r} is not a path pattern or a split (split, path)")
-        split, paths = entry.get("split", "train"), entry.get("path")
-        if isinstance(split, bool) or not isinstance(split, (str, int)) or split == "":
-            raise HubError(f"{where}[{j}].split {split!r} is not a split name")
-        patterns = [paths] if isinstance(paths, str) else paths
-        if not isinstance(patterns, list) or not patterns or not all(isinstance(p, str) and p for p in patterns):
-            raise HubError(f"{where}[{j}].path {paths!r} is not a path pattern or a list of them")
-        splits.setdefault(str(split), []).extend(patterns)
-    return splits
-
-
-def _matching(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
+def matching_files(folder: Path, patterns: tuple[str, ...]) -> list[Path]:
     found = [p for p in folder.rglob("*") if p.is_file()
              and any(fnmatch.fnmatch(str(p.relative_to(folder)), pat) for pat in patterns)]
     return sorted(found)
-
-
-def _data_missing(folder: Path, patterns: tuple[str, ...]) -> str | None:
-    """"data files" when none match, the first absent shard of a split whose shards are numbered, else None."""
-    files = _matching(folder, patterns)
-    if not files:
-        return "data files (" + ", ".join(patterns) + ")"
-    for path in files:
-        match = SHARD.search(path.name)
-        if match:
-            width, total = len(match[1]), int(match[2])
-            for i in range(total):
-                name = path.name[:match.start(1)] + f"{i:0{width}d}" + path.name[match.end(1):]
-                if not (path.parent / name).is_file():
-                    return str((path.parent / name).relative_to(folder))
-    return None
-
-
-@dataclass(frozen=True)
-class Inputs:
-    """What `eval --model/--questions` name, as local paths, and where the hub ids among them came from."""
-
-    model_dir: Path | None
-    question_files: tuple[str, ...]
-    split: str | None  # --split as it still applies: a hub dataset's split is chosen by it, not renamed
-    sources: dict | None  # meta.json's "hub": {"model": Snapshot.to_json(), "questions": [...]}
-
-
-DATA_SUFFIXES = (".json", ".jsonl", ".parquet", ".csv", ".tsv", ".xlsx")  # a missing file, not a hub id
-
-
-def resolve_inputs(model: str | None, questions: tuple[str, ...], subset: str | None = None,
-                   split: str | None = None) -> Inputs:
-    """The local paths of `eval`'s --model and --questions, each hub id among them fetched (or found cached)."""
-    sources: dict = {}
-    model_dir = None
-    if model is not None:
-        model_dir, snapshot = local_or_hub(model, "--model")
-        if snapshot is not None:
-            sources["model"] = snapshot.to_json()
-    files: list[str] = []
-    hub_data = [q for q in questions if not Path(q).expanduser().exists() and not q.endswith(DATA_SUFFIXES)
-                and parse_hub_id(q)]
-    if subset is not None and not hub_data:
-        raise HubError(f"--subset {subset}: picks a subset of a hub dataset; give --questions ORG/NAME")
-    for source in questions:
-        if source not in hub_data:
-            files.append(source)
-            continue
-        paths, snapshot = dataset_files(source, "--questions", subset, split)
-        files += [str(p) for p in paths]
-        sources.setdefault("questions", []).append(snapshot.to_json())
-    return Inputs(model_dir, tuple(files), None if hub_data else split, sources or None)

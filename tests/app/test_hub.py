@@ -16,7 +16,8 @@ from hubserver import HubServer, Repo
 from tinymodels import QUESTIONS, synthetic_image, write_pope_set
 
 from pope_fast.cli import main
-from pope_fast.hub import HubError, _data_missing, _data_patterns, parse_hub_id
+from pope_fast.hub import HubError, parse_hub_id
+from pope_fast.hub_datasets import _data_missing, _data_patterns
 
 COMMIT = "a" * 40
 NEW_COMMIT = "b" * 40
@@ -362,7 +363,7 @@ def test_bench_takes_hub_ids_for_its_checkpoints_and_tokenizer(hub_env, shared, 
 
 
 def test_mme_by_hub_id_reads_as_its_parquet(hub_env, shared):
-    from pope_fast.hub import resolve_inputs
+    from pope_fast.hub_datasets import resolve_inputs
     from pope_fast.readout.benchmarks import benchmark_questions
 
     local = sorted((shared / "benchmarks" / "mme_synthetic").glob("**/*.parquet"))

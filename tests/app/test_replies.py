@@ -1,4 +1,4 @@
-"""What the sweep carries from the engine to a record (pope_fast/sweep.py's Reply and Outcome): a PromptResult's
+"""What the sweep carries from the engine to a record (pope_fast/replies.py): a PromptResult's
 answer fields, every one, and not its tensors; an error every method's folder records, or one method's refusal."""
 import json
 import math
@@ -9,7 +9,7 @@ import torch
 from pope_fast.engine import PromptResult
 from pope_fast.readout import Question, make_record
 from pope_fast.readout.records import AnswerFields
-from pope_fast.sweep import Outcome, Reply
+from pope_fast.replies import Outcome, Reply
 
 QUESTION = Question(4, "img1.jpg", "Is there a cat?", "no", "popular", "coco")
 ANSWER = dict(first_token_id=1939, candidate_logits={3869: -0.5, 1939: math.nan}, logsumexp=3.5, decoded="No",
