@@ -1,6 +1,7 @@
-"""`score --data`: the benchmark's question data implies the benchmark, so a result file that is not that
-benchmark's is refused as that benchmark's (what is wrong with it as one), never as POPE records; --data that is no
-benchmark's data, or another benchmark's than --benchmark names, is refused in one line."""
+"""`score --data`: the benchmark's question data implies the benchmark, so a result file that is not
+that benchmark's is refused as that benchmark's (what is wrong with it as one), never as POPE
+records; --data that is no benchmark's data, or another benchmark's than --benchmark names, is
+refused in one line."""
 import json
 
 import pytest
@@ -21,12 +22,14 @@ def test_data_implies_its_benchmark(shared, tmp_path):
     result_file = tmp_path / "answers.json"
     result_file.write_text(json.dumps({"id": 1, "response": "Yes"}))
     out = _score(result_file, "--data", amber)
-    assert out.exit_code == 1 and "answers.json: not a JSON list, as an AMBER response file is (a dict here)" \
-        in out.output, out.output
+    assert out.exit_code == 1 and "answers.json: not a JSON list, as an AMBER response file is " \
+        "(a dict here)" in out.output, out.output
     out = _score(result_file, "--data", hallusion)
-    assert out.exit_code == 1 and "answers.json: not a JSON list of HallusionBench rows" in out.output, out.output
+    assert out.exit_code == 1 \
+        and "answers.json: not a JSON list of HallusionBench rows" in out.output, out.output
     out = _score(result_file, "--data", result_file)
-    assert out.exit_code == 1 and f"--data {result_file}: no benchmark's question data" in out.output
+    assert out.exit_code == 1 \
+        and f"--data {result_file}: no benchmark's question data" in out.output
     out = _score(result_file, "--benchmark", "mme", "--data", hallusion)
     assert out.exit_code == 1 and "is hallusionbench's data, not mme's" in out.output
     assert "Traceback" not in out.output

@@ -1,5 +1,6 @@
-"""An empty result file is refused in one line naming it, never scored as 0 (issue 33): our records, a
-VLMEvalKit table, an lmms-eval samples log, an MME result file, AMBER and HallusionBench response files."""
+"""An empty result file is refused in one line naming it, never scored as 0 (issue 33): our records,
+a VLMEvalKit table, an lmms-eval samples log, an MME result file, AMBER and HallusionBench response
+files."""
 import re
 
 import pytest
@@ -22,8 +23,9 @@ MME_HEADER = "index\tquestion\tanswer\tprediction\tcategory\timage_path\n"
     ("results/OCR.txt", "", "mme", "no lines"),
     ("amber.json", "[]", "amber", "no answers in this file"),
     ("hallusionbench.json", "[]", "hallusionbench", "no answers in this file"),
-], ids=["records", "records-blank-lines", "vlmevalkit-pope", "vlmevalkit-pope-header-only", "lmms-eval-pope",
-        "lmms-eval-mme", "vlmevalkit-mme-header-only", "mme-result-file", "amber", "hallusionbench"])
+], ids=["records", "records-blank-lines", "vlmevalkit-pope", "vlmevalkit-pope-header-only",
+        "lmms-eval-pope", "lmms-eval-mme", "vlmevalkit-mme-header-only", "mme-result-file", "amber",
+        "hallusionbench"])
 def test_an_empty_result_file_is_refused_naming_it(tmp_path, name, content, named, needle):
     path = tmp_path / name
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,7 @@
 """MME (readout/benchmarks/mme/): the lmms-lab parquet, the three tools' rules and aggregations as
-../shared/benchmarks/mme_synthetic/README.md states them, the official result folder and lmms-eval's samples log.
-Most inputs are built here in tmp_path; the synthetic shared file is read where ../shared is present."""
+../shared/benchmarks/mme_synthetic/README.md states them, the official result folder and lmms-eval's
+samples log. Most inputs are built here in tmp_path; the synthetic shared file is read where
+../shared is present."""
 import json
 import re
 from pathlib import Path
@@ -11,8 +12,8 @@ from click.testing import CliRunner
 from pope_fast.cli import main
 from pope_fast.readout.benchmarks.base import Answer
 from pope_fast.readout.benchmarks.mme.benchmark import MME, read_questions, write_result_folder
-from pope_fast.readout.benchmarks.mme.rules import (COGNITION, PERCEPTION, SUBTASKS, lmms_eval_prompt, lmms_eval_read,
-                                                    official_read)
+from pope_fast.readout.benchmarks.mme.rules import (COGNITION, PERCEPTION, SUBTASKS,
+                                                    lmms_eval_prompt, lmms_eval_read, official_read)
 from pope_fast.readout.data import DataError, Question
 from pope_fast.readout.readouts import yorn
 
@@ -25,9 +26,10 @@ SUFFIX = " Please answer yes or no."
 
 def _row(category, n, answer, question=None, data=None):
     image = f"{n:04d}.png"
-    return {"question_id": f"{category}/{image}", "image": {"bytes": data or f"png-{category}-{n}".encode(),
-                                                             "path": image},
-            "question": question or f"Is it {category} {n} {answer}?{SUFFIX}", "answer": answer, "category": category}
+    return {"question_id": f"{category}/{image}",
+            "image": {"bytes": data or f"png-{category}-{n}".encode(), "path": image},
+            "question": question or f"Is it {category} {n} {answer}?{SUFFIX}", "answer": answer,
+            "category": category}
 
 
 def _rows(*categories, images=2):
@@ -40,7 +42,8 @@ def _parquet(path: Path, rows, drop=()):
     return path
 
 
-# ---- questions -------------------------------------------------------------------------------------------
+# ---- questions
+# -------------------------------------------------------------------------------------------
 
 def test_the_synthetic_file_reads_as_84_questions_on_42_images(shared):
     path = shared / SYNTHETIC
@@ -48,17 +51,19 @@ def test_the_synthetic_file_reads_as_84_questions_on_42_images(shared):
     assert len(questions) == 84 and len({q.key for q in questions}) == 84
     assert len({q.image for q in questions}) == 42
     first, second = questions[:2]
-    assert (first.key, first.image, first.label, first.split) == ("existence/0001.png#0", "existence/0001.png",
-                                                                  "yes", "existence")
+    assert (first.key, first.image, first.label, first.split) \
+        == ("existence/0001.png#0", "existence/0001.png", "yes", "existence")
     assert (second.key, second.label) == ("existence/0001.png#1", "no")
     assert first.text == "Is there a circle in this image? Please answer yes or no."
     assert first.image_data.startswith(b"\x89PNG") and first.image_data is second.image_data
-    assert {q.split for q in questions} == set(SUBTASKS) and {q.dataset for q in questions} == {"mme"}
+    assert {q.split for q in questions} == set(SUBTASKS) \
+        and {q.dataset for q in questions} == {"mme"}
     assert MME.detect(path) and MME.detect(path.parent)
 
 
 def test_keys_follow_file_order_within_an_image_and_shards_read_in_name_order(tmp_path):
-    # image 1's No row comes first and image 2's rows sit between image 1's: k is the order in the file
+    # image 1's No row comes first and image 2's rows sit between image 1's: k is the order in the
+    # file
     a_yes, a_no = _row("count", 1, "Yes"), _row("count", 1, "No")
     b_yes, b_no = _row("OCR", 2, "Yes"), _row("OCR", 2, "No")
     folder = tmp_path / "data"
@@ -79,15 +84,18 @@ def _three_questions(rows):
 @pytest.mark.parametrize("change, message", [
     (lambda rows: rows[3].update(answer="yes"), r"row 4: answer 'yes' is not Yes or No$"),
     (lambda rows: rows[2].update(answer="Maybe"), r"row 3: answer 'Maybe' is not Yes or No$"),
-    (lambda rows: rows[1].update(category="Existence"), r"row 2: category 'Existence' is not one of MME's 14"),
-    (_three_questions, r"row 1: image 'existence/0001.png' has 3 question\(s\); MME has 2 per image$"),
-    (lambda rows: rows.pop(), r"row 3: image 'existence/0002.png' has 1 question\(s\); MME has 2 per image$"),
+    (lambda rows: rows[1].update(category="Existence"),
+     r"row 2: category 'Existence' is not one of MME's 14"),
+    (_three_questions,
+     r"row 1: image 'existence/0001.png' has 3 question\(s\); MME has 2 per image$"),
+    (lambda rows: rows.pop(),
+     r"row 3: image 'existence/0002.png' has 1 question\(s\); MME has 2 per image$"),
     (lambda rows: rows[0]["image"].update(bytes=None), r"row 1: image has no embedded bytes$"),
     (lambda rows: rows[1]["image"].update(bytes=b"other"),
      r"row 2: image differs from the earlier image of question_id 'existence/0001.png'$"),
     (lambda rows: rows[0].update(question=" "), r"row 1: question ' ' is not a non-empty string$"),
-], ids=["lower-yes", "maybe", "category-case", "three-questions", "one-question", "no-bytes", "two-images",
-        "blank-question"])
+], ids=["lower-yes", "maybe", "category-case", "three-questions", "one-question", "no-bytes",
+        "two-images", "blank-question"])
 def test_bad_parquet_is_refused_naming_file_and_row(tmp_path, change, message):
     rows = _rows("existence")
     change(rows)
@@ -102,46 +110,56 @@ def test_a_missing_column_is_named(tmp_path):
     path = _parquet(tmp_path / "mme.parquet", _rows("existence"), drop=("category",))
     with pytest.raises(DataError, match=r"mme\.parquet: missing column\(s\) category$"):
         read_questions(path)
-    # its question_ids name MME's subtasks: told as MME's, so that eval names the column (read as POPE's parquet,
-    # its images clashed by name)
+    # its question_ids name MME's subtasks: told as MME's, so that eval names the column (read as
+    # POPE's parquet, its images clashed by name)
     assert MME.detect(path)
-    misspelt = _parquet(tmp_path / "misspelt.parquet", [{**r, "category": "colour"} for r in _rows("color")])
+    misspelt = _parquet(tmp_path / "misspelt.parquet",
+                        [{**r, "category": "colour"} for r in _rows("color")])
     assert MME.detect(misspelt)
     for data, message in ((path, r"mme\.parquet: missing column\(s\) category$"),
-                          (misspelt, r"misspelt\.parquet row 1: category 'colour' is not one of MME's 14 subtasks")):
-        result = CliRunner().invoke(main, ["eval", "--questions", str(data), "--out", str(tmp_path / "run"),
-                                           "--device", "cpu"])
-        assert result.exit_code != 0 and re.search(message, result.output.strip().splitlines()[-1]), result.output
+                          (misspelt, r"misspelt\.parquet row 1: category 'colour' is not one of "
+                                     r"MME's 14 subtasks")):
+        result = CliRunner().invoke(main, ["eval", "--questions", str(data), "--out",
+                                           str(tmp_path / "run"), "--device", "cpu"])
+        assert result.exit_code != 0 \
+            and re.search(message, result.output.strip().splitlines()[-1]), result.output
 
 
-# ---- reading the answer ----------------------------------------------------------------------------------
+# ---- reading the answer
+# ----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("text, decision", [
     ("Yes", "yes"), ("No", "no"), ("Not sure", "no"), ("None", "no"), ("Yes, no doubt", "yes"),
     ("  yes", "unknown"), ("y", "unknown"), ("The answer is yes", "unknown"), ("", "unknown"),
-    ("yes\n", "yes"), ("no\n", "no"), ("y\n", "unknown"), ("nope", "no"), (" no", "no"), ("Yes.", "yes"),
+    ("yes\n", "yes"), ("no\n", "no"), ("y\n", "unknown"), ("nope", "no"), (" no", "no"),
+    ("Yes.", "yes"),
 ])
 def test_official_reading(text, decision):
     assert official_read(text) == decision
 
 
 def test_a_lines_trailing_newline_never_changes_the_official_reading():
-    """calculation.py keeps "\\n" on every line but a file's last (README); the reading is the same either way."""
-    texts = ["yes", "no", "y", "n", "ye", "noo", "No.", "  yes", " no", "nay", "yes!", "Not sure", "", " ", "x"]
+    """calculation.py keeps "\\n" on every line but a file's last (README); the reading is the same
+    either way."""
+    texts = ["yes", "no", "y", "n", "ye", "noo", "No.", "  yes", " no", "nay", "yes!", "Not sure",
+             "", " ", "x"]
     assert all(official_read(t) == official_read(t + "\n") for t in texts)
 
 
 @pytest.mark.parametrize("text, decision", [
     ("y", "yes"), ("n", "no"), ("Yes.", "yes"), ("  yes", "yes"), ("YES\n", "yes"), (" N. ", "no"),
-    ("x", "unknown"), ("Not sure", "no"), ("The answer is yes", "unknown"), ("", "unknown"), ("yes.no", "yes"),
-    ("<think>No.</think> Yes", "yes"),   # the evaluator's reasoning-tag strip first (readouts.lmms_eval_scored_text)
+    ("x", "unknown"), ("Not sure", "no"), ("The answer is yes", "unknown"), ("", "unknown"),
+    ("yes.no", "yes"),
+    # the evaluator's reasoning-tag strip first (readouts.lmms_eval_scored_text)
+    ("<think>No.</think> Yes", "yes"),
 ])
 def test_lmms_eval_reading(text, decision):
     assert lmms_eval_read(text) == decision
 
 
 @pytest.mark.parametrize("text, decision", [
-    ("Not sure", "unknown"), ("Yes, no doubt.", "unknown"), ("Yes.", "yes"), ("  yes", "yes"), ("y", "unknown"),
+    ("Not sure", "unknown"), ("Yes, no doubt.", "unknown"), ("Yes.", "yes"), ("  yes", "yes"),
+                                            ("y", "unknown"),
     ("No, there is none.", "no"),
 ])
 def test_vlmevalkit_reading(text, decision):
@@ -151,18 +169,22 @@ def test_vlmevalkit_reading(text, decision):
 def test_rules_their_order_headlines_and_prompts():
     assert list(MME.rules) == ["official", "lmms-eval", "vlmevalkit"]
     assert [r.headline for r in MME.rules.values()] == [("Perception", "Cognition"),
-                                                        ("mme_perception_score", "mme_cognition_score"),
+                                                        ("mme_perception_score",
+                                                         "mme_cognition_score"),
                                                         ("perception", "reasoning")]
     assert MME.rules["official"].prompt is None and MME.rules["vlmevalkit"].prompt is None
     assert MME.rules["lmms-eval"].prompt is lmms_eval_prompt
-    assert lmms_eval_prompt("  Is a python code shown in the picture? Please answer yes or no. ") == \
-        "Is a python code shown in the picture?\nAnswer the question using a single word or phrase."
-    assert lmms_eval_prompt("Is it red?") == "Is it red?\nAnswer the question using a single word or phrase."
+    assert lmms_eval_prompt("  Is a python code shown in the picture? Please answer yes or no. ") \
+        == "Is a python code shown in the picture?\n" \
+           "Answer the question using a single word or phrase."
+    assert lmms_eval_prompt("Is it red?") \
+        == "Is it red?\nAnswer the question using a single word or phrase."
     assert all(r.sources for r in MME.rules.values())
     assert len(PERCEPTION) == 10 and len(COGNITION) == 4
 
 
-# ---- aggregation -----------------------------------------------------------------------------------------
+# ---- aggregation
+# -----------------------------------------------------------------------------------------
 
 def _answers(split, *images):
     """images: per image, a list of (label, decision)."""
@@ -176,18 +198,21 @@ UNKNOWN_ONE = [("yes", "unknown"), ("no", "no")]
 
 def test_aggregations_against_hand_derived_numbers():
     # existence: 3 images (both right, one right, one right): acc = 4/6, acc+ = 1/3.
-    #   official and VLMEvalKit: 4/6*100 + 1/3*100 = 66.666…67 + 33.333…33 = 99.99999999999999 in floats;
+    #   official and VLMEvalKit: 4/6*100 + 1/3*100 = 66.666…67 + 33.333…33 = 99.99999999999999
+    #   in floats;
     #   lmms-eval: mean over images of acc+acc_plus = (200 + 50 + 50) / 3 = 100.0.
     # count: 2 images both right: 100 + 100 = 200 everywhere.
     # code_reasoning: 1 image, its yes question read as unknown (wrong), its no right: 50 + 0 = 50.
     answers = _answers("existence", RIGHT, WRONG, WRONG) + _answers("count", RIGHT, RIGHT) + \
         _answers("code_reasoning", UNKNOWN_ONE)
     official = MME.rules["official"].aggregate(answers)
-    assert official["existence/acc"] == 4 / 6 * 100 and official["existence/acc_plus"] == 1 / 3 * 100
+    assert official["existence/acc"] == 4 / 6 * 100 \
+        and official["existence/acc_plus"] == 1 / 3 * 100
     assert official["existence/score"] == 99.99999999999999
     assert official["count/score"] == 200.0 and official["code_reasoning/score"] == 50.0
     assert official["code_reasoning/acc"] == 50.0 and official["code_reasoning/acc_plus"] == 0.0
-    # Perception = existence + count = 99.99999999999999 + 200 (which rounds to 300.0); Cognition = 50
+    # Perception = existence + count = 99.99999999999999 + 200 (which rounds to 300.0); Cognition =
+    # 50
     assert official["Perception"] == 300.0 and official["Cognition"] == 50.0
     assert list(official)[:2] == ["Perception", "Cognition"]
     lmms = MME.rules["lmms-eval"].aggregate(answers)
@@ -205,9 +230,10 @@ def test_a_group_without_answers_has_no_total():
 
 
 def test_how_an_unknown_counts_in_each_rule():
-    # One image: "Yes" to its yes question, "Not sure" to its no question. calculation.py and lmms-eval read
-    # "Not sure" as no (its first 4 characters "not " hold "no"): both right, 100 + 100 = 200. VLMEvalKit
-    # reads it as Unknown, which exact_matching scores wrong: acc 1/2, acc+ 0 → 50.
+    # One image: "Yes" to its yes question, "Not sure" to its no question. calculation.py and
+    # lmms-eval read "Not sure" as no (its first 4 characters "not " hold "no"): both right, 100 +
+    # 100 = 200. VLMEvalKit reads it as Unknown, which exact_matching scores wrong: acc 1/2, acc+ 0
+    # → 50.
     texts = [("yes", "Yes"), ("no", "Not sure")]
     scores = {}
     for name, rule in MME.rules.items():
@@ -219,15 +245,18 @@ def test_how_an_unknown_counts_in_each_rule():
     # and a decision of unknown for a no label is wrong, never taken as no
     unknown = _answers("scene", [("yes", "yes"), ("no", "unknown")])
     assert [MME.rules[n].aggregate(unknown)[k] for n, k in
-            (("official", "scene/score"), ("lmms-eval", "scene"), ("vlmevalkit", "scene"))] == [50.0] * 3
+            (("official", "scene/score"), ("lmms-eval", "scene"), ("vlmevalkit", "scene"))] \
+        == [50.0] * 3
 
 
 def test_vlmevalkits_product_agrees_with_both_right_for_two_answers_and_takes_the_first_two_of_three():
-    # With 2 answers of 0/1, val[0]*val[1] is 1 exactly when both are right, so it agrees with calculation.py;
-    # it differs only on an image with 3 answers (none in MME): it multiplies the first two (right, right → 1)
-    # and averages all three for acc (2/3), where calculation.py and lmms-eval refuse anything but 2.
+    # With 2 answers of 0/1, val[0]*val[1] is 1 exactly when both are right, so it agrees with
+    # calculation.py; it differs only on an image with 3 answers (none in MME): it multiplies the
+    # first two (right, right → 1) and averages all three for acc (2/3), where calculation.py and
+    # lmms-eval refuse anything but 2.
     two = _answers("color", RIGHT, WRONG)
-    assert MME.rules["vlmevalkit"].aggregate(two)["color"] == MME.rules["official"].aggregate(two)["color/score"]
+    assert MME.rules["vlmevalkit"].aggregate(two)["color"] \
+        == MME.rules["official"].aggregate(two)["color/score"]
     three = _answers("color", RIGHT + [("no", "yes")])
     vlm = MME.rules["vlmevalkit"].aggregate(three)
     assert vlm["color/acc"] == 2 / 3 * 100 and vlm["color/acc_plus"] == 100.0
@@ -240,11 +269,13 @@ def test_vlmevalkits_product_agrees_with_both_right_for_two_answers_and_takes_th
         MME.rules["official"].aggregate(_answers("adversarial", RIGHT))
 
 
-# ---- the official result folder ----------------------------------------------------------------------------
+# ---- the official result folder
+# ----------------------------------------------------------------------------
 
 def _questions(*categories):
     """Two images per category, the Yes question first, keyed as MME.questions keys the parquet."""
-    return [Question(f"{c}/{n:04d}.png#{k}", f"{c}/{n:04d}.png", f"Is it {c} {n} {a}?{SUFFIX}", a.lower(), c, "mme")
+    return [Question(f"{c}/{n:04d}.png#{k}", f"{c}/{n:04d}.png", f"Is it {c} {n} {a}?{SUFFIX}",
+                     a.lower(), c, "mme")
             for c in categories for n in (1, 2) for k, a in enumerate(("Yes", "No"))]
 
 
@@ -258,7 +289,8 @@ def test_written_result_folder_is_the_official_layout_and_reads_back(tmp_path):
     assert lines[:2] == [f"0001.png\tIs it OCR 1 Yes?{SUFFIX}\tYes\tYes 0",
                          f"0001.png\tIs it OCR 1 No?{SUFFIX}\tNo\tNo because  it is not"]
     assert len(lines) == 5 and lines[-1] == ""  # 4 lines, each ending in "\n"
-    expected = {k: v.replace("\t", " ").replace("\r", " ").replace("\n", " ") for k, v in texts.items()}
+    expected = {k: v.replace("\t", " ").replace("\r", " ").replace("\n", " ")
+                for k, v in texts.items()}
     for given in (None, questions):
         responses = MME.responses(tmp_path / "results", given)
         assert {r.key: r.text for r in responses} == expected
@@ -269,11 +301,14 @@ def test_written_result_folder_is_the_official_layout_and_reads_back(tmp_path):
 
 
 def test_reading_matches_questions_by_subtask_image_and_text_not_by_position(tmp_path):
-    # the data's k order (Yes first) differs from the file's (No first): with questions the keys follow the text
+    # the data's k order (Yes first) differs from the file's (No first): with questions the keys
+    # follow the text
     questions = _questions("color")
     (tmp_path / "color.txt").write_text(
-        f"0001.png\tIs it color 1 No?{SUFFIX}\tNo\tno\n0001.png\tIs it color 1 Yes?{SUFFIX}\tYes\tyes\n"
-        f"0002.png\tIs it color 2 Yes?{SUFFIX}\tYes\tyes\n0002.png\tIs it color 2 No?{SUFFIX}\tNo\tno")
+        f"0001.png\tIs it color 1 No?{SUFFIX}\tNo\tno\n"
+        f"0001.png\tIs it color 1 Yes?{SUFFIX}\tYes\tyes\n"
+        f"0002.png\tIs it color 2 Yes?{SUFFIX}\tYes\tyes\n"
+        f"0002.png\tIs it color 2 No?{SUFFIX}\tNo\tno")
     matched = MME.responses(tmp_path, questions)
     assert [r.key for r in matched] == ["color/0001.png#1", "color/0001.png#0", "color/0002.png#0",
                                         "color/0002.png#1"]
@@ -283,21 +318,26 @@ def test_reading_matches_questions_by_subtask_image_and_text_not_by_position(tmp
 
 def test_a_crlf_result_file_reads_as_readlines_splits_it(tmp_path):
     (tmp_path / "scene.txt").write_bytes(b"a.jpg\tq1\tYes\tYes\r\na.jpg\tq2\tNo\tNo\r\n")
-    assert [(r.key, r.text) for r in MME.responses(tmp_path / "scene.txt")] == [("scene/a.jpg#0", "Yes"),
-                                                                                ("scene/a.jpg#1", "No")]
+    assert [(r.key, r.text) for r in MME.responses(tmp_path / "scene.txt")] \
+        == [("scene/a.jpg#0", "Yes"), ("scene/a.jpg#1", "No")]
 
 
 GOOD = "a.jpg\tq1\tYes\tyes\na.jpg\tq2\tNo\tno\n"
 
 
 @pytest.mark.parametrize("name, text, message", [
-    ("OCR.txt", "a.jpg\tq1\tYes\na.jpg\tq2\tNo\tno\n", r"OCR\.txt:1: 3 tab-separated fields, not 4"),
-    ("OCR.txt", "a.jpg\tq1\tYes\tyes\ta\na.jpg\tq2\tNo\tno\n", r"OCR\.txt:1: 5 tab-separated fields, not 4"),
+    ("OCR.txt", "a.jpg\tq1\tYes\na.jpg\tq2\tNo\tno\n",
+     r"OCR\.txt:1: 3 tab-separated fields, not 4"),
+    ("OCR.txt", "a.jpg\tq1\tYes\tyes\ta\na.jpg\tq2\tNo\tno\n",
+     r"OCR\.txt:1: 5 tab-separated fields, not 4"),
     ("OCR.txt", GOOD + "\n", r"OCR\.txt:3: 1 tab-separated fields, not 4"),
-    ("OCR.txt", "a.jpg\tq1\tyes\tyes\na.jpg\tq2\tNo\tno\n", r"OCR\.txt:1: gt 'yes' is not Yes or No$"),
+    ("OCR.txt", "a.jpg\tq1\tyes\tyes\na.jpg\tq2\tNo\tno\n",
+     r"OCR\.txt:1: gt 'yes' is not Yes or No$"),
     ("OCR.txt", GOOD + "b.jpg\tq1\tYes\tyes\n", r"OCR\.txt:3: odd line count \(3\)"),
-    ("OCR.txt", "a.jpg\tq1\tYes\tyes\nb.jpg\tq2\tNo\tno\n", r"OCR\.txt:2: image 'b\.jpg' after 'a\.jpg'"),
-    ("OCR.txt", GOOD + GOOD, r"OCR\.txt:3: image 'a\.jpg' has more than 2 lines \(first at line 1\)$"),
+    ("OCR.txt", "a.jpg\tq1\tYes\tyes\nb.jpg\tq2\tNo\tno\n",
+     r"OCR\.txt:2: image 'b\.jpg' after 'a\.jpg'"),
+    ("OCR.txt", GOOD + GOOD,
+     r"OCR\.txt:3: image 'a\.jpg' has more than 2 lines \(first at line 1\)$"),
     ("Existence.txt", GOOD, r"Existence\.txt: 'Existence' is not an MME subtask"),
     ("OCR.txt", "", r"OCR\.txt: no lines$"),
 ])
@@ -305,7 +345,8 @@ def test_malformed_result_lines_are_refused_naming_file_and_line(tmp_path, name,
     (tmp_path / name).write_text(text, newline="")
     with pytest.raises(DataError) as err:
         MME.responses(tmp_path / name)
-    assert str(err.value).startswith(str(tmp_path / name)) and re.search(message, str(err.value)), err.value
+    assert str(err.value).startswith(str(tmp_path / name)) \
+        and re.search(message, str(err.value)), err.value
     assert "\n" not in str(err.value)
     if name != "Existence.txt":  # the same from its folder
         with pytest.raises(DataError, match=re.escape(str(err.value))):
@@ -313,22 +354,29 @@ def test_malformed_result_lines_are_refused_naming_file_and_line(tmp_path, name,
 
 
 def test_a_result_folder_reads_its_subtasks_files_and_no_other(tmp_path):
-    """calculation.py opens each subtask's file by name: a notes.txt beside them was "no such records file" (the folder
-    was not told as MME's); a folder with no subtask's file names the files it holds."""
+    """calculation.py opens each subtask's file by name: a notes.txt beside them was "no such
+    records file" (the folder was not told as MME's); a folder with no subtask's file names the
+    files it holds."""
     (tmp_path / "OCR.txt").write_text(GOOD)
     (tmp_path / "notes.txt").write_text("run on the 3rd\n")
-    assert MME.detect(tmp_path) and [r.key for r in MME.responses(tmp_path)] == ["OCR/a.jpg#0", "OCR/a.jpg#1"]
+    assert MME.detect(tmp_path) \
+        and [r.key for r in MME.responses(tmp_path)] == ["OCR/a.jpg#0", "OCR/a.jpg#1"]
     result = CliRunner().invoke(main, ["score", str(tmp_path), "--format", "json"])
-    assert result.exit_code == 0 and json.loads(result.output)["runs"][0]["benchmark"] == "mme", result.output
+    assert result.exit_code == 0 \
+        and json.loads(result.output)["runs"][0]["benchmark"] == "mme", result.output
     (tmp_path / "OCR.txt").rename(tmp_path / "Existence.txt")
-    with pytest.raises(DataError, match=re.escape(f"{tmp_path}: no <subtask>.txt result files in this folder "
-                                                  "(Existence.txt, notes.txt name no subtask); MME's subtasks: ")):
+    with pytest.raises(DataError,
+                       match=re.escape(f"{tmp_path}: no <subtask>.txt result files in this folder "
+                                       "(Existence.txt, notes.txt name no subtask); "
+                                       "MME's subtasks: ")):
         MME.responses(tmp_path)
 
 
 @pytest.mark.parametrize("line, message", [
-    (f"0003.png\tIs it OCR 1 Yes?{SUFFIX}\tYes\tyes", "no question of the data is OCR image '0003.png' asking"),
-    (f"0001.png\tIs it OCR 1 Yes?{SUFFIX}\tNo\tyes", "gt No but the data's label of question OCR/0001.png#0 is yes"),
+    (f"0003.png\tIs it OCR 1 Yes?{SUFFIX}\tYes\tyes",
+     "no question of the data is OCR image '0003.png' asking"),
+    (f"0001.png\tIs it OCR 1 Yes?{SUFFIX}\tNo\tyes",
+     "gt No but the data's label of question OCR/0001.png#0 is yes"),
 ])
 def test_a_line_the_questions_lack_is_refused(tmp_path, line, message):
     (tmp_path / "OCR.txt").write_text(f"{line}\n{line}\n")
@@ -340,13 +388,14 @@ def test_the_writer_refuses_what_calculation_py_would_mispair(tmp_path):
     questions = _questions("OCR")
     with pytest.raises(DataError, match=r"question OCR/0002\.png#1: no answer text to write"):
         write_result_folder(tmp_path, questions, {q.key: "yes" for q in questions[:3]})
-    with pytest.raises(DataError, match=r"OCR image 'OCR/0002\.png' has 1 questions; calculation\.py needs 2"):
+    with pytest.raises(DataError,
+                       match=r"OCR image 'OCR/0002\.png' has 1 questions; calculation\.py needs 2"):
         write_result_folder(tmp_path, questions[:3], {q.key: "yes" for q in questions})
 
 
 def test_the_synthetic_file_through_the_official_folder(shared, tmp_path):
-    # every answer "Yes": each subtask has acc 1/2 and acc+ 0 (no image has both right): 50 + 0 = 50;
-    # Perception 10 × 50 = 500, Cognition 4 × 50 = 200, the same under every rule.
+    # every answer "Yes": each subtask has acc 1/2 and acc+ 0 (no image has both right): 50 + 0 =
+    # 50; Perception 10 × 50 = 500, Cognition 4 × 50 = 200, the same under every rule.
     questions = MME.questions(shared / SYNTHETIC)
     write_result_folder(tmp_path, questions, {q.key: "Yes" for q in questions})
     responses = MME.responses(tmp_path, questions)
@@ -358,14 +407,18 @@ def test_the_synthetic_file_through_the_official_folder(shared, tmp_path):
     assert totals == [[500.0, 200.0]] * 3
 
 
-# ---- lmms-eval's samples log --------------------------------------------------------------------------------
+# ---- lmms-eval's samples log
+# --------------------------------------------------------------------------------
 
 def _sample(doc_id, question, text, flat=True):
     metric = "mme_perception_score" if question.split in PERCEPTION else "mme_cognition_score"
-    row = {"doc_id": doc_id, "target": question.label.capitalize(), "filtered_resps": text if flat else [text],
+    row = {"doc_id": doc_id, "target": question.label.capitalize(),
+           "filtered_resps": text if flat else [text],
            metric: {"question_id": question.image, "category": question.split, "score": 1.0}}
-    if not flat:  # before v0.7 the log kept the doc (images left out) and wrapped the response in a list
-        row["doc"] = {"question_id": question.image, "question": question.text, "answer": row["target"]}
+    # before v0.7 the log kept the doc (images left out) and wrapped the response in a list
+    if not flat:
+        row["doc"] = {"question_id": question.image, "question": question.text,
+                      "answer": row["target"]}
         row["resps"] = [[text]]
     return json.dumps(row)
 
@@ -384,14 +437,17 @@ def test_lmms_eval_samples_are_keyed_by_question_id_in_doc_id_order(tmp_path, fl
 
 
 @pytest.mark.parametrize("row, message", [
-    ({"doc_id": 0, "target": "Yes", "filtered_resps": "yes"}, "no mme_perception_score or mme_cognition_score"),
+    ({"doc_id": 0, "target": "Yes", "filtered_resps": "yes"},
+     "no mme_perception_score or mme_cognition_score"),
     ({"doc_id": 0, "target": "yes", "filtered_resps": "yes",
-      "mme_perception_score": {"question_id": "count/0001.png", "category": "count"}}, "target 'yes' is not Yes or No"),
+      "mme_perception_score": {"question_id": "count/0001.png", "category": "count"}},
+     "target 'yes' is not Yes or No"),
     ({"doc_id": 0, "target": "Yes", "filtered_resps": ["a", "b"],
       "mme_perception_score": {"question_id": "count/0001.png", "category": "count"}},
      "filtered_resps ['a', 'b'] holds no one answer text"),
     ({"doc_id": 0, "target": "Yes", "filtered_resps": "yes",
-      "mme_perception_score": {"question_id": "x/1.png", "category": "x"}}, "category 'x' is not an MME subtask"),
+      "mme_perception_score": {"question_id": "x/1.png", "category": "x"}},
+     "category 'x' is not an MME subtask"),
 ])
 def test_a_bad_samples_row_is_refused_naming_its_line(tmp_path, row, message):
     path = tmp_path / "samples_mme.jsonl"
@@ -403,12 +459,16 @@ def test_a_bad_samples_row_is_refused_naming_its_line(tmp_path, row, message):
 
 def test_a_sample_the_questions_lack_is_refused(tmp_path):
     path = tmp_path / "samples_mme.jsonl"
-    path.write_text(_sample(0, _questions("count")[1], "no") + "\n")  # the No question, but as k = 0 here
-    with pytest.raises(DataError, match=re.escape(f"{path}:1: count/0001.png#0 (no) is no question of the data")):
+    # the No question, but as k = 0 here
+    path.write_text(_sample(0, _questions("count")[1], "no") + "\n")
+    with pytest.raises(DataError,
+                       match=re.escape(f"{path}:1: count/0001.png#0 (no) "
+                                       "is no question of the data")):
         MME.responses(path, _questions("count"))
 
 
-# ---- detect ------------------------------------------------------------------------------------------------
+# ---- detect
+# ------------------------------------------------------------------------------------------------
 
 def test_detect_refuses_what_is_not_mme(tmp_path):
     pope = {"question_id": [1, 2], "question": ["Is there a dog?"] * 2, "answer": ["yes", "no"],
@@ -423,7 +483,9 @@ def test_detect_refuses_what_is_not_mme(tmp_path):
     notes = tmp_path / "notes"
     notes.mkdir()
     (notes / "notes.txt").write_text("x")
-    # a result folder with a notes.txt beside its subtasks' files is MME's (test_a_result_folder_reads_its_subtasks_
-    # files_and_no_other); a folder of .txt files none of which names a subtask is not
-    assert [MME.detect(p) for p in (tmp_path / "pope.parquet", tmp_path / "notes.jsonl", others, mme,
-                                    others / "OCR.txt", notes)] == [False, False, True, True, True, False]
+    # a result folder with a notes.txt beside its subtasks' files is MME's
+    # (test_a_result_folder_reads_its_subtasks_files_and_no_other); a folder of .txt files none of
+    # which names a subtask is not
+    assert [MME.detect(p) for p in (tmp_path / "pope.parquet", tmp_path / "notes.jsonl", others,
+                                    mme, others / "OCR.txt", notes)] \
+        == [False, False, True, True, True, False]

@@ -1,5 +1,6 @@
-"""What every family's quirks file shares: its tiny checkpoint, fp32 transformers model and oracle, each the session's
-(registry.Tiny), found by the module's FAMILY (its model_type), and an engine of that checkpoint."""
+"""What every family's quirks file shares: its tiny checkpoint, fp32 transformers model and oracle,
+each the session's (registry.Tiny), found by the module's FAMILY (its model_type), and an engine of
+that checkpoint."""
 import pytest
 
 from pope_fast.engine import Engine, Settings

@@ -16,9 +16,11 @@ IMAGES = REGISTRY[FAMILY].images
 
 @pytest.mark.slow
 def test_the_question_reaches_the_image_tokens(engine):
-    """The Q-Former reads the prompt: one image's 4 query features differ from question to question."""
+    """The Q-Former reads the prompt: one image's 4 query features differ from question to question.
+    """
     features = engine.features(IMAGES[0])
-    a, b = engine.model.prompt_features([ImagePrompts(features, [engine.prompt(q) for q in QUESTIONS[:2]])])[0]
+    prompts = [engine.prompt(q) for q in QUESTIONS[:2]]
+    a, b = engine.model.prompt_features([ImagePrompts(features, prompts)])[0]
     assert a.shape == b.shape == (4, engine.model.lm.dims.hidden_size) and not torch.allclose(a, b)
 
 
@@ -36,8 +38,8 @@ def test_sweep_runs_the_vit_once_per_image(checkpoint, tmp_path):
 @pytest.mark.slow
 def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoint, tmp_path):
     """string_parse_with_prompt reads what the paper's InstructBLIP adapter parsed: generate's whole
-    output, prompt included, decoded (6 new tokens); the prompt's 'yes' decides every question, so it
-    scores the all-yes floor (F1 0.6667 on a balanced split), the published row."""
+    output, prompt included, decoded (6 new tokens); the prompt's 'yes' decides every question, so
+    it scores the all-yes floor (F1 0.6667 on a balanced split), the published row."""
     import json
 
     from PIL import Image
@@ -47,7 +49,8 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
     questions = {q.question_id: q for q in load_questions(files[0])}
     engine = Engine.load(checkpoint, Settings(), readouts="string_parse,string_parse_with_prompt")
     [run] = run_plain(engine, list(questions.values()), images, tmp_path / "out").runs
-    model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    model = InstructBlipForConditionalGeneration.from_pretrained(str(checkpoint),
+                                                                 dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     for line in (tmp_path / "out/records.jsonl").read_text().splitlines():
         r = json.loads(line)
@@ -55,10 +58,12 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
         inputs = processor(images=Image.open(images / r["image"]), text=text, return_tensors="pt")
         with torch.no_grad():
             sequence = model.generate(**inputs, max_new_tokens=6, do_sample=False)[0]
-        assert r["decoded_sequence"] == processor.tokenizer.decode(sequence, skip_special_tokens=True)
+        assert r["decoded_sequence"] \
+            == processor.tokenizer.decode(sequence, skip_special_tokens=True)
         assert r["predictions"]["string_parse_with_prompt"] == "yes"
     m = run["readouts"]["string_parse_with_prompt"]
-    assert (m["tp"], m["fp"], m["tn"], m["fn"], m["f1"]) == (len(questions) // 2, len(questions) // 2, 0, 0, 2 / 3)
+    assert (m["tp"], m["fp"], m["tn"], m["fn"], m["f1"]) \
+        == (len(questions) // 2, len(questions) // 2, 0, 0, 2 / 3)
     assert json.loads((tmp_path / "out/meta.json").read_text())["generation"] == {
         "string_parse": {"max_new_tokens": 6, "first_sentence": False},
         "string_parse_with_prompt": {"max_new_tokens": 6, "first_sentence": False}}
@@ -66,13 +71,14 @@ def test_whole_sequence_readout_is_the_papers_instructblip_string_parse(checkpoi
 
 @pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocols(checkpoint):
-    """VLMEvalKit runs InstructBLIP through LAVIS: the bare question, its beam search (5 beams, repetition penalty
-    1.5 over the output, max_length 256 with the prompt), fp16, the autocast's rounding said."""
+    """VLMEvalKit runs InstructBLIP through LAVIS: the bare question, its beam search (5 beams,
+    repetition penalty 1.5 over the output, max_length 256 with the prompt), fp16, the autocast's
+    rounding said."""
     from pope_fast.coverage import protocol_for
 
     lavis = protocol_for(checkpoint, "vlmevalkit")
-    assert (lavis.template, lavis.num_beams, lavis.repetition_penalty, lavis.length_penalty, lavis.max_length,
-            lavis.generation_config, lavis.image_reencode, lavis.dtype) == \
+    assert (lavis.template, lavis.num_beams, lavis.repetition_penalty, lavis.length_penalty,
+            lavis.max_length, lavis.generation_config, lavis.image_reencode, lavis.dtype) == \
         ("vlmevalkit_instructblip", 5, 1.5, 1.0, 256, "greedy_output", "rgb", "fp16")
     assert len(lavis.deviations) == 1 and "autocast" in lavis.deviations[0]
     assert protocol_for(checkpoint, "lmms-eval").num_beams == 1
@@ -80,9 +86,10 @@ def test_protocols(checkpoint):
 
 @pytest.mark.slow
 def test_pixels_are_lavis_blip_image_eval(checkpoint):
-    """LAVIS's blip_image_eval (processors/blip_processors.py l.18-25, l.167-182: torchvision's Resize to the square
-    with bicubic, which resizes a PIL image with PIL's, ToTensor, Normalize with CLIP's mean and std) of the RGB
-    image is the engine's pixels, bit for bit, at the tiny checkpoint's size."""
+    """LAVIS's blip_image_eval (processors/blip_processors.py l.18-25, l.167-182: torchvision's
+    Resize to the square with bicubic, which resizes a PIL image with PIL's, ToTensor, Normalize
+    with CLIP's mean and std) of the RGB image is the engine's pixels, bit for bit, at the tiny
+    checkpoint's size."""
     import numpy as np
     from PIL import Image
 
@@ -92,6 +99,6 @@ def test_pixels_are_lavis_blip_image_eval(checkpoint):
     std = torch.tensor((0.26862954, 0.26130258, 0.27577711))[:, None, None]
     for image in [*IMAGES, IMAGES[0].convert("P")]:
         rgb = image.convert("RGB")
-        theirs = (torch.from_numpy(np.array(rgb.resize((side, side), Image.BICUBIC))).permute(2, 0, 1).float()
-                  .div(255) - mean) / std
+        resized = np.array(rgb.resize((side, side), Image.BICUBIC))
+        theirs = (torch.from_numpy(resized).permute(2, 0, 1).float().div(255) - mean) / std
         assert np.array_equal(engine.model.preprocess(rgb), theirs.numpy()), image.size

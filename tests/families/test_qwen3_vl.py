@@ -1,6 +1,7 @@
-"""Qwen3-VL's quirks (a 4-block ViT of 16-px patches with DeepStack mergers on blocks 0 and 2, their features
-added after language-model layers 0 and 1 of 3; Qwen3, q_norm and k_norm, with interleaved M-RoPE): its battery
-against Qwen3VLForConditionalGeneration is test_battery's qwen3_vl cases, on registry.GRIDS in 32-px units."""
+"""Qwen3-VL's quirks (a 4-block ViT of 16-px patches with DeepStack mergers on blocks 0 and 2, their
+features added after language-model layers 0 and 1 of 3; Qwen3, q_norm and k_norm, with interleaved
+M-RoPE): its battery against Qwen3VLForConditionalGeneration is test_battery's qwen3_vl cases, on
+registry.GRIDS in 32-px units."""
 
 from functools import partial
 
@@ -20,14 +21,16 @@ IMAGES = REGISTRY[FAMILY].images
 
 @pytest.mark.slow
 def test_dims_are_qwen3s(engine):
-    """Qwen3's q/k norms, two DeepStack layers, interleaved M-RoPE and no qkv bias, read off the config."""
+    """Qwen3's q/k norms, two DeepStack layers, interleaved M-RoPE and no qkv bias, read off the
+    config."""
     assert engine.model.lm.dims.qk_norm and engine.model.lm.dims.deepstack == 2
     assert engine.model.lm.dims.mrope_interleaved and not engine.model.lm.dims.qkv_bias
 
 
 @pytest.mark.slow
 def test_pixels_are_the_processors_bit_for_bit(checkpoint, engine):
-    """16-px patches: the fast pixel path (taken here) gives the image processor's patches and grid exactly."""
+    """16-px patches: the fast pixel path (taken here) gives the image processor's patches and grid
+    exactly."""
     _, image_processor = _processors(checkpoint)
     assert engine.model._fast_pixels is not None and image_processor.patch_size == 16
     for image, (rows, cols) in zip(IMAGES, GRIDS):
@@ -35,13 +38,14 @@ def test_pixels_are_the_processors_bit_for_bit(checkpoint, engine):
         theirs = image_processor(images=image, return_tensors="np")
         assert grid == tuple(int(v) for v in theirs["image_grid_thw"][0]) == (1, 2 * rows, 2 * cols)
         assert patches.shape[1] == 3 * 2 * 16 * 16
-        assert patches.dtype == theirs["pixel_values"].dtype and np.array_equal(patches, theirs["pixel_values"])
+        assert patches.dtype == theirs["pixel_values"].dtype \
+            and np.array_equal(patches, theirs["pixel_values"])
 
 
 @pytest.mark.slow
 def test_features_hold_the_towers_deepstack(engine, model):
-    """Our features (every image in one tower call) are transformers' get_image_features of each image
-    alone: the merger's output, then each DeepStack merger's, in raster order."""
+    """Our features (every image in one tower call) are transformers' get_image_features of each
+    image alone: the merger's output, then each DeepStack merger's, in raster order."""
     pixels = [engine.model.preprocess(image) for image in IMAGES]
     ours = engine.model.encode_images(pixels)
     assert model.config.vision_config.deepstack_visual_indexes == [0, 2]
@@ -55,8 +59,9 @@ def test_features_hold_the_towers_deepstack(engine, model):
 
 @pytest.mark.slow
 def test_deepstack_and_qk_norm_change_the_answer(engine, oracle):
-    """The test sees DeepStack: with its blocks zeroed the logits move far past the tolerance (and the
-    unzeroed ones are transformers'); q_norm and k_norm are drawn, so ignoring them would fail above."""
+    """The test sees DeepStack: with its blocks zeroed the logits move far past the tolerance (and
+    the unzeroed ones are transformers'); q_norm and k_norm are drawn, so ignoring them would fail
+    above."""
     for i, image in enumerate(IMAGES[:3]):
         features = engine.features(image)
         flat = features.clone()
@@ -74,7 +79,8 @@ def test_positions_and_interleaved_rotary_are_transformers(checkpoint, engine, m
     """M-RoPE streams as get_rope_index makes them for each grid, and cos/sin of those streams as
     Qwen3VLTextRotaryEmbedding interleaves them (chunked sections, Qwen2-VL's, would differ)."""
     rotary = model.model.language_model.rotary_emb
-    for _, ours, theirs in rope_index_pairs(engine, model, partial(_inputs, checkpoint), IMAGES, GRIDS):
+    for _, ours, theirs in rope_index_pairs(engine, model, partial(_inputs, checkpoint), IMAGES,
+                                            GRIDS):
         assert torch.equal(ours, theirs[:, 0])
         cos, sin = engine.model.lm.rotary.cos_sin_3d(ours[:, None], torch.float32)
         their_cos, their_sin = rotary(torch.zeros(1, dtype=torch.float32), theirs)
@@ -89,39 +95,46 @@ def test_positions_and_interleaved_rotary_are_transformers(checkpoint, engine, m
 
 @pytest.mark.slow
 def test_real_tokenizer_prompt_and_answer_tokens(checkpoint):
-    """With ../shared's Qwen3-VL tokenizer: its chat template's prompt (no default system turn), its special
-    ids, and the bare `Yes`/`No` as the first answer tokens after `<|im_start|>assistant\\n`."""
+    """With ../shared's Qwen3-VL tokenizer: its chat template's prompt (no default system turn), its
+    special ids, and the bare `Yes`/`No` as the first answer tokens after
+    `<|im_start|>assistant\\n`."""
     if not SHARED_QWEN3_TOKENIZER.is_dir():
         pytest.skip("../shared has no Qwen3-VL tokenizer")
     engine = Engine.load(checkpoint, Settings(), readouts="all")
     tokenizer = engine.model.tokenizer
     assert engine.model.image_token_id == 151655
-    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>")] == [151652, 151653]
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>")] \
+        == [151652, 151653]
     prompt = engine.prompt(QUESTIONS[0])
-    assert prompt == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Is there a dog in the image? "
+    assert prompt == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+                      "Is there a dog in the image? "
                       "Answer yes or no only.<|im_end|>\n<|im_start|>assistant\n")
     for answer, first in (("Yes", 9454), ("No", 2753)):
         assert tokenizer.encode(prompt + answer) == tokenizer.encode(prompt) + [first]
     aware = engine.readout.token_sets["template_aware"]
-    assert 9454 in aware.yes_ids and 2753 in aware.no_ids and not set(aware.yes_ids) & set(aware.no_ids)
+    assert 9454 in aware.yes_ids and 2753 in aware.no_ids \
+        and not set(aware.yes_ids) & set(aware.no_ids)
     assert engine.model.stop_ids >= {151645}
 
 
 @pytest.mark.slow
 def test_vision_flops_are_the_towers_weight_matmuls(engine):
-    """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights x
-    rows), per patch: the blocks, the merger and both DeepStack mergers over a quarter of the rows."""
+    """vision_flops counts what the tower's Linears and patch-embedding Conv3d multiply (2 x weights
+    x rows), per patch: the blocks, the merger and both DeepStack mergers over a quarter of the
+    rows."""
     patches, counted = tower_matmul_flops(engine, IMAGES)
     assert patches == 4 * sum(r * c for r, c in GRIDS)
-    assert engine.model.vision_flops(Counts(vision_tokens=patches)) == pytest.approx(counted, rel=1e-12)
+    assert engine.model.vision_flops(Counts(vision_tokens=patches)) \
+        == pytest.approx(counted, rel=1e-12)
 
 
 @pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class
 def test_protocol_prompts_are_the_tools_messages(checkpoint):
-    """lmms-eval v0.7.2 models/simple/qwen3_vl.py: a system message (l.84), then [image, question + POPE's
-    post_prompt] (l.328), 128 new tokens. VLMEvalKit e8e78f05 Qwen3VLChat (config.py l.1451-1462,
-    use_custom_prompt=False): image_base.py l.329-336's [image, question], no system message (model.py
-    l.360-363), 16384 new tokens, sampled: said as a deviation. Both through the checkpoint's chat template."""
+    """lmms-eval v0.7.2 models/simple/qwen3_vl.py: a system message (l.84), then [image, question +
+    POPE's post_prompt] (l.328), 128 new tokens. VLMEvalKit e8e78f05 Qwen3VLChat (config.py
+    l.1451-1462, use_custom_prompt=False): image_base.py l.329-336's [image, question], no system
+    message (model.py l.360-363), 16384 new tokens, sampled: said as a deviation. Both through the
+    checkpoint's chat template."""
     from pope_fast.coverage import protocol_for
 
     if not SHARED_QWEN3_TOKENIZER.is_dir():
@@ -129,15 +142,17 @@ def test_protocol_prompts_are_the_tools_messages(checkpoint):
     tokenizer, _ = _processors(checkpoint)
     q = QUESTIONS[0]
     theirs = assert_qwen_protocol_prompts(checkpoint, tokenizer, q, vlmevalkit_tokens=16384)
-    assert theirs == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Is there a dog in the image?"
-                      "<|im_end|>\n<|im_start|>assistant\n")  # Qwen3-VL's template opens with no system turn
-    assert any("samples" in d and "greedy" in d for d in protocol_for(checkpoint, "vlmevalkit").deviations)
+    # Qwen3-VL's template opens with no system turn
+    assert theirs == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
+                      "Is there a dog in the image?<|im_end|>\n<|im_start|>assistant\n")
+    deviations = protocol_for(checkpoint, "vlmevalkit").deviations
+    assert any("samples" in d and "greedy" in d for d in deviations)
 
 
 @pytest.mark.slow  # copies the tiny checkpoint and loads it (3 s on 2 cores)
 def test_a_deepstack_index_outside_the_tower_is_refused_at_load(checkpoint, tmp_path):
-    """A DeepStack block is one of the tower's blocks: an index past its depth (or below 0) names none, refused
-    at load naming the field, where it would fail in the first image's encoding."""
+    """A DeepStack block is one of the tower's blocks: an index past its depth (or below 0) names
+    none, refused at load naming the field, where it would fail in the first image's encoding."""
     import json
     import shutil
 
@@ -148,6 +163,7 @@ def test_a_deepstack_index_outside_the_tower_is_refused_at_load(checkpoint, tmp_
         config = json.loads((folder / "config.json").read_text())
         config["vision_config"]["deepstack_visual_indexes"] = bad
         (folder / "config.json").write_text(json.dumps(config))
-        with pytest.raises(CheckpointError, match=r"vision_config.deepstack_visual_indexes \[.*\] names blocks "
-                                                  r"outside the tower's \d+"):
+        with pytest.raises(CheckpointError,
+                           match=r"vision_config.deepstack_visual_indexes \[.*\] names blocks "
+                                 r"outside the tower's \d+"):
             Engine.load(folder, Settings())
