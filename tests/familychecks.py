@@ -108,6 +108,22 @@ def assert_qwen_protocol_prompts(checkpoint, tokenizer, question: str, vlmevalki
     return theirs
 
 
+def assert_qwen_answer_tokens(engine, prompt: str) -> None:
+    """A Qwen chat template's real tokenizer (Qwen2.5-VL's, Qwen3-VL's): its vision ids, the bare `Yes`
+    (9454) / `No` (2753) as the first answer token after the prompt, both in the template-aware sets
+    and apart, and <|im_end|> among the stops."""
+    tokenizer = engine.model.tokenizer
+    assert engine.model.image_token_id == 151655
+    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>")] \
+        == [151652, 151653]
+    for answer, first in (("Yes", 9454), ("No", 2753)):
+        assert tokenizer.encode(prompt + answer) == tokenizer.encode(prompt) + [first]
+    aware = engine.readout.token_sets["template_aware"]
+    assert 9454 in aware.yes_ids and 2753 in aware.no_ids \
+        and not set(aware.yes_ids) & set(aware.no_ids)
+    assert engine.model.stop_ids >= {151645}
+
+
 def assert_protocols(checkpoint, expected: dict[str, dict], refused: dict[str, str]) -> None:
     """Each tool's protocol for the checkpoint has the `expected` fields' values; each `refused` tool refuses it with a
     message matching its pattern."""

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from registry import GRIDS, REGISTRY
-from familychecks import assert_qwen_protocol_prompts, rope_index_pairs, tower_matmul_flops
+from familychecks import (assert_qwen_answer_tokens, assert_qwen_protocol_prompts, rope_index_pairs,
+                          tower_matmul_flops)
 from tinymodels import QUESTIONS, SHARED_QWEN2_5_TOKENIZER
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
@@ -176,21 +177,13 @@ def test_real_tokenizer_prompt_and_answer_tokens(shared, checkpoint):
             or not SHARED_QWEN2_5_TOKENIZER.is_dir():
         pytest.skip("../shared has no Qwen2.5-VL tokenizer")
     engine = Engine.load(checkpoint, Settings(), readouts="all")
-    tokenizer = engine.model.tokenizer
-    assert len(tokenizer) == 151665 and engine.model.image_token_id == 151655
-    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>")] \
-        == [151652, 151653]
-    assert engine.prompt(QUESTIONS[0]) == (
+    assert len(engine.model.tokenizer) == 151665
+    prompt = engine.prompt(QUESTIONS[0])
+    assert prompt == (
         "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n"
         "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
         "Is there a dog in the image? Answer yes or no only.<|im_end|>\n<|im_start|>assistant\n")
-    prompt = engine.prompt(QUESTIONS[0])
-    for answer, first in (("Yes", 9454), ("No", 2753)):
-        assert tokenizer.encode(prompt + answer) == tokenizer.encode(prompt) + [first]
-    aware = engine.readout.token_sets["template_aware"]
-    assert 9454 in aware.yes_ids and 2753 in aware.no_ids \
-        and not set(aware.yes_ids) & set(aware.no_ids)
-    assert engine.model.stop_ids >= {151645}
+    assert_qwen_answer_tokens(engine, prompt)
 
 
 @pytest.mark.slow  # the registry's tiny checkpoint, written through the transformers class

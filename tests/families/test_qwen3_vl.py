@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 from registry import GRIDS, REGISTRY
-from familychecks import assert_qwen_protocol_prompts, rope_index_pairs, tower_matmul_flops
+from familychecks import (assert_qwen_answer_tokens, assert_qwen_protocol_prompts, rope_index_pairs,
+                          tower_matmul_flops)
 from tinymodels import QUESTIONS, SHARED_QWEN3_TOKENIZER, worst_difference
 from tinymodels import qwen_inputs as _inputs, qwen_processors as _processors
 
@@ -101,20 +102,11 @@ def test_real_tokenizer_prompt_and_answer_tokens(checkpoint):
     if not SHARED_QWEN3_TOKENIZER.is_dir():
         pytest.skip("../shared has no Qwen3-VL tokenizer")
     engine = Engine.load(checkpoint, Settings(), readouts="all")
-    tokenizer = engine.model.tokenizer
-    assert engine.model.image_token_id == 151655
-    assert [tokenizer.convert_tokens_to_ids(t) for t in ("<|vision_start|>", "<|vision_end|>")] \
-        == [151652, 151653]
     prompt = engine.prompt(QUESTIONS[0])
     assert prompt == ("<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>"
                       "Is there a dog in the image? "
                       "Answer yes or no only.<|im_end|>\n<|im_start|>assistant\n")
-    for answer, first in (("Yes", 9454), ("No", 2753)):
-        assert tokenizer.encode(prompt + answer) == tokenizer.encode(prompt) + [first]
-    aware = engine.readout.token_sets["template_aware"]
-    assert 9454 in aware.yes_ids and 2753 in aware.no_ids \
-        and not set(aware.yes_ids) & set(aware.no_ids)
-    assert engine.model.stop_ids >= {151645}
+    assert_qwen_answer_tokens(engine, prompt)
 
 
 @pytest.mark.slow
