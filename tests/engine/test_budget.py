@@ -1,4 +1,5 @@
-"""The batch sizes a run takes when its options leave them to the device (engine/utils/budget.py), without a model."""
+"""The batch sizes a run takes when its options leave them to the device (engine/utils/budget.py),
+without a model."""
 import pytest
 import torch
 
@@ -11,7 +12,8 @@ GB, GIB = 10 ** 9, 1 << 30
 
 
 @pytest.mark.parametrize("memory, rows, images", [
-    (150_000_000_000, 2048, 32),  # an H200 (~140 GiB): every row of a step in one batch, the most images
+    # an H200 (~140 GiB): every row of a step in one batch, the most images
+    (150_000_000_000, 2048, 32),
     (85_000_000_000, 1266, 19),  # an H100 (~79 GiB)
     (24 * GB, 357, 8),
     (4 * GIB, 64, 8),
@@ -43,34 +45,39 @@ def test_eval_and_bench_leave_the_batch_sizes_to_the_device():
         params = main.commands[command].make_context(command, args).params
         assert params["batch_size"] is None, command
     assert main.commands["eval"].make_context("eval", ["--out", "x"]).params["image_batch"] is None
-    assert main.commands["eval"].make_context("eval", ["--out", "x", "--batch-size", "7"]).params["batch_size"] == 7
+    assert main.commands["eval"].make_context(
+        "eval", ["--out", "x", "--batch-size", "7"]).params["batch_size"] == 7
 
 
 def test_an_h200_step_of_pope_questions_is_one_prefill(monkeypatch):
-    """A step of LLaVA-1.5's POPE (about 10 prompts an image, one prefix length) is one question batch at the
-    default on an H200, where 32-row batches cut it into 11."""
+    """A step of LLaVA-1.5's POPE (about 10 prompts an image, one prefix length) is one question
+    batch at the default on an H200, where 32-row batches cut it into 11."""
     monkeypatch.setattr(budget, "device_memory", lambda device: 150_000_000_000)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # Settings' check that the device exists
+    # Settings' check that the device exists
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     settings = Settings(device="cuda")
-    rows = [Row(i, j, PromptLayout.of([1, 9, 9, 5 + j], 9), torch.ones(2, 4)) for i in range(settings.step_images)
+    rows = [Row(i, j, PromptLayout.of([1, 9, 9, 5 + j], 9), torch.ones(2, 4))
+            for i in range(settings.step_images)
             for j in range(10)]
     [stage] = make_plan(rows, settings.question_rows, prefix_reuse=True)
     assert len(stage.prefix.rows) == 32 and [len(b.rows) for b in stage.batches] == [320]
 
 
 def test_a_hybrid_decoders_rows_are_budgeted_with_their_states():
-    """Qwen3.5-9B's question row keeps 24 DeltaNet states of 32 x 128 x 128 fp32 (50 MB) besides its KV: the budget
-    counts them, so an H200 is not asked for 2,048 such rows (100 GB of states beside the weights); a model with no
-    state gets the rule as it was, and a chosen batch size stays the user's."""
+    """Qwen3.5-9B's question row keeps 24 DeltaNet states of 32 x 128 x 128 fp32 (50 MB) besides
+    its KV: the budget counts them, so an H200 is not asked for 2,048 such rows (100 GB of states
+    beside the weights); a model with no state gets the rule as it was, and a chosen batch size
+    stays the user's."""
     from pope_fast.engine.layers.deltanet import HybridDims
     from pope_fast.engine.layers.dims import DecoderDims
 
-    base = DecoderDims(vocab_size=248320, hidden_size=4096, num_layers=32, num_heads=16, num_kv_heads=4,
-                       head_dim=256, intermediate_size=12288, rms_eps=1e-6, rope_theta=1e7)
+    base = DecoderDims(vocab_size=248320, hidden_size=4096, num_layers=32, num_heads=16,
+                       num_kv_heads=4, head_dim=256, intermediate_size=12288, rms_eps=1e-6,
+                       rope_theta=1e7)
     dims = HybridDims(**{f: getattr(base, f) for f in base.__dataclass_fields__},
-                      linear_layers=(True, True, True, False) * 8, linear_k_heads=16, linear_v_heads=32,
-                      linear_k_dim=128, linear_v_dim=128, conv_kernel=4)
+                      linear_layers=(True, True, True, False) * 8, linear_k_heads=16,
+                      linear_v_heads=32, linear_k_dim=128, linear_v_dim=128, conv_kernel=4)
     state = 24 * 4 * (32 * 128 * 128 + (2 * 16 * 128 + 32 * 128) * 3)
     assert base.row_state_bytes == 0 and dims.row_state_bytes == state
     h200 = 150_000_000_000

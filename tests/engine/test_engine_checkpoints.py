@@ -22,7 +22,8 @@ IMAGES = [synthetic_image(40 + i, size) for i, size in enumerate([(120, 90), (64
 def sharded(tmp_path_factory):
     """The bench's tiny size (576 image tokens), transformers' own tensor names, 4 shards."""
     folder = tmp_path_factory.mktemp("sharded") / "ckpt"
-    llava_checkpoints.write_checkpoint(folder, "tiny", dtype=torch.float32, std=0.08, shard_bytes=2 << 20)
+    llava_checkpoints.write_checkpoint(folder, "tiny", dtype=torch.float32, std=0.08,
+                                       shard_bytes=2 << 20)
     return folder
 
 
@@ -35,10 +36,12 @@ def test_sharded_checkpoint_with_builtin_tokenizer_matches_transformers(sharded)
     model = LlavaForConditionalGeneration.from_pretrained(str(sharded), dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(sharded))
     engine = Engine.load(sharded, Settings(batch_size=3, max_new_tokens=6), readouts="all")
-    assert sorted(engine.model.tokenizer.convert_ids_to_tokens(engine.readout.token_sets["template_aware"].yes_ids)) == ["Yes", "yes"]
+    yes_ids = engine.readout.token_sets["template_aware"].yes_ids
+    assert sorted(engine.model.tokenizer.convert_ids_to_tokens(yes_ids)) == ["Yes", "yes"]
     for image in IMAGES:
         for answer in engine.answer(image, QUESTIONS):
-            inputs = processor(images=image, text=engine.prompt(answer.question), return_tensors="pt")
+            inputs = processor(images=image, text=engine.prompt(answer.question),
+                               return_tensors="pt")
             assert (inputs["input_ids"] == engine.model.image_token_id).sum() == 576
             with torch.no_grad():
                 logits = model(**inputs).logits[0, -1]
@@ -47,7 +50,8 @@ def test_sharded_checkpoint_with_builtin_tokenizer_matches_transformers(sharded)
             assert answer.first_token_id == int(logits.argmax())
 
 
-ORIGINAL_SPELLING = [("model.language_model.", "language_model.model."), ("lm_head.", "language_model.lm_head."),
+ORIGINAL_SPELLING = [("model.language_model.", "language_model.model."),
+                     ("lm_head.", "language_model.lm_head."),
                      ("model.vision_tower.", "vision_tower.vision_model."),
                      ("model.multi_modal_projector.", "multi_modal_projector.")]
 
@@ -66,7 +70,8 @@ def test_original_llava_hf_tensor_names_load_to_the_same_model(sharded, tmp_path
     target = tmp_path / "original"
     target.mkdir()
     for f in sharded.iterdir():
-        if f.suffix == ".json" and f.name != "model.safetensors.index.json" or f.name.startswith("tokenizer"):
+        if (f.suffix == ".json" and f.name != "model.safetensors.index.json"
+                or f.name.startswith("tokenizer")):
             (target / f.name).write_bytes(f.read_bytes())
     save_file(tensors, str(target / "model.safetensors"), metadata={"format": "pt"})
     assert "vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight" in tensors
@@ -84,7 +89,8 @@ def test_missing_shard_is_named(sharded, tmp_path):
     victim.unlink()
     from pope_fast.engine import CheckpointError
 
-    with pytest.raises(CheckpointError, match=rf"lists shard\(s\) that are missing: .*{victim.name}"):
+    with pytest.raises(CheckpointError,
+                       match=rf"lists shard\(s\) that are missing: .*{victim.name}"):
         Engine.load(target, Settings())
 
 
@@ -110,13 +116,15 @@ def resave_as_bin(source, target, shards: int):
         part = names[i::shards]
         torch.save({n: tensors[n] for n in part}, target / fname)
         weight_map.update({n: fname for n in part})
-    (target / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    (target / "pytorch_model.bin.index.json").write_text(json.dumps({"metadata": {},
+                                                                     "weight_map": weight_map}))
     return target
 
 
 @pytest.fixture(scope="module")
 def tiny_llava(tiny):
-    return tiny.checkpoint("llava")  # the registry's (make_tiny_llava's defaults); each test changes a copy
+    # the registry's (make_tiny_llava's defaults); each test changes a copy
+    return tiny.checkpoint("llava")
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +140,8 @@ def test_bin_checkpoint_loads_to_identical_answers(tiny_llava, tmp_path, shards)
     b = Engine.load(folder, Settings(), readouts="all").answer(IMAGES[0], QUESTIONS)
     assert [x.candidate_logits for x in a] == [y.candidate_logits for y in b]
     assert [x.first_token_id for x in a] == [y.first_token_id for y in b]
-    assert len({round(v, 3) for x in a for v in x.candidate_logits.values()}) > 4  # real, varied values
+    # real, varied values
+    assert len({round(v, 3) for x in a for v in x.candidate_logits.values()}) > 4
 
 
 def broken_copy(source, target):
@@ -185,14 +194,16 @@ def test_truncated_shard_is_named(tiny_bin, tiny_llava, tmp_path, layout):
     data = shard.read_bytes()
     shard.write_bytes(data[: len(data) * 2 // 3])
     message = load_error(folder)
-    assert message.startswith(f"{shard}: unreadable") and ("cut short" in message or layout == "safetensors")
+    assert message.startswith(f"{shard}: unreadable") and ("cut short" in message
+                                                           or layout == "safetensors")
 
 
 def test_bin_holding_other_objects_is_refused(tiny_bin, tmp_path):
     folder = broken_copy(tiny_bin, tmp_path / "broken")
     shard = folder / "pytorch_model-00003-of-00003.bin"
     tensors = torch.load(shard, weights_only=True)
-    torch.save({**tensors, "extra": Path("/")}, shard)  # not a tensor: unpickling it would run a constructor
+    # not a tensor: unpickling it would run a constructor
+    torch.save({**tensors, "extra": Path("/")}, shard)
     assert load_error(folder).startswith(f"{shard}: holds objects other than tensors")
 
 
@@ -209,18 +220,23 @@ def test_bad_index_is_named(tiny_bin, tmp_path, index_text, expected):
 
 
 @pytest.mark.parametrize("model_type, says", [
-    ("glm4v_moe", r"'glm4v_moe' is not supported \(Glm4vMoeForConditionalGeneration\): the engine does not "
+    ("glm4v_moe",
+     r"'glm4v_moe' is not supported \(Glm4vMoeForConditionalGeneration\): the engine does not "
                   r"implement mixture-of-experts MLP layers"),
-    ("kosmos-2", r"'kosmos-2' is not supported \(Kosmos2ForConditionalGeneration\): no family module implements it"),
+    ("kosmos-2",
+     r"'kosmos-2' is not supported \(Kosmos2ForConditionalGeneration\): no family module "
+     r"implements it"),
     ("bert", r"'bert' is not supported \(supported: llava, "),
 ])
 def test_a_model_without_a_family_is_refused_naming_what_is_missing(tmp_path, model_type, says):
-    """A transformers class whose pieces the engine lacks says which; one it could host says no family module
-    implements it; a model_type transformers has no vision-language class for says only that. One line."""
+    """A transformers class whose pieces the engine lacks says which; one it could host says no
+    family module implements it; a model_type transformers has no vision-language class for says
+    only that. One line."""
     from pope_fast.engine.utils.loader import CheckpointError
     from pope_fast.engine.models import load_model
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
     with pytest.raises(CheckpointError, match=says) as err:
         load_model(tmp_path, Settings())
-    assert "\n" not in str(err.value) and str(err.value).startswith(f"{tmp_path}/config.json: model_type")
+    assert "\n" not in str(err.value) and str(err.value).startswith(f"{tmp_path}/config.json: "
+                                                                    f"model_type")

@@ -1,8 +1,8 @@
-"""The README's bound on fp16 and bf16: the engine's candidate logits against transformers' class in the same dtype,
-on tiny checkpoints of two families whose paths differ most (LLaMA with CLIP; Gemma 3's offset norms, scaled
-embeddings, local and global RoPE and bidirectional image mask). The two round the same sums in another order,
-so they differ by rounding, not by zero; measured worst over all ten families: 0.004 in fp16, 0.031 in bf16, on
-logits of magnitude up to 4."""
+"""The README's bound on fp16 and bf16: the engine's candidate logits against transformers' class in
+the same dtype, on tiny checkpoints of two families whose paths differ most (LLaMA with CLIP; Gemma
+3's offset norms, scaled embeddings, local and global RoPE and bidirectional image mask). The two
+round the same sums in another order, so they differ by rounding, not by zero; measured worst over
+all ten families: 0.004 in fp16, 0.031 in bf16, on logits of magnitude up to 4."""
 import pytest
 import torch
 from registry import REGISTRY
@@ -22,10 +22,12 @@ def test_half_precision_logits_are_transformers_within_the_stated_bound(name, dt
     family = REGISTRY[name]
     checkpoint = tiny.checkpoint(name)
     model = family.transformers_class().from_pretrained(str(checkpoint), dtype=DTYPES[dtype]).eval()
-    engine = Engine.load(checkpoint, Settings(dtype=dtype, max_new_tokens=1), readouts="template_aware")
+    engine = Engine.load(checkpoint, Settings(dtype=dtype, max_new_tokens=1),
+                         readouts="template_aware")
     inputs_of = family.inputs_of(checkpoint)
     worst, fp32_scale = 0.0, 0.0
-    for question, answer in zip(QUESTIONS[:2], engine.answer(family.images[0], QUESTIONS[:2])):  # one prefill
+    # one prefill
+    for question, answer in zip(QUESTIONS[:2], engine.answer(family.images[0], QUESTIONS[:2])):
         inputs = {k: v.to(DTYPES[dtype]) if torch.is_floating_point(v) else v
                   for k, v in inputs_of(family.images[0], engine.prompt(question)).items()}
         with torch.no_grad():

@@ -26,14 +26,16 @@ def assert_same_pixels(got, expected, image):
 
 def _images():
     rgb = [synthetic_image(i, size) for i, size in
-           enumerate([(640, 480), (480, 640), (640, 427), (500, 375), (337, 1001), (336, 336), (90, 70), (41, 300)])]
+           enumerate([(640, 480), (480, 640), (640, 427), (500, 375), (337, 1001), (336, 336),
+                      (90, 70), (41, 300)])]
     base = synthetic_image(99, (301, 203))
     rgba = base.convert("RGBA")
     alpha = np.asarray(rgba).copy()
     alpha[..., 3] = np.arange(301)[None, :] % 256  # every alpha level, so compositing matters
     palette = base.convert("P", palette=Image.Palette.ADAPTIVE, colors=16)
     palette.info["transparency"] = 3
-    keyed = base.copy()  # an RGB PNG with a transparency key: transformers composites that colour too
+    # an RGB PNG with a transparency key: transformers composites that colour too
+    keyed = base.copy()
     keyed.info["transparency"] = tuple(int(v) for v in np.asarray(base)[5, 7])
     return rgb + [Image.fromarray(alpha, "RGBA"), base.convert("L"), base.convert("CMYK"), palette,
                   base.convert("LA"), keyed]
@@ -67,7 +69,8 @@ def test_fast_clip_pixels_decline_other_processors(config):
 def test_alpha_is_composited_over_white_as_transformers_does():
     red = Image.new("RGBA", (4, 4), (255, 0, 0, 0))  # fully transparent red
     assert to_rgb(red).getpixel((0, 0)) == (255, 255, 255)
-    assert red.convert("RGB").getpixel((0, 0)) == (255, 0, 0)  # what a plain convert would have kept
+    # what a plain convert would have kept
+    assert red.convert("RGB").getpixel((0, 0)) == (255, 0, 0)
 
 
 @pytest.fixture(scope="module")
@@ -80,12 +83,15 @@ def test_engine_matches_transformers_on_an_image_with_alpha(checkpoint):
 
     image = _images()[8]
     assert image.mode == "RGBA"
-    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+    model = LlavaForConditionalGeneration.from_pretrained(str(checkpoint),
+                                                          dtype=torch.float32).eval()
     processor = AutoProcessor.from_pretrained(str(checkpoint))
     engine = Engine.load(checkpoint, Settings(), readouts="legacy_8tok")
-    assert engine.model._fast_pixels is not None  # the tiny checkpoint's processor takes the fast path
+    # the tiny checkpoint's processor takes the fast path
+    assert engine.model._fast_pixels is not None
     answer = engine.answer(image, QUESTIONS[:1])[0]
-    inputs = processor(images=image, text=f"USER: <image>\n{QUESTIONS[0]}\nASSISTANT:", return_tensors="pt")
+    inputs = processor(images=image, text=f"USER: <image>\n{QUESTIONS[0]}\nASSISTANT:",
+                       return_tensors="pt")
     with torch.no_grad():
         logits = model(**inputs).logits[0, -1]
     worst = max(abs(v - float(logits[i])) for i, v in answer.candidate_logits.items())
@@ -99,10 +105,11 @@ def test_a_fast_path_that_disagrees_is_turned_off(checkpoint):
     model = engine.model
     good = ClipPixels.for_processor(model.image_processor)
     assert model._checked_fast_pixels(good) is good
-    wrong = ClipPixels(good.shortest_edge, good.crop, Image.Resampling.NEAREST, 1 / 255, model.image_processor.image_mean,
-                       model.image_processor.image_std)
+    wrong = ClipPixels(good.shortest_edge, good.crop, Image.Resampling.NEAREST, 1 / 255,
+                       model.image_processor.image_mean, model.image_processor.image_std)
     flat = Image.new("RGB", (640, 480), (124, 116, 104))
-    assert np.array_equal(wrong(flat), model._processor_pixels(flat))  # a uniform image cannot tell them apart
+    # a uniform image cannot tell them apart
+    assert np.array_equal(wrong(flat), model._processor_pixels(flat))
     assert model._checked_fast_pixels(wrong) is None
 
 
@@ -121,11 +128,12 @@ def _encoded(image, fmt):
     ("JPEG", lambda b: b[:-2], True),  # only the end marker missing: the draft decode decides
     ("PNG", lambda b: b, False),
     ("PNG", lambda b: b[: len(b) // 2], True),
-    ("PNG", lambda b: b[:60] + bytes([b[60] ^ 0xFF]) + b[61:], True),  # a flipped byte fails its CRC
+    # a flipped byte fails its CRC
+    ("PNG", lambda b: b[:60] + bytes([b[60] ^ 0xFF]) + b[61:], True),
     ("BMP", lambda b: b, False),
     ("BMP", lambda b: b[: len(b) // 2], True),
-], ids=["jpeg", "jpeg-trailing-data", "jpeg-half", "jpeg-no-end-marker", "png", "png-half", "png-flipped-byte",
-        "bmp", "bmp-half"])
+], ids=["jpeg", "jpeg-trailing-data", "jpeg-half", "jpeg-no-end-marker", "png", "png-half",
+        "png-flipped-byte", "bmp", "bmp-half"])
 def test_image_checks_catch_damaged_files_without_refusing_good_ones(tmp_path, fmt, damage, bad):
     from pope_fast.engine.inputs.images import ImageError, read_image
 
@@ -147,7 +155,8 @@ def test_fast_anyres_pixels_equal_the_processor_bit_for_bit(pinpoints, side):
 
     from pope_fast.engine.models.llava_next import AnyresPixels
 
-    processor = LlavaNextImageProcessorPil(size={"shortest_edge": side}, crop_size={"height": side, "width": side},
+    processor = LlavaNextImageProcessorPil(size={"shortest_edge": side},
+                                           crop_size={"height": side, "width": side},
                                            image_grid_pinpoints=pinpoints)
     fast = AnyresPixels.for_processor(processor)
     assert fast is not None
@@ -161,11 +170,13 @@ def test_fast_anyres_pixels_equal_the_processor_bit_for_bit(pinpoints, side):
 def test_llava_next_takes_the_fast_path_and_matches_its_processor(tmp_path):
     from tinymodels import make_tiny_llava_next
 
-    engine = Engine.load(make_tiny_llava_next(tmp_path / "ckpt", builtin_tokenizer=True), Settings())
+    engine = Engine.load(make_tiny_llava_next(tmp_path / "ckpt", builtin_tokenizer=True),
+                         Settings())
     model = engine.model
     assert model._fast_pixels is not None
     for image in _images()[:4]:
-        (crops, size), (expected, expected_size) = model.preprocess(image), model._processor_pixels(image)
+        (crops, size), (expected, expected_size) = (model.preprocess(image),
+                                                    model._processor_pixels(image))
         assert size == expected_size and np.array_equal(crops, expected)
 
 
@@ -174,7 +185,8 @@ def test_a_llava_next_fast_path_that_disagrees_is_turned_off(tmp_path):
 
     from pope_fast.engine.models.llava_next import AnyresPixels
 
-    model = Engine.load(make_tiny_llava_next(tmp_path / "ckpt", builtin_tokenizer=True), Settings()).model
+    model = Engine.load(make_tiny_llava_next(tmp_path / "ckpt", builtin_tokenizer=True),
+                        Settings()).model
     good = model._fast_pixels
     assert isinstance(good, AnyresPixels) and model._checked_fast_pixels(good) is good
     wrong = AnyresPixels(good.pinpoints, good.crop, Image.Resampling.NEAREST, 1 / 255,
@@ -187,12 +199,15 @@ def test_pinpoints_off_the_crop_grid_keep_the_processor():
 
     from pope_fast.engine.models.llava_next import AnyresPixels
 
-    processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28}, crop_size={"height": 28, "width": 28},
+    processor = LlavaNextImageProcessorPil(size={"shortest_edge": 28},
+                                           crop_size={"height": 28, "width": 28},
                                            image_grid_pinpoints=[[28, 56], [40, 70]])
     assert AnyresPixels.for_processor(processor) is None
 
 
-@pytest.mark.parametrize("config", [{}, dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28), dict(resample=2)],
+@pytest.mark.parametrize("config",
+                         [{}, dict(min_pixels=4 * 28 * 28, max_pixels=30 * 28 * 28),
+                          dict(resample=2)],
                          ids=["default-budget", "tiny-budget", "bilinear"])
 def test_fast_native_pixels_equal_the_processor_bit_for_bit(config):
     from transformers import Qwen2VLImageProcessorPil
@@ -214,21 +229,25 @@ def test_qwen2_vl_takes_the_fast_path(tmp_path):
 
     from pope_fast.engine.models.qwen2_vl import NativePixels
 
-    model = Engine.load(make_tiny_qwen2_vl(tmp_path / "ckpt", builtin_tokenizer=True), Settings()).model
+    model = Engine.load(make_tiny_qwen2_vl(tmp_path / "ckpt", builtin_tokenizer=True),
+                        Settings()).model
     assert isinstance(model._fast_pixels, NativePixels)
     for image in _images()[:4]:
-        (patches, grid), (expected, expected_grid) = model.preprocess(image), model._processor_pixels(image)
+        (patches, grid), (expected, expected_grid) = (model.preprocess(image),
+                                                      model._processor_pixels(image))
         assert grid == expected_grid and np.array_equal(patches, expected)
 
 
 def test_demo_stand_ins_follow_the_names_sub_folders_and_skip_what_is_no_image(tmp_path):
-    """The demo's stand-in images (engine.synthetic.write_images): HallusionBench's names keep their sub-folders
-    (VS/chart/0_1.png); a question asked without an image gets none, nor does a name that is no path inside the
-    folder (written nowhere: the run refuses it naming its question)."""
+    """The demo's stand-in images (engine.synthetic.write_images): HallusionBench's names keep their
+    sub-folders (VS/chart/0_1.png); a question asked without an image gets none, nor does a name
+    that is no path inside the folder (written nowhere: the run refuses it naming its question)."""
     from pope_fast.engine.synthetic import write_images
 
-    folder = write_images(tmp_path / "images", ["VS/chart/0_1.png", "", "a.jpg", "../out.png", str(tmp_path / "x.png")])
+    folder = write_images(tmp_path / "images",
+                          ["VS/chart/0_1.png", "", "a.jpg", "../out.png", str(tmp_path / "x.png")])
     written = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file())
     assert written == ["VS/chart/0_1.png", "a.jpg"]
     assert not (tmp_path / "out.png").exists() and not (tmp_path / "x.png").exists()
-    assert Image.open(folder / "VS/chart/0_1.png").format == "PNG" and Image.open(folder / "a.jpg").format == "JPEG"
+    assert (Image.open(folder / "VS/chart/0_1.png").format == "PNG"
+            and Image.open(folder / "a.jpg").format == "JPEG")

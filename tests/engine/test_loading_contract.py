@@ -1,6 +1,7 @@
-"""One loading contract for both paths (issues 48 and 49): a checkpoint missing a tensor, holding one nothing
-reads, one of another shape, a weight stored as integers or a tensor holding a NaN or an infinity is refused
-at load in one line naming it, by the engine's loader and by the transformers backend alike (docs/design.md)."""
+"""One loading contract for both paths (issues 48 and 49): a checkpoint missing a tensor, holding
+one nothing reads, one of another shape, a weight stored as integers or a tensor holding a NaN or an
+infinity is refused at load in one line naming it, by the engine's loader and by the transformers
+backend alike (docs/design.md)."""
 import math
 import os
 import re
@@ -14,12 +15,15 @@ from pope_fast.engine.utils.loader import check_stored, check_tensor, load_group
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("value, says", [(math.nan, "3 NaN"), (math.inf, "3 infinite"), (-math.inf, "3 infinite")])
+@pytest.mark.parametrize("value, says",
+                         [(math.nan, "3 NaN"), (math.inf, "3 infinite"), (-math.inf, "3 infinite")])
 def test_a_non_finite_value_anywhere_is_refused_naming_the_tensor(tmp_path, dtype, value, says):
     tensor = torch.randn(37, 53, generator=torch.Generator().manual_seed(0)).to(dtype)
-    for index in (0, 1000, 37 * 53 - 1):  # first, middle, last: a reduction that skipped any would pass it
+    # first, middle, last: a reduction that skipped any would pass it
+    for index in (0, 1000, 37 * 53 - 1):
         tensor.view(-1)[index] = value
-    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(tmp_path))}: tensor lm_head\.weight holds {says} "
+    with pytest.raises(CheckpointError,
+                       match=rf"^{re.escape(str(tmp_path))}: tensor lm_head\.weight holds {says} "
                                               r"value\(s\) of 1,961; a weight is a finite number"):
         check_tensor(tmp_path, "lm_head.weight", tensor)
 
@@ -35,7 +39,8 @@ def test_finite_weights_and_index_buffers_pass(tmp_path):
     check_tensor(tmp_path, "w", torch.finfo(torch.float16).max * torch.ones(4, dtype=torch.float16))
     check_tensor(tmp_path, "b", torch.zeros(0))  # an empty tensor has no value to be wrong
     check_tensor(tmp_path, "model.position_ids", torch.arange(6), floating=False)
-    with pytest.raises(CheckpointError, match=r"tensor w is stored as int8, but it is a weight the model computes"):
+    with pytest.raises(CheckpointError,
+                       match=r"tensor w is stored as int8, but it is a weight the model computes"):
         check_tensor(tmp_path, "w", torch.ones(4, dtype=torch.int8))
 
 
@@ -49,29 +54,34 @@ def test_the_engines_loader_refuses_a_nan_it_reads(tmp_path):
     weight = torch.ones(2, 3)
     weight[1, 2] = math.nan
     folder = _write(tmp_path / "ckpt", {"a.weight": torch.ones(3), "b.weight": weight})
-    with pytest.raises(CheckpointError, match=rf"^{re.escape(str(folder / 'model.safetensors'))}: tensor b\.weight "
+    with pytest.raises(CheckpointError,
+                       match=rf"^{re.escape(str(folder / 'model.safetensors'))}: tensor b\.weight "
                                               r"holds 1 NaN value\(s\) of 6"):
         load_grouped(folder, [(r"^(.*)$", r"g.\1")], {"g.a.weight": (3,), "g.b.weight": (2, 3)})
 
 
 def test_every_stored_tensor_is_checked_for_the_backend(tmp_path):
-    """check_stored reads each tensor a checkpoint stores: integers only where a quantization config packs them
-    or as an index buffer; a non-finite float never."""
+    """check_stored reads each tensor a checkpoint stores: integers only where a quantization config
+    packs them or as an index buffer; a non-finite float never."""
     ints = {"model.position_ids": torch.arange(4), "bn.num_batches_tracked": torch.tensor(7)}
     clean = _write(tmp_path / "clean", {"w": torch.ones(2, 2), **ints})
     check_stored(clean)
-    packed = _write(tmp_path / "int8", {"w": torch.ones(2, 2, dtype=torch.int8), "absmax": torch.ones(2)})
-    with pytest.raises(CheckpointError, match=r"int8/model\.safetensors: tensor w is stored as int8, but it is a"):
+    packed = _write(tmp_path / "int8",
+                    {"w": torch.ones(2, 2, dtype=torch.int8), "absmax": torch.ones(2)})
+    with pytest.raises(CheckpointError,
+                       match=r"int8/model\.safetensors: tensor w is stored as int8, but it is a"):
         check_stored(packed)
     check_stored(packed, quantized=True)
     scale = torch.ones(2)
     scale[0] = math.inf
-    broken = _write(tmp_path / "quantized", {"w": torch.ones(2, 2, dtype=torch.int8), "absmax": scale})
+    broken = _write(tmp_path / "quantized",
+                    {"w": torch.ones(2, 2, dtype=torch.int8), "absmax": scale})
     with pytest.raises(CheckpointError, match=r"tensor absmax holds 1 infinite value"):
         check_stored(broken, quantized=True)
 
 
-# --- the same fault, the same line, on both backends (the registry's tiny LLaVA) ---------------------------------
+# --- the same fault, the same line, on both backends (the registry's tiny LLaVA)
+# ---------------------------------
 
 def _variant(checkpoint, folder, edit):
     """The checkpoint with its tensors edited (edit(dict) in place), its other files hard-linked."""
@@ -85,7 +95,8 @@ def _variant(checkpoint, folder, edit):
     return folder
 
 
-DOWN = "language_model.model.layers.1.mlp.down_proj.weight"  # the tiny LLaVA's names: llava-hf's original spelling
+# the tiny LLaVA's names: llava-hf's original spelling
+DOWN = "language_model.model.layers.1.mlp.down_proj.weight"
 
 
 def _nan_head(t):
@@ -94,13 +105,19 @@ def _nan_head(t):
 
 FAULTS = {  # fault -> (edit, what both lines say, after the folder or its weights file)
     "missing": (lambda t: t.pop(DOWN), r": missing tensors: \S*layers\.1\.mlp\.down_proj\.weight$"),
-    "unexpected": (lambda t: t.update({"model.language_model.layers.9.mlp.down_proj.weight": t[DOWN].clone()}),
-                   r": unexpected tensors: model\.language_model\.layers\.9\.mlp\.down_proj\.weight$"),
+    "unexpected": (lambda t: t.update({"model.language_model.layers.9.mlp.down_proj.weight":
+                                       t[DOWN].clone()}),
+                   r": unexpected tensors: "
+                   r"model\.language_model\.layers\.9\.mlp\.down_proj\.weight$"),
     "shape": (lambda t: t.update({DOWN: t[DOWN][:, :-1].clone()}),
-              r": tensor \S*layers\.1\.mlp\.down_proj\.weight has shape \(64, 127\), the config implies \(64, 128\)$"),
+              r": tensor \S*layers\.1\.mlp\.down_proj\.weight has shape \(64, 127\), the config "
+              r"implies \(64, 128\)$"),
     "int8": (lambda t: t.update({DOWN: (t[DOWN] * 100).to(torch.int8)}),
-             rf"/model\.safetensors: tensor {re.escape(DOWN)} is stored as int8, but it is a weight the model"),
-    "nan": (_nan_head, r"/model\.safetensors: tensor language_model\.lm_head\.weight holds 5 NaN value\(s\) of "),
+             rf"/model\.safetensors: tensor {re.escape(DOWN)} is stored as int8, but it is a "
+             rf"weight the model"),
+    "nan": (_nan_head,
+            r"/model\.safetensors: tensor language_model\.lm_head\.weight holds 5 NaN value\(s\) "
+            r"of "),
 }
 
 
@@ -114,16 +131,17 @@ def test_both_backends_refuse_the_same_fault_in_the_same_line(tiny, tmp_path, fa
         with pytest.raises(CheckpointError) as refused:
             load_engine(folder, Settings(), backend=backend)
         lines[backend] = str(refused.value)
-        assert lines[backend].startswith(str(folder)) and re.search(says, lines[backend]), lines[backend]
+        assert lines[backend].startswith(str(folder)) and re.search(says, lines[backend]), \
+            lines[backend]
         assert "\n" not in lines[backend]
     if fault in ("unexpected", "int8", "nan"):  # the same checkpoint names on both paths
         assert lines["engine"] == lines["transformers"]
 
 
 def test_engines_of_one_checkpoint_share_its_tokenizer_until_a_file_changes(tmp_path):
-    """Family.shared's memo: one load per loader and version of the folder's files (a tokenizer rewritten, even to
-    the same size, is loaded anew; so is a file added, e.g. a sub-folder's), the last SHARED_KEPT kept, and a load
-    that raises kept by no one."""
+    """Family.shared's memo: one load per loader and version of the folder's files (a tokenizer
+    rewritten, even to the same size, is loaded anew; so is a file added, e.g. a sub-folder's), the
+    last SHARED_KEPT kept, and a load that raises kept by no one."""
     from pope_fast.engine.models.base import SHARED_KEPT, shared_pretrained
 
     loads = []

@@ -13,13 +13,15 @@ from pope_fast.engine import Engine, ImagePrompts, Settings
 pytestmark = pytest.mark.slow  # the engine on tiny checkpoints, against transformers
 
 IMAGES = [synthetic_image(i + 51, size) for i, size in enumerate([(90, 40), (60, 60)])]
-FAMILIES = ["llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl"]  # the battery's test_probe checks the rest
+# the battery's test_probe checks the rest
+FAMILIES = ["llava", "llava_next", "instructblip", "qwen2_vl", "qwen2_5_vl"]
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
 def family_oracle(request, tiny):
-    """(family, the registry's checkpoint, {(image, question): eager image attention [layers, heads]}), transformers'
-    eager model fed the family's reference inputs (registry.Family.inputs_of)."""
+    """(family, the registry's checkpoint, {(image, question): eager image
+    attention [layers, heads]}), transformers' eager model fed the family's
+    reference inputs (registry.Family.inputs_of)."""
     from transformers import AutoModelForImageTextToText
 
     family = request.param
@@ -43,14 +45,17 @@ def family_oracle(request, tiny):
     return family, checkpoint, out
 
 
-# Six rows (two images, three questions): reuse-b5 runs a batch of five rows over both images' prefixes and one of
-# a single row (what a batch size of 1 runs), whole-b2 three batches of two whole prompts.
-@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 5), (False, 2)], ids=["reuse-b5", "whole-b2"])
+# Six rows (two images, three questions): reuse-b5 runs a batch of five rows over both images'
+# prefixes and one of a single row (what a batch size of 1 runs), whole-b2 three batches of
+# two whole prompts.
+@pytest.mark.parametrize("prefix_reuse, batch_size", [(True, 5), (False, 2)],
+                         ids=["reuse-b5", "whole-b2"])
 def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_reuse, batch_size):
     family, checkpoint, oracle = family_oracle
     engine = Engine.load(checkpoint, Settings(probe="image-attention", prefix_reuse=prefix_reuse,
                                               batch_size=batch_size), readouts="template_aware")
-    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]]) for image in IMAGES]
+    items = [ImagePrompts(engine.features(image), [engine.prompt(q) for q in QUESTIONS[:3]])
+             for image in IMAGES]
     for i, results in enumerate(engine.run_images(items)):
         for q, result in zip(QUESTIONS[:3], results):
             ours = torch.tensor(result.probe["image_attention_heads"])
@@ -58,8 +63,10 @@ def test_probe_equals_eager_attention_on_the_image_span(family_oracle, prefix_re
             assert ours.shape == theirs.shape
             worst = float((ours - theirs).abs().max())
             assert worst <= 1e-5, f"{family} image {i} {q!r}: off by {worst:.2e}"
-            assert result.probe["image_attention"] == pytest.approx(theirs.mean(-1).tolist(), abs=1e-5)
-            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0  # neither all nor none: a real check
+            assert result.probe["image_attention"] == pytest.approx(theirs.mean(-1).tolist(),
+                                                                    abs=1e-5)
+            # neither all nor none: a real check
+            assert 0.0 < float(theirs.min()) and float(theirs.max()) < 1.0
 
 
 def test_probe_reaches_the_records(tiny, tmp_path):
@@ -70,14 +77,19 @@ def test_probe_reaches_the_records(tiny, tmp_path):
 
     checkpoint = tiny.checkpoint("llava")
     images, files = write_pope_set(tmp_path / "pope", n_images=2, splits=("random",))
-    engine = Engine.load(checkpoint, Settings(probe="image-attention"), readouts="template_aware,legacy_2tok")
+    engine = Engine.load(checkpoint, Settings(probe="image-attention"),
+                         readouts="template_aware,legacy_2tok")
     run_plain(engine, load_questions(files[0]), images, tmp_path / "run")
-    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
-    assert records and all(len(r["image_attention"]) == engine.model.lm.dims.num_layers for r in records)
-    assert len({tuple(r["image_attention"]) for r in records}) > 1  # the questions attend differently
+    records = [json.loads(line)
+               for line in (tmp_path / "run" / "records.jsonl").read_text().splitlines()]
+    assert records and all(len(r["image_attention"]) == engine.model.lm.dims.num_layers
+                           for r in records)
+    # the questions attend differently
+    assert len({tuple(r["image_attention"]) for r in records}) > 1
     plain = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
     run_plain(plain, load_questions(files[0]), images, tmp_path / "plain")
-    without = [json.loads(line) for line in (tmp_path / "plain" / "records.jsonl").read_text().splitlines()]
+    without = [json.loads(line)
+               for line in (tmp_path / "plain" / "records.jsonl").read_text().splitlines()]
     assert all("image_attention" not in r for r in without)
     # the probe reads the attention, it does not change it
     assert [r["candidate_logits"] for r in records] == [r["candidate_logits"] for r in without]
@@ -91,9 +103,11 @@ def test_heads_reach_the_records_on_request(tiny, tmp_path):
 
     checkpoint = tiny.checkpoint("llava")
     images, files = write_pope_set(tmp_path / "pope", n_images=1, splits=("random",))
-    engine = Engine.load(checkpoint, Settings(probe="image-attention:heads"), readouts="template_aware")
+    engine = Engine.load(checkpoint, Settings(probe="image-attention:heads"),
+                         readouts="template_aware")
     run_plain(engine, load_questions(files[0]), images, tmp_path / "run")
-    records = [json.loads(line) for line in (tmp_path / "run" / "records.jsonl").read_text().split("\n") if line]
+    records = [json.loads(line)
+               for line in (tmp_path / "run" / "records.jsonl").read_text().split("\n") if line]
     for r in records:
         heads = torch.tensor(r["image_attention_heads"])
         assert heads.shape == (engine.model.lm.dims.num_layers, engine.model.lm.dims.num_heads)

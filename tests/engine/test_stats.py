@@ -1,4 +1,5 @@
-"""The phase clock: it waits for the device only where the timings ask for it (bench), never in a plain run."""
+"""The phase clock: it waits for the device only where the timings ask for it (bench), never in
+a plain run."""
 import time
 
 import torch
