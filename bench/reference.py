@@ -12,7 +12,7 @@ from typing import Callable
 import torch
 
 from ..engine import PromptResult, Settings
-from ..engine.reference import ReferenceModel
+from ..engine.transformers_model import TransformersModel
 from ..readout import Question
 from ..readout.readout_plan import ReadoutPlan
 from .measure import median_run, peak_memory_mb, reset_peak_memory
@@ -38,7 +38,7 @@ def run_reference(checkpoint: Path, spec: ReferenceSpec, questions: list[Questio
     reset_peak_memory(device)
     # the checkpoint's generation rules as generate applies them (the backend's model,
     # under "greedy")
-    reference = ReferenceModel(checkpoint, replace(settings, generation_config="greedy"))
+    reference = TransformersModel(checkpoint, replace(settings, generation_config="greedy"))
 
     def answer(q: Question):
         inputs = reference.inputs([Image.open(images / q.image).convert("RGB")],

@@ -8,7 +8,7 @@ from pathlib import Path
 from .core import Engine
 from .utils.loader import CheckpointError, read_config
 from .models import engine_refusal
-from .reference import remote_code
+from .transformers_model import remote_code
 from .transformers_engine import TransformersEngine
 from .utils.settings import Settings
 

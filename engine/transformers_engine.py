@@ -1,12 +1,12 @@
 """The transformers backend as an Engine: every prompt run whole through transformers' class of the
-checkpoint (reference.ReferenceModel), in batches of left-padded prompts, no prefix reuse and no
-feature cache. What it gives is what the engine gives, in the same PromptResults, so the sweep,
-records, readouts, methods, resume and torchrun above it are the engine's own: the answer position's
-candidate logits and argmax (the whole vocabulary's for contrastive methods), a continuation from
-`generate` (greedy or the tool's beam search, the checkpoint's generation rules where the settings
-apply them), VCD's noised pixels, ICD's system prompt, and the image-attention probe from the
-class's eager attention weights. Attention edits (PAI) act inside the engine's own attention, and
-are refused in one line."""
+checkpoint (transformers_model.TransformersModel), in batches of left-padded prompts, no prefix
+reuse and no feature cache. What it gives is what the engine gives, in the same PromptResults, so
+the sweep, records, readouts, methods, resume and torchrun above it are the engine's own: the answer
+position's candidate logits and argmax (the whole vocabulary's for contrastive methods), a
+continuation from `generate` (greedy or the tool's beam search, the checkpoint's generation rules
+where the settings apply them), VCD's noised pixels, ICD's system prompt, and the image-attention
+probe from the class's eager attention weights. Attention edits (PAI) act inside the engine's own
+attention, and are refused in one line."""
 from __future__ import annotations
 
 import inspect
@@ -22,7 +22,7 @@ from .layers.generation import GreedyRules
 from .utils.loader import CheckpointError
 from .methods import Method, diffusion_noise, noise_generator
 from .inputs.plan import PromptResult
-from .reference import ReferenceModel, error_reason
+from .transformers_model import TransformersModel, error_reason
 from .runner import ImagePrompts, Runner
 from .utils.settings import Settings
 from .utils.stats import Clock
@@ -71,13 +71,13 @@ class TransformersRunner(Runner):
     """Runs prompts whole through transformers' class: the Runner's readout plan,
     allowances, counts and timings."""
 
-    def __init__(self, model: ReferenceModel, settings: Settings, readout, on_decode=None):
+    def __init__(self, model: TransformersModel, settings: Settings, readout, on_decode=None):
         super().__init__(model, settings, readout, on_decode)
         self._keep = "logits_to_keep" in inspect.signature(model.model.forward).parameters
 
     def _rules(self) -> GreedyRules:
         """None of the engine's: generate applies the checkpoint's rules itself, every one of them
-        (ReferenceModel._rules), which the engine's GreedyRules would refuse some of."""
+        (TransformersModel._rules), which the engine's GreedyRules would refuse some of."""
         return GreedyRules()
 
     def run_items(self, items: list[ImagePrompts], *, vocab: bool,
@@ -198,7 +198,7 @@ class TransformersEngine(Engine):
 
     runner_class = TransformersRunner
 
-    def __init__(self, model: ReferenceModel, settings: Settings, template=None, readouts=None,
+    def __init__(self, model: TransformersModel, settings: Settings, template=None, readouts=None,
                  cache=None, lengths: dict[str, int] | None = None):
         super().__init__(model, settings, template, readouts, cache, lengths)
         # A prompt its chat template rendered holds the template's own BOS (Llama 3's writes
@@ -235,7 +235,7 @@ class TransformersEngine(Engine):
         """Engine.load's, on transformers' class (no feature cache: `cache_dir` is not read)."""
         settings = settings or Settings()
         check_settings(settings)
-        return cls(ReferenceModel(Path(folder), settings), settings, template, readouts, None,
+        return cls(TransformersModel(Path(folder), settings), settings, template, readouts, None,
                    lengths)
 
     def encode(self, prepared: list[Prepared | None]) -> list[Image.Image | None]:

@@ -15,7 +15,7 @@ from .readout.protocols import PROTOCOLS, Coverage, coverage, get_template
 
 
 @dataclass(frozen=True)
-class ReferenceFacts:
+class BackendFacts:
     """What a protocol reads of a model the engine has no family for (protocols.base.FamilyFacts),
     which the transformers backend runs: its model_type, and its default template (the backend's:
     the checkpoint's chat template, else the question as its processor takes it)."""
@@ -27,7 +27,7 @@ class ReferenceFacts:
 
 
 def model_facts(folder: Path, config: dict):
-    """The engine's family of the checkpoint, or its ReferenceFacts where the engine has none that
+    """The engine's family of the checkpoint, or its BackendFacts where the engine has none that
     fits."""
     model_type = config.get("model_type")
     if (family := family_of(config)) is not None:
@@ -37,7 +37,7 @@ def model_facts(folder: Path, config: dict):
     # checkpoint the family does not fit is keyed by what it holds, which no tool's table names
     held = inner_types(config) if model_type in FAMILIES else None
     key = model_type if held is None else f"{model_type} ({' + '.join(map(str, held.values()))})"
-    return ReferenceFacts(key, f"{model_type} (transformers)", str(model_type), template)
+    return BackendFacts(key, f"{model_type} (transformers)", str(model_type), template)
 
 
 def protocol_for(folder: str | Path, name: str) -> Coverage:

@@ -27,7 +27,7 @@ from PIL import Image
 from .engine import Settings, load_engine
 from .engine.utils.loader import read_config
 from .engine.models import engine_refusal, family_class
-from .engine.reference import ReferenceModel
+from .engine.transformers_model import TransformersModel
 from .engine.synthetic import builtin_questions, write_images
 from .readout import LOGIT_READOUTS
 from .readout.readouts import compare_max_logits
@@ -120,7 +120,7 @@ def verify(model_dir: Path, *, n_questions: int = 8, images_dir: str | Path | No
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
-        reference = ReferenceModel(Path(model_dir).expanduser().resolve(), settings)
+        reference = TransformersModel(Path(model_dir).expanduser().resolve(), settings)
         for (path, question), answer in ours.items():
             logits, generated = reference.answer(Image.open(path), prompts[question],
                                                  max_new_tokens)

@@ -21,7 +21,7 @@ from tinymodels import (QUESTIONS, make_tiny_gemma3, make_tiny_gemma4, make_tiny
 
 from pope_fast.engine import Engine, Settings
 from pope_fast.engine.models import family_class
-from pope_fast.engine.reference import ReferenceInputs
+from pope_fast.engine.transformers_model import TransformersInputs
 
 # InternVL: (width, height) → tiles: 2 x 1 + thumbnail, 1 x 3 + thumbnail, square 2 x 2 (the tie with 1 x 1 goes to
 # more tiles for an image this large) + thumbnail, one tile, 5 x 1 + thumbnail, 3 x 2 + thumbnail
@@ -49,10 +49,10 @@ def make_tiny_idefics3(folder: Path, *, seed: int = 0) -> Path:
 
 
 @lru_cache(maxsize=None)
-def _reference_inputs(checkpoint: Path, name: str) -> ReferenceInputs:
+def _reference_inputs(checkpoint: Path, name: str) -> TransformersInputs:
     """A checkpoint's reference inputs, its processor loaded once a session (a qwen stand-in's tokenizer and image
     processor take about a second to load, and the checks ask for them dozens of times)."""
-    return ReferenceInputs(checkpoint, Settings(), family_class(name))
+    return TransformersInputs(checkpoint, Settings(), family_class(name))
 
 
 @dataclass(frozen=True)
@@ -101,7 +101,7 @@ class Family:
 
     def inputs_of(self, checkpoint: Path):
         """(image, prompt) -> the transformers model's inputs, as the transformers backend makes them (the
-        family's reference processor: engine/reference.py ReferenceInputs, the one reference path)."""
+        family's reference processor: engine/transformers_model.py TransformersInputs, the one reference path)."""
         inputs = _reference_inputs(checkpoint, self.name)
         return lambda image, prompt: inputs([image], [prompt])
 

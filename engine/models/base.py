@@ -109,7 +109,7 @@ class Family:
     processor_bounds: ClassVar[dict[str, tuple[str, str]]] = {}
     # why bench has no transformers pipeline to time
     reference_unavailable: ClassVar[str | None] = None
-    # what runs it (meta.json's model.backend; the other: reference.ReferenceModel)
+    # what runs it (meta.json's model.backend; the other: transformers_model.TransformersModel)
     backend: ClassVar[str] = "engine"
     # The model_types of the sub-configs the family implements (text_config, vision_config), as
     # transformers' config class builds them from config.json (its default where the file names

@@ -13,8 +13,9 @@ pytestmark = pytest.mark.slow  # the benchmark runs both pipelines on tiny check
 
 # One family of each way the reference builds its inputs and runs: llava-hf's processor on a batch,
 # Qwen2-VL's stand-in processor one prompt at a time, InstructBLIP's question-reading Q-Former, and
-# mPLUG-Owl2 without a class. Every family's reference inputs (engine/reference.py ReferenceInputs)
-# are the battery's oracles' too (registry.Family.inputs_of), held against its class there.
+# mPLUG-Owl2 without a class. Every family's reference inputs (engine/transformers_model.py
+# TransformersInputs) are the battery's oracles' too (registry.Family.inputs_of), held against its
+# class there.
 @pytest.mark.parametrize("name", ["llava", "qwen2_vl", "instructblip", "mplug_owl2"])
 def test_bench_runs_both_pipelines_and_they_agree(name, tmp_path):
     cfg = BenchConfig(models=[name], size="tiny", device="cpu", quant="none", dtype=None,

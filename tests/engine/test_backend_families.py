@@ -18,7 +18,7 @@ from tinymodels import make_tiny_internvl
 from pope_fast.cli import main
 from pope_fast.engine import CheckpointError, Settings, load_engine
 from pope_fast.engine.image_processor import load_processor
-from pope_fast.engine.reference import ReferenceInputs
+from pope_fast.engine.transformers_model import TransformersInputs
 from pope_fast.engine.synthetic import (Weights, builtin_chat_tokenizer, builtin_questions,
                                         write_checkpoint, write_images, write_question_file)
 
@@ -109,7 +109,7 @@ def test_a_processor_whose_image_half_needs_torchvision_is_refused_naming_it(tmp
     builtin_chat_tokenizer(["<|image|>"], eos="<|im_end|>",
                            pad="<|endoftext|>").save_pretrained(str(tmp_path))
     with pytest.raises(CheckpointError) as err:
-        ReferenceInputs(tmp_path, Settings())
+        TransformersInputs(tmp_path, Settings())
     assert str(err.value) == (f"{tmp_path}: transformers' processor does not load (Could not load "
                               f"any image processor class for {tmp_path}; missing package: "
                               f"torchvision; nor without its video processor)")

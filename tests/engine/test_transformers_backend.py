@@ -16,7 +16,7 @@ from tinymodels import QUESTIONS, qwen_inputs, synthetic_image
 
 from pope_fast.engine import CheckpointError, Engine, Settings, load_engine, parse_method
 from pope_fast.engine.methods import diffusion_noise, noise_generator
-from pope_fast.engine.reference import ReferenceInputs
+from pope_fast.engine.transformers_model import TransformersInputs
 from pope_fast.readout.protocols.base import NOT_READ
 from pope_fast.engine.transformers_engine import TransformersEngine
 from pope_fast.engine.synthetic import Weights, write_checkpoint
@@ -216,7 +216,7 @@ def test_a_processor_that_does_not_load_is_named_with_its_reason(raised, reason,
 
     monkeypatch.setattr(transformers.AutoProcessor, "from_pretrained", fails)
     with pytest.raises(CheckpointError) as err:
-        ReferenceInputs(tmp_path, Settings())
+        TransformersInputs(tmp_path, Settings())
     assert str(err.value) == f"{tmp_path}: transformers' processor does not load ({reason.format(folder=tmp_path)})"
 @pytest.mark.slow  # the registry's tiny LLaVA's processor files, made with its weights
 @pytest.mark.parametrize("family", ["llava", None], ids=["family-processor", "auto-processor"])
@@ -225,7 +225,7 @@ def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_
     import shutil
 
     from pope_fast.engine.models import family_class
-    from pope_fast.engine.reference import ReferenceInputs
+    from pope_fast.engine.transformers_model import TransformersInputs
 
     for path in tiny.checkpoint("llava").glob("*.json"):  # the processor's files; no weights are read
         shutil.copy(path, tmp_path / path.name)
@@ -234,7 +234,7 @@ def test_a_cut_tokenizer_file_is_named_as_the_engine_names_it(family, tiny, tmp_
     with pytest.raises(json.JSONDecodeError) as cut:
         json.loads(text[:len(text) // 3])
     with pytest.raises(CheckpointError) as err:
-        ReferenceInputs(tmp_path, Settings(), family_class(family) if family else None)
+        TransformersInputs(tmp_path, Settings(), family_class(family) if family else None)
     assert str(err.value) == f"{tmp_path / 'tokenizer.json'}:{cut.value.lineno}: malformed JSON: {cut.value.msg}"
 
 

@@ -1,8 +1,8 @@
 """transformers' own model of a checkpoint: the reference the engine is held against (bench's
 pipeline, `pope-fast verify`) and the backend that runs every model the engine has no family for
-(`ReferenceModel`, run by transformers_engine.TransformersEngine): transformers' image-text-to-text
-class of its model_type, on the device, NF4 as transformers' bitsandbytes integration quantizes it;
-its processor and chat template make the inputs."""
+(`TransformersModel`, run by transformers_engine.TransformersEngine): transformers'
+image-text-to-text class of its model_type, on the device, NF4 as transformers' bitsandbytes
+integration quantizes it; its processor and chat template make the inputs."""
 from __future__ import annotations
 
 import inspect
@@ -34,7 +34,7 @@ REMOTE_MODEL_CLASSES = ("AutoModelForImageTextToText", "AutoModelForVision2Seq",
                         "AutoModelForCausalLM", "AutoModel")
 
 
-def reference_class(folder: Path, config: dict):
+def transformers_auto_class(folder: Path, config: dict):
     """transformers' image-text-to-text Auto class, where it maps the checkpoint's model_type;
     CheckpointError where it does not."""
     import transformers
@@ -60,7 +60,7 @@ def remote_code(config: dict) -> str | None:
                                        "not run (trust_remote_code)")
 
 
-def load_reference(checkpoint: Path, settings: Settings):
+def load_transformers_model(checkpoint: Path, settings: Settings):
     """The transformers model of a checkpoint, on the device, NF4 as transformers quantizes it;
     refused as the engine's loader refuses it (docs/design.md, "One loading contract"): a stored
     tensor of the wrong dtype or not finite, a tensor the class needs and the checkpoint lacks
@@ -70,7 +70,7 @@ def load_reference(checkpoint: Path, settings: Settings):
 
     config = read_config(checkpoint)
     # a model_type with no class refused before its files are read
-    auto = reference_class(checkpoint, config)
+    auto = transformers_auto_class(checkpoint, config)
     check_stored(checkpoint, quantized="quantization_config" in config)
     # a mismatch is reported, not raised, so that it is refused below in the engine's words
     kwargs = {"dtype": settings.torch_dtype, "output_loading_info": True,
@@ -125,7 +125,7 @@ def _refuse_loading_faults(checkpoint: Path, info: dict) -> None:
 
 
 @dataclass(frozen=True)
-class ReferenceDims:
+class TransformersDims:
     """What the rest of the code reads of a language model's shape (decoder.DecoderDims' names)."""
 
     num_layers: int
@@ -137,11 +137,11 @@ class ReferenceDims:
 
 
 @dataclass(frozen=True)
-class ReferenceLM:
-    dims: ReferenceDims
+class TransformersLM:
+    dims: TransformersDims
 
 
-class ReferenceInputs:
+class TransformersInputs:
     """What a checkpoint's processor makes of prompts about images, as transformers' class takes
     them: a family's reference processor (`--backend transformers` on it), else transformers'
     AutoProcessor; the batch left-padded, on the device, floating tensors in the settings' dtype.
@@ -185,7 +185,7 @@ class ReferenceInputs:
                 for k, v in out.items()}
 
 
-class ReferenceModel:
+class TransformersModel:
     """A checkpoint as transformers runs it, declaring what the engine's families declare
     (family.Family's names): its model_type, tokenizer, stop ids, generation config, template, the
     language model's shape. A family's checkpoint keeps the family's templates and processor
@@ -208,8 +208,8 @@ class ReferenceModel:
         # generate applies its rules: their fields of the right types
         if settings.generation_config == "greedy":
             rule_fields(self.generation_config, str(folder / "generation_config.json"))
-        self.model = load_reference(folder, settings)
-        self.inputs = ReferenceInputs(folder, settings, family)
+        self.model = load_transformers_model(folder, settings)
+        self.inputs = TransformersInputs(folder, settings, family)
         self.tokenizer = self.inputs.tokenizer
         self.stop_ids = stop_ids(self.generation_config, self.tokenizer)
         self.model.generation_config = self._rules()
@@ -219,7 +219,7 @@ class ReferenceModel:
         # else the processor places the image's tokens
         self.image_marker = family.image_marker if family else ""
         text = self.model.config.get_text_config()
-        self.lm = ReferenceLM(ReferenceDims(
+        self.lm = TransformersLM(TransformersDims(
             num_layers=text.num_hidden_layers,
             max_positions=getattr(text, "max_position_embeddings", None) or 1 << 20,
             vocab_size=self.model.get_output_embeddings().weight.shape[0]))
