@@ -75,7 +75,7 @@ class DecoderDims:
         rope = getattr(cfg, "rope_parameters", None) or {}
         if not isinstance(rope, dict):
             rope = {}
-        rope_type = rope.get("rope_type", "default") if isinstance(rope, dict) else "default"
+        rope_type = rope.get("rope_type", "default")
         legacy = getattr(cfg, "rope_scaling", None)
         legacy_type = None if not isinstance(legacy, dict) else \
             legacy.get("rope_type", legacy.get("type"))
@@ -87,7 +87,7 @@ class DecoderDims:
         llama3 = None if rope_type == "default" else (
             float(rope["factor"]), float(rope["low_freq_factor"]), float(rope["high_freq_factor"]),
             int(rope["original_max_position_embeddings"]))
-        theta = rope.get("rope_theta") if isinstance(rope, dict) else None
+        theta = rope.get("rope_theta")
         heads = cfg.num_attention_heads
         window = getattr(cfg, "sliding_window", None) if getattr(cfg, "use_sliding_window", True) \
             else None
