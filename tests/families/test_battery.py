@@ -1,6 +1,8 @@
 """The checks every family makes against its transformers class (familychecks), parametrized over
 the registry: one test function per check, one case per family it applies to (registry.Family says
 which and how). A family's quirks are its own file's."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 from familychecks import (assert_continuations_match, assert_nf4_matches,
@@ -146,6 +148,22 @@ def test_methods(family, family_checkpoint, methods_oracle, prefix_reuse, batch_
                          Settings(prefix_reuse=prefix_reuse, batch_size=batch_size),
                          readouts="template_aware")
     check_methods(engine, methods_oracle)
+
+
+@pytest.mark.parametrize("name", ["gemma3", "gemma4", "idefics3"])
+@pytest.mark.parametrize("stored", [True, False], ids=["lm_head-stored", "no-lm_head"])
+def test_a_stored_lm_head_unties_a_config_that_ties(name, stored, tmp_path):
+    """These families tie lm_head to the embeddings where config.json says so, or (Gemma's) does not
+    say, unless the checkpoint stores an lm_head all the same: transformers 5 then reads that one."""
+    from safetensors.torch import save_file
+
+    tensors = {"model.language_model.embed_tokens.weight": torch.zeros(4, 2)}
+    tensors.update({"lm_head.weight": torch.ones(4, 2)} if stored else {})
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    family = object.__new__(family_class(name))  # tied() reads the folder and the config only
+    family.folder = tmp_path
+    family.config = SimpleNamespace(tie_word_embeddings=True, text_config=SimpleNamespace())
+    assert family.tied() is not stored
 
 
 @pytest.mark.slow
