@@ -24,7 +24,7 @@ from PIL import Image
 from ..layers.ops import Linear, make_linear, replace_linears
 from ..layers.decoder import DecoderDims, DecoderLayer, DecoderLM
 from ..utils.loader import (CheckpointError, generation_config, load_grouped, quiet_fallback,
-                            stop_ids)
+                            rename, stop_ids, tensor_files)
 from ..inputs.plan import PromptLayout
 from ..utils.settings import Settings
 from ..utils.stats import Counts
@@ -187,6 +187,11 @@ class Family:
         its config's tie_word_embeddings, false where absent (a family whose class ties otherwise
         says so)."""
         return bool(getattr(self.config, "tie_word_embeddings", False))
+
+    def stores_lm_head(self, rules: list[tuple[str, str]]) -> bool:
+        """Whether the checkpoint stores an lm_head (named by `rules`, the family's renames), which
+        transformers 5 then keeps untied whatever the config says."""
+        return any(rename(name, rules) == "lm.lm_head.weight" for name in tensor_files(self.folder))
 
     def load_parts(self, rules: list[tuple[str, str]], expected: dict[str, tuple[int, ...]],
                    **kwargs) -> dict[str, dict[str, torch.Tensor]]:

@@ -45,7 +45,7 @@ from ..inputs.coded_pixels import CodedPixels, pixels_on_device
 from ..inputs.images import checked_fast_path, normalize_table, to_rgb
 from ..layers.ops import apply_rotary, offset_rms_norm
 from ..layers.decoder import DecoderDims, DecoderLayer
-from ..utils.loader import CheckpointError, load_module, no_init, rename, tensor_files
+from ..utils.loader import CheckpointError, load_module, no_init
 from ..inputs.plan import PromptLayout
 from ..inputs.prompts import PromptMemo
 from ..utils.settings import Settings
@@ -254,8 +254,7 @@ class Gemma3Model(Family):
         """Tied (true where config.json does not say; the published checkpoints store no lm_head),
         unless an lm_head is stored all the same, which transformers 5 then keeps untied."""
         cfg = self.config
-        stored = any(rename(name, NAME_RULES) == "lm.lm_head.weight"
-                     for name in tensor_files(self.folder))
+        stored = self.stores_lm_head(NAME_RULES)
         return bool(getattr(cfg, "tie_word_embeddings",
                             getattr(cfg.text_config, "tie_word_embeddings", True))) and not stored
 

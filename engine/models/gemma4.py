@@ -21,7 +21,7 @@ import torch
 from PIL import Image
 
 from ..layers.decoder import DecoderDims
-from ..utils.loader import CheckpointError, load_module, no_init, rename, tensor_files
+from ..utils.loader import CheckpointError, load_module, no_init
 from ..inputs.plan import PromptLayout
 from ..utils.settings import Settings
 from ..utils.stats import Counts
@@ -152,8 +152,7 @@ class Gemma4Model(Family):
 
     def tied(self) -> bool:
         """Tied unless an lm_head is stored all the same (as Gemma 3's)."""
-        stored = any(rename(name, NAME_RULES) == "lm.lm_head.weight"
-                     for name in tensor_files(self.folder))
+        stored = self.stores_lm_head(NAME_RULES)
         return bool(getattr(self.config, "tie_word_embeddings", True)) and not stored
 
     def preprocess_settings(self) -> dict:

@@ -29,7 +29,7 @@ import torch
 from PIL import Image
 
 from ..layers.decoder import DecoderDims
-from ..utils.loader import CheckpointError, load_module, no_init, rename, tensor_files
+from ..utils.loader import CheckpointError, load_module, no_init
 from ..inputs.plan import PromptLayout
 from ..inputs.prompts import PromptMemo
 from ..utils.settings import Settings
@@ -111,8 +111,7 @@ class Idefics3Model(Family):
     def tied(self) -> bool:
         """The config's tie_word_embeddings (false where absent), unless an lm_head is stored all
         the same, which transformers 5 then keeps untied."""
-        stored = any(rename(name, NAME_RULES) == "lm.lm_head.weight"
-                     for name in tensor_files(self.folder))
+        stored = self.stores_lm_head(NAME_RULES)
         return super().tied() and not stored
 
     # --- pixels and features ----------------------------------------------------------------------
