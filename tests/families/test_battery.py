@@ -154,7 +154,8 @@ def test_methods(family, family_checkpoint, methods_oracle, prefix_reuse, batch_
 @pytest.mark.parametrize("stored", [True, False], ids=["lm_head-stored", "no-lm_head"])
 def test_a_stored_lm_head_unties_a_config_that_ties(name, stored, tmp_path):
     """These families tie lm_head to the embeddings where config.json says so, or (Gemma's) does not
-    say, unless the checkpoint stores an lm_head all the same: transformers 5 then reads that one."""
+    say, unless the checkpoint stores an lm_head all the same: transformers 5 then reads that
+    one."""
     from safetensors.torch import save_file
 
     tensors = {"model.language_model.embed_tokens.weight": torch.zeros(4, 2)}
