@@ -226,12 +226,14 @@ REGISTRY = {f.name: f for f in [
            [synthetic_image(i + 81, size) for i, size in enumerate([(100, 60), (60, 100)])], 2,
            template="qwen3_5_chat", logits=((True, 1), (False, 2)), run=((True, 8),),
            run_items=_two_grids_of_one_length, continuations=(),
+           nf4=NF4(dict(seed=5), (0, 1), _quantized(1, {"visual", "language_model"})),
            notes="its continuations are test_qwen3_5's, token for token (the stand-in decodes most ids to nothing)"),
     # Qwen3.5's images and cases, every MLP a mixture of experts with a shared one (its fused layout: test_qwen3_5_moe)
     Family("qwen3_5_moe", make_tiny_qwen3_5_moe, "Qwen3_5MoeForConditionalGeneration",
            [synthetic_image(i + 81, size) for i, size in enumerate([(100, 60), (60, 100)])], 2,
            template="qwen3_5_chat", logits=((True, 1), (False, 2)), run=((True, 8),),
            run_items=_two_grids_of_one_length, continuations=(),
+           nf4=NF4(dict(seed=5), (0, 1), _quantized(1, {"visual", "language_model"})),
            notes="its continuations are test_qwen3_5's (the same decoder but for the MLP)"),
     # The built-in stand-in tokenizer (Gemma's special-token ids, Yes/No and turn format): gemma-3-4b-it's real
     # one takes seconds to load on 2 cores, once per engine, processor and checkpoint. The checks of what the
@@ -252,13 +254,15 @@ REGISTRY = {f.name: f for f in [
            [synthetic_image(i + 41, size) for i, size in enumerate([(90, 70), (40, 90), (64, 64)])], 2,
            template="gemma4_chat", logits=((True, 2), (False, 3)), counts_image_tokens=True,
            continuations=({"prefix_reuse": True, "batch_size": 2},),
+           nf4=NF4(dict(seed=5), (0, 1), _quantized(1, {"vision_tower", "language_model", "embed_vision"})),
            pad_refusal="Gemma 4 resizes every image within its patch budget"),
     # (width, height) → tiles: 2 x 2 + the global view, 2 rows x 1 column + the global view, the global view alone
     # (it fits one tile: unsplit)
     Family("idefics3", make_tiny_idefics3, "Idefics3ForConditionalGeneration",
            [synthetic_image(i + 91, size) for i, size in enumerate([(90, 60), (50, 110), (40, 40)])], 3,
            template="idefics3_chat", run=((True, 4),), run_items=_tiles_and_global_view, probe=(0, 2),
-           methods=((True, 2),), pad_refusal="Idefics3 tiles every image"),
+           methods=((True, 2),), pad_refusal="Idefics3 tiles every image",
+           nf4=NF4(dict(seed=5), (0, 1), _quantized(1, {"vision_model", "connector", "text_model"}))),
 ]}
 # A registered family outside the battery, with the reason (test_every_registered_family_is_in_the_battery).
 EXEMPT = {"mplug_owl2": "no transformers class; test_mplug_owl2 checks the engine against upstream's outputs "
