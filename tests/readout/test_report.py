@@ -87,7 +87,8 @@ def test_report_on_two_runs(tmp_path):
     stopped = json.loads((runs[1] / "meta.json").read_text())  # llava-b stopped 6 questions short of its random split
     write_meta(runs[1], {**stopped, "questions": {"coco/random": 30, "coco/adversarial": 24}})
     out = tmp_path / "report"
-    result = CliRunner().invoke(main, ["report", *map(str, runs), "--out", str(out), "--formats", "png,pdf,svg"])
+    # the PNGs alone: each vector copy draws the figure again (they are test_demo_report_...'s)
+    result = CliRunner().invoke(main, ["report", *map(str, runs), "--out", str(out), "--formats", "png"])
     assert result.exit_code == 0, result.output
     score = json.loads(CliRunner().invoke(main, ["score", *map(str, runs), "--format", "json"]).output)["runs"]
     assert len(score) == 2 * 3 and json.loads((out / "scores.json").read_text())["runs"] == score
@@ -133,9 +134,6 @@ def test_report_on_two_runs(tmp_path):
     for png in pngs:
         with Image.open(png) as image:
             image.verify()
-        # vector copies for a paper beside each PNG
-        assert png.with_suffix(".pdf").read_bytes().startswith(b"%PDF-")
-        assert b"<svg" in png.with_suffix(".svg").read_bytes()[:2000]
     page = (out / "report.html").read_text()
     embedded = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', page)
     assert sorted(base64.b64decode(e) for e in embedded) == sorted(p.read_bytes() for p in pngs)
@@ -396,8 +394,11 @@ def test_demo_report_labels_first_tokens_with_the_engines_strings(tmp_path):
     tokens = json.loads((tmp_path / "r" / "demo" / "demo_first_tokens.json").read_text())["tokens"]
     assert {str(t["id"]): t["token"] for t in tokens if t["token"] is not None} == meta["token_strings"]
     pngs = sorted((tmp_path / "r").rglob("*.png"))  # every format by default: the vector copies, the column layout
-    assert pngs and all(p.with_suffix(".pdf").is_file() and p.with_suffix(".svg").is_file()
-                        and p.with_name(p.stem + ".column.pdf").is_file() for p in pngs)
+    for png in pngs:  # vector copies for a paper beside each PNG
+        assert png.with_suffix(".pdf").read_bytes().startswith(b"%PDF-")
+        assert b"<svg" in png.with_suffix(".svg").read_bytes()[:2000]
+        assert png.with_name(png.stem + ".column.pdf").read_bytes().startswith(b"%PDF-")
+    assert pngs
     assert (tmp_path / "r/report.html").read_text().count("One column wide (3.3 in, 8 pt)") == len(pngs)
 
 
