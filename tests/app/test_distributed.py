@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from torchrunjobs import launch, make_job, run, run_here, run_meta, same_run
+from torchrunjobs import launch, make_job, run, run_here, run_meta
 
 
 from pope_fast.distributed import RankError, Shard, assign_steps
