@@ -249,7 +249,7 @@ def test_how_an_unknown_counts_in_each_rule():
         == [50.0] * 3
 
 
-def test_vlmevalkits_product_agrees_with_both_right_for_two_answers_and_takes_the_first_two_of_three():
+def test_vlmevalkits_product_agrees_with_both_right_on_two_answers_and_takes_two_of_three():
     # With 2 answers of 0/1, val[0]*val[1] is 1 exactly when both are right, so it agrees with
     # calculation.py; it differs only on an image with 3 answers (none in MME): it multiplies the
     # first two (right, right → 1) and averages all three for acc (2/3), where calculation.py and

@@ -249,7 +249,7 @@ def test_sids_drop_keeps_each_rows_least_attended_image_tokens_and_all_text():
     assert kept[0, :2].all() and kept[0, 8:].all()
 
 
-def test_the_answer_rows_per_key_attention_sums_to_the_probe_and_the_kept_attention_drops_keys_for_every_query():
+def test_per_key_attention_sums_to_the_probe_and_kept_attention_drops_keys_at_every_query():
     """answer_key_attention is answer_image_attention per key (right-padded rows, grouped heads);
     kept_causal_attention equals causal attention over the sequence with the dropped tokens removed,
     at every query kept."""
