@@ -104,11 +104,12 @@ def check_methods(engine, oracle):
 
 def sid_oracle(checkpoint, model_class, inputs_of, prompts, layer, keep, alpha, beta):
     """Per (image, prompt): SID's logits as huofushuo/SID computes them, on transformers' class in
-    eager attention. The image tokens kept: the `keep` least attended by the last query in layer -
-    1's attention weights averaged over heads (minigpt4/models/modeling_llama.py:653-661); the
-    contrast pass: every other image token masked for every query from layer `layer` on (:663-670);
-    then (1 + alpha) l - alpha l_cd where l >= log(beta) + max l (vcd_sample.py:177-184). Also each
-    prompt's image-token count, and the contrast pass's logits."""
+    eager attention. The image tokens kept: the `keep` least attended by the last query in
+    layer - 1's attention weights averaged over heads (minigpt4/models/modeling_llama.py:653-661);
+    the contrast pass: every other image token masked for every query from layer `layer` on
+    (:663-670); then (1 + alpha) l - alpha l_cd where l >= log(beta) + max l
+    (vcd_sample.py:177-184). Also each prompt's image-token count, and the contrast pass's
+    logits."""
     from transformers import AttentionInterface, AttentionMaskInterface
     from transformers.masking_utils import eager_mask
 
