@@ -222,6 +222,10 @@ def test_readout_imports_no_torch():
 WIDTH = 100
 NARROW_TESTS = ("kernels", "families", "bench", "peers")
 TEST_FILES = sorted(p for folder in NARROW_TESTS for p in (ROOT / "tests" / folder).rglob("*.py"))
+# and the tests root's own modules brought to it (torchrunjobs.py and hubserver.py not yet)
+NARROW_ROOT = ("conftest.py", "familychecks.py", "methodchecks.py", "registry.py",
+               "test_dependencies.py", "test_layout.py", "test_lint.py", "tinymodels.py")
+TEST_FILES += [ROOT / "tests" / name for name in NARROW_ROOT]
 
 
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(ROOT)))
