@@ -1,6 +1,6 @@
-"""The floor plan, checked on the source itself (../shared/STYLE.md): imports flow one way, with no circle
-(imports inside functions included) and no private name reached across modules; a family is named only in its
-own room, and no module or function grows past what a reader can hold."""
+"""The floor plan, checked on the source itself (../shared/STYLE.md): imports flow one way, with no
+circle (imports inside functions included) and no private name reached across modules; a family is
+named only in its own room, and no module or function grows past what a reader can hold."""
 import ast
 import functools
 from pathlib import Path
@@ -13,8 +13,8 @@ SOURCES = sorted(p for package in PACKAGES for p in (ROOT / package).rglob("*.py
 
 
 def _registered_families() -> tuple[str, ...]:
-    """The model_types of engine/models/__init__.py's FAMILIES, read from its source (a new family is one line
-    there, and nothing here)."""
+    """The model_types of engine/models/__init__.py's FAMILIES, read from its source (a new family
+    is one line there, and nothing here)."""
     for node in ast.parse((ROOT / "engine/models/__init__.py").read_text()).body:
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", None) == "FAMILIES":
             return tuple(key.value for key in node.value.keys)
@@ -22,10 +22,11 @@ def _registered_families() -> tuple[str, ...]:
 
 
 FAMILIES = _registered_families()
-# Strings equal to a family's model_type outside the family's rooms: template names (whose names records
-# carry), the adapter names of ugaa-research's published files, and the protocols' rooms, where `llava` is
-# also LLaVA's own evaluation scripts and each tool's coverage of the families is keyed by their model_type
-# (how a tool runs a family is the tool's fact, held beside its prompts and sources).
+# Strings equal to a family's model_type outside the family's rooms: template names (whose names
+# records carry), the adapter names of ugaa-research's published files, and the protocols' rooms,
+# where `llava` is also LLaVA's own evaluation scripts and each tool's coverage of the families is
+# keyed by their model_type (how a tool runs a family is the tool's fact, held beside its prompts
+# and sources).
 NAMED_ELSEWHERE = {ROOT / "readout/templates.py", ROOT / "readout/benchmarks/pope/ugaa.py",
                    *(ROOT / "readout/protocols").glob("*.py")}
 
@@ -35,22 +36,25 @@ def _tree(path: Path) -> ast.Module:
     return ast.parse(path.read_text(), str(path))
 
 
-# The engine's own strata (docs/design.md, "Data flow"): its runtime at engine/'s root, then these folders. Seen
-# from outside the engine they are all "engine"; inside it each is a layer of the drawing.
+# The engine's own strata (docs/design.md, "Data flow"): its runtime at engine/'s root, then these
+# folders. Seen from outside the engine they are all "engine"; inside it each is a layer of the
+# drawing.
 ENGINE_STRATA = ("synthetic", "models", "layers", "inputs", "utils")
-# readout's strata the same way: its core at readout/'s root (questions, readouts, token sets, records, scores), then
-# these folders above it. Its face, readout/__init__.py (the names most callers need), stands above them all: it is
-# what the rest of the code sees as readout, it imports every stratum, and no module inside readout imports it.
+# readout's strata the same way: its core at readout/'s root (questions, readouts, token sets,
+# records, scores), then these folders above it. Its face, readout/__init__.py (the names most
+# callers need), stands above them all: it is what the rest of the code sees as readout, it imports
+# every stratum, and no module inside readout imports it.
 READOUT_STRATA = ("formats", "protocols", "benchmarks", "report")
 READOUT_FACE = ROOT / "readout/__init__.py"
-FACE = "readout/__init__ (its face)"  # what a module inside readout that imported the face would import
+# what a module inside readout that imported the face would import
+FACE = "readout/__init__ (its face)"
 STRATA = {"engine": ENGINE_STRATA, "readout": READOUT_STRATA}
 
 
 def _layer(path: Path) -> str:
-    """readout (its core at readout/'s root, and its face) and readout/<stratum>, kernels, engine (the runtime at
-    engine/'s root) and engine/<stratum>, bench; pope_fast's command line (cli, __main__) is "cli", the rest of it
-    (the sweep, torchrun, the eval job) "app"."""
+    """readout (its core at readout/'s root, and its face) and readout/<stratum>, kernels, engine
+    (the runtime at engine/'s root) and engine/<stratum>, bench; pope_fast's command line (cli,
+    __main__) is "cli", the rest of it (the sweep, torchrun, the eval job) "app"."""
     parts = path.relative_to(ROOT).parts
     if parts[0] in ("engine", "readout") and len(parts) > 2 and parts[1] in STRATA[parts[0]]:
         return f"{parts[0]}/{parts[1]}"
@@ -71,8 +75,9 @@ MODULES = {_module(p): p for p in SOURCES}
 
 
 def _imported(path: Path):
-    """(node, module, names) of each import of ours in a module, inside functions too: `module` the dotted
-    module imported from (a `from package import submodule` counts as importing the submodule)."""
+    """(node, module, names) of each import of ours in a module, inside functions too: `module` the
+    dotted module imported from (a `from package import submodule` counts as importing the
+    submodule)."""
     here = _module(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     for node in ast.walk(_tree(path)):
@@ -92,10 +97,12 @@ def _imported(path: Path):
 
 
 def _module_layer(dotted: list[str], importer: str) -> str:
-    """The layer of pope_fast.<dotted...>, as a module of layer `importer` sees it: the engine's and readout's
-    strata from inside them, and readout's face (the package itself) from inside readout."""
+    """The layer of pope_fast.<dotted...>, as a module of layer `importer` sees it: the engine's and
+    readout's strata from inside them, and readout's face (the package itself) from inside
+    readout."""
     inside = importer.split("/")[0]
-    if inside in STRATA and dotted[:1] == [inside] and len(dotted) > 1 and dotted[1] in STRATA[inside]:
+    if inside in STRATA and dotted[:1] == [inside] and len(dotted) > 1 \
+            and dotted[1] in STRATA[inside]:
         return f"{inside}/{dotted[1]}"
     if inside == "readout" and dotted == ["readout"]:
         return FACE
@@ -105,7 +112,8 @@ def _module_layer(dotted: list[str], importer: str) -> str:
 
 
 def _imports(path: Path) -> set[str]:
-    """The layers of ours a module imports, other than its own (readout's face as the code outside sees it)."""
+    """The layers of ours a module imports, other than its own (readout's face as the code outside
+    sees it)."""
     package = path.relative_to(ROOT).parts[0]
     here = ["pope_fast"] + ([] if package == "pope_fast" else [package])
     here += list(path.relative_to(ROOT / package).parts[:-1])
@@ -119,7 +127,8 @@ def _imports(path: Path) -> set[str]:
             else:
                 dotted = (node.module or "").split(".")
             if dotted[0] == "pope_fast":  # `from package import module` imports the module
-                subs = [[*dotted[1:], a.name] for a in node.names if ".".join([*dotted, a.name]) in MODULES]
+                subs = [[*dotted[1:], a.name] for a in node.names
+                        if ".".join([*dotted, a.name]) in MODULES]
                 rest = [dotted[1:]] if len(subs) < len(node.names) else []
                 targets = [[a.name] for a in node.names] if len(dotted) == 1 else subs + rest
                 found.update(_module_layer(t, seen_as) for t in targets)
@@ -130,14 +139,17 @@ def _imports(path: Path) -> set[str]:
 
 
 def _drawn() -> dict[str, set[str]]:
-    """The data-flow drawing of docs/design.md: each line `layer → others` (or `→ nothing`) of its text block."""
+    """The data-flow drawing of docs/design.md: each line `layer → others` (or `→ nothing`) of its
+    text block."""
     page = (ROOT / "docs/design.md").read_text()
     block = page[page.index("## Data flow"):].split("```text\n", 1)[1].split("```", 1)[0]
     drawn = {}
     for line in block.splitlines():
         layer, _, rest = line.partition("→")
-        targets = rest.split("  ")[0].strip()  # two spaces end the list; what follows says what the layer holds
-        drawn[layer.strip()] = set() if targets == "nothing" else {t.strip() for t in targets.split(",")}
+        # two spaces end the list; what follows says what the layer holds
+        targets = rest.split("  ")[0].strip()
+        drawn[layer.strip()] = (set() if targets == "nothing"
+                                else {t.strip() for t in targets.split(",")})
     return drawn
 
 
@@ -146,16 +158,19 @@ ALLOWED = _drawn()
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_imports_flow_one_way(path):
-    """Each module imports only the layers docs/design.md's drawing gives its layer: readout and kernels nothing
-    of ours, the engine both, the application the engine, bench the application, the command line the rest."""
+    """Each module imports only the layers docs/design.md's drawing gives its layer: readout and
+    kernels nothing of ours, the engine both, the application the engine, bench the application, the
+    command line the rest."""
     layer = _layer(path)
     extra = _imports(path) - ALLOWED[layer]
-    assert not extra, f"{path.relative_to(ROOT)} ({layer}) imports {extra}, which docs/design.md does not draw"
+    assert not extra, \
+        f"{path.relative_to(ROOT)} ({layer}) imports {extra}, which docs/design.md does not draw"
 
 
 def test_the_drawing_is_the_imports_and_goes_one_way():
-    """Every arrow drawn is an import that exists (a drawing of what could be is not the code's), every layer is
-    drawn, and no arrow comes back: the layers in an order where each imports only layers after it."""
+    """Every arrow drawn is an import that exists (a drawing of what could be is not the code's),
+    every layer is drawn, and no arrow comes back: the layers in an order where each imports only
+    layers after it."""
     used: dict[str, set[str]] = {layer: set() for layer in ALLOWED}
     for path in SOURCES:
         used[_layer(path)] |= _imports(path)
@@ -170,20 +185,22 @@ def test_the_drawing_is_the_imports_and_goes_one_way():
 
 
 def test_readout_strata_and_its_face_are_told_apart():
-    """The layers the checks above see inside readout: a module in a sub-folder is its stratum's, an import of
-    another stratum is that stratum's, and the package itself imported from inside readout is its face, which no
-    line of the drawing gives; seen from outside, readout is one layer."""
+    """The layers the checks above see inside readout: a module in a sub-folder is its stratum's, an
+    import of another stratum is that stratum's, and the package itself imported from inside readout
+    is its face, which no line of the drawing gives; seen from outside, readout is one layer."""
     assert _layer(ROOT / "readout/benchmarks/pope/ugaa.py") == "readout/benchmarks"
     assert _layer(READOUT_FACE) == _layer(ROOT / "readout/records.py") == "readout"
     assert _module_layer(["readout", "report", "tables"], "readout/benchmarks") == "readout/report"
     assert _module_layer(["readout", "report", "tables"], "app") == "readout"
-    assert _module_layer(["readout"], "readout/formats") == FACE and FACE not in set().union(*ALLOWED.values())
+    assert _module_layer(["readout"], "readout/formats") == FACE \
+        and FACE not in set().union(*ALLOWED.values())
 
 
 def test_the_engine_asks_readouts_core_only():
-    """The engine reads readout's core (templates, readouts, token sets, the readout plan, the tools' steps), never
-    a tool's room, a benchmark, the report or the face that gathers them: a tool's prompt reaches it as a Template
-    object its caller looked up, so adding a tool or a benchmark cannot change what the engine imports."""
+    """The engine reads readout's core (templates, readouts, token sets, the readout plan, the
+    tools' steps), never a tool's room, a benchmark, the report or the face that gathers them: a
+    tool's prompt reaches it as a Template object its caller looked up, so adding a tool or a
+    benchmark cannot change what the engine imports."""
     core = {_module(p) for p in (ROOT / "readout").glob("*.py") if p.name != "__init__.py"}
     wrong = [f"{path.relative_to(ROOT)}:{node.lineno} {dotted}" for path in SOURCES
              if path.relative_to(ROOT).parts[0] == "engine" for node, dotted, _ in _imported(path)
@@ -193,16 +210,22 @@ def test_the_engine_asks_readouts_core_only():
 
 def test_readout_imports_no_torch():
     for path in (ROOT / "readout").rglob("*.py"):
-        names = {a.name.split(".")[0] for n in ast.walk(_tree(path)) if isinstance(n, ast.Import) for a in n.names}
-        names |= {(n.module or "").split(".")[0] for n in ast.walk(_tree(path)) if isinstance(n, ast.ImportFrom)}
+        names = {a.name.split(".")[0] for n in ast.walk(_tree(path)) if isinstance(n, ast.Import)
+                 for a in n.names}
+        names |= {(n.module or "").split(".")[0] for n in ast.walk(_tree(path))
+                  if isinstance(n, ast.ImportFrom)}
         assert "torch" not in names, path
 
 
-# The anchors' width (nano-vllm's, gpt-fast's lines: issue 51), for the sources and for the test folders brought
-# to it so far (one at a time: the others are not held to a width yet)
+# The anchors' width (nano-vllm's, gpt-fast's lines: issue 51), for the sources and for the test
+# folders brought to it so far (one at a time: the others are not held to a width yet)
 WIDTH = 100
 NARROW_TESTS = ("kernels", "families", "bench", "peers", "engine", "benchmarks")
 TEST_FILES = sorted(p for folder in NARROW_TESTS for p in (ROOT / "tests" / folder).rglob("*.py"))
+# and the tests root's own modules brought to it (torchrunjobs.py and hubserver.py not yet)
+NARROW_ROOT = ("conftest.py", "familychecks.py", "methodchecks.py", "registry.py",
+               "test_dependencies.py", "test_layout.py", "test_lint.py", "tinymodels.py")
+TEST_FILES += [ROOT / "tests" / name for name in NARROW_ROOT]
 
 
 @pytest.mark.parametrize("path", TEST_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -213,7 +236,8 @@ def test_narrow_test_folders_stay_narrow(path):
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_files_and_functions_stay_readable(path):
-    """At most 400 lines a module, 60 a function (Triton kernel bodies aside), WIDTH columns a line."""
+    """At most 400 lines a module, 60 a function (Triton kernel bodies aside), WIDTH columns a
+    line."""
     text = path.read_text()
     assert text.count("\n") <= 400, f"{path.relative_to(ROOT)}: {text.count(chr(10))} lines"
     long = [i for i, line in enumerate(text.split("\n"), 1) if len(line) > WIDTH]
@@ -222,14 +246,16 @@ def test_files_and_functions_stay_readable(path):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             jitted = any("jit" in ast.unparse(d) for d in node.decorator_list)
             size = node.end_lineno - node.lineno + 1
-            assert jitted or size <= 60, f"{path.relative_to(ROOT)}:{node.lineno} {node.name} is {size} lines"
+            assert jitted or size <= 60, \
+                f"{path.relative_to(ROOT)}:{node.lineno} {node.name} is {size} lines"
 
 
 def test_the_cli_is_options_and_one_call():
     assert (ROOT / "pope_fast/cli.py").read_text().count("\n") <= 300
 
 
-@pytest.mark.parametrize("path", [p for p in SOURCES if "models" not in p.parts and p not in NAMED_ELSEWHERE],
+@pytest.mark.parametrize("path", [p for p in SOURCES
+                                  if "models" not in p.parts and p not in NAMED_ELSEWHERE],
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_family_is_named_outside_its_room(path):
     """Nothing outside engine/models/ names a family (a branch on one, a table of their facts): the
@@ -237,13 +263,15 @@ def test_no_family_is_named_outside_its_room(path):
     engine/synthetic/<model_type>.py (its random checkpoints), may name it, and no other."""
     own = path.stem if path.parent == ROOT / "engine/synthetic" else None
     named = [(n.lineno, n.value) for n in ast.walk(_tree(path))
-             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in FAMILIES and n.value != own]
+             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in FAMILIES
+             and n.value != own]
     assert not named, f"{path.relative_to(ROOT)} names {named}"
 
 
 def test_every_registered_family_declares_what_the_rest_asks():
-    """Each family declares what the engine asks of it, and its synthetic module (found by the model_type)
-    the shapes and the writer of its random checkpoints, which the demo, bench and the tests ask for."""
+    """Each family declares what the engine asks of it, and its synthetic module (found by the
+    model_type) the shapes and the writer of its random checkpoints, which the demo, bench and the
+    tests ask for."""
     from pope_fast.engine.models import FAMILIES as REGISTRY, family_class
     from pope_fast.engine.synthetic import family_checkpoints
 
@@ -251,22 +279,27 @@ def test_every_registered_family_declares_what_the_rest_asks():
     for model_type in REGISTRY:
         cls = family_class(model_type)
         assert cls.family == model_type and cls.name and cls.seed_model and cls.default_template
-        own = {name for klass in cls.__mro__[:-2] for name in vars(klass)}  # the family's, not the base's
-        assert {"vision_flops", "encode_images", "preprocess", "layout", "preprocess_settings"} <= own, model_type
+        # the family's, not the base's
+        own = {name for klass in cls.__mro__[:-2] for name in vars(klass)}
+        assert {"vision_flops", "encode_images", "preprocess", "layout",
+                "preprocess_settings"} <= own, model_type
         checkpoints = family_checkpoints(model_type)
         assert set(checkpoints.SIZES) == {"tiny", "7b"}, model_type
         assert callable(checkpoints.write_checkpoint), model_type
-    from pope_fast.engine.synthetic import REFERENCE_ONLY  # the transformers backend's random checkpoints
+    # the transformers backend's random checkpoints
+    from pope_fast.engine.synthetic import REFERENCE_ONLY
 
     for name in REFERENCE_ONLY:
         checkpoints = family_checkpoints(name)
         assert "tiny" in checkpoints.SIZES and callable(checkpoints.write_checkpoint), name
     synthetic = {p.stem for p in (ROOT / "engine/synthetic").glob("*.py")} - {"__init__"}
-    assert synthetic == set(FAMILIES) | set(REFERENCE_ONLY), synthetic ^ (set(FAMILIES) | set(REFERENCE_ONLY))
+    assert synthetic == set(FAMILIES) | set(REFERENCE_ONLY), \
+        synthetic ^ (set(FAMILIES) | set(REFERENCE_ONLY))
 
 
 def test_setup_installs_every_module(monkeypatch):
-    """A plain (non-editable) install holds every module: each source file's package is one setup.py lists."""
+    """A plain (non-editable) install holds every module: each source file's package is one setup.py
+    lists."""
     import runpy
 
     import setuptools
@@ -279,13 +312,15 @@ def test_setup_installs_every_module(monkeypatch):
     for path in SOURCES:
         parts = path.relative_to(ROOT).parts[:-1]
         package = ".".join(parts) if parts[0] == "pope_fast" else ".".join(("pope_fast", *parts))
-        assert package in installed, f"{path.relative_to(ROOT)}: its package {package} is not installed by setup.py"
+        assert package in installed, \
+            f"{path.relative_to(ROOT)}: its package {package} is not installed by setup.py"
 
 
 def _import_graph() -> dict[str, set[str]]:
-    """module -> the modules of ours it imports, at the top or inside a function. Importing pope_fast.a.b runs
-    the package pope_fast.a first: an edge to it too, unless it is a package of the importer's own (Python has
-    begun that one already); names imported from a package itself (`from . import x`) are an edge to it."""
+    """module -> the modules of ours it imports, at the top or inside a function. Importing
+    pope_fast.a.b runs the package pope_fast.a first: an edge to it too, unless it is a package of
+    the importer's own (Python has begun that one already); names imported from a package itself
+    (`from . import x`) are an edge to it."""
     graph = {}
     for module, path in MODULES.items():
         targets = set()
@@ -323,11 +358,12 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 
 def test_no_import_circles_even_inside_functions():
-    """A function-level import is no way round a circle: every module can be imported only after what it
-    needs, so the modules read in one order, bottom up."""
+    """A function-level import is no way round a circle: every module can be imported only after
+    what it needs, so the modules read in one order, bottom up."""
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     graph = _import_graph()
-    assert "pope_fast.readout.records" in graph["pope_fast.readout.benchmarks.reading"]  # the graph sees our imports
+    # the graph sees our imports
+    assert "pope_fast.readout.records" in graph["pope_fast.readout.benchmarks.reading"]
     cycle = _cycle(graph)
     assert cycle is None, "import circle: " + " -> ".join(cycle)
 
@@ -338,32 +374,36 @@ def _private(name: str) -> bool:
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_no_private_name_crosses_modules(path):
-    """A name another module needs is public where it is defined: no `from x import _name`, no `x._name` of
-    a module of ours (dunders such as __version__ are public)."""
-    found = [(node.lineno, name) for node, _, names in _imported(path) for name in names if _private(name)]
+    """A name another module needs is public where it is defined: no `from x import _name`, no
+    `x._name` of a module of ours (dunders such as __version__ are public)."""
+    found = [(node.lineno, name) for node, _, names in _imported(path) for name in names
+             if _private(name)]
     modules = {alias.asname or alias.name for node, dotted, names in _imported(path) if not names
                for alias in node.names}
     found += [(node.lineno, f"{node.value.id}.{node.attr}") for node in ast.walk(_tree(path))
-              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules
-              and _private(node.attr)]
+              if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+              and node.value.id in modules and _private(node.attr)]
     assert not found, f"{path.relative_to(ROOT)} reaches private names of other modules: {found}"
 
 
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_a_function_level_import_says_why(path):
-    """An import of ours inside a function is there for a reason the top of the module cannot serve (torch or
-    matplotlib only when a command needs them, a lazy registry): a comment on its line, or on the line above,
-    says which. (A circle is no reason: test_no_import_circles_even_inside_functions.) A comment above a
-    block of such imports speaks for the block."""
+    """An import of ours inside a function is there for a reason the top of the module cannot serve
+    (torch or matplotlib only when a command needs them, a lazy registry): a comment on its line, or
+    on the line above, says which. (A circle is no reason:
+    test_no_import_circles_even_inside_functions.) A comment above a block of such imports speaks
+    for the block."""
     lines = path.read_text().split("\n")
     top = {id(node) for node in _tree(path).body}
 
-    def explained(node) -> bool:  # a comment on the import, or on the imports and comment lines just above it
+    # a comment on the import, or on the imports and comment lines just above it
+    def explained(node) -> bool:
         first = node.lineno - 1
         while first > 0 and lines[first - 1].strip().startswith(("from ", "import ", "#")):
             first -= 1
         return "#" in "".join(lines[first:node.end_lineno])
 
-    unexplained = [node.lineno for node, _, _ in _imported(path) if id(node) not in top and not explained(node)]
-    assert not unexplained, f"{path.relative_to(ROOT)}: imports inside functions at lines {sorted(set(unexplained))}" \
-                            " say not why"
+    unexplained = [node.lineno for node, _, _ in _imported(path)
+                   if id(node) not in top and not explained(node)]
+    assert not unexplained, f"{path.relative_to(ROOT)}: imports inside functions at lines " \
+                            f"{sorted(set(unexplained))} say not why"
