@@ -5,10 +5,11 @@ disagree, with the reference's answer typed in), and a seeded battery of generat
 a restatement of each reference's rule:
 - RUCAIBox/POPE `evaluate.py`: the text before the first '.', commas removed, split on ' '; 'No',
   'not' or 'no' among the words makes it no, anything else is yes.
-- lmms-eval `tasks/pope/utils.py` (`pope_process_results`): `results[0].lower().strip()` compared with
-  the label; a prediction that is neither yes nor no is counted in no confusion cell.
+- lmms-eval `tasks/pope/utils.py` (`pope_process_results`): `results[0].lower().strip()` compared
+  with the label; a prediction that is neither yes nor no is counted in no confusion cell.
 - ugaa-research `scripts/run_multi_model_audit.py` (`string_parse`): empty → unknown; else
-  `strip().lower()[:64]`, then `\\byes\\b` and `\\bno\\b` searched with re.I, the earlier match wins.
+  `strip().lower()[:64]`, then `\\byes\\b` and `\\bno\\b` searched with re.I, the earlier match
+  wins.
 """
 import random
 import re
@@ -39,10 +40,10 @@ def reference_string_parse(text):
     return "yes" if yes else "no" if no else "unknown"
 
 
-FRAGMENTS = ["yes", "Yes", "YES", "no", "No", "NO", "not", "Not", "nope", "noted", "yeſ", "Yeſ", "ño", "n't",
-             "yes.", "No.", "no,", "'no'", "(yes)", "_yes", "yes_", "yes-no", "e.g.", "1.5", "…", "．", "İ",
-             "there is", "a dog", "in the image", "Answer:", "ASSISTANT:", "x" * 30, "\u00a0", "\u3000",
-             "\u2028", "\t", "\n", " ", "  ", ",", ".", "!"]
+FRAGMENTS = ["yes", "Yes", "YES", "no", "No", "NO", "not", "Not", "nope", "noted", "yeſ", "Yeſ",
+             "ño", "n't", "yes.", "No.", "no,", "'no'", "(yes)", "_yes", "yes_", "yes-no", "e.g.",
+             "1.5", "…", "．", "İ", "there is", "a dog", "in the image", "Answer:", "ASSISTANT:",
+             "x" * 30, "\u00a0", "\u3000", "\u2028", "\t", "\n", " ", "  ", ",", ".", "!"]
 SEPARATORS = ["", " ", " ", ",", ", ", ".", ". ", "\n", "\t"]
 
 
@@ -53,7 +54,8 @@ def battery(seed=2610, n=400):
     out = []
     for _ in range(n):
         lead = rng.choice(["", " " * rng.randrange(1, 70), "\n" * rng.randrange(1, 4), "\t \u00a0"])
-        body = "".join(rng.choice(FRAGMENTS) + rng.choice(SEPARATORS) for _ in range(rng.randrange(1, 9)))
+        body = "".join(rng.choice(FRAGMENTS) + rng.choice(SEPARATORS)
+                       for _ in range(rng.randrange(1, 9)))
         if rng.random() < 0.2:
             body = rng.choice(["yes", "no", "Yes", "No", "YES", "NO", "yeſ", "no."])
         out.append(lead + body + rng.choice(["", " ", "\n", " " * 40]))
@@ -70,9 +72,11 @@ HAND = [
     ("x" * 61 + " yes", "unknown", "yes", "unknown"),   # 'yes' would end at character 65
     ("x" * 60 + " yes", "yes", "yes", "unknown"),       # ... and here at 64
     ("x" * 61 + " no", "no", "no", "unknown"),
-    ("İ" * 31 + " yes", "unknown", "yes", "unknown"),   # lower() doubles 'İ': the cut is after lowering
+    # lower() doubles 'İ': the cut is after lowering
+    ("İ" * 31 + " yes", "unknown", "yes", "unknown"),
     ("Yeſ", "yes", "yes", "unknown"),                   # re.I: 'ſ' matches 's'; lower() keeps 'ſ'
-    ("NO", "no", "yes", "no"),                          # official: only No/not/no are negative words
+    # official: only No/not/no are negative words
+    ("NO", "no", "yes", "no"),
     ("Not really", "unknown", "yes", "unknown"),
     ("not really", "unknown", "no", "unknown"),
     ("No.", "no", "no", "unknown"),
@@ -80,10 +84,12 @@ HAND = [
     ("No!", "no", "yes", "unknown"),                    # official: 'No!' is not the word 'No'
     ("Yes. But there is no dog.", "yes", "yes", "unknown"),
     ("Yes, but not in this image", "yes", "no", "unknown"),
-    ("Yes\nno", "yes", "yes", "unknown"),               # official splits on ' ' only: 'Yes\nno' is one word
+    # official splits on ' ' only: 'Yes\nno' is one word
+    ("Yes\nno", "yes", "yes", "unknown"),
     ("Yes no", "yes", "no", "unknown"),
     ("no yes", "no", "no", "unknown"),
-    (".no", "no", "yes", "unknown"),                    # official reads the empty text before the '.'
+    # official reads the empty text before the '.'
+    (".no", "no", "yes", "unknown"),
     ("", "unknown", "yes", "unknown"),
     ("   ", "unknown", "yes", "unknown"),
     ("\u3000yes\u3000", "yes", "yes", "yes"),           # str.strip() strips Unicode whitespace
@@ -113,8 +119,8 @@ def test_hand_written_reference_answers(text, parse, official, exact):
 def test_hand_written_answers_agree_with_the_restated_rules():
     """The restatements used as the battery's oracle give the typed-in answers too."""
     for text, parse, official, exact in HAND:
-        assert (reference_string_parse(text), reference_pope_official(text), reference_exact_match(text)) == \
-               (parse, official, exact), repr(text)
+        assert (reference_string_parse(text), reference_pope_official(text),
+                reference_exact_match(text)) == (parse, official, exact), repr(text)
 
 
 @pytest.mark.parametrize("text", BATTERY, ids=[f"{i}:{_id(t)}" for i, t in enumerate(BATTERY)])
@@ -128,7 +134,8 @@ def test_battery_covers_every_answer_of_every_readout():
     """A battery where a readout always said the same thing would not test it."""
     for rule in (reference_string_parse, reference_pope_official, reference_exact_match):
         seen = {rule(t) for t in BATTERY}
-        assert seen >= ({"yes", "no", "unknown"} if rule is not reference_pope_official else {"yes", "no"})
+        assert seen >= ({"yes", "no", "unknown"} if rule is not reference_pope_official
+                        else {"yes", "no"})
     # and it holds strings where stripping before the cut decides string_parse
     assert any(reference_string_parse(t) != _unstripped_parse(t) for t in BATTERY)
 

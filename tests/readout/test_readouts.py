@@ -3,9 +3,9 @@ import math
 import pytest
 
 from pope_fast.readout import READOUTS, TokenSets, parse_readouts
-from pope_fast.readout.readouts import (ALL_CUT, NO_CANDIDATE, NON_FINITE, compare_max_logits, exact_match,
-                                        first_token_decision, lmms_eval_scored_text, pope_official, string_parse,
-                                        undecidable)
+from pope_fast.readout.readouts import (ALL_CUT, NO_CANDIDATE, NON_FINITE, compare_max_logits,
+                                        exact_match, first_token_decision, lmms_eval_scored_text,
+                                        pope_official, string_parse, undecidable)
 
 SETS = TokenSets(yes_ids=(10, 11), no_ids=(20, 21))
 
@@ -25,19 +25,26 @@ CUT = -math.inf  # what VCD's, PAI's and ICD's plausibility cut gives a token be
 
 @pytest.mark.parametrize("logits, expected, reason", [
     ({10: CUT, 11: CUT, 20: CUT, 21: CUT}, "unknown", ALL_CUT),  # was "no": -inf > -inf is false
-    ({10: CUT, 11: CUT, 20: CUT, 21: -3.0}, "no", None),         # the cut left a no candidate: the method's answer
+    # the cut left a no candidate: the method's answer
+    ({10: CUT, 11: CUT, 20: CUT, 21: -3.0}, "no", None),
     ({10: CUT, 11: -3.0, 20: CUT, 21: CUT}, "yes", None),        # ... or a yes candidate
-    ({10: 1.0, 11: math.nan, 20: 0.0, 21: 0.0}, "unknown", NON_FINITE),  # max(1.0, nan) is 1.0: a NaN would hide
-    ({10: 1.0, 11: 2.0, 20: math.nan, 21: 0.0}, "unknown", NON_FINITE),  # a NaN on the losing side too
-    ({10: math.inf, 11: 0.0, 20: 0.0, 21: 0.0}, "unknown", NON_FINITE),  # +inf is an overflow, not a yes
-    ({10: math.inf, 11: 0.0, 20: math.inf, 21: 0.0}, "unknown", NON_FINITE),  # was "no": inf > inf is false
-    ({10: CUT, 11: CUT, 20: math.nan, 21: CUT}, "unknown", NON_FINITE),  # a fault is named before the cut
-], ids=["all-cut", "yes-side-cut", "no-side-cut", "nan-behind-a-finite-yes", "nan-on-the-no-side", "plus-inf",
-        "plus-inf-both", "nan-among-cut"])
+    # max(1.0, nan) is 1.0: a NaN would hide
+    ({10: 1.0, 11: math.nan, 20: 0.0, 21: 0.0}, "unknown", NON_FINITE),
+    # a NaN on the losing side too
+    ({10: 1.0, 11: 2.0, 20: math.nan, 21: 0.0}, "unknown", NON_FINITE),
+    # +inf is an overflow, not a yes
+    ({10: math.inf, 11: 0.0, 20: 0.0, 21: 0.0}, "unknown", NON_FINITE),
+    # was "no": inf > inf is false
+    ({10: math.inf, 11: 0.0, 20: math.inf, 21: 0.0}, "unknown", NON_FINITE),
+    # a fault is named before the cut
+    ({10: CUT, 11: CUT, 20: math.nan, 21: CUT}, "unknown", NON_FINITE),
+], ids=["all-cut", "yes-side-cut", "no-side-cut", "nan-behind-a-finite-yes", "nan-on-the-no-side",
+        "plus-inf", "plus-inf-both", "nan-among-cut"])
 def test_a_readout_with_no_candidate_left_answers_unknown_and_says_why(logits, expected, reason):
     assert compare_max_logits(logits, SETS) == expected
     assert undecidable(logits, SETS) == reason
-    assert READOUTS["template_aware"](SETS, logits, None, None) == expected  # the engine's live decision too
+    # the engine's live decision too
+    assert READOUTS["template_aware"](SETS, logits, None, None) == expected
 
 
 def test_empty_side_is_unknown():
@@ -46,7 +53,8 @@ def test_empty_side_is_unknown():
     assert first_token_decision(10, TokenSets((), (20,))) == "unknown"
 
 
-@pytest.mark.parametrize("token, expected", [(11, "yes"), (21, "no"), (99, "unknown"), (None, "unknown")])
+@pytest.mark.parametrize("token, expected", [(11, "yes"), (21, "no"), (99, "unknown"),
+                                             (None, "unknown")])
 def test_first_token(token, expected):
     assert first_token_decision(token, SETS) == expected
 
@@ -60,8 +68,10 @@ def test_first_token(token, expected):
     ("I cannot tell", "unknown", "yes", "unknown"),
     (" yes ", "yes", "yes", "yes"),
     ("No", "no", "no", "no"),
-    ("Yes. But there is no dog.", "yes", "yes", "unknown"),   # official reads only the first sentence
-    ("Noted: yes", "yes", "yes", "unknown"),                  # whole words only: 'Noted' is not 'no'
+    # official reads only the first sentence
+    ("Yes. But there is no dog.", "yes", "yes", "unknown"),
+    # whole words only: 'Noted' is not 'no'
+    ("Noted: yes", "yes", "yes", "unknown"),
     ("x" * 64 + " yes", "unknown", "yes", "unknown"),          # string_parse reads 64 characters
     ("Yes, but not in this image", "yes", "no", "unknown"),   # official: any 'not' makes it no
 ], ids=lambda v: repr(v)[:20])
@@ -74,23 +84,28 @@ def test_string_rules(text, parse, official, exact):
 @pytest.mark.parametrize("text, scored", [
     (" MsYes ", "MsYes"),                                  # every answer stripped
     ("<think>is it? no</think> Yes", "Yes"),               # a block cut out
-    ("<think>a</think>No<think>b</think>", "No"),          # every block, the first closing tag after each opening
-    ("the prompt opened it</think>\nYes", "Yes"),          # a closing tag alone: what follows the last one
+    # every block, the first closing tag after each opening
+    ("<think>a</think>No<think>b</think>", "No"),
+    # a closing tag alone: what follows the last one
+    ("the prompt opened it</think>\nYes", "Yes"),
     ("</think>x</think> No", "No"),
     ("<think>never closed Yes", "<think>never closed Yes"),   # an unclosed block stays
-    ("</think>Yes<think>", "</think>Yes<think>"),          # no closing tag after the opening one: left as is
+    # no closing tag after the opening one: left as is
+    ("</think>Yes<think>", "</think>Yes<think>"),
     ("<analysis>yes</analysis><think>no</think>No", "No"),  # both default pairs
     ("<THINK>no</THINK>Yes", "<THINK>no</THINK>Yes"),      # case-sensitive
 ], ids=lambda v: repr(v)[:24])
 def test_lmms_eval_scores_the_text_its_evaluator_strips(text, scored):
-    """lmms-eval v0.7.2's strip_reasoning_tags (api/reasoning.py l.5-35) under its default --reasoning_tags
-    (__main__.py l.303-308), applied by evaluator.py (l.1129-1136) before tasks/pope/utils.py's exact match."""
+    """lmms-eval v0.7.2's strip_reasoning_tags (api/reasoning.py l.5-35) under its default
+    --reasoning_tags (__main__.py l.303-308), applied by evaluator.py (l.1129-1136) before
+    tasks/pope/utils.py's exact match."""
     assert lmms_eval_scored_text(text) == scored
     assert exact_match(text) == (scored.lower() if scored.lower() in ("yes", "no") else "unknown")
 
 
 def test_registry_dispatch_checks_inputs():
-    assert READOUTS["template_aware"](SETS, {10: 0.0, 11: 1.0, 20: 0.5, 21: 0.0}, None, None) == "yes"
+    assert READOUTS["template_aware"](SETS, {10: 0.0, 11: 1.0, 20: 0.5, 21: 0.0},
+                                      None, None) == "yes"
     assert READOUTS["first_token"](SETS, None, 20, None) == "no"
     assert READOUTS["string_parse"](None, None, None, "no way") == "no"
     with pytest.raises(ValueError, match="decoded"):

@@ -22,7 +22,8 @@ def test_legacy_ids_mean_yes_no_only_in_llama2(tokenizers):
     llama = tokenizers["llama2"].convert_ids_to_tokens(LEGACY_IDS)
     assert llama == ["yes", "Yes", "▁yes", "▁Yes", "no", "No", "▁no", "▁No"]
     for name in ("mistral", "qwen2"):
-        words = [t.replace("▁", "").replace("Ġ", "").lower() for t in tokenizers[name].convert_ids_to_tokens(LEGACY_IDS)]
+        words = [t.replace("▁", "").replace("Ġ", "").lower()
+                 for t in tokenizers[name].convert_ids_to_tokens(LEGACY_IDS)]
         assert not {"yes", "no"} & set(words), (name, words)
 
 
@@ -31,7 +32,8 @@ def test_token_strings_name_the_ids_the_tokenizer_has(tokenizers):
     vocabulary (a padded lm_head row) left out rather than guessed."""
     assert token_strings(tokenizers["llama2"], [3869, 1939, 3582, 32001, 32002, 40000]) == {
         "3869": "▁Yes", "1939": "▁No", "3582": "yes", "32001": "<pad>"}
-    assert token_strings(tokenizers["qwen2"], [9454, 2753, 3869]) == {"9454": "Yes", "2753": "No", "3869": "Ġ}}"}
+    assert token_strings(tokenizers["qwen2"], [9454, 2753, 3869]) == {"9454": "Yes", "2753": "No",
+                                                                      "3869": "Ġ}}"}
 
 
 @pytest.mark.parametrize("name, template, yes_id, no_id", [
@@ -47,7 +49,8 @@ def test_template_aware_first_tokens(tokenizers, name, template, yes_id, no_id):
     assert sets["first_token"] == aware
     tok = tokenizers[name]
     for i in aware.yes_ids + aware.no_ids:   # every derived id spells a bare yes/no form
-        assert tok.convert_ids_to_tokens(i).replace("▁", "").replace("Ġ", "").lower() in ("yes", "no")
+        assert (tok.convert_ids_to_tokens(i).replace("▁", "").replace("Ġ", "").lower()
+                in ("yes", "no"))
 
 
 def test_template_aware_is_the_token_after_the_prompt(tokenizers):
@@ -60,8 +63,10 @@ def test_template_aware_is_the_token_after_the_prompt(tokenizers):
 def test_dynamic_single_matches_the_tokenizer(tokenizers):
     tok = tokenizers["qwen2"]
     sets = derive_token_sets(tok, get_template("qwen2_vl_chat"))["dynamic_single"]
-    assert set(sets.yes_ids) == {tok.encode(f, add_special_tokens=False)[0] for f in ("yes", "Yes", " yes", " Yes")}
-    assert len(sets.yes_ids) == 4 and len(sets.no_ids) == 4   # Qwen2 spells all eight forms as one token
+    assert set(sets.yes_ids) == {tok.encode(f, add_special_tokens=False)[0]
+                                 for f in ("yes", "Yes", " yes", " Yes")}
+    # Qwen2 spells all eight forms as one token
+    assert len(sets.yes_ids) == 4 and len(sets.no_ids) == 4
 
 
 def test_audit_warns_about_ported_ids(tokenizers):
@@ -71,13 +76,15 @@ def test_audit_warns_about_ported_ids(tokenizers):
     mistral = audit_tokens(tokenizers["mistral"], get_template("mistral_inst"))
     assert sum("legacy_8tok: fixed" in w for w in mistral["warnings"]) == 8
     assert mistral["readouts"]["template_aware"]["yes_tokens"][-1] == {"id": 5592, "token": "▁Yes"}
-    assert mistral["forms"][" Yes"] == {"ids": [5592], "single_token": True, "first_after_prompt": 5592}
+    assert mistral["forms"][" Yes"] == {"ids": [5592], "single_token": True,
+                                        "first_after_prompt": 5592}
 
 
 def test_mplug_owl2_template_is_the_oracles_prompt(shared):
     cases = json.loads((shared / "fixtures/mplug_owl2_tiny/expected.json").read_text())["cases"]
     questions = {json.loads(line)["question_id"]: json.loads(line)["text"]
-                 for line in (shared / "fixtures/mplug_owl2_tiny/questions.jsonl").read_text().splitlines()}
+                 for line in (shared / "fixtures/mplug_owl2_tiny/questions.jsonl")
+                 .read_text().splitlines()}
     for case in cases:
         assert get_template("mplug_owl2").render(questions[case["question_id"]]) == case["prompt"]
     assert get_template("mplug_owl2_conv").render("Is there a dog in the image?") == \
@@ -86,12 +93,14 @@ def test_mplug_owl2_template_is_the_oracles_prompt(shared):
 
 @pytest.mark.parametrize("template", ["mplug_owl2", "mplug_owl2_conv"])
 def test_audit_tokens_cli_on_both_mplug_owl2_templates(shared, template):
-    result = CliRunner().invoke(main, ["audit-tokens", "--tokenizer", str(shared / "tokenizers/llama2/vicuna-7b-v1.5"),
+    result = CliRunner().invoke(main, ["audit-tokens", "--tokenizer",
+                                       str(shared / "tokenizers/llama2/vicuna-7b-v1.5"),
                                        "--template", template, "--format", "json"])
     assert result.exit_code == 0, result.output
     audit = json.loads(result.output)
     assert audit["template"] == template and audit["prompt"].endswith(
-        "Is there a dog in the image?" + (" Answer yes or no only.\nASSISTANT:" if template == "mplug_owl2"
+        "Is there a dog in the image?" + (" Answer yes or no only.\nASSISTANT:"
+                                          if template == "mplug_owl2"
                                           else " ASSISTANT:"))
     aware = audit["readouts"]["template_aware"]
     assert 3869 in aware["yes_ids"] and 1939 in aware["no_ids"]  # ▁Yes / ▁No after "ASSISTANT:"
