@@ -1,9 +1,9 @@
-"""A stand-in for the Hugging Face hub on 127.0.0.1: the endpoints huggingface_hub's snapshot_download calls
-(repo info at a revision, the file tree, HEAD and ranged GET of each file), answered from repositories held
-in memory. Tests point HF_ENDPOINT at it. It can refuse a gated repository without a token (401, as the hub
-does), cut a file's download off after some bytes, or serve other bytes than the hashes it states, to test what
-a user sees then. Bounded: it answers at most MAX_REQUESTS requests and stops itself after LIFETIME_S seconds,
-whatever the test does.
+"""A stand-in for the Hugging Face hub on 127.0.0.1: the endpoints huggingface_hub's
+snapshot_download calls (repo info at a revision, the file tree, HEAD and ranged GET of each file),
+answered from repositories held in memory. Tests point HF_ENDPOINT at it. It can refuse a gated
+repository without a token (401, as the hub does), cut a file's download off after some bytes, or
+serve other bytes than the hashes it states, to test what a user sees then. Bounded: it answers at
+most MAX_REQUESTS requests and stops itself after LIFETIME_S seconds, whatever the test does.
 """
 from __future__ import annotations
 
@@ -20,34 +20,42 @@ LIFETIME_S = 300
 
 @dataclass
 class Repo:
-    """One repository: its files at one commit, reachable by the branch names in `refs` and the commit itself."""
+    """One repository: its files at one commit, reachable by the branch names in `refs` and the
+    commit itself."""
 
     files: dict[str, bytes]
     commit: str = "0123456789abcdef0123456789abcdef01234567"
     refs: tuple[str, ...] = ("main",)
     gated: bool = False  # 401 unless a token is sent
-    cut: dict[str, int] = field(default_factory=dict)  # path -> bytes sent before a GET of it is cut off
-    served: dict[str, bytes] = field(default_factory=dict)  # path -> bytes a GET sends instead of the file's own
+    # path -> bytes sent before a GET of it is cut off
+    cut: dict[str, int] = field(default_factory=dict)
+    # path -> bytes a GET sends instead of the file's own
+    served: dict[str, bytes] = field(default_factory=dict)
 
     def tree(self) -> list[dict]:
-        """The hub's tree entries: a file's git blob id, and an LFS file's sha256 (which its ETag is)."""
-        return [{"type": "file", "path": p, "size": len(b), "oid": hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest(),
-                 **({"lfs": {"oid": hashlib.sha256(b).hexdigest(), "size": len(b), "pointerSize": 134}}
+        """The hub's tree entries: a file's git blob id, and an LFS file's sha256 (which its ETag
+        is)."""
+        return [{"type": "file", "path": p, "size": len(b),
+                 "oid": hashlib.sha1(b"blob %d\0" % len(b) + b).hexdigest(),
+                 **({"lfs": {"oid": hashlib.sha256(b).hexdigest(), "size": len(b),
+                             "pointerSize": 134}}
                     if p.endswith((".safetensors", ".parquet", ".bin")) else {})}
                 for p, b in sorted(self.files.items())]
 
 
 class HubServer:
-    """`with HubServer({("model", "org/name"): Repo(...)}) as hub:` then HF_ENDPOINT=hub.url; `hub.requests`
-    lists (method, path, Range header) of every request answered."""
+    """`with HubServer({("model", "org/name"): Repo(...)}) as hub:` then HF_ENDPOINT=hub.url;
+    `hub.requests` lists (method, path, Range header) of every request answered."""
 
     def __init__(self, repos: dict[tuple[str, str], Repo]):
         self.repos = repos
         self.requests: list[tuple[str, str, str | None]] = []
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self._server.daemon_threads = True
-        # stop() waits for the loop's next look at its shutdown flag: every 0.5 s by default, most of a test's time
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
+        # stop() waits for the loop's next look at its shutdown flag: every 0.5 s by default, most
+        # of a test's time
+        self._thread = threading.Thread(target=self._server.serve_forever,
+                                        kwargs={"poll_interval": 0.02}, daemon=True)
         self._timer = threading.Timer(LIFETIME_S, self.stop)
         self._timer.daemon = True
 
@@ -72,7 +80,8 @@ class HubServer:
         """(repo, kind, revision, rest) for a request path of the API or of a file."""
         parts = [unquote(p) for p in urlsplit(path).path.strip("/").split("/")]
         if parts[:1] == ["api"]:  # api/{models,datasets}/org/name/{revision,tree}/rev[/path]
-            if len(parts) < 6 or parts[1] not in ("models", "datasets"):  # any other API call: unknown here
+            # any other API call: unknown here
+            if len(parts) < 6 or parts[1] not in ("models", "datasets"):
                 return None, "", "", ""
             kind = parts[1][:-1]
             repo = self.repos.get((kind, "/".join(parts[2:4])))
@@ -95,7 +104,8 @@ def _handler(hub: HubServer):
         def do_GET(self) -> None:
             self._answer(body=True)
 
-        def _send(self, status: int, data: bytes = b"", headers: dict | None = None, body: bool = True) -> None:
+        def _send(self, status: int, data: bytes = b"", headers: dict | None = None,
+                  body: bool = True) -> None:
             self.send_response(status)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)
@@ -116,15 +126,20 @@ def _handler(hub: HubServer):
             if repo is None:
                 return self._refuse(404, "RepoNotFound", "Repository not found", body)
             if repo.gated and not self.headers.get("Authorization"):
-                return self._refuse(401, "GatedRepo", "Access to this model is restricted; log in", body)
+                return self._refuse(401, "GatedRepo",
+                                    "Access to this model is restricted; log in", body)
+
             if revision not in (*repo.refs, repo.commit):
                 return self._refuse(404, "RevisionNotFound", f"Invalid rev id: {revision}", body)
             if what == "revision":
-                info = {"id": "", "sha": repo.commit, "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
-                return self._send(200, json.dumps(info).encode(), {"Content-Type": "application/json"}, body)
+                info = {"id": "", "sha": repo.commit,
+                        "siblings": [{"rfilename": p} for p in sorted(repo.files)]}
+                return self._send(200, json.dumps(info).encode(),
+                                  {"Content-Type": "application/json"}, body)
             if what == "tree":
                 entries = [e for e in repo.tree() if e["path"].startswith(rest)]
-                return self._send(200, json.dumps(entries).encode(), {"Content-Type": "application/json"}, body)
+                return self._send(200, json.dumps(entries).encode(),
+                                  {"Content-Type": "application/json"}, body)
             if rest not in repo.files:
                 return self._refuse(404, "EntryNotFound", f"{rest} not found", body)
             self._file(repo, rest, body)

@@ -220,7 +220,7 @@ def test_readout_imports_no_torch():
 # The anchors' width (nano-vllm's, gpt-fast's lines: issue 51), for the sources and for the test
 # folders brought to it so far (one at a time: the others are not held to a width yet)
 WIDTH = 100
-NARROW_TESTS = ("kernels", "families", "bench", "peers", "engine", "benchmarks", "readout")
+NARROW_TESTS = ("kernels", "families", "bench", "peers", "engine", "benchmarks", "readout", "app")
 TEST_FILES = sorted(p for folder in NARROW_TESTS for p in (ROOT / "tests" / folder).rglob("*.py"))
 # and the tests root's own modules brought to it (torchrunjobs.py and hubserver.py not yet)
 NARROW_ROOT = ("conftest.py", "familychecks.py", "methodchecks.py", "registry.py",

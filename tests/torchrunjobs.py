@@ -1,6 +1,6 @@
-"""Whole pope-fast jobs under torchrun, for the process tests (test_distributed, test_distributed_faults): a tiny
-job and its single-process run, a launcher that can inject a fault into one rank, and the byte-for-byte check
-against the single process."""
+"""Whole pope-fast jobs under torchrun, for the process tests (test_distributed,
+test_distributed_faults): a tiny job and its single-process run, a launcher that can inject a fault
+into one rank, and the byte-for-byte check against the single process."""
 from __future__ import annotations
 
 import json
@@ -21,15 +21,17 @@ from pope_fast.engine.synthetic import llava as llava_checkpoints
 from pope_fast.engine.synthetic import builtin_questions, write_images, write_question_file
 
 
-# Every job starts in the clone's root, where users stand (the README's commands put them there): torchrun's `-m
-# pope_fast` and `python -m pope_fast` then have the root on sys.path, beside the installed package.
+# Every job starts in the clone's root, where users stand (the README's commands put them there):
+# torchrun's `-m pope_fast` and `python -m pope_fast` then have the root on sys.path, beside the
+# installed package.
 CLONE = Path(__file__).resolve().parents[1]
 
 
 def make_job(tmp_path_factory) -> SimpleNamespace:
-    """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them (root/single): made
-    once a session for both modules of torchrun tests (8 s of CPU), under xdist by whichever worker comes first, in the
-    session's folder above the workers' own. Their tests write folders of their own names beside it."""
+    """A tiny fp32 LLaVA, 36 POPE-shaped questions (6 images) and a single-process run of them
+    (root/single): made once a session for both modules of torchrun tests (8 s of CPU), under xdist
+    by whichever worker comes first, in the session's folder above the workers' own. Their tests
+    write folders of their own names beside it."""
     base = tmp_path_factory.getbasetemp()
     root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "torchrun-job"
     with FileLock(f"{root}.lock"):
@@ -40,12 +42,14 @@ def make_job(tmp_path_factory) -> SimpleNamespace:
 
 
 def _args(root: Path) -> list[str]:
-    return ["eval", "--model", str(root / "llava-tiny"), "--questions", str(root / "demo_pope.json"), "--split", "demo",
-            "--images", str(root / "images"), "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
+    return ["eval", "--model", str(root / "llava-tiny"), "--questions",
+            str(root / "demo_pope.json"), "--split", "demo", "--images", str(root / "images"),
+            "--max-new-tokens", "6", "--image-batch", "2", "--device", "cpu"]
 
 
 def _write_job(root: Path) -> None:
-    checkpoint = llava_checkpoints.write_checkpoint(root / "llava-tiny", "tiny", dtype=torch.float32)
+    checkpoint = llava_checkpoints.write_checkpoint(root / "llava-tiny", "tiny",
+                                                    dtype=torch.float32)
     questions = builtin_questions(36, "demo")
     write_question_file(root / "demo_pope.json", questions)
     write_images(root / "images", [q.image for q in questions])
@@ -55,8 +59,9 @@ def _write_job(root: Path) -> None:
     (root / "whole").touch()
 
 
-# pope-fast's command with a fault injected from outside: rank FAULT_RANK's records writer raises (or, with
-# FAULT_HOW=kill, the rank SIGKILLs itself) right after its first image step's records reach its part file.
+# pope-fast's command with a fault injected from outside: rank FAULT_RANK's records writer raises
+# (or, with FAULT_HOW=kill, the rank SIGKILLs itself) right after its first image step's records
+# reach its part file.
 FAULTY = """
 import os, signal, time
 from pope_fast import store
@@ -83,11 +88,11 @@ main(prog_name="pope-fast")
 
 
 def run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subprocess.CompletedProcess:
-    """pope-fast eval into `out`, started in the clone's root: under torchrun with `ranks` processes, or (0) as one
-    plain process;
-    fault "R" or "R:kill" injects FAULTY's fault into rank R. Every process computes on one thread, as
-    torchrun sets it for several."""
-    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks)] \
+    """pope-fast eval into `out`, started in the clone's root: under torchrun with `ranks`
+    processes, or (0) as one plain process; fault "R" or "R:kill" injects FAULTY's fault into rank
+    R. Every process computes on one thread, as torchrun sets it for several."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                "--nproc-per-node", str(ranks)] \
         if ranks else [sys.executable]
     command = ["-m", "pope_fast"]
     if fault is not None:
@@ -99,22 +104,26 @@ def run(job, ranks: int, out: Path, fault: str | None = None, **env) -> subproce
 
 
 def run_here(job, out: Path) -> subprocess.CompletedProcess:
-    """pope-fast eval into `out` as one process: this one, whose imports (seconds of torch and transformers a process)
-    are made, on one thread as run()'s processes compute."""
+    """pope-fast eval into `out` as one process: this one, whose imports (seconds of torch and
+    transformers a process) are made, on one thread as run()'s processes compute."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         result = CliRunner().invoke(main, [*job.args, "--out", str(out)])
     finally:
         torch.set_num_threads(threads)
-    failure = "" if result.exception is None or isinstance(result.exception, SystemExit) else repr(result.exception)
-    return subprocess.CompletedProcess(job.args, result.exit_code, result.stdout, result.stderr + failure)
+    failure = "" if result.exception is None or isinstance(result.exception, SystemExit) \
+        else repr(result.exception)
+    return subprocess.CompletedProcess(job.args, result.exit_code, result.stdout,
+                                       result.stderr + failure)
 
 
 def launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
     """Run a command in a session of its own, so that a timeout kills torchrun's workers too."""
     with subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd,
-                          env={**os.environ, "OMP_NUM_THREADS": "1", **env}, start_new_session=True) as proc:
+                          env={**os.environ, "OMP_NUM_THREADS": "1", **env},
+                          start_new_session=True) as proc:
+
         try:
             out, err = proc.communicate(timeout=300)
         except subprocess.TimeoutExpired:
@@ -124,7 +133,8 @@ def launch(args: list[str], cwd: Path, **env) -> subprocess.CompletedProcess:
 
 
 def run_meta(folder: Path) -> dict:
-    """meta.json less when and by which command line the run was made, which two runs never share."""
+    """meta.json less when and by which command line the run was made, which two runs never
+    share."""
     return {k: v for k, v in json.loads((folder / "meta.json").read_text()).items()
             if k not in ("created", "updated", "command")}
 

@@ -1,5 +1,6 @@
-"""The records writer's thread without a model: batches fsynced together and always at close, and a failed
-write or fsync raised by the next write or by close, naming the file, with no half batch left behind."""
+"""The records writer's thread without a model: batches fsynced together and always at close, and a
+failed write or fsync raised by the next write or by close, naming the file, with no half batch left
+behind."""
 import errno
 import json
 import os
@@ -15,8 +16,12 @@ from pope_fast.store import RecordWriter
 
 
 def _batch(step, n=3):
-    return [make_record(Question(step * n + i, f"img{step}.png", "Is there a dog?", "yes", "random"), "t",
-                        first_token_id=1, candidate_logits={1: 0.5, 2: -1.25 * i}) for i in range(n)]
+    return [make_record(Question(step * n + i, f"img{step}.png", "Is there a dog?", "yes",
+                                 "random"),
+                        "t", first_token_id=1, candidate_logits={1: 0.5, 2: -1.25 * i})
+
+
+            for i in range(n)]
 
 
 def _lines(path):
@@ -36,7 +41,8 @@ def test_batches_are_fsynced_together_and_every_one_at_close(tmp_path, fsyncs):
         for step in range(2 * appender.SYNC_EVERY + 3):
             w.write(_batch(step))
     assert len(fsyncs) == 3  # after 16 and 32 steps, and the last 3 at close; one per step before
-    assert [r["question_id"] for r in _lines(tmp_path / "records.jsonl")] == list(range(3 * (2 * 16 + 3)))
+    assert ([r["question_id"] for r in _lines(tmp_path / "records.jsonl")]
+            == list(range(3 * (2 * 16 + 3))))
 
 
 def test_records_wait_at_most_sync_seconds_for_their_fsync(tmp_path, fsyncs):
@@ -53,7 +59,9 @@ def test_records_wait_at_most_sync_seconds_for_their_fsync(tmp_path, fsyncs):
     assert fsyncs == [fd]  # nothing new to sync at close
 
 
-def test_a_full_disk_is_raised_by_the_next_write_naming_the_file_and_leaves_whole_batches(tmp_path, monkeypatch):
+def test_a_full_disk_is_raised_by_the_next_write_naming_the_file_and_leaves_whole_batches(
+        tmp_path, monkeypatch):
+
     real, writes = os.write, []
 
     def full(fd, data):  # the third batch gets half its bytes in, then the disk is full
@@ -70,12 +78,16 @@ def test_a_full_disk_is_raised_by_the_next_write_naming_the_file_and_leaves_whol
         for step in range(200):  # the thread's error reaches one of the writes after the third
             w.write(_batch(step))
             time.sleep(0.01)
-    assert (stopped.value.errno, stopped.value.filename) == (errno.ENOSPC, str(tmp_path / "records.jsonl"))
-    assert 2 < step < 199 and len(writes) == 3  # raised after the third batch; nothing written after it
+    assert (stopped.value.errno, stopped.value.filename) == (errno.ENOSPC,
+                                                             str(tmp_path / "records.jsonl"))
+    # raised after the third batch; nothing written after it
+    assert 2 < step < 199 and len(writes) == 3
     with pytest.raises(OSError) as again:
         w.close()
-    assert (again.value.errno, again.value.filename) == (errno.ENOSPC, str(tmp_path / "records.jsonl"))
-    assert [r["question_id"] for r in _lines(tmp_path / "records.jsonl")] == list(range(6))  # two whole batches
+    assert (again.value.errno, again.value.filename) == (errno.ENOSPC,
+                                                         str(tmp_path / "records.jsonl"))
+    # two whole batches
+    assert [r["question_id"] for r in _lines(tmp_path / "records.jsonl")] == list(range(6))
     assert set(RecordWriter(tmp_path).open()) == {("", "random", str(i)) for i in range(6)}
 
 

@@ -1,6 +1,6 @@
-"""The second fault probe (73 faults tried as a new user would): each fault that was mishandled, as a test
-that fails without its fix. Every one ends in one line naming what is wrong, or is handled, and never
-leaves a folder holding two runs' records."""
+"""The second fault probe (73 faults tried as a new user would): each fault that was mishandled, as
+a test that fails without its fix. Every one ends in one line naming what is wrong, or is handled,
+and never leaves a folder holding two runs' records."""
 import json
 import re
 import shutil
@@ -32,7 +32,8 @@ def pope(tmp_path_factory):
 
 
 def _eval(checkpoint, pope, out, *extra):
-    return CliRunner().invoke(main, eval_args(checkpoint, *pope, out, "--readouts", READOUTS, *extra))
+    return CliRunner().invoke(main,
+                              eval_args(checkpoint, *pope, out, "--readouts", READOUTS, *extra))
 
 
 def refused(result, *patterns):
@@ -44,9 +45,10 @@ def refused(result, *patterns):
     return line
 
 
-# High: data mixed or a silently wrong result ------------------------------------------------------------
+# High: data mixed or a silently wrong result ------------------------------------------------------
 
-def test_records_without_their_meta_are_not_resumed_under_other_settings(checkpoint, pope, tmp_path):
+def test_records_without_their_meta_are_not_resumed_under_other_settings(checkpoint, pope,
+                                                                         tmp_path):
     out = tmp_path / "out"
     assert _eval(checkpoint, pope, out).exit_code == 0
     before = (out / "records.jsonl").read_bytes()
@@ -63,11 +65,13 @@ def test_an_integer_dtype_for_a_float_weight_is_refused_naming_the_tensor(checkp
     data = bytearray(path.read_bytes())
     size = int.from_bytes(data[:8], "little")
     header = json.loads(data[8:8 + size])
-    name = next(k for k, v in header.items() if k != "__metadata__" and v["dtype"] == "F32" and "q_proj" in k)
+    name = next(k for k, v in header.items()
+                if k != "__metadata__" and v["dtype"] == "F32" and "q_proj" in k)
     header[name]["dtype"] = "I32"  # the same bytes, read as integers
     text = json.dumps(header, separators=(",", ":")).encode().ljust(size)
     path.write_bytes(bytes(data[:8]) + text + bytes(data[8 + size:]))
-    with pytest.raises(CheckpointError, match=rf"tensor {re.escape(name)} is stored as int32, but it is a weight"):
+    with pytest.raises(CheckpointError,
+                       match=rf"tensor {re.escape(name)} is stored as int32, but it is a weight"):
         Engine.load(ckpt, Settings())
 
 
@@ -81,17 +85,19 @@ def test_api_arguments_are_checked_up_front(checkpoint):
         engine.run_methods(prepared, [QUESTIONS[:2]], [parse_method("none")])
     with pytest.raises(ValueError, match="1 prepared images but 2 question lists"):
         engine.run_methods(prepared[:1], [QUESTIONS[:2]] * 2, [parse_method("none")])
-    with pytest.raises(TypeError, match="image must be a file path, a file's bytes, a PIL image or a LoadedImage"):
+    with pytest.raises(TypeError, match="image must be a file path, a file's bytes, a PIL image "
+                                        "or a LoadedImage"):
         engine.answer(1234, QUESTIONS[:1])
     import io
 
     buffer = io.BytesIO()
     image.save(buffer, format="PNG")
-    from_bytes, from_image = engine.answer(buffer.getvalue(), QUESTIONS[:2]), engine.answer(image, QUESTIONS[:2])
+    from_bytes, from_image = (engine.answer(buffer.getvalue(), QUESTIONS[:2]),
+                              engine.answer(image, QUESTIONS[:2]))
     assert [a.candidate_logits for a in from_bytes] == [a.candidate_logits for a in from_image]
 
 
-# Medium: tracebacks, runs that are not idempotent --------------------------------------------------------
+# Medium: tracebacks, runs that are not idempotent -------------------------------------------------
 
 @pytest.mark.parametrize("spec, message", [
     ("vcd:noise_step=5000", r"method vcd: noise_step must lie in \[0, 999\], not 5000"),
@@ -101,23 +107,27 @@ def test_api_arguments_are_checked_up_front(checkpoint):
     ("vcd:alpha=", r"method vcd: alpha must be a number, not ''"),
     ("pai:layers=3", r"method pai: layers takes FIRST-LAST"),
 ])
-def test_method_settings_are_checked_before_the_model_loads(checkpoint, pope, tmp_path, monkeypatch, spec, message):
+def test_method_settings_are_checked_before_the_model_loads(checkpoint, pope, tmp_path, monkeypatch,
+                                                            spec, message):
     def never(*args, **kwargs):
         raise AssertionError("the model was loaded")
 
     monkeypatch.setattr(Engine, "load", never)
-    refused(_eval(checkpoint, pope, tmp_path / "out", "--method", "none", "--method", spec), message)
+    refused(_eval(checkpoint, pope, tmp_path / "out", "--method", "none", "--method", spec),
+            message)
 
 
 def test_report_into_an_unwritable_place_is_one_line(checkpoint, pope, tmp_path):
     assert _eval(checkpoint, pope, tmp_path / "out").exit_code == 0
     (tmp_path / "file").write_text("a file, not a folder")
     pytest.importorskip("matplotlib")
-    result = CliRunner().invoke(main, ["report", str(tmp_path / "out"), "--out", str(tmp_path / "file" / "report")])
+    result = CliRunner().invoke(main, ["report", str(tmp_path / "out"), "--out",
+                                       str(tmp_path / "file" / "report")])
+
     refused(result, r"file/report|Not a directory|File exists")
 
 
-# Low: unclear or misleading -----------------------------------------------------------------------------
+# Low: unclear or misleading -----------------------------------------------------------------------
 
 def test_compare_says_when_a_run_stopped_part_way(checkpoint, pope, tmp_path):
     out = tmp_path / "paired"
@@ -167,7 +177,8 @@ def test_f1_tables_of_a_run_with_only_errors_bold_nothing(tmp_path):
     from pope_fast.readout import read_records, score_records
     from pope_fast.readout.report.tables import format_f1_tables
 
-    run = _folder(tmp_path / "run", {"records.jsonl": [_rec(1, error="img1.jpg: image file not found")]})
+    run = _folder(tmp_path / "run",
+                  {"records.jsonl": [_rec(1, error="img1.jpg: image file not found")]})
     table = format_f1_tables(score_records(read_records(run), ["legacy_2tok"]))
     assert "**" not in table and "1 (1 errors)" in table and "| - |" in table
 
@@ -180,7 +191,8 @@ def test_a_category_must_name_a_pope_split_and_is_normalized(tmp_path):
     path.write_text(json.dumps(dict(row, category=" Adversarial")) + "\n")
     assert load_questions(path)[0].split == "adversarial"
     path.write_text(json.dumps(dict(row, category="animal")) + "\n")
-    with pytest.raises(DataError, match=r"coco_pope_random\.json:1: category 'animal' is not one of"):
+    with pytest.raises(DataError,
+                       match=r"coco_pope_random\.json:1: category 'animal' is not one of"):
         load_questions(path)
     assert load_questions(path, split="mine")[0].split == "mine"  # --split names such a file
     pa = pytest.importorskip("pyarrow")
@@ -189,15 +201,17 @@ def test_a_category_must_name_a_pope_split_and_is_normalized(tmp_path):
     def parquet(categories):
         image = {"bytes": b"\x89PNG fake", "path": "a.png"}
         table = pa.table({"question_id": [str(i) for i in range(len(categories))],
-                          "question": ["Is there a cat?"] * len(categories), "answer": ["yes"] * len(categories),
-                          "image": [image] * len(categories), "category": categories})
+                          "question": ["Is there a cat?"] * len(categories),
+                          "answer": ["yes"] * len(categories), "image": [image] * len(categories),
+                          "category": categories})
         out = tmp_path / "test-00000-of-00001.parquet"
         pq.write_table(table, out)
         return out
 
     assert [q.split for q in load_questions(parquet(["Random", "popular ", "adversarial"]))] == \
         ["random", "popular", "adversarial"]
-    with pytest.raises(DataError, match=r"category 'foo' is not one of adversarial, popular, random"):
+    with pytest.raises(DataError,
+                       match=r"category 'foo' is not one of adversarial, popular, random"):
         load_questions(parquet(["random", "foo"]))
 
 
@@ -229,18 +243,21 @@ def test_records_made_immutable_mid_run_name_the_file(checkpoint, tmp_path):
 def test_missing_tokenizer_files_are_one_line(checkpoint, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(checkpoint, ckpt)
-    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "special_tokens_map.json"):
+    for name in ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
+                 "special_tokens_map.json"):
         (ckpt / name).unlink(missing_ok=True)
     with pytest.raises(CheckpointError) as refused_load:
         Engine.load(ckpt, Settings())
     message = str(refused_load.value)
-    assert "\n" not in message and message.startswith(f"{ckpt.resolve()}: no usable tokenizer files") and \
-        len(message) < 400, message
+    assert "\n" not in message and message.startswith(
+        f"{ckpt.resolve()}: no usable tokenizer files") and len(message) < 400, message
 
 
-@pytest.mark.parametrize("option", [["--readouts", "bogus"], ["--method", "foo"]], ids=["readouts", "method"])
+@pytest.mark.parametrize("option", [["--readouts", "bogus"], ["--method", "foo"]],
+                         ids=["readouts", "method"])
 def test_a_bad_argument_leaves_no_folder_behind(option, tmp_path):
-    """Refused before the demo's checkpoint, the lock or the folder is written: no --out left (issue 35)."""
+    """Refused before the demo's checkpoint, the lock or the folder is written: no --out left (issue
+    35)."""
     out = tmp_path / "out"
     result = CliRunner().invoke(main, ["eval", "--out", str(out), *option])
     assert result.exit_code == 1 and "unknown" in result.output and not out.exists(), result.output

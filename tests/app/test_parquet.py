@@ -35,8 +35,9 @@ def _rows(n_images: int = 3) -> list[dict]:
         for i in range(n_images):
             for j in range(4):
                 text = QUESTIONS[j] if j % 2 == 0 else QUESTIONS[(j + s + i) % len(QUESTIONS)]
-                rows.append({"question_id": str(i * 4 + j + 1), "image": f"COCO_val2014_{i:012d}.jpg",
-                             "text": text, "label": "yes" if j % 2 == 0 else "no", "split": split})
+                rows.append({"question_id": str(i * 4 + j + 1),
+                             "image": f"COCO_val2014_{i:012d}.jpg", "text": text,
+                             "label": "yes" if j % 2 == 0 else "no", "split": split})
     return rows
 
 
@@ -48,7 +49,8 @@ def _table(rows: list[dict], images: dict[str, bytes], with_path: bool) -> pa.Ta
         "answer": [r["label"] for r in rows],
         "image_source": [r["image"] for r in rows],
         # every row holds its own copy of the image, as the lmms-lab files do
-        "image": [{"bytes": bytes(bytearray(images[r["image"]])), "path": r["image"] if with_path else None}
+        "image": [{"bytes": bytes(bytearray(images[r["image"]])),
+                   "path": r["image"] if with_path else None}
                   for r in rows],
         "category": [r["split"] for r in rows],
     })
@@ -56,8 +58,8 @@ def _table(rows: list[dict], images: dict[str, bytes], with_path: bool) -> pa.Ta
 
 @pytest.fixture(scope="module")
 def pope_sources(tmp_path_factory):
-    """The same questions as JSON files + an image folder, as lmms-lab's Full/ (a file per split) and as
-    its default config (one test file with a category column)."""
+    """The same questions as JSON files + an image folder, as lmms-lab's Full/ (a file per split)
+    and as its default config (one test file with a category column)."""
     root = tmp_path_factory.mktemp("pope")
     rows = _rows()
     images = {name: _jpeg(k) for k, name in enumerate(dict.fromkeys(r["image"] for r in rows))}
@@ -71,9 +73,10 @@ def pope_sources(tmp_path_factory):
         mine = [r for r in rows if r["split"] == split]
         (root / "json" / f"pope_{split}.json").write_text(json.dumps([
             {k: r[k] for k in ("question_id", "image", "text", "label")} for r in mine]))
-        pq.write_table(_table(mine, images, with_path=False), root / "Full" / f"{split}-00000-of-00001.parquet")
-    pq.write_table(_table(rows, images, with_path=True), root / "data" / "test-00000-of-00001.parquet",
-                   row_group_size=7)
+        pq.write_table(_table(mine, images, with_path=False),
+                       root / "Full" / f"{split}-00000-of-00001.parquet")
+    pq.write_table(_table(rows, images, with_path=True),
+                   root / "data" / "test-00000-of-00001.parquet", row_group_size=7)
     return root, images
 
 
@@ -83,7 +86,8 @@ def test_parquet_loads_to_the_json_questions_and_images(pope_sources, layout):
     expected = load_question_sources([root / "json"], dataset="coco")
     questions = load_question_sources([root / layout], dataset="coco")
     assert questions == expected and len(questions) == 3 * 12
-    assert [(q.question_id, q.split) for q in questions] == [(q.question_id, q.split) for q in expected]
+    assert ([(q.question_id, q.split) for q in questions]
+            == [(q.question_id, q.split) for q in expected])
     assert all(q.image_data == images[q.image] for q in questions)
     assert all(q.image_data is None for q in expected)
     # one copy of each image in memory, however many rows carried it
@@ -103,16 +107,22 @@ def _records(out):
 def test_sweeps_over_parquet_write_the_json_records(checkpoint, pope_sources, tmp_path):
     root, images = pope_sources
     engine = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
-    run_plain(engine, load_question_sources([root / "json"], dataset="coco"), root / "images", tmp_path / "json")
+    run_plain(engine, load_question_sources([root / "json"], dataset="coco"), root / "images",
+              tmp_path / "json")
     fresh = Engine.load(checkpoint, Settings(), readouts="template_aware,legacy_2tok")
-    result = run_plain(fresh, load_question_sources([root / "Full"], dataset="coco"), None, tmp_path / "full")
+    result = run_plain(fresh, load_question_sources([root / "Full"], dataset="coco"), None,
+                       tmp_path / "full")
     assert _records(tmp_path / "full") == _records(tmp_path / "json")
     assert fresh.cache.misses == len(images)   # each distinct image decoded and encoded once
-    assert result.evaluated_prompts == len({(q.image, q.text) for q in load_question_sources([root / "json"])})
+    assert result.evaluated_prompts == len({(q.image, q.text)
+                                            for q in load_question_sources([root / "json"])})
 
-    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "data"), "--dataset", "coco",
-            "--out", str(tmp_path / "cli"), "--device", "cpu", "--readouts", "template_aware,legacy_2tok",
+
+    args = ["eval", "--model", str(checkpoint), "--questions", str(root / "data"), "--dataset",
+            "coco", "--out", str(tmp_path / "cli"), "--device", "cpu", "--readouts",
+            "template_aware,legacy_2tok",
             "--batch-size", "32"]   # the batching of the runs above: same sums, same bits
+
     cli = CliRunner().invoke(main, args)   # no --images: they are embedded
     assert cli.exit_code == 0, cli.output
     assert _records(tmp_path / "cli") == _records(tmp_path / "json")
@@ -130,9 +140,11 @@ def test_bad_embedded_images(checkpoint, pope_sources, tmp_path):
     result = run_plain(engine, broken, None, tmp_path / "out", skip_bad=True)
     assert result.error_records == sum(q.image == name for q in questions)
     # a name embedded in one source and a file in another would pick one of two images: refused
-    mixed = questions[:1] + [q.__class__(q.question_id, q.image, q.text, q.label, "popular", q.dataset)
+    mixed = questions[:1] + [q.__class__(q.question_id, q.image, q.text, q.label, "popular",
+                                         q.dataset)
                              for q in questions[:1]]
-    with pytest.raises(ValueError, match=rf"image {name} is embedded in one question file and a file name"):
+    with pytest.raises(ValueError,
+                       match=rf"image {name} is embedded in one question file and a file name"):
         run_plain(engine, mixed, root / "images", tmp_path / "mixed")
 
 
@@ -147,7 +159,8 @@ def test_bad_parquet_files_are_named(pope_sources, tmp_path):
     pq.write_table(_table(rows[4:], other, with_path=False), tmp_path / "b_other.parquet")
     pq.write_table(_table(rows[:4], images, with_path=False), tmp_path / "a.parquet")
     # same image name, other bytes: a later row (here in another file) cannot silently stand for it
-    with pytest.raises(DataError, match=rf"b_other\.parquet item \d+: image '{rows[0]['image']}' differs"):
+    with pytest.raises(DataError,
+                       match=rf"b_other\.parquet item \d+: image '{rows[0]['image']}' differs"):
         load_question_sources([tmp_path / "a.parquet", tmp_path / "b_other.parquet"])
     (tmp_path / "torn.parquet").write_bytes(b"PAR1 not really")
     with pytest.raises(DataError, match=r"torn\.parquet: not a readable parquet file"):
@@ -161,5 +174,5 @@ def test_parquet_without_pyarrow_says_which_extra(pope_sources):
             f"try:\n    load_question_sources([{str(root / 'Full')!r}])\n"
             "except DataError as err:\n    print(err)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert done.stdout.strip().endswith('adversarial-00000-of-00001.parquet: reading parquet needs pyarrow: '
-                                        'pip install -e ".[parquet]"')
+    assert done.stdout.strip().endswith('adversarial-00000-of-00001.parquet: reading parquet needs '
+                                        'pyarrow: pip install -e ".[parquet]"')

@@ -1,6 +1,6 @@
-"""Issue 33's first class: no file outside the folders a run was given. A question's image is read only from
-inside `--images` (after symbolic links too); a name that would leave it stops the run in one line naming the
-question, before anything is read or written."""
+"""Issue 33's first class: no file outside the folders a run was given. A question's image is read
+only from inside `--images` (after symbolic links too); a name that would leave it stops the run in
+one line naming the question, before anything is read or written."""
 import json
 import os
 
@@ -48,16 +48,20 @@ def test_a_symbolic_link_out_of_the_folder_is_refused(folder):
 @pytest.mark.slow  # loads the registry's tiny LLaVA
 @pytest.mark.parametrize("name", ["/etc/hostname", "../outside.png", "out.png"])
 def test_eval_stops_at_a_question_whose_image_leaves_the_folder(name, folder, tiny, tmp_path):
-    """One line naming the question, before the model loads; nothing recorded (no meta.json, no records)."""
+    """One line naming the question, before the model loads; nothing recorded (no meta.json, no
+    records)."""
     os.symlink(folder.parent / "outside.png", folder / "out.png")
     questions = tmp_path / "coco_pope_random.json"
-    rows = [{"question_id": 1, "image": "sub/a.png", "text": "Is there a dog in the image?", "label": "no"},
-            {"question_id": 2, "image": name, "text": "Is there a cat in the image?", "label": "yes"}]
+    rows = [{"question_id": 1, "image": "sub/a.png", "text": "Is there a dog in the image?",
+             "label": "no"},
+            {"question_id": 2, "image": name, "text": "Is there a cat in the image?",
+             "label": "yes"}]
+
     questions.write_text("".join(json.dumps(r) + "\n" for r in rows))
     out = tmp_path / "out"
-    result = CliRunner().invoke(main, ["eval", "--model", str(tiny.checkpoint("llava")), "--questions",
-                                       str(questions), "--images", str(folder), "--out", str(out),
-                                       "--device", "cpu", "--skip-bad"])
+    result = CliRunner().invoke(main, ["eval", "--model", str(tiny.checkpoint("llava")),
+                                       "--questions", str(questions), "--images", str(folder),
+                                       "--out", str(out), "--device", "cpu", "--skip-bad"])
     assert result.exit_code == 1 and "Traceback" not in result.output, result.output
     [line] = [line for line in result.output.splitlines() if line.startswith("Error: ")]
     assert line.startswith("Error: question 2 of split random: ") and "image folder" in line, line

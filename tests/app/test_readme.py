@@ -1,6 +1,7 @@
-"""The README and its docs/ pages hold only commands that run: every python block of docs/api.md runs as pasted,
-every `pope-fast` command the pages show names a real command and real options, and each transcript that needs
-no real checkpoint (`$ pope-fast ...` followed by its output) prints what the page shows."""
+"""The README and its docs/ pages hold only commands that run: every python block of docs/api.md
+runs as pasted, every `pope-fast` command the pages show names a real command and real options, and
+each transcript that needs no real checkpoint (`$ pope-fast ...` followed by its output) prints what
+the page shows."""
 import re
 import shlex
 from pathlib import Path
@@ -65,12 +66,14 @@ def test_the_python_api_page_runs_as_pasted(tmp_path, monkeypatch):
     import json
 
     meta = json.loads((tmp_path / "runs/api-blind/meta.json").read_text())
-    assert meta["method"]["name"] == "intervention" and meta["method"]["reference"].endswith("BlindHeads")
+    assert (meta["method"]["name"] == "intervention"
+            and meta["method"]["reference"].endswith("BlindHeads"))
+
 
 
 def _commands(block: str) -> list[list[str]]:
-    """Each `pope-fast ...` (or `-m pope_fast ...`) command of a shell block, as its words from the subcommand
-    on: continuation lines joined, comments dropped, `;` and `&&` separating commands."""
+    """Each `pope-fast ...` (or `-m pope_fast ...`) command of a shell block, as its words from the
+    subcommand on: continuation lines joined, comments dropped, `;` and `&&` separating commands."""
     found = []
     for line in block.replace("\\\n", " ").splitlines():
         code = "" if line.startswith("#") else line.split(" #")[0]
@@ -86,9 +89,12 @@ def _commands(block: str) -> list[list[str]]:
 def _shown_commands() -> list[tuple[str, list[str]]]:
     shown = []
     for page in PAGES:
-        blocks = _blocks(page, "bash") + [b.split("\n")[0] for b in _blocks(page, "") if b.startswith("$ pope-fast")]
-        blocks += re.findall(r"`(pope-fast [^`]+)`", page.read_text())  # inline, in the prose and tables
-        shown += [(page.name, words) for block in blocks for words in _commands(block.removeprefix("$ "))]
+        blocks = _blocks(page, "bash") + [b.split("\n")[0] for b in _blocks(page, "")
+                                          if b.startswith("$ pope-fast")]
+        # inline, in the prose and tables
+        blocks += re.findall(r"`(pope-fast [^`]+)`", page.read_text())
+        shown += [(page.name, words) for block in blocks
+                  for words in _commands(block.removeprefix("$ "))]
     return shown
 
 
@@ -100,7 +106,8 @@ def test_every_command_shown_names_a_real_command_and_options():
             continue
         command = main.commands.get(words[0])
         assert command is not None, (page, words)
-        options = {name: p for p in command.params if isinstance(p, click.Option) for name in p.opts + p.secondary_opts}
+        options = {name: p for p in command.params if isinstance(p, click.Option)
+                   for name in p.opts + p.secondary_opts}
         options["--help"] = options["-h"] = None
         for i, word in enumerate(words[1:], 1):
             name = word.strip("[]").split("=")[0]
@@ -125,8 +132,8 @@ def _transcripts() -> list[tuple[str, str, str]]:
 
 
 def _same_output(shown: str, printed: str) -> None:
-    """Line by line, but for what a run measures or where it runs: the phases' seconds and the library versions;
-    a shown line "  ..." stands for the lines the page leaves out."""
+    """Line by line, but for what a run measures or where it runs: the phases' seconds and the
+    library versions; a shown line "  ..." stands for the lines the page leaves out."""
     def masked(line: str) -> str:
         line = re.sub(r"(phases \(s\): \{.*)", lambda m: re.sub(r"\d+\.\d+", "S", m.group(1)), line)
         return re.sub(r"(\d+ tokens); [^)]*\)", r"\1; VERSIONS)", line)
@@ -138,9 +145,12 @@ def _same_output(shown: str, printed: str) -> None:
 
 
 @pytest.mark.parametrize("page,command,printed", _transcripts(),
-                         ids=[f"{page}-{command.split()[0]}" for page, command, _ in _transcripts()])
-def test_each_transcript_prints_what_its_page_shows(page, command, printed, request, tmp_path, monkeypatch):
-    """The demo runs in a fresh folder; a path into ../shared is this workplace's ../shared (or a skip)."""
+                         ids=[f"{page}-{command.split()[0]}"
+                              for page, command, _ in _transcripts()])
+def test_each_transcript_prints_what_its_page_shows(page, command, printed, request, tmp_path,
+                                                    monkeypatch):
+    """The demo runs in a fresh folder; a path into ../shared is this workplace's ../shared (or a
+    skip)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.chdir(tmp_path)
     if "../shared/" in command:
@@ -153,4 +163,5 @@ def test_each_transcript_prints_what_its_page_shows(page, command, printed, requ
 
 def test_the_transcripts_are_found():
     commands = [command.split()[0] for _, command, _ in _transcripts()]
-    assert commands.count("eval") == 1 and commands.count("score") == 1 and commands.count("audit-tokens") == 1
+    assert (commands.count("eval") == 1 and commands.count("score") == 1
+            and commands.count("audit-tokens") == 1)
