@@ -19,8 +19,6 @@ def _batch(step, n=3):
     return [make_record(Question(step * n + i, f"img{step}.png", "Is there a dog?", "yes",
                                  "random"),
                         "t", first_token_id=1, candidate_logits={1: 0.5, 2: -1.25 * i})
-
-
             for i in range(n)]
 
 

@@ -124,10 +124,8 @@ def test_order_records_puts_lines_in_the_canonical_order(tmp_path):
 def test_canonical_order_is_image_then_prompt_then_question():
     ask = [Question(1, "A.jpg", "x?", "yes", "popular"),
            Question(2, "B.jpg", "x?", "no", "popular"),
-
            Question(1, "A.jpg", "y?", "no", "adversarial"),
            Question(3, "A.jpg", "x?", "yes", "adversarial")]
-
     order = canonical_order(ask, lambda text: f"USER: {text}")
     keys = sorted(order, key=order.get)
     assert keys == [("", "popular", "1"), ("", "adversarial", "3"), ("", "adversarial", "1"),

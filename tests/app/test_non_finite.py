@@ -151,6 +151,5 @@ def test_a_checkpoint_with_nan_weights_is_refused_naming_the_tensor(tiny, tmp_pa
         assert out.output.strip().splitlines()[-1] == (
             f"Error: {ckpt.resolve()}/model.safetensors: tensor {head} holds "
             f"{tensors[head].numel():,} NaN value(s) of {tensors[head].numel():,}; a weight is a "
-            f"finite number (a broken conversion or save, or a corrupted "
-            "file)"), out.output
+            "finite number (a broken conversion or save, or a corrupted file)"), out.output
         assert not (tmp_path / "run").exists()

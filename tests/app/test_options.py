@@ -54,9 +54,8 @@ def test_a_plain_run_into_a_paired_runs_folder_is_refused(tmp_path):
     before = sorted(p.relative_to(out) for p in out.rglob("*"))
     line = refused(["eval", "--out", out, "--device", "cpu"], r"paired", code=1)
     assert line == (f"Error: {out}: holds a paired run (none/, vcd/, compare.json); a plain run's "
-                    f"records here would "
-                    "sit beside its method folders and `report` would show this run alone; "
-                    "resume it with its --method options, or choose a new --out")
+                    "records here would sit beside its method folders and `report` would show "
+                    "this run alone; resume it with its --method options, or choose a new --out")
     assert sorted(p.relative_to(out) for p in out.rglob("*") if p.name != ".lock") == before
 
 

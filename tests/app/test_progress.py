@@ -59,9 +59,7 @@ def test_a_sweep_of_another_benchmark_is_named_by_it():
     (0, 20, "20 unique prompts evaluated for 24 questions;"),
     (12, 12, "12 unique prompts evaluated for the 12 questions not yet recorded;"),
     (23, 4, "4 unique prompts evaluated for the 1 question not yet recorded (and the recorded "
-            "questions that share "
-            "their image steps);"),
-
+            "questions that share their image steps);"),
     (24, 0, "0 unique prompts evaluated for the 0 questions not yet recorded;")])
 def test_a_resume_says_what_this_run_evaluated_and_for_which_questions(before, evaluated, said):
     """A resume printed `resumed: 12 of 24 questions were already recorded` then `24 unique prompts
