@@ -140,7 +140,13 @@ def run_meta(folder: Path) -> dict:
 
 
 def same_run(job, out: Path) -> None:
-    single = job.root / "single"
+    """`out` is the job's single-process run (job.root/single), byte for byte: same_folder."""
+    same_folder(out, job.root / "single")
+
+
+def same_folder(out: Path, single: Path) -> None:
+    """A run's folder as one process wrote `single`: its records the same bytes, its meta and
+    summaries the same but for when, by which command and in which folder; no rank's part left."""
     assert (out / "records.jsonl").read_bytes() == (single / "records.jsonl").read_bytes()
     assert run_meta(out) == run_meta(single)
     for name in ("summary.json", "summary.md"):  # identical but for the folder they name
